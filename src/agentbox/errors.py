@@ -1,0 +1,141 @@
+"""The one error tree of agentbox. Every error has a stable ``code`` that survives the wire.
+
+    AgentboxError                      code
+    ├── InvalidRequest                 invalid_request       bad argument, size, path syntax
+    │   └── InvalidConfig              invalid_config        unknown key / bad value in a config file
+    ├── NotFound                       not_found
+    │   ├── SandboxNotFound            sandbox_not_found     no such sandbox (or already destroyed)
+    │   ├── TemplateNotFound           template_not_found
+    │   ├── ProcessNotFound            process_not_found
+    │   ├── SessionNotFound            session_not_found
+    │   └── FileNotFound               file_not_found
+    ├── Conflict                       conflict
+    │   ├── SandboxNotRunning          sandbox_not_running   exec in a stopped/destroyed sandbox
+    │   ├── FileExists                 file_exists
+    │   └── EditMismatch               edit_mismatch         fs edit found a different count
+    ├── PermissionDenied               permission_denied     the sandbox's own permissions refused it
+    │   └── PathEscape                 path_escape           a path tried to leave the sandbox
+    ├── LimitExceeded                  limit_exceeded        quota, size cap, too many sandboxes
+    ├── CommandTimeout                 command_timeout       (raised only by wait(); run() reports)
+    ├── HostUnsupported                host_unsupported      the host lacks a kernel feature/tool
+    └── SandboxError                   sandbox_error         the isolation layer failed (a bug or host fault)
+
+Every message says what happened *and* what to do next.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class AgentboxError(Exception):
+    """Base of every agentbox error."""
+
+    code: ClassVar[str] = "agentbox_error"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> AgentboxError:
+        """Rebuild the same error class on the other side of the wire."""
+        cls = _BY_CODE.get(str(data.get("code")), AgentboxError)
+        return cls(str(data.get("message", "")), **dict(data.get("details") or {}))
+
+
+class InvalidRequest(AgentboxError):
+    code = "invalid_request"
+    http_status = 400
+
+
+class InvalidConfig(InvalidRequest):
+    code = "invalid_config"
+
+
+class NotFound(AgentboxError):
+    code = "not_found"
+    http_status = 404
+
+
+class SandboxNotFound(NotFound):
+    code = "sandbox_not_found"
+
+
+class TemplateNotFound(NotFound):
+    code = "template_not_found"
+
+
+class ProcessNotFound(NotFound):
+    code = "process_not_found"
+
+
+class SessionNotFound(NotFound):
+    code = "session_not_found"
+
+
+class FileNotFound(NotFound):
+    code = "file_not_found"
+
+
+class Conflict(AgentboxError):
+    code = "conflict"
+    http_status = 409
+
+
+class SandboxNotRunning(Conflict):
+    code = "sandbox_not_running"
+
+
+class FileExists(Conflict):
+    code = "file_exists"
+
+
+class EditMismatch(Conflict):
+    code = "edit_mismatch"
+
+
+class PermissionDenied(AgentboxError):
+    code = "permission_denied"
+    http_status = 403
+
+
+class PathEscape(PermissionDenied):
+    code = "path_escape"
+
+
+class LimitExceeded(AgentboxError):
+    code = "limit_exceeded"
+    http_status = 429
+
+
+class CommandTimeout(AgentboxError):
+    code = "command_timeout"
+    http_status = 408
+
+
+class HostUnsupported(AgentboxError):
+    code = "host_unsupported"
+    http_status = 503
+
+
+class SandboxError(AgentboxError):
+    code = "sandbox_error"
+    http_status = 500
+
+
+def _all_subclasses(cls: type[AgentboxError]) -> list[type[AgentboxError]]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+_BY_CODE: dict[str, type[AgentboxError]] = {c.code: c for c in _all_subclasses(AgentboxError)}
+
+__all__ = [c.__name__ for c in _all_subclasses(AgentboxError)]

@@ -1,0 +1,259 @@
+/*
+ * agentbox-nsexec: the small trusted launcher between the daemon and a sandbox.
+ *
+ * Python cannot safely join namespaces (setns of a user or mount namespace is refused
+ * in a multi-threaded process) and starting an interpreter per command costs ~15 ms,
+ * so this helper does the few syscalls that must happen between fork and exec.
+ *
+ * Two modes:
+ *
+ *   spawn  --cgroup DIR... --uid U --gid G -- ARGV
+ *     Join the cgroups, drop to the unprivileged host uid/gid, exec ARGV (bubblewrap).
+ *
+ *   enter  --cgroup DIR... --ns-pid PID --uid U --gid G [--cwd DIR] [--seccomp FILE]
+ *          [--exit-file FILE] [--setsid] [--ctty] -- ARGV
+ *     Join the cgroups (host side), join every namespace of PID (user namespace last,
+ *     so nested user namespaces are handled), fork (a pid namespace applies only to
+ *     children), and in the child: close every fd above 2, set uid/gid, clear the
+ *     capability bounding/ambient/permitted sets, set no_new_privs, load the seccomp
+ *     filter, chdir, exec. The parent waits for the child and exits with its status
+ *     (128+signal when killed), so the exit status the daemon sees comes from waitpid,
+ *     never from anything the sandboxed program can write. With --exit-file the
+ *     status is also written there (for background processes that outlive their
+ *     creator).
+ *
+ * Order follows NOTES-linux: cgroup -> setns -> ids -> caps -> no_new_privs ->
+ * seccomp -> exec. Any failure before exec exits 125 with a message on stderr
+ * prefixed "agentbox-nsexec:", so the daemon can tell launcher errors from the
+ * program's own exit codes; 127 means the program was not found, 126 not executable.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <grp.h>
+
+#define LAUNCH_FAIL 125
+#define MAX_CGROUPS 16
+
+static void die(const char *what) {
+  int e = errno;
+  dprintf(2, "agentbox-nsexec: %s: %s\n", what, strerror(e));
+  _exit(LAUNCH_FAIL);
+}
+
+static void die_msg(const char *what) {
+  dprintf(2, "agentbox-nsexec: %s\n", what);
+  _exit(LAUNCH_FAIL);
+}
+
+static void join_cgroup(const char *dir) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/cgroup.procs", dir);
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) die(path);
+  /* "0" means the writing process itself. */
+  if (write(fd, "0", 1) != 1) die(path);
+  close(fd);
+}
+
+static void join_namespaces(int pid) {
+  /* user last: entering it first would lose our rights over namespaces owned by an
+   * outer user namespace when the sandbox nests one (bubblewrap --disable-userns). */
+  static const char *names[] = {"ipc", "uts", "net", "pid", "cgroup", "mnt", "user"};
+  int fds[7];
+  char path[64];
+  for (int i = 0; i < 7; i++) {
+    snprintf(path, sizeof path, "/proc/%d/ns/%s", pid, names[i]);
+    fds[i] = open(path, O_RDONLY | O_CLOEXEC);
+    if (fds[i] < 0) die(path);
+  }
+  for (int i = 0; i < 7; i++) {
+    struct stat a, b;
+    char self[64];
+    snprintf(self, sizeof self, "/proc/self/ns/%s", names[i]);
+    /* setns into the namespace we are already in fails for user namespaces. */
+    if (stat(self, &a) == 0 && fstat(fds[i], &b) == 0 && a.st_ino == b.st_ino &&
+        a.st_dev == b.st_dev) {
+      close(fds[i]);
+      continue;
+    }
+    if (setns(fds[i], 0) < 0) die(names[i]);
+    close(fds[i]);
+  }
+}
+
+static void drop_capabilities(void) {
+  if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0) die("clear ambient caps");
+  for (int cap = 0; cap <= 63; cap++) {
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EINVAL) die("drop bounding cap");
+  }
+}
+
+static void clear_capability_sets(void) {
+  struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+  struct __user_cap_data_struct data[2];
+  memset(data, 0, sizeof data);
+  if (syscall(SYS_capset, &hdr, data) < 0) die("capset");
+}
+
+/* Read before joining the sandbox's mount namespace, where host paths do not exist. */
+static struct sock_fprog read_seccomp(const char *file) {
+  int fd = open(file, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) die(file);
+  struct stat st;
+  if (fstat(fd, &st) < 0) die(file);
+  if (st.st_size <= 0 || st.st_size % sizeof(struct sock_filter) != 0 || st.st_size > 65536)
+    die_msg("seccomp filter file has an invalid size");
+  struct sock_filter *filter = malloc(st.st_size);
+  if (!filter) die("malloc");
+  ssize_t got = 0;
+  while (got < st.st_size) {
+    ssize_t n = read(fd, (char *)filter + got, st.st_size - got);
+    if (n <= 0) die("read seccomp filter");
+    got += n;
+  }
+  close(fd);
+  struct sock_fprog prog = {(unsigned short)(st.st_size / sizeof(struct sock_filter)), filter};
+  return prog;
+}
+
+static int parse_int(const char *s, const char *what) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || v < 0 || v > 0x7fffffff) {
+    dprintf(2, "agentbox-nsexec: bad %s: %s\n", what, s);
+    _exit(LAUNCH_FAIL);
+  }
+  return (int)v;
+}
+
+static void write_exit_file(int fd, int code) {
+  if (fd < 0) return;
+  /* One write of "CODE\n": a reader that finds no newline knows it is not finished. */
+  char buf[16];
+  int n = snprintf(buf, sizeof buf, "%d\n", code);
+  if (write(fd, buf, n) == n) fsync(fd);
+  close(fd);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) die_msg("usage: agentbox-nsexec spawn|enter [options] -- ARGV");
+  int enter = strcmp(argv[1], "enter") == 0;
+  if (!enter && strcmp(argv[1], "spawn") != 0) die_msg("mode must be spawn or enter");
+
+  const char *cgroups[MAX_CGROUPS];
+  int ncgroups = 0, ns_pid = -1, uid = -1, gid = -1, want_setsid = 0, want_ctty = 0;
+  const char *cwd = NULL, *seccomp = NULL, *exit_file = NULL;
+  int i = 2;
+  for (; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--") == 0) { i++; break; }
+    if (i + 1 >= argc && strcmp(a, "--setsid") && strcmp(a, "--ctty")) die_msg("option needs a value");
+    if (strcmp(a, "--cgroup") == 0) {
+      if (ncgroups == MAX_CGROUPS) die_msg("too many cgroups");
+      cgroups[ncgroups++] = argv[++i];
+    } else if (strcmp(a, "--ns-pid") == 0) ns_pid = parse_int(argv[++i], "pid");
+    else if (strcmp(a, "--uid") == 0) uid = parse_int(argv[++i], "uid");
+    else if (strcmp(a, "--gid") == 0) gid = parse_int(argv[++i], "gid");
+    else if (strcmp(a, "--cwd") == 0) cwd = argv[++i];
+    else if (strcmp(a, "--seccomp") == 0) seccomp = argv[++i];
+    else if (strcmp(a, "--exit-file") == 0) exit_file = argv[++i];
+    else if (strcmp(a, "--setsid") == 0) want_setsid = 1;
+    else if (strcmp(a, "--ctty") == 0) want_ctty = 1;
+    else { dprintf(2, "agentbox-nsexec: unknown option %s\n", a); _exit(LAUNCH_FAIL); }
+  }
+  if (i >= argc) die_msg("no program given after --");
+  if (uid < 0 || gid < 0) die_msg("--uid and --gid are required");
+  char **prog = &argv[i];
+
+  /* Supplementary groups are host groups: drop them while we may. */
+  if (setgroups(0, NULL) < 0) die("setgroups");
+  for (int c = 0; c < ncgroups; c++) join_cgroup(cgroups[c]);
+
+  if (!enter) {
+    if (setresgid(gid, gid, gid) < 0) die("setresgid");
+    if (setresuid(uid, uid, uid) < 0) die("setresuid");
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
+    execvp(prog[0], prog);
+    die(prog[0]);
+  }
+
+  if (ns_pid <= 0) die_msg("enter needs --ns-pid");
+  if (!seccomp) die_msg("enter needs --seccomp");
+  struct sock_fprog filter = read_seccomp(seccomp);
+  int exit_fd = -1;
+  if (exit_file) {
+    exit_fd = open(exit_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (exit_fd < 0) die(exit_file);
+  }
+  join_namespaces(ns_pid);
+
+  pid_t child = fork();
+  if (child < 0) die("fork");
+  if (child == 0) {
+    /* No host fd may reach the sandbox (CVE-2024-21626): keep only stdio. */
+    if (syscall(SYS_close_range, 3, ~0U, 0) < 0) die("close_range");
+    if (want_setsid || want_ctty) {
+      if (setsid() < 0) die("setsid");
+    }
+    if (want_ctty && ioctl(0, TIOCSCTTY, 0) < 0) die("TIOCSCTTY");
+    drop_capabilities();
+    if (setresgid(gid, gid, gid) < 0) die("setresgid");
+    if (setresuid(uid, uid, uid) < 0) die("setresuid");
+    /* Set after the uid change, which clears it; the child dies with its launcher. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die("pdeathsig");
+    clear_capability_sets();
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
+    if (chdir(cwd ? cwd : "/") < 0) {
+      dprintf(2, "agentbox-nsexec: cwd %s: %s\n", cwd ? cwd : "/", strerror(errno));
+      _exit(LAUNCH_FAIL);
+    }
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) < 0) die("load seccomp filter");
+    execvp(prog[0], prog);
+    int e = errno;
+    dprintf(2, "agentbox: %s: %s\n", prog[0], strerror(e));
+    _exit(e == ENOENT ? 127 : 126);
+  }
+
+  /* Only the child needs stdio: release pipes so readers see EOF when it ends. */
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull >= 0) {
+    dup2(devnull, 0);
+    dup2(devnull, 1);
+    dup2(devnull, 2);
+  }
+  int status;
+  for (;;) {
+    pid_t r = waitpid(child, &status, 0);
+    if (r == child) break;
+    if (r < 0 && errno != EINTR) die("waitpid");
+  }
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  write_exit_file(exit_fd, code);
+  if (WIFSIGNALED(status)) {
+    /* Re-raise so the daemon sees the same signal, not a made-up exit code. */
+    signal(WTERMSIG(status), SIG_DFL);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigaction(WTERMSIG(status), &sa, NULL);
+    kill(getpid(), WTERMSIG(status));
+  }
+  _exit(code);
+}

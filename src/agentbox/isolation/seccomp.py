@@ -1,0 +1,90 @@
+"""Compile the seccomp profile (a JSON data file) to a BPF program with libseccomp.
+
+The same compiled bytes confine a sandbox's first process (handed to bubblewrap with
+``--seccomp FD``) and every later command (loaded by ``agentbox-nsexec`` before exec),
+so both get an identical filter.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pyseccomp
+
+PROFILE_RESOURCE = "seccomp_profile.json"
+
+_OPS = {
+    "eq": pyseccomp.EQ,
+    "ne": pyseccomp.NE,
+    "lt": pyseccomp.LT,
+    "le": pyseccomp.LE,
+    "gt": pyseccomp.GT,
+    "ge": pyseccomp.GE,
+    "masked_eq": pyseccomp.MASKED_EQ,
+}
+
+
+def load_profile(path: Path | None = None) -> dict[str, Any]:
+    """The profile shipped with the package, or one from ``path``."""
+    if path is None:
+        text = resources.files("agentbox.isolation").joinpath(PROFILE_RESOURCE).read_text()
+    else:
+        text = path.read_text()
+    profile: dict[str, Any] = json.loads(text)
+    return profile
+
+
+def _action(rule: dict[str, Any]) -> Any:
+    kind = rule["action"]
+    if kind == "errno":
+        return pyseccomp.ERRNO(getattr(errno, rule["errno"]))
+    if kind == "kill":
+        return pyseccomp.KILL_PROCESS
+    if kind == "allow":
+        return pyseccomp.ALLOW
+    raise ValueError(f"unknown seccomp action {kind!r}")
+
+
+def compile_profile(profile: dict[str, Any]) -> bytes:
+    """Return the BPF program for ``profile`` for this machine's architecture."""
+    default = profile.get("default_action", "allow")
+    filt = pyseccomp.SyscallFilter(_action({"action": default}))
+    for rule in profile["rules"]:
+        action = _action(rule)
+        args = [
+            pyseccomp.Arg(a["index"], _OPS[a["op"]], a["mask"], a["value"])
+            if a["op"] == "masked_eq"
+            else pyseccomp.Arg(a["index"], _OPS[a["op"]], a["value"])
+            for a in rule.get("args", [])
+        ]
+        for name in rule["syscalls"]:
+            try:
+                pyseccomp.resolve_syscall(pyseccomp.system_arch(), name)
+            except Exception:  # noqa: S112 - a syscall this architecture lacks needs no rule
+                continue
+            filt.add_rule(action, name, *args)
+    with tempfile.TemporaryFile() as out:
+        filt.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+def compiled_filter_path(cache_dir: Path) -> Path:
+    """Compile the default profile once and keep it, named by its content hash."""
+    program = compile_profile(load_profile())
+    digest = hashlib.sha256(program).hexdigest()[:16]
+    path = cache_dir / f"seccomp-{digest}.bpf"
+    if not path.exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=cache_dir)
+        with os.fdopen(fd, "wb") as f:
+            f.write(program)
+        Path(tmp).rename(path)
+    return path

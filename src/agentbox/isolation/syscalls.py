@@ -1,0 +1,130 @@
+"""Thin ctypes wrappers for the Linux syscalls Python 3.11 does not expose.
+
+Each raises ``OSError`` with errno on failure, like the functions in ``os``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import fcntl
+import os
+import struct
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+_SYS_OPENAT2 = 437  # x86_64 and aarch64 share this number
+
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MNT_DETACH = 0x2
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _check(result: int, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) -> int:
+    """openat2(2): open ``path`` relative to ``dirfd`` under ``resolve`` restrictions."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, resolve)
+    fd = _libc.syscall(
+        _SYS_OPENAT2,
+        ctypes.c_int(dirfd),
+        ctypes.c_char_p(os.fsencode(path)),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
+    )
+    return _check(fd, f"openat2 {path!r}")
+
+
+def mount(source: str, target: str, fstype: str, flags: int = 0, data: str = "") -> None:
+    _check(
+        _libc.mount(
+            os.fsencode(source), os.fsencode(target), os.fsencode(fstype),
+            ctypes.c_ulong(flags), os.fsencode(data) if data else None,
+        ),
+        f"mount {fstype} on {target}",
+    )  # fmt: skip
+
+
+def umount(target: str, flags: int = MNT_DETACH) -> None:
+    _check(_libc.umount2(os.fsencode(target), ctypes.c_int(flags)), f"umount {target}")
+
+
+def setfsuid(uid: int) -> int:
+    """Set this *thread's* filesystem uid; returns the previous one.
+
+    Changing it from 0 to non-zero drops the thread's filesystem capabilities
+    (CAP_DAC_OVERRIDE, CAP_FOWNER, ...), so file access is checked like the sandbox user's.
+    """
+    return int(_libc.setfsuid(ctypes.c_uint(uid)))
+
+
+def setfsgid(gid: int) -> int:
+    return int(_libc.setfsgid(ctypes.c_uint(gid)))
+
+
+# Project quotas (ext4/xfs), through the generic quotactl(2) interface.
+_Q_SETQUOTA = 0x800008
+_PRJQUOTA = 2
+_QIF_BLIMITS = 1
+_QIF_ILIMITS = 4
+
+
+def _qcmd(cmd: int, qtype: int) -> int:
+    return (cmd << 8) | (qtype & 0xFF)
+
+
+class _DqBlk(ctypes.Structure):
+    _fields_ = [
+        ("bhardlimit", ctypes.c_uint64), ("bsoftlimit", ctypes.c_uint64),
+        ("curspace", ctypes.c_uint64), ("ihardlimit", ctypes.c_uint64),
+        ("isoftlimit", ctypes.c_uint64), ("curinodes", ctypes.c_uint64),
+        ("btime", ctypes.c_uint64), ("itime", ctypes.c_uint64), ("valid", ctypes.c_uint32),
+    ]  # fmt: skip
+
+
+def set_project_quota(device: str, project_id: int, max_bytes: int, max_inodes: int = 0) -> None:
+    """Limit project ``project_id`` on the filesystem of ``device`` (0 removes a limit)."""
+    blocks = (max_bytes + 1023) // 1024  # quota blocks are 1 KiB
+    dq = _DqBlk(blocks, blocks, 0, max_inodes, max_inodes, 0, 0, 0, _QIF_BLIMITS | _QIF_ILIMITS)
+    _check(
+        _libc.quotactl(
+            ctypes.c_int(_qcmd(_Q_SETQUOTA, _PRJQUOTA)),
+            os.fsencode(device), ctypes.c_int(project_id), ctypes.byref(dq),
+        ),
+        f"quotactl project {project_id}",
+    )  # fmt: skip
+
+
+# struct fsxattr { __u32 xflags, extsize, nextents, projid, cowextsize; __u8 pad[8]; }
+_FSXATTR = struct.Struct("=IIIII8s")
+_FS_IOC_FSGETXATTR = 0x801C581F
+_FS_IOC_FSSETXATTR = 0x401C5820
+FS_XFLAG_PROJINHERIT = 0x00000200
+
+
+def set_project_id(fd: int, project_id: int) -> None:
+    """Put the directory ``fd`` in project ``project_id``; new entries inherit it."""
+    buf = bytearray(_FSXATTR.size)
+    fcntl.ioctl(fd, _FS_IOC_FSGETXATTR, buf)
+    xflags, extsize, nextents, _, cow, pad = _FSXATTR.unpack(buf)
+    fcntl.ioctl(
+        fd,
+        _FS_IOC_FSSETXATTR,
+        _FSXATTR.pack(xflags | FS_XFLAG_PROJINHERIT, extsize, nextents, project_id, cow, pad),
+    )
