@@ -5,13 +5,21 @@
  * in a multi-threaded process) and starting an interpreter per command costs ~15 ms,
  * so this helper does the few syscalls that must happen between fork and exec.
  *
- * Two modes:
+ * Three modes:
+
+ *   init READY_FD LIFETIME_S  (the sandbox's PID 1, started by bubblewrap --as-pid-1)
+ *     Signal readiness by writing one byte to READY_FD, close every fd, then reap orphans
+ *     forever. As a PID-namespace init with no handlers installed, it cannot be
+ *     killed from inside the sandbox, so the agent cannot take its own sandbox down
+ *     half-way; only the host (cgroup.kill) ends it, or its LIFETIME_S (0 = none).
+ *
  *
  *   spawn  --cgroup DIR... --uid U --gid G -- ARGV
- *     Join the cgroups, drop to the unprivileged host uid/gid, exec ARGV (bubblewrap).
+ *     Join the cgroups, detach (fork, parent exits 0), drop to the unprivileged host
+ *     uid/gid, exec ARGV (bubblewrap).
  *
  *   enter  --cgroup DIR... --ns-pid PID --uid U --gid G [--cwd DIR] [--seccomp FILE]
- *          [--exit-file FILE] [--setsid] [--ctty] -- ARGV
+ *          [--exit-file FILE] [--detach] [--setsid] [--ctty] -- ARGV
  *     Join the cgroups (host side), join every namespace of PID (user namespace last,
  *     so nested user namespaces are handled), fork (a pid namespace applies only to
  *     children), and in the child: close every fd above 2, set uid/gid, clear the
@@ -44,20 +52,34 @@
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include <grp.h>
 
 #define LAUNCH_FAIL 125
 #define MAX_CGROUPS 16
 
+/* With --exit-file, a launch failure is recorded there too, so nobody waits forever. */
+static int g_exit_fd = -1;
+
+static void record_launch_failure(void) {
+  if (g_exit_fd >= 0) {
+    char buf[8];
+    int n = snprintf(buf, sizeof buf, "%d\n", LAUNCH_FAIL);
+    if (write(g_exit_fd, buf, n) == n) fsync(g_exit_fd);
+  }
+}
+
 static void die(const char *what) {
   int e = errno;
   dprintf(2, "agentbox-nsexec: %s: %s\n", what, strerror(e));
+  record_launch_failure();
   _exit(LAUNCH_FAIL);
 }
 
 static void die_msg(const char *what) {
   dprintf(2, "agentbox-nsexec: %s\n", what);
+  record_launch_failure();
   _exit(LAUNCH_FAIL);
 }
 
@@ -152,19 +174,55 @@ static void write_exit_file(int fd, int code) {
   close(fd);
 }
 
+_Noreturn static void run_init(int ready_fd, int lifetime_s) {
+  if (write(ready_fd, "r", 1) != 1) die("readiness pipe");
+  if (syscall(SYS_close_range, 0, ~0U, 0) < 0) die("close_range");
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  /* A blocked SIGCHLD stays pending, so sigwaitinfo wakes on every child exit. */
+  sigprocmask(SIG_BLOCK, &chld, NULL);
+  struct timespec start;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  for (;;) {
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+    siginfo_t info;
+    struct timespec wait = {1, 0};
+    if (lifetime_s > 0) {
+      struct timespec now;
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      long left = lifetime_s - (now.tv_sec - start.tv_sec);
+      /* Max lifetime holds even with no daemon running: when a PID namespace's init
+       * exits, the kernel kills every process in it. The host sweeps the rest. */
+      if (left <= 0) _exit(0);
+      wait.tv_sec = left;
+    } else {
+      wait.tv_sec = 3600;
+    }
+    sigtimedwait(&chld, &info, &wait);
+  }
+}
+
 int main(int argc, char **argv) {
-  if (argc < 2) die_msg("usage: agentbox-nsexec spawn|enter [options] -- ARGV");
+  if (argc < 2) die_msg("usage: agentbox-nsexec init|spawn|enter [options] -- ARGV");
+  if (strcmp(argv[1], "init") == 0) {
+    if (argc != 4) die_msg("usage: agentbox-nsexec init READY_FD LIFETIME_SECONDS");
+    run_init(parse_int(argv[2], "fd"), parse_int(argv[3], "lifetime"));
+  }
   int enter = strcmp(argv[1], "enter") == 0;
   if (!enter && strcmp(argv[1], "spawn") != 0) die_msg("mode must be spawn or enter");
 
   const char *cgroups[MAX_CGROUPS];
   int ncgroups = 0, ns_pid = -1, uid = -1, gid = -1, want_setsid = 0, want_ctty = 0;
+  int want_detach = 0;
   const char *cwd = NULL, *seccomp = NULL, *exit_file = NULL;
   int i = 2;
   for (; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--") == 0) { i++; break; }
-    if (i + 1 >= argc && strcmp(a, "--setsid") && strcmp(a, "--ctty")) die_msg("option needs a value");
+    int is_flag = !strcmp(a, "--setsid") || !strcmp(a, "--ctty") || !strcmp(a, "--detach");
+    if (i + 1 >= argc && !is_flag) die_msg("option needs a value");
     if (strcmp(a, "--cgroup") == 0) {
       if (ncgroups == MAX_CGROUPS) die_msg("too many cgroups");
       cgroups[ncgroups++] = argv[++i];
@@ -176,6 +234,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--exit-file") == 0) exit_file = argv[++i];
     else if (strcmp(a, "--setsid") == 0) want_setsid = 1;
     else if (strcmp(a, "--ctty") == 0) want_ctty = 1;
+    else if (strcmp(a, "--detach") == 0) want_detach = 1;
     else { dprintf(2, "agentbox-nsexec: unknown option %s\n", a); _exit(LAUNCH_FAIL); }
   }
   if (i >= argc) die_msg("no program given after --");
@@ -187,6 +246,12 @@ int main(int argc, char **argv) {
   for (int c = 0; c < ncgroups; c++) join_cgroup(cgroups[c]);
 
   if (!enter) {
+    /* Detach: the sandbox must outlive whoever created it, and that process must not
+     * inherit a zombie to reap; the host's init adopts the sandbox's monitor. */
+    pid_t pid = fork();
+    if (pid < 0) die("fork");
+    if (pid > 0) _exit(0);
+    if (setsid() < 0) die("setsid");
     if (setresgid(gid, gid, gid) < 0) die("setresgid");
     if (setresuid(uid, uid, uid) < 0) die("setresuid");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
@@ -196,12 +261,21 @@ int main(int argc, char **argv) {
 
   if (ns_pid <= 0) die_msg("enter needs --ns-pid");
   if (!seccomp) die_msg("enter needs --seccomp");
-  struct sock_fprog filter = read_seccomp(seccomp);
   int exit_fd = -1;
   if (exit_file) {
     exit_fd = open(exit_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (exit_fd < 0) die(exit_file);
+    g_exit_fd = exit_fd;
   }
+  if (want_detach) {
+    /* Background processes: the waiter must outlive the caller without becoming a
+     * zombie it has to reap, so the caller's child exits at once. */
+    pid_t pid = fork();
+    if (pid < 0) die("fork");
+    if (pid > 0) _exit(0);
+    if (setsid() < 0) die("setsid");
+  }
+  struct sock_fprog filter = read_seccomp(seccomp);
   join_namespaces(ns_pid);
 
   pid_t child = fork();

@@ -1,0 +1,67 @@
+"""Host-level settings and sandbox specifications (pydantic v2, unknown keys refused)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agentbox.units import parse_duration, parse_size
+
+DEFAULT_HOME = "/var/lib/agentbox"
+
+
+def agentbox_home() -> Path:
+    """Where state lives: ``$AGENTBOX_HOME``, default ``/var/lib/agentbox``."""
+    return Path(os.environ.get("AGENTBOX_HOME") or DEFAULT_HOME)
+
+
+class SandboxSpec(BaseModel):
+    """What a sandbox is made of. Sizes accept ``512MiB``-style strings; durations ``15m``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    template: str = "default"
+    memory: int = Field(default=2 * 1024**3, description="memory limit in bytes")
+    pids: int = Field(default=512, ge=8, le=1_000_000, description="max processes")
+    cpus: float = Field(default=2.0, gt=0, le=1024, description="CPU quota in cores")
+    disk: int = Field(default=10 * 1024**3, description="writable layer + /workspace, bytes")
+    lifetime: float = Field(default=24 * 3600.0, description="max lifetime in seconds")
+    network: Literal["none"] = "none"
+    env: dict[str, str] = Field(default_factory=dict)
+    project: str = "default"
+
+    @field_validator("memory", "disk", mode="before")
+    @classmethod
+    def _size(cls, value: int | str, info: object) -> int:
+        name = getattr(info, "field_name", "size")
+        return parse_size(value, name)
+
+    @field_validator("lifetime", mode="before")
+    @classmethod
+    def _duration(cls, value: float | str) -> float:
+        return parse_duration(value, "lifetime")
+
+    @field_validator("memory")
+    @classmethod
+    def _memory_floor(cls, value: int) -> int:
+        if value < 16 * 1024**2:
+            raise ValueError("memory must be at least 16MiB")
+        return value
+
+    @field_validator("disk")
+    @classmethod
+    def _disk_floor(cls, value: int) -> int:
+        if value < 16 * 1024**2:
+            raise ValueError("disk must be at least 16MiB")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if not key or "=" in key or "\0" in key or "\0" in val:
+                raise ValueError(f"invalid environment variable {key!r}")
+        return value

@@ -1,0 +1,55 @@
+"""Build (once) and locate ``agentbox-nsexec``, the C launcher in ``nsexec.c``.
+
+The binary is compiled with the host C compiler on first use and cached under
+``$AGENTBOX_HOME/lib`` by the hash of its source, so an upgrade rebuilds it and two
+versions never mix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from agentbox.errors import HostUnsupported
+
+SOURCE = "nsexec.c"
+
+
+def _source() -> bytes:
+    return resources.files("agentbox.isolation").joinpath(SOURCE).read_bytes()
+
+
+def nsexec_path(lib_dir: Path) -> Path:
+    """Path of the compiled launcher, compiling it if this source has not been built yet."""
+    source = _source()
+    digest = hashlib.sha256(source).hexdigest()[:16]
+    binary = lib_dir / f"agentbox-nsexec-{digest}"
+    if binary.exists():
+        return binary
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise HostUnsupported(
+            "no C compiler found to build agentbox-nsexec; install gcc and libc6-dev "
+            "(the install script does: scripts/install.sh)"
+        )
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=lib_dir) as tmp:
+        src = Path(tmp) / SOURCE
+        src.write_bytes(source)
+        out = Path(tmp) / "nsexec"
+        result = subprocess.run(
+            [compiler, "-O2", "-Wall", "-Werror", "-o", str(out), str(src)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise HostUnsupported(f"building agentbox-nsexec failed:\n{result.stderr}")
+        out.chmod(0o755)
+        os.replace(out, binary)  # atomic: concurrent builders agree on the result
+    return binary

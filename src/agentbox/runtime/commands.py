@@ -1,0 +1,325 @@
+"""Run commands in a live sandbox with exactly the confinement of its first process.
+
+Every command goes through ``agentbox-nsexec enter``: it joins a fresh per-command leaf
+cgroup of the sandbox, every namespace of the sandbox's init, and applies the same uid,
+capability, no_new_privs and seccomp settings before exec. The launcher is our child,
+so the exit status we report comes from ``waitpid`` on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import secrets
+import selectors
+import shlex
+import signal
+import struct
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from typing import IO
+
+from agentbox.errors import InvalidRequest, SandboxError
+from agentbox.isolation.cgroups import SandboxCgroup
+from agentbox.runtime.host import SANDBOX_GID, SANDBOX_UID, LaunchPaths, SandboxHost, base_env
+from agentbox.runtime.output import BoundedCapture, CommandResult
+
+LAUNCH_FAILED = 125
+_TIOCSPTLCK = 0x40045431
+_TIOCGPTPEER = 0x5441
+_LAUNCH_PREFIX = b"agentbox-nsexec: "
+_DRAIN_AFTER_EXIT_S = 0.05
+DEFAULT_SHELL = "/bin/bash"
+
+
+def shell_argv(command: str) -> list[str]:
+    if "\0" in command:
+        raise InvalidRequest("the command contains a NUL byte; remove it")
+    return [DEFAULT_SHELL, "-c", command]
+
+
+def normalise_argv(command: str | Sequence[str]) -> list[str]:
+    """A string runs through bash; a list is an argv run as is."""
+    if isinstance(command, str):
+        if not command.strip():
+            raise InvalidRequest("the command is empty; pass a shell string or an argv list")
+        return shell_argv(command)
+    argv = [str(a) for a in command]
+    if not argv or not argv[0]:
+        raise InvalidRequest("the argv is empty; pass at least the program name")
+    if any("\0" in a for a in argv):
+        raise InvalidRequest("an argument contains a NUL byte; remove it")
+    return argv
+
+
+class CommandRunner:
+    def __init__(
+        self, paths: LaunchPaths, host: SandboxHost, cgroup: SandboxCgroup, init_pid: int,
+        sandbox_env: Mapping[str, str],
+    ) -> None:  # fmt: skip
+        self.paths = paths
+        self.host = host
+        self.cgroup = cgroup
+        self.init_pid = init_pid
+        self.sandbox_env = dict(sandbox_env)
+
+    # building blocks ------------------------------------------------------------------
+    def environment(self, env: Mapping[str, str] | None) -> dict[str, str]:
+        merged = base_env(self.host.hostname)
+        merged.update(self.sandbox_env)
+        for key, value in (env or {}).items():
+            if not key or "=" in key or "\0" in key or "\0" in str(value):
+                raise InvalidRequest(f"invalid environment variable name or value: {key!r}")
+            merged[key] = str(value)
+        return merged
+
+    def launcher_argv(
+        self, argv: list[str], leaf: str, cwd: str | None, *, exit_file: str | None = None,
+        setsid: bool = False, ctty: bool = False, detach: bool = False,
+    ) -> list[str]:  # fmt: skip
+        if cwd is not None and ("\0" in cwd or not cwd):
+            raise InvalidRequest("cwd must be a non-empty path without NUL bytes")
+        out = [str(self.paths.nsexec), "enter"]
+        for d in self.cgroup.dirs_for(leaf):
+            out += ["--cgroup", d]
+        out += [
+            "--ns-pid", str(self.init_pid),
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
+            "--seccomp", str(self.paths.seccomp),
+            "--cwd", cwd or "/workspace",
+        ]  # fmt: skip
+        if exit_file:
+            out += ["--exit-file", exit_file]
+        if detach:
+            out.append("--detach")
+        if setsid:
+            out.append("--setsid")
+        if ctty:
+            out.append("--ctty")
+        return [*out, "--", *argv]
+
+    def new_leaf(self) -> str:
+        return self.cgroup.new_leaf("c" + secrets.token_hex(6))
+
+    # foreground -----------------------------------------------------------------------
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = 60.0,
+        max_output_bytes: int = 1 << 20,
+        pty: bool = False,
+    ) -> CommandResult:
+        """Run to completion. On timeout the command's whole process tree is killed."""
+        argv = normalise_argv(command)
+        if timeout is not None and timeout <= 0:
+            raise InvalidRequest("timeout must be positive (seconds)")
+        if max_output_bytes < 0:
+            raise InvalidRequest("max_output_bytes must be >= 0")
+        stdin_bytes = stdin.encode() if isinstance(stdin, str) else stdin
+        environment = self.environment(env)
+        leaf = self.new_leaf()
+        launcher = self.launcher_argv(argv, leaf, cwd, ctty=pty)
+        started = time.monotonic()
+        if pty:
+            result = self._run_pty(launcher, environment, stdin_bytes, timeout, max_output_bytes)
+        else:
+            result = self._run_pipes(launcher, environment, stdin_bytes, timeout, max_output_bytes)
+        stdout, stderr, status, timed_out = result
+        self._finish_leaf(leaf, kill=timed_out)
+        return self._result(stdout, stderr, status, timed_out, time.monotonic() - started)
+
+    def _run_pipes(
+        self, launcher: list[str], env: dict[str, str], stdin: bytes | None,
+        timeout: float | None, cap: int,
+    ) -> tuple[BoundedCapture, BoundedCapture, int, bool]:  # fmt: skip
+        proc = subprocess.Popen(
+            launcher,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = BoundedCapture(cap), BoundedCapture(cap)
+        streams: dict[IO[bytes], BoundedCapture] = {proc.stdout: out, proc.stderr: err}
+        timed_out = self._pump(proc, streams, stdin, timeout)
+        return out, err, proc.wait(), timed_out
+
+    def _run_pty(
+        self, launcher: list[str], env: dict[str, str], stdin: bytes | None,
+        timeout: float | None, cap: int,
+    ) -> tuple[BoundedCapture, BoundedCapture, int, bool]:  # fmt: skip
+        master, slave = self.open_pty()
+        try:
+            proc = subprocess.Popen(
+                launcher, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True
+            )
+        finally:
+            os.close(slave)
+        out = BoundedCapture(cap)
+        master_file = os.fdopen(master, "r+b", buffering=0)
+        with master_file:
+            if stdin:
+                master_file.write(stdin)
+            timed_out = self._pump(proc, {master_file: out}, None, timeout)
+        return out, BoundedCapture(cap), proc.wait(), timed_out
+
+    def open_pty(self) -> tuple[int, int]:
+        """A pty pair from the sandbox's own devpts, so ``tty`` and ``ttyname`` work inside."""
+        master = os.open(
+            f"/proc/{self.init_pid}/root/dev/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC
+        )
+        try:
+            fcntl.ioctl(master, _TIOCSPTLCK, struct.pack("i", 0))
+            # TIOCGPTPEER opens the peer through the master: no path lookup to race.
+            slave = fcntl.ioctl(master, _TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY)
+        except OSError:
+            os.close(master)
+            raise
+        return master, slave
+
+    def _pump(
+        self, proc: subprocess.Popen[bytes], streams: dict[IO[bytes], BoundedCapture],
+        stdin: bytes | None, timeout: float | None,
+    ) -> bool:  # fmt: skip
+        """Read output until the command exits (or times out). Returns whether it timed out.
+
+        A background child may keep a pipe open after the command ends, so we stop on the
+        launcher's exit (pidfd), not on EOF, after draining what is already buffered.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pidfd = os.pidfd_open(proc.pid)
+        sel = selectors.DefaultSelector()
+        by_fd = {stream.fileno(): stream for stream in streams}
+        timed_out = False
+        exited_at: float | None = None
+        try:
+            for fd in by_fd:
+                os.set_blocking(fd, False)
+                sel.register(fd, selectors.EVENT_READ)
+            sel.register(pidfd, selectors.EVENT_READ)
+            if stdin and proc.stdin is not None:
+                self._feed_stdin(proc.stdin, stdin)
+            while True:
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    timed_out = True
+                    deadline = None
+                    self._kill_launcher_tree(proc)
+                if exited_at is not None and (not by_fd or now - exited_at > _DRAIN_AFTER_EXIT_S):
+                    break
+                if exited_at is not None:
+                    wait: float | None = _DRAIN_AFTER_EXIT_S
+                else:
+                    wait = None if deadline is None else max(0.0, deadline - now)
+                for key, _ in sel.select(wait):
+                    fd = int(key.fd)
+                    if fd == pidfd:
+                        sel.unregister(pidfd)
+                        exited_at = time.monotonic()
+                        continue
+                    try:
+                        chunk = os.read(fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # EIO on a pty whose last slave closed
+                        chunk = b""
+                    if chunk:
+                        streams[by_fd[fd]].feed(chunk)
+                    else:
+                        sel.unregister(fd)
+                        del by_fd[fd]
+        finally:
+            sel.close()
+            os.close(pidfd)
+            for stream in streams:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        return timed_out
+
+    @staticmethod
+    def _feed_stdin(pipe: IO[bytes], data: bytes) -> None:
+        # Small inputs go in one write; a command that does not read its stdin must not
+        # block us, so the pipe is non-blocking and the rest is dropped with EPIPE/EAGAIN.
+        os.set_blocking(pipe.fileno(), False)
+        view = memoryview(data)
+        deadline = time.monotonic() + 5.0
+        try:
+            while view and time.monotonic() < deadline:
+                try:
+                    n = os.write(pipe.fileno(), view)
+                    view = view[n:]
+                except BlockingIOError:
+                    time.sleep(0.001)
+        except BrokenPipeError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+    def _kill_launcher_tree(self, proc: subprocess.Popen[bytes]) -> None:
+        """Timeout: kill the command's leaf cgroup (setsid daemons included), then the launcher."""
+        leaf_dir = self._leaf_of(proc.pid)
+        if leaf_dir is not None:
+            with contextlib.suppress(FileNotFoundError):
+                with open(os.path.join(leaf_dir, "cgroup.kill"), "w") as f:  # noqa: PTH123
+                    f.write("1")
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGKILL)
+
+    def _leaf_of(self, pid: int) -> str | None:
+        try:
+            lines = open(f"/proc/{pid}/cgroup").read().splitlines()  # noqa: PTH123, SIM115
+        except FileNotFoundError:
+            return None
+        for line in lines:
+            hierarchy, _, path = line.split(":", 2)
+            if hierarchy == "0":
+                return str(self.cgroup.layout.unified) + path
+        return None
+
+    def _finish_leaf(self, leaf: str, kill: bool) -> None:
+        """Drop the command's leaf cgroup; processes it left running keep it until they end."""
+        node = self.cgroup.unified / leaf
+        if kill:
+            self.cgroup.remove_leaf(leaf)
+            return
+        with contextlib.suppress(OSError):
+            node.rmdir()  # EBUSY while background children live: kept, swept on destroy
+
+    @staticmethod
+    def _result(
+        out: BoundedCapture, err: BoundedCapture, status: int, timed_out: bool, elapsed: float
+    ) -> CommandResult:
+        stderr = err.value()
+        if status == LAUNCH_FAILED and stderr.startswith(_LAUNCH_PREFIX):
+            message = stderr[len(_LAUNCH_PREFIX) :].decode(errors="replace").strip()
+            if message.startswith("cwd "):
+                raise InvalidRequest(
+                    f"{message}; pass a cwd that exists in the sandbox (e.g. /workspace)"
+                )
+            raise SandboxError(f"could not start the command in the sandbox: {message}")
+        signum = -status if status < 0 else None
+        exit_code = 128 + signum if signum is not None else status
+        return CommandResult(
+            stdout_bytes=out.value(),
+            stderr_bytes=stderr,
+            exit_code=exit_code,
+            timed_out=timed_out,
+            truncated=out.truncated or err.truncated,
+            duration_ms=elapsed * 1000,
+            signal=signum,
+            stdout_total=out.total,
+            stderr_total=err.total,
+        )
+
+
+def quote(argv: Sequence[str]) -> str:
+    return shlex.join(argv)

@@ -1,0 +1,250 @@
+"""Host resources of one sandbox: its directories, disk, overlay root and first process.
+
+``SandboxHost`` knows *where* things are and how to build and tear them down; the
+lifecycle rules (state, expiry, listing) live in ``runtime.runtime``.
+
+Directory layout under ``$AGENTBOX_HOME/sandboxes/ID``::
+
+    disk.img          sparse ext4 image (the sandbox's disk quota)
+    disk/             its mount: upper/ work/ (overlay), workspace/, tmp/, procs/ (host only)
+    root/             overlay mount: template (read-only) + disk/upper
+    bwrap.log         bubblewrap's stderr, for error messages
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentbox.errors import SandboxError
+from agentbox.isolation import disk, syscalls
+from agentbox.isolation.cgroups import Limits, SandboxCgroup
+
+# Ids inside the sandbox: the agent is an ordinary user, never root.
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+# Host uid/gid of sandbox N: UID_BASE + N, outside the usual subuid ranges.
+UID_BASE = 2_000_000
+INIT_PATH = "/.agentbox/init"
+READY_TIMEOUT_S = 15.0
+BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def base_env(hostname: str) -> dict[str, str]:
+    """The environment every process of a sandbox starts from."""
+    return {
+        "PATH": BASE_PATH,
+        "HOME": "/home/user",
+        "USER": "user",
+        "LOGNAME": "user",
+        "SHELL": "/bin/bash",
+        "LANG": "C.UTF-8",
+        "HOSTNAME": hostname,
+        "TERM": "xterm-256color",
+    }
+
+
+def process_start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat: with the pid, identifies a process across pid reuse."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name may contain spaces and parentheses: split after the last ")".
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return int(fields[19])
+
+
+@dataclass(frozen=True)
+class LaunchPaths:
+    nsexec: Path
+    seccomp: Path
+
+
+class SandboxHost:
+    def __init__(self, home: Path, sandbox_id: str, slot: int) -> None:
+        self.id = sandbox_id
+        self.dir = home / "sandboxes" / sandbox_id
+        self.image = self.dir / "disk.img"
+        self.disk = self.dir / "disk"
+        self.root = self.dir / "root"
+        self.workspace = self.disk / "workspace"
+        self.procs = self.disk / "procs"
+        self.log = self.dir / "bwrap.log"
+        self.host_uid = UID_BASE + slot
+        self.host_gid = UID_BASE + slot
+        self.hostname = sandbox_id
+
+    # build ----------------------------------------------------------------------------
+    def prepare_filesystem(self, template_root: Path, disk_bytes: int) -> None:
+        """Disk image, its layout, and the overlay root. Undone by ``teardown``."""
+        self.dir.mkdir(parents=True, exist_ok=False)
+        self.dir.chmod(0o711)  # bwrap runs as the sandbox uid: it may traverse, not list
+        disk.make_filesystem(self.image, disk_bytes)
+        disk.mount_disk(self.image, self.disk)
+        self.disk.chmod(0o711)
+        for name in ("upper", "work", "workspace", "tmp", "procs"):
+            (self.disk / name).mkdir(exist_ok=True)
+        # What the agent may write: its workspace, /tmp, and its home (in the upper layer).
+        home = self.disk / "upper" / "home" / "user"
+        home.mkdir(parents=True)
+        for path in (self.workspace, self.disk / "tmp", home):
+            os.chown(path, self.host_uid, self.host_gid)
+        (self.disk / "tmp").chmod(0o1777)
+        self.procs.chmod(0o700)
+        self.root.mkdir()
+        options = (
+            f"lowerdir={template_root},upperdir={self.disk / 'upper'},"
+            f"workdir={self.disk / 'work'}"
+        )
+        try:
+            syscalls.mount(
+                "agentbox", str(self.root), "overlay",
+                syscalls.MS_NOSUID | syscalls.MS_NODEV, options,
+            )  # fmt: skip
+        except OSError as e:
+            raise SandboxError(f"could not mount the sandbox root overlay: {e}") from e
+        # The bind-mount target of our init; bwrap (unprivileged) cannot create it itself.
+        (self.root / ".agentbox").mkdir(exist_ok=True)
+        (self.root / INIT_PATH.lstrip("/")).touch()
+
+    def bwrap_argv(self, host_usr: bool, seccomp_fd: int, info_fd: int, shm_bytes: int) -> list[str]:
+        argv = [
+            "bwrap",
+            "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup",
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
+            "--hostname", self.hostname,
+            "--disable-userns",       # nested user namespaces refused (also by seccomp)
+            "--new-session",          # no controlling tty to inject into (TIOCSTI)
+            "--cap-drop", "ALL",
+            "--as-pid-1",             # our init reaps orphans and cannot be killed inside
+            "--bind", str(self.root), "/",
+        ]  # fmt: skip
+        if host_usr:
+            argv += ["--ro-bind", "/usr", "/usr"]
+        argv += [
+            "--proc", "/proc",
+            "--dev", "/dev",
+            "--perms", "1777", "--size", str(shm_bytes), "--tmpfs", "/dev/shm",
+            "--bind", str(self.disk / "tmp"), "/tmp",
+            "--bind", str(self.workspace), "/workspace",
+            "--ro-bind", "{nsexec}", INIT_PATH,
+            "--seccomp", str(seccomp_fd),
+            "--info-fd", str(info_fd),
+            "--chdir", "/workspace",
+            "--clearenv",
+        ]  # fmt: skip
+        return argv
+
+    def launch(
+        self, paths: LaunchPaths, cgroup: SandboxCgroup, host_usr: bool, memory_bytes: int,
+        lifetime_s: float,
+    ) -> tuple[int, int]:  # fmt: skip
+        """Start the sandbox's first process; return its host pid and start time."""
+        seccomp_fd = os.open(paths.seccomp, os.O_RDONLY)
+        info_r, info_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        argv = self.bwrap_argv(host_usr, seccomp_fd, info_w, max(memory_bytes // 2, 1 << 20))
+        argv = [str(paths.nsexec) if a == "{nsexec}" else a for a in argv]
+        argv += ["--", INIT_PATH, "init", str(ready_w), str(int(lifetime_s))]
+        launcher = [
+            str(paths.nsexec), "spawn",
+            *sum((["--cgroup", d] for d in cgroup.dirs_for("init")), []),
+            "--uid", str(self.host_uid), "--gid", str(self.host_gid), "--",
+            *argv,
+        ]  # fmt: skip
+        try:
+            with self.log.open("wb") as log:
+                # The launcher detaches (its parent half exits at once), so the sandbox
+                # outlives this process and leaves no zombie for it to reap.
+                launched = subprocess.run(
+                    launcher,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    pass_fds=(seccomp_fd, info_w, ready_w),
+                    start_new_session=True,
+                    env={"PATH": BASE_PATH},
+                    check=False,
+                )
+        finally:
+            for fd in (seccomp_fd, info_w, ready_w):
+                os.close(fd)
+        try:
+            if launched.returncode != 0:
+                raise SandboxError(f"could not launch the sandbox: {self._log_tail()}")
+            info = self._read_info(info_r)
+            self._wait_ready(ready_r)
+        finally:
+            os.close(info_r)
+            os.close(ready_r)
+        pid = int(info["child-pid"])
+        start = process_start_time(pid)
+        if start is None:
+            raise SandboxError(f"the sandbox's first process exited at once: {self._log_tail()}")
+        return pid, start
+
+    def _read_info(self, fd: int) -> dict[str, int]:
+        buf = b""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        decoder = json.JSONDecoder()
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            chunk = os.read(fd, 4096)
+            if not chunk:  # every writer closed: bwrap died before reporting
+                break
+            buf += chunk
+            try:
+                info, _ = decoder.raw_decode(buf.decode())
+                return dict(info)
+            except ValueError:
+                continue
+        raise SandboxError(f"bubblewrap did not start the sandbox: {self._log_tail()}")
+
+    def _wait_ready(self, fd: int) -> None:
+        ready, _, _ = select.select([fd], [], [], READY_TIMEOUT_S)
+        if ready and os.read(fd, 1) == b"r":
+            return
+        raise SandboxError(f"the sandbox did not become ready: {self._log_tail()}")
+
+    def _log_tail(self) -> str:
+        try:
+            text = self.log.read_text(errors="replace").strip()
+        except FileNotFoundError:
+            text = ""
+        return text[-2000:] or "no output (see agentbox doctor)"
+
+    # teardown -------------------------------------------------------------------------
+    def teardown(self) -> None:
+        """Unmount and delete everything on the host side. Idempotent."""
+        disk.unmount(self.root)
+        disk.unmount(self.disk)  # AUTOCLEAR frees the loop device
+        if self.dir.exists():
+            shutil.rmtree(self.dir, ignore_errors=False, onerror=_ignore_missing)
+
+
+def _ignore_missing(func: object, path: str, exc_info: object) -> None:
+    exc = exc_info[1] if isinstance(exc_info, tuple) else None
+    if isinstance(exc, FileNotFoundError):
+        return
+    if isinstance(exc, BaseException):
+        raise exc
+
+
+def limits_of(memory: int, pids: int, cpus: float) -> Limits:
+    return Limits(memory_bytes=memory, pids=pids, cpus=cpus)
+
+
+def kill_quietly(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, 9)

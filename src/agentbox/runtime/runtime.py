@@ -1,0 +1,213 @@
+"""The sandbox lifecycle on one host: create, get, list, exec, destroy.
+
+State lives in SQLite (``runtime.store``); a sandbox is a set of host resources
+(``runtime.host``) plus a record. Any process may operate on any sandbox: the CLI, the
+daemon and in-process SDK users share ``$AGENTBOX_HOME``. Expired sandboxes are swept on
+every create and list (and their init ends itself at its lifetime even if nothing runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from agentbox.config import SandboxSpec, agentbox_home
+from agentbox.errors import (
+    AgentboxError,
+    InvalidRequest,
+    SandboxError,
+    SandboxNotFound,
+    SandboxNotRunning,
+)
+from agentbox.isolation import seccomp
+from agentbox.isolation.cgroups import CgroupLayout, SandboxCgroup
+from agentbox.isolation.launcher import nsexec_path
+from agentbox.runtime.commands import CommandRunner
+from agentbox.runtime.files import SandboxFiles
+from agentbox.runtime.host import LaunchPaths, SandboxHost, limits_of, process_start_time
+from agentbox.runtime.processes import ProcessTable
+from agentbox.runtime.sessions import ShellSessions
+from agentbox.runtime.store import SandboxRecord, Store
+from agentbox.runtime.templates import TemplateStore
+
+MAX_SANDBOXES = 4096
+
+
+def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
+    """Validate user input into a spec; errors name the field and what was expected."""
+    if isinstance(values, SandboxSpec):
+        return values
+    try:
+        return SandboxSpec.model_validate(dict(values or {}))
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {err['msg']}" for err in e.errors()
+        )
+        raise InvalidRequest(f"invalid sandbox settings: {problems}") from None
+
+
+class Runtime:
+    """Entry point of the runtime plane. Cheap to construct; host facts load lazily."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or agentbox_home()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.store = Store(self.home / "state.db")
+        self.templates = TemplateStore(self.home)
+        self._layout: CgroupLayout | None = None
+        self._paths: LaunchPaths | None = None
+        self._lock = threading.Lock()
+
+    # host facts -----------------------------------------------------------------------
+    @property
+    def layout(self) -> CgroupLayout:
+        if self._layout is None:
+            self._layout = CgroupLayout.detect()
+        return self._layout
+
+    @property
+    def paths(self) -> LaunchPaths:
+        with self._lock:
+            if self._paths is None:
+                lib = self.home / "lib"
+                self._paths = LaunchPaths(nsexec_path(lib), seccomp.compiled_filter_path(lib))
+            return self._paths
+
+    # lifecycle ------------------------------------------------------------------------
+    def create(self, spec: Mapping[str, object] | SandboxSpec | None = None) -> SandboxRecord:
+        spec = spec_from(spec)
+        self.sweep_expired()
+        template = self.templates.get(spec.template)
+        paths = self.paths
+        sandbox_id = "sb-" + secrets.token_hex(6)
+        expires_at = time.time() + spec.lifetime
+        record = self.store.reserve(
+            sandbox_id, template.name, template.digest, spec.model_dump(), expires_at,
+            MAX_SANDBOXES,
+        )  # fmt: skip
+        host = SandboxHost(self.home, sandbox_id, record.slot)
+        cgroup = self.layout.sandbox(sandbox_id)
+        try:
+            host.prepare_filesystem(template.rootfs, spec.disk)
+            cgroup.create(limits_of(spec.memory, spec.pids, spec.cpus))
+            pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
+            self.store.mark_running(sandbox_id, pid, start)
+        except BaseException:
+            self._release(sandbox_id, host, cgroup)
+            raise
+        record.state, record.init_pid, record.init_start_time = "running", pid, start
+        return record
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        record = self.store.get(sandbox_id)
+        if record is None:
+            raise SandboxNotFound(
+                f"sandbox {sandbox_id} does not exist (destroyed or never created); "
+                "list live sandboxes with `agentbox sandbox ls`"
+            )
+        if record.state == "running" and not self._alive(record):
+            record.state = "exited"
+        return record
+
+    def list(self) -> list[SandboxRecord]:
+        self.sweep_expired()
+        records = self.store.list()
+        for record in records:
+            if record.state == "running" and not self._alive(record):
+                record.state = "exited"
+        return records
+
+    def destroy(self, sandbox_id: str) -> None:
+        record = self.get(sandbox_id)
+        self.store.set_state(sandbox_id, "destroying")
+        self._release(
+            sandbox_id, SandboxHost(self.home, sandbox_id, record.slot),
+            self.layout.sandbox(sandbox_id),
+        )  # fmt: skip
+
+    def sweep_expired(self) -> list[str]:
+        """Destroy sandboxes past their lifetime or whose init has ended."""
+        swept = []
+        now = time.time()
+        for record in self.store.list():
+            expired = record.expires_at is not None and record.expires_at <= now
+            dead = record.state == "running" and not self._alive(record)
+            if expired or dead:
+                with contextlib.suppress(AgentboxError):
+                    self.destroy(record.id)
+                    swept.append(record.id)
+        return swept
+
+    def _release(self, sandbox_id: str, host: SandboxHost, cgroup: SandboxCgroup) -> None:
+        """Kill every process, then remove mounts, cgroups, directories and the record."""
+        errors: list[str] = []
+        for step in (cgroup.remove, host.teardown):
+            try:
+                step()
+            except (OSError, AgentboxError) as e:
+                errors.append(str(e))
+        if errors:
+            self.store.set_state(sandbox_id, "error")
+            raise SandboxError(
+                f"sandbox {sandbox_id} was only partly removed ({'; '.join(errors)}); "
+                "run `agentbox sandbox rm` again"
+            )
+        self.store.delete(sandbox_id)
+
+    @staticmethod
+    def _alive(record: SandboxRecord) -> bool:
+        return (
+            record.init_pid is not None
+            and process_start_time(record.init_pid) == record.init_start_time
+        )
+
+    # running things ---------------------------------------------------------------------
+    def running(self, sandbox_id: str) -> tuple[SandboxRecord, SandboxHost, SandboxCgroup]:
+        record = self.get(sandbox_id)
+        if record.state != "running":
+            raise SandboxNotRunning(
+                f"sandbox {sandbox_id} is {record.state}, not running; create a new one"
+            )
+        return record, SandboxHost(self.home, sandbox_id, record.slot), self.layout.sandbox(
+            sandbox_id
+        )
+
+    def commands(self, sandbox_id: str) -> CommandRunner:
+        record, host, cgroup = self.running(sandbox_id)
+        assert record.init_pid is not None
+        return CommandRunner(self.paths, host, cgroup, record.init_pid, record.spec.get("env", {}))
+
+    def processes(self, sandbox_id: str) -> ProcessTable:
+        return ProcessTable(self.commands(sandbox_id))
+
+    def sessions(self, sandbox_id: str) -> ShellSessions:
+        return ShellSessions(self.commands(sandbox_id))
+
+    def files(self, sandbox_id: str) -> SandboxFiles:
+        record, host, _ = self.running(sandbox_id)
+        return SandboxFiles(f"/proc/{record.init_pid}/root", host.host_uid, host.host_gid)
+
+    def exec(
+        self,
+        sandbox_id: str,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = 60.0,
+        max_output_bytes: int = 1 << 20,
+    ) -> object:
+        """Shortcut for ``commands(id).run(...)``."""
+        if not sandbox_id:
+            raise InvalidRequest("a sandbox id is required")
+        return self.commands(sandbox_id).run(
+            command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
+            max_output_bytes=max_output_bytes,
+        )  # fmt: skip

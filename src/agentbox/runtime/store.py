@@ -1,0 +1,149 @@
+"""Sandbox state in SQLite under ``$AGENTBOX_HOME/state.db``.
+
+Several processes share it (the daemon, CLI invocations, in-process SDK users), so it
+runs in WAL mode and every write is a short ``BEGIN IMMEDIATE`` transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    slot INTEGER NOT NULL UNIQUE,
+    state TEXT NOT NULL,
+    template TEXT NOT NULL,
+    template_digest TEXT NOT NULL,
+    init_pid INTEGER,
+    init_start_time INTEGER,
+    created_at REAL NOT NULL,
+    expires_at REAL,
+    spec TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+"""
+
+
+@dataclass
+class SandboxRecord:
+    id: str
+    slot: int
+    state: str
+    template: str
+    template_digest: str
+    init_pid: int | None
+    init_start_time: int | None
+    created_at: float
+    expires_at: float | None
+    spec: dict[str, Any] = field(default_factory=dict)
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._conn().executescript(_SCHEMA)  # idempotent; executescript commits itself
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.row_factory = sqlite3.Row
+            self._local.conn = conn
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = self._conn()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    @staticmethod
+    def _record(row: sqlite3.Row) -> SandboxRecord:
+        data = dict(row)
+        data["spec"] = json.loads(data["spec"])
+        return SandboxRecord(**data)
+
+    def reserve(
+        self, sandbox_id: str, template: str, digest: str, spec: dict[str, Any],
+        expires_at: float | None, max_slots: int,
+    ) -> SandboxRecord:  # fmt: skip
+        """Insert a ``creating`` record holding the lowest free slot (the slot picks the uid)."""
+        with self._tx() as db:
+            used = {r[0] for r in db.execute("SELECT slot FROM sandboxes")}
+            slot = next((s for s in range(max_slots) if s not in used), None)
+            if slot is None:
+                from agentbox.errors import LimitExceeded
+
+                raise LimitExceeded(
+                    f"this host already runs {len(used)} sandboxes, its maximum; "
+                    "destroy some (agentbox sandbox ls / rm) and retry"
+                )
+            now = time.time()
+            db.execute(
+                "INSERT INTO sandboxes (id, slot, state, template, template_digest, created_at,"
+                " expires_at, spec) VALUES (?, ?, 'creating', ?, ?, ?, ?, ?)",
+                (sandbox_id, slot, template, digest, now, expires_at, json.dumps(spec)),
+            )
+        return SandboxRecord(sandbox_id, slot, "creating", template, digest, None, None, now,
+                             expires_at, spec)  # fmt: skip
+
+    def mark_running(self, sandbox_id: str, init_pid: int, init_start_time: int) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE sandboxes SET state='running', init_pid=?, init_start_time=? WHERE id=?",
+                (init_pid, init_start_time, sandbox_id),
+            )
+
+    def set_state(self, sandbox_id: str, state: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE sandboxes SET state=? WHERE id=?", (state, sandbox_id))
+
+    def get(self, sandbox_id: str) -> SandboxRecord | None:
+        row = self._conn().execute("SELECT * FROM sandboxes WHERE id=?", (sandbox_id,)).fetchone()
+        return self._record(row) if row else None
+
+    def list(self) -> list[SandboxRecord]:
+        rows = self._conn().execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
+        return [self._record(r) for r in rows]
+
+    def delete(self, sandbox_id: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM sandboxes WHERE id=?", (sandbox_id,))
+
+    def next_counter(self, name: str) -> int:
+        """A process-wide unique, increasing number (command cgroups, process handles)."""
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO counters (name, value) VALUES (?, 1) "
+                "ON CONFLICT(name) DO UPDATE SET value = value + 1",
+                (name,),
+            )
+            row = db.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
+        return int(row[0])
