@@ -147,19 +147,28 @@ class SandboxCgroup:
     # joining ------------------------------------------------------------------------
     def dirs_for(self, leaf: str) -> list[str]:
         """The cgroup directories a process joins to run as ``leaf`` of this sandbox."""
-        dirs = [str(p) for p in self.v1.values()]
-        dirs.append(str(self.unified / leaf))
-        return dirs
+        return [*self.v1_dirs(), self.leaf_dir(leaf)]
+
+    def v1_dirs(self) -> list[str]:
+        return [str(p) for p in self.v1.values()]
+
+    def leaf_dir(self, leaf: str) -> str:
+        return str(self.unified / leaf)
 
     def new_leaf(self, name: str) -> str:
         (self.unified / name).mkdir(exist_ok=True)
         return name
 
-    def remove_leaf(self, name: str) -> None:
-        leaf = self.unified / name
+    def kill_leaf(self, name: str) -> None:
+        """SIGKILL every process of one command's leaf (never anything above it)."""
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"bad cgroup leaf name {name!r}")
         with contextlib.suppress(FileNotFoundError):
-            _write(leaf / "cgroup.kill", "1")
-        self._rmdir_when_empty(leaf)
+            _write(self.unified / name / "cgroup.kill", "1")
+
+    def remove_leaf(self, name: str) -> None:
+        self.kill_leaf(name)
+        self._rmdir_when_empty(self.unified / name)
 
     # state --------------------------------------------------------------------------
     def exists(self) -> bool:

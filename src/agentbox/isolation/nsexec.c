@@ -6,29 +6,31 @@
  * so this helper does the few syscalls that must happen between fork and exec.
  *
  * Three modes:
-
+ *
  *   init READY_FD LIFETIME_S  (the sandbox's PID 1, started by bubblewrap --as-pid-1)
  *     Signal readiness by writing one byte to READY_FD, close every fd, then reap orphans
  *     forever. As a PID-namespace init with no handlers installed, it cannot be
  *     killed from inside the sandbox, so the agent cannot take its own sandbox down
  *     half-way; only the host (cgroup.kill) ends it, or its LIFETIME_S (0 = none).
  *
- *
  *   spawn  --cgroup DIR... --uid U --gid G -- ARGV
  *     Join the cgroups, detach (fork, parent exits 0), drop to the unprivileged host
  *     uid/gid, exec ARGV (bubblewrap).
  *
- *   enter  --cgroup DIR... --ns-pid PID --uid U --gid G [--cwd DIR] [--seccomp FILE]
+ *   enter  --leaf DIR [--cgroup DIR...] --ns-pid PID --uid U --gid G --seccomp FILE [--cwd DIR]
  *          [--exit-file FILE] [--detach] [--setsid] [--ctty] -- ARGV
- *     Join the cgroups (host side), join every namespace of PID (user namespace last,
- *     so nested user namespaces are handled), fork (a pid namespace applies only to
- *     children), and in the child: close every fd above 2, set uid/gid, clear the
- *     capability bounding/ambient/permitted sets, set no_new_privs, load the seccomp
- *     filter, chdir, exec. The parent waits for the child and exits with its status
- *     (128+signal when killed), so the exit status the daemon sees comes from waitpid,
- *     never from anything the sandboxed program can write. With --exit-file the
- *     status is also written there (for background processes that outlive their
- *     creator).
+ *     Three processes: the launcher forks a middle process that joins the v1 cgroups
+ *     (--cgroup, hybrid hosts) and every namespace of PID (user namespace last, so
+ *     nested user namespaces are handled) and clones the command straight into the
+ *     v2 cgroup --leaf (a pid namespace applies only to children); the command joins
+ *     the cgroup namespace. The command closes every fd above 2, sets uid/gid, clears the
+ *     capability bounding/ambient/permitted sets, sets no_new_privs, loads the seccomp
+ *     filter, chdirs and execs. Each parent waits for its child and ends the same way
+ *     (a signal is re-raised), so the status the daemon sees comes from waitpid, never
+ *     from anything the sandboxed program can write. The launcher itself stays out of
+ *     the sandbox's cgroups: killing a command's cgroup cannot kill the process that
+ *     records its end. With --exit-file the status is also written there (background
+ *     processes that outlive their creator).
  *
  * Order follows NOTES-linux: cgroup -> setns -> ids -> caps -> no_new_privs ->
  * seccomp -> exec. Any failure before exec exits 125 with a message on stderr
@@ -43,11 +45,13 @@
 #include <linux/seccomp.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -93,30 +97,53 @@ static void join_cgroup(const char *dir) {
   close(fd);
 }
 
-static void join_namespaces(int pid) {
-  /* user last: entering it first would lose our rights over namespaces owned by an
-   * outer user namespace when the sandbox nests one (bubblewrap --disable-userns). */
-  static const char *names[] = {"ipc", "uts", "net", "pid", "cgroup", "mnt", "user"};
-  int fds[7];
+/* The namespaces of PID, opened while host paths still resolve. */
+static const char *NS_NAMES[] = {"ipc", "uts", "net", "pid", "mnt", "cgroup", "user"};
+enum { NS_COUNT = 7, NS_CGROUP = 5, NS_USER = 6 };
+
+static void open_namespaces(int pid, int fds[NS_COUNT]) {
   char path[64];
-  for (int i = 0; i < 7; i++) {
-    snprintf(path, sizeof path, "/proc/%d/ns/%s", pid, names[i]);
+  for (int i = 0; i < NS_COUNT; i++) {
+    snprintf(path, sizeof path, "/proc/%d/ns/%s", pid, NS_NAMES[i]);
     fds[i] = open(path, O_RDONLY | O_CLOEXEC);
     if (fds[i] < 0) die(path);
   }
-  for (int i = 0; i < 7; i++) {
+}
+
+/* Joins namespaces [from, to) of fds. The cgroup and user namespaces are joined by the
+ * command itself, after it was cloned into its cgroup (from inside the sandbox's cgroup
+ * namespace the command's cgroup could not be named), cgroup first while still host
+ * root, user last (a nested user namespace holds no rights over outer ones). */
+static void join_namespaces(int fds[NS_COUNT], int from, int to) {
+  for (int i = from; i < to; i++) {
     struct stat a, b;
     char self[64];
-    snprintf(self, sizeof self, "/proc/self/ns/%s", names[i]);
+    snprintf(self, sizeof self, "/proc/self/ns/%s", NS_NAMES[i]);
     /* setns into the namespace we are already in fails for user namespaces. */
-    if (stat(self, &a) == 0 && fstat(fds[i], &b) == 0 && a.st_ino == b.st_ino &&
-        a.st_dev == b.st_dev) {
-      close(fds[i]);
-      continue;
+    if (!(stat(self, &a) == 0 && fstat(fds[i], &b) == 0 && a.st_ino == b.st_ino &&
+          a.st_dev == b.st_dev)) {
+      if (setns(fds[i], 0) < 0) die(NS_NAMES[i]);
     }
-    if (setns(fds[i], 0) < 0) die(names[i]);
     close(fds[i]);
   }
+}
+
+/* fork() that puts the child straight into the cgroup directory LEAF_FD (clone3 with
+ * CLONE_INTO_CGROUP): the parent itself never joins it, so killing that cgroup kills the
+ * command's whole tree but never its waiting parent. */
+struct clone_args_v2 {
+  uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls,
+      set_tid, set_tid_size, cgroup;
+};
+#define AB_CLONE_INTO_CGROUP 0x200000000ULL
+
+static pid_t fork_into_cgroup(int leaf_fd) {
+  struct clone_args_v2 args;
+  memset(&args, 0, sizeof args);
+  args.flags = AB_CLONE_INTO_CGROUP;
+  args.exit_signal = SIGCHLD;
+  args.cgroup = (uint64_t)leaf_fd;
+  return (pid_t)syscall(435 /* clone3 */, &args, sizeof args);
 }
 
 static void drop_capabilities(void) {
@@ -204,6 +231,68 @@ _Noreturn static void run_init(int ready_fd, int lifetime_s) {
   }
 }
 
+/* In the sandbox's namespaces, as the last step before the program runs. */
+_Noreturn static void exec_confined(char **prog, int uid, int gid, const char *cwd,
+                                    struct sock_fprog *filter, int want_setsid, int want_ctty,
+                                    int ns_fds[NS_COUNT]) {
+  join_namespaces(ns_fds, NS_CGROUP, NS_COUNT);
+  /* No host fd may reach the sandbox (CVE-2024-21626): keep only stdio. */
+  if (syscall(SYS_close_range, 3, ~0U, 0) < 0) die("close_range");
+  if (want_setsid || want_ctty) {
+    if (setsid() < 0) die("setsid");
+  }
+  if (want_ctty && ioctl(0, TIOCSCTTY, 0) < 0) die("TIOCSCTTY");
+  drop_capabilities();
+  if (setresgid(gid, gid, gid) < 0) die("setresgid");
+  if (setresuid(uid, uid, uid) < 0) die("setresuid");
+  /* Set after the uid change, which clears it: the command dies with its launcher. */
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die("pdeathsig");
+  clear_capability_sets();
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
+  if (chdir(cwd ? cwd : "/") < 0) {
+    dprintf(2, "agentbox-nsexec: cwd %s: %s\n", cwd ? cwd : "/", strerror(errno));
+    _exit(LAUNCH_FAIL);
+  }
+  if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, filter, 0, 0) < 0) die("load seccomp filter");
+  execvp(prog[0], prog);
+  int e = errno;
+  dprintf(2, "agentbox: %s: %s\n", prog[0], strerror(e));
+  _exit(e == ENOENT ? 127 : 126);
+}
+
+/* Only the command needs stdio: drop our copies so readers see EOF when it ends. */
+static void release_stdio(void) {
+  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (devnull < 0) return;
+  dup2(devnull, 0);
+  dup2(devnull, 1);
+  dup2(devnull, 2);
+  close(devnull);
+}
+
+static int wait_for(pid_t pid) {
+  int status;
+  for (;;) {
+    pid_t r = waitpid(pid, &status, 0);
+    if (r == pid) return status;
+    if (r < 0 && errno != EINTR) die("waitpid");
+  }
+}
+
+/* End the way the waited process ended: a signal is re-raised, not turned into a code. */
+_Noreturn static void exit_like(int status) {
+  if (WIFSIGNALED(status)) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = SIG_DFL;
+    sigaction(WTERMSIG(status), &sa, NULL);
+    struct rlimit no_core = {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    kill(getpid(), WTERMSIG(status));
+  }
+  _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) die_msg("usage: agentbox-nsexec init|spawn|enter [options] -- ARGV");
   if (strcmp(argv[1], "init") == 0) {
@@ -216,7 +305,7 @@ int main(int argc, char **argv) {
   const char *cgroups[MAX_CGROUPS];
   int ncgroups = 0, ns_pid = -1, uid = -1, gid = -1, want_setsid = 0, want_ctty = 0;
   int want_detach = 0;
-  const char *cwd = NULL, *seccomp = NULL, *exit_file = NULL;
+  const char *cwd = NULL, *seccomp = NULL, *exit_file = NULL, *leaf = NULL;
   int i = 2;
   for (; i < argc; i++) {
     const char *a = argv[i];
@@ -230,6 +319,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--uid") == 0) uid = parse_int(argv[++i], "uid");
     else if (strcmp(a, "--gid") == 0) gid = parse_int(argv[++i], "gid");
     else if (strcmp(a, "--cwd") == 0) cwd = argv[++i];
+    else if (strcmp(a, "--leaf") == 0) leaf = argv[++i];
     else if (strcmp(a, "--seccomp") == 0) seccomp = argv[++i];
     else if (strcmp(a, "--exit-file") == 0) exit_file = argv[++i];
     else if (strcmp(a, "--setsid") == 0) want_setsid = 1;
@@ -243,9 +333,9 @@ int main(int argc, char **argv) {
 
   /* Supplementary groups are host groups: drop them while we may. */
   if (setgroups(0, NULL) < 0) die("setgroups");
-  for (int c = 0; c < ncgroups; c++) join_cgroup(cgroups[c]);
 
   if (!enter) {
+    for (int c = 0; c < ncgroups; c++) join_cgroup(cgroups[c]);
     /* Detach: the sandbox must outlive whoever created it, and that process must not
      * inherit a zombie to reap; the host's init adopts the sandbox's monitor. */
     pid_t pid = fork();
@@ -261,6 +351,7 @@ int main(int argc, char **argv) {
 
   if (ns_pid <= 0) die_msg("enter needs --ns-pid");
   if (!seccomp) die_msg("enter needs --seccomp");
+  if (!leaf) die_msg("enter needs --leaf (the command's cgroup v2 directory)");
   int exit_fd = -1;
   if (exit_file) {
     exit_fd = open(exit_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -276,58 +367,28 @@ int main(int argc, char **argv) {
     if (setsid() < 0) die("setsid");
   }
   struct sock_fprog filter = read_seccomp(seccomp);
-  join_namespaces(ns_pid);
-
-  pid_t child = fork();
-  if (child < 0) die("fork");
-  if (child == 0) {
-    /* No host fd may reach the sandbox (CVE-2024-21626): keep only stdio. */
-    if (syscall(SYS_close_range, 3, ~0U, 0) < 0) die("close_range");
-    if (want_setsid || want_ctty) {
-      if (setsid() < 0) die("setsid");
-    }
-    if (want_ctty && ioctl(0, TIOCSCTTY, 0) < 0) die("TIOCSCTTY");
-    drop_capabilities();
-    if (setresgid(gid, gid, gid) < 0) die("setresgid");
-    if (setresuid(uid, uid, uid) < 0) die("setresuid");
-    /* Set after the uid change, which clears it; the child dies with its launcher. */
+  /* The launcher stays outside the sandbox's cgroup, so killing a command's cgroup
+   * (timeout, kill) never kills the process that records how the command ended. */
+  pid_t middle = fork();
+  if (middle < 0) die("fork");
+  if (middle == 0) {
+    g_exit_fd = -1; /* only the launcher records the exit */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die("pdeathsig");
-    clear_capability_sets();
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");
-    if (chdir(cwd ? cwd : "/") < 0) {
-      dprintf(2, "agentbox-nsexec: cwd %s: %s\n", cwd ? cwd : "/", strerror(errno));
-      _exit(LAUNCH_FAIL);
-    }
-    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter, 0, 0) < 0) die("load seccomp filter");
-    execvp(prog[0], prog);
-    int e = errno;
-    dprintf(2, "agentbox: %s: %s\n", prog[0], strerror(e));
-    _exit(e == ENOENT ? 127 : 126);
+    /* v1 hierarchies (hybrid hosts): the middle joins them and the command inherits. */
+    for (int c = 0; c < ncgroups; c++) join_cgroup(cgroups[c]);
+    int leaf_fd = open(leaf, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (leaf_fd < 0) die(leaf);
+    int ns_fds[NS_COUNT];
+    open_namespaces(ns_pid, ns_fds);
+    join_namespaces(ns_fds, 0, NS_CGROUP);
+    pid_t child = fork_into_cgroup(leaf_fd);
+    if (child < 0) die("clone3 into the command's cgroup");
+    if (child == 0) exec_confined(prog, uid, gid, cwd, &filter, want_setsid, want_ctty, ns_fds);
+    release_stdio();
+    exit_like(wait_for(child));
   }
-
-  /* Only the child needs stdio: release pipes so readers see EOF when it ends. */
-  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (devnull >= 0) {
-    dup2(devnull, 0);
-    dup2(devnull, 1);
-    dup2(devnull, 2);
-  }
-  int status;
-  for (;;) {
-    pid_t r = waitpid(child, &status, 0);
-    if (r == child) break;
-    if (r < 0 && errno != EINTR) die("waitpid");
-  }
-  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  write_exit_file(exit_fd, code);
-  if (WIFSIGNALED(status)) {
-    /* Re-raise so the daemon sees the same signal, not a made-up exit code. */
-    signal(WTERMSIG(status), SIG_DFL);
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = SIG_DFL;
-    sigaction(WTERMSIG(status), &sa, NULL);
-    kill(getpid(), WTERMSIG(status));
-  }
-  _exit(code);
+  release_stdio();
+  int status = wait_for(middle);
+  write_exit_file(exit_fd, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+  exit_like(status);
 }

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import os
+import platform
 import struct
+from collections.abc import Sequence
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -128,3 +131,70 @@ def set_project_id(fd: int, project_id: int) -> None:
         _FS_IOC_FSSETXATTR,
         _FSXATTR.pack(xflags | FS_XFLAG_PROJINHERIT, extsize, nextents, project_id, cow, pad),
     )
+
+
+# renameat2(2) flags.
+RENAME_NOREPLACE = 1 << 0
+RENAME_EXCHANGE = 1 << 1
+
+
+def renameat2(olddirfd: int, oldpath: str, newdirfd: int, newpath: str, flags: int = 0) -> None:
+    """renameat2(2): ``RENAME_NOREPLACE`` makes "move unless the target exists" atomic."""
+    _check(
+        _libc.renameat2(
+            ctypes.c_int(olddirfd), os.fsencode(oldpath),
+            ctypes.c_int(newdirfd), os.fsencode(newpath), ctypes.c_uint(flags),
+        ),
+        f"renameat2 {oldpath!r} -> {newpath!r}",
+    )  # fmt: skip
+
+
+# The raw syscall, because glibc's setgroups() broadcasts the change to every thread.
+_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(platform.machine())
+
+
+def thread_setgroups(groups: Sequence[int]) -> None:
+    """setgroups(2) for the calling thread only (the kernel keeps credentials per thread)."""
+    if _SYS_SETGROUPS is None:
+        raise OSError(errno.ENOSYS, f"setgroups syscall number unknown on {platform.machine()}")
+    arr = (ctypes.c_uint * len(groups))(*groups)
+    _check(_libc.syscall(_SYS_SETGROUPS, ctypes.c_size_t(len(groups)), arr), "setgroups")
+
+
+CAP_SETGID = 6
+CAP_SETUID = 7
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]  # fmt: skip
+
+
+def thread_capabilities() -> tuple[int, int, int]:
+    """(effective, permitted, inheritable) capability masks of the calling thread."""
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    _check(_libc.capget(ctypes.byref(header), data), "capget")
+    return (
+        data[0].effective | data[1].effective << 32,
+        data[0].permitted | data[1].permitted << 32,
+        data[0].inheritable | data[1].inheritable << 32,
+    )
+
+
+def set_thread_capabilities(effective: int, permitted: int, inheritable: int) -> None:
+    """capset(2) on the calling thread only (pid 0); a thread may always lower its sets."""
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    low, high = 0xFFFFFFFF, 32
+    data = (_CapData * 2)(
+        _CapData(effective & low, permitted & low, inheritable & low),
+        _CapData(effective >> high, permitted >> high, inheritable >> high),
+    )
+    _check(_libc.capset(ctypes.byref(header), data), "capset")

@@ -19,12 +19,13 @@ import struct
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import IO
 
 from agentbox.errors import InvalidRequest, SandboxError
 from agentbox.isolation.cgroups import SandboxCgroup
 from agentbox.runtime.host import SANDBOX_GID, SANDBOX_UID, LaunchPaths, SandboxHost, base_env
-from agentbox.runtime.output import BoundedCapture, CommandResult
+from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallback
 
 LAUNCH_FAILED = 125
 _TIOCSPTLCK = 0x40045431
@@ -81,8 +82,8 @@ class CommandRunner:
     ) -> list[str]:  # fmt: skip
         if cwd is not None and ("\0" in cwd or not cwd):
             raise InvalidRequest("cwd must be a non-empty path without NUL bytes")
-        out = [str(self.paths.nsexec), "enter"]
-        for d in self.cgroup.dirs_for(leaf):
+        out = [str(self.paths.nsexec), "enter", "--leaf", self.cgroup.leaf_dir(leaf)]
+        for d in self.cgroup.v1_dirs():
             out += ["--cgroup", d]
         out += [
             "--ns-pid", str(self.init_pid),
@@ -114,8 +115,13 @@ class CommandRunner:
         timeout: float | None = 60.0,
         max_output_bytes: int = 1 << 20,
         pty: bool = False,
+        on_output: OutputCallback | None = None,
     ) -> CommandResult:
-        """Run to completion. On timeout the command's whole process tree is killed."""
+        """Run to completion. On timeout the command's whole process tree is killed.
+
+        ``on_output(stream, chunk)`` sees every chunk as it arrives ("stdout"/"stderr"),
+        uncapped, for callers that stream (the CLI, SSE); the result stays capped.
+        """
         argv = normalise_argv(command)
         if timeout is not None and timeout <= 0:
             raise InvalidRequest("timeout must be positive (seconds)")
@@ -127,16 +133,20 @@ class CommandRunner:
         launcher = self.launcher_argv(argv, leaf, cwd, ctty=pty)
         started = time.monotonic()
         if pty:
-            result = self._run_pty(launcher, environment, stdin_bytes, timeout, max_output_bytes)
+            result = self._run_pty(
+                launcher, environment, stdin_bytes, timeout, max_output_bytes, on_output, leaf
+            )
         else:
-            result = self._run_pipes(launcher, environment, stdin_bytes, timeout, max_output_bytes)
+            result = self._run_pipes(
+                launcher, environment, stdin_bytes, timeout, max_output_bytes, on_output, leaf
+            )
         stdout, stderr, status, timed_out = result
         self._finish_leaf(leaf, kill=timed_out)
         return self._result(stdout, stderr, status, timed_out, time.monotonic() - started)
 
     def _run_pipes(
         self, launcher: list[str], env: dict[str, str], stdin: bytes | None,
-        timeout: float | None, cap: int,
+        timeout: float | None, cap: int, on_output: OutputCallback | None, leaf: str,
     ) -> tuple[BoundedCapture, BoundedCapture, int, bool]:  # fmt: skip
         proc = subprocess.Popen(
             launcher,
@@ -147,14 +157,14 @@ class CommandRunner:
             close_fds=True,
         )
         assert proc.stdout is not None and proc.stderr is not None
-        out, err = BoundedCapture(cap), BoundedCapture(cap)
+        out, err = BoundedCapture(cap, "stdout", on_output), BoundedCapture(cap, "stderr", on_output)
         streams: dict[IO[bytes], BoundedCapture] = {proc.stdout: out, proc.stderr: err}
-        timed_out = self._pump(proc, streams, stdin, timeout)
+        timed_out = self._pump(proc, streams, stdin, timeout, leaf)
         return out, err, proc.wait(), timed_out
 
     def _run_pty(
         self, launcher: list[str], env: dict[str, str], stdin: bytes | None,
-        timeout: float | None, cap: int,
+        timeout: float | None, cap: int, on_output: OutputCallback | None, leaf: str,
     ) -> tuple[BoundedCapture, BoundedCapture, int, bool]:  # fmt: skip
         master, slave = self.open_pty()
         try:
@@ -163,12 +173,12 @@ class CommandRunner:
             )
         finally:
             os.close(slave)
-        out = BoundedCapture(cap)
+        out = BoundedCapture(cap, "stdout", on_output)
         master_file = os.fdopen(master, "r+b", buffering=0)
         with master_file:
             if stdin:
                 master_file.write(stdin)
-            timed_out = self._pump(proc, {master_file: out}, None, timeout)
+            timed_out = self._pump(proc, {master_file: out}, None, timeout, leaf)
         return out, BoundedCapture(cap), proc.wait(), timed_out
 
     def open_pty(self) -> tuple[int, int]:
@@ -187,7 +197,7 @@ class CommandRunner:
 
     def _pump(
         self, proc: subprocess.Popen[bytes], streams: dict[IO[bytes], BoundedCapture],
-        stdin: bytes | None, timeout: float | None,
+        stdin: bytes | None, timeout: float | None, leaf: str,
     ) -> bool:  # fmt: skip
         """Read output until the command exits (or times out). Returns whether it timed out.
 
@@ -212,7 +222,7 @@ class CommandRunner:
                 if deadline is not None and now >= deadline:
                     timed_out = True
                     deadline = None
-                    self._kill_launcher_tree(proc)
+                    self.cgroup.kill_leaf(leaf)  # the tree, setsid daemons included
                 if exited_at is not None and (not by_fd or now - exited_at > _DRAIN_AFTER_EXIT_S):
                     break
                 if exited_at is not None:
@@ -263,27 +273,6 @@ class CommandRunner:
         finally:
             with contextlib.suppress(OSError):
                 pipe.close()
-
-    def _kill_launcher_tree(self, proc: subprocess.Popen[bytes]) -> None:
-        """Timeout: kill the command's leaf cgroup (setsid daemons included), then the launcher."""
-        leaf_dir = self._leaf_of(proc.pid)
-        if leaf_dir is not None:
-            with contextlib.suppress(FileNotFoundError):
-                with open(os.path.join(leaf_dir, "cgroup.kill"), "w") as f:  # noqa: PTH123
-                    f.write("1")
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGKILL)
-
-    def _leaf_of(self, pid: int) -> str | None:
-        try:
-            lines = open(f"/proc/{pid}/cgroup").read().splitlines()  # noqa: PTH123, SIM115
-        except FileNotFoundError:
-            return None
-        for line in lines:
-            hierarchy, _, path = line.split(":", 2)
-            if hierarchy == "0":
-                return str(self.cgroup.layout.unified) + path
-        return None
 
     def _finish_leaf(self, leaf: str, kill: bool) -> None:
         """Drop the command's leaf cgroup; processes it left running keep it until they end."""

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+
+OutputCallback = Callable[[str, bytes], None]
 
 
 class BoundedCapture:
     """Keeps at most ``limit`` bytes: the first half and the last half of what was fed."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, name: str = "", listener: OutputCallback | None = None) -> None:
+        self.name = name
+        self.listener = listener
         self.limit = max(limit, 0)
         self._head_limit = self.limit // 2
         self._tail_limit = self.limit - self._head_limit
@@ -17,6 +22,8 @@ class BoundedCapture:
         self.total = 0
 
     def feed(self, data: bytes) -> None:
+        if self.listener is not None:
+            self.listener(self.name, data)
         self.total += len(data)
         room = self._head_limit - len(self._head)
         if room > 0:

@@ -57,7 +57,10 @@ class Runtime:
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or agentbox_home()
-        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "sandboxes").mkdir(parents=True, exist_ok=True)
+        # Sandbox uids (bubblewrap runs as them) must traverse to their own root: x, not r.
+        for path in (self.home, self.home / "sandboxes"):
+            path.chmod(0o711)
         self.store = Store(self.home / "state.db")
         self.templates = TemplateStore(self.home)
         self._layout: CgroupLayout | None = None

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Install agentbox on a Debian 12 host, as root: Debian packages, then a virtualenv at
+# .venv in this checkout with the package (and, with --dev, the test tools) installed.
+# Idempotent: packages already present are not fetched again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "scripts/install.sh: run as root (agentbox manages mounts, cgroups and loop devices)" >&2
+  exit 1
+fi
+
+DEV=0
+[ "${1:-}" = "--dev" ] && DEV=1
+
+# bubblewrap: the sandbox; libseccomp2: compiles the seccomp profile; e2fsprogs: per-sandbox
+# disks; gcc/libc6-dev: builds the 4 KB namespace launcher once; mmdebstrap: template
+# builds; nftables/iproute2: network isolation; python3-venv: the virtualenv.
+PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs util-linux
+          gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "==> apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "==> creating .venv"
+  /usr/bin/python3 -m venv .venv
+fi
+echo "==> pip install agentbox into .venv"
+.venv/bin/pip install -q --disable-pip-version-check --upgrade "pip==25.3"
+if [ "$DEV" = 1 ]; then
+  .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+else
+  .venv/bin/pip install -q --disable-pip-version-check -e .
+fi
+echo "==> installed: $(.venv/bin/agentbox --version)"

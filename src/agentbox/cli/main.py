@@ -1,0 +1,308 @@
+"""The ``agentbox`` command line. Thin: every command calls the SDK / runtime.
+
+Exit codes: 0 success; 1 an agentbox error (message on stderr, ``error[code]: ...``);
+``sandbox exec`` exits with the command's own exit code, or 125 when agentbox itself
+failed (like ``docker run``), 124 when the command timed out.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+import click
+
+from agentbox.errors import AgentboxError
+from agentbox.runtime.runtime import Runtime
+from agentbox.runtime.store import SandboxRecord
+
+F = TypeVar("F", bound=Callable[..., Any])
+EXEC_FAILED = 125
+EXEC_TIMED_OUT = 124
+
+
+def _print_json(data: object) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def handle_errors(exit_code: int = 1) -> Callable[[F], F]:
+    """Turn AgentboxError into one readable line on stderr and a non-zero exit."""
+
+    def decorate(func: F) -> F:
+        @wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return func(*args, **kwargs)
+            except AgentboxError as e:
+                click.echo(f"error[{e.code}]: {e.message}", err=True)
+                sys.exit(exit_code)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def _runtime() -> Runtime:
+    return Runtime()
+
+
+def _record_dict(r: SandboxRecord) -> dict[str, object]:
+    return {
+        "id": r.id,
+        "state": r.state,
+        "template": r.template,
+        "template_digest": r.template_digest,
+        "created_at": r.created_at,
+        "expires_at": r.expires_at,
+        "memory": r.spec.get("memory"),
+        "cpus": r.spec.get("cpus"),
+        "pids": r.spec.get("pids"),
+        "disk": r.spec.get("disk"),
+        "network": r.spec.get("network"),
+        "project": r.spec.get("project"),
+    }
+
+
+def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--env")
+        env[key] = value
+    return env
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="agentbox")
+def cli() -> None:
+    """agentbox: disposable, least-privileged Linux sandboxes for AI coding agents.
+
+    \b
+    Quick start (as root):
+      ID=$(agentbox sandbox create --memory 512MiB)
+      agentbox sandbox exec $ID -- python3 -c 'print(6*7)'
+      echo hello | agentbox files write $ID /workspace/hi.txt
+      agentbox sandbox rm $ID
+
+    State lives in $AGENTBOX_HOME (default /var/lib/agentbox). Run `agentbox doctor`
+    first on a new host.
+    """
+
+
+# sandbox ----------------------------------------------------------------------------------
+@cli.group()
+def sandbox() -> None:
+    """Create, inspect, run commands in and destroy sandboxes."""
+
+
+@sandbox.command("create")
+@click.option("--template", "-t", default="default", show_default=True, help="Root filesystem template.")
+@click.option("--memory", help="Memory limit, e.g. 512MiB (default 2GiB).")
+@click.option("--pids", type=int, help="Max processes (default 512).")
+@click.option("--cpus", type=float, help="CPU quota in cores (default 2).")
+@click.option("--disk", help="Disk for the writable layer + /workspace, e.g. 5GiB (default 10GiB).")
+@click.option("--lifetime", help="Max lifetime, e.g. 30m or 3600 (seconds); default 24h.")
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment for every command.")
+@click.option("--project", help="Project the sandbox belongs to (default: default).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the bare id.")
+@handle_errors()
+def sandbox_create(
+    template: str, memory: str | None, pids: int | None, cpus: float | None, disk: str | None,
+    lifetime: str | None, env: tuple[str, ...], project: str | None, as_json: bool,
+) -> None:  # fmt: skip
+    """Create a sandbox and print its id.
+
+    \b
+    Example:
+      agentbox sandbox create --memory 1GiB --disk 5GiB --lifetime 2h
+    """
+    spec: dict[str, object] = {"template": template}
+    for key, value in (("memory", memory), ("pids", pids), ("cpus", cpus), ("disk", disk),
+                       ("lifetime", lifetime), ("project", project)):  # fmt: skip
+        if value is not None:
+            spec[key] = value
+    if env:
+        spec["env"] = _parse_env(env)
+    record = _runtime().create(spec)
+    if as_json:
+        _print_json(_record_dict(record))
+    else:
+        click.echo(record.id)
+
+
+@sandbox.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@handle_errors()
+def sandbox_ls(as_json: bool) -> None:
+    """List sandboxes on this host."""
+    records = _runtime().list()
+    if as_json:
+        _print_json([_record_dict(r) for r in records])
+        return
+    if not records:
+        click.echo("no sandboxes (create one: agentbox sandbox create)", err=True)
+        return
+    click.echo(f"{'ID':<18} {'STATE':<10} {'TEMPLATE':<14} {'MEMORY':>10}")
+    for r in records:
+        click.echo(f"{r.id:<18} {r.state:<10} {r.template:<14} {r.spec.get('memory', ''):>10}")
+
+
+@sandbox.command("get")
+@click.argument("sandbox_id")
+@handle_errors()
+def sandbox_get(sandbox_id: str) -> None:
+    """Show one sandbox as JSON."""
+    _print_json(_record_dict(_runtime().get(sandbox_id)))
+
+
+@sandbox.command("rm")
+@click.argument("sandbox_ids", nargs=-1, required=True)
+@handle_errors()
+def sandbox_rm(sandbox_ids: tuple[str, ...]) -> None:
+    """Destroy sandboxes: kill every process, remove every host resource."""
+    runtime = _runtime()
+    for sandbox_id in sandbox_ids:
+        runtime.destroy(sandbox_id)
+        click.echo(sandbox_id)
+
+
+@sandbox.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("sandbox_id")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--timeout", type=float, default=None, help="Seconds before the command is killed.")
+@click.option("--cwd", help="Working directory inside the sandbox (default /workspace).")
+@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
+@handle_errors(EXEC_FAILED)
+def sandbox_exec(
+    sandbox_id: str, argv: tuple[str, ...], timeout: float | None, cwd: str | None,
+    env: tuple[str, ...],
+) -> None:  # fmt: skip
+    """Run ARGV in a sandbox; output streams through, the exit code is the command's.
+
+    \b
+    Examples:
+      agentbox sandbox exec $ID -- ls -la /workspace
+      agentbox sandbox exec $ID -- bash -c 'cd /tmp && make'
+      echo data | agentbox sandbox exec $ID -- wc -c
+    """
+    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
+    out = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+
+    def passthrough(stream: str, chunk: bytes) -> None:
+        out[stream].write(chunk)
+        out[stream].flush()
+
+    result = (
+        _runtime()
+        .commands(sandbox_id)
+        .run(list(argv), cwd=cwd, env=_parse_env(env), stdin=stdin or None, timeout=timeout,
+             max_output_bytes=0, on_output=passthrough)  # fmt: skip
+    )
+    if result.timed_out:
+        click.echo(f"agentbox: command timed out after {timeout}s and was killed", err=True)
+        sys.exit(EXEC_TIMED_OUT)
+    sys.exit(result.exit_code)
+
+
+@sandbox.command("shell")
+@click.argument("sandbox_id")
+@click.option("--cwd", default="/workspace", show_default=True)
+@handle_errors(EXEC_FAILED)
+def sandbox_shell(sandbox_id: str, cwd: str) -> None:
+    """Open an interactive bash in a sandbox (a terminal on stdin), or run stdin as a script."""
+    runner = _runtime().commands(sandbox_id)
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    leaf = runner.new_leaf()
+    argv = ["/bin/bash", "-l"] if interactive else ["/bin/bash", "-s"]
+    launcher = runner.launcher_argv(argv, leaf, cwd, ctty=interactive)
+    code = subprocess.call(launcher, env=runner.environment(None))
+    sys.exit(128 - code if code < 0 else code)
+
+
+# files ------------------------------------------------------------------------------------
+@cli.group()
+def files() -> None:
+    """Read and write files in a sandbox (paths never resolve outside it)."""
+
+
+@files.command("read")
+@click.argument("sandbox_id")
+@click.argument("path")
+@handle_errors()
+def files_read(sandbox_id: str, path: str) -> None:
+    """Write the file at PATH to stdout (binary-safe, streamed)."""
+    for chunk in _runtime().files(sandbox_id).read_stream(path):
+        sys.stdout.buffer.write(chunk)
+    sys.stdout.buffer.flush()
+
+
+@files.command("write")
+@click.argument("sandbox_id")
+@click.argument("path")
+@click.option("--append", is_flag=True, help="Append instead of overwriting.")
+@handle_errors()
+def files_write(sandbox_id: str, path: str, append: bool) -> None:
+    """Write stdin to PATH (streamed; parents are created)."""
+
+    def chunks() -> Any:
+        while chunk := sys.stdin.buffer.read(1 << 20):
+            yield chunk
+
+    info = _runtime().files(sandbox_id).write(path, chunks(), mode="append" if append else "overwrite")
+    click.echo(f"{info.path} ({info.size} bytes)", err=True)
+
+
+@files.command("ls")
+@click.argument("sandbox_id")
+@click.argument("path", default="/workspace")
+@click.option("--depth", type=int, default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@handle_errors()
+def files_ls(sandbox_id: str, path: str, depth: int, as_json: bool) -> None:
+    """List a directory."""
+    entries = _runtime().files(sandbox_id).list(path, depth)
+    if as_json:
+        _print_json([e.to_dict() for e in entries])
+        return
+    for e in entries:
+        click.echo(f"{e.type:<8} {e.size:>10} {e.path}")
+
+
+# doctor -----------------------------------------------------------------------------------
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def doctor(as_json: bool) -> None:
+    """Check what this host offers agentbox, and how to fix what it lacks."""
+    from agentbox.isolation.hostcheck import run_checks
+
+    checks = run_checks()
+    if as_json:
+        _print_json([c.to_dict() for c in checks])
+    else:
+        for c in checks:
+            mark = "ok     " if c.ok else ("MISSING" if c.required else "missing")
+            click.echo(f"{mark} {c.name:<16} {c.detail}")
+            if not c.ok:
+                click.echo(f"        fix: {c.fix}")
+    if any(c.required and not c.ok for c in checks):
+        sys.exit(1)
+
+
+def _register_optional_groups() -> None:
+    from agentbox.cli.template_commands import template
+
+    cli.add_command(template)
+
+
+def main() -> None:
+    _register_optional_groups()
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,325 @@
+"""The Python SDK: ``Sandbox`` (sync) and ``AsyncSandbox`` (async), E2B-style.
+
+    from agentbox import Sandbox
+
+    with Sandbox.create(template="default", memory="512MiB", timeout=600) as sb:
+        result = sb.commands.run("python3 -c 'print(6*7)'", timeout=60)
+        print(result.stdout, result.exit_code)
+        sb.files.write("/workspace/hello.txt", "hi")
+
+Units: ``timeout`` on ``create`` is the sandbox's max lifetime in **seconds**; on
+``commands.run`` the command's wall-clock limit in **seconds**. Sizes take ints (bytes) or
+strings like ``"512MiB"``.
+
+The SDK drives the runtime in-process (this process needs root, like the daemon).
+``AsyncSandbox`` runs the same calls in worker threads, so the two never drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Literal, ParamSpec, TypeVar
+
+from agentbox.runtime.files import FileInfo
+from agentbox.runtime.output import CommandResult
+from agentbox.runtime.processes import ProcessInfo, ProcessOutput
+from agentbox.runtime.runtime import Runtime
+from agentbox.runtime.store import SandboxRecord
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_runtimes: dict[Path | None, Runtime] = {}
+
+
+def _runtime(home: Path | None) -> Runtime:
+    """One Runtime per home per process (it caches host facts and a DB connection)."""
+    if home not in _runtimes:
+        _runtimes[home] = Runtime(home)
+    return _runtimes[home]
+
+
+class Commands:
+    """``sb.commands``: one-shot and background commands."""
+
+    def __init__(self, runtime: Runtime, sandbox_id: str) -> None:
+        self._rt = runtime
+        self._id = sandbox_id
+
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = 60.0,
+        max_output_bytes: int = 1 << 20,
+        pty: bool = False,
+    ) -> CommandResult:
+        """Run ``cmd`` (a shell string, or an argv list) and wait. ``timeout`` in seconds.
+
+        A timed-out command has its whole process tree killed; the result says
+        ``timed_out=True``. Output beyond ``max_output_bytes`` per stream keeps its head and
+        tail (``truncated=True``).
+        """
+        return self._rt.commands(self._id).run(
+            cmd, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
+            max_output_bytes=max_output_bytes, pty=pty,
+        )  # fmt: skip
+
+    def start(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+    ) -> CommandHandle:
+        """Start ``cmd`` in the background and return a handle to it."""
+        info = self._rt.processes(self._id).start(cmd, cwd=cwd, env=env, stdin=stdin)
+        return CommandHandle(self._rt, self._id, info.id)
+
+    def list(self) -> list[ProcessInfo]:
+        return self._rt.processes(self._id).list()
+
+    def connect(self, process_id: str) -> CommandHandle:
+        self._rt.processes(self._id).get(process_id)
+        return CommandHandle(self._rt, self._id, process_id)
+
+
+class CommandHandle:
+    """A background process. Survives the SDK process; reconnect with ``commands.connect``."""
+
+    def __init__(self, runtime: Runtime, sandbox_id: str, process_id: str) -> None:
+        self._rt = runtime
+        self.sandbox_id = sandbox_id
+        self.id = process_id
+
+    def _table(self) -> Any:
+        return self._rt.processes(self.sandbox_id)
+
+    def info(self) -> ProcessInfo:
+        info: ProcessInfo = self._table().get(self.id)
+        return info
+
+    def read(self, stream: str = "stdout", offset: int = 0, limit: int = 1 << 20) -> ProcessOutput:
+        """Output written since byte ``offset``; pass ``next_offset`` back to continue."""
+        out: ProcessOutput = self._table().read_output(self.id, stream, offset, limit)
+        return out
+
+    def send_stdin(self, data: bytes | str) -> int:
+        written: int = self._table().write_stdin(self.id, data)
+        return written
+
+    def signal(self, sig: int | str = "SIGTERM") -> None:
+        self._table().signal(self.id, sig)
+
+    def kill(self) -> None:
+        self._table().signal(self.id, "SIGKILL")
+
+    def wait(self, timeout: float | None = None) -> ProcessInfo:
+        """Wait up to ``timeout`` seconds; ``info.running`` says whether it ended."""
+        info: ProcessInfo = self._table().wait(self.id, timeout)
+        return info
+
+
+class Files:
+    """``sb.files``: file operations that can never resolve outside the sandbox."""
+
+    def __init__(self, runtime: Runtime, sandbox_id: str) -> None:
+        self._rt = runtime
+        self._id = sandbox_id
+
+    def read(self, path: str, *, offset: int = 0, length: int | None = None) -> str:
+        return self.read_bytes(path, offset=offset, length=length).decode("utf-8", "replace")
+
+    def read_bytes(self, path: str, *, offset: int = 0, length: int | None = None) -> bytes:
+        return self._rt.files(self._id).read(path, offset, length)
+
+    def read_stream(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        return self._rt.files(self._id).read_stream(path, chunk_size)
+
+    def write(
+        self,
+        path: str,
+        data: str | bytes | Iterable[bytes],
+        *,
+        mode: Literal["overwrite", "append", "create"] = "overwrite",
+        perms: int = 0o644,
+    ) -> FileInfo:
+        payload = data.encode() if isinstance(data, str) else data
+        return self._rt.files(self._id).write(path, payload, mode=mode, perms=perms)
+
+    def list(self, path: str = "/workspace", *, depth: int = 1) -> list[FileInfo]:
+        return self._rt.files(self._id).list(path, depth)
+
+    def stat(self, path: str) -> FileInfo:
+        return self._rt.files(self._id).stat(path)
+
+    def exists(self, path: str) -> bool:
+        return self._rt.files(self._id).exists(path)
+
+    def mkdir(self, path: str, *, parents: bool = True) -> FileInfo:
+        return self._rt.files(self._id).mkdir(path, parents=parents)
+
+    def move(self, src: str, dst: str, *, overwrite: bool = False) -> FileInfo:
+        return self._rt.files(self._id).move(src, dst, overwrite=overwrite)
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        self._rt.files(self._id).remove(path, recursive=recursive)
+
+    def edit(self, path: str, old: str, new: str, *, count: int | None = 1) -> int:
+        """Replace ``old`` with ``new``; fails unless exactly ``count`` occurrences exist."""
+        return self._rt.files(self._id).edit(path, old, new, count)
+
+    def upload_tar(self, dest_dir: str, fileobj: IO[bytes]) -> int:
+        return self._rt.files(self._id).upload_tar(dest_dir, fileobj)
+
+    def download_tar(self, path: str, fileobj: IO[bytes]) -> int:
+        return self._rt.files(self._id).download_tar(path, fileobj)
+
+
+class Shell:
+    """A persistent shell session: ``cd`` and ``export`` carry over between ``run`` calls."""
+
+    def __init__(self, runtime: Runtime, sandbox_id: str, session_id: str) -> None:
+        self._rt = runtime
+        self.sandbox_id = sandbox_id
+        self.id = session_id
+
+    def run(self, cmd: str, *, timeout: float | None = 60.0) -> CommandResult:
+        return self._rt.sessions(self.sandbox_id).run(self.id, cmd, timeout=timeout)
+
+    def close(self) -> None:
+        self._rt.sessions(self.sandbox_id).close(self.id)
+
+
+class Sandbox:
+    """A live sandbox. Create with ``Sandbox.create()``; attach with ``Sandbox.connect(id)``."""
+
+    def __init__(self, record: SandboxRecord, runtime: Runtime) -> None:
+        self._rt = runtime
+        self.id = record.id
+        self.record = record
+        self.commands = Commands(runtime, record.id)
+        self.files = Files(runtime, record.id)
+
+    @classmethod
+    def create(
+        cls,
+        template: str = "default",
+        *,
+        memory: int | str | None = None,
+        cpus: float | None = None,
+        pids: int | None = None,
+        disk: int | str | None = None,
+        timeout: float | str | None = None,
+        env: Mapping[str, str] | None = None,
+        network: str | None = None,
+        home: Path | None = None,
+    ) -> Sandbox:
+        """Create and start a sandbox. ``timeout``: max lifetime in seconds (default 24h)."""
+        spec: dict[str, object] = {"template": template}
+        for key, value in (
+            ("memory", memory), ("cpus", cpus), ("pids", pids), ("disk", disk),
+            ("lifetime", timeout), ("env", dict(env) if env else None), ("network", network),
+        ):  # fmt: skip
+            if value is not None:
+                spec[key] = value
+        runtime = _runtime(home)
+        return cls(runtime.create(spec), runtime)
+
+    @classmethod
+    def connect(cls, sandbox_id: str, *, home: Path | None = None) -> Sandbox:
+        runtime = _runtime(home)
+        return cls(runtime.get(sandbox_id), runtime)
+
+    @classmethod
+    def list(cls, *, home: Path | None = None) -> list[SandboxRecord]:
+        return _runtime(home).list()
+
+    def info(self) -> SandboxRecord:
+        return self._rt.get(self.id)
+
+    def is_running(self) -> bool:
+        return self._rt.get(self.id).state == "running"
+
+    def shell(self, cwd: str = "/workspace", env: Mapping[str, str] | None = None) -> Shell:
+        return Shell(self._rt, self.id, self._rt.sessions(self.id).create(cwd, env))
+
+    def kill(self) -> None:
+        """Destroy the sandbox: every process dies, every host resource is removed."""
+        self._rt.destroy(self.id)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # fmt: skip
+        self.kill()
+
+
+def _threaded(func: Callable[P, R]) -> Callable[P, Any]:
+    @functools.wraps(func)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(func, *args, **kwargs)
+
+    return wrapper
+
+
+class _AsyncProxy:
+    """Exposes every public method of a sync object as a coroutine running in a thread."""
+
+    def __init__(self, target: object) -> None:
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._target, name)
+        return _threaded(attr) if callable(attr) else attr
+
+
+class AsyncSandbox:
+    """The async twin of ``Sandbox``: same methods, awaited."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sync = sandbox
+        self.id = sandbox.id
+        self.commands: Any = _AsyncProxy(sandbox.commands)
+        self.files: Any = _AsyncProxy(sandbox.files)
+
+    @classmethod
+    async def create(cls, template: str = "default", **kwargs: Any) -> AsyncSandbox:
+        return cls(await asyncio.to_thread(Sandbox.create, template, **kwargs))
+
+    @classmethod
+    async def connect(cls, sandbox_id: str, *, home: Path | None = None) -> AsyncSandbox:
+        return cls(await asyncio.to_thread(Sandbox.connect, sandbox_id, home=home))
+
+    @classmethod
+    async def list(cls, *, home: Path | None = None) -> list[SandboxRecord]:
+        return await asyncio.to_thread(Sandbox.list, home=home)
+
+    async def info(self) -> SandboxRecord:
+        return await asyncio.to_thread(self._sync.info)
+
+    async def shell(self, cwd: str = "/workspace") -> Any:
+        return _AsyncProxy(await asyncio.to_thread(self._sync.shell, cwd))
+
+    async def kill(self) -> None:
+        await asyncio.to_thread(self._sync.kill)
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:  # fmt: skip
+        await self.kill()

@@ -1,0 +1,157 @@
+"""What the host offers: each capability agentbox needs, checked for real, with the fix.
+
+``agentbox doctor`` prints these; tests use them to fail with a clear message when the
+machine lacks something instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentbox.errors import AgentboxError
+from agentbox.isolation.cgroups import CgroupLayout
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str
+    required: bool = True
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name, "ok": self.ok, "detail": self.detail,
+            "fix": "" if self.ok else self.fix, "required": self.required,
+        }  # fmt: skip
+
+
+def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
+
+
+def check_root() -> Check:
+    ok = os.geteuid() == 0
+    return Check("root", ok, f"euid {os.geteuid()}", "run agentbox as root (it sets up mounts, "
+                 "cgroups and loop devices, then drops every sandbox to its own uid)")  # fmt: skip
+
+
+def check_bubblewrap() -> Check:
+    path = shutil.which("bwrap")
+    if not path:
+        return Check("bubblewrap", False, "bwrap not found", "apt-get install -y bubblewrap")
+    version = _run([path, "--version"]).stdout.strip()
+    return Check("bubblewrap", True, f"{path} ({version})", "")
+
+
+def check_user_namespaces() -> Check:
+    limit = Path("/proc/sys/user/max_user_namespaces")
+    value = int(limit.read_text()) if limit.exists() else 0
+    if value == 0:
+        return Check("user namespaces", False, "user.max_user_namespaces = 0",
+                     "sysctl -w user.max_user_namespaces=100000")  # fmt: skip
+    bwrap = shutil.which("bwrap")
+    if bwrap:
+        probe = _run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+                      bwrap, "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"])  # fmt: skip
+        if probe.returncode != 0:
+            return Check("user namespaces", False, probe.stderr.strip(),
+                         "allow unprivileged user namespaces "
+                         "(kernel.unprivileged_userns_clone=1, AppArmor userns restrictions off)")  # fmt: skip
+    return Check("user namespaces", True, f"max_user_namespaces = {value}", "")
+
+
+def check_cgroups() -> Check:
+    try:
+        layout = CgroupLayout.detect()
+    except AgentboxError as e:
+        return Check("cgroups", False, e.message, "boot with cgroup v2 (unified) enabled")
+    kill = (layout.unified / "cgroup.kill").exists() or any(
+        (p / "cgroup.kill").exists() for p in layout.unified.iterdir() if p.is_dir()
+    )
+    detail = f"{layout.mode} (v2 at {layout.unified}"
+    detail += f", v1: {', '.join(sorted(layout.v1))})" if layout.v1 else ")"
+    if not kill:
+        return Check("cgroups", False, detail + "; cgroup.kill missing",
+                     "a kernel >= 5.14 is needed for cgroup.kill")  # fmt: skip
+    return Check("cgroups", True, detail, "")
+
+
+def check_seccomp() -> Check:
+    try:
+        from agentbox.isolation import seccomp
+
+        size = len(seccomp.compile_profile(seccomp.load_profile()))
+    except Exception as e:  # libseccomp missing shows up as an OSError from ctypes
+        return Check("seccomp", False, str(e), "apt-get install -y libseccomp2")
+    return Check("seccomp", True, f"profile compiles to {size // 8} BPF instructions", "")
+
+
+def _filesystem(name: str) -> bool:
+    return any(line.split()[-1] == name for line in Path("/proc/filesystems").read_text().splitlines())
+
+
+def check_overlayfs() -> Check:
+    ok = _filesystem("overlay")
+    return Check("overlayfs", ok, "in /proc/filesystems" if ok else "not available",
+                 "modprobe overlay")  # fmt: skip
+
+
+def check_disk() -> Check:
+    missing = [t for t in ("mkfs.ext4",) if not shutil.which(t)]
+    if missing:
+        return Check("sandbox disks", False, f"{', '.join(missing)} not found",
+                     "apt-get install -y e2fsprogs")  # fmt: skip
+    if not Path("/dev/loop-control").exists():
+        return Check("sandbox disks", False, "/dev/loop-control missing", "modprobe loop")
+    if not _filesystem("ext4"):
+        return Check("sandbox disks", False, "ext4 not supported by the kernel", "modprobe ext4")
+    return Check("sandbox disks", True, "loop devices + ext4 (one sparse image per sandbox)", "")
+
+
+def check_compiler() -> Check:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    return Check("C compiler", cc is not None, cc or "not found",
+                 "apt-get install -y gcc libc6-dev (builds the 4 KB launcher once)")  # fmt: skip
+
+
+def check_mmdebstrap() -> Check:
+    path = shutil.which("mmdebstrap")
+    return Check("mmdebstrap", path is not None, path or "not found",
+                 "apt-get install -y mmdebstrap (only for `agentbox template build`)",
+                 required=False)  # fmt: skip
+
+
+def check_nftables() -> Check:
+    path = shutil.which("nft")
+    return Check("nftables", path is not None, path or "not found",
+                 "apt-get install -y nftables (network egress control)", required=False)  # fmt: skip
+
+
+def check_chromium() -> Check:
+    path = shutil.which("chromium")
+    return Check("chromium", path is not None, path or "not found",
+                 "apt-get install -y chromium (browser tool)", required=False)  # fmt: skip
+
+
+ALL_CHECKS: list[Callable[[], Check]] = [
+    check_root, check_bubblewrap, check_user_namespaces, check_cgroups, check_seccomp,
+    check_overlayfs, check_disk, check_compiler, check_mmdebstrap, check_nftables,
+    check_chromium,
+]  # fmt: skip
+
+
+def run_checks() -> list[Check]:
+    results = []
+    for check in ALL_CHECKS:
+        try:
+            results.append(check())
+        except Exception as e:  # a probe that crashes is itself a finding
+            results.append(Check(check.__name__.removeprefix("check_"), False, repr(e), "see detail"))
+    return results

@@ -1,0 +1,56 @@
+"""Shared fixtures: a real runtime on a throwaway AGENTBOX_HOME, and real sandboxes.
+
+Nothing here skips: when the host lacks what a test needs, the test fails and says what
+is missing (run `agentbox doctor`).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentbox import Sandbox
+from agentbox.runtime.runtime import Runtime
+
+
+@pytest.fixture(scope="session")
+def agentbox_home() -> Iterator[Path]:
+    configured = os.environ.get("AGENTBOX_HOME")
+    if configured:
+        yield Path(configured)
+        return
+    with tempfile.TemporaryDirectory(prefix="agentbox-test-", dir="/var/tmp") as tmp:
+        os.environ["AGENTBOX_HOME"] = tmp
+        yield Path(tmp)
+
+
+@pytest.fixture(scope="session")
+def host_ready(agentbox_home: Path) -> None:
+    """Fail (never skip) with the doctor's findings when the host cannot run sandboxes."""
+    from agentbox.isolation.hostcheck import run_checks
+
+    missing = [c for c in run_checks() if c.required and not c.ok]
+    if missing:
+        pytest.fail(
+            "this host cannot run sandboxes: "
+            + "; ".join(f"{c.name}: {c.detail} (fix: {c.fix})" for c in missing)
+        )
+
+
+@pytest.fixture(scope="session")
+def runtime(agentbox_home: Path, host_ready: None) -> Runtime:
+    return Runtime(agentbox_home)
+
+
+@pytest.fixture
+def sandbox(runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
+    sb = Sandbox.create(memory="256MiB", disk="256MiB", pids=256, home=agentbox_home)
+    try:
+        yield sb
+    finally:
+        if runtime.store.get(sb.id) is not None:
+            sb.kill()

@@ -1,0 +1,132 @@
+"""Sandbox lifecycle: create, list, get, destroy, outliving the creator, lifetime."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agentbox import Sandbox
+from agentbox.errors import (
+    InvalidRequest,
+    SandboxNotFound,
+    TemplateNotFound,
+)
+from agentbox.runtime.runtime import Runtime
+
+
+def host_resources(home: Path) -> dict[str, list[str]]:
+    """Everything a sandbox may leave on the host: mounts, cgroups, dirs, loop devices."""
+    mounts = [l.split()[1] for l in Path("/proc/self/mounts").read_text().splitlines()
+              if str(home) in l.split()[1]]  # fmt: skip
+    cgroups = []
+    for root in [*Path("/sys/fs/cgroup").glob("*/agentbox"), Path("/sys/fs/cgroup/agentbox")]:
+        if root.is_dir():
+            cgroups += [str(p) for p in root.iterdir() if p.is_dir()]
+    dirs = [str(p) for p in (home / "sandboxes").iterdir()] if (home / "sandboxes").exists() else []
+    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+    return {
+        "mounts": mounts,
+        "cgroups": cgroups,
+        "dirs": dirs,
+        "loops": [l for l in loops.splitlines() if str(home) in l],
+    }
+
+
+def test_create_list_get_destroy(runtime: Runtime, agentbox_home: Path) -> None:
+    before = host_resources(agentbox_home)
+    sb = Sandbox.create(memory="128MiB", disk="64MiB", home=agentbox_home)
+    assert sb.id in [r.id for r in Sandbox.list(home=agentbox_home)]
+    assert sb.info().state == "running"
+    assert sb.info().spec["memory"] == 128 * 1024**2
+    sb.kill()
+    assert sb.id not in [r.id for r in Sandbox.list(home=agentbox_home)]
+    with pytest.raises(SandboxNotFound):
+        sb.commands.run("true")
+    assert host_resources(agentbox_home) == before
+
+
+def test_sandbox_outlives_the_process_that_created_it(agentbox_home: Path) -> None:
+    script = (
+        "from agentbox import Sandbox; from pathlib import Path; import sys;"
+        f"sb = Sandbox.create(memory='128MiB', disk='64MiB', home=Path({str(agentbox_home)!r}));"
+        "sb.files.write('/workspace/note', 'kept'); print(sb.id)"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    sandbox_id = out.stdout.strip()
+    sb = Sandbox.connect(sandbox_id, home=agentbox_home)
+    try:
+        assert sb.files.read("/workspace/note") == "kept"
+        assert sb.commands.run("echo alive").stdout == "alive\n"
+    finally:
+        sb.kill()
+
+
+def test_destroy_kills_daemonised_processes(agentbox_home: Path) -> None:
+    sb = Sandbox.create(memory="128MiB", disk="64MiB", home=agentbox_home)
+    sb.commands.run("setsid nohup sleep 1000 >/dev/null 2>&1 & (setsid sleep 1001 &) ; true")
+    host_pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    survivors = [p for p in host_pids if _cmdline(p) in ("sleep 1000", "sleep 1001")]
+    assert len(survivors) == 2, "the daemons should be running before destroy"
+    sb.kill()
+    still = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) in ("sleep 1000", "sleep 1001")]
+    assert still == []
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def test_lifetime_ends_the_sandbox_without_a_daemon(agentbox_home: Path) -> None:
+    sb = Sandbox.create(memory="128MiB", disk="64MiB", timeout=1, home=agentbox_home)
+    record = sb.info()
+    assert record.init_pid is not None
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{record.init_pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the init's own lifetime timer ends it; we only observe
+    assert not Path(f"/proc/{record.init_pid}").exists(), "init outlived its lifetime"
+    # The next listing sweeps what is left on the host.
+    assert sb.id not in [r.id for r in Sandbox.list(home=agentbox_home)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"memory": "lots"}, "memory"),
+        ({"memory": "1KiB"}, "memory"),
+        ({"disk": "-5GiB"}, "disk"),
+        ({"cpus": 0}, "cpus"),
+        ({"pids": 1}, "pids"),
+        ({"timeout": "forever"}, "lifetime"),
+    ],
+)
+def test_invalid_settings_are_clear_errors(agentbox_home: Path, kwargs: dict[str, object],
+                                           needle: str) -> None:  # fmt: skip
+    before = host_resources(agentbox_home)
+    with pytest.raises(InvalidRequest) as err:
+        Sandbox.create(home=agentbox_home, **kwargs)  # type: ignore[arg-type]
+    assert needle in err.value.message
+    assert host_resources(agentbox_home) == before
+
+
+def test_unknown_template(agentbox_home: Path) -> None:
+    with pytest.raises(TemplateNotFound) as err:
+        Sandbox.create("no-such-template", home=agentbox_home)
+    assert "no-such-template" in err.value.message
+
+
+def test_errors_round_trip_as_dicts() -> None:
+    from agentbox.errors import AgentboxError
+
+    err = TemplateNotFound("x", name="t")
+    again = AgentboxError.from_dict(json.loads(json.dumps(err.to_dict())))
+    assert type(again) is TemplateNotFound and again.details == {"name": "t"}

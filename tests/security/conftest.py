@@ -1,0 +1,53 @@
+"""Fixtures of the security suite: a sandbox shared by read-only probes, and host secrets.
+
+Probes that only *observe* (syscall denials, what is visible) share one sandbox per
+module to keep the suite fast; attacks that change state (fills, bombs, races) get their
+own sandbox with the limits they need.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentbox import Sandbox
+from agentbox.runtime.runtime import Runtime
+from secprobe import HostSecret
+
+
+@pytest.fixture(scope="module")
+def shared_sandbox(runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
+    sb = Sandbox.create(memory="256MiB", disk="128MiB", pids=256, home=agentbox_home)
+    try:
+        yield sb
+    finally:
+        if runtime.store.get(sb.id) is not None:
+            sb.kill()
+
+
+@pytest.fixture
+def host_secret() -> Iterator[HostSecret]:
+    name = "agentbox-secret-" + secrets.token_hex(6)
+    secret = HostSecret(
+        value="S3CR3T-" + secrets.token_hex(16),
+        name=name,
+        dir=Path("/var/tmp") / name,
+        file=Path("/var/tmp") / name / "secret.txt",
+        tmp_file=Path("/tmp") / f"{name}.txt",
+        root_file=Path("/root") / f"{name}.txt",
+    )
+    secret.dir.mkdir(mode=0o755)
+    secret.dir.chmod(0o755)
+    try:
+        for path in secret.files:
+            path.write_text(secret.value + "\n")
+            path.chmod(0o644)
+        yield secret
+    finally:
+        shutil.rmtree(secret.dir, ignore_errors=True)
+        secret.tmp_file.unlink(missing_ok=True)
+        secret.root_file.unlink(missing_ok=True)

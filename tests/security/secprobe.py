@@ -1,0 +1,41 @@
+"""Helpers of the security suite: run a probe inside a sandbox, name its host uid, and
+describe host secrets a sandbox must never see."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentbox import Sandbox
+from agentbox.runtime.host import UID_BASE
+
+
+def host_uid(sb: Sandbox) -> int:
+    """The host uid every process of ``sb`` runs as."""
+    return UID_BASE + sb.info().slot
+
+
+def run_python(sb: Sandbox, script: str, *, timeout: float = 30.0, pty: bool = False) -> Any:
+    """Run ``script`` with the sandbox's python3; it must print one JSON value last."""
+    r = sb.commands.run(["python3", "-c", script], timeout=timeout, pty=pty)
+    assert r.exit_code == 0, f"probe failed ({r.exit_code}): {r.stdout}\n{r.stderr}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@dataclass(frozen=True)
+class HostSecret:
+    """World-readable files on the host holding a random value: only the sandbox's root,
+    not file permissions, keeps them from a sandbox."""
+
+    value: str
+    name: str
+    dir: Path  # /var/tmp/NAME (0755)
+    file: Path  # /var/tmp/NAME/secret.txt (0644)
+    tmp_file: Path  # /tmp/NAME.txt (0644)
+    root_file: Path  # /root/NAME.txt
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.file, self.tmp_file, self.root_file]

@@ -1,0 +1,135 @@
+"""Attack 1 — confinement equality: a command entering a live sandbox later must be exactly
+as confined as the sandbox's first process.
+
+Joining namespaces with ``setns`` inherits none of the seccomp filter, no_new_privs,
+dropped capabilities or cgroups: each must be re-applied. For the init and for commands
+started by ``commands.run`` (pipes and pty) and ``commands.start`` (background) we read,
+from the host side, uid/gid/groups, all five capability sets, NoNewPrivs, the seccomp mode
+and the filter programs themselves (PTRACE_SECCOMP_GET_FILTER), the seven namespaces, the
+root directory and the v1 memory/pids/cpu/freezer cgroups, and require them to be equal.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import pytest
+
+from agentbox import Sandbox
+from agentbox.runtime.output import CommandResult
+from agentbox.runtime.runtime import Runtime
+from hostres import (
+    confinement,
+    pids_with_cmdline,
+    proc_cgroups,
+    seccomp_filters,
+    wait_for,
+)
+from secprobe import host_uid
+
+V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(max_workers=2) as executor:
+        yield executor
+
+
+def _unique_sleep() -> list[str]:
+    # A duration nobody else uses identifies the process among all of the host's.
+    return ["sleep", f"{900 + secrets.randbelow(10_000)}.{secrets.randbelow(1000):03d}"]
+
+
+def _host_pid_of(sb: Sandbox, argv: list[str]) -> int:
+    uid = host_uid(sb)
+    pids = wait_for(lambda: pids_with_cmdline(" ".join(argv), uid), 15, f"{argv} to run")
+    assert len(pids) == 1, f"expected one {argv} process, found {pids}"
+    return pids[0]
+
+
+def _assert_same_confinement(runtime: Runtime, sb: Sandbox, pid: int, how: str) -> None:
+    init_pid = sb.info().init_pid
+    assert init_pid is not None
+    init, cmd = confinement(init_pid), confinement(pid)
+    assert cmd == init, f"a command started by {how} is confined differently from the init"
+    # Not merely equal: actually confined.
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(cmd[cap], 16) == 0, f"{cap} of the {how} command is {cmd[cap]}"
+    assert cmd["NoNewPrivs"] == "1"
+    assert cmd["Seccomp"] == "2"
+    assert cmd["Uid"].split() == [str(host_uid(sb))] * 4
+    assert cmd["Gid"].split() == [str(host_uid(sb))] * 4
+    assert cmd["Groups"] == ""
+
+    # The filter programs themselves, not just their count, are the compiled profile.
+    profile = runtime.paths.seccomp.read_bytes()
+    assert seccomp_filters(init_pid) == [profile]
+    assert seccomp_filters(pid) == [profile], f"the {how} command runs another seccomp filter"
+
+    init_cg, cmd_cg = proc_cgroups(init_pid), proc_cgroups(pid)
+    for ctrl in V1_CONTROLLERS:
+        assert init_cg[ctrl] == f"/agentbox/{sb.id}", f"init is outside its {ctrl} cgroup"
+        assert cmd_cg[ctrl] == init_cg[ctrl], f"the {how} command escaped the {ctrl} cgroup"
+    assert cmd_cg["unified"].startswith(f"/agentbox/{sb.id}/")
+
+
+def _run_and_compare(
+    runtime: Runtime, sb: Sandbox, pool: ThreadPoolExecutor, how: str,
+    run: Callable[[list[str]], CommandResult],
+) -> None:  # fmt: skip
+    argv = _unique_sleep()
+    future: Future[CommandResult] = pool.submit(run, argv)
+    pid = _host_pid_of(sb, argv)
+    try:
+        _assert_same_confinement(runtime, sb, pid, how)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        result = future.result(timeout=30)
+    assert not result.timed_out  # it ended because we killed the very process we checked
+
+
+def test_command_run_is_confined_like_init(
+    runtime: Runtime, shared_sandbox: Sandbox, pool: ThreadPoolExecutor
+) -> None:
+    sb = shared_sandbox
+    _run_and_compare(runtime, sb, pool, "commands.run", lambda a: sb.commands.run(a, timeout=60))
+
+
+def test_pty_command_is_confined_like_init(
+    runtime: Runtime, shared_sandbox: Sandbox, pool: ThreadPoolExecutor
+) -> None:
+    sb = shared_sandbox
+    _run_and_compare(
+        runtime, sb, pool, "commands.run(pty=True)",
+        lambda a: sb.commands.run(a, timeout=60, pty=True),
+    )  # fmt: skip
+
+
+def test_shell_command_child_is_confined_like_init(
+    runtime: Runtime, shared_sandbox: Sandbox, pool: ThreadPoolExecutor
+) -> None:
+    """A grandchild forked by the shell (not exec'd by the launcher) inherits it all."""
+    sb = shared_sandbox
+    _run_and_compare(
+        runtime, sb, pool, "a shell's child",
+        lambda a: sb.commands.run(f"{' '.join(a)}; true", timeout=60),
+    )  # fmt: skip
+
+
+def test_background_command_is_confined_like_init(
+    runtime: Runtime, shared_sandbox: Sandbox
+) -> None:
+    sb = shared_sandbox
+    argv = _unique_sleep()
+    handle = sb.commands.start(argv)
+    try:
+        pid = _host_pid_of(sb, argv)
+        _assert_same_confinement(runtime, sb, pid, "commands.start")
+    finally:
+        handle.kill()
+    wait_for(lambda: not pids_with_cmdline(" ".join(argv)), 10, "the background sleep to die")
