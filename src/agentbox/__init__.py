@@ -1,9 +1,9 @@
 """agentbox: isolated sandboxes for AI coding agents behind an audited tool gateway.
 
-    from agentbox import Sandbox
+from agentbox import Sandbox
 
-    with Sandbox.create(memory="512MiB") as sb:
-        print(sb.commands.run("echo hello").stdout)
+with Sandbox.create(memory="512MiB") as sb:
+    print(sb.commands.run("echo hello").stdout)
 """
 
 from agentbox.client.sandbox import AsyncSandbox, CommandHandle, Sandbox, Shell

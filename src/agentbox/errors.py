@@ -2,7 +2,7 @@
 
     AgentboxError                      code
     ├── InvalidRequest                 invalid_request       bad argument, size, path syntax
-    │   └── InvalidConfig              invalid_config        unknown key / bad value in a config file
+    │   └── InvalidConfig              invalid_config        unknown key / bad value in config
     ├── NotFound                       not_found
     │   ├── SandboxNotFound            sandbox_not_found     no such sandbox (or already destroyed)
     │   ├── TemplateNotFound           template_not_found
@@ -13,12 +13,12 @@
     │   ├── SandboxNotRunning          sandbox_not_running   exec in a stopped/destroyed sandbox
     │   ├── FileExists                 file_exists
     │   └── EditMismatch               edit_mismatch         fs edit found a different count
-    ├── PermissionDenied               permission_denied     the sandbox's own permissions refused it
+    ├── PermissionDenied               permission_denied     the sandbox user may not do it
     │   └── PathEscape                 path_escape           a path tried to leave the sandbox
     ├── LimitExceeded                  limit_exceeded        quota, size cap, too many sandboxes
     ├── CommandTimeout                 command_timeout       (raised only by wait(); run() reports)
     ├── HostUnsupported                host_unsupported      the host lacks a kernel feature/tool
-    └── SandboxError                   sandbox_error         the isolation layer failed (a bug or host fault)
+    └── SandboxError                   sandbox_error         isolation failed (bug or host fault)
 
 Every message says what happened *and* what to do next.
 """

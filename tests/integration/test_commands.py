@@ -20,8 +20,9 @@ def test_runs_as_unprivileged_user_in_workspace(sandbox: Sandbox) -> None:
 
 
 def test_cwd_env_stdin(sandbox: Sandbox) -> None:
-    r = sandbox.commands.run("pwd; echo $GREETING; cat", cwd="/tmp", env={"GREETING": "hi"},
-                             stdin=b"from stdin")  # fmt: skip
+    r = sandbox.commands.run(
+        "pwd; echo $GREETING; cat", cwd="/tmp", env={"GREETING": "hi"}, stdin=b"from stdin"
+    )
     assert r.stdout == "/tmp\nhi\nfrom stdin"
 
 
@@ -43,9 +44,7 @@ def test_command_not_found_is_exit_127(sandbox: Sandbox) -> None:
 
 
 def test_timeout_kills_the_whole_tree(sandbox: Sandbox) -> None:
-    r = sandbox.commands.run(
-        "setsid sh -c 'sleep 300' & (sleep 300 &) ; sleep 300", timeout=0.5
-    )
+    r = sandbox.commands.run("setsid sh -c 'sleep 300' & (sleep 300 &) ; sleep 300", timeout=0.5)
     assert r.timed_out
     assert r.exit_code != 0
     left = sandbox.commands.run("ps -eo comm | grep -c '^sleep$' || true")

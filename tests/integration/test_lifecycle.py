@@ -22,8 +22,11 @@ from agentbox.runtime.runtime import Runtime
 
 def host_resources(home: Path) -> dict[str, list[str]]:
     """Everything a sandbox may leave on the host: mounts, cgroups, dirs, loop devices."""
-    mounts = [l.split()[1] for l in Path("/proc/self/mounts").read_text().splitlines()
-              if str(home) in l.split()[1]]  # fmt: skip
+    mounts = [
+        line.split()[1]
+        for line in Path("/proc/self/mounts").read_text().splitlines()
+        if str(home) in line.split()[1]
+    ]
     cgroups = []
     for root in [*Path("/sys/fs/cgroup").glob("*/agentbox"), Path("/sys/fs/cgroup/agentbox")]:
         if root.is_dir():
@@ -34,7 +37,7 @@ def host_resources(home: Path) -> dict[str, list[str]]:
         "mounts": mounts,
         "cgroups": cgroups,
         "dirs": dirs,
-        "loops": [l for l in loops.splitlines() if str(home) in l],
+        "loops": [line for line in loops.splitlines() if str(home) in line],
     }
 
 
@@ -57,8 +60,9 @@ def test_sandbox_outlives_the_process_that_created_it(agentbox_home: Path) -> No
         f"sb = Sandbox.create(memory='128MiB', disk='64MiB', home=Path({str(agentbox_home)!r}));"
         "sb.files.write('/workspace/note', 'kept'); print(sb.id)"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                         timeout=120, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
     sandbox_id = out.stdout.strip()
     sb = Sandbox.connect(sandbox_id, home=agentbox_home)
     try:
@@ -75,7 +79,11 @@ def test_destroy_kills_daemonised_processes(agentbox_home: Path) -> None:
     survivors = [p for p in host_pids if _cmdline(p) in ("sleep 1000", "sleep 1001")]
     assert len(survivors) == 2, "the daemons should be running before destroy"
     sb.kill()
-    still = [p for p in os.listdir("/proc") if p.isdigit() and _cmdline(p) in ("sleep 1000", "sleep 1001")]
+    still = [
+        p
+        for p in os.listdir("/proc")
+        if p.isdigit() and _cmdline(p) in ("sleep 1000", "sleep 1001")
+    ]
     assert still == []
 
 
@@ -109,8 +117,9 @@ def test_lifetime_ends_the_sandbox_without_a_daemon(agentbox_home: Path) -> None
         ({"timeout": "forever"}, "lifetime"),
     ],
 )
-def test_invalid_settings_are_clear_errors(agentbox_home: Path, kwargs: dict[str, object],
-                                           needle: str) -> None:  # fmt: skip
+def test_invalid_settings_are_clear_errors(
+    agentbox_home: Path, kwargs: dict[str, object], needle: str
+) -> None:
     before = host_resources(agentbox_home)
     with pytest.raises(InvalidRequest) as err:
         Sandbox.create(home=agentbox_home, **kwargs)  # type: ignore[arg-type]

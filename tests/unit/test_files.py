@@ -16,10 +16,10 @@ import stat
 import tarfile
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, cast
 
 import pytest
 
@@ -157,9 +157,10 @@ def _tar(*entries: tuple[str, bytes, bytes | str, int]) -> io.BytesIO:
 
 def test_write_read_roundtrip_owned_by_sandbox_user(env: Env) -> None:
     info = env.files.write("/workspace/a.txt", b"hello \xff\xfe world")  # not UTF-8: fine
-    assert info == FileInfo(
-        "/workspace/a.txt", "a.txt", "file", 14, 0o644, info.mtime, None
-    ) and info.to_dict()["type"] == "file"
+    assert (
+        info == FileInfo("/workspace/a.txt", "a.txt", "file", 14, 0o644, info.mtime, None)
+        and info.to_dict()["type"] == "file"
+    )
     assert env.files.read("/workspace/a.txt") == b"hello \xff\xfe world"
     st = (env.ws / "a.txt").stat()
     assert (st.st_uid, st.st_gid) == (SANDBOX_UID, SANDBOX_GID)
@@ -203,7 +204,8 @@ def test_read_stream_chunks_and_early_close(env: Env) -> None:
     assert b"".join(env.files.read_stream("/workspace/blob")) == data
     stream = env.files.read_stream("/workspace/blob", chunk_size=1 << 20)
     assert len(next(stream)) == 1 << 20
-    cast(Iterator[bytes], stream).close()  # type: ignore[attr-defined]
+    assert isinstance(stream, Generator)
+    stream.close()
     # Errors come at the call, not at the first next().
     with pytest.raises(FileNotFound):
         env.files.read_stream("/workspace/missing")
@@ -230,7 +232,7 @@ def test_write_modes_and_perms(env: Env) -> None:
     assert f.read("/workspace/m.txt") == b"onetwo"
     f.write("/workspace/m.txt", b"3")
     assert f.read("/workspace/m.txt") == b"3"
-    with pytest.raises(FileExists, match="/workspace/m.txt"):
+    with pytest.raises(FileExists, match=r"/workspace/m\.txt"):
         f.write("/workspace/m.txt", b"x", mode="create")
     assert f.write("/workspace/new.txt", b"x", mode="create").mode == 0o644
     old_umask = os.umask(0o077)
@@ -247,7 +249,7 @@ def test_write_modes_and_perms(env: Env) -> None:
 
 
 def test_write_make_parents(env: Env) -> None:
-    with pytest.raises(FileNotFound, match="files.list"):
+    with pytest.raises(FileNotFound, match=r"files\.list"):
         env.files.write("/workspace/a/b/c.txt", b"x", make_parents=False)
     env.files.write("/workspace/a/b/c.txt", b"x")
     st = (env.ws / "a" / "b").stat()
@@ -372,9 +374,9 @@ def test_remove(env: Env) -> None:
 
 def test_edit_counts(env: Env) -> None:
     f = env.files
-    f.write("/workspace/e.py", "x = 1\ny = 1\nz = 2\n".encode())
+    f.write("/workspace/e.py", b"x = 1\ny = 1\nz = 2\n")
     assert f.edit("/workspace/e.py", "z = 2", "z = 3") == 1
-    with pytest.raises(EditMismatch, match="expected 1 .* found 2") as exc:
+    with pytest.raises(EditMismatch, match=r"expected 1 .* found 2") as exc:
         f.edit("/workspace/e.py", "= 1", "= 0")
     assert exc.value.details == {"path": "/workspace/e.py", "expected": 1, "found": 2}
     assert f.read("/workspace/e.py") == b"x = 1\ny = 1\nz = 3\n"  # untouched on mismatch
@@ -568,6 +570,51 @@ def test_symlink_swapped_in_a_race_stays_in_root(env: Env) -> None:
     assert written and refused  # both sides of the race were hit
     assert _outside_root(env) == before
     _assert_host_untouched(env)
+
+
+@pytest.fixture
+def swapped_walk(env: Env, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """/workspace/w/sub is a directory until the walker has lstat-ed it; at that exact
+    moment the sandbox swaps in a symlink to the host directory (deterministic race)."""
+    w = env.ws / "w"
+    (w / "sub").mkdir(parents=True)
+    (w / "sub" / "decoy.txt").write_bytes(b"decoy")
+    (w / "sub_alt").symlink_to(env.host_dir)
+    for p in (w, w / "sub", w / "sub" / "decoy.txt", w / "sub_alt"):
+        _own(p, 0o755)
+    real_stat = os.stat
+    swapped = threading.Event()
+
+    def racing_stat(path: str, *, dir_fd: int | None = None, follow_symlinks: bool = True) -> Any:
+        st = real_stat(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
+        if path == "sub" and dir_fd is not None and not swapped.is_set():
+            swapped.set()
+            syscalls.renameat2(
+                -100, str(w / "sub"), -100, str(w / "sub_alt"), syscalls.RENAME_EXCHANGE
+            )
+        return st
+
+    monkeypatch.setattr(os, "stat", racing_stat)
+    return w
+
+
+def test_walks_never_follow_a_symlink_swapped_in_mid_walk(env: Env, swapped_walk: Path) -> None:
+    listed = [i.path for i in env.files.list("/workspace/w", depth=3)]
+    assert not any(p.endswith("secret.txt") for p in listed)
+    assert (swapped_walk / "sub").is_symlink()  # the swap did happen
+
+
+def test_recursive_remove_never_follows_a_symlink_swapped_in(env: Env, swapped_walk: Path) -> None:
+    with pytest.raises(Conflict, match="changed while it was being walked"):
+        env.files.remove("/workspace/w", recursive=True)
+    _assert_host_untouched(env)
+
+
+def test_download_never_follows_a_symlink_swapped_in(env: Env, swapped_walk: Path) -> None:
+    buf = io.BytesIO()
+    with pytest.raises(Conflict, match="/workspace/w/sub changed"):
+        env.files.download_tar("/workspace/w", buf)
+    assert SECRET not in buf.getvalue()
 
 
 def test_magic_links_are_refused() -> None:

@@ -8,7 +8,9 @@ import hashlib
 import io
 import json
 import os
+import platform
 import stat
+import subprocess
 import tarfile
 import textwrap
 from collections.abc import Iterator
@@ -396,6 +398,48 @@ def test_oci_layout_import_gzip_and_plain_layers(
     check_hostile_result(t, before, outside)
 
 
+def test_oci_index_of_manifests_picks_this_host_platform(
+    store: TemplateStore, tmp_path: Path
+) -> None:
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    blobs: dict[str, bytes] = {}
+
+    def blob(data: bytes) -> str:
+        blobs[hashlib.sha256(data).hexdigest()] = data
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+
+    manifests = []
+    for plat in ("other-arch", arch):
+        layer = tar_bytes([f("platform", plat.encode())], gz=True)
+        manifest = json.dumps(
+            {"schemaVersion": 2, "layers": [{"digest": blob(layer), "mediaType": "x+gzip"}]}
+        ).encode()
+        manifests.append(
+            {"digest": blob(manifest), "platform": {"os": "linux", "architecture": plat}}
+        )
+    inner = json.dumps({"schemaVersion": 2, "manifests": manifests}).encode()
+    index = {"schemaVersion": 2, "manifests": [{"digest": blob(inner)}]}
+    files = {f"blobs/sha256/{k}": v for k, v in blobs.items()}
+    files |= {"oci-layout": b"{}", "index.json": json.dumps(index).encode()}
+    t = store.import_image("multi", write_tar(tmp_path / "multi.tar", files))
+    assert (t.rootfs / "platform").read_text() == arch
+
+
+def test_docker_save_symlinked_duplicate_layer(store: TemplateStore, tmp_path: Path) -> None:
+    """docker save stores a repeated layer once and symlinks the second copy."""
+    layer = tar_bytes([f("counter", b"x")])
+    image = tmp_path / "dup.tar"
+    manifest = [{"Config": "c.json", "Layers": ["aa/layer.tar", "bb/layer.tar"]}]
+    with tarfile.open(image, "w") as tf:
+        info, _ = f("aa/layer.tar", layer)
+        tf.addfile(info, io.BytesIO(layer))
+        tf.addfile(sym("bb/layer.tar", "../aa/layer.tar")[0])
+        data = json.dumps(manifest).encode()
+        tf.addfile(f("manifest.json", data)[0], io.BytesIO(data))
+    t = store.import_image("dup", image)
+    assert (t.rootfs / "counter").read_bytes() == b"x"
+
+
 def test_oci_layer_not_matching_its_digest_is_refused(store: TemplateStore, tmp_path: Path) -> None:
     layer = tar_bytes([f("hello", b"hi")])
     image = oci_layout(
@@ -499,6 +543,28 @@ def test_renaming_a_name_to_new_content_frees_the_old_tree(
     assert (store.get("x").rootfs / "v").read_bytes() == b"2"
 
 
+@needs_root
+def test_a_tree_under_a_mounted_overlay_survives_removal(
+    store: TemplateStore, tmp_path: Path
+) -> None:
+    t = store.import_image("x", docker_save(tmp_path / "1.tar", [tar_bytes([f("v", b"1")])]))
+    merged, upper, work = (tmp_path / n for n in ("merged", "upper", "work"))
+    for path in (merged, upper, work):
+        path.mkdir()
+    options = f"lowerdir={t.rootfs},upperdir={upper},workdir={work}"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
+    try:
+        store.remove("x")  # a live sandbox still overlays it
+        assert (merged / "v").read_bytes() == b"1"
+        assert t.rootfs.is_dir()
+    finally:
+        subprocess.run(["umount", str(merged)], check=True)
+    store.import_image("y", docker_save(tmp_path / "2.tar", [tar_bytes([f("v", b"2")])]))
+    store.remove("y")  # the next collection finds the old tree unused
+    assert not t.rootfs.exists()
+    assert list((store.root / "sha256").iterdir()) == [store.get("default").rootfs.parent]
+
+
 def test_stale_staging_from_a_crash_is_swept(store: TemplateStore, tmp_path: Path) -> None:
     crashed = store.root / "tmp" / "build-crashed"
     (crashed / "rootfs").mkdir(parents=True)
@@ -516,6 +582,10 @@ from pathlib import Path
 log = Path(os.environ["FAKE_LOG"])
 with log.open("a") as f:
     f.write(json.dumps(sys.argv[1:]) + "\\n")
+if os.environ.get("FAKE_MOUNT"):  # an interrupted mmdebstrap can leave its mounts behind
+    target = Path(sys.argv[sys.argv.index("--") + 2]) / "proc"
+    target.mkdir(parents=True)
+    os.system(f"mount -t tmpfs agentbox-test {target}")
 if os.environ.get("FAKE_FAIL"):
     for i in range(40):
         print(f"Get:{i} http://deb.debian.org/debian bookworm/main thing", flush=True)
@@ -609,6 +679,18 @@ def test_failed_build_leaves_nothing_and_quotes_the_output(
     assert not (store.root / "sha256").exists()
     with pytest.raises(TemplateNotFound):
         store.get("broken")
+
+
+@needs_root
+def test_failed_build_unmounts_what_it_left_before_deleting(
+    store: TemplateStore, fake_mmdebstrap: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_FAIL", "1")
+    monkeypatch.setenv("FAKE_MOUNT", "1")
+    with pytest.raises(SandboxError):
+        store.build("broken", ["git"])
+    assert str(store.root) not in Path("/proc/self/mountinfo").read_text()
+    assert list((store.root / "tmp").iterdir()) == []
 
 
 @pytest.mark.parametrize(

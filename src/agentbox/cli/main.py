@@ -101,20 +101,31 @@ def sandbox() -> None:
 
 
 @sandbox.command("create")
-@click.option("--template", "-t", default="default", show_default=True, help="Root filesystem template.")
+@click.option(
+    "--template", "-t", default="default", show_default=True, help="Root filesystem template."
+)
 @click.option("--memory", help="Memory limit, e.g. 512MiB (default 2GiB).")
 @click.option("--pids", type=int, help="Max processes (default 512).")
 @click.option("--cpus", type=float, help="CPU quota in cores (default 2).")
 @click.option("--disk", help="Disk for the writable layer + /workspace, e.g. 5GiB (default 10GiB).")
 @click.option("--lifetime", help="Max lifetime, e.g. 30m or 3600 (seconds); default 24h.")
-@click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment for every command.")
+@click.option(
+    "--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment for every command."
+)
 @click.option("--project", help="Project the sandbox belongs to (default: default).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the bare id.")
 @handle_errors()
 def sandbox_create(
-    template: str, memory: str | None, pids: int | None, cpus: float | None, disk: str | None,
-    lifetime: str | None, env: tuple[str, ...], project: str | None, as_json: bool,
-) -> None:  # fmt: skip
+    template: str,
+    memory: str | None,
+    pids: int | None,
+    cpus: float | None,
+    disk: str | None,
+    lifetime: str | None,
+    env: tuple[str, ...],
+    project: str | None,
+    as_json: bool,
+) -> None:
     """Create a sandbox and print its id.
 
     \b
@@ -122,8 +133,14 @@ def sandbox_create(
       agentbox sandbox create --memory 1GiB --disk 5GiB --lifetime 2h
     """
     spec: dict[str, object] = {"template": template}
-    for key, value in (("memory", memory), ("pids", pids), ("cpus", cpus), ("disk", disk),
-                       ("lifetime", lifetime), ("project", project)):  # fmt: skip
+    for key, value in (
+        ("memory", memory),
+        ("pids", pids),
+        ("cpus", cpus),
+        ("disk", disk),
+        ("lifetime", lifetime),
+        ("project", project),
+    ):
         if value is not None:
             spec[key] = value
     if env:
@@ -179,9 +196,12 @@ def sandbox_rm(sandbox_ids: tuple[str, ...]) -> None:
 @click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
 @handle_errors(EXEC_FAILED)
 def sandbox_exec(
-    sandbox_id: str, argv: tuple[str, ...], timeout: float | None, cwd: str | None,
+    sandbox_id: str,
+    argv: tuple[str, ...],
+    timeout: float | None,
+    cwd: str | None,
     env: tuple[str, ...],
-) -> None:  # fmt: skip
+) -> None:
     """Run ARGV in a sandbox; output streams through, the exit code is the command's.
 
     \b
@@ -200,8 +220,15 @@ def sandbox_exec(
     result = (
         _runtime()
         .commands(sandbox_id)
-        .run(list(argv), cwd=cwd, env=_parse_env(env), stdin=stdin or None, timeout=timeout,
-             max_output_bytes=0, on_output=passthrough)  # fmt: skip
+        .run(
+            list(argv),
+            cwd=cwd,
+            env=_parse_env(env),
+            stdin=stdin or None,
+            timeout=timeout,
+            max_output_bytes=0,
+            on_output=passthrough,
+        )
     )
     if result.timed_out:
         click.echo(f"agentbox: command timed out after {timeout}s and was killed", err=True)
@@ -253,7 +280,9 @@ def files_write(sandbox_id: str, path: str, append: bool) -> None:
         while chunk := sys.stdin.buffer.read(1 << 20):
             yield chunk
 
-    info = _runtime().files(sandbox_id).write(path, chunks(), mode="append" if append else "overwrite")
+    info = (
+        _runtime().files(sandbox_id).write(path, chunks(), mode="append" if append else "overwrite")
+    )
     click.echo(f"{info.path} ({info.size} bytes)", err=True)
 
 

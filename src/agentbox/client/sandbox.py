@@ -68,9 +68,14 @@ class Commands:
         tail (``truncated=True``).
         """
         return self._rt.commands(self._id).run(
-            cmd, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
-            max_output_bytes=max_output_bytes, pty=pty,
-        )  # fmt: skip
+            cmd,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            timeout=timeout,
+            max_output_bytes=max_output_bytes,
+            pty=pty,
+        )
 
     def start(
         self,
@@ -226,9 +231,14 @@ class Sandbox:
         """Create and start a sandbox. ``timeout``: max lifetime in seconds (default 24h)."""
         spec: dict[str, object] = {"template": template}
         for key, value in (
-            ("memory", memory), ("cpus", cpus), ("pids", pids), ("disk", disk),
-            ("lifetime", timeout), ("env", dict(env) if env else None), ("network", network),
-        ):  # fmt: skip
+            ("memory", memory),
+            ("cpus", cpus),
+            ("pids", pids),
+            ("disk", disk),
+            ("lifetime", timeout),
+            ("env", dict(env) if env else None),
+            ("network", network),
+        ):
             if value is not None:
                 spec[key] = value
         runtime = _runtime(home)
@@ -260,9 +270,11 @@ class Sandbox:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.kill()
 
 
@@ -319,7 +331,9 @@ class AsyncSandbox:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         await self.kill()

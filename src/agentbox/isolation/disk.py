@@ -29,14 +29,20 @@ _LO_FLAGS_AUTOCLEAR = 4
 
 class _LoopInfo64(ctypes.Structure):
     _fields_ = [
-        ("lo_device", ctypes.c_uint64), ("lo_inode", ctypes.c_uint64),
-        ("lo_rdevice", ctypes.c_uint64), ("lo_offset", ctypes.c_uint64),
-        ("lo_sizelimit", ctypes.c_uint64), ("lo_number", ctypes.c_uint32),
-        ("lo_encrypt_type", ctypes.c_uint32), ("lo_encrypt_key_size", ctypes.c_uint32),
-        ("lo_flags", ctypes.c_uint32), ("lo_file_name", ctypes.c_uint8 * 64),
-        ("lo_crypt_name", ctypes.c_uint8 * 64), ("lo_encrypt_key", ctypes.c_uint8 * 32),
+        ("lo_device", ctypes.c_uint64),
+        ("lo_inode", ctypes.c_uint64),
+        ("lo_rdevice", ctypes.c_uint64),
+        ("lo_offset", ctypes.c_uint64),
+        ("lo_sizelimit", ctypes.c_uint64),
+        ("lo_number", ctypes.c_uint32),
+        ("lo_encrypt_type", ctypes.c_uint32),
+        ("lo_encrypt_key_size", ctypes.c_uint32),
+        ("lo_flags", ctypes.c_uint32),
+        ("lo_file_name", ctypes.c_uint8 * 64),
+        ("lo_crypt_name", ctypes.c_uint8 * 64),
+        ("lo_encrypt_key", ctypes.c_uint8 * 32),
         ("lo_init", ctypes.c_uint64 * 2),
-    ]  # fmt: skip
+    ]
 
 
 class _LoopConfig(ctypes.Structure):
@@ -54,15 +60,21 @@ def make_filesystem(image: Path, size_bytes: int) -> None:
         f.truncate(size_bytes)
     result = subprocess.run(
         [
-            "mkfs.ext4", "-q", "-F", "-m", "0",
-            "-O", "^has_journal,^resize_inode",
-            "-E", "lazy_itable_init=1,nodiscard,root_owner=0:0",
+            "mkfs.ext4",
+            "-q",
+            "-F",
+            "-m",
+            "0",
+            "-O",
+            "^has_journal,^resize_inode",
+            "-E",
+            "lazy_itable_init=1,nodiscard,root_owner=0:0",
             str(image),
         ],
         capture_output=True,
         text=True,
         check=False,
-    )  # fmt: skip
+    )
     if result.returncode != 0:
         image.unlink(missing_ok=True)
         raise SandboxError(
@@ -95,7 +107,7 @@ def attach_loop(image: Path) -> tuple[str, int]:
             try:
                 config = _LoopConfig(fd=backing, block_size=0)
                 config.info.lo_flags = _LO_FLAGS_AUTOCLEAR
-                fcntl.ioctl(dev_fd, _LOOP_CONFIGURE, bytes(config))  # type: ignore[call-overload]
+                fcntl.ioctl(dev_fd, _LOOP_CONFIGURE, bytes(config))
                 return device, dev_fd
             except OSError as e:
                 os.close(dev_fd)

@@ -27,9 +27,12 @@ class Check:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "name": self.name, "ok": self.ok, "detail": self.detail,
-            "fix": "" if self.ok else self.fix, "required": self.required,
-        }  # fmt: skip
+            "name": self.name,
+            "ok": self.ok,
+            "detail": self.detail,
+            "fix": "" if self.ok else self.fix,
+            "required": self.required,
+        }
 
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
@@ -38,8 +41,13 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 def check_root() -> Check:
     ok = os.geteuid() == 0
-    return Check("root", ok, f"euid {os.geteuid()}", "run agentbox as root (it sets up mounts, "
-                 "cgroups and loop devices, then drops every sandbox to its own uid)")  # fmt: skip
+    return Check(
+        "root",
+        ok,
+        f"euid {os.geteuid()}",
+        "run agentbox as root (it sets up mounts, "
+        "cgroups and loop devices, then drops every sandbox to its own uid)",
+    )
 
 
 def check_bubblewrap() -> Check:
@@ -54,16 +62,39 @@ def check_user_namespaces() -> Check:
     limit = Path("/proc/sys/user/max_user_namespaces")
     value = int(limit.read_text()) if limit.exists() else 0
     if value == 0:
-        return Check("user namespaces", False, "user.max_user_namespaces = 0",
-                     "sysctl -w user.max_user_namespaces=100000")  # fmt: skip
+        return Check(
+            "user namespaces",
+            False,
+            "user.max_user_namespaces = 0",
+            "sysctl -w user.max_user_namespaces=100000",
+        )
     bwrap = shutil.which("bwrap")
     if bwrap:
-        probe = _run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-                      bwrap, "--unshare-user", "--unshare-pid", "--ro-bind", "/", "/", "true"])  # fmt: skip
+        probe = _run(
+            [
+                "setpriv",
+                "--reuid",
+                "65534",
+                "--regid",
+                "65534",
+                "--clear-groups",
+                bwrap,
+                "--unshare-user",
+                "--unshare-pid",
+                "--ro-bind",
+                "/",
+                "/",
+                "true",
+            ]
+        )
         if probe.returncode != 0:
-            return Check("user namespaces", False, probe.stderr.strip(),
-                         "allow unprivileged user namespaces "
-                         "(kernel.unprivileged_userns_clone=1, AppArmor userns restrictions off)")  # fmt: skip
+            return Check(
+                "user namespaces",
+                False,
+                probe.stderr.strip(),
+                "allow unprivileged user namespaces "
+                "(kernel.unprivileged_userns_clone=1, AppArmor userns restrictions off)",
+            )
     return Check("user namespaces", True, f"max_user_namespaces = {value}", "")
 
 
@@ -78,8 +109,12 @@ def check_cgroups() -> Check:
     detail = f"{layout.mode} (v2 at {layout.unified}"
     detail += f", v1: {', '.join(sorted(layout.v1))})" if layout.v1 else ")"
     if not kill:
-        return Check("cgroups", False, detail + "; cgroup.kill missing",
-                     "a kernel >= 5.14 is needed for cgroup.kill")  # fmt: skip
+        return Check(
+            "cgroups",
+            False,
+            detail + "; cgroup.kill missing",
+            "a kernel >= 5.14 is needed for cgroup.kill",
+        )
     return Check("cgroups", True, detail, "")
 
 
@@ -94,20 +129,27 @@ def check_seccomp() -> Check:
 
 
 def _filesystem(name: str) -> bool:
-    return any(line.split()[-1] == name for line in Path("/proc/filesystems").read_text().splitlines())
+    return any(
+        line.split()[-1] == name for line in Path("/proc/filesystems").read_text().splitlines()
+    )
 
 
 def check_overlayfs() -> Check:
     ok = _filesystem("overlay")
-    return Check("overlayfs", ok, "in /proc/filesystems" if ok else "not available",
-                 "modprobe overlay")  # fmt: skip
+    return Check(
+        "overlayfs", ok, "in /proc/filesystems" if ok else "not available", "modprobe overlay"
+    )
 
 
 def check_disk() -> Check:
     missing = [t for t in ("mkfs.ext4",) if not shutil.which(t)]
     if missing:
-        return Check("sandbox disks", False, f"{', '.join(missing)} not found",
-                     "apt-get install -y e2fsprogs")  # fmt: skip
+        return Check(
+            "sandbox disks",
+            False,
+            f"{', '.join(missing)} not found",
+            "apt-get install -y e2fsprogs",
+        )
     if not Path("/dev/loop-control").exists():
         return Check("sandbox disks", False, "/dev/loop-control missing", "modprobe loop")
     if not _filesystem("ext4"):
@@ -117,34 +159,60 @@ def check_disk() -> Check:
 
 def check_compiler() -> Check:
     cc = shutil.which("cc") or shutil.which("gcc")
-    return Check("C compiler", cc is not None, cc or "not found",
-                 "apt-get install -y gcc libc6-dev (builds the 4 KB launcher once)")  # fmt: skip
+    return Check(
+        "C compiler",
+        cc is not None,
+        cc or "not found",
+        "apt-get install -y gcc libc6-dev (builds the 4 KB launcher once)",
+    )
 
 
 def check_mmdebstrap() -> Check:
     path = shutil.which("mmdebstrap")
-    return Check("mmdebstrap", path is not None, path or "not found",
-                 "apt-get install -y mmdebstrap (only for `agentbox template build`)",
-                 required=False)  # fmt: skip
+    return Check(
+        "mmdebstrap",
+        path is not None,
+        path or "not found",
+        "apt-get install -y mmdebstrap (only for `agentbox template build`)",
+        required=False,
+    )
 
 
 def check_nftables() -> Check:
     path = shutil.which("nft")
-    return Check("nftables", path is not None, path or "not found",
-                 "apt-get install -y nftables (network egress control)", required=False)  # fmt: skip
+    return Check(
+        "nftables",
+        path is not None,
+        path or "not found",
+        "apt-get install -y nftables (network egress control)",
+        required=False,
+    )
 
 
 def check_chromium() -> Check:
     path = shutil.which("chromium")
-    return Check("chromium", path is not None, path or "not found",
-                 "apt-get install -y chromium (browser tool)", required=False)  # fmt: skip
+    return Check(
+        "chromium",
+        path is not None,
+        path or "not found",
+        "apt-get install -y chromium (browser tool)",
+        required=False,
+    )
 
 
 ALL_CHECKS: list[Callable[[], Check]] = [
-    check_root, check_bubblewrap, check_user_namespaces, check_cgroups, check_seccomp,
-    check_overlayfs, check_disk, check_compiler, check_mmdebstrap, check_nftables,
+    check_root,
+    check_bubblewrap,
+    check_user_namespaces,
+    check_cgroups,
+    check_seccomp,
+    check_overlayfs,
+    check_disk,
+    check_compiler,
+    check_mmdebstrap,
+    check_nftables,
     check_chromium,
-]  # fmt: skip
+]
 
 
 def run_checks() -> list[Check]:
@@ -153,5 +221,7 @@ def run_checks() -> list[Check]:
         try:
             results.append(check())
         except Exception as e:  # a probe that crashes is itself a finding
-            results.append(Check(check.__name__.removeprefix("check_"), False, repr(e), "see detail"))
+            results.append(
+                Check(check.__name__.removeprefix("check_"), False, repr(e), "see detail")
+            )
     return results

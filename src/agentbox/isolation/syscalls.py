@@ -57,11 +57,14 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) 
 def mount(source: str, target: str, fstype: str, flags: int = 0, data: str = "") -> None:
     _check(
         _libc.mount(
-            os.fsencode(source), os.fsencode(target), os.fsencode(fstype),
-            ctypes.c_ulong(flags), os.fsencode(data) if data else None,
+            os.fsencode(source),
+            os.fsencode(target),
+            os.fsencode(fstype),
+            ctypes.c_ulong(flags),
+            os.fsencode(data) if data else None,
         ),
         f"mount {fstype} on {target}",
-    )  # fmt: skip
+    )
 
 
 def umount(target: str, flags: int = MNT_DETACH) -> None:
@@ -94,11 +97,16 @@ def _qcmd(cmd: int, qtype: int) -> int:
 
 class _DqBlk(ctypes.Structure):
     _fields_ = [
-        ("bhardlimit", ctypes.c_uint64), ("bsoftlimit", ctypes.c_uint64),
-        ("curspace", ctypes.c_uint64), ("ihardlimit", ctypes.c_uint64),
-        ("isoftlimit", ctypes.c_uint64), ("curinodes", ctypes.c_uint64),
-        ("btime", ctypes.c_uint64), ("itime", ctypes.c_uint64), ("valid", ctypes.c_uint32),
-    ]  # fmt: skip
+        ("bhardlimit", ctypes.c_uint64),
+        ("bsoftlimit", ctypes.c_uint64),
+        ("curspace", ctypes.c_uint64),
+        ("ihardlimit", ctypes.c_uint64),
+        ("isoftlimit", ctypes.c_uint64),
+        ("curinodes", ctypes.c_uint64),
+        ("btime", ctypes.c_uint64),
+        ("itime", ctypes.c_uint64),
+        ("valid", ctypes.c_uint32),
+    ]
 
 
 def set_project_quota(device: str, project_id: int, max_bytes: int, max_inodes: int = 0) -> None:
@@ -108,10 +116,12 @@ def set_project_quota(device: str, project_id: int, max_bytes: int, max_inodes: 
     _check(
         _libc.quotactl(
             ctypes.c_int(_qcmd(_Q_SETQUOTA, _PRJQUOTA)),
-            os.fsencode(device), ctypes.c_int(project_id), ctypes.byref(dq),
+            os.fsencode(device),
+            ctypes.c_int(project_id),
+            ctypes.byref(dq),
         ),
         f"quotactl project {project_id}",
-    )  # fmt: skip
+    )
 
 
 # struct fsxattr { __u32 xflags, extsize, nextents, projid, cowextsize; __u8 pad[8]; }
@@ -142,11 +152,14 @@ def renameat2(olddirfd: int, oldpath: str, newdirfd: int, newpath: str, flags: i
     """renameat2(2): ``RENAME_NOREPLACE`` makes "move unless the target exists" atomic."""
     _check(
         _libc.renameat2(
-            ctypes.c_int(olddirfd), os.fsencode(oldpath),
-            ctypes.c_int(newdirfd), os.fsencode(newpath), ctypes.c_uint(flags),
+            ctypes.c_int(olddirfd),
+            os.fsencode(oldpath),
+            ctypes.c_int(newdirfd),
+            os.fsencode(newpath),
+            ctypes.c_uint(flags),
         ),
         f"renameat2 {oldpath!r} -> {newpath!r}",
-    )  # fmt: skip
+    )
 
 
 # The raw syscall, because glibc's setgroups() broadcasts the change to every thread.
@@ -172,9 +185,10 @@ class _CapHeader(ctypes.Structure):
 
 class _CapData(ctypes.Structure):
     _fields_ = [
-        ("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
         ("inheritable", ctypes.c_uint32),
-    ]  # fmt: skip
+    ]
 
 
 def thread_capabilities() -> tuple[int, int, int]:

@@ -14,12 +14,10 @@ import os
 import secrets
 import selectors
 import shlex
-import signal
 import struct
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import IO
 
 from agentbox.errors import InvalidRequest, SandboxError
@@ -57,9 +55,13 @@ def normalise_argv(command: str | Sequence[str]) -> list[str]:
 
 class CommandRunner:
     def __init__(
-        self, paths: LaunchPaths, host: SandboxHost, cgroup: SandboxCgroup, init_pid: int,
+        self,
+        paths: LaunchPaths,
+        host: SandboxHost,
+        cgroup: SandboxCgroup,
+        init_pid: int,
         sandbox_env: Mapping[str, str],
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.paths = paths
         self.host = host
         self.cgroup = cgroup
@@ -77,20 +79,33 @@ class CommandRunner:
         return merged
 
     def launcher_argv(
-        self, argv: list[str], leaf: str, cwd: str | None, *, exit_file: str | None = None,
-        setsid: bool = False, ctty: bool = False, detach: bool = False,
-    ) -> list[str]:  # fmt: skip
+        self,
+        argv: list[str],
+        leaf: str,
+        cwd: str | None,
+        *,
+        exit_file: str | None = None,
+        setsid: bool = False,
+        ctty: bool = False,
+        detach: bool = False,
+    ) -> list[str]:
         if cwd is not None and ("\0" in cwd or not cwd):
             raise InvalidRequest("cwd must be a non-empty path without NUL bytes")
         out = [str(self.paths.nsexec), "enter", "--leaf", self.cgroup.leaf_dir(leaf)]
         for d in self.cgroup.v1_dirs():
             out += ["--cgroup", d]
         out += [
-            "--ns-pid", str(self.init_pid),
-            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
-            "--seccomp", str(self.paths.seccomp),
-            "--cwd", cwd or "/workspace",
-        ]  # fmt: skip
+            "--ns-pid",
+            str(self.init_pid),
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_GID),
+            "--seccomp",
+            str(self.paths.seccomp),
+            "--cwd",
+            cwd or "/workspace",
+        ]
         if exit_file:
             out += ["--exit-file", exit_file]
         if detach:
@@ -145,9 +160,15 @@ class CommandRunner:
         return self._result(stdout, stderr, status, timed_out, time.monotonic() - started)
 
     def _run_pipes(
-        self, launcher: list[str], env: dict[str, str], stdin: bytes | None,
-        timeout: float | None, cap: int, on_output: OutputCallback | None, leaf: str,
-    ) -> tuple[BoundedCapture, BoundedCapture, int, bool]:  # fmt: skip
+        self,
+        launcher: list[str],
+        env: dict[str, str],
+        stdin: bytes | None,
+        timeout: float | None,
+        cap: int,
+        on_output: OutputCallback | None,
+        leaf: str,
+    ) -> tuple[BoundedCapture, BoundedCapture, int, bool]:
         proc = subprocess.Popen(
             launcher,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -157,15 +178,24 @@ class CommandRunner:
             close_fds=True,
         )
         assert proc.stdout is not None and proc.stderr is not None
-        out, err = BoundedCapture(cap, "stdout", on_output), BoundedCapture(cap, "stderr", on_output)
+        out, err = (
+            BoundedCapture(cap, "stdout", on_output),
+            BoundedCapture(cap, "stderr", on_output),
+        )
         streams: dict[IO[bytes], BoundedCapture] = {proc.stdout: out, proc.stderr: err}
         timed_out = self._pump(proc, streams, stdin, timeout, leaf)
         return out, err, proc.wait(), timed_out
 
     def _run_pty(
-        self, launcher: list[str], env: dict[str, str], stdin: bytes | None,
-        timeout: float | None, cap: int, on_output: OutputCallback | None, leaf: str,
-    ) -> tuple[BoundedCapture, BoundedCapture, int, bool]:  # fmt: skip
+        self,
+        launcher: list[str],
+        env: dict[str, str],
+        stdin: bytes | None,
+        timeout: float | None,
+        cap: int,
+        on_output: OutputCallback | None,
+        leaf: str,
+    ) -> tuple[BoundedCapture, BoundedCapture, int, bool]:
         master, slave = self.open_pty()
         try:
             proc = subprocess.Popen(
@@ -196,9 +226,13 @@ class CommandRunner:
         return master, slave
 
     def _pump(
-        self, proc: subprocess.Popen[bytes], streams: dict[IO[bytes], BoundedCapture],
-        stdin: bytes | None, timeout: float | None, leaf: str,
-    ) -> bool:  # fmt: skip
+        self,
+        proc: subprocess.Popen[bytes],
+        streams: dict[IO[bytes], BoundedCapture],
+        stdin: bytes | None,
+        timeout: float | None,
+        leaf: str,
+    ) -> bool:
         """Read output until the command exits (or times out). Returns whether it timed out.
 
         A background child may keep a pipe open after the command ends, so we stop on the

@@ -168,6 +168,17 @@ def _open_child(dirfd: int, name: str, flags: int, mode: int = 0) -> int:
     return syscalls.openat2(dirfd, name, flags | os.O_NOFOLLOW, mode, _CHILD)
 
 
+def _open_subdir(dirfd: int, name: str, spath: str) -> int:
+    """Descend into ``name`` during a walk; if it stopped being a directory since we looked
+    (a swapped-in symlink), say so instead of following it."""
+    try:
+        return _open_child(dirfd, name, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+    raise Conflict(f"{spath} changed while it was being walked (no longer a directory); retry")
+
+
 @contextlib.contextmanager
 def _parent_of(rootfd: int, spath: str) -> Iterator[tuple[int, str]]:
     """(O_PATH fd of the parent directory resolved in root, final name)."""
@@ -680,13 +691,9 @@ class SandboxFiles:
                 )
             if depth > 1 and stat.S_ISDIR(st.st_mode):
                 try:
-                    fd = _open_child(dirfd, name, os.O_RDONLY | os.O_DIRECTORY)
-                except (PermissionError, FileNotFoundError, NotADirectoryError):
+                    fd = _open_subdir(dirfd, name, child)
+                except (PermissionError, FileNotFoundError, Conflict):
                     continue
-                except OSError as exc:
-                    if exc.errno == errno.ELOOP:  # swapped for a symlink since the stat
-                        continue
-                    raise
                 try:
                     self._list_into(fd, child, depth - 1, out)
                 finally:
@@ -748,7 +755,7 @@ class SandboxFiles:
                 os.unlink(name, dir_fd=pfd)
                 return
             if recursive:
-                fd = _open_child(pfd, name, os.O_RDONLY | os.O_DIRECTORY)
+                fd = _open_subdir(pfd, name, spath)
                 try:
                     self._empty_dir(fd, spath, 1)
                 finally:
@@ -770,7 +777,7 @@ class SandboxFiles:
                 except FileNotFoundError:
                     continue
                 if stat.S_ISDIR(st.st_mode):
-                    fd = _open_child(dirfd, name, os.O_RDONLY | os.O_DIRECTORY)
+                    fd = _open_subdir(dirfd, name, child)
                     try:
                         self._empty_dir(fd, child, depth + 1)
                     finally:
@@ -898,7 +905,7 @@ class SandboxFiles:
                     os.close(fd)
                 return 1
             if stat.S_ISDIR(st.st_mode):
-                fd = _open_child(dirfd, name, os.O_RDONLY | os.O_DIRECTORY)
+                fd = _open_subdir(dirfd, name, spath)
                 try:
                     return self._add_dir(tar, fd, arcname, spath, depth)
                 finally:

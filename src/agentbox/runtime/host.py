@@ -101,53 +101,88 @@ class SandboxHost:
         self.procs.chmod(0o700)
         self.root.mkdir()
         options = (
-            f"lowerdir={template_root},upperdir={self.disk / 'upper'},"
-            f"workdir={self.disk / 'work'}"
+            f"lowerdir={template_root},upperdir={self.disk / 'upper'},workdir={self.disk / 'work'}"
         )
         try:
             syscalls.mount(
-                "agentbox", str(self.root), "overlay",
-                syscalls.MS_NOSUID | syscalls.MS_NODEV, options,
-            )  # fmt: skip
+                "agentbox",
+                str(self.root),
+                "overlay",
+                syscalls.MS_NOSUID | syscalls.MS_NODEV,
+                options,
+            )
         except OSError as e:
             raise SandboxError(f"could not mount the sandbox root overlay: {e}") from e
         # The bind-mount target of our init; bwrap (unprivileged) cannot create it itself.
         (self.root / ".agentbox").mkdir(exist_ok=True)
         (self.root / INIT_PATH.lstrip("/")).touch()
 
-    def bwrap_argv(self, host_usr: bool, seccomp_fd: int, info_fd: int, shm_bytes: int) -> list[str]:
+    def bwrap_argv(
+        self, host_usr: bool, seccomp_fd: int, info_fd: int, shm_bytes: int
+    ) -> list[str]:
         argv = [
             "bwrap",
-            "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc",
-            "--unshare-uts", "--unshare-cgroup",
-            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
-            "--hostname", self.hostname,
-            "--disable-userns",       # nested user namespaces refused (also by seccomp)
-            "--new-session",          # no controlling tty to inject into (TIOCSTI)
-            "--cap-drop", "ALL",
-            "--as-pid-1",             # our init reaps orphans and cannot be killed inside
-            "--bind", str(self.root), "/",
-        ]  # fmt: skip
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_GID),
+            "--hostname",
+            self.hostname,
+            "--disable-userns",  # nested user namespaces refused (also by seccomp)
+            "--new-session",  # no controlling tty to inject into (TIOCSTI)
+            "--cap-drop",
+            "ALL",
+            "--as-pid-1",  # our init reaps orphans and cannot be killed inside
+            "--bind",
+            str(self.root),
+            "/",
+        ]
         if host_usr:
             argv += ["--ro-bind", "/usr", "/usr"]
         argv += [
-            "--proc", "/proc",
-            "--dev", "/dev",
-            "--perms", "1777", "--size", str(shm_bytes), "--tmpfs", "/dev/shm",
-            "--bind", str(self.disk / "tmp"), "/tmp",
-            "--bind", str(self.workspace), "/workspace",
-            "--ro-bind", "{nsexec}", INIT_PATH,
-            "--seccomp", str(seccomp_fd),
-            "--info-fd", str(info_fd),
-            "--chdir", "/workspace",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "1777",
+            "--size",
+            str(shm_bytes),
+            "--tmpfs",
+            "/dev/shm",
+            "--bind",
+            str(self.disk / "tmp"),
+            "/tmp",
+            "--bind",
+            str(self.workspace),
+            "/workspace",
+            "--ro-bind",
+            "{nsexec}",
+            INIT_PATH,
+            "--seccomp",
+            str(seccomp_fd),
+            "--info-fd",
+            str(info_fd),
+            "--chdir",
+            "/workspace",
             "--clearenv",
-        ]  # fmt: skip
+        ]
         return argv
 
     def launch(
-        self, paths: LaunchPaths, cgroup: SandboxCgroup, host_usr: bool, memory_bytes: int,
+        self,
+        paths: LaunchPaths,
+        cgroup: SandboxCgroup,
+        host_usr: bool,
+        memory_bytes: int,
         lifetime_s: float,
-    ) -> tuple[int, int]:  # fmt: skip
+    ) -> tuple[int, int]:
         """Start the sandbox's first process; return its host pid and start time."""
         seccomp_fd = os.open(paths.seccomp, os.O_RDONLY)
         info_r, info_w = os.pipe()
@@ -156,11 +191,16 @@ class SandboxHost:
         argv = [str(paths.nsexec) if a == "{nsexec}" else a for a in argv]
         argv += ["--", INIT_PATH, "init", str(ready_w), str(int(lifetime_s))]
         launcher = [
-            str(paths.nsexec), "spawn",
-            *sum((["--cgroup", d] for d in cgroup.dirs_for("init")), []),
-            "--uid", str(self.host_uid), "--gid", str(self.host_gid), "--",
+            str(paths.nsexec),
+            "spawn",
+            *[arg for d in cgroup.dirs_for("init") for arg in ("--cgroup", d)],
+            "--uid",
+            str(self.host_uid),
+            "--gid",
+            str(self.host_gid),
+            "--",
             *argv,
-        ]  # fmt: skip
+        ]
         try:
             with self.log.open("wb") as log:
                 # The launcher detaches (its parent half exits at once), so the sandbox

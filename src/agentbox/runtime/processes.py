@@ -104,9 +104,15 @@ class ProcessTable:
             # The launcher detaches (--detach): its waiting half outlives this process,
             # and the exit file, not our child status, records how the command ended.
             subprocess.run(
-                launcher, stdin=stdin_fd, stdout=out_fd, stderr=err_fd, env=environment,
-                close_fds=True, start_new_session=True, check=False,
-            )  # fmt: skip
+                launcher,
+                stdin=stdin_fd,
+                stdout=out_fd,
+                stderr=err_fd,
+                env=environment,
+                close_fds=True,
+                start_new_session=True,
+                check=False,
+            )
         finally:
             for fd in (stdin_fd, out_fd, err_fd):
                 os.close(fd)

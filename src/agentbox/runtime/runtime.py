@@ -8,6 +8,7 @@ every create and list (and their init ends itself at its lifetime even if nothin
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import secrets
 import threading
@@ -31,6 +32,7 @@ from agentbox.isolation.launcher import nsexec_path
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.files import SandboxFiles
 from agentbox.runtime.host import LaunchPaths, SandboxHost, limits_of, process_start_time
+from agentbox.runtime.output import CommandResult
 from agentbox.runtime.processes import ProcessTable
 from agentbox.runtime.sessions import ShellSessions
 from agentbox.runtime.store import SandboxRecord, Store
@@ -91,9 +93,13 @@ class Runtime:
         sandbox_id = "sb-" + secrets.token_hex(6)
         expires_at = time.time() + spec.lifetime
         record = self.store.reserve(
-            sandbox_id, template.name, template.digest, spec.model_dump(), expires_at,
+            sandbox_id,
+            template.name,
+            template.digest,
+            spec.model_dump(),
+            expires_at,
             MAX_SANDBOXES,
-        )  # fmt: skip
+        )
         host = SandboxHost(self.home, sandbox_id, record.slot)
         cgroup = self.layout.sandbox(sandbox_id)
         try:
@@ -130,11 +136,12 @@ class Runtime:
         record = self.get(sandbox_id)
         self.store.set_state(sandbox_id, "destroying")
         self._release(
-            sandbox_id, SandboxHost(self.home, sandbox_id, record.slot),
+            sandbox_id,
+            SandboxHost(self.home, sandbox_id, record.slot),
             self.layout.sandbox(sandbox_id),
-        )  # fmt: skip
+        )
 
-    def sweep_expired(self) -> list[str]:
+    def sweep_expired(self) -> builtins.list[str]:
         """Destroy sandboxes past their lifetime or whose init has ended."""
         swept = []
         now = time.time()
@@ -177,8 +184,10 @@ class Runtime:
             raise SandboxNotRunning(
                 f"sandbox {sandbox_id} is {record.state}, not running; create a new one"
             )
-        return record, SandboxHost(self.home, sandbox_id, record.slot), self.layout.sandbox(
-            sandbox_id
+        return (
+            record,
+            SandboxHost(self.home, sandbox_id, record.slot),
+            self.layout.sandbox(sandbox_id),
         )
 
     def commands(self, sandbox_id: str) -> CommandRunner:
@@ -206,11 +215,15 @@ class Runtime:
         stdin: bytes | None = None,
         timeout: float | None = 60.0,
         max_output_bytes: int = 1 << 20,
-    ) -> object:
+    ) -> CommandResult:
         """Shortcut for ``commands(id).run(...)``."""
         if not sandbox_id:
             raise InvalidRequest("a sandbox id is required")
         return self.commands(sandbox_id).run(
-            command, cwd=cwd, env=env, stdin=stdin, timeout=timeout,
+            command,
+            cwd=cwd,
+            env=env,
+            stdin=stdin,
+            timeout=timeout,
             max_output_bytes=max_output_bytes,
-        )  # fmt: skip
+        )

@@ -55,17 +55,24 @@ class ShellSessions:
         return session_id
 
     def run(
-        self, session_id: str, command: str, *, timeout: float | None = 60.0,
-        stdin: bytes | str | None = None, max_output_bytes: int = 1 << 20,
-    ) -> CommandResult:  # fmt: skip
+        self,
+        session_id: str,
+        command: str,
+        *,
+        timeout: float | None = 60.0,
+        stdin: bytes | str | None = None,
+        max_output_bytes: int = 1 << 20,
+    ) -> CommandResult:
         state = self._state_file(session_id)
         exists = self.runner.run(["/bin/test", "-f", state], timeout=10)
         if exists.exit_code != 0:
             raise SessionNotFound(f"no shell session {session_id}; create one first")
         return self.runner.run(
             ["/bin/bash", "-c", _WRAPPER, "agentbox-session", state, command],
-            timeout=timeout, stdin=stdin, max_output_bytes=max_output_bytes,
-        )  # fmt: skip
+            timeout=timeout,
+            stdin=stdin,
+            max_output_bytes=max_output_bytes,
+        )
 
     def close(self, session_id: str) -> None:
         self.runner.run(["/bin/rm", "-f", self._state_file(session_id)], timeout=10)

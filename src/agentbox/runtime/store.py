@@ -91,9 +91,14 @@ class Store:
         return SandboxRecord(**data)
 
     def reserve(
-        self, sandbox_id: str, template: str, digest: str, spec: dict[str, Any],
-        expires_at: float | None, max_slots: int,
-    ) -> SandboxRecord:  # fmt: skip
+        self,
+        sandbox_id: str,
+        template: str,
+        digest: str,
+        spec: dict[str, Any],
+        expires_at: float | None,
+        max_slots: int,
+    ) -> SandboxRecord:
         """Insert a ``creating`` record holding the lowest free slot (the slot picks the uid)."""
         with self._tx() as db:
             used = {r[0] for r in db.execute("SELECT slot FROM sandboxes")}
@@ -111,8 +116,9 @@ class Store:
                 " expires_at, spec) VALUES (?, ?, 'creating', ?, ?, ?, ?, ?)",
                 (sandbox_id, slot, template, digest, now, expires_at, json.dumps(spec)),
             )
-        return SandboxRecord(sandbox_id, slot, "creating", template, digest, None, None, now,
-                             expires_at, spec)  # fmt: skip
+        return SandboxRecord(
+            sandbox_id, slot, "creating", template, digest, None, None, now, expires_at, spec
+        )
 
     def mark_running(self, sandbox_id: str, init_pid: int, init_start_time: int) -> None:
         with self._tx() as db:

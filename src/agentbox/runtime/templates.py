@@ -244,8 +244,7 @@ class TemplateStore:
                 (rootfs / "etc/apt/apt.conf.d/99mmdebstrap").unlink()
             size = _finish_rootfs(rootfs, say)
             meta = {"kind": "debian", "recipe": recipe, "size_bytes": size}
-            self._commit(staging, digest, meta)
-        self._set_name(name, digest)
+            self._commit(staging, digest, meta, name)
         say(f"built {name} ({digest}) in {time.monotonic() - started:.1f}s")
         return self._template(name, digest)
 
@@ -279,30 +278,25 @@ class TemplateStore:
                 raise SandboxError(f"importing {tarball} failed: {exc}; nothing was kept") from exc
             size = _finish_rootfs(rootfs, say)
             meta = {"kind": "import", "source": tarball.name, "size_bytes": size}
-            self._commit(staging, digest, meta)
-        self._set_name(name, digest)
+            self._commit(staging, digest, meta, name)
         say(f"imported {name} ({digest})")
         return self._template(name, digest)
 
     def remove(self, name: str) -> None:
-        """Forget ``name``; its root filesystem goes too unless another name shares it."""
+        """Forget ``name``; its root filesystem goes too unless another name shares it.
+
+        A tree that a mounted overlay still uses (a live sandbox) is kept until a later
+        removal finds it unused.
+        """
         if name != DEFAULT_NAME:
             _check_name(name)
         with self._locked():
             names = self._read_names()
             if name not in names:
                 raise TemplateNotFound(self._not_found_message(name), name=name)
-            digest = names.pop(name)
+            del names[name]
             self._write_names(names)
-            doomed = None if digest in names.values() else self._digest_dir(digest)
-            if doomed is not None and doomed.exists():
-                # Renamed away under the lock so no get() sees a half-deleted tree.
-                self._staging.mkdir(mode=0o711, exist_ok=True)
-                trash = self._staging / f"trash-{secrets.token_hex(6)}"
-                doomed.rename(trash)
-                doomed = trash
-        if doomed is not None and doomed.exists():
-            _remove_tree(doomed)
+        self._collect_garbage()
 
     # ---- the default template ---------------------------------------------------------------
 
@@ -318,7 +312,7 @@ class TemplateStore:
                     "host_usr": True,
                     "size_bytes": sum(len(e.data) for e in entries),
                 }
-                self._commit(staging, digest, meta)
+                self._commit(staging, digest, meta, DEFAULT_NAME)
         self._set_name(DEFAULT_NAME, digest)
         return self._template(DEFAULT_NAME, digest)
 
@@ -352,8 +346,9 @@ class TemplateStore:
             size_bytes=int(meta["size_bytes"]),
         )
 
-    def _commit(self, staging: Path, digest: str, meta: dict[str, Any]) -> None:
-        """Publish a staged tree under its digest in one rename (first writer wins)."""
+    def _commit(self, staging: Path, digest: str, meta: dict[str, Any], name: str) -> None:
+        """Publish a staged tree under its digest (one rename; first writer wins) and point
+        ``name`` at it, in one locked step so garbage collection never sees it unnamed."""
         doc = {"digest": digest, "created_at": time.time(), "host_usr": False, **meta}
         (staging / "template.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         (staging / "template.json").chmod(0o644)
@@ -364,6 +359,9 @@ class TemplateStore:
                 self._digests.mkdir(mode=0o755, exist_ok=True)
                 (staging / ".lock").unlink()
                 staging.rename(final)
+            moved = self._map_name(name, digest)
+        if moved:
+            self._collect_garbage()
 
     def _read_names(self) -> dict[str, str]:
         try:
@@ -392,22 +390,47 @@ class TemplateStore:
 
     def _set_name(self, name: str, digest: str) -> None:
         with self._locked():
-            names = self._read_names()
-            old = names.get(name)
-            if old == digest:
+            if not self._has_digest(digest):
+                raise SandboxError(
+                    f"template {digest} was removed while {name!r} was being pointed at it; "
+                    "run the command again"
+                )
+            moved = self._map_name(name, digest)
+        if moved:
+            self._collect_garbage()
+
+    def _map_name(self, name: str, digest: str) -> bool:
+        """names[name] = digest (call under the lock); True if it pointed elsewhere before."""
+        names = self._read_names()
+        old = names.get(name)
+        if old == digest:
+            return False
+        names[name] = digest
+        self._write_names(names)
+        return old is not None
+
+    def _collect_garbage(self) -> None:
+        """Delete trees no name refers to, unless a mounted overlay still uses them.
+
+        Deleting the lower layer of a live sandbox's overlay would make its files vanish:
+        such a tree stays until a later collection finds it unused.
+        """
+        doomed = []
+        with self._locked():
+            if not self._digests.is_dir():
                 return
-            names[name] = digest
-            self._write_names(names)
-            orphan = old is not None and old not in names.values()
-        if orphan and old is not None:
-            # The name moved to a new recipe/image and nothing else uses the old tree.
-            doomed = self._digest_dir(old)
-            with self._locked():
-                if old in self._read_names().values() or not doomed.exists():
-                    return
-                trash = self._staging / f"trash-{secrets.token_hex(6)}"
+            referenced = set(self._read_names().values())
+            in_use = _overlay_lower_dirs()
+            for entry in self._digests.iterdir():
+                digest = f"sha256:{entry.name}"
+                if digest in referenced or str(entry / "rootfs") in in_use:
+                    continue
+                # Renamed away under the lock so no reader sees a half-deleted tree.
                 self._staging.mkdir(mode=0o711, exist_ok=True)
-                doomed.rename(trash)
+                trash = self._staging / f"trash-{secrets.token_hex(6)}"
+                entry.rename(trash)
+                doomed.append(trash)
+        for trash in doomed:
             _remove_tree(trash)
 
     @contextlib.contextmanager
@@ -1281,18 +1304,19 @@ def _ensure_user(tree: _Tree) -> None:
         "etc/passwd": f"{USER_NAME}:x:{USER_UID}:{USER_UID}::/home/{USER_NAME}:{shell}",
         "etc/group": f"{USER_NAME}:x:{USER_UID}:",
         "etc/shadow": f"{USER_NAME}:!:19000:0:99999:7:::",  # no password: locked
+        "etc/gshadow": f"{USER_NAME}:!::",
     }
     for rel, entry in entries.items():
         old = tree.read(rel)
-        if old is None and rel == "etc/shadow":
-            continue  # images without shadow (busybox) manage fine without it
+        if old is None and rel not in starts:
+            continue  # images without shadow files (busybox) manage fine without them
         text = old.decode(errors="replace") if old is not None else starts[rel]
         lines = text.splitlines()
         if entry in lines:
             continue
         kept = [line for line in lines if not line.startswith(f"{USER_NAME}:")]
         new = "\n".join([*kept, entry]) + "\n"
-        tree.write(rel, new.encode(), 0o640 if rel == "etc/shadow" else 0o644)
+        tree.write(rel, new.encode(), 0o640 if "shadow" in rel else 0o644)
 
 
 def _harden(rootfs: Path, say: Progress) -> int:
@@ -1341,8 +1365,22 @@ def _harden(rootfs: Path, say: Progress) -> int:
 
 def _mount_points() -> list[str]:
     with open("/proc/self/mountinfo") as f:
-        points = [line.split()[4] for line in f if line.strip()]
-    return [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), p) for p in points]
+        return [_unescape(line.split()[4]) for line in f if line.strip()]
+
+
+def _overlay_lower_dirs() -> set[str]:
+    """Lower directories of the overlays mounted in this mount namespace."""
+    out: set[str] = set()
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            for option in line.rsplit(" - ", 1)[-1].split()[-1].split(","):
+                if option.startswith("lowerdir="):
+                    out.update(_unescape(p) for p in option[len("lowerdir=") :].split(":"))
+    return out
+
+
+def _unescape(path: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
 
 
 def _remove_tree(path: Path) -> None:

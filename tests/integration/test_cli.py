@@ -1,0 +1,82 @@
+"""The `agentbox` command line, run as a real process against real sandboxes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+AGENTBOX = str(Path(sys.executable).parent / "agentbox")
+
+
+def run(home: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "AGENTBOX_HOME": str(home)}
+    return subprocess.run(
+        [AGENTBOX, *args], input=stdin, capture_output=True, env=env, timeout=120, check=False
+    )
+
+
+@pytest.fixture
+def sandbox_id(agentbox_home: Path, host_ready: None) -> object:
+    created = run(agentbox_home, "sandbox", "create", "--memory", "128MiB", "--disk", "64MiB")
+    assert created.returncode == 0, created.stderr
+    sandbox_id = created.stdout.decode().strip()
+    assert sandbox_id.startswith("sb-") and "\n" not in sandbox_id  # the id alone
+    yield sandbox_id
+    run(agentbox_home, "sandbox", "rm", sandbox_id)
+
+
+def test_exec_passes_streams_and_exit_code(agentbox_home: Path, sandbox_id: str) -> None:
+    r = run(
+        agentbox_home, "sandbox", "exec", sandbox_id, "--", "sh", "-c", "echo o; echo e >&2; exit 3"
+    )
+    assert (r.stdout, r.stderr, r.returncode) == (b"o\n", b"e\n", 3)
+
+
+def test_exec_stdin_cwd_and_timeout(agentbox_home: Path, sandbox_id: str) -> None:
+    r = run(agentbox_home, "sandbox", "exec", sandbox_id, "--cwd", "/tmp", "--", "sh", "-c",
+            "pwd; wc -c", stdin=b"12345")  # fmt: skip
+    assert r.stdout.split() == [b"/tmp", b"5"]
+    r = run(agentbox_home, "sandbox", "exec", sandbox_id, "--timeout", "0.3", "--", "sleep", "30")
+    assert r.returncode == 124 and b"timed out" in r.stderr
+
+
+def test_files_write_and_read_binary(agentbox_home: Path, sandbox_id: str) -> None:
+    payload = bytes(range(256)) * 1000
+    w = run(agentbox_home, "files", "write", sandbox_id, "/workspace/blob.bin", stdin=payload)
+    assert w.returncode == 0, w.stderr
+    r = run(agentbox_home, "files", "read", sandbox_id, "/workspace/blob.bin")
+    assert r.returncode == 0 and r.stdout == payload
+    listing = json.loads(run(agentbox_home, "files", "ls", sandbox_id, "--json").stdout)
+    assert {"path": "/workspace/blob.bin", "size": len(payload)}.items() <= listing[0].items()
+
+
+def test_create_json_ls_json_rm(agentbox_home: Path, host_ready: None) -> None:
+    created = run(agentbox_home, "sandbox", "create", "--disk", "64MiB", "--json")
+    sandbox_id = json.loads(created.stdout)["id"]
+    listed = json.loads(run(agentbox_home, "sandbox", "ls", "--json").stdout)
+    assert any(s["id"] == sandbox_id and s["state"] == "running" for s in listed)
+    assert run(agentbox_home, "sandbox", "rm", sandbox_id).returncode == 0
+    gone = run(agentbox_home, "sandbox", "exec", sandbox_id, "--", "true")
+    assert gone.returncode == 125
+    assert b"error[sandbox_not_found]" in gone.stderr
+
+
+def test_bad_input_is_one_clear_line(agentbox_home: Path, host_ready: None) -> None:
+    r = run(agentbox_home, "sandbox", "create", "--memory", "lots")
+    assert r.returncode == 1
+    assert r.stderr.decode().startswith("error[invalid_request]: ")
+    assert b"Traceback" not in r.stderr
+    r = run(agentbox_home, "sandbox", "create", "--template", "nope")
+    assert r.returncode == 1 and b"template_not_found" in r.stderr
+
+
+def test_doctor_json(agentbox_home: Path) -> None:
+    r = run(agentbox_home, "doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(r.stdout)}
+    assert {"bubblewrap", "user namespaces", "cgroups", "seccomp"} <= checks.keys()
+    assert r.returncode == (0 if all(c["ok"] for c in checks.values() if c["required"]) else 1)

@@ -1,0 +1,279 @@
+"""Attack 2 — privileges and kernel attack surface inside a sandbox.
+
+Covers: every capability set is zero, NoNewPrivs 1, Seccomp 2 (as the sandbox sees itself);
+nested user namespaces refused (``unshare -U``, ``unshare -r``, libc ``unshare`` and raw
+``clone`` with CLONE_NEWUSER, ``clone3``); mounting (``mount -t tmpfs``, new mount API);
+``ptrace`` of another sandbox process; TIOCSTI/TIOCLINUX injection on the sandbox's own
+controlling pty, including the 64-bit request ``0x100005412`` that the kernel truncates to
+TIOCSTI; and every syscall of the profile's deny list (io_uring, bpf, keyctl,
+perf_event_open, userfaultfd, process_vm_readv/writev, setns, open_by_handle_at, ...).
+
+Wherever possible a probe is chosen so that it would *succeed* without the seccomp filter
+(``name_to_handle_at`` on a file, ``process_vm_readv`` of itself, ``keyctl`` on its own
+keyring, ``syslog`` size query, ``personality`` query, an ioctl on /dev/null that would
+otherwise say ENOTTY), so an EPERM is the filter's doing and not a side effect.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from agentbox import Sandbox
+from secprobe import run_python
+
+# Runs inside the sandbox. Every probe is harmless should it succeed (invalid magic
+# numbers, no-op queries, own process only) and reports "ok" or the errno name.
+SYSCALL_PROBE = r"""
+import ctypes, errno, json, os, subprocess, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+def arg(a):
+    if isinstance(a, int):
+        return ctypes.c_long(a)
+    if isinstance(a, bytes):
+        return ctypes.c_char_p(a)
+    return a
+
+def sc(nr, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(ctypes.c_long(nr), *[arg(a) for a in args])
+    if r == 0 and nr == 56:  # a raw clone that worked: this is the child
+        os._exit(0)
+    return "ok" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+
+AT_FDCWD = -100
+buf = ctypes.create_string_buffer(4096)
+buf2 = ctypes.create_string_buffer(4096)
+res = {}
+
+# A sibling process to aim at: same uid, same sandbox.
+child = subprocess.Popen(["sleep", "60"])
+pidfd = os.pidfd_open(child.pid)
+
+class Iov(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+local = Iov(ctypes.addressof(buf2), 16)
+remote = Iov(ctypes.addressof(buf), 16)
+
+# struct file_handle { u32 handle_bytes; int handle_type; u8 f_handle[]; }
+handle = ctypes.create_string_buffer(128)
+ctypes.memmove(handle, (120).to_bytes(4, "little"), 4)
+mount_id = ctypes.c_int(0)
+
+perf_attr = ctypes.create_string_buffer(128)
+ctypes.memmove(perf_attr, (1).to_bytes(4, "little") + (0).to_bytes(4, "little")
+               + (128).to_bytes(4, "little"), 12)  # PERF_TYPE_SOFTWARE, cpu-clock, size
+
+ns_fd = os.open("/proc/self/ns/net", os.O_RDONLY)
+null_fd = os.open("/dev/null", os.O_RDWR)
+
+res["io_uring_setup"] = sc(425, 1, buf)
+res["io_uring_enter"] = sc(426, -1, 0, 0, 0, 0, 0)
+res["io_uring_register"] = sc(427, -1, 0, 0, 0)
+res["bpf"] = sc(321, 0, buf, 72)
+res["keyctl"] = sc(250, 0, -3, 0)  # KEYCTL_GET_KEYRING_ID of the session keyring
+res["add_key"] = sc(248, b"user", b"agentbox", b"x", 1, -2)
+res["request_key"] = sc(249, b"user", b"agentbox", 0, 0)
+res["perf_event_open"] = sc(298, perf_attr, 0, -1, -1, 0)
+res["userfaultfd"] = sc(323, os.O_CLOEXEC | 1)  # UFFD_USER_MODE_ONLY
+res["process_vm_readv"] = sc(310, os.getpid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+res["process_vm_writev"] = sc(311, os.getpid(), ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+res["ptrace_attach"] = sc(101, 16, child.pid, 0, 0)
+res["ptrace_attach_init"] = sc(101, 16, 1, 0, 0)
+res["ptrace_traceme"] = sc(101, 0, 0, 0, 0)
+res["kcmp"] = sc(312, os.getpid(), child.pid, 0, 0, 0)
+res["pidfd_getfd"] = sc(438, pidfd, 0, 0)
+res["setns"] = sc(308, ns_fd, 0)
+res["unshare_user"] = sc(272, 0x10000000)
+res["unshare_mount"] = sc(272, 0x00020000)
+res["unshare_net"] = sc(272, 0x40000000)
+res["clone_newuser"] = sc(56, 0x10000000 | 17, 0, 0, 0, 0)
+res["clone3"] = sc(435, buf, 88)
+res["name_to_handle_at"] = sc(303, AT_FDCWD, b"/workspace", handle, ctypes.byref(mount_id), 0)
+res["open_by_handle_at"] = sc(304, AT_FDCWD, handle, 0)
+res["mount"] = sc(165, b"x", b"/tmp", b"tmpfs", 0, 0)
+res["umount2"] = sc(166, b"/tmp", 2)
+res["pivot_root"] = sc(155, b"/tmp", b"/tmp")
+res["chroot"] = sc(161, b"/tmp")
+res["fsopen"] = sc(430, b"tmpfs", 0)
+res["fsconfig"] = sc(431, -1, 0, 0, 0, 0)
+res["fsmount"] = sc(432, -1, 0, 0)
+res["fspick"] = sc(433, AT_FDCWD, b"/tmp", 0)
+res["open_tree"] = sc(428, AT_FDCWD, b"/tmp", 1)
+res["move_mount"] = sc(429, -1, b"", AT_FDCWD, b"/tmp", 0)
+res["mount_setattr"] = sc(442, AT_FDCWD, b"/tmp", 0, 0, 0)
+res["kexec_load"] = sc(246, 0, 0, 0, 0)
+res["kexec_file_load"] = sc(320, -1, -1, 0, 0, 0)
+res["init_module"] = sc(175, 0, 0, b"")
+res["finit_module"] = sc(313, -1, b"", 0)
+res["delete_module"] = sc(176, b"agentbox-none", 0)
+res["reboot"] = sc(169, 0, 0, 0, 0)  # wrong magic numbers: EINVAL if it got through
+res["swapon"] = sc(167, b"/nonexistent", 0)
+res["swapoff"] = sc(168, b"/nonexistent")
+res["acct"] = sc(163, 0)
+res["quotactl"] = sc(179, 0, 0, 0, 0)
+res["lookup_dcookie"] = sc(212, 0, 0, 0)
+res["iopl"] = sc(172, 0)
+res["ioperm"] = sc(173, 0, 0, 0)
+res["syslog"] = sc(103, 10, 0, 0)  # SYSLOG_ACTION_SIZE_BUFFER
+res["settimeofday"] = sc(164, 0, 0)
+res["clock_settime"] = sc(227, 0, 0)
+res["clock_adjtime"] = sc(305, 0, 0)
+res["adjtimex"] = sc(159, buf)  # modes 0: a read-only query
+res["vhangup"] = sc(153)
+res["personality"] = sc(135, 0xFFFFFFFF)  # query only
+res["uselib"] = sc(134, b"/nonexistent")
+res["fanotify_init"] = sc(300, 0, 0)
+res["quotactl_fd"] = sc(443, -1, 0, 0, 0)
+res["nfsservctl"] = sc(180, 0, 0, 0)
+res["ioctl_TIOCSTI"] = sc(16, null_fd, 0x5412, buf)
+res["ioctl_TIOCSTI_upper_bits"] = sc(16, null_fd, 0x100005412, buf)
+res["ioctl_TIOCSTI_all_upper_bits"] = sc(16, null_fd, -0xFFFFFFFF + 0x5412 - 1, buf)
+res["ioctl_TIOCLINUX"] = sc(16, null_fd, 0x541C, buf)
+res["ioctl_TIOCLINUX_upper_bits"] = sc(16, null_fd, 0xDEAD0000541C, buf)
+# Controls: allowed syscalls still reach the kernel (so the probe itself works).
+res["control_ioctl_TCGETS"] = sc(16, null_fd, 0x5401, buf)
+res["control_getpid"] = sc(39)
+res["control_clone_plain"] = "ok" if subprocess.run(["true"]).returncode == 0 else "fail"
+child.kill()
+print(json.dumps(res))
+"""
+
+DENIED_EPERM = [
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "keyctl", "add_key",
+    "request_key", "perf_event_open", "userfaultfd", "process_vm_readv", "process_vm_writev",
+    "ptrace_attach", "ptrace_attach_init", "ptrace_traceme", "kcmp", "pidfd_getfd", "setns",
+    "unshare_user", "unshare_mount", "unshare_net", "clone_newuser", "name_to_handle_at",
+    "open_by_handle_at", "mount", "umount2", "pivot_root", "chroot", "fsopen", "fsconfig",
+    "fsmount", "fspick", "open_tree", "move_mount", "mount_setattr", "kexec_load",
+    "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon",
+    "swapoff", "acct", "quotactl", "lookup_dcookie", "iopl", "ioperm", "syslog",
+    "settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "vhangup", "personality",
+    "uselib", "fanotify_init", "quotactl_fd", "nfsservctl", "ioctl_TIOCSTI",
+    "ioctl_TIOCSTI_upper_bits", "ioctl_TIOCSTI_all_upper_bits", "ioctl_TIOCLINUX",
+    "ioctl_TIOCLINUX_upper_bits",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def syscall_results(shared_sandbox: Sandbox) -> dict[str, str]:
+    results: dict[str, str] = run_python(shared_sandbox, SYSCALL_PROBE)
+    # The probe is only meaningful if ordinary syscalls work.
+    assert results["control_ioctl_TCGETS"] == "ENOTTY", results
+    assert results["control_getpid"] == "ok", results
+    assert results["control_clone_plain"] == "ok", results
+    return results
+
+
+@pytest.mark.parametrize("probe", DENIED_EPERM)
+def test_syscall_is_denied(syscall_results: dict[str, str], probe: str) -> None:
+    assert syscall_results[probe] == "EPERM", f"{probe} was not refused: {syscall_results[probe]}"
+
+
+def test_clone3_is_enosys_so_libc_falls_back_to_filtered_clone(
+    syscall_results: dict[str, str],
+) -> None:
+    assert syscall_results["clone3"] == "ENOSYS"
+
+
+def test_no_capabilities_no_new_privs_seccomp_inside(shared_sandbox: Sandbox) -> None:
+    status = shared_sandbox.commands.run("cat /proc/self/status").stdout
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(fields[cap], 16) == 0, f"{cap} = {fields[cap]}"
+    assert fields["NoNewPrivs"].strip() == "1"
+    assert fields["Seccomp"].strip() == "2"
+    assert fields["Uid"].split() == ["1000"] * 4
+    assert fields["Gid"].split() == ["1000"] * 4
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "unshare -U true",
+        "unshare -r true",
+        "unshare -Ur true",
+        "unshare -m true",
+        "unshare -n true",
+        "unshare -p -f true",
+    ],
+)
+def test_unshare_tool_fails(shared_sandbox: Sandbox, command: str) -> None:
+    r = shared_sandbox.commands.run(command)
+    assert r.exit_code != 0, f"{command!r} worked inside the sandbox: {r.stdout}{r.stderr}"
+
+
+def test_libc_unshare_newuser_fails(shared_sandbox: Sandbox) -> None:
+    result = run_python(
+        shared_sandbox,
+        "import ctypes, json; libc = ctypes.CDLL(None, use_errno=True);"
+        "r = libc.unshare(0x10000000); print(json.dumps([r, ctypes.get_errno()]))",
+    )
+    assert result == [-1, 1], f"unshare(CLONE_NEWUSER) returned {result}"
+
+
+def test_nested_user_namespaces_disabled_by_sysctl_too(shared_sandbox: Sandbox) -> None:
+    """Second layer behind seccomp: bubblewrap --disable-userns."""
+    r = shared_sandbox.commands.run("cat /proc/sys/user/max_user_namespaces")
+    assert r.exit_code == 0 and r.stdout.strip() == "0"
+
+
+def test_mount_tmpfs_fails(shared_sandbox: Sandbox) -> None:
+    r = shared_sandbox.commands.run("mkdir -p /tmp/x && mount -t tmpfs x /tmp/x")
+    assert r.exit_code != 0
+    mounts = shared_sandbox.commands.run("cat /proc/self/mountinfo").stdout
+    assert " /tmp/x " not in mounts
+
+
+def test_ptrace_attach_to_sibling_fails(shared_sandbox: Sandbox) -> None:
+    script = (
+        "import ctypes, json, subprocess, sys;"
+        "libc = ctypes.CDLL(None, use_errno=True);"
+        "p = subprocess.Popen(['sleep', '60']);"
+        "r = libc.ptrace(16, p.pid, 0, 0); e = ctypes.get_errno(); p.kill();"
+        "print(json.dumps([r, e]))"
+    )
+    assert run_python(shared_sandbox, script) == [-1, 1]
+
+
+TIOCSTI_PROBE = r"""
+import ctypes, errno, fcntl, json, os, select, termios
+out = {"isatty": os.isatty(0)}
+# It must be our controlling terminal, where the kernel itself would allow TIOCSTI.
+try:
+    os.close(os.open("/dev/tty", os.O_RDWR))
+    out["ctty"] = True
+except OSError as e:
+    out["ctty"] = errno.errorcode[e.errno]
+attrs = termios.tcgetattr(0)
+attrs[3] &= ~(termios.ICANON | termios.ECHO)
+termios.tcsetattr(0, termios.TCSANOW, attrs)
+try:
+    fcntl.ioctl(0, termios.TIOCSTI, b"X")
+    out["tiocsti"] = "ok"
+except OSError as e:
+    out["tiocsti"] = errno.errorcode[e.errno]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+c = ctypes.create_string_buffer(b"Y")
+r = libc.syscall(ctypes.c_long(16), ctypes.c_long(0), ctypes.c_long(0x100005412), c)
+out["tiocsti_upper_bits"] = "ok" if r == 0 else errno.errorcode[ctypes.get_errno()]
+# Whatever was pushed would be waiting in our own input queue now.
+ready, _, _ = select.select([0], [], [], 0.2)
+out["injected"] = os.read(0, 64).decode() if ready else ""
+print(json.dumps(out))
+"""
+
+
+def test_tiocsti_on_controlling_pty_is_denied(shared_sandbox: Sandbox) -> None:
+    r = shared_sandbox.commands.run(["python3", "-c", TIOCSTI_PROBE], pty=True, timeout=30)
+    assert r.exit_code == 0, r.stdout
+    out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["isatty"] is True and out["ctty"] is True, out
+    assert out["tiocsti"] == "EPERM", out
+    assert out["tiocsti_upper_bits"] == "EPERM", out
+    assert out["injected"] == "", f"characters were injected into the terminal: {out}"
