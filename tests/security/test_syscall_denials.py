@@ -17,11 +17,16 @@ otherwise say ENOTTY), so an EPERM is the filter's doing and not a side effect.
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 from typing import Any
 
+import pyseccomp
 import pytest
 
 from agentbox import Sandbox
+from agentbox.runtime.host import LaunchPaths
+from agentbox.runtime.runtime import Runtime
 from secprobe import run_python
 
 # Runs inside the sandbox. Every probe is harmless should it succeed (invalid magic
@@ -216,10 +221,43 @@ def test_libc_unshare_newuser_fails(shared_sandbox: Sandbox) -> None:
     assert result == [-1, 1], f"unshare(CLONE_NEWUSER) returned {result}"
 
 
-def test_nested_user_namespaces_disabled_by_sysctl_too(shared_sandbox: Sandbox) -> None:
-    """Second layer behind seccomp: bubblewrap --disable-userns."""
-    r = shared_sandbox.commands.run("cat /proc/sys/user/max_user_namespaces")
-    assert r.exit_code == 0 and r.stdout.strip() == "0"
+def test_nested_user_namespaces_refused_even_without_seccomp(
+    runtime: Runtime, shared_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Second layer behind the seccomp rule: bubblewrap --disable-userns.
+
+    We enter the sandbox exactly as a command does, but with an allow-everything filter,
+    and try to create a user namespace: the sandbox's user namespace limit must refuse it.
+    """
+    allow_all = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    filter_file = tmp_path / "allow-all.bpf"
+    with filter_file.open("wb") as f:
+        allow_all.export_bpf(f)
+    runner = runtime.commands(shared_sandbox.id)
+    runner.paths = LaunchPaths(runner.paths.nsexec, filter_file)
+    env = runner.environment(None)
+
+    def enter(*argv: str) -> subprocess.CompletedProcess[str]:
+        launcher = runner.launcher_argv(list(argv), runner.new_leaf(), None)
+        return subprocess.run(launcher, env=env, capture_output=True, text=True, timeout=30)
+
+    control = enter("python3", "-c", UNSHARE_USERNS)
+    assert control.returncode == 0, control.stderr
+    result = json.loads(control.stdout)
+    assert result["seccomp_filters"] == "1", "the launcher should still load our (empty) filter"
+    assert result["unshare"] in ("ENOSPC", "EPERM", "EUSERS"), (
+        f"a user namespace could be created once seccomp is out of the way: {result}"
+    )
+
+
+UNSHARE_USERNS = r"""
+import ctypes, errno, json
+libc = ctypes.CDLL(None, use_errno=True)
+r = libc.unshare(0x10000000)
+status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+print(json.dumps({"unshare": "ok" if r == 0 else errno.errorcode[ctypes.get_errno()],
+                  "seccomp_filters": status["Seccomp_filters"].strip()}))
+"""
 
 
 def test_mount_tmpfs_fails(shared_sandbox: Sandbox) -> None:

@@ -25,6 +25,7 @@ from agentbox.runtime import templates
 from agentbox.runtime.templates import Template, TemplateStore, host_debian_sources
 
 AS_ROOT = os.geteuid() == 0
+needs_root = pytest.mark.skipif(not AS_ROOT, reason="needs root: chown, mknod, mount")
 
 
 @pytest.fixture
@@ -562,7 +563,7 @@ def test_a_tree_under_a_mounted_overlay_survives_removal(
     store.import_image("y", docker_save(tmp_path / "2.tar", [tar_bytes([f("v", b"2")])]))
     store.remove("y")  # the next collection finds the old tree unused
     assert not t.rootfs.exists()
-    assert list((store.root / "sha256").iterdir()) == [store.get("default").rootfs.parent]
+    assert list((store.root / "sha256").iterdir()) == []
 
 
 def test_stale_staging_from_a_crash_is_swept(store: TemplateStore, tmp_path: Path) -> None:
@@ -623,9 +624,6 @@ def fake_mmdebstrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(templates, "MMDEBSTRAP", str(exe))
     monkeypatch.setenv("FAKE_LOG", str(log))
     return log
-
-
-needs_root = pytest.mark.skipif(not AS_ROOT, reason="builds run as root (mmdebstrap --mode=root)")
 
 
 @needs_root

@@ -79,6 +79,74 @@ _IN_ROOT = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
 _CHILD = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_SYMLINKS | syscalls.RESOLVE_NO_MAGICLINKS
 
 
+_NOT_ALLOWED = (
+    PermissionDenied,
+    "the sandbox user is not allowed to; check owner and mode with files.stat({path!r}) "
+    "or work under {cwd}",
+)
+_NO_SPACE = (
+    LimitExceeded,
+    "the sandbox's disk space or quota is used up; remove files you no longer need, then retry",
+)
+_IN_USE = (
+    Conflict,
+    "it is a non-empty directory, a mount point or in use; use remove(path, recursive=True) "
+    "to delete a directory tree",
+)
+# errno -> (error class, what to tell the agent). Unlisted errnos become SandboxError.
+_ERRNO_ERRORS: dict[int, tuple[type[AgentboxError], str]] = {
+    errno.ENOENT: (
+        FileNotFound,
+        "it (or a directory on the way) does not exist; "
+        "use files.list({parent!r}) to see what exists",
+    ),
+    errno.EEXIST: (
+        FileExists,
+        "something already exists there; remove it first, pick another name, "
+        "or use the overwrite option",
+    ),
+    errno.ENOTEMPTY: _IN_USE,
+    errno.EBUSY: _IN_USE,
+    errno.ETXTBSY: _IN_USE,
+    errno.EACCES: _NOT_ALLOWED,
+    errno.EPERM: _NOT_ALLOWED,
+    errno.EROFS: (PermissionDenied, "that filesystem is read-only; write under {cwd} instead"),
+    errno.ENOSPC: _NO_SPACE,
+    errno.EDQUOT: _NO_SPACE,
+    errno.EFBIG: _NO_SPACE,
+    errno.EMLINK: _NO_SPACE,
+    errno.EISDIR: (
+        InvalidRequest,
+        "it is a directory; use files.list({path!r}) to see its entries",
+    ),
+    errno.ENOTDIR: (
+        InvalidRequest,
+        "a component of the path is not a directory; use files.list({parent!r}) to check",
+    ),
+    errno.ELOOP: (
+        InvalidRequest,
+        "too many levels of symbolic links, or a /proc magic link (those are never "
+        "followed); point the path at the real file",
+    ),
+    errno.ENXIO: (InvalidRequest, "it is a fifo, socket or device, not a regular file"),
+    errno.EXDEV: (
+        InvalidRequest,
+        "source and destination are on different filesystems; copy with read/write "
+        "(or download_tar/upload_tar) and remove the source",
+    ),
+    errno.EINVAL: (
+        InvalidRequest,
+        "{strerror} (e.g. a directory moved into itself)",
+    ),
+    errno.ENAMETOOLONG: (InvalidRequest, "a name or the path is too long; shorten it"),
+    errno.EAGAIN: (Conflict, "the path kept changing while it was resolved; retry"),
+    errno.ENOSYS: (
+        HostUnsupported,
+        "the host kernel lacks openat2/renameat2 (Linux 5.6+ is needed)",
+    ),
+}
+
+
 @dataclass(frozen=True)
 class FileInfo:
     """One entry as the sandbox sees it."""
@@ -232,7 +300,7 @@ class _SizedReader:
 
     def read(self, n: int = -1, /) -> bytes:
         n = self._left if n < 0 else min(n, self._left)
-        parts: builtins.list[bytes] = []
+        parts: list[bytes] = []
         got = 0
         while got < n:
             chunk = os.read(self._fd, n - got)
@@ -296,83 +364,15 @@ class SandboxFiles:
     def _error(self, exc: OSError, action: str, spath: str) -> AgentboxError:
         """Map an OSError to the error tree; the message names ``spath`` and a next step."""
         code = exc.errno or 0
-        details = {"path": spath, "errno": errno.errorcode.get(code, str(code))}
-        what = f"cannot {action} {spath}"
-        parent = posixpath.dirname(spath) or "/"
-        if code == errno.ENOENT:
-            return FileNotFound(
-                f"{what}: it (or a directory on the way) does not exist; "
-                f"use files.list({parent!r}) to see what exists",
-                **details,
-            )
-        if code == errno.EEXIST:
-            return FileExists(
-                f"{what}: something already exists there; remove it first, pick another "
-                "name, or use the overwrite option",
-                **details,
-            )
-        if code in (errno.ENOTEMPTY, errno.EBUSY, errno.ETXTBSY):
-            return Conflict(
-                f"{what}: it is a non-empty directory, a mount point or in use; "
-                "use remove(path, recursive=True) to delete a directory tree",
-                **details,
-            )
-        if code in (errno.EACCES, errno.EPERM):
-            return PermissionDenied(
-                f"{what}: the sandbox user is not allowed to; check owner and mode with "
-                f"files.stat({spath!r}) or work under {self._cwd}",
-                **details,
-            )
-        if code == errno.EROFS:
-            return PermissionDenied(
-                f"{what}: that filesystem is read-only; write under {self._cwd} instead", **details
-            )
-        if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EMLINK):
-            return LimitExceeded(
-                f"{what}: the sandbox's disk space or quota is used up; remove files you no "
-                "longer need, then retry",
-                **details,
-            )
-        if code == errno.EISDIR:
-            return InvalidRequest(
-                f"{what}: it is a directory; use files.list({spath!r}) to see its entries",
-                **details,
-            )
-        if code == errno.ENOTDIR:
-            return InvalidRequest(
-                f"{what}: a component of the path is not a directory; "
-                f"use files.list({parent!r}) to check",
-                **details,
-            )
-        if code == errno.ELOOP:
-            return InvalidRequest(
-                f"{what}: too many levels of symbolic links, or a /proc magic link (those "
-                "are never followed); point the path at the real file",
-                **details,
-            )
-        if code == errno.ENXIO:
-            return InvalidRequest(
-                f"{what}: it is a fifo, socket or device, not a regular file", **details
-            )
-        if code == errno.EXDEV:
-            return InvalidRequest(
-                f"{what}: source and destination are on different filesystems; copy with "
-                "read/write (or download_tar/upload_tar) and remove the source",
-                **details,
-            )
-        if code in (errno.EINVAL, errno.ENAMETOOLONG):
-            return InvalidRequest(
-                f"{what}: {os.strerror(code)} (e.g. a directory moved into itself or a name "
-                "that is too long)",
-                **details,
-            )
-        if code == errno.EAGAIN:
-            return Conflict(f"{what}: the path kept changing while it was resolved; retry")
-        if code == errno.ENOSYS:
-            return HostUnsupported(
-                f"{what}: the host kernel lacks openat2/renameat2 (Linux 5.6+ needed)", **details
-            )
-        return SandboxError(f"{what}: {os.strerror(code)}", **details)
+        cls, hint = _ERRNO_ERRORS.get(code, (SandboxError, "{strerror}"))
+        text = hint.format(
+            path=spath,
+            parent=posixpath.dirname(spath) or "/",
+            cwd=self._cwd,
+            strerror=os.strerror(code),
+        )
+        errname = errno.errorcode.get(code, str(code))
+        return cls(f"cannot {action} {spath}: {text}", path=spath, errno=errname)
 
     @contextlib.contextmanager
     def _mapped(self, action: str, spath: str) -> Iterator[None]:

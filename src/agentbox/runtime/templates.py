@@ -38,9 +38,11 @@ Storage layout (all under ``HOME/templates``)::
                                builds land here and are renamed into sha256/ in one step;
                                a crashed build is swept later
 
-A name points at a digest; several names may share one. Removing a name deletes its
-digest only when no other name still refers to it. Removal does not know about running
-sandboxes: the runtime must not remove a template a live sandbox still overlays.
+A name points at a digest; several names may share one. When a name is removed or
+re-pointed (a rebuild with a new recipe, a new default), every tree no name refers to is
+deleted, except a tree that a mounted overlay still uses as its lower directory (a live
+sandbox): a later collection deletes it. (A sandbox being created in the instant between
+``get`` and its overlay mount is not protected.)
 """
 
 from __future__ import annotations
