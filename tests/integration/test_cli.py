@@ -80,3 +80,8 @@ def test_doctor_json(agentbox_home: Path) -> None:
     checks = {c["name"]: c for c in json.loads(r.stdout)}
     assert {"bubblewrap", "user namespaces", "cgroups", "seccomp"} <= checks.keys()
     assert r.returncode == (0 if all(c["ok"] for c in checks.values() if c["required"]) else 1)
+
+
+def test_shell_runs_a_script_from_stdin(agentbox_home: Path, sandbox_id: str) -> None:
+    r = run(agentbox_home, "sandbox", "shell", sandbox_id, stdin=b"cd /tmp\npwd\nid -u\nexit 4\n")
+    assert (r.stdout, r.returncode) == (b"/tmp\n1000\n", 4)

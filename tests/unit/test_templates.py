@@ -486,6 +486,9 @@ def test_passwd_symlinked_out_of_the_tree_is_replaced_not_followed(
         {"manifest.json": b"not json"},
         {"manifest.json": b"[]"},
         {"manifest.json": b'[{"Layers": ["missing/layer.tar"]}]'},
+        {"manifest.json": b'{"Layers": 1}'},
+        {"oci-layout": b"{}", "index.json": b'{"manifests": [{"size": 1}]}'},
+        {"oci-layout": b"{}", "index.json": b"[1, 2]"},
     ],
 )
 def test_broken_images_fail_and_leave_nothing(

@@ -219,6 +219,23 @@ def sandbox_credentials(uid: int, gid: int) -> Iterator[None]:
             syscalls.thread_setgroups(groups)
 
 
+def _normalize(path: str, cwd: str) -> str:
+    """Absolute, lexically normalised sandbox path; refuses what no filesystem can name."""
+    if not isinstance(path, str):
+        raise InvalidRequest(f"a path must be a string, got {type(path).__name__}")
+    if not path:
+        raise InvalidRequest(f"the path is empty: name a file, e.g. {cwd}/notes.txt")
+    if "\0" in path:
+        raise InvalidRequest(f"the path {path!r} contains a NUL byte: remove it")
+    full = path if path.startswith("/") else f"{cwd}/{path}"
+    norm = "/" + posixpath.normpath(full).lstrip("/")  # normpath keeps a leading "//"
+    try:
+        os.fsencode(norm)
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"the path {path!r} is not valid Unicode") from None
+    return norm
+
+
 def _open_in_root(rootfd: int, spath: str, flags: int, mode: int = 0) -> int:
     """Open sandbox path ``spath`` with every component resolved inside the root."""
     rel = spath.lstrip("/") or "."
@@ -335,31 +352,20 @@ class SandboxFiles:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**32 - 1:
                 # 0 would make the sandbox user host root; -1 is "no change" to setfsuid.
                 raise InvalidRequest(f"sandbox {what} must be a non-root host id, got {value!r}")
-        if not cwd.startswith("/"):
+        if not isinstance(cwd, str) or not cwd.startswith("/"):
             raise InvalidRequest(f"cwd must be an absolute sandbox path, got {cwd!r}")
+        if isinstance(max_read_bytes, bool) or max_read_bytes < 1:
+            raise InvalidRequest(f"max_read_bytes must be positive, got {max_read_bytes!r}")
         self._root = root
         self._uid = uid
         self._gid = gid
-        self._cwd = "/"  # so that normalising cwd itself does not use the unset value
-        self._cwd = self._sandbox_path(cwd)
+        self._cwd = _normalize(cwd, "/")
         self._max_read = max_read_bytes
 
     # -- paths and errors --------------------------------------------------------------
 
     def _sandbox_path(self, path: str) -> str:
-        if not isinstance(path, str):
-            raise InvalidRequest(f"a path must be a string, got {type(path).__name__}")
-        if not path:
-            raise InvalidRequest(f"the path is empty: name a file, e.g. {self._cwd}/notes.txt")
-        if "\0" in path:
-            raise InvalidRequest(f"the path {path!r} contains a NUL byte: remove it")
-        full = path if path.startswith("/") else f"{self._cwd}/{path}"
-        norm = "/" + posixpath.normpath(full).lstrip("/")  # normpath keeps a leading "//"
-        try:
-            os.fsencode(norm)
-        except UnicodeEncodeError:
-            raise InvalidRequest(f"the path {path!r} is not valid Unicode") from None
-        return norm
+        return _normalize(path, self._cwd)
 
     def _error(self, exc: OSError, action: str, spath: str) -> AgentboxError:
         """Map an OSError to the error tree; the message names ``spath`` and a next step."""

@@ -306,7 +306,9 @@ class TemplateStore:
         entries, digest = _default_synthesis()
         if self._read_names().get(DEFAULT_NAME) == digest and self._has_digest(digest):
             return self._template(DEFAULT_NAME, digest)
-        if not self._has_digest(digest):
+        if self._has_digest(digest):
+            self._set_name(DEFAULT_NAME, digest)
+        else:
             with self._staging_dir("default") as staging:
                 _materialize(entries, staging / "rootfs")
                 meta = {
@@ -315,7 +317,6 @@ class TemplateStore:
                     "size_bytes": sum(len(e.data) for e in entries),
                 }
                 self._commit(staging, digest, meta, DEFAULT_NAME)
-        self._set_name(DEFAULT_NAME, digest)
         return self._template(DEFAULT_NAME, digest)
 
     # ---- storage ---------------------------------------------------------------------------
@@ -333,20 +334,20 @@ class TemplateStore:
         where = self._digest_dir(digest)
         try:
             meta = json.loads((where / "template.json").read_text())
-        except (OSError, ValueError) as exc:
+            return Template(
+                name=name,
+                digest=digest,
+                rootfs=where / "rootfs",
+                host_usr=bool(meta.get("host_usr", False)),
+                created_at=float(meta["created_at"]),
+                size_bytes=int(meta["size_bytes"]),
+            )
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise TemplateNotFound(
                 f"template {name!r} points at {digest}, whose files are missing or damaged "
-                f"({exc}); remove it with `agentbox template rm {name}` and build it again",
+                f"({exc!r}); remove it with `agentbox template rm {name}` and build it again",
                 name=name,
             ) from exc
-        return Template(
-            name=name,
-            digest=digest,
-            rootfs=where / "rootfs",
-            host_usr=bool(meta.get("host_usr", False)),
-            created_at=float(meta["created_at"]),
-            size_bytes=int(meta["size_bytes"]),
-        )
 
     def _commit(self, staging: Path, digest: str, meta: dict[str, Any], name: str) -> None:
         """Publish a staged tree under its digest (one rename; first writer wins) and point
@@ -486,7 +487,8 @@ class TemplateStore:
             except FileNotFoundError:
                 # Trash, or a staging dir in its first instant: only old ones are stale.
                 if time.time() - entry.lstat().st_mtime > 3600:
-                    _remove_tree(entry)
+                    with contextlib.suppress(SandboxError):
+                        _remove_tree(entry)
                 continue
             except NotADirectoryError:
                 entry.unlink()
@@ -497,7 +499,8 @@ class TemplateStore:
                 continue  # a live build
             finally:
                 os.close(fd)
-            _remove_tree(entry)
+            with contextlib.suppress(SandboxError):  # never block a new build; retried later
+                _remove_tree(entry)
 
     def _not_found_message(self, name: str) -> str:
         available = ", ".join(sorted({DEFAULT_NAME, *self._read_names()}))
@@ -903,7 +906,10 @@ def _stop_group(proc: subprocess.Popen[str]) -> None:
 
 def _apply_image(image: tarfile.TarFile, rootfs: Path, say: Progress) -> None:
     members = {m.name.removeprefix("./"): m for m in image.getmembers()}
-    layers = _image_layers(image, members)
+    try:
+        layers = _image_layers(image, members)
+    except (KeyError, TypeError, AttributeError) as exc:  # JSON of the wrong shape
+        raise InvalidRequest(f"the image's manifest or index is malformed ({exc!r})") from exc
     stats = _Stats()
     with _Tree(rootfs) as tree:
         for i, (path, media_type) in enumerate(layers, 1):
