@@ -546,27 +546,30 @@ def test_symlink_swapped_in_a_race_stays_in_root(env: Env) -> None:
     alt = env.ws / "d_alt"
     alt.symlink_to(env.host_dir)
     before = _outside_root(env)
-    done = threading.Event()
+    writer_done = threading.Event()
 
     def flip() -> None:
-        try:
-            for _ in range(3000):  # atomically exchange the directory and the symlink
-                syscalls.renameat2(-100, str(d), -100, str(alt), syscalls.RENAME_EXCHANGE)
-        finally:
-            done.set()
+        for _ in range(1_000_000):  # bounded; stops as soon as the writer is done
+            if writer_done.is_set():
+                return
+            # Atomically exchange the directory and the symlink to the host directory.
+            syscalls.renameat2(-100, str(d), -100, str(alt), syscalls.RENAME_EXCHANGE)
 
     flipper = threading.Thread(target=flip)
     flipper.start()
     written = refused = 0
-    for _ in range(20000):
-        if done.is_set():
-            break
-        try:
-            env.files.write("/workspace/d/secret.txt", b"pwned", make_parents=False)
-            written += 1
-        except AgentboxError:
-            refused += 1
-    flipper.join()
+    try:
+        for attempt in range(20000):
+            if attempt >= 2000 and written and refused:
+                break
+            try:
+                env.files.write("/workspace/d/secret.txt", b"pwned", make_parents=False)
+                written += 1
+            except AgentboxError:
+                refused += 1
+    finally:
+        writer_done.set()
+        flipper.join()
     assert written and refused  # both sides of the race were hit
     assert _outside_root(env) == before
     _assert_host_untouched(env)

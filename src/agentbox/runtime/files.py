@@ -516,7 +516,9 @@ class SandboxFiles:
         ``overwrite`` truncates, ``append`` appends, ``create`` refuses an existing file.
         ``perms`` apply to a newly created file; an existing one keeps its mode. A symlink
         at ``path`` is followed, inside the sandbox, like the shell's ``>``. Not atomic: a
-        failing iterable leaves what was written so far.
+        failing iterable leaves what was written so far. The iterable is consumed on this
+        thread while it holds the sandbox user's file credentials: it must not open host
+        files itself.
         """
         spath = self._sandbox_path(path)
         if mode not in ("overwrite", "append", "create"):

@@ -1,0 +1,259 @@
+"""Baselines measured beside agentbox in the same run.
+
+* ``bare_true``: ``subprocess.run(["true"])`` — the floor for spawning anything from Python.
+* ``PlainBwrap``: bubblewrap with agentbox's namespace/mount shape (copied from
+  ``SandboxHost.bwrap_argv``): the same ``--unshare-*`` set, a small read-only rootfs
+  directory as ``/``, the host ``/usr`` read-only, ``/proc``, ``/dev``, tmpfs ``/tmp`` and
+  ``/dev/shm``, a bound ``/workspace`` and the same compiled seccomp filter, started as an
+  unprivileged host uid. What it lacks on purpose is everything agentbox adds around it:
+  the disk image, the overlay root, cgroups, the state database and the readiness handshake.
+* ``NsenterTarget``: a long-lived plain bwrap sandbox, entered with ``nsenter`` (all
+  namespaces, root, cwd, uid/gid) to run one command: the exec-path floor without the
+  cgroup leaf and seccomp that agentbox's launcher adds.
+* ``podman_path``: podman, when installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from common import now_ns
+
+from agentbox.isolation import seccomp
+from agentbox.runtime.host import BASE_PATH, SANDBOX_GID, SANDBOX_UID
+
+# Host uid/gid the plain bwrap baseline runs as: unprivileged, and outside agentbox's
+# range (2_000_000 + slot, slot < 4096), so it never shares an id with a sandbox.
+BASELINE_UID = 2_999_000
+BASELINE_GID = 2_999_000
+_ENV = {"PATH": BASE_PATH}
+
+
+def bare_true() -> int:
+    """Nanoseconds for ``subprocess.run(["true"])``."""
+    t0 = now_ns()
+    done = subprocess.run(["true"], check=False)
+    elapsed = now_ns() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"true exited {done.returncode}")
+    return elapsed
+
+
+def podman_path() -> str | None:
+    return shutil.which("podman")
+
+
+def podman_true(podman: str, rootfs: Path) -> int:
+    """Nanoseconds for ``podman run --rm`` of ``true`` on the baseline rootfs (no image pull)."""
+    argv = [
+        podman,
+        "run",
+        "--rm",
+        "--network=none",
+        "--volume=/usr:/usr:ro",
+        "--rootfs",
+        str(rootfs),
+        "true",
+    ]
+    t0 = now_ns()
+    done = subprocess.run(argv, capture_output=True, check=False)
+    elapsed = now_ns() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"podman exited {done.returncode}: {done.stderr[-300:]!r}")
+    return elapsed
+
+
+class PlainBwrap:
+    """bubblewrap with agentbox's argv shape, minus agentbox's own machinery."""
+
+    def __init__(self, workdir: Path, seccomp_cache: Path) -> None:
+        self.workdir = workdir
+        self.rootfs = workdir / "rootfs"
+        self.workspace = workdir / "workspace"
+        self.seccomp = seccomp.compiled_filter_path(seccomp_cache)
+        self._build_rootfs()
+
+    def _build_rootfs(self) -> None:
+        """A few empty mount points and the usr-merge symlinks: / of the baseline sandbox."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.workdir.chmod(0o711)
+        for name in ("usr", "proc", "dev", "tmp", "workspace", "etc", "home/user"):
+            (self.rootfs / name).mkdir(parents=True, exist_ok=True)
+        for name in ("bin", "sbin", "lib", "lib64"):
+            link = self.rootfs / name
+            if not link.is_symlink():
+                link.symlink_to(f"usr/{name}")
+        self.rootfs.chmod(0o755)
+        self.workspace.mkdir(exist_ok=True)
+        os.chown(self.workspace, BASELINE_UID, BASELINE_GID)
+
+    def argv(self, seccomp_fd: int, command: list[str], info_fd: int | None = None) -> list[str]:
+        argv = [
+            "bwrap",
+            "--unshare-user",
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup",
+            "--uid",
+            str(SANDBOX_UID),
+            "--gid",
+            str(SANDBOX_GID),
+            "--hostname",
+            "baseline",
+            "--disable-userns",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--as-pid-1",
+            "--ro-bind",
+            str(self.rootfs),
+            "/",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "1777",
+            "--size",
+            str(32 << 20),
+            "--tmpfs",
+            "/dev/shm",
+            "--tmpfs",
+            "/tmp",
+            "--bind",
+            str(self.workspace),
+            "/workspace",
+            "--seccomp",
+            str(seccomp_fd),
+            "--chdir",
+            "/workspace",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            BASE_PATH,
+        ]
+        if info_fd is not None:
+            argv += ["--info-fd", str(info_fd), "--die-with-parent"]
+        return [*argv, "--", *command]
+
+    def popen(
+        self, command: list[str], info_fd: int | None = None
+    ) -> tuple[subprocess.Popen[bytes], int]:
+        """Start bwrap as the unprivileged baseline uid; returns it and the seccomp fd."""
+        # bwrap read()s the filter from the fd's offset, so every launch needs a fresh fd.
+        seccomp_fd = os.open(self.seccomp, os.O_RDONLY)
+        fds = (seccomp_fd,) if info_fd is None else (seccomp_fd, info_fd)
+        try:
+            proc = subprocess.Popen(
+                self.argv(seccomp_fd, command, info_fd),
+                stdin=subprocess.DEVNULL,
+                pass_fds=fds,
+                env=_ENV,
+                user=BASELINE_UID,
+                group=BASELINE_GID,
+                extra_groups=[],
+            )
+        except BaseException:
+            os.close(seccomp_fd)
+            raise
+        return proc, seccomp_fd
+
+    def run_true(self) -> int:
+        """Nanoseconds from spawning bwrap to its exit after running ``true`` inside."""
+        t0 = now_ns()
+        proc, seccomp_fd = self.popen(["true"])
+        try:
+            code = proc.wait()
+        finally:
+            os.close(seccomp_fd)
+        elapsed = now_ns() - t0
+        if code != 0:
+            raise RuntimeError(f"plain bwrap exited {code}; is bubblewrap usable unprivileged?")
+        return elapsed
+
+
+class NsenterTarget:
+    """A live plain-bwrap sandbox (``sleep`` as its pid 1) to ``nsenter`` into."""
+
+    def __init__(self, bwrap: PlainBwrap) -> None:
+        info_r, info_w = os.pipe()
+        try:
+            self.proc, seccomp_fd = bwrap.popen(["sleep", "infinity"], info_fd=info_w)
+            os.close(seccomp_fd)
+        finally:
+            os.close(info_w)
+        try:
+            self.pid = self._child_pid(info_r)
+            self._wait_exec(self.pid, "sleep")
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            os.close(info_r)
+        self.argv = [
+            "nsenter",
+            "--target",
+            str(self.pid),
+            "--all",
+            "--root",
+            "--wd",
+            "--setuid",
+            str(SANDBOX_UID),
+            "--setgid",
+            str(SANDBOX_GID),
+            "true",
+        ]
+
+    @staticmethod
+    def _child_pid(fd: int) -> int:
+        buf = b""
+        while True:
+            ready, _, _ = select.select([fd], [], [], 10.0)
+            if not ready:
+                raise RuntimeError("bwrap did not report its child pid")
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise RuntimeError(f"bwrap exited before reporting its child pid: {buf!r}")
+            buf += chunk
+            with contextlib.suppress(ValueError):
+                return int(json.loads(buf)["child-pid"])
+
+    @staticmethod
+    def _wait_exec(pid: int, comm: str) -> None:
+        """bwrap reports the pid before the child has finished its setup (the nested user
+        namespace of --disable-userns): entering earlier finds the wrong namespaces."""
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == comm:
+                    return
+            time.sleep(0.001)
+        raise RuntimeError(f"the baseline sandbox's pid 1 never became {comm}")
+
+    def run_true(self) -> int:
+        t0 = now_ns()
+        done = subprocess.run(self.argv, env=_ENV, check=False)
+        elapsed = now_ns() - t0
+        if done.returncode != 0:
+            raise RuntimeError(f"nsenter exited {done.returncode}")
+        return elapsed
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError, AttributeError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait()

@@ -1,0 +1,110 @@
+"""Row 1: create -> first command result, and destroy, beside plain bwrap and a bare spawn.
+
+Each iteration runs, back to back: agentbox (``Sandbox.create()`` then
+``commands.run(["true"])``, then ``kill()`` timed apart), plain bwrap with agentbox's
+mount set running ``true``, and ``subprocess.run(["true"])``. Interleaving puts the same
+host noise on every column. A second, shorter pass wraps agentbox's internals to say where
+the time goes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from baselines import PlainBwrap, bare_true, podman_path, podman_true
+from common import BenchResult, Row, Stats, bench_home, now_ns, progress, ratio
+from phases import CREATE_PHASES, PhaseTimer
+
+from agentbox import Sandbox
+
+TARGET_MS = 20.0
+TARGET_RATIO = 2.0
+
+
+def _create_and_run(home: Path) -> tuple[int, int, int, int]:
+    """(create ns, first command ns, create->result ns, destroy ns) of one sandbox."""
+    t0 = now_ns()
+    sb = Sandbox.create(home=home)
+    try:
+        t1 = now_ns()
+        result = sb.commands.run(["true"])
+        t2 = now_ns()
+    finally:
+        t3 = now_ns()
+        sb.kill()
+        t4 = now_ns()
+    if result.exit_code != 0:
+        raise RuntimeError(f"`true` exited {result.exit_code} in a fresh sandbox")
+    return t1 - t0, t2 - t1, t2 - t0, t4 - t3
+
+
+def _podman_row(plain: PlainBwrap, n: int) -> Row:
+    what = "baseline: podman run --rm --network=none --rootfs (same rootfs) true"
+    podman = podman_path()
+    if podman is None:
+        return Row("1", what, None, target="baseline", ratio="podman is not installed here")
+    progress(f"1 create->first result: podman baseline, {n} runs")
+    try:
+        podman_true(podman, plain.rootfs)  # warm-up
+        samples = [podman_true(podman, plain.rootfs) for _ in range(n)]
+    except (OSError, RuntimeError) as e:
+        return Row("1", what, None, target="baseline", ratio=f"podman failed: {e}"[:120])
+    return Row("1", what, Stats.of_ns(samples), target="baseline", note="not interleaved")
+
+
+def run(quick: bool) -> BenchResult:
+    n, warmup, n_phases = (40, 5, 20) if quick else (300, 15, 60)
+    create, first, total, destroy, bwrap, bare = ([] for _ in range(6))
+    with bench_home("create") as home:
+        plain = PlainBwrap(home / "baseline", home / "lib")
+        progress(f"1 create->first result: {warmup} warm-up + {n} measured iterations")
+        for i in range(warmup + n):
+            c, f, t, d = _create_and_run(home)
+            b = plain.run_true()
+            s = bare_true()
+            if i >= warmup:
+                for samples, v in ((create, c), (first, f), (total, t), (destroy, d)):
+                    samples.append(v)
+                bwrap.append(b)
+                bare.append(s)
+        podman_row = _podman_row(plain, 10 if quick else 30)
+        progress(f"1 create->first result: phase breakdown over {n_phases} iterations")
+        timer = PhaseTimer(CREATE_PHASES)
+        with timer.active():
+            for _ in range(n_phases):
+                _create_and_run(home)
+
+    st_total, st_bwrap, st_bare = Stats.of_ns(total), Stats.of_ns(bwrap), Stats.of_ns(bare)
+    st_destroy = Stats.of_ns(destroy)
+    met = st_total.p50 <= TARGET_MS and st_total.p50 <= TARGET_RATIO * st_bwrap.p50
+    rows = [
+        Row(
+            "1",
+            "agentbox: Sandbox.create() -> commands.run(['true']) result",
+            st_total,
+            ratio=f"{ratio(st_total.p50, st_bwrap.p50)} plain bwrap, "
+            f"{ratio(st_total.p50, st_bare.p50)} bare (p50)",
+            target=f"p50 <= {TARGET_MS:g} ms and <= {TARGET_RATIO:g}x plain bwrap",
+            met=met,
+        ),
+        Row("1", "  of which Sandbox.create()", Stats.of_ns(create)),
+        Row("1", "  of which first commands.run(['true'])", Stats.of_ns(first)),
+        Row("1", "agentbox: sb.kill() (destroy, timed apart)", st_destroy),
+        Row(
+            "1",
+            "baseline: plain bwrap, same mounts + seccomp, unprivileged uid, runs `true`",
+            st_bwrap,
+            target="baseline",
+        ),
+        Row("1", "baseline: bare subprocess.run(['true'])", st_bare, target="baseline"),
+        podman_row,
+    ]
+    result = BenchResult(rows=rows)
+    result.sections.append(
+        (
+            f"Row 1 breakdown: where create -> first result -> destroy goes "
+            f"({n_phases} wrapped iterations, default template, default sizes)",
+            timer.table(n_phases),
+        )
+    )
+    return result

@@ -1,0 +1,275 @@
+"""Shared pieces of the benchmarks: statistics, result rows, throwaway homes, machine facts.
+
+Every benchmark gets its own ``AGENTBOX_HOME`` under ``/var/tmp`` (mode 0711: sandbox uids
+must traverse it, nobody may list it) and removes every sandbox it made, even on error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentbox import Sandbox
+from agentbox.isolation.cgroups import CgroupLayout
+
+NS_PER_MS = 1_000_000
+MIB = 1 << 20
+
+
+def now_ns() -> int:
+    return time.perf_counter_ns()
+
+
+def progress(message: str) -> None:
+    """One line on stderr, so the table on stdout stays clean."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# ---- statistics ---------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100), linear interpolation between closest ranks."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return float(ordered[0])
+    pos = (len(ordered) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return float(ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo))
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Latency summary in milliseconds."""
+
+    n: int
+    p50: float
+    p95: float
+    p99: float
+    mean: float
+    max: float
+
+    @staticmethod
+    def of_ns(samples_ns: Sequence[int]) -> Stats:
+        ms = [s / NS_PER_MS for s in samples_ns]
+        return Stats(
+            n=len(ms),
+            p50=percentile(ms, 50),
+            p95=percentile(ms, 95),
+            p99=percentile(ms, 99),
+            mean=sum(ms) / len(ms) if ms else math.nan,
+            max=max(ms) if ms else math.nan,
+        )
+
+
+# ---- result rows --------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One line of the results table.
+
+    Latency rows carry ``stats`` (ms); scalar rows (memory, throughput, totals) carry
+    ``value`` with its ``unit``. ``met`` is None for baselines and diagnostics.
+    """
+
+    bench: str  # "1", "2", ... (the issue's numbering)
+    what: str
+    stats: Stats | None = None
+    value: float | None = None
+    unit: str = "ms"
+    n: int | None = None
+    ratio: str = ""
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+    def cells(self) -> list[str]:
+        if self.stats is not None:
+            n = str(self.stats.n)
+            p50, p95, p99 = (fmt_ms(v) for v in (self.stats.p50, self.stats.p95, self.stats.p99))
+        else:
+            n = "" if self.n is None else str(self.n)
+            p50, p95, p99 = fmt_value(self.value, self.unit), "", ""
+        met = {None: "", True: "yes", False: "**NO**"}[self.met]
+        return [self.bench, self.what, n, p50, p95, p99, self.ratio, self.target, met]
+
+
+HEADER = ["#", "measurement", "n", "p50 / value", "p95", "p99", "ratio", "target", "target met?"]
+
+
+def fmt_ms(value: float) -> str:
+    if math.isnan(value):
+        return "n/a"
+    return f"{value:.3f} ms" if value < 1 else f"{value:.2f} ms" if value < 100 else f"{value:.0f} ms"
+
+
+def fmt_value(value: float | None, unit: str) -> str:
+    if value is None or math.isnan(value):
+        return "n/a"
+    if unit == "ms":
+        return fmt_ms(value)
+    return f"{value:,.2f} {unit}" if abs(value) < 100 else f"{value:,.0f} {unit}"
+
+
+def ratio(a: float, b: float) -> str:
+    if b <= 0 or math.isnan(a) or math.isnan(b):
+        return "n/a"
+    return f"{a / b:.2f}x"
+
+
+@dataclass
+class BenchResult:
+    """What one benchmark module returns: rows for the main table, plus extra sections."""
+
+    rows: list[Row] = field(default_factory=list)
+    sections: list[tuple[str, list[str]]] = field(default_factory=list)  # (title, md lines)
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in r) + " |" for r in rows]
+    return out
+
+
+# ---- throwaway homes ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def bench_home(name: str) -> Iterator[Path]:
+    """A fresh AGENTBOX_HOME under /var/tmp (0711), every sandbox in it destroyed after."""
+    home = Path(tempfile.mkdtemp(prefix=f"agentbox-bench-{name}-", dir="/var/tmp"))
+    home.chmod(0o711)
+    try:
+        yield home
+    finally:
+        leftovers = destroy_all(home)
+        if leftovers:
+            progress(f"{name}: destroyed {leftovers} sandboxes left behind")
+        remove_home(home)
+
+
+def destroy_all(home: Path) -> int:
+    """Destroy every sandbox recorded in ``home``; returns how many there were."""
+    records = Sandbox.list(home=home)
+    for record in records:
+        with contextlib.suppress(Exception):
+            Sandbox.connect(record.id, home=home).kill()
+    return len(records)
+
+
+def mounts_under(path: Path) -> list[str]:
+    prefix = str(path) + "/"
+    with open("/proc/self/mounts") as f:
+        return [line.split()[1] for line in f if line.split()[1].startswith(prefix)]
+
+
+def remove_home(home: Path) -> None:
+    """Delete the home unless something is still mounted in it (never delete through one)."""
+    left = mounts_under(home)
+    if left:
+        progress(f"NOT removing {home}: still mounted: {left[:3]}")
+        return
+    shutil.rmtree(home, ignore_errors=True)
+
+
+# ---- machine facts ------------------------------------------------------------------------
+
+
+def _meminfo_kib() -> dict[str, int]:
+    out: dict[str, int] = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            out[key] = int(rest.split()[0])
+    return out
+
+
+def meminfo_kib() -> dict[str, int]:
+    return _meminfo_kib()
+
+
+def _first_line(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "n/a"
+    text = (done.stdout or done.stderr).strip()
+    return text.splitlines()[0] if text else "n/a"
+
+
+def machine_facts() -> list[tuple[str, str]]:
+    cpu = "n/a"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem = _meminfo_kib()
+    try:
+        cgroups = _layout().mode
+    except Exception as e:  # report, never fail the run for a fact
+        cgroups = f"n/a ({e})"
+    fs = _first_line(["findmnt", "-n", "-o", "FSTYPE,SOURCE", "-T", "/var/tmp"])
+    return [
+        ("nproc", _first_line(["nproc"])),
+        ("CPU", cpu),
+        ("kernel", platform.release()),
+        ("memory", f"{mem['MemTotal'] / 1024 / 1024:.1f} GiB total, swap {mem['SwapTotal'] // 1024} MiB"),
+        ("OS", _os_release()),
+        ("Python", platform.python_version()),
+        ("bubblewrap", _first_line(["bwrap", "--version"])),
+        ("cgroups", cgroups),
+        ("/var/tmp filesystem", fs),
+    ]
+
+
+def _os_release() -> str:
+    with contextlib.suppress(OSError), open("/etc/os-release") as f:
+        for line in f:
+            if line.startswith("PRETTY_NAME="):
+                return line.split("=", 1)[1].strip().strip('"')
+    return "n/a"
+
+
+# ---- process memory -----------------------------------------------------------------------
+
+
+def pss_kib(pid: int) -> int:
+    """Proportional set size of one process (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    return 0
+
+
+@functools.cache
+def _layout() -> CgroupLayout:
+    return CgroupLayout.detect()
+
+
+def sandbox_pids(sandbox_id: str) -> list[int]:
+    """Every host process of a sandbox: its bwrap monitor and init live in its cgroups."""
+    return _layout().sandbox(sandbox_id).pids()
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0))

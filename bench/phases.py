@@ -1,0 +1,112 @@
+"""Per-phase timing of agentbox internals, by wrapping functions for one measured pass.
+
+Used only in the diagnostic passes (never in the headline rows): each wrapper adds about a
+microsecond, and the breakdown says where the milliseconds of a create/exec/destroy go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from common import Stats, md_table, now_ns
+
+from agentbox.isolation import cgroups, disk
+from agentbox.runtime import commands, host, runtime, store, templates
+
+# (label, owner, attribute). Labels starting with spaces are nested in the one above.
+CREATE_PHASES: list[tuple[str, Any, str]] = [
+    ("Runtime.create (total)", runtime.Runtime, "create"),
+    ("  sweep_expired (reads every record)", runtime.Runtime, "sweep_expired"),
+    ("  TemplateStore.get", templates.TemplateStore, "get"),
+    ("  Store.reserve (sqlite tx)", store.Store, "reserve"),
+    ("  prepare_filesystem", host.SandboxHost, "prepare_filesystem"),
+    ("    mkfs.ext4 (subprocess)", disk, "make_filesystem"),
+    ("    loop attach + mount ext4", disk, "mount_disk"),
+    ("  cgroups create", cgroups.SandboxCgroup, "create"),
+    ("  launch (nsexec spawn + bwrap + ready)", host.SandboxHost, "launch"),
+    ("  Store.mark_running (sqlite tx)", store.Store, "mark_running"),
+    ("first command: CommandRunner.run", commands.CommandRunner, "run"),
+    ("Runtime.destroy (total)", runtime.Runtime, "destroy"),
+    ("  cgroup kill + wait + rmdir", cgroups.SandboxCgroup, "remove"),
+    ("  teardown (umount x2 + rm -r dir)", host.SandboxHost, "teardown"),
+    ("    umount (MNT_DETACH)", disk, "unmount"),
+    ("  Store.delete (sqlite tx)", store.Store, "delete"),
+]
+
+EXEC_PHASES: list[tuple[str, Any, str]] = [
+    ("Runtime.commands (record lookup)", runtime.Runtime, "commands"),
+    ("CommandRunner.run (total)", commands.CommandRunner, "run"),
+    ("  new_leaf (mkdir cgroup)", commands.CommandRunner, "new_leaf"),
+    ("  _run_pipes (Popen + pump + wait)", commands.CommandRunner, "_run_pipes"),
+    ("    _pump (select loop)", commands.CommandRunner, "_pump"),
+    ("  _finish_leaf (rmdir cgroup)", commands.CommandRunner, "_finish_leaf"),
+]
+
+
+class PhaseTimer:
+    def __init__(self, phases: list[tuple[str, Any, str]]) -> None:
+        self.phases = phases
+        self.samples: dict[str, list[int]] = defaultdict(list)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def _wrap(self, label: str, func: Callable[..., Any]) -> Callable[..., Any]:
+        samples = self.samples[label]
+        calls = self.calls
+
+        @functools.wraps(func)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = now_ns()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                samples.append(now_ns() - t0)
+                calls[label] += 1
+
+        return timed
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[PhaseTimer]:
+        saved: list[tuple[Any, str, Any]] = []
+        try:
+            for label, owner, attr in self.phases:
+                original = owner.__dict__[attr]
+                saved.append((owner, attr, original))
+                setattr(owner, attr, self._wrap(label, original))
+            yield self
+        finally:
+            for owner, attr, original in reversed(saved):
+                setattr(owner, attr, original)
+
+    def table(self, per: int) -> list[str]:
+        """Markdown table; ``per`` = number of measured operations (calls per op shown)."""
+        rows = []
+        for label, _, _ in self.phases:
+            samples = self.samples.get(label, [])
+            if not samples:
+                continue
+            st = Stats.of_ns(samples)
+            name = label.lstrip()
+            indent = (len(label) - len(name)) // 2
+            rows.append(
+                [
+                    "&nbsp;&nbsp;" * indent * 2 + name,
+                    f"{len(samples) / per:.2g}",
+                    f"{st.p50:.2f}",
+                    f"{st.p95:.2f}",
+                    f"{st.p99:.2f}",
+                    f"{st.mean:.2f}",
+                ]
+            )
+        return md_table(
+            ["phase", "calls/op", "p50 ms", "p95 ms", "p99 ms", "mean ms"],
+            rows,
+        )
+
+    def reset(self) -> None:
+        for samples in self.samples.values():
+            samples.clear()
+        self.calls.clear()

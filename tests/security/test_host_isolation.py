@@ -1,0 +1,274 @@
+"""Attack 3 — reaching host files, processes, IPC and network from inside a sandbox.
+
+Covers: world-readable secret files planted in host /var/tmp, /tmp and /root are not found
+by path (directly, via /proc/1/root, /proc/self/root), by name (``find /``) or by content
+(``grep -r`` over everything but the read-only host /usr); host /etc is not visible
+(/etc/shadow, /etc/hostname, /etc/passwd); /proc/1/root and /proc/self/root are the
+sandbox's root; the init's and our own executables, the host /usr and the launcher binary
+cannot be written (and are byte-identical on the host afterwards); the environment of the
+init and of commands carries nothing from the host; host processes, SysV IPC, abstract
+unix sockets and network interfaces are invisible; /dev holds no real devices, /sys is
+absent and /proc's host-wide control files cannot be written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import secrets
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentbox import Sandbox
+from agentbox.runtime.runtime import Runtime
+from secprobe import HostSecret, run_python
+
+
+def _host_paths(secret: HostSecret) -> list[str]:
+    return [str(p) for p in secret.files]
+
+
+def test_secret_paths_do_not_exist_inside(shared_sandbox: Sandbox, host_secret: HostSecret) -> None:
+    for path in _host_paths(host_secret):
+        for prefix in ("", "/proc/1/root", "/proc/self/root", "/proc/1/cwd/../.."):
+            r = shared_sandbox.commands.run(["cat", prefix + path])
+            assert r.exit_code != 0 and host_secret.value not in r.stdout, (
+                f"host file {path} readable from inside as {prefix + path}"
+            )
+    r = shared_sandbox.commands.run(["ls", "-la", str(host_secret.dir)])
+    assert r.exit_code != 0 and "secret.txt" not in r.stdout
+    for parent in ("/var/tmp", "/tmp", "/root"):
+        r = shared_sandbox.commands.run(f"ls -a {parent} 2>&1")
+        assert host_secret.name not in r.stdout, f"host {parent} is visible inside"
+
+
+def test_find_by_name_finds_nothing(shared_sandbox: Sandbox, host_secret: HostSecret) -> None:
+    r = shared_sandbox.commands.run(
+        f"find / -path /proc -prune -o -name '*{host_secret.name}*' -print 2>/dev/null; true",
+        timeout=120,
+    )
+    assert r.stdout.strip() == "", f"found host files by name: {r.stdout}"
+
+
+def test_grep_for_secret_content_finds_nothing(
+    shared_sandbox: Sandbox, host_secret: HostSecret
+) -> None:
+    # Everything except /usr (the host's, read-only, by design) and /proc (next test).
+    r = shared_sandbox.commands.run(
+        "cd / && grep -rlsF -- \"$S\" $(ls -A / | grep -vx -e usr -e proc) 2>/dev/null; true",
+        env={"S": host_secret.value[::-1]},  # the reversed value: the probe's own env is not a hit
+        timeout=120,
+    )
+    assert r.stdout.strip() == "", f"the secret's bytes are visible in: {r.stdout}"
+    r = shared_sandbox.commands.run(
+        "grep -rlsF -- \"$S\" / --exclude-dir=proc --exclude-dir=usr 2>/dev/null; true",
+        env={"S": host_secret.value},
+        timeout=120,
+    )
+    assert r.stdout.strip() == "", f"the secret's bytes are visible in: {r.stdout}"
+
+
+def test_host_etc_is_not_visible(shared_sandbox: Sandbox) -> None:
+    r = shared_sandbox.commands.run("test -e /etc/shadow || test -e /etc/gshadow")
+    assert r.exit_code != 0, "a shadow file exists inside the sandbox"
+    inside_hostname = shared_sandbox.commands.run("cat /etc/hostname").stdout
+    host_hostname = Path("/etc/hostname").read_text() if Path("/etc/hostname").exists() else ""
+    assert inside_hostname != host_hostname or host_hostname.strip() == "agentbox"
+    passwd = shared_sandbox.commands.run("cat /etc/passwd").stdout
+    users = {line.split(":")[0] for line in passwd.splitlines() if line.strip()}
+    assert users <= {"root", "user", "nobody"}, f"unexpected accounts inside: {users}"
+    host_users = {line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines()}
+    leaked = (host_users - {"root", "user", "nobody"}) & users
+    assert not leaked
+
+
+def test_proc_root_links_point_inside(shared_sandbox: Sandbox) -> None:
+    probe = (
+        "import json, os;"
+        "ids = lambda p: '%d:%d' % (os.stat(p).st_dev, os.stat(p).st_ino);"
+        "print(json.dumps({p: ids(p) for p in"
+        " ['/', '/proc/1/root', '/proc/self/root', '/proc/1/root/..', '/proc/1/cwd/../..']}))"
+    )
+    ids: dict[str, str] = run_python(shared_sandbox, probe)
+    assert len(set(ids.values())) == 1, f"a root link leads elsewhere than /: {ids}"
+    listing = shared_sandbox.commands.run("ls -a /proc/1/root/").stdout.split()
+    assert ".agentbox" in listing and "workspace" in listing
+    assert "sandboxes" not in listing and "state.db" not in listing
+
+
+@pytest.fixture
+def protected_binaries(runtime: Runtime) -> Iterator[dict[Path, str]]:
+    paths = [runtime.paths.nsexec, Path("/usr/bin/true"), Path(os.path.realpath("/usr/bin/python3"))]
+    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+    yield before
+    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+    assert after == before, "a host binary was modified from inside a sandbox"
+
+
+WRITE_PROBE = r"""
+import errno, json, os
+targets = ["/proc/self/exe", "/proc/1/exe", "/.agentbox/init", "/usr/bin/true",
+           os.path.realpath("/usr/bin/python3"), "/usr/bin/agentbox-planted"]
+out = {}
+for t in targets:
+    for how, flags in (("rw", os.O_RDWR), ("trunc", os.O_WRONLY | os.O_TRUNC),
+                       ("creat", os.O_WRONLY | os.O_CREAT)):
+        try:
+            fd = os.open(t, flags, 0o755)
+            os.write(fd, b"#!/bin/sh\necho pwned\n")
+            os.close(fd)
+            out[f"{t} {how}"] = "ok"
+        except OSError as e:
+            out[f"{t} {how}"] = errno.errorcode[e.errno]
+for t in ["/usr/bin/true", "/.agentbox/init"]:
+    for name, op in (("chmod", lambda p: os.chmod(p, 0o777)), ("unlink", os.unlink),
+                     ("rename", lambda p: os.rename(p, p + ".x"))):
+        try:
+            op(t)
+            out[f"{t} {name}"] = "ok"
+        except OSError as e:
+            out[f"{t} {name}"] = errno.errorcode[e.errno]
+print(json.dumps(out))
+"""
+
+
+def test_executables_and_host_usr_cannot_be_written(
+    shared_sandbox: Sandbox, protected_binaries: dict[Path, str]
+) -> None:
+    out: dict[str, str] = run_python(shared_sandbox, WRITE_PROBE)
+    worked = [k for k, v in out.items() if v == "ok"]
+    assert not worked, f"writes that succeeded: {worked}"
+    assert set(out.values()) <= {"EROFS", "EACCES", "ETXTBSY", "EPERM", "ENOENT"}, out
+
+
+def test_no_host_environment_inside(
+    runtime: Runtime, agentbox_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = "HOSTMARK" + secrets.token_hex(8)
+    monkeypatch.setenv("AGENTBOX_SECURITY_MARKER", marker)
+    sb = Sandbox.create(memory="128MiB", disk="32MiB", home=agentbox_home)
+    try:
+        r = sb.commands.run(
+            "for p in /proc/[0-9]*; do tr '\\0' '\\n' < $p/environ; tr '\\0' ' ' < $p/cmdline;"
+            " echo; done 2>/dev/null; env"
+        )
+        assert r.exit_code == 0
+        for needle in (marker, str(agentbox_home), "PYTEST", "AGENTBOX_HOME", "VIRTUAL_ENV"):
+            assert needle not in r.stdout, f"{needle!r} leaked into the sandbox"
+        init_env = sb.commands.run("tr '\\0' '\\n' < /proc/1/environ").stdout.split()
+        assert set(init_env) <= {"PWD=/workspace"}, f"the init's environment: {init_env}"
+    finally:
+        sb.kill()
+
+
+def test_host_processes_are_invisible(shared_sandbox: Sandbox) -> None:
+    probe = (
+        "import json, os;"
+        "st = {p: open(f'/proc/{p}/status').read() for p in os.listdir('/proc') if p.isdigit()};"
+        "print(json.dumps({p: [l.split()[1:] for l in s.splitlines() if l.startswith('Uid:')][0]"
+        " for p, s in st.items()}))"
+    )
+    uids: dict[str, list[str]] = run_python(shared_sandbox, probe)
+    assert len(uids) < 20, f"too many processes visible inside: {sorted(uids)}"
+    foreign = {p: u for p, u in uids.items() if u != ["1000"] * 4}
+    assert not foreign, f"processes of other users are visible inside: {foreign}"
+
+
+def test_network_has_only_loopback(shared_sandbox: Sandbox) -> None:
+    dev = shared_sandbox.commands.run("cat /proc/net/dev").stdout
+    interfaces = {line.split(":")[0].strip() for line in dev.splitlines()[2:]}
+    assert interfaces == {"lo"}, interfaces
+    probe = (
+        "import json, socket\nout = {}\n"
+        "for host in ['1.1.1.1', '10.0.2.2', '169.254.169.254']:\n"
+        "    s = socket.socket(); s.settimeout(2)\n"
+        "    out[host] = s.connect_ex((host, 80)); s.close()\n"
+        "print(json.dumps(out))"
+    )
+    for host, code in run_python(shared_sandbox, probe).items():
+        assert code != 0, f"connected to {host} from inside the sandbox"
+
+
+def test_host_abstract_unix_socket_unreachable(shared_sandbox: Sandbox) -> None:
+    name = "agentbox-sec-" + secrets.token_hex(6)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind("\0" + name)
+        server.listen(1)
+        probe = (
+            "import json, socket; s = socket.socket(socket.AF_UNIX);"
+            f"print(json.dumps(s.connect_ex('\\0{name}')))"
+        )
+        code = run_python(shared_sandbox, probe)
+        assert code != 0, "a host abstract unix socket accepted a connection from inside"
+    finally:
+        server.close()
+
+
+def test_host_sysv_shared_memory_invisible(shared_sandbox: Sandbox) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x5A000000 + secrets.randbelow(0xFFFFFF)
+    shmid = libc.shmget(key, 4096, 0o1000 | 0o666)  # IPC_CREAT, world read/write
+    assert shmid >= 0, os.strerror(ctypes.get_errno())
+    try:
+        probe = (
+            "import ctypes, json; libc = ctypes.CDLL(None, use_errno=True);"
+            f"r = libc.shmget({key}, 0, 0); print(json.dumps([r, ctypes.get_errno()]))"
+        )
+        assert run_python(shared_sandbox, probe) == [-1, 2], "host shm segment reachable (ENOENT)"
+        ipcs = shared_sandbox.commands.run("cat /proc/sysvipc/shm").stdout
+        assert f"{key}" not in ipcs
+    finally:
+        libc.shmctl(shmid, 0, None)  # IPC_RMID
+
+
+def test_dev_has_no_real_devices_and_sys_is_absent(shared_sandbox: Sandbox) -> None:
+    r = shared_sandbox.commands.run("find /dev -type b; ls /dev")
+    entries = set(r.stdout.split())
+    allowed = {"core", "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin",
+               "stdout", "tty", "urandom", "zero", "console"}  # fmt: skip
+    assert entries <= allowed, f"unexpected entries in /dev: {entries - allowed}"
+    for path in ("/dev/mem", "/dev/kmem", "/dev/port", "/dev/kmsg", "/dev/loop-control", "/sys"):
+        assert shared_sandbox.commands.run(["test", "-e", path]).exit_code != 0, path
+    # /dev/core points at /proc/kcore, which must stay unreadable.
+    assert shared_sandbox.commands.run("head -c1 /proc/kcore").exit_code != 0
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/proc/sysrq-trigger",
+        "/proc/sys/kernel/hostname",
+        "/proc/sys/kernel/core_pattern",
+        "/proc/sys/vm/drop_caches",
+        "/proc/sys/user/max_user_namespaces",
+        "/proc/1/uid_map",
+        "/proc/self/setgroups",
+    ],
+)
+def test_host_wide_proc_files_cannot_be_written(shared_sandbox: Sandbox, path: str) -> None:
+    before = subprocess.run(["cat", "/proc/sys/kernel/core_pattern"], capture_output=True).stdout
+    r = shared_sandbox.commands.run(f"printf '%s\\n' 3 > {path}")
+    assert r.exit_code != 0, f"{path} was writable from inside the sandbox"
+    after = subprocess.run(["cat", "/proc/sys/kernel/core_pattern"], capture_output=True).stdout
+    assert after == before
+
+
+def test_mount_table_hides_nothing_writable(shared_sandbox: Sandbox) -> None:
+    """Every mount the sandbox sees is either read-only or one of its own writable areas."""
+    writable_ok = {"/", "/proc", "/dev", "/dev/pts", "/dev/shm", "/tmp", "/workspace"}
+    writable_ok |= {f"/dev/{d}" for d in ("null", "zero", "full", "random", "urandom", "tty")}
+    mounts = shared_sandbox.commands.run("cat /proc/self/mountinfo").stdout.splitlines()
+    for line in mounts:
+        fields = line.split()
+        target, options = fields[4], fields[5].split(",")
+        assert "ro" in options or target in writable_ok, f"unexpected writable mount: {line}"
+        assert "nosuid" in options, f"mount without nosuid: {line}"
+    info = json.dumps(mounts)
+    assert "/.agentbox/init" in info
