@@ -25,10 +25,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from common import now_ns
-
 from agentbox.isolation import seccomp
 from agentbox.runtime.host import BASE_PATH, SANDBOX_GID, SANDBOX_UID
+from common import now_ns
 
 # Host uid/gid the plain bwrap baseline runs as: unprivileged, and outside agentbox's
 # range (2_000_000 + slot, slot < 4096), so it never shares an id with a sandbox.

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentbox import Sandbox
 from baselines import PlainBwrap, bare_true, podman_path, podman_true
 from common import BenchResult, Row, Stats, bench_home, now_ns, progress, ratio
 from phases import CREATE_PHASES, PhaseTimer
-
-from agentbox import Sandbox
 
 TARGET_MS = 20.0
 TARGET_RATIO = 2.0
@@ -54,7 +53,12 @@ def _podman_row(plain: PlainBwrap, n: int) -> Row:
 
 def run(quick: bool) -> BenchResult:
     n, warmup, n_phases = (40, 5, 20) if quick else (300, 15, 60)
-    create, first, total, destroy, bwrap, bare = ([] for _ in range(6))
+    create: list[int] = []
+    first: list[int] = []
+    total: list[int] = []
+    destroy: list[int] = []
+    bwrap: list[int] = []
+    bare: list[int] = []
     with bench_home("create") as home:
         plain = PlainBwrap(home / "baseline", home / "lib")
         progress(f"1 create->first result: {warmup} warm-up + {n} measured iterations")

@@ -115,7 +115,9 @@ HEADER = ["#", "measurement", "n", "p50 / value", "p95", "p99", "ratio", "target
 def fmt_ms(value: float) -> str:
     if math.isnan(value):
         return "n/a"
-    return f"{value:.3f} ms" if value < 1 else f"{value:.2f} ms" if value < 100 else f"{value:.0f} ms"
+    if value < 1:
+        return f"{value:.3f} ms"
+    return f"{value:.2f} ms" if value < 100 else f"{value:.0f} ms"
 
 
 def fmt_value(value: float | None, unit: str) -> str:
@@ -220,6 +222,7 @@ def machine_facts() -> list[tuple[str, str]]:
                 cpu = line.split(":", 1)[1].strip()
                 break
     mem = _meminfo_kib()
+    cgroups: str
     try:
         cgroups = _layout().mode
     except Exception as e:  # report, never fail the run for a fact
@@ -229,7 +232,7 @@ def machine_facts() -> list[tuple[str, str]]:
         ("nproc", _first_line(["nproc"])),
         ("CPU", cpu),
         ("kernel", platform.release()),
-        ("memory", f"{mem['MemTotal'] / 1024 / 1024:.1f} GiB total, swap {mem['SwapTotal'] // 1024} MiB"),
+        ("memory", f"{mem['MemTotal'] / 1024 / 1024:.1f} GiB, swap {mem['SwapTotal'] // 1024} MiB"),
         ("OS", _os_release()),
         ("Python", platform.python_version()),
         ("bubblewrap", _first_line(["bwrap", "--version"])),

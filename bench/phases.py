@@ -12,10 +12,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from common import Stats, md_table, now_ns
-
 from agentbox.isolation import cgroups, disk
 from agentbox.runtime import commands, host, runtime, store, templates
+from common import Stats, md_table, now_ns
 
 # (label, owner, attribute). Labels starting with spaces are nested in the one above.
 CREATE_PHASES: list[tuple[str, Any, str]] = [

@@ -139,3 +139,13 @@ def test_errors_round_trip_as_dicts() -> None:
     err = TemplateNotFound("x", name="t")
     again = AgentboxError.from_dict(json.loads(json.dumps(err.to_dict())))
     assert type(again) is TemplateNotFound and again.details == {"name": "t"}
+
+
+def test_home_under_a_private_directory_is_refused_with_the_fix(tmp_path: Path) -> None:
+    from agentbox.errors import HostUnsupported
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    with pytest.raises(HostUnsupported) as err:
+        Runtime(private / "home")
+    assert "chmod o+x" in err.value.message and str(private) in err.value.message

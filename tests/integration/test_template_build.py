@@ -92,6 +92,19 @@ def test_real_build_then_cache_hit(tmp_path: Path) -> None:
     assert list((store.root / "tmp").iterdir()) == []
     print(f"\nbuild took {build_seconds:.1f}s")
 
+    # A sandbox runs on it: its own /usr (no host /usr bind), python from the template.
+    from agentbox import Sandbox
+
+    # pytest's tmp dirs are 0700; sandbox uids must traverse to their root.
+    for parent in [tmp_path, *tmp_path.parents]:
+        if str(parent).startswith("/tmp/"):
+            parent.chmod(parent.stat().st_mode | 0o001)
+    with Sandbox.create("py", memory="128MiB", disk="64MiB", home=tmp_path / "home") as sb:
+        r = sb.commands.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info[0])"])
+        assert (r.stdout, r.exit_code) == ("3\n", 0)
+        assert sb.commands.run(["/bin/sh", "-c", "test -e /usr/bin/gcc"]).exit_code == 1
+        assert sb.commands.run(["/usr/bin/id", "-un"]).stdout == "user\n"
+
 
 @pytest.mark.timeout(120)
 def test_real_build_failure_leaves_nothing(tmp_path: Path) -> None:

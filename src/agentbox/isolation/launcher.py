@@ -27,7 +27,7 @@ def _source() -> bytes:
 def nsexec_path(lib_dir: Path) -> Path:
     """Path of the compiled launcher, compiling it if this source has not been built yet."""
     source = _source()
-    digest = hashlib.sha256(source).hexdigest()[:16]
+    digest = hashlib.sha256(source + b"\0static").hexdigest()[:16]
     binary = lib_dir / f"agentbox-nsexec-{digest}"
     if binary.exists():
         return binary
@@ -43,7 +43,9 @@ def nsexec_path(lib_dir: Path) -> Path:
         src.write_bytes(source)
         out = Path(tmp) / "nsexec"
         result = subprocess.run(
-            [compiler, "-O2", "-Wall", "-Werror", "-o", str(out), str(src)],
+            # Static: the same binary is the init of sandboxes whose template has another
+            # libc (an imported Alpine image) or none at all.
+            [compiler, "-O2", "-static", "-Wall", "-Werror", "-o", str(out), str(src)],
             capture_output=True,
             text=True,
             check=False,

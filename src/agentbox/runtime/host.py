@@ -33,6 +33,7 @@ SANDBOX_GID = 1000
 # Host uid/gid of sandbox N: UID_BASE + N, outside the usual subuid ranges.
 UID_BASE = 2_000_000
 INIT_PATH = "/.agentbox/init"
+MOUNT_POINTS = ("proc", "dev", "tmp", "var/tmp", "workspace", "usr", ".agentbox")
 READY_TIMEOUT_S = 15.0
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -90,14 +91,15 @@ class SandboxHost:
         disk.make_filesystem(self.image, disk_bytes)
         disk.mount_disk(self.image, self.disk)
         self.disk.chmod(0o711)
-        for name in ("upper", "work", "workspace", "tmp", "procs"):
+        for name in ("upper", "work", "workspace", "tmp", "var-tmp", "procs"):
             (self.disk / name).mkdir(exist_ok=True)
         # What the agent may write: its workspace, /tmp, and its home (in the upper layer).
         home = self.disk / "upper" / "home" / "user"
         home.mkdir(parents=True)
-        for path in (self.workspace, self.disk / "tmp", home):
+        for path in (self.workspace, self.disk / "tmp", self.disk / "var-tmp", home):
             os.chown(path, self.host_uid, self.host_gid)
         (self.disk / "tmp").chmod(0o1777)
+        (self.disk / "var-tmp").chmod(0o1777)
         self.procs.chmod(0o700)
         self.root.mkdir()
         options = (
@@ -113,67 +115,47 @@ class SandboxHost:
             )
         except OSError as e:
             raise SandboxError(f"could not mount the sandbox root overlay: {e}") from e
-        # The bind-mount target of our init; bwrap (unprivileged) cannot create it itself.
-        (self.root / ".agentbox").mkdir(exist_ok=True)
+        # Mount points: bwrap runs unprivileged and cannot create them in a root-owned
+        # tree, and an imported image may lack them (they land in the upper layer).
+        for mountpoint in MOUNT_POINTS:
+            (self.root / mountpoint).mkdir(parents=True, exist_ok=True)
         (self.root / INIT_PATH.lstrip("/")).touch()
 
     def bwrap_argv(
-        self, host_usr: bool, seccomp_fd: int, info_fd: int, shm_bytes: int
+        self, host_usr: bool, seccomp_fd: int, info_fd: int, shm_bytes: int, nsexec: Path
     ) -> list[str]:
-        argv = [
-            "bwrap",
-            "--unshare-user",
-            "--unshare-pid",
-            "--unshare-net",
-            "--unshare-ipc",
-            "--unshare-uts",
-            "--unshare-cgroup",
-            "--uid",
-            str(SANDBOX_UID),
-            "--gid",
-            str(SANDBOX_GID),
-            "--hostname",
-            self.hostname,
+        namespaces = ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
+        namespaces += ["--unshare-uts", "--unshare-cgroup"]
+        hardening = [
             "--disable-userns",  # nested user namespaces refused (also by seccomp)
             "--new-session",  # no controlling tty to inject into (TIOCSTI)
-            "--cap-drop",
-            "ALL",
-            "--as-pid-1",  # our init reaps orphans and cannot be killed inside
-            "--bind",
-            str(self.root),
-            "/",
-        ]
+            "--cap-drop", "ALL",
+            "--as-pid-1",  # our init reaps orphans and cannot be killed from inside
+        ]  # fmt: skip
+        mounts = [("--bind", str(self.root), "/")]
         if host_usr:
-            argv += ["--ro-bind", "/usr", "/usr"]
-        argv += [
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--perms",
-            "1777",
-            "--size",
-            str(shm_bytes),
-            "--tmpfs",
-            "/dev/shm",
-            "--bind",
-            str(self.disk / "tmp"),
-            "/tmp",
-            "--bind",
-            str(self.workspace),
-            "/workspace",
-            "--ro-bind",
-            "{nsexec}",
-            INIT_PATH,
-            "--seccomp",
-            str(seccomp_fd),
-            "--info-fd",
-            str(info_fd),
-            "--chdir",
-            "/workspace",
-            "--clearenv",
+            mounts.append(("--ro-bind", "/usr", "/usr"))
+        mounts += [
+            ("--proc", "/proc"),
+            ("--dev", "/dev"),
+            ("--perms", "1777", "--size", str(shm_bytes), "--tmpfs", "/dev/shm"),
+            ("--bind", str(self.disk / "tmp"), "/tmp"),
+            ("--bind", str(self.disk / "var-tmp"), "/var/tmp"),
+            ("--bind", str(self.workspace), "/workspace"),
+            ("--ro-bind", str(nsexec), INIT_PATH),
         ]
-        return argv
+        return [
+            "bwrap",
+            *namespaces,
+            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID),
+            "--hostname", self.hostname,
+            *hardening,
+            *(arg for mount in mounts for arg in mount),
+            "--seccomp", str(seccomp_fd),
+            "--info-fd", str(info_fd),
+            "--chdir", "/workspace",
+            "--clearenv",
+        ]  # fmt: skip
 
     def launch(
         self,
@@ -187,8 +169,8 @@ class SandboxHost:
         seccomp_fd = os.open(paths.seccomp, os.O_RDONLY)
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
-        argv = self.bwrap_argv(host_usr, seccomp_fd, info_w, max(memory_bytes // 2, 1 << 20))
-        argv = [str(paths.nsexec) if a == "{nsexec}" else a for a in argv]
+        shm = max(memory_bytes // 2, 1 << 20)
+        argv = self.bwrap_argv(host_usr, seccomp_fd, info_w, shm, paths.nsexec)
         argv += ["--", INIT_PATH, "init", str(ready_w), str(int(lifetime_s))]
         launcher = [
             str(paths.nsexec),

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from agentbox.config import SandboxSpec, agentbox_home
 from agentbox.errors import (
     AgentboxError,
+    HostUnsupported,
     InvalidRequest,
     SandboxError,
     SandboxNotFound,
@@ -39,6 +40,17 @@ from agentbox.runtime.store import SandboxRecord, Store
 from agentbox.runtime.templates import TemplateStore
 
 MAX_SANDBOXES = 4096
+
+
+def _check_traversable(home: Path) -> None:
+    """Every directory above the home must let other uids through (bubblewrap runs as one)."""
+    for parent in home.resolve().parents:
+        if not parent.stat().st_mode & 0o001:
+            raise HostUnsupported(
+                f"AGENTBOX_HOME {home} is under {parent}, which other users cannot traverse "
+                f"(mode {parent.stat().st_mode & 0o777:o}); sandboxes run as their own uids and "
+                f"need to reach it: `chmod o+x {parent}` or choose another AGENTBOX_HOME"
+            )
 
 
 def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
@@ -63,6 +75,7 @@ class Runtime:
         # Sandbox uids (bubblewrap runs as them) must traverse to their own root: x, not r.
         for path in (self.home, self.home / "sandboxes"):
             path.chmod(0o711)
+        _check_traversable(self.home)
         self.store = Store(self.home / "state.db")
         self.templates = TemplateStore(self.home)
         self._layout: CgroupLayout | None = None

@@ -1,0 +1,114 @@
+"""Attack 4 — leaked file descriptors and magic-link working directories (CVE-2024-21626).
+
+Covers: a command (pipes, pty, background, shell session) holds only fds 0-2; the init
+holds none (checked inside and from the host); no process of the sandbox holds a
+directory fd on a host path; ``cwd=/proc/self/fd/N`` for N = 3..15 either fails cleanly
+or (if it existed) stays inside; ``cwd=/proc/1/cwd`` and ``cwd=/proc/1/root`` stay inside
+the sandbox; a background command cannot climb from its output fd to the host directory
+that holds it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from agentbox import Sandbox
+from agentbox.errors import AgentboxError
+from hostres import cgroup_procs, proc_uid
+from secprobe import host_uid
+
+FD_PROBE = "ls /proc/self/fd"  # ls itself holds fd 3 (the directory it lists)
+
+
+def _fds(listing: str) -> set[str]:
+    return set(listing.split())
+
+
+def test_command_holds_only_stdio(shared_sandbox: Sandbox) -> None:
+    assert _fds(shared_sandbox.commands.run(FD_PROBE).stdout) == {"0", "1", "2", "3"}
+
+
+def test_pty_command_holds_only_stdio(shared_sandbox: Sandbox) -> None:
+    r = shared_sandbox.commands.run(FD_PROBE, pty=True)
+    assert _fds(r.stdout) == {"0", "1", "2", "3"}
+
+
+def test_session_command_holds_only_stdio(shared_sandbox: Sandbox) -> None:
+    shell = shared_sandbox.shell()
+    try:
+        assert _fds(shell.run(FD_PROBE).stdout) == {"0", "1", "2", "3"}
+    finally:
+        shell.close()
+
+
+def test_background_command_holds_only_stdio(shared_sandbox: Sandbox) -> None:
+    handle = shared_sandbox.commands.start(
+        "ls /proc/self/fd; echo; ls /proc/self/fd/1/.. 2>&1; cd /proc/self/fd/1/.. 2>&1; true"
+    )
+    info = handle.wait(timeout=30)
+    assert not info.running
+    out = handle.read().text
+    fds, _, climb = out.partition("\n\n")
+    assert _fds(fds) == {"0", "1", "2", "3"}
+    # fd 1 is the host-side output file: a file, never a way into its directory.
+    assert "stdout" not in climb and "exit" not in climb and "meta.json" not in climb, climb
+
+
+def test_init_holds_no_fds(shared_sandbox: Sandbox) -> None:
+    init_pid = shared_sandbox.info().init_pid
+    assert os.listdir(f"/proc/{init_pid}/fd") == [], "the init kept file descriptors open"
+    r = shared_sandbox.commands.run("ls -A /proc/1/fd")
+    assert r.exit_code == 0 and r.stdout.strip() == ""
+
+
+def test_no_sandbox_process_holds_a_host_directory(shared_sandbox: Sandbox) -> None:
+    """From the host: every fd of every sandbox process (launchers, which are host root and
+    outside the sandbox's pid namespace, excepted) is a pipe, tty, socket, device or a
+    regular file; a directory fd would be a way out of the mount namespace."""
+    handle = shared_sandbox.commands.start("sleep 30")
+    try:
+        shared_sandbox.commands.run("true")
+        uid = host_uid(shared_sandbox)
+        procs = [p for p in cgroup_procs("pids", shared_sandbox.id) if proc_uid(p) == uid]
+        assert procs, "no sandbox processes found"
+        for pid in procs:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    mode = os.stat(f"/proc/{pid}/fd/{fd}").st_mode
+                except FileNotFoundError:
+                    continue
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                assert not stat.S_ISDIR(mode), f"pid {pid} holds directory fd {fd} -> {target}"
+    finally:
+        handle.kill()
+
+
+@pytest.mark.parametrize("fd", range(3, 16))
+def test_cwd_through_proc_self_fd_stays_inside(shared_sandbox: Sandbox, fd: int) -> None:
+    try:
+        r = shared_sandbox.commands.run("pwd -P; ls -A ..", cwd=f"/proc/self/fd/{fd}")
+    except AgentboxError as e:
+        assert "cwd" in e.message or "/proc/self/fd" in e.message
+        return
+    # It ran: it must be somewhere in the sandbox, never a host directory.
+    assert "sandboxes" not in r.stdout and "disk.img" not in r.stdout, r.stdout
+    assert "state.db" not in r.stdout and "templates" not in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("cwd", ["/proc/1/cwd", "/proc/1/root", "/proc/self/root", "/proc/1/cwd/.."])
+def test_cwd_through_init_magic_links_stays_inside(shared_sandbox: Sandbox, cwd: str) -> None:
+    try:
+        r = shared_sandbox.commands.run(
+            "stat -c %d:%i . /workspace / ; ls -A / ..", cwd=cwd
+        )
+    except AgentboxError as e:  # refusing is fine too
+        assert "cwd" in e.message
+        return
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.split("\n")
+    here, workspace, root = lines[0], lines[1], lines[2]
+    assert here in (workspace, root), f"cwd {cwd} resolved outside: {r.stdout}"
+    assert "sandboxes" not in r.stdout and "disk.img" not in r.stdout, r.stdout
