@@ -132,7 +132,7 @@ class SandboxHost:
             "--cap-drop", "ALL",
             "--as-pid-1",  # our init reaps orphans and cannot be killed from inside
         ]  # fmt: skip
-        mounts = [("--bind", str(self.root), "/")]
+        mounts: list[tuple[str, ...]] = [("--bind", str(self.root), "/")]
         if host_usr:
             mounts.append(("--ro-bind", "/usr", "/usr"))
         mounts += [
