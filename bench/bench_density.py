@@ -12,8 +12,10 @@ import time
 
 from agentbox import Sandbox
 from agentbox.isolation.cgroups import CgroupLayout
+from baselines import PlainBwrap
 from common import (
     MIB,
+    NS_PER_MS,
     BenchResult,
     Row,
     Stats,
@@ -22,13 +24,21 @@ from common import (
     meminfo_kib,
     now_ns,
     progress,
+    percentile,
     pss_kib,
+    ratio,
     sandbox_pids,
 )
+from phases import CREATE_PHASES, PhaseTimer
 
 TARGET_MIB = 4.0
 TARGET_DESTROY_S = 10.0
 SIZE = "64MiB"
+# The create phases (not the first command or destroy), timed while sandboxes accumulate.
+DENSITY_PHASES = [p for p in CREATE_PHASES if not p[0].startswith(("first", "Runtime.destroy"))]
+DENSITY_PHASES = [p for p in DENSITY_PHASES if p[1].__name__ not in ("SandboxCgroup",)] + [
+    p for p in DENSITY_PHASES if p[1].__name__ == "SandboxCgroup" and p[2] == "create"
+]
 
 
 def _settled_meminfo() -> dict[str, int]:
@@ -39,6 +49,7 @@ def _settled_meminfo() -> dict[str, int]:
 
 def run(quick: bool) -> BenchResult:
     n = 50 if quick else 500
+    n_bwrap = 10 if quick else 30
     sandboxes: list[Sandbox] = []
     create_ns: list[int] = []
     destroy_ns: list[int] = []
@@ -46,17 +57,25 @@ def run(quick: bool) -> BenchResult:
         try:
             # Warm-up: the template, the launcher and the seccomp filter exist before "before".
             Sandbox.create(memory=SIZE, disk=SIZE, home=home).kill()
+            plain = PlainBwrap(home / "baseline", home / "lib")
+            plain.run_true()
+            bwrap_idle = [plain.run_true() for _ in range(n_bwrap)]
+            mounts_idle = _mount_count()
             before = _settled_meminfo()
             progress(f"3 density: creating {n} sandboxes (memory={SIZE}, disk={SIZE})")
-            for i in range(n):
-                t0 = now_ns()
-                sandboxes.append(Sandbox.create(memory=SIZE, disk=SIZE, home=home))
-                create_ns.append(now_ns() - t0)
-                if (i + 1) % 100 == 0:
-                    progress(f"3 density: {i + 1}/{n} alive")
+            timer = PhaseTimer(DENSITY_PHASES)
+            with timer.active():
+                for i in range(n):
+                    t0 = now_ns()
+                    sandboxes.append(Sandbox.create(memory=SIZE, disk=SIZE, home=home))
+                    create_ns.append(now_ns() - t0)
+                    if (i + 1) % 100 == 0:
+                        progress(f"3 density: {i + 1}/{n} alive")
             after = _settled_meminfo()
             alive = sum(1 for sb in sandboxes if sb.is_running())
             pss, procs, cg_bytes = _sandbox_memory(sandboxes)
+            mounts_full = _mount_count()
+            bwrap_full = [plain.run_true() for _ in range(n_bwrap)]
             progress(f"3 density: destroying {n} sandboxes")
             t_all = now_ns()
             while sandboxes:
@@ -138,7 +157,29 @@ def run(quick: bool) -> BenchResult:
             n=n,
         ),
     ]
+    st_idle, st_full = Stats.of_ns(bwrap_idle), Stats.of_ns(bwrap_full)
+    rows += [
+        Row(
+            "3",
+            f"baseline: plain bwrap `true`, no sandbox alive ({mounts_idle} host mounts)",
+            st_idle,
+            target="baseline",
+        ),
+        Row(
+            "3",
+            f"baseline: plain bwrap `true`, {n} sandboxes alive ({mounts_full} host mounts)",
+            st_full,
+            ratio=f"{ratio(st_full.p50, st_idle.p50)} of idle",
+            target="baseline",
+        ),
+    ]
     result = BenchResult(rows=rows)
+    result.sections.append(
+        (
+            f"Row 3 detail: create phases (p50 ms) as sandboxes accumulate (0 -> {n} alive)",
+            _growth_table(timer, n),
+        )
+    )
     result.sections.append(
         (
             f"Row 3 detail: /proc/meminfo around {n} idle sandboxes",
@@ -148,6 +189,31 @@ def run(quick: bool) -> BenchResult:
     if alive != n:
         rows[0].note = f"only {alive} of {n} sandboxes were running when memory was read"
     return result
+
+
+def _mount_count() -> int:
+    with open("/proc/self/mountinfo") as f:
+        return sum(1 for _ in f)
+
+
+def _growth_table(timer: PhaseTimer, n: int) -> list[str]:
+    """Each phase's p50 per fifth of the creates: what grows with the number alive."""
+    buckets = 5
+    size = max(1, n // buckets)
+    header = ["phase"] + [
+        f"alive {k * size}-{min(n, (k + 1) * size) - 1}" for k in range(buckets)
+    ]
+    rows = []
+    for label, _, _ in DENSITY_PHASES:
+        samples = timer.samples.get(label, [])
+        if len(samples) != n:
+            continue
+        cells = [label.strip()]
+        for k in range(buckets):
+            chunk = samples[k * size : (k + 1) * size]
+            cells.append(f"{percentile(chunk, 50) / NS_PER_MS:.2f}")
+        rows.append(cells)
+    return md_table(header, rows)
 
 
 def _sandbox_memory(sandboxes: list[Sandbox]) -> tuple[int, int, int]:

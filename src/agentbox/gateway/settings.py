@@ -1,0 +1,293 @@
+"""The gateway's configuration: the YAML shape of ``shared/gateway.example.yaml``.
+
+Validated strictly: an unknown key, a duplicate key or a bad value is refused at start
+with the file, the line, the key path and what was expected. Secrets never appear here:
+keys ending in ``_env`` / ``_file`` name where a secret is injected at start.
+Without a file, ``GatewaySettings()`` is the embedded default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from agentbox.errors import InvalidConfig, InvalidRequest
+from agentbox.units import parse_duration, parse_size
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _size(value: int | str) -> int:
+    try:
+        return parse_size(value)
+    except InvalidRequest as e:  # pydantic reports ValueErrors with their location
+        raise ValueError(e.message) from None
+
+
+def _seconds(value: float | str) -> float:
+    try:
+        return parse_duration(value)
+    except InvalidRequest as e:
+        raise ValueError(e.message) from None
+
+
+class AuthSettings(Strict):
+    mode: Literal["bearer"] = "bearer"
+    operator_token_env: str | None = "AGENTBOX_OPERATOR_TOKEN"  # noqa: S105 - a variable name
+    operator_token_file: Path | None = None
+    ttl_seconds: int = Field(default=3600, gt=0, le=30 * 86400)
+    rate_limit_per_minute: int = Field(default=600, gt=0)
+
+
+class TLSSettings(Strict):
+    cert_file: Path
+    key_file: Path
+
+
+class GatewaySection(Strict):
+    listen: str = "127.0.0.1:8848"
+    auth: AuthSettings = AuthSettings()
+    state: str = "sqlite:///var/lib/agentbox/state.db"
+    store: str = "file:///var/lib/agentbox/objects"
+    tls: TLSSettings | None = None
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    allowed_origins: list[str] = Field(default_factory=list)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:8848")
+        return value
+
+
+class LimitsSettings(Strict):
+    memory: int = 2 * 1024**3
+    pids: int = Field(default=512, ge=8)
+    cpus: float = Field(default=2.0, gt=0)
+    disk: int = 10 * 1024**3
+    lifetime: float = 24 * 3600.0
+    idle_timeout: float = 15 * 60.0
+    on_idle: Literal["pause", "stop", "destroy"] = "pause"
+
+    _sizes = field_validator("memory", "disk", mode="before")(classmethod(lambda c, v: _size(v)))
+    _durations = field_validator("lifetime", "idle_timeout", mode="before")(
+        classmethod(lambda c, v: _seconds(v))
+    )
+
+
+class CredentialSettings(Strict):
+    domain: str
+    header: str = "Authorization"
+    secret_env: str
+    format: str = "Bearer {secret}"
+
+
+class NetworkSettings(Strict):
+    mode: Literal["none", "allowlist", "open"] = "allowlist"
+    allow: list[str] = Field(default_factory=list)
+    ports: list[Annotated[int, Field(gt=0, lt=65536)]] = Field(default_factory=lambda: [80, 443])
+    credentials: list[CredentialSettings] = Field(default_factory=list)
+    hosts: dict[str, str] = Field(default_factory=dict)
+
+
+class SandboxSection(Strict):
+    template: str = "default"
+    runtime: Literal["bwrap", "crun", "runc", "runsc", "kata"] = "bwrap"
+    limits: LimitsSettings = LimitsSettings()
+    network: NetworkSettings = NetworkSettings()
+    warm_pool: int = Field(default=0, ge=0, le=1000)
+
+
+class TerminalRunTool(Strict):
+    name: Literal["terminal.run"]
+    cwd: str = "/workspace"
+    timeout_ms: int = Field(default=120_000, gt=0)
+    allow: list[str] | None = None
+    deny: list[str] = Field(default_factory=list)
+    max_output_bytes: int = Field(default=262_144, gt=0)
+    approval: list[str] = Field(default_factory=list)
+    approval_timeout: float = 300.0
+
+    _timeout = field_validator("approval_timeout", mode="before")(
+        classmethod(lambda c, v: _seconds(v))
+    )
+
+
+class BrowserOpenTool(Strict):
+    name: Literal["browser.open"]
+    headless: bool = True
+    viewport: str = "1280x800"
+    block_domains: list[str] = Field(default_factory=list)
+
+    @field_validator("viewport")
+    @classmethod
+    def _viewport(cls, value: str) -> str:
+        width, sep, height = value.partition("x")
+        if not sep or not width.isdigit() or not height.isdigit():
+            raise ValueError("expected WIDTHxHEIGHT, e.g. 1280x800")
+        return value
+
+
+class FsReadTool(Strict):
+    name: Literal["fs.read"]
+    root: str = "/workspace"
+    max_bytes: int = Field(default=2 * 1024 * 1024, gt=0)
+
+
+class FsWriteTool(Strict):
+    name: Literal["fs.write"]
+    root: str = "/workspace"
+    max_bytes: int = Field(default=16 * 1024 * 1024, gt=0)
+    require_diff_summary: bool = False
+    protected: list[str] = Field(default_factory=list)
+
+
+ToolSettings = Annotated[
+    TerminalRunTool | BrowserOpenTool | FsReadTool | FsWriteTool, Field(discriminator="name")
+]
+
+
+class RedactionSettings(Strict):
+    detectors: Literal["default", "none"] = "default"
+    literals_from_env: list[str] = Field(default_factory=list)
+
+
+AuditSinkKind = Literal["local_jsonl", "remote_log_service"]
+
+
+def _local_sink_only() -> list[AuditSinkKind]:
+    return ["local_jsonl"]
+
+
+class RemoteAuditSettings(Strict):
+    url: str
+    token_env: str | None = None
+
+
+class AuditSettings(Strict):
+    sink: list[AuditSinkKind] = Field(default_factory=_local_sink_only)
+    path: Path = Path("/var/log/agentbox/audit.jsonl")
+    fsync: Literal["always", "batch"] = "always"
+    rotate_bytes: int = 64 * 1024 * 1024
+    remote: RemoteAuditSettings | None = None
+    fields: list[str] = Field(default_factory=list)
+
+    _rotate = field_validator("rotate_bytes", mode="before")(classmethod(lambda c, v: _size(v)))
+
+
+class ProviderSettings(Strict):
+    name: str
+    kind: Literal["anthropic", "openai"]
+    base_url: str | None = None
+    api_key_env: str | None = None
+    models: list[str] = Field(default_factory=list)
+
+
+class RetrySettings(Strict):
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    base_seconds: float = Field(default=1.0, ge=0)
+    max_seconds: float = Field(default=30.0, ge=0)
+    jitter: Literal["full", "none"] = "full"
+
+
+class BudgetSettings(Strict):
+    project: str
+    tokens_per_day: int | None = Field(default=None, gt=0)
+    usd_per_day: float | None = Field(default=None, gt=0)
+    alert_at: list[Annotated[float, Field(gt=0, le=1)]] = Field(default_factory=list)
+    alert_webhook_env: str | None = None
+
+
+class GatewaySettings(Strict):
+    gateway: GatewaySection = GatewaySection()
+    sandbox: SandboxSection = SandboxSection()
+    tools: list[ToolSettings] = Field(default_factory=list)
+    redaction: RedactionSettings = RedactionSettings()
+    audit: AuditSettings = AuditSettings()
+    providers: list[ProviderSettings] = Field(default_factory=list)
+    retry: RetrySettings = RetrySettings()
+    budgets: list[BudgetSettings] = Field(default_factory=list)
+
+    def tool(self, name: str) -> Any:
+        """The settings of tool ``name`` ("terminal.run", ...), or None when not configured."""
+        return next((t for t in self.tools if t.name == name), None)
+
+
+# Loading with positions ---------------------------------------------------------------
+def _positions(node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], int],
+               source: str) -> None:  # fmt: skip
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                raise InvalidConfig(
+                    f"{source}:{key_node.start_mark.line + 1}: duplicate key "
+                    f"{'.'.join(map(str, (*path, key)))!r}; each key may appear once"
+                )
+            seen.add(key)
+            out[(*path, key)] = key_node.start_mark.line + 1
+            _positions(value_node, (*path, key), out, source)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            _positions(item, (*path, index), out, source)
+
+
+def _line_of(loc: tuple[Any, ...], positions: dict[tuple[Any, ...], int]) -> int | None:
+    # pydantic adds the discriminator tag to locations inside a tagged union: skip it.
+    clean = tuple(p for p in loc if not (isinstance(p, str) and "." in p and p[0].isalpha()))
+    for end in range(len(clean), -1, -1):
+        if clean[:end] in positions:
+            return positions[clean[:end]]
+    return None
+
+
+def parse_settings(text: str, source: str = "<config>") -> GatewaySettings:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise InvalidConfig(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        return GatewaySettings()
+    if not isinstance(data, dict):
+        raise InvalidConfig(f"{source}: the top level must be a mapping of sections")
+    positions: dict[tuple[Any, ...], int] = {}
+    if node is not None:
+        _positions(node, (), positions, source)
+    try:
+        return GatewaySettings.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(err["loc"])
+        line = _line_of(loc, positions)
+        key = ".".join(str(p) for p in loc if not (isinstance(p, str) and "." in p))
+        where = f"{source}:{line}" if line else source
+        if err["type"] == "extra_forbidden":
+            problem = "unknown key (check its spelling against gateway.example.yaml)"
+        else:
+            problem = f"{err['msg']} (got {err.get('input')!r})"
+        more = f" (+{len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""
+        raise InvalidConfig(f"{where}: {key}: {problem}{more}", file=source, line=line,
+                            key=key) from None  # fmt: skip
+
+
+def load_settings(path: Path | None) -> GatewaySettings:
+    """Settings from ``path``, or the embedded defaults when ``path`` is None."""
+    if path is None:
+        return GatewaySettings()
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise InvalidConfig(f"{path}: cannot read the configuration: {e.strerror}") from None
+    return parse_settings(text, str(path))

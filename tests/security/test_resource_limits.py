@@ -1,0 +1,187 @@
+"""Attack 6 — exhausting host resources from inside a sandbox.
+
+Covers: a fork bomb (the sandbox's task count never exceeds its pids limit, the limit is
+actually hit, the host keeps spawning processes meanwhile, and the bomb is gone after the
+command's timeout); a memory balloon (1 GiB in a 128 MiB sandbox is OOM-killed with
+SIGKILL inside the sandbox's memory cgroup, the test process is untouched); /dev/shm
+filling (capped, charged to the sandbox); filling /workspace, /tmp, /var/tmp, the home
+directory and a background command's output (ENOSPC inside; the host filesystem loses at
+most about the sandbox's disk size); CPU spinning on every core with ``cpus=0.5`` stays
+below 0.7 cores while host commands still run promptly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from agentbox import Sandbox
+from agentbox.runtime.runtime import Runtime
+from hostres import cgroup_procs, read_int, v1_cgroup, wait_for
+
+MiB = 1024 * 1024
+
+
+def host_spawn_seconds() -> float:
+    """How long the host takes to run ``true``: the host stays usable while it is small."""
+    started = time.monotonic()
+    subprocess.run(["true"], check=True, timeout=30)
+    return time.monotonic() - started
+
+
+def test_fork_bomb_is_contained(runtime: Runtime, agentbox_home: Path) -> None:
+    sb = Sandbox.create(memory="256MiB", disk="32MiB", pids=64, cpus=1, home=agentbox_home)
+    try:
+        pids = v1_cgroup("pids", sb.id)
+        limit = read_int(pids / "pids.max")
+        assert limit == 64
+        peak, spawn_times = 0, []
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            bomb = pool.submit(sb.commands.run, ":(){ :|:& };:; sleep 60", timeout=4)
+            while not bomb.done():
+                peak = max(peak, read_int(pids / "pids.current"))
+                spawn_times.append(host_spawn_seconds())
+                time.sleep(0.02)  # sampling period, not a wait for a condition
+            result = bomb.result()
+        assert result.timed_out, "the bomb's command should have hit its timeout"
+        assert peak <= limit, f"the sandbox ran {peak} tasks with a limit of {limit}"
+        hits = int((pids / "pids.events").read_text().split()[1])
+        assert hits > 0, "the fork bomb never reached the pids limit: the test proved nothing"
+        assert max(spawn_times) < 2.0, f"the host stalled spawning `true`: {max(spawn_times)}s"
+        assert len(spawn_times) > 20, "the host barely ran during the bomb"
+        # The timeout killed the whole tree: only the init is left.
+        wait_for(lambda: read_int(pids / "pids.current") <= 1, 15, "the bomb to be gone")
+        assert sb.commands.run("echo alive").stdout == "alive\n"
+        assert host_spawn_seconds() < 2.0
+    finally:
+        sb.kill()
+
+
+def test_memory_balloon_is_oom_killed(runtime: Runtime, agentbox_home: Path) -> None:
+    sb = Sandbox.create(memory="128MiB", disk="32MiB", home=agentbox_home)
+    try:
+        memory = v1_cgroup("memory", sb.id)
+        limit = read_int(memory / "memory.limit_in_bytes")
+        assert limit == 128 * MiB
+        r = sb.commands.run(["python3", "-c", "x = b'a' * (1 << 30); print(len(x))"], timeout=60)
+        assert r.signal == 9 and r.exit_code == 137, f"not OOM-killed: {r}"
+        assert "1073741824" not in r.stdout
+        assert read_int(memory / "memory.max_usage_in_bytes") <= limit
+        oom = dict(line.split() for line in (memory / "memory.oom_control").read_text().splitlines())
+        assert int(oom.get("oom_kill", "1")) >= 1
+        assert sb.commands.run("echo alive").stdout == "alive\n", "the sandbox itself died"
+    finally:
+        sb.kill()
+
+
+def test_dev_shm_fill_is_capped(runtime: Runtime, agentbox_home: Path) -> None:
+    sb = Sandbox.create(memory="128MiB", disk="32MiB", home=agentbox_home)
+    try:
+        memory = v1_cgroup("memory", sb.id)
+        r = sb.commands.run("dd if=/dev/zero of=/dev/shm/f bs=1M count=512 2>&1", timeout=60)
+        assert r.exit_code != 0 or r.signal == 9, r.stdout
+        assert "No space left on device" in r.stdout or r.signal == 9, r.stdout
+        size = sb.commands.run("stat -c %s /dev/shm/f").stdout.strip()
+        assert int(size or 0) <= 128 * MiB
+        assert read_int(memory / "memory.max_usage_in_bytes") <= 128 * MiB
+    finally:
+        sb.kill()
+
+
+@pytest.fixture(scope="module")
+def small_disk(runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
+    sb = Sandbox.create(memory="256MiB", disk="64MiB", home=agentbox_home)
+    try:
+        yield sb
+    finally:
+        sb.kill()
+
+
+def _host_free(path: Path) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def _allocated(path: Path) -> int:
+    return path.stat().st_blocks * 512
+
+
+@pytest.mark.parametrize("target", ["/workspace/f", "/tmp/f", "/var/tmp/f", "/home/user/f"])
+def test_disk_fill_stops_at_the_sandbox_disk(
+    small_disk: Sandbox, agentbox_home: Path, target: str
+) -> None:
+    image = agentbox_home / "sandboxes" / small_disk.id / "disk.img"
+    free_before = _host_free(agentbox_home)
+    # count= bounds the damage should the limit not hold: 512 MiB, not the host's disk.
+    r = small_disk.commands.run(f"dd if=/dev/zero of={target} bs=1M count=512 2>&1", timeout=60)
+    try:
+        assert r.exit_code != 0, f"wrote 512 MiB to {target} on a 64 MiB disk"
+        assert "No space left on device" in r.stdout, r.stdout
+        assert _allocated(image) <= 64 * MiB, "the sparse image grew past its size"
+        dropped = free_before - _host_free(agentbox_home)
+        assert dropped <= 64 * MiB + 32 * MiB, f"the host lost {dropped // MiB} MiB"
+    finally:
+        small_disk.commands.run(["rm", "-f", target])
+
+
+def test_background_output_flood_stays_on_the_sandbox_disk(
+    small_disk: Sandbox, agentbox_home: Path
+) -> None:
+    """A background command's output is stored on the host side, but on the sandbox's disk."""
+    image = agentbox_home / "sandboxes" / small_disk.id / "disk.img"
+    free_before = _host_free(agentbox_home)
+    handle = small_disk.commands.start("head -c 512M /dev/zero")
+    info = handle.wait(timeout=60)
+    assert not info.running
+    assert _allocated(image) <= 64 * MiB
+    assert free_before - _host_free(agentbox_home) <= 64 * MiB + 32 * MiB
+    chunk = handle.read(offset=0, limit=1024)
+    assert len(chunk.data) <= 1024
+
+
+def _cpu_ns(sandbox_id: str) -> dict[int, int]:
+    """Nanoseconds on CPU so far, per process of the sandbox (schedstat, field 1)."""
+    out: dict[int, int] = {}
+    for pid in cgroup_procs("cpu", sandbox_id):
+        try:
+            out[pid] = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
+def test_cpu_spin_is_throttled(runtime: Runtime, agentbox_home: Path) -> None:
+    sb = Sandbox.create(memory="128MiB", disk="32MiB", cpus=0.5, home=agentbox_home)
+    try:
+        cpu = v1_cgroup("cpu", sb.id)
+        assert read_int(cpu / "cpu.cfs_quota_us") == 50_000
+        spinners = os.cpu_count() or 2
+        handle = sb.commands.start(
+            f"for i in $(seq {spinners}); do (while :; do :; done) & done; wait"
+        )
+        try:
+            wait_for(lambda: len(_cpu_ns(sb.id)) >= spinners + 2, 15, "the spinners to start")
+            time.sleep(0.3)  # let the spinners reach a steady state before measuring
+            start_ns, start = _cpu_ns(sb.id), time.monotonic()
+            spawn_times = []
+            while time.monotonic() - start < 2.0:
+                spawn_times.append(host_spawn_seconds())
+                time.sleep(0.05)  # sampling period
+            end_ns, elapsed = _cpu_ns(sb.id), time.monotonic() - start
+        finally:
+            handle.kill()
+        used = sum(end_ns[p] - start_ns[p] for p in end_ns if p in start_ns) / 1e9
+        cores = used / elapsed
+        assert cores < 0.7, f"the sandbox used {cores:.2f} cores with cpus=0.5"
+        assert cores > 0.2, f"the spinners barely ran ({cores:.2f} cores): the test proved nothing"
+        throttled = dict(line.split() for line in (cpu / "cpu.stat").read_text().splitlines())
+        assert int(throttled["nr_throttled"]) > 0
+        assert max(spawn_times) < 1.0, f"the host stalled: {max(spawn_times):.2f}s to run true"
+    finally:
+        sb.kill()
