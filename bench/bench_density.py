@@ -23,22 +23,17 @@ from common import (
     md_table,
     meminfo_kib,
     now_ns,
-    progress,
     percentile,
+    progress,
     pss_kib,
     ratio,
     sandbox_pids,
 )
-from phases import CREATE_PHASES, PhaseTimer
+from phases import SETUP_PHASES, PhaseTimer
 
 TARGET_MIB = 4.0
 TARGET_DESTROY_S = 10.0
 SIZE = "64MiB"
-# The create phases (not the first command or destroy), timed while sandboxes accumulate.
-DENSITY_PHASES = [p for p in CREATE_PHASES if not p[0].startswith(("first", "Runtime.destroy"))]
-DENSITY_PHASES = [p for p in DENSITY_PHASES if p[1].__name__ not in ("SandboxCgroup",)] + [
-    p for p in DENSITY_PHASES if p[1].__name__ == "SandboxCgroup" and p[2] == "create"
-]
 
 
 def _settled_meminfo() -> dict[str, int]:
@@ -63,7 +58,7 @@ def run(quick: bool) -> BenchResult:
             mounts_idle = _mount_count()
             before = _settled_meminfo()
             progress(f"3 density: creating {n} sandboxes (memory={SIZE}, disk={SIZE})")
-            timer = PhaseTimer(DENSITY_PHASES)
+            timer = PhaseTimer(SETUP_PHASES)
             with timer.active():
                 for i in range(n):
                     t0 = now_ns()
@@ -151,7 +146,7 @@ def run(quick: bool) -> BenchResult:
         ),
         Row(
             "3",
-            "  memory not returned after destroying all (MemAvailable)",
+            "  host-wide MemAvailable drop left after destroying all (other processes count too)",
             value=leftover,
             unit="MiB",
             n=n,
@@ -200,11 +195,9 @@ def _growth_table(timer: PhaseTimer, n: int) -> list[str]:
     """Each phase's p50 per fifth of the creates: what grows with the number alive."""
     buckets = 5
     size = max(1, n // buckets)
-    header = ["phase"] + [
-        f"alive {k * size}-{min(n, (k + 1) * size) - 1}" for k in range(buckets)
-    ]
+    header = ["phase"] + [f"alive {k * size}-{min(n, (k + 1) * size) - 1}" for k in range(buckets)]
     rows = []
-    for label, _, _ in DENSITY_PHASES:
+    for label, _, _ in SETUP_PHASES:
         samples = timer.samples.get(label, [])
         if len(samples) != n:
             continue

@@ -13,11 +13,13 @@ from collections.abc import Callable
 
 from agentbox import Sandbox
 from baselines import bare_true
-from common import BenchResult, Row, Stats, bench_home, cpu_count, now_ns, progress, ratio
+from common import BenchResult, Row, Stats, bench_home, cpu_count, md_table, now_ns, progress, ratio
 
 TARGET_PER_S = 200.0
 SIZE = "64MiB"
 WARMUP_S = 1.0
+SWEEP_WORKERS = (1, 2, 8)
+SWEEP_S = 2.0
 
 
 def _pool(
@@ -83,6 +85,20 @@ def run(quick: bool) -> BenchResult:
             sdk_lat, sdk_idx, window = _pool(workers, seconds, sdk_task)
             progress(f"4 throughput: bare spawn baseline, {workers} threads")
             bare_lat, _, bare_window = _pool(workers, seconds, bare_task)
+            sweep: list[list[str]] = []
+            for count in () if quick else SWEEP_WORKERS:
+                progress(f"4 throughput: SDK with {count} threads, {SWEEP_S:g} s")
+                lat, _, win = _pool(count, SWEEP_S, sdk_task)
+                st = Stats.of_ns(lat)
+                sweep.append(
+                    [
+                        str(count),
+                        f"{len(lat) / win:,.0f}",
+                        f"{st.p50:.2f}",
+                        f"{st.p95:.2f}",
+                        f"{st.p99:.2f}",
+                    ]
+                )
         finally:
             for sb in sandboxes:
                 try:
@@ -92,7 +108,7 @@ def run(quick: bool) -> BenchResult:
 
     sdk_rate, bare_rate = len(sdk_lat) / window, len(bare_lat) / bare_window
     touched = len({i % n_sandboxes for i in sdk_idx})
-    return BenchResult(
+    result = BenchResult(
         rows=[
             Row(
                 "4",
@@ -118,3 +134,12 @@ def run(quick: bool) -> BenchResult:
             Row("4", "  latency of those spawns", Stats.of_ns(bare_lat), target="baseline"),
         ]
     )
+    if sweep:
+        result.sections.append(
+            (
+                f"Row 4 detail: SDK commands/s by number of threads ({n_sandboxes} sandboxes, "
+                f"{SWEEP_S:g} s each; the headline uses {workers})",
+                md_table(["threads", "cmd/s", "p50 ms", "p95 ms", "p99 ms"], sweep),
+            )
+        )
+    return result

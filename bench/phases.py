@@ -17,7 +17,7 @@ from agentbox.runtime import commands, host, runtime, store, templates
 from common import Stats, md_table, now_ns
 
 # (label, owner, attribute). Labels starting with spaces are nested in the one above.
-CREATE_PHASES: list[tuple[str, Any, str]] = [
+SETUP_PHASES: list[tuple[str, Any, str]] = [
     ("Runtime.create (total)", runtime.Runtime, "create"),
     ("  sweep_expired (reads every record)", runtime.Runtime, "sweep_expired"),
     ("  TemplateStore.get", templates.TemplateStore, "get"),
@@ -28,6 +28,10 @@ CREATE_PHASES: list[tuple[str, Any, str]] = [
     ("  cgroups create", cgroups.SandboxCgroup, "create"),
     ("  launch (nsexec spawn + bwrap + ready)", host.SandboxHost, "launch"),
     ("  Store.mark_running (sqlite tx)", store.Store, "mark_running"),
+]
+
+CREATE_PHASES: list[tuple[str, Any, str]] = [
+    *SETUP_PHASES,
     ("first command: CommandRunner.run", commands.CommandRunner, "run"),
     ("Runtime.destroy (total)", runtime.Runtime, "destroy"),
     ("  cgroup kill + wait + rmdir", cgroups.SandboxCgroup, "remove"),

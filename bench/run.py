@@ -50,8 +50,18 @@ def command_line() -> str:
     return shlex.join([shown, script_shown, *sys.argv[1:]])
 
 
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
+
+
 def render(
-    results: list[BenchResult], command: str, elapsed_s: float, quick: bool, started: str
+    results: list[BenchResult],
+    command: str,
+    elapsed_s: float,
+    quick: bool,
+    started: str,
+    facts: list[tuple[str, str]],
 ) -> str:
     rows = [row for r in results for row in r.rows]
     lines = [
@@ -69,7 +79,10 @@ def render(
         "",
         "## Machine",
         "",
-        *md_table(["fact", "value"], machine_facts()),
+        *md_table(["fact", "value"], facts),
+        "",
+        "The host was not otherwise reserved for the run: the load averages above include "
+        "whatever else ran beside it, and every number here is as noisy as that.",
         "",
         "## Results",
         "",
@@ -141,6 +154,8 @@ def main() -> int:
         return 2
     keys = args.only or sorted(BENCHES)
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    facts = machine_facts()
+    facts.append(("load average 1/5/15 min, at start", load_average()))
     t0 = time.monotonic()
     results = []
     for key in keys:
@@ -148,7 +163,8 @@ def main() -> int:
         results.append(BENCHES[key](args.quick))
         progress(f"row {key} done in {time.monotonic() - t_row:.1f} s")
     elapsed = time.monotonic() - t0
-    text = render(results, command_line(), elapsed, args.quick, started)
+    facts.append(("load average 1/5/15 min, at end", load_average()))
+    text = render(results, command_line(), elapsed, args.quick, started, facts)
     output = args.output if args.output is not None else (None if args.only else DOC)
     print(text)
     if output is not None:

@@ -13,9 +13,15 @@
     │   ├── SandboxNotRunning          sandbox_not_running   exec in a stopped/destroyed sandbox
     │   ├── FileExists                 file_exists
     │   └── EditMismatch               edit_mismatch         fs edit found a different count
+    ├── Unauthenticated                unauthenticated       no/expired/revoked/unknown token (401)
     ├── PermissionDenied               permission_denied     the sandbox user may not do it
-    │   └── PathEscape                 path_escape           a path tried to leave the sandbox
+    │   ├── PathEscape                 path_escape           a path tried to leave the sandbox
+    │   ├── InsufficientScope          insufficient_scope    the token does not cover this (403)
+    │   ├── PolicyDenied               policy_denied         a gateway policy rule refused it
+    │   └── ApprovalDenied             approval_denied       a person denied it, or nobody answered
+    ├── ApprovalPending                approval_pending      waiting for a person (202)
     ├── LimitExceeded                  limit_exceeded        quota, size cap, too many sandboxes
+    │   └── RateLimited                rate_limited          too many calls for this token (429)
     ├── CommandTimeout                 command_timeout       (raised only by wait(); run() reports)
     ├── HostUnsupported                host_unsupported      the host lacks a kernel feature/tool
     └── SandboxError                   sandbox_error         isolation failed (bug or host fault)
@@ -109,9 +115,35 @@ class PathEscape(PermissionDenied):
     code = "path_escape"
 
 
+class Unauthenticated(AgentboxError):
+    code = "unauthenticated"
+    http_status = 401
+
+
+class InsufficientScope(PermissionDenied):
+    code = "insufficient_scope"
+
+
+class PolicyDenied(PermissionDenied):
+    code = "policy_denied"
+
+
+class ApprovalDenied(PermissionDenied):
+    code = "approval_denied"
+
+
+class ApprovalPending(AgentboxError):
+    code = "approval_pending"
+    http_status = 202
+
+
 class LimitExceeded(AgentboxError):
     code = "limit_exceeded"
     http_status = 429
+
+
+class RateLimited(LimitExceeded):
+    code = "rate_limited"
 
 
 class CommandTimeout(AgentboxError):

@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from agentbox import Sandbox
+from agentbox.errors import AgentboxError
 from agentbox.runtime.runtime import Runtime
-from hostres import cgroup_procs, read_int, v1_cgroup, wait_for
+from hostres import cgroup_procs, pids_with_cmdline, read_int, v1_cgroup, wait_for
+from secprobe import host_uid
 
 MiB = 1024 * 1024
 
@@ -41,6 +43,7 @@ def test_fork_bomb_is_contained(runtime: Runtime, agentbox_home: Path) -> None:
         pids = v1_cgroup("pids", sb.id)
         limit = read_int(pids / "pids.max")
         assert limit == 64
+        baseline = read_int(pids / "pids.current")  # the init and bubblewrap's monitor
         peak, spawn_times = 0, []
         with ThreadPoolExecutor(max_workers=1) as pool:
             bomb = pool.submit(sb.commands.run, ":(){ :|:& };:; sleep 60", timeout=4)
@@ -55,8 +58,8 @@ def test_fork_bomb_is_contained(runtime: Runtime, agentbox_home: Path) -> None:
         assert hits > 0, "the fork bomb never reached the pids limit: the test proved nothing"
         assert max(spawn_times) < 2.0, f"the host stalled spawning `true`: {max(spawn_times)}s"
         assert len(spawn_times) > 20, "the host barely ran during the bomb"
-        # The timeout killed the whole tree: only the init is left.
-        wait_for(lambda: read_int(pids / "pids.current") <= 1, 15, "the bomb to be gone")
+        # The timeout killed the whole tree: only the init (and bwrap's monitor) are left.
+        wait_for(lambda: read_int(pids / "pids.current") <= baseline, 15, "the bomb to end")
         assert sb.commands.run("echo alive").stdout == "alive\n"
         assert host_spawn_seconds() < 2.0
     finally:
@@ -136,13 +139,56 @@ def test_background_output_flood_stays_on_the_sandbox_disk(
     """A background command's output is stored on the host side, but on the sandbox's disk."""
     image = agentbox_home / "sandboxes" / small_disk.id / "disk.img"
     free_before = _host_free(agentbox_home)
-    handle = small_disk.commands.start("head -c 512M /dev/zero")
-    info = handle.wait(timeout=60)
-    assert not info.running
-    assert _allocated(image) <= 64 * MiB
-    assert free_before - _host_free(agentbox_home) <= 64 * MiB + 32 * MiB
-    chunk = handle.read(offset=0, limit=1024)
-    assert len(chunk.data) <= 1024
+    command = "head -c 512M /dev/zero"
+    handle = small_disk.commands.start(command)
+    try:
+        # Observed on the host, independent of the process table's bookkeeping.
+        uid = host_uid(small_disk)
+        wait_for(lambda: not pids_with_cmdline(command, uid), 60, "the flood to end")
+        assert _allocated(image) <= 64 * MiB
+        assert free_before - _host_free(agentbox_home) <= 64 * MiB + 32 * MiB
+        assert len(handle.read(offset=0, limit=1024).data) <= 1024
+    finally:
+        handle.kill()
+        small_disk.commands.run("rm -f /workspace/f /tmp/f")
+
+
+def test_filling_the_disk_does_not_lose_a_background_exit_status(
+    small_disk: Sandbox,
+) -> None:
+    """The host records a background command's exit status even when the command filled
+    the sandbox's disk: otherwise it reads as running forever and ``wait()`` never ends."""
+    handle = small_disk.commands.start("head -c 512M /dev/zero > /workspace/fill; exit 3")
+    try:
+        info = handle.wait(timeout=30)
+        assert not info.running and info.exit_code == 3, (
+            f"the exit status was lost on the full sandbox disk: {info}"
+        )
+    finally:
+        handle.kill()
+        small_disk.commands.run(["rm", "-f", "/workspace/fill"])
+
+
+def test_start_on_a_full_disk_is_a_clean_error(small_disk: Sandbox, agentbox_home: Path) -> None:
+    """With every block used by the agent, ``commands.start`` either works or raises an
+    agentbox error; it never leaks a raw OSError naming host paths."""
+    small_disk.commands.run(
+        "dd if=/dev/zero of=/workspace/fill bs=1M count=512; "
+        "for i in $(seq 5000); do echo x > /workspace/s$i || break; done",
+        timeout=60,
+    )
+    try:
+        try:
+            handle = small_disk.commands.start("exit 3")
+        except AgentboxError as e:
+            assert str(agentbox_home) not in e.message, e.message
+        except OSError as e:
+            pytest.fail(f"commands.start on a full disk raised a raw OSError: {e}")
+        else:
+            info = handle.wait(timeout=10)
+            assert not info.running and info.exit_code == 3, info
+    finally:
+        small_disk.commands.run("rm -f /workspace/fill /workspace/s*")
 
 
 def _cpu_ns(sandbox_id: str) -> dict[int, int]:
