@@ -30,7 +30,7 @@ from agentbox.errors import (
     Unauthenticated,
 )
 
-TOKEN_PREFIX = "abx_"
+TOKEN_PREFIX = "abx_"  # noqa: S105 - a prefix, not a secret
 OPERATOR = "operator"
 
 _SCHEMA = """
@@ -108,7 +108,9 @@ def load_operator_token(env_name: str | None, file: Path | None) -> str:
         try:
             token = file.read_text().strip()
         except OSError as e:
-            raise HostUnsupported(f"cannot read the operator token file {file}: {e.strerror}") from e
+            raise HostUnsupported(
+                f"cannot read the operator token file {file}: {e.strerror}"
+            ) from e
     elif env_name:
         token = os.environ.get(env_name, "").strip() or None
     if not token:

@@ -17,6 +17,7 @@ import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
 
@@ -27,7 +28,8 @@ _SKIPPED_DETECTORS = {
     "IPPublicDetector",  # a public IP is not a secret
 }
 _PRIVATE_KEY_BLOCK = re.compile(
-    r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----.*?(-----END[A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|\Z)",
+    r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----"
+    r".*?(-----END[A-Z0-9 ]*PRIVATE KEY( BLOCK)?-----|\Z)",
     re.DOTALL,
 )
 _MIN_LITERAL = 4  # shorter values would redact ordinary text
@@ -51,7 +53,8 @@ class Redactor:
         }
         self.patterns: list[tuple[str, re.Pattern[str]]] = []
         if detectors:
-            for secret_type, plugin in sorted(get_mapping_from_secret_type_to_class().items()):
+            mapping: dict[str, Any] = dict(get_mapping_from_secret_type_to_class())
+            for secret_type, plugin in sorted(mapping.items()):
                 if plugin.__name__ in _SKIPPED_DETECTORS:
                     continue
                 if plugin.__name__ == "PrivateKeyDetector":
