@@ -9,6 +9,7 @@ launcher spawned directly with ``subprocess.run`` (no cgroup mkdir/rmdir, no Pyt
 from __future__ import annotations
 
 import subprocess
+import time
 
 from agentbox import Sandbox
 from agentbox.runtime.runtime import Runtime
@@ -17,10 +18,14 @@ from common import BenchResult, Row, Stats, bench_home, now_ns, progress, ratio
 from phases import EXEC_PHASES, PhaseTimer
 
 TARGET_MS = 3.0
+IDLE_S = 0.1
 
 
 def run(quick: bool) -> BenchResult:
     n, warmup, n_phases = (200, 20, 100) if quick else (1500, 50, 300)
+    n_idle = 20 if quick else 80
+    idle_sdk: list[int] = []
+    idle_bare: list[int] = []
     sdk: list[int] = []
     cached: list[int] = []
     launcher: list[int] = []
@@ -76,6 +81,12 @@ def run(quick: bool) -> BenchResult:
                         (sdk, bare, nsenter, cached, launcher), samples, strict=True
                     ):
                         bucket.append(value)
+            progress(f"2 exec in a live sandbox: {n_idle} commands each after {IDLE_S:g} s idle")
+            for _ in range(n_idle):
+                time.sleep(IDLE_S)
+                idle_sdk.append(sdk_once())
+                time.sleep(IDLE_S)
+                idle_bare.append(bare_true())
             progress(f"2 exec in a live sandbox: phase breakdown over {n_phases} commands")
             timer = PhaseTimer(EXEC_PHASES)
             with timer.active():
@@ -105,7 +116,21 @@ def run(quick: bool) -> BenchResult:
             "  diagnostic: agentbox-nsexec enter spawned directly (no cgroup leaf, no pump)",
             Stats.of_ns(launcher),
         ),
+        Row(
+            "2",
+            f"  diagnostic: sb.commands.run(['true']) after {IDLE_S * 1000:g} ms idle",
+            Stats.of_ns(idle_sdk),
+            ratio=f"{ratio(Stats.of_ns(idle_sdk).p50, st_sdk.p50)} of back-to-back",
+            note="a command that follows a pause (the usual agent pattern) pays for "
+            "migrating its process into the sandbox's cgroups; see the findings",
+        ),
         Row("2", "baseline: bare subprocess.run(['true'])", st_bare, target="baseline"),
+        Row(
+            "2",
+            f"baseline: bare subprocess.run(['true']) after {IDLE_S * 1000:g} ms idle",
+            Stats.of_ns(idle_bare),
+            target="baseline",
+        ),
         Row(
             "2",
             "baseline: nsenter --all into a live plain bwrap sandbox, `true`",

@@ -237,8 +237,59 @@ def machine_facts() -> list[tuple[str, str]]:
         ("Python", platform.python_version()),
         ("bubblewrap", _first_line(["bwrap", "--version"])),
         ("cgroups", cgroups),
+        ("cgroup migration (probe)", cgroup_migration_probe()),
+        ("cgroup favordynmods", favordynmods_in_kernel_log()),
         ("/var/tmp filesystem", fs),
     ]
+
+
+def cgroup_migration_probe(samples: int = 10, idle_s: float = 0.1) -> str:
+    """p50 time for a process to move itself into a cgroup after ``idle_s`` without any move.
+
+    After a pause the first migration waits for an RCU grace period (several ms) unless
+    the kernel runs in cgroup "favordynmods" mode; agentbox pays this on hybrid hosts for
+    every command that follows a pause, and for every create. Must run before threads.
+    """
+    probe = _layout().unified / f"agentbox-bench-probe-{os.getpid()}"
+    probe.mkdir()
+    times: list[float] = []
+    try:
+        for _ in range(samples):
+            time.sleep(idle_s)
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # child: move itself, report the time, exit at once
+                t0 = time.perf_counter_ns()
+                fd = os.open(probe / "cgroup.procs", os.O_WRONLY)
+                os.write(fd, b"0")
+                os.close(fd)
+                os.write(w, str(time.perf_counter_ns() - t0).encode())
+                os._exit(0)
+            os.close(w)
+            with os.fdopen(r, "rb") as f:
+                times.append(int(f.read() or b"0") / NS_PER_MS)
+            os.waitpid(pid, 0)
+    finally:
+        with contextlib.suppress(OSError):
+            probe.rmdir()
+    p50 = percentile(times, 50)
+    mode = "RCU grace period per migration" if p50 > 2.0 else "no grace-period wait"
+    return f"{p50:.2f} ms p50 after {idle_s * 1000:g} ms idle ({mode})"
+
+
+def favordynmods_in_kernel_log() -> str:
+    """Whether cgroup favordynmods was switched on this boot (the kernel logs it; it is
+    one-way on recent kernels and makes every cgroup migration cheap)."""
+    try:
+        done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (no dmesg)"
+    hits = [line for line in done.stdout.splitlines() if "favordynmods" in line]
+    if done.returncode != 0:
+        return "unknown (dmesg failed)"
+    if hits:
+        return f"ON this boot, per the kernel log: {hits[-1].split(']', 1)[-1].strip()}"
+    return "not mentioned in the kernel log (default: off)"
 
 
 def _os_release() -> str:

@@ -116,18 +116,39 @@ def render(
         "- Row 2: one live sandbox; the SDK call, the bare spawn, `nsenter` into a live plain "
         "bwrap sandbox (all namespaces, root, cwd, uid/gid; no cgroup, no seccomp) and two "
         "diagnostics (a cached `CommandRunner`, and the `agentbox-nsexec enter` launcher "
-        "spawned directly) run round-robin.",
+        "spawned directly) run round-robin, back to back. A second pass runs each command "
+        "after 100 ms of idleness, the way an agent issues them.",
         "- Row 3: host memory per idle sandbox is (MemTotal - MemAvailable after creating N) "
         "minus the same before, divided by N, read from `/proc/meminfo` (so it includes "
         "kernel memory: namespaces, mounts, loop devices, page tables, whatever cgroup "
         "accounting misses). PSS sums `/proc/PID/smaps_rollup` over every process in each "
-        "sandbox's cgroups (the bwrap monitor and the sandbox init).",
+        "sandbox's cgroups (the bwrap monitor and the sandbox init). Sandboxes are created "
+        "one after another with phase timers on, so the growth table shows which step "
+        "slows down as more sandboxes are alive; plain bwrap is timed before and after.",
         "- Row 4: N worker threads in this process each pick the next sandbox round-robin and "
         "run `true` through the SDK; the first second is warm-up, then commands that "
         "complete inside the window count. The baseline runs `subprocess.run(['true'])` on "
         "the same thread pool for the same time.",
         "- Phase breakdowns come from a separate pass that wraps the named functions with "
-        "timers (about 1 us each); the headline rows are measured unwrapped.",
+        "timers (about 1 us each); the headline rows of rows 1, 2 and 4 are measured "
+        "unwrapped.",
+        "",
+        "## Why the slow steps are slow",
+        "",
+        "- **bwrap start grows with the host's mount count.** Every sandbox keeps two mounts "
+        "in the host mount namespace (its ext4 disk and its overlay root). bubblewrap copies "
+        "that namespace and parses `/proc/self/mountinfo` for each of its bind mounts (9 "
+        "times per start, seen with strace), so each start costs O(mounts): compare the two "
+        "plain-bwrap rows of row 3 and the `launch` line of the growth table.",
+        "- **`sweep_expired` runs on every create and reads every record** (SQLite rows plus "
+        "`/proc/PID/stat` of each init), so create is O(live sandboxes) on top of that.",
+        "- **cgroup migrations after a pause wait for an RCU grace period.** Writing a pid to "
+        "`cgroup.procs` takes the global `cgroup_threadgroup_rwsem` for writing; without "
+        "`favordynmods` the first write after ~20 ms of quiet waits a grace period (5-12 ms "
+        "measured here with strace). agentbox writes there once per create (`nsexec spawn`) "
+        "and, on hybrid hosts, once per command (the v1 hierarchies). The `cgroup migration` "
+        "probe in the machine table says which mode the kernel was in.",
+        "- **mkfs.ext4 is a subprocess per create** (3-5 ms whatever the disk size).",
         "",
     ]
     return "\n".join(lines)

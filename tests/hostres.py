@@ -43,7 +43,9 @@ def host_resources(home: Path, ids: Iterable[str] | None = None) -> dict[str, li
     for root in [*CGROUP_ROOT.glob("*/agentbox"), CGROUP_ROOT / "agentbox"]:
         if root.is_dir():
             cgroups += [
-                str(p) for p in root.iterdir() if p.is_dir() and (wanted is None or p.name in wanted)
+                str(p)
+                for p in root.iterdir()
+                if p.is_dir() and (wanted is None or p.name in wanted)
             ]
     sandboxes = home / "sandboxes"
     dirs = [str(p) for p in sandboxes.iterdir()] if sandboxes.exists() else []
@@ -118,9 +120,7 @@ def host_pids() -> list[int]:
 
 def pids_with_cmdline(cmd: str, uid: int | None = None) -> list[int]:
     """Host pids whose full command line is exactly ``cmd`` (and, if given, owned by uid)."""
-    return [
-        p for p in host_pids() if cmdline(p) == cmd and (uid is None or proc_uid(p) == uid)
-    ]
+    return [p for p in host_pids() if cmdline(p) == cmd and (uid is None or proc_uid(p) == uid)]
 
 
 def wait_for(probe: Callable[[], T | None], timeout: float = 10.0, what: str = "condition") -> T:

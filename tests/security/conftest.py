@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from secprobe import HostSecret
 
 from agentbox import Sandbox
 from agentbox.runtime.runtime import Runtime
-from secprobe import HostSecret
 
 
 @pytest.fixture(scope="module")

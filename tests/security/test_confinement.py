@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
+from secprobe import host_uid
 
 from agentbox import Sandbox
 from agentbox.runtime.output import CommandResult
@@ -29,7 +30,6 @@ from hostres import (
     seccomp_filters,
     wait_for,
 )
-from secprobe import host_uid
 
 V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
 

@@ -14,11 +14,11 @@ import os
 import stat
 
 import pytest
+from secprobe import host_uid
 
 from agentbox import Sandbox
 from agentbox.errors import AgentboxError
 from hostres import cgroup_procs, proc_uid
-from secprobe import host_uid
 
 FD_PROBE = "ls /proc/self/fd"  # ls itself holds fd 3 (the directory it lists)
 
@@ -98,12 +98,12 @@ def test_cwd_through_proc_self_fd_stays_inside(shared_sandbox: Sandbox, fd: int)
     assert "state.db" not in r.stdout and "templates" not in r.stdout, r.stdout
 
 
-@pytest.mark.parametrize("cwd", ["/proc/1/cwd", "/proc/1/root", "/proc/self/root", "/proc/1/cwd/.."])
+@pytest.mark.parametrize(
+    "cwd", ["/proc/1/cwd", "/proc/1/root", "/proc/self/root", "/proc/1/cwd/.."]
+)
 def test_cwd_through_init_magic_links_stays_inside(shared_sandbox: Sandbox, cwd: str) -> None:
     try:
-        r = shared_sandbox.commands.run(
-            "stat -c %d:%i . /workspace / ; ls -A / ..", cwd=cwd
-        )
+        r = shared_sandbox.commands.run("stat -c %d:%i . /workspace / ; ls -A / ..", cwd=cwd)
     except AgentboxError as e:  # refusing is fine too
         assert "cwd" in e.message
         return

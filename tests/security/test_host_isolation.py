@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from secprobe import HostSecret, run_python
 
 from agentbox import Sandbox
 from agentbox.runtime.runtime import Runtime
-from secprobe import HostSecret, run_python
 
 
 def _host_paths(secret: HostSecret) -> list[str]:
@@ -112,7 +112,11 @@ def test_proc_root_links_point_inside(shared_sandbox: Sandbox) -> None:
 
 @pytest.fixture
 def protected_binaries(runtime: Runtime) -> Iterator[dict[Path, str]]:
-    paths = [runtime.paths.nsexec, Path("/usr/bin/true"), Path(os.path.realpath("/usr/bin/python3"))]
+    paths = [
+        runtime.paths.nsexec,
+        Path("/usr/bin/true"),
+        Path(os.path.realpath("/usr/bin/python3")),
+    ]
     before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
     yield before
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}

@@ -20,12 +20,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from secprobe import host_uid
 
 from agentbox import Sandbox
 from agentbox.errors import AgentboxError
 from agentbox.runtime.runtime import Runtime
 from hostres import cgroup_procs, pids_with_cmdline, read_int, v1_cgroup, wait_for
-from secprobe import host_uid
 
 MiB = 1024 * 1024
 
@@ -76,7 +76,9 @@ def test_memory_balloon_is_oom_killed(runtime: Runtime, agentbox_home: Path) -> 
         assert r.signal == 9 and r.exit_code == 137, f"not OOM-killed: {r}"
         assert "1073741824" not in r.stdout
         assert read_int(memory / "memory.max_usage_in_bytes") <= limit
-        oom = dict(line.split() for line in (memory / "memory.oom_control").read_text().splitlines())
+        oom = dict(
+            line.split() for line in (memory / "memory.oom_control").read_text().splitlines()
+        )
         assert int(oom.get("oom_kill", "1")) >= 1
         assert sb.commands.run("echo alive").stdout == "alive\n", "the sandbox itself died"
     finally:
@@ -153,42 +155,42 @@ def test_background_output_flood_stays_on_the_sandbox_disk(
         small_disk.commands.run("rm -f /workspace/f /tmp/f")
 
 
-def test_filling_the_disk_does_not_lose_a_background_exit_status(
-    small_disk: Sandbox,
-) -> None:
+@pytest.fixture
+def fresh_disk(runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
+    sb = Sandbox.create(memory="128MiB", disk="32MiB", home=agentbox_home)
+    try:
+        yield sb
+    finally:
+        sb.kill()
+
+
+def test_filling_the_disk_does_not_lose_a_background_exit_status(fresh_disk: Sandbox) -> None:
     """The host records a background command's exit status even when the command filled
     the sandbox's disk: otherwise it reads as running forever and ``wait()`` never ends."""
-    handle = small_disk.commands.start("head -c 512M /dev/zero > /workspace/fill; exit 3")
-    try:
-        info = handle.wait(timeout=30)
-        assert not info.running and info.exit_code == 3, (
-            f"the exit status was lost on the full sandbox disk: {info}"
-        )
-    finally:
-        handle.kill()
-        small_disk.commands.run(["rm", "-f", "/workspace/fill"])
+    handle = fresh_disk.commands.start("head -c 512M /dev/zero > /workspace/fill; exit 3")
+    info = handle.wait(timeout=10)
+    assert not info.running and info.exit_code == 3, (
+        f"the exit status was lost on the full sandbox disk: {info}"
+    )
 
 
-def test_start_on_a_full_disk_is_a_clean_error(small_disk: Sandbox, agentbox_home: Path) -> None:
+def test_start_on_a_full_disk_is_a_clean_error(fresh_disk: Sandbox, agentbox_home: Path) -> None:
     """With every block used by the agent, ``commands.start`` either works or raises an
     agentbox error; it never leaks a raw OSError naming host paths."""
-    small_disk.commands.run(
+    fresh_disk.commands.run(
         "dd if=/dev/zero of=/workspace/fill bs=1M count=512; "
         "for i in $(seq 5000); do echo x > /workspace/s$i || break; done",
         timeout=60,
     )
     try:
-        try:
-            handle = small_disk.commands.start("exit 3")
-        except AgentboxError as e:
-            assert str(agentbox_home) not in e.message, e.message
-        except OSError as e:
-            pytest.fail(f"commands.start on a full disk raised a raw OSError: {e}")
-        else:
-            info = handle.wait(timeout=10)
-            assert not info.running and info.exit_code == 3, info
-    finally:
-        small_disk.commands.run("rm -f /workspace/fill /workspace/s*")
+        handle = fresh_disk.commands.start("exit 3")
+    except AgentboxError as e:
+        assert str(agentbox_home) not in e.message, e.message
+    except OSError as e:
+        pytest.fail(f"commands.start on a full disk raised a raw OSError: {e}")
+    else:
+        info = handle.wait(timeout=10)
+        assert not info.running and info.exit_code == 3, info
 
 
 def _cpu_ns(sandbox_id: str) -> dict[int, int]:

@@ -23,11 +23,11 @@ from typing import Any
 
 import pyseccomp
 import pytest
+from secprobe import run_python
 
 from agentbox import Sandbox
 from agentbox.runtime.host import LaunchPaths
 from agentbox.runtime.runtime import Runtime
-from secprobe import run_python
 
 # Runs inside the sandbox. Every probe is harmless should it succeed (invalid magic
 # numbers, no-op queries, own process only) and reports "ok" or the errno name.
@@ -254,9 +254,10 @@ UNSHARE_USERNS = r"""
 import ctypes, errno, json
 libc = ctypes.CDLL(None, use_errno=True)
 r = libc.unshare(0x10000000)
-status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+lines = open("/proc/self/status").read().splitlines()
+filters = [l.split()[1] for l in lines if l.startswith("Seccomp_filters:")][0]
 print(json.dumps({"unshare": "ok" if r == 0 else errno.errorcode[ctypes.get_errno()],
-                  "seccomp_filters": status["Seccomp_filters"].strip()}))
+                  "seccomp_filters": filters}))
 """
 
 

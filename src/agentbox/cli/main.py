@@ -16,8 +16,10 @@ from typing import Any, TypeVar
 
 import click
 
-from agentbox.errors import AgentboxError
-from agentbox.runtime.runtime import Runtime
+from agentbox.client.sandbox import Backend
+from agentbox.client.sandbox import _runtime as backend_for
+from agentbox.errors import AgentboxError, InvalidRequest
+from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.store import SandboxRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,8 +48,9 @@ def handle_errors(exit_code: int = 1) -> Callable[[F], F]:
     return decorate
 
 
-def _runtime() -> Runtime:
-    return Runtime()
+def _runtime() -> Backend:
+    """Through a gateway when AGENTBOX_URL is set, else in-process (as root)."""
+    return backend_for(None)
 
 
 def _record_dict(r: SandboxRecord) -> dict[str, object]:
@@ -243,6 +246,11 @@ def sandbox_exec(
 def sandbox_shell(sandbox_id: str, cwd: str) -> None:
     """Open an interactive bash in a sandbox (a terminal on stdin), or run stdin as a script."""
     runner = _runtime().commands(sandbox_id)
+    if not isinstance(runner, CommandRunner):
+        raise InvalidRequest(
+            "`sandbox shell` runs on the gateway host only (unset AGENTBOX_URL, run as root); "
+            "through a gateway use `sandbox exec` or MCP's shell_* tools"
+        )
     interactive = sys.stdin is not None and sys.stdin.isatty()
     leaf = runner.new_leaf()
     argv = ["/bin/bash", "-l"] if interactive else ["/bin/bash", "-s"]
@@ -322,14 +330,17 @@ def doctor(as_json: bool) -> None:
         sys.exit(1)
 
 
-def _register_optional_groups() -> None:
+def _register_groups() -> None:
+    from agentbox.cli.audit_commands import audit
+    from agentbox.cli.gateway_commands import approvals, mcp_stdio, serve, token
     from agentbox.cli.template_commands import template
 
-    cli.add_command(template)
+    for command in (template, serve, mcp_stdio, token, approvals, audit):
+        cli.add_command(command)
 
 
 def main() -> None:
-    _register_optional_groups()
+    _register_groups()
     cli()
 
 

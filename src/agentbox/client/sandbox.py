@@ -18,35 +18,68 @@ The SDK drives the runtime in-process (this process needs root, like the daemon)
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal, ParamSpec, TypeVar
+from typing import IO, Any, Literal, ParamSpec, Protocol, TypeVar
 
-from agentbox.runtime.files import FileInfo
+from agentbox.client.remote import (
+    GatewayClient,
+    RemoteCommands,
+    RemoteFiles,
+    RemoteProcesses,
+    RemoteRuntime,
+    RemoteSessions,
+)
+from agentbox.runtime.commands import CommandRunner
+from agentbox.runtime.files import FileInfo, SandboxFiles
 from agentbox.runtime.output import CommandResult
-from agentbox.runtime.processes import ProcessInfo, ProcessOutput
+from agentbox.runtime.processes import ProcessInfo, ProcessOutput, ProcessTable
 from agentbox.runtime.runtime import Runtime
+from agentbox.runtime.sessions import ShellSessions
 from agentbox.runtime.store import SandboxRecord
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_runtimes: dict[Path | None, Runtime] = {}
+
+class Backend(Protocol):
+    """What the SDK needs: the in-process ``Runtime`` or ``RemoteRuntime`` (a gateway)."""
+
+    def create(self, spec: Mapping[str, object] | None = None) -> SandboxRecord: ...
+    def get(self, sandbox_id: str) -> SandboxRecord: ...
+    def list(self) -> builtins.list[SandboxRecord]: ...
+    def destroy(self, sandbox_id: str) -> None: ...
+    def commands(self, sandbox_id: str) -> CommandRunner | RemoteCommands: ...
+    def processes(self, sandbox_id: str) -> ProcessTable | RemoteProcesses: ...
+    def sessions(self, sandbox_id: str) -> ShellSessions | RemoteSessions: ...
+    def files(self, sandbox_id: str) -> SandboxFiles | RemoteFiles: ...
 
 
-def _runtime(home: Path | None) -> Runtime:
-    """One Runtime per home per process (it caches host facts and a DB connection)."""
-    if home not in _runtimes:
-        _runtimes[home] = Runtime(home)
-    return _runtimes[home]
+_backends: dict[Path | str | None, Backend] = {}
+
+
+def _runtime(home: Path | None) -> Backend:
+    """The backend for this process: a gateway when ``AGENTBOX_URL`` is set (and no home
+    is given), else the runtime in-process. One per home (it caches host facts)."""
+    url = os.environ.get("AGENTBOX_URL")
+    if home is None and url:
+        key: Path | str | None = url
+        if key not in _backends:
+            _backends[key] = RemoteRuntime(GatewayClient.from_env())
+        return _backends[key]
+    if home not in _backends:
+        _backends[home] = Runtime(home)
+    return _backends[home]
 
 
 class Commands:
     """``sb.commands``: one-shot and background commands."""
 
-    def __init__(self, runtime: Runtime, sandbox_id: str) -> None:
+    def __init__(self, runtime: Backend, sandbox_id: str) -> None:
         self._rt = runtime
         self._id = sandbox_id
 
@@ -100,7 +133,7 @@ class Commands:
 class CommandHandle:
     """A background process. Survives the SDK process; reconnect with ``commands.connect``."""
 
-    def __init__(self, runtime: Runtime, sandbox_id: str, process_id: str) -> None:
+    def __init__(self, runtime: Backend, sandbox_id: str, process_id: str) -> None:
         self._rt = runtime
         self.sandbox_id = sandbox_id
         self.id = process_id
@@ -136,7 +169,7 @@ class CommandHandle:
 class Files:
     """``sb.files``: file operations that can never resolve outside the sandbox."""
 
-    def __init__(self, runtime: Runtime, sandbox_id: str) -> None:
+    def __init__(self, runtime: Backend, sandbox_id: str) -> None:
         self._rt = runtime
         self._id = sandbox_id
 
@@ -192,7 +225,7 @@ class Files:
 class Shell:
     """A persistent shell session: ``cd`` and ``export`` carry over between ``run`` calls."""
 
-    def __init__(self, runtime: Runtime, sandbox_id: str, session_id: str) -> None:
+    def __init__(self, runtime: Backend, sandbox_id: str, session_id: str) -> None:
         self._rt = runtime
         self.sandbox_id = sandbox_id
         self.id = session_id
@@ -207,7 +240,7 @@ class Shell:
 class Sandbox:
     """A live sandbox. Create with ``Sandbox.create()``; attach with ``Sandbox.connect(id)``."""
 
-    def __init__(self, record: SandboxRecord, runtime: Runtime) -> None:
+    def __init__(self, record: SandboxRecord, runtime: Backend) -> None:
         self._rt = runtime
         self.id = record.id
         self.record = record

@@ -150,9 +150,13 @@ class TokenStore:
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         now = time.time()
         info = TokenInfo(
-            "tok-" + secrets.token_hex(6), sandbox_id, sorted(tools) if tools else None, now,
-            now + ttl, None,
-        )  # fmt: skip
+            "tok-" + secrets.token_hex(6),
+            sandbox_id,
+            sorted(tools) if tools else None,
+            now,
+            now + ttl,
+            None,
+        )
         self._db().execute(
             "INSERT INTO gateway_tokens (id, hash, sandbox, tools, created_at, expires_at)"
             " VALUES (?, ?, ?, ?, ?, ?)",
@@ -166,11 +170,15 @@ class TokenStore:
         digest = _hash(token)
         if hmac.compare_digest(digest, self._operator_hash):
             return Principal("operator")
-        row = self._db().execute(
-            "SELECT id, hash, sandbox, tools, expires_at, revoked_at FROM gateway_tokens"
-            " WHERE hash = ?",
-            (digest,),
-        ).fetchone()
+        row = (
+            self._db()
+            .execute(
+                "SELECT id, hash, sandbox, tools, expires_at, revoked_at FROM gateway_tokens"
+                " WHERE hash = ?",
+                (digest,),
+            )
+            .fetchone()
+        )
         # The lookup is by hash; the comparison below keeps the check constant-time anyway.
         if row is None or not hmac.compare_digest(row[1], digest):
             raise Unauthenticated("unknown token: ask the operator for a new session token")

@@ -173,7 +173,7 @@ class RemoteAuditSettings(Strict):
 
 class AuditSettings(Strict):
     sink: list[AuditSinkKind] = Field(default_factory=_local_sink_only)
-    path: Path = Path("/var/log/agentbox/audit.jsonl")
+    path: Path | None = None  # default: $AGENTBOX_HOME/audit/audit.jsonl
     fsync: Literal["always", "batch"] = "always"
     rotate_bytes: int = 64 * 1024 * 1024
     remote: RemoteAuditSettings | None = None
@@ -221,8 +221,9 @@ class GatewaySettings(Strict):
 
 
 # Loading with positions ---------------------------------------------------------------
-def _positions(node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], int],
-               source: str) -> None:  # fmt: skip
+def _positions(
+    node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], int], source: str
+) -> None:
     out[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
@@ -278,8 +279,9 @@ def parse_settings(text: str, source: str = "<config>") -> GatewaySettings:
         else:
             problem = f"{err['msg']} (got {err.get('input')!r})"
         more = f" (+{len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""
-        raise InvalidConfig(f"{where}: {key}: {problem}{more}", file=source, line=line,
-                            key=key) from None  # fmt: skip
+        raise InvalidConfig(
+            f"{where}: {key}: {problem}{more}", file=source, line=line, key=key
+        ) from None
 
 
 def load_settings(path: Path | None) -> GatewaySettings:

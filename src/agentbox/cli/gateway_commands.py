@@ -1,0 +1,244 @@
+"""CLI for the gateway: ``serve``, ``mcp`` (stdio), ``token`` and ``approvals``.
+
+``token`` and ``approvals`` talk to a running gateway: ``AGENTBOX_URL`` (default
+http://127.0.0.1:8848) with the operator token in ``AGENTBOX_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from agentbox.client.remote import GatewayClient
+from agentbox.config import agentbox_home
+from agentbox.errors import AgentboxError, InvalidConfig, InvalidRequest
+from agentbox.gateway.auth import load_operator_token
+from agentbox.gateway.settings import GatewaySection, GatewaySettings, load_settings
+
+DEFAULT_URL = "http://127.0.0.1:8848"
+
+
+def _fail(e: AgentboxError) -> None:
+    click.echo(f"error[{e.code}]: {e.message}", err=True)
+    sys.exit(1)
+
+
+def _client() -> GatewayClient:
+    url = os.environ.get("AGENTBOX_URL") or DEFAULT_URL
+    return GatewayClient(url, os.environ.get("AGENTBOX_TOKEN"))
+
+
+def _operator_token(settings: GatewaySettings, home: Path) -> str:
+    """The injected operator token; on a first local run, one generated into a 0600 file."""
+    auth = settings.gateway.auth
+    injected = auth.operator_token_file is not None or bool(
+        auth.operator_token_env and os.environ.get(auth.operator_token_env)
+    )
+    if injected:
+        return load_operator_token(auth.operator_token_env, auth.operator_token_file)
+    path = home / "operator.token"
+    if not path.exists():
+        home.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32) + "\n")
+        click.echo(f"agentbox: generated an operator token in {path} (mode 0600)", err=True)
+    click.echo(
+        f"agentbox: operator token from {path}; clients: export AGENTBOX_TOKEN=$(cat {path})",
+        err=True,
+    )
+    return load_operator_token(None, path)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="Gateway YAML.")
+@click.option("--listen", help="HOST:PORT to bind (default 127.0.0.1:8848).")
+@click.option(
+    "--allow-public", is_flag=True, help="Allow a non-loopback bind (requires gateway.tls)."
+)
+def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> None:
+    """Run the gateway: REST API, MCP at /mcp, health checks.
+
+    \b
+    Without --config it runs on embedded defaults. The operator token comes from
+    $AGENTBOX_OPERATOR_TOKEN (or gateway.auth.operator_token_file); on a first local run
+    without either, one is generated into $AGENTBOX_HOME/operator.token.
+    \b
+    Examples:
+      agentbox serve
+      agentbox serve --config /etc/agentbox/gateway.yaml --listen 127.0.0.1:9000
+    """
+    import uvicorn
+
+    from agentbox.gateway.app import create_app
+
+    try:
+        settings = load_settings(config_path)
+        if listen:
+            try:
+                section = GatewaySection.model_validate(
+                    {**settings.gateway.model_dump(), "listen": listen}
+                )
+            except ValueError as e:
+                raise InvalidRequest(f"--listen {listen!r}: expected HOST:PORT") from e
+            settings = settings.model_copy(update={"gateway": section})
+        host, _, port = settings.gateway.listen.rpartition(":")
+        tls = settings.gateway.tls
+        if not _is_loopback(host) and (not allow_public or tls is None):
+            raise InvalidConfig(
+                    f"refusing to listen on {host}: a non-loopback bind needs both "
+                    "gateway.tls (cert_file, key_file) and --allow-public"
+                )
+        home = agentbox_home()
+        token = _operator_token(settings, home)
+        app = create_app(settings, operator_token=token, home=home)
+    except AgentboxError as e:
+        _fail(e)
+        return
+    click.echo(f"agentbox: gateway on http://{settings.gateway.listen} (MCP at /mcp)", err=True)
+    uvicorn.run(
+        app,
+        host=host.strip("[]"),
+        port=int(port),
+        log_level="warning",
+        ssl_certfile=str(tls.cert_file) if tls else None,
+        ssl_keyfile=str(tls.key_file) if tls else None,
+    )
+
+
+@click.command("mcp")
+@click.option("--sandbox", "sandbox_id", help="Serve this sandbox (default: create one).")
+@click.option("--template", default="default", show_default=True)
+@click.option("--config", "config_path", type=click.Path(path_type=Path))
+def mcp_stdio(sandbox_id: str | None, template: str, config_path: Path | None) -> None:
+    """Serve MCP over stdio, for clients that spawn their servers (runs as root).
+
+    \b
+    Without --sandbox a fresh sandbox is created and destroyed when the client leaves.
+    Example (a client's server entry):  {"command": "agentbox", "args": ["mcp"]}
+    """
+    from agentbox.gateway.stdio import serve_stdio
+
+    try:
+        serve_stdio(load_settings(config_path), sandbox_id, template)
+    except AgentboxError as e:
+        _fail(e)
+
+
+@click.group()
+def token() -> None:
+    """Issue, list and revoke session tokens (talks to the gateway)."""
+
+
+@token.command("issue")
+@click.option("--sandbox", "sandbox_id", required=True, help="The sandbox the token is bound to.")
+@click.option("--ttl", type=int, help="Lifetime in seconds (default from the gateway config).")
+@click.option("--tools", help="Comma-separated tools it may use (default: all).")
+def token_issue(sandbox_id: str, ttl: int | None, tools: str | None) -> None:
+    """Print a new session token (and nothing else) on stdout.
+
+    \b
+    Example:
+      export AGENTBOX_TOKEN=$(cat $AGENTBOX_HOME/operator.token)
+      agentbox token issue --sandbox sb-123 --ttl 3600 --tools terminal_run,fs_read
+    """
+    body: dict[str, Any] = {"sandbox": sandbox_id, "ttl": ttl}
+    if tools:
+        body["tools"] = [t.strip() for t in tools.split(",") if t.strip()]
+    try:
+        click.echo(_client().request("POST", "/v1/tokens", json=body)["token"])
+    except AgentboxError as e:
+        _fail(e)
+
+
+@token.command("ls")
+@click.option("--sandbox", "sandbox_id")
+@click.option("--json", "as_json", is_flag=True)
+def token_ls(sandbox_id: str | None, as_json: bool) -> None:
+    """List session tokens (never their values)."""
+    try:
+        tokens = _client().request(
+            "GET", "/v1/tokens", params={"sandbox": sandbox_id} if sandbox_id else None
+        )
+    except AgentboxError as e:
+        _fail(e)
+        return
+    if as_json:
+        click.echo(json.dumps(tokens, indent=2))
+        return
+    for t in tokens:
+        state = "revoked" if t["revoked"] else "active"
+        click.echo(f"{t['id']:<18} {t['sandbox']:<18} {state:<8} {','.join(t['tools'] or ['*'])}")
+
+
+@token.command("revoke")
+@click.argument("token_id")
+def token_revoke(token_id: str) -> None:
+    """Revoke a session token by its id."""
+    try:
+        _client().request("DELETE", f"/v1/tokens/{token_id}")
+    except AgentboxError as e:
+        _fail(e)
+
+
+@click.group()
+def approvals() -> None:
+    """List and decide commands waiting for a person's approval (operator token)."""
+
+
+@approvals.command("ls")
+@click.option("--status", type=click.Choice(["pending", "approved", "denied", "expired"]))
+@click.option("--json", "as_json", is_flag=True)
+def approvals_ls(status: str | None, as_json: bool) -> None:
+    """List approvals (pending first is what you usually want: --status pending)."""
+    try:
+        items = _client().request(
+            "GET", "/v1/approvals", params={"status": status} if status else None
+        )
+    except AgentboxError as e:
+        _fail(e)
+        return
+    if as_json:
+        click.echo(json.dumps(items, indent=2))
+        return
+    for a in items:
+        click.echo(f"{a['id']:<16} {a['status']:<9} {a['sandbox']:<16} {a['summary']}")
+
+
+def _decide(approval_id: str, verdict: str) -> None:
+    try:
+        result = _client().request("POST", f"/v1/approvals/{approval_id}/{verdict}")
+    except AgentboxError as e:
+        _fail(e)
+        return
+    click.echo(f"{result['id']} {result['status']}")
+
+
+@approvals.command("approve")
+@click.argument("approval_id")
+def approvals_approve(approval_id: str) -> None:
+    """Let the waiting command run."""
+    _decide(approval_id, "approve")
+
+
+@approvals.command("deny")
+@click.argument("approval_id")
+def approvals_deny(approval_id: str) -> None:
+    """Refuse the waiting command (the agent gets an error saying so)."""
+    _decide(approval_id, "deny")

@@ -1,0 +1,328 @@
+"""The SDK and CLI over a gateway: the same calls as the in-process runtime, over HTTP.
+
+``RemoteRuntime`` offers the methods of ``agentbox.runtime.runtime.Runtime`` that the SDK
+uses, backed by the REST API. Errors come back as the same classes (the gateway sends
+each error's stable ``code``), so code written against the in-process SDK runs unchanged
+when ``AGENTBOX_URL`` is set.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shlex
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import IO, Any
+
+import httpx2
+
+from agentbox.errors import AgentboxError, InvalidRequest, Unauthenticated
+from agentbox.runtime.files import FileInfo
+from agentbox.runtime.output import CommandResult
+from agentbox.runtime.processes import ProcessInfo, ProcessOutput
+from agentbox.runtime.store import SandboxRecord
+
+DEFAULT_TIMEOUT_S = 600.0
+
+
+class GatewayClient:
+    """A thin JSON client for the gateway's REST API."""
+
+    def __init__(self, url: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        if not token:
+            raise Unauthenticated(
+                "AGENTBOX_URL is set but AGENTBOX_TOKEN is not: export the operator or session "
+                "token the gateway gave you"
+            )
+        self.url = url.rstrip("/")
+        self._http = httpx2.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout,
+        )
+
+    @classmethod
+    def from_env(cls) -> GatewayClient:
+        return cls(os.environ["AGENTBOX_URL"], os.environ.get("AGENTBOX_TOKEN"))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx2.TransportError as e:
+            raise AgentboxError(
+                f"cannot reach the gateway at {self.url}: {e}; is `agentbox serve` running?"
+            ) from None
+        if response.status_code >= 400:
+            try:
+                error = response.json()["error"]
+            except (ValueError, KeyError, TypeError):
+                raise AgentboxError(
+                    f"gateway answered {response.status_code}: {response.text[:200]}"
+                ) from None
+            raise AgentboxError.from_dict(error)
+        if response.headers.get("content-type", "").startswith("application/json"):
+            return response.json()
+        return response.content
+
+
+def _record(data: dict[str, Any]) -> SandboxRecord:
+    spec = {k: data.get(k) for k in ("memory", "cpus", "pids", "disk", "network", "project")}
+    return SandboxRecord(
+        id=data["id"],
+        slot=-1,
+        state=data["state"],
+        template=data["template"],
+        template_digest=data.get("template_digest", ""),
+        init_pid=None,
+        init_start_time=None,
+        created_at=data["created_at"],
+        expires_at=data.get("expires_at"),
+        spec=spec,
+    )
+
+
+def _result(data: dict[str, Any]) -> CommandResult:
+    stdout, stderr = data["stdout"].encode(), data["stderr"].encode()
+    return CommandResult(
+        stdout_bytes=stdout,
+        stderr_bytes=stderr,
+        exit_code=data["exit_code"],
+        timed_out=data["timed_out"],
+        truncated=data["truncated"],
+        duration_ms=data["duration_ms"],
+        stdout_total=len(stdout),
+        stderr_total=len(stderr),
+    )
+
+
+def _file_info(data: dict[str, Any]) -> FileInfo:
+    return FileInfo(
+        path=data["path"],
+        name=data.get("name", data["path"].rsplit("/", 1)[-1]),
+        type=data.get("type", "file"),
+        size=data.get("size", 0),
+        mode=data.get("mode", 0),
+        mtime=data.get("mtime", 0.0),
+        symlink_target=data.get("symlink_target"),
+    )
+
+
+class RemoteCommands:
+    def __init__(self, client: GatewayClient, sandbox_id: str) -> None:
+        self._c, self._id = client, sandbox_id
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = 60.0,
+        max_output_bytes: int = 1 << 20,
+        pty: bool = False,
+        on_output: Any = None,
+    ) -> CommandResult:
+        if not isinstance(command, str):
+            command = shlex.join(command)
+        body: dict[str, Any] = {"command": command, "cwd": cwd, "env": dict(env) if env else None}
+        if stdin is not None:
+            body["stdin"] = stdin.decode() if isinstance(stdin, bytes) else stdin
+        if timeout is not None:
+            body["timeout_ms"] = int(timeout * 1000)
+        data = self._c.request("POST", f"/v1/sandboxes/{self._id}/commands", json=body)
+        return _result(data)
+
+
+class RemoteProcesses:
+    def __init__(self, client: GatewayClient, sandbox_id: str) -> None:
+        self._c, self._base = client, f"/v1/sandboxes/{sandbox_id}/processes"
+
+    def start(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+    ) -> ProcessInfo:
+        text = command if isinstance(command, str) else shlex.join(command)
+        data = self._c.request(
+            "POST", self._base, json={"command": text, "cwd": cwd, "stdin": stdin}
+        )
+        return ProcessInfo(data["process_id"], [text], 0.0, True, None)
+
+    def list(self) -> list[ProcessInfo]:
+        data = self._c.request("GET", self._base)
+        return [
+            ProcessInfo(p["id"], p["argv"], p["started_at"], p["running"], p["exit_code"])
+            for p in data["processes"]
+        ]
+
+    def get(self, process_id: str) -> ProcessInfo:
+        out = self._c.request("GET", f"{self._base}/{process_id}/output", params={"limit": 1})
+        return ProcessInfo(process_id, [], 0.0, out["running"], out["exit_code"])
+
+    def read_output(
+        self, process_id: str, stream: str = "stdout", offset: int = 0, limit: int = 1 << 20
+    ) -> ProcessOutput:
+        params = {"stream": stream, "offset": offset, "limit": limit}
+        out = self._c.request("GET", f"{self._base}/{process_id}/output", params=params)
+        return ProcessOutput(out["data"].encode(), out["next_offset"])
+
+    def write_stdin(self, process_id: str, data: bytes | str) -> int:
+        text = data.decode() if isinstance(data, bytes) else data
+        out = self._c.request("POST", f"{self._base}/{process_id}/stdin", json={"data": text})
+        return int(out["written"])
+
+    def signal(self, process_id: str, sig: int | str = "SIGTERM") -> None:
+        self._c.request("POST", f"{self._base}/{process_id}/signal", json={"signal": str(sig)})
+
+    def wait(self, process_id: str, timeout: float | None = None) -> ProcessInfo:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.01
+        while True:
+            info = self.get(process_id)
+            if not info.running or (deadline is not None and time.monotonic() >= deadline):
+                return info
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
+class RemoteSessions:
+    def __init__(self, client: GatewayClient, sandbox_id: str) -> None:
+        self._c, self._base = client, f"/v1/sandboxes/{sandbox_id}/sessions"
+
+    def create(self, cwd: str = "/workspace", env: Mapping[str, str] | None = None) -> str:
+        return str(self._c.request("POST", self._base, json={"cwd": cwd})["session_id"])
+
+    def run(
+        self,
+        session_id: str,
+        command: str,
+        *,
+        timeout: float | None = 60.0,
+        stdin: bytes | str | None = None,
+        max_output_bytes: int = 1 << 20,
+    ) -> CommandResult:
+        body: dict[str, Any] = {"command": command}
+        if timeout is not None:
+            body["timeout_ms"] = int(timeout * 1000)
+        return _result(self._c.request("POST", f"{self._base}/{session_id}/run", json=body))
+
+    def close(self, session_id: str) -> None:
+        self._c.request("DELETE", f"{self._base}/{session_id}")
+
+
+class RemoteFiles:
+    def __init__(self, client: GatewayClient, sandbox_id: str) -> None:
+        self._c, self._base = client, f"/v1/sandboxes/{sandbox_id}/files"
+
+    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        params: dict[str, Any] = {"path": path, "offset": offset}
+        if length is not None:
+            params["length"] = length
+        data = self._c.request("GET", self._base, params=params)
+        content = data["content"]
+        return base64.b64decode(content) if data["encoding"] == "base64" else content.encode()
+
+    def read_stream(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
+        offset = 0
+        while True:
+            chunk = self.read(path, offset, chunk_size)
+            if not chunk:
+                return
+            yield chunk
+            offset += len(chunk)
+
+    def write(
+        self,
+        path: str,
+        data: bytes | Iterable[bytes],
+        mode: str = "overwrite",
+        perms: int = 0o644,
+        make_parents: bool = True,
+    ) -> FileInfo:
+        payload = data if isinstance(data, bytes) else b"".join(data)
+        body = {
+            "path": path,
+            "content": base64.b64encode(payload).decode(),
+            "mode": mode,
+            "encoding": "base64",
+        }
+        self._c.request("PUT", self._base, json=body)
+        return self.stat(path)
+
+    def list(self, path: str, depth: int = 1) -> list[FileInfo]:
+        data = self._c.request("GET", f"{self._base}/list", params={"path": path, "depth": depth})
+        return [_file_info(e) for e in data["entries"]]
+
+    def stat(self, path: str) -> FileInfo:
+        return _file_info(self._c.request("GET", f"{self._base}/stat", params={"path": path}))
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except AgentboxError as e:
+            if e.code == "file_not_found":
+                return False
+            raise
+        return True
+
+    def mkdir(self, path: str, parents: bool = True, exist_ok: bool = True) -> FileInfo:
+        return _file_info(self._c.request("POST", f"{self._base}/mkdir", json={"path": path}))
+
+    def move(self, src: str, dst: str, overwrite: bool = False) -> FileInfo:
+        body = {"path": src, "destination": dst, "overwrite": overwrite}
+        return _file_info(self._c.request("POST", f"{self._base}/move", json=body))
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        self._c.request("POST", f"{self._base}/remove", json={"path": path, "recursive": recursive})
+
+    def edit(self, path: str, old: str, new: str, count: int | None = 1) -> int:
+        body = {"path": path, "old": old, "new": new, "count": count}
+        return int(self._c.request("POST", f"{self._base}/edit", json=body)["replacements"])
+
+    def upload_tar(self, dest_dir: str, fileobj: IO[bytes]) -> int:
+        raise InvalidRequest("tar upload through the gateway is not available yet; use files.write")
+
+    def download_tar(self, path: str, fileobj: IO[bytes]) -> int:
+        raise InvalidRequest(
+            "tar download through the gateway is not available yet; use files.read"
+        )
+
+
+class RemoteRuntime:
+    """Duck-types the parts of ``Runtime`` the SDK and CLI use."""
+
+    def __init__(self, client: GatewayClient) -> None:
+        self.client = client
+
+    def create(self, spec: Mapping[str, object] | None = None) -> SandboxRecord:
+        body = dict(spec or {})
+        return _record(self.client.request("POST", "/v1/sandboxes", json=body))
+
+    def get(self, sandbox_id: str) -> SandboxRecord:
+        return _record(self.client.request("GET", f"/v1/sandboxes/{sandbox_id}"))
+
+    def list(self) -> list[SandboxRecord]:
+        return [_record(r) for r in self.client.request("GET", "/v1/sandboxes")]
+
+    def destroy(self, sandbox_id: str) -> None:
+        self.client.request("DELETE", f"/v1/sandboxes/{sandbox_id}")
+
+    def commands(self, sandbox_id: str) -> RemoteCommands:
+        return RemoteCommands(self.client, sandbox_id)
+
+    def processes(self, sandbox_id: str) -> RemoteProcesses:
+        return RemoteProcesses(self.client, sandbox_id)
+
+    def sessions(self, sandbox_id: str) -> RemoteSessions:
+        return RemoteSessions(self.client, sandbox_id)
+
+    def files(self, sandbox_id: str) -> RemoteFiles:
+        return RemoteFiles(self.client, sandbox_id)

@@ -1,0 +1,247 @@
+"""``create_app(settings, ...)``: the gateway as an ASGI app (no module globals).
+
+Routes: ``/healthz``, ``/readyz``, ``/openapi.json``, ``/docs``, the REST API under
+``/v1`` and MCP (Streamable HTTP) at ``/mcp``. Every route but the health checks needs a
+bearer token. Requests whose Host or Origin is not this gateway are refused (DNS
+rebinding), and request bodies are capped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from mcp.server.context import ServerRequestContext
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agentbox import __version__
+from agentbox.errors import AgentboxError, InvalidRequest, Unauthenticated
+from agentbox.gateway.approvals import ApprovalStore
+from agentbox.gateway.audit import AuditLog
+from agentbox.gateway.auth import Principal, TokenStore
+from agentbox.gateway.mcp_server import build_mcp_server
+from agentbox.gateway.redaction import Redactor
+from agentbox.gateway.rest import build_router, error_response
+from agentbox.gateway.service import Gateway
+from agentbox.gateway.settings import GatewaySettings
+from agentbox.runtime.runtime import Runtime
+
+
+@dataclass
+class GatewayParts:
+    """Everything ``create_app`` built, for callers that need a handle (tests, the CLI)."""
+
+    gateway: Gateway
+    audit: AuditLog
+
+
+def bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+def allowed_hosts(listen: str, extra: list[str]) -> list[str]:
+    host, _, port = listen.rpartition(":")
+    names = {host.strip("[]"), "127.0.0.1", "localhost", "::1"}
+    hosts = [f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in sorted(names)]
+    return hosts + extra
+
+
+class HostAndSizeGuard:
+    """ASGI middleware: Host/Origin allow-lists (DNS rebinding) and a request body cap."""
+
+    def __init__(self, app: ASGIApp, hosts: list[str], origins: list[str], max_body: int) -> None:
+        self.app = app
+        self.hosts = {h.lower() for h in hosts}
+        self.origins = {o.lower() for o in origins}
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        host = headers.get("host", "").lower()
+        if host not in self.hosts:
+            await _reject(
+                send,
+                421,
+                "invalid_request",
+                f"Host {host!r} is not this gateway (DNS rebinding protection)",
+            )
+            return
+        origin = headers.get("origin")
+        if origin is not None and origin.lower() not in self.origins:
+            await _reject(send, 403, "permission_denied", f"Origin {origin!r} is not allowed")
+            return
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            await _reject(
+                send,
+                413,
+                "limit_exceeded",
+                f"request body over {self.max_body} bytes; send less per call",
+            )
+            return
+        received = 0
+
+        async def capped_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body:
+                    raise _BodyTooLarge
+            return message
+
+        try:
+            await self.app(scope, capped_receive, send)
+        except _BodyTooLarge:
+            await _reject(send, 413, "limit_exceeded", f"request body over {self.max_body} bytes")
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _reject(send: Send, status: int, code: str, message: str) -> None:
+    body = JSONResponse({"error": {"code": code, "message": message, "details": {}}}).body
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json")],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def open_audit(settings: GatewaySettings, home: Path, redactor: Redactor) -> AuditLog:
+    """The audit log of ``settings`` (default file: ``HOME/audit/audit.jsonl``)."""
+    audit_settings = settings.audit
+    if audit_settings.path is None:
+        audit_settings = audit_settings.model_copy(update={"path": home / "audit" / "audit.jsonl"})
+    return AuditLog.from_settings(audit_settings, redact=redactor.redact)
+
+
+def create_app(
+    settings: GatewaySettings,
+    *,
+    operator_token: str,
+    home: Path | None = None,
+    runtime: Runtime | None = None,
+) -> FastAPI:
+    runtime = runtime or Runtime(home)
+    home = runtime.home
+    auth = settings.gateway.auth
+    tokens = TokenStore(home / "gateway.db", operator_token, auth.ttl_seconds)
+    approvals = ApprovalStore(home / "gateway.db")
+    redactor = Redactor.from_env(
+        settings.redaction.literals_from_env, detectors=settings.redaction.detectors != "none"
+    )
+    audit = open_audit(settings, home, redactor)
+    gateway = Gateway(settings, runtime, tokens, approvals, audit, redactor)
+
+    def principal_of(authorization: str | None) -> Principal:
+        principal = tokens.authenticate(bearer(authorization))
+        if principal.sandbox_id is not None:
+            # Tokens die with their sandbox, even when it ended without the gateway.
+            try:
+                runtime.get(principal.sandbox_id)
+            except AgentboxError:
+                tokens.revoke_sandbox(principal.sandbox_id)
+                raise Unauthenticated("this token's sandbox no longer exists") from None
+        return principal
+
+    async def authenticate(request: Request) -> Principal:
+        return principal_of(request.headers.get("authorization"))
+
+    def mcp_principal(ctx: ServerRequestContext[Any, Any]) -> Principal:
+        if ctx.request is None:  # in-process use: the stdio command resolves its own
+            raise Unauthenticated("no HTTP request to authenticate")
+        return principal_of(ctx.request.headers.get("authorization"))
+
+    hosts = allowed_hosts(settings.gateway.listen, [])
+    origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]
+    origins += settings.gateway.allowed_origins
+    session_manager = StreamableHTTPSessionManager(
+        app=build_mcp_server(gateway, mcp_principal),
+        stateless=True,
+        json_response=True,
+        security_settings=TransportSecuritySettings(
+            enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+        ),
+        max_request_body_size=settings.gateway.max_body_bytes,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with session_manager.run():
+            try:
+                yield
+            finally:
+                audit.close()
+
+    app = FastAPI(
+        title="agentbox gateway",
+        version=__version__,
+        description="Sandboxes for AI agents behind one permission-checked, audited gateway.",
+        lifespan=lifespan,
+    )
+    app.state.parts = GatewayParts(gateway, audit)
+
+    @app.exception_handler(AgentboxError)
+    async def agentbox_error(request: Request, exc: AgentboxError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
+        return error_response(
+            InvalidRequest(f"{where}: {first.get('msg')}", problems=len(exc.errors()))
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(
+            {
+                "error": {
+                    "code": "internal",
+                    "message": "internal error; see the gateway log",
+                    "details": {},
+                }
+            },
+            status_code=500,
+        )
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz() -> JSONResponse:
+        from agentbox.isolation.hostcheck import run_checks
+
+        failing = [c.to_dict() for c in run_checks() if c.required and not c.ok]
+        body = {"status": "ready" if not failing else "not ready", "failing": failing}
+        return JSONResponse(body, status_code=200 if not failing else 503)
+
+    app.include_router(build_router(gateway, authenticate))
+    # An ASGI endpoint (not a Mount, which would redirect POST /mcp to /mcp/).
+    mcp_endpoint: Any = StreamableHTTPASGIApp(session_manager)
+    app.router.add_route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"])
+    app.add_middleware(
+        HostAndSizeGuard, hosts=hosts, origins=origins, max_body=settings.gateway.max_body_bytes
+    )
+    return app

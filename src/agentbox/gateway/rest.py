@@ -1,0 +1,418 @@
+"""The REST API: everything the SDK does, over HTTP, with the same typed errors.
+
+Tool-like routes (commands, processes, sessions, files) go through ``Gateway.call_tool``,
+so they are checked, bounded, redacted and audited exactly like MCP calls. Sandbox
+lifecycle, tokens, approvals and the audit trail are operator routes (a session token
+may read its own sandbox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from agentbox.errors import AgentboxError, InsufficientScope, InvalidRequest
+from agentbox.gateway.auth import Principal
+from agentbox.gateway.service import Gateway
+from agentbox.runtime.store import SandboxRecord
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateSandbox(Body):
+    template: str = "default"
+    memory: int | str | None = None
+    cpus: float | None = None
+    pids: int | None = None
+    disk: int | str | None = None
+    lifetime: float | str | None = None
+    env: dict[str, str] | None = None
+    project: str | None = None
+
+
+class RunCommand(Body):
+    command: str = Field(min_length=1, description="A bash command line")
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    stdin: str | None = None
+    timeout_ms: int | None = Field(default=None, gt=0)
+
+
+class StartProcess(Body):
+    command: str = Field(min_length=1)
+    cwd: str | None = None
+    stdin: bool = False
+
+
+class WriteStdin(Body):
+    data: str
+
+
+class SignalProcess(Body):
+    signal: str = "SIGTERM"
+
+
+class ShellCreate(Body):
+    cwd: str = "/workspace"
+
+
+class ShellRun(Body):
+    command: str = Field(min_length=1)
+    timeout_ms: int | None = Field(default=None, gt=0)
+
+
+class WriteFile(Body):
+    path: str
+    content: str
+    mode: Literal["overwrite", "append", "create"] = "overwrite"
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+
+
+class EditFile(Body):
+    path: str
+    old: str = Field(min_length=1)
+    new: str
+    count: int | None = Field(default=None, ge=1)
+
+
+class MovePath(Body):
+    path: str
+    destination: str
+    overwrite: bool = False
+
+
+class PathBody(Body):
+    path: str
+    recursive: bool = False
+
+
+class IssueToken(Body):
+    sandbox: str
+    ttl: int | None = Field(default=None, gt=0, description="seconds")
+    tools: list[str] | None = None
+
+
+class ToolInvocation(Body):
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+def record_dict(r: SandboxRecord) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "state": r.state,
+        "template": r.template,
+        "template_digest": r.template_digest,
+        "created_at": r.created_at,
+        "expires_at": r.expires_at,
+        **{k: r.spec.get(k) for k in ("memory", "cpus", "pids", "disk", "network", "project")},
+    }
+
+
+def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
+    api = APIRouter(prefix="/v1")
+    auth = Depends(authenticate)
+
+    async def tool(p: Principal, name: str, sandbox: str, args: dict[str, Any]) -> dict[str, Any]:
+        args = {k: v for k, v in args.items() if v is not None}
+        outcome = await gateway.call_tool(p, name, {**args, "sandbox_id": sandbox})
+        return outcome.result
+
+    # sandboxes ----------------------------------------------------------------------------
+    @api.post("/sandboxes", status_code=201, tags=["sandboxes"])
+    async def create_sandbox(body: CreateSandbox, p: Principal = auth) -> dict[str, Any]:
+        p.require_operator("creating a sandbox")
+        spec = {k: v for k, v in body.model_dump().items() if v is not None}
+        record = await asyncio.to_thread(gateway.runtime.create, spec)
+        gateway.audit_event(p, "sandbox_created", sandbox=record.id, template=record.template)
+        return record_dict(record)
+
+    @api.get("/sandboxes", tags=["sandboxes"])
+    async def list_sandboxes(p: Principal = auth) -> list[dict[str, Any]]:
+        records = await asyncio.to_thread(gateway.runtime.list)
+        return [record_dict(r) for r in records if p.is_operator or r.id == p.sandbox_id]
+
+    @api.get("/sandboxes/{sandbox_id}", tags=["sandboxes"])
+    async def get_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
+        p.require_sandbox(sandbox_id)
+        return record_dict(await asyncio.to_thread(gateway.runtime.get, sandbox_id))
+
+    @api.delete("/sandboxes/{sandbox_id}", tags=["sandboxes"])
+    async def destroy_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
+        p.require_operator("destroying a sandbox")
+        await asyncio.to_thread(gateway.runtime.destroy, sandbox_id)
+        revoked = gateway.tokens.revoke_sandbox(sandbox_id)
+        gateway.audit_event(p, "sandbox_destroyed", sandbox=sandbox_id, tokens_revoked=revoked)
+        return {"id": sandbox_id, "destroyed": True, "tokens_revoked": revoked}
+
+    # commands -----------------------------------------------------------------------------
+    @api.post("/sandboxes/{sandbox_id}/commands", tags=["commands"])
+    async def run_command(
+        sandbox_id: str,
+        body: RunCommand,
+        request: Request,
+        p: Principal = auth,
+        stream: bool = Query(False, description="Server-sent events: stdout, stderr, result"),
+    ) -> Any:
+        args = body.model_dump()
+        if not stream:
+            return await tool(p, "terminal_run", sandbox_id, args)
+        return StreamingResponse(
+            _stream_command(gateway, p, sandbox_id, args), media_type="text/event-stream"
+        )
+
+    # processes ----------------------------------------------------------------------------
+    @api.post("/sandboxes/{sandbox_id}/processes", status_code=201, tags=["processes"])
+    async def start_process(sandbox_id: str, body: StartProcess, p: Principal = auth) -> Any:
+        return await tool(p, "process_start", sandbox_id, body.model_dump())
+
+    @api.get("/sandboxes/{sandbox_id}/processes", tags=["processes"])
+    async def list_processes(sandbox_id: str, p: Principal = auth) -> Any:
+        return await tool(p, "process_list", sandbox_id, {})
+
+    @api.get("/sandboxes/{sandbox_id}/processes/{process_id}/output", tags=["processes"])
+    async def read_process(
+        sandbox_id: str,
+        process_id: str,
+        p: Principal = auth,
+        stream: Literal["stdout", "stderr"] = "stdout",
+        offset: int = Query(0, ge=0),
+        limit: int | None = Query(None, ge=1),
+    ) -> Any:
+        args = {"process_id": process_id, "stream": stream, "offset": offset, "limit": limit}
+        return await tool(p, "process_read", sandbox_id, args)
+
+    @api.post("/sandboxes/{sandbox_id}/processes/{process_id}/stdin", tags=["processes"])
+    async def write_process(
+        sandbox_id: str, process_id: str, body: WriteStdin, p: Principal = auth
+    ) -> Any:
+        return await tool(
+            p, "process_write", sandbox_id, {"process_id": process_id, "data": body.data}
+        )
+
+    @api.post("/sandboxes/{sandbox_id}/processes/{process_id}/signal", tags=["processes"])
+    async def signal_process(
+        sandbox_id: str, process_id: str, body: SignalProcess, p: Principal = auth
+    ) -> Any:
+        args = {"process_id": process_id, "signal": body.signal}
+        return await tool(p, "process_signal", sandbox_id, args)
+
+    # shell sessions -----------------------------------------------------------------------
+    @api.post("/sandboxes/{sandbox_id}/sessions", status_code=201, tags=["sessions"])
+    async def create_session(sandbox_id: str, body: ShellCreate, p: Principal = auth) -> Any:
+        return await tool(p, "shell_create", sandbox_id, body.model_dump())
+
+    @api.post("/sandboxes/{sandbox_id}/sessions/{session_id}/run", tags=["sessions"])
+    async def run_in_session(
+        sandbox_id: str, session_id: str, body: ShellRun, p: Principal = auth
+    ) -> Any:
+        return await tool(
+            p, "shell_run", sandbox_id, {"session_id": session_id, **body.model_dump()}
+        )
+
+    @api.delete("/sandboxes/{sandbox_id}/sessions/{session_id}", tags=["sessions"])
+    async def close_session(sandbox_id: str, session_id: str, p: Principal = auth) -> Any:
+        return await tool(p, "shell_close", sandbox_id, {"session_id": session_id})
+
+    # files --------------------------------------------------------------------------------
+    @api.get("/sandboxes/{sandbox_id}/files", tags=["files"])
+    async def read_file(
+        sandbox_id: str,
+        path: str,
+        p: Principal = auth,
+        offset: int = Query(0, ge=0),
+        length: int | None = Query(None, ge=0),
+    ) -> Any:
+        return await tool(
+            p, "fs_read", sandbox_id, {"path": path, "offset": offset, "length": length}
+        )
+
+    @api.put("/sandboxes/{sandbox_id}/files", tags=["files"])
+    async def write_file(sandbox_id: str, body: WriteFile, p: Principal = auth) -> Any:
+        return await tool(p, "fs_write", sandbox_id, body.model_dump())
+
+    @api.post("/sandboxes/{sandbox_id}/files/edit", tags=["files"])
+    async def edit_file(sandbox_id: str, body: EditFile, p: Principal = auth) -> Any:
+        return await tool(p, "fs_edit", sandbox_id, body.model_dump())
+
+    @api.get("/sandboxes/{sandbox_id}/files/list", tags=["files"])
+    async def list_files(
+        sandbox_id: str,
+        p: Principal = auth,
+        path: str = "/workspace",
+        depth: int = Query(1, ge=1, le=10),
+    ) -> Any:
+        return await tool(p, "fs_list", sandbox_id, {"path": path, "depth": depth})
+
+    @api.get("/sandboxes/{sandbox_id}/files/stat", tags=["files"])
+    async def stat_file(sandbox_id: str, path: str, p: Principal = auth) -> Any:
+        return await tool(p, "fs_stat", sandbox_id, {"path": path})
+
+    @api.post("/sandboxes/{sandbox_id}/files/mkdir", tags=["files"])
+    async def make_dir(sandbox_id: str, body: PathBody, p: Principal = auth) -> Any:
+        return await tool(p, "fs_mkdir", sandbox_id, {"path": body.path})
+
+    @api.post("/sandboxes/{sandbox_id}/files/move", tags=["files"])
+    async def move_path(sandbox_id: str, body: MovePath, p: Principal = auth) -> Any:
+        return await tool(p, "fs_move", sandbox_id, body.model_dump())
+
+    @api.post("/sandboxes/{sandbox_id}/files/remove", tags=["files"])
+    async def remove_path(sandbox_id: str, body: PathBody, p: Principal = auth) -> Any:
+        return await tool(p, "fs_remove", sandbox_id, body.model_dump())
+
+    # generic tool invocation (what MCP clients call, for HTTP-only agents) -----------------
+    @api.get("/tools", tags=["tools"])
+    async def list_tools(p: Principal = auth) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t.name,
+                "title": t.title,
+                "description": t.description,
+                "input_schema": t.input_schema,
+                "output_schema": t.output_schema,
+                "annotations": t.annotations(),
+            }
+            for t in gateway.visible_tools(p)
+        ]
+
+    @api.post("/tools/{name}", tags=["tools"])
+    async def call_tool(name: str, body: ToolInvocation, p: Principal = auth) -> Any:
+        return (await gateway.call_tool(p, name, body.arguments)).result
+
+    # tokens -------------------------------------------------------------------------------
+    @api.post("/tokens", status_code=201, tags=["tokens"])
+    async def issue_token(body: IssueToken, p: Principal = auth) -> dict[str, Any]:
+        p.require_operator("issuing tokens")
+        await asyncio.to_thread(gateway.runtime.get, body.sandbox)  # must exist
+        unknown = sorted(set(body.tools or []) - {t.name for t in gateway.visible_tools(p)})
+        if unknown:
+            raise InvalidRequest(f"unknown tools {unknown}; see GET /v1/tools")
+        token, info = gateway.tokens.issue(body.sandbox, body.ttl, body.tools)
+        gateway.audit_event(
+            p,
+            "token_issued",
+            sandbox=body.sandbox,
+            token_id=info.id,
+            tools=info.tools,
+            expires_at=info.expires_at,
+        )
+        return {"token": token, **info.to_dict()}
+
+    @api.get("/tokens", tags=["tokens"])
+    async def list_tokens(p: Principal = auth, sandbox: str | None = None) -> Any:
+        p.require_operator("listing tokens")
+        return [t.to_dict() for t in gateway.tokens.list(sandbox)]
+
+    @api.delete("/tokens/{token_id}", tags=["tokens"])
+    async def revoke_token(token_id: str, p: Principal = auth) -> dict[str, Any]:
+        p.require_operator("revoking tokens")
+        revoked = gateway.tokens.revoke(token_id)
+        gateway.audit_event(p, "token_revoked", token_id=token_id)
+        return {"id": token_id, "revoked": revoked}
+
+    # approvals ----------------------------------------------------------------------------
+    @api.get("/approvals", tags=["approvals"])
+    async def list_approvals(
+        p: Principal = auth,
+        status: Literal["pending", "approved", "denied", "expired"] | None = None,
+    ) -> Any:
+        p.require_operator("listing approvals")
+        return [a.to_dict() for a in gateway.approvals.list(status)]
+
+    @api.post("/approvals/{approval_id}/{verdict}", tags=["approvals"])
+    async def decide(
+        approval_id: str, verdict: Literal["approve", "deny"], p: Principal = auth
+    ) -> Any:
+        if not p.is_operator:  # a sandbox's own token must never approve its own commands
+            raise InsufficientScope("only the operator can approve or deny; a session token cannot")
+        approval = gateway.approvals.decide(approval_id, verdict == "approve", p.actor)
+        gateway.audit_event(
+            p,
+            f"approval_{'granted' if verdict == 'approve' else 'denied'}",
+            sandbox=approval.sandbox,
+            tool=approval.tool,
+            approval=approval_id,
+            by_operator=True,
+        )
+        return approval.to_dict()
+
+    # audit --------------------------------------------------------------------------------
+    @api.get("/audit", tags=["audit"])
+    async def query_audit(
+        p: Principal = auth,
+        since_seq: int | None = None,
+        sandbox: str | None = None,
+        tool: str | None = None,
+        decision: str | None = None,
+        limit: int = Query(100, ge=1, le=1000),
+    ) -> Any:
+        p.require_operator("reading the audit trail")
+        return gateway.audit.query(
+            since_seq=since_seq, sandbox=sandbox, tool=tool, decision=decision, limit=limit
+        )
+
+    return api
+
+
+async def _stream_command(
+    gateway: Gateway, principal: Principal, sandbox_id: str, args: dict[str, Any]
+) -> AsyncIterator[bytes]:
+    """SSE: ``stdout``/``stderr`` events as output arrives, then one ``result`` event.
+
+    The output is streamed raw (redacted chunk by chunk) and the final result is the same
+    checked, redacted, audited result a non-streaming call returns.
+    """
+    queue: asyncio.Queue[tuple[str, bytes] | None] = asyncio.Queue()
+    loop = asyncio.get_running_loop()
+
+    def on_output(stream: str, chunk: bytes) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, (stream, chunk))
+
+    async def run() -> dict[str, Any]:
+        try:
+            clean = {k: v for k, v in args.items() if v is not None}
+            outcome = await gateway.call_tool(
+                principal,
+                "terminal_run",
+                {**clean, "sandbox_id": sandbox_id},
+                output_listener=on_output,
+            )
+            return outcome.result
+        finally:
+            await queue.put(None)
+
+    task = asyncio.create_task(run())
+    while (item := await queue.get()) is not None:
+        stream, chunk = item
+        text = gateway.redactor.redact(chunk.decode("utf-8", "replace"))
+        yield _sse(stream, {"data": text})
+    try:
+        yield _sse("result", await task)
+    except AgentboxError as e:
+        yield _sse("error", e.to_dict())
+
+
+def _sse(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def error_response(e: AgentboxError) -> JSONResponse:
+    headers = {}
+    if e.http_status == 401:
+        description = e.message.replace('"', "'")
+        headers["WWW-Authenticate"] = (
+            f'Bearer realm="agentbox", error="invalid_token", error_description="{description}"'
+        )
+    elif e.code == "insufficient_scope":
+        headers["WWW-Authenticate"] = 'Bearer realm="agentbox", error="insufficient_scope"'
+    retry = e.details.get("retry_after")
+    if retry is not None:
+        headers["Retry-After"] = str(max(1, int(retry + 0.999)))
+    return JSONResponse({"error": e.to_dict()}, status_code=e.http_status, headers=headers)

@@ -1,0 +1,302 @@
+"""The one path every tool call takes, whether it came over MCP or REST.
+
+    authenticate (app) -> scope -> rate limit -> sandbox binding -> argument schema
+    -> policy (deny names its rule) -> human approval when a pattern matches
+    -> run on the runtime (in a worker thread) -> redact the output -> audit
+
+Nothing here knows about HTTP or MCP framing; ``rest.py`` and ``mcp_server.py`` adapt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jsonschema
+
+from agentbox.errors import (
+    AgentboxError,
+    ApprovalDenied,
+    ApprovalPending,
+    InsufficientScope,
+    InvalidRequest,
+    NotFound,
+    PolicyDenied,
+    RateLimited,
+)
+from agentbox.gateway.approvals import ApprovalStore
+from agentbox.gateway.audit import AuditLog, args_hash
+from agentbox.gateway.auth import Principal, RateLimiter, TokenStore
+from agentbox.gateway.policy import CommandPolicy, Decision, FilePolicy, diff_summary
+from agentbox.gateway.redaction import Redactor
+from agentbox.gateway.settings import GatewaySettings, TerminalRunTool
+from agentbox.gateway.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec
+from agentbox.runtime.output import OutputCallback
+from agentbox.runtime.runtime import Runtime
+
+ApprovalMode = Literal["wait", "handle"]
+_REDACTED_FIELDS = ("stdout", "stderr", "content", "data")
+_DEFAULT_MAX_OUTPUT = 262_144
+_DEFAULT_TIMEOUT_MS = 120_000
+
+
+@dataclass
+class Outcome:
+    result: dict[str, Any]
+    duration_ms: float
+
+
+class Gateway:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        runtime: Runtime,
+        tokens: TokenStore,
+        approvals: ApprovalStore,
+        audit: AuditLog,
+        redactor: Redactor,
+    ) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.tokens = tokens
+        self.approvals = approvals
+        self.audit = audit
+        self.redactor = redactor
+        self.rate = RateLimiter(settings.gateway.auth.rate_limit_per_minute)
+        run = settings.tool("terminal.run") or TerminalRunTool(name="terminal.run")
+        self.terminal: TerminalRunTool = run
+        self.commands = CommandPolicy(run.allow, run.deny, run.approval)
+        read, write = settings.tool("fs.read"), settings.tool("fs.write")
+        self.read_policy = FilePolicy(
+            root=read.root if read else "/", max_bytes=read.max_bytes if read else None
+        )
+        self.write_policy = FilePolicy(
+            root=write.root if write else "/",
+            max_bytes=write.max_bytes if write else None,
+            protected=list(write.protected) if write else [],
+            require_diff_summary=bool(write and write.require_diff_summary),
+        )
+
+    # discovery --------------------------------------------------------------------------
+    def visible_tools(self, principal: Principal) -> list[ToolSpec]:
+        return [t for t in TOOLS if principal.may_use(t.name)]
+
+    # the call path ----------------------------------------------------------------------
+    async def call_tool(
+        self,
+        principal: Principal,
+        name: str,
+        arguments: dict[str, Any] | None,
+        approval_mode: ApprovalMode = "wait",
+        approval_id: str | None = None,
+        output_listener: OutputCallback | None = None,
+    ) -> Outcome:
+        started = time.monotonic()
+        args = dict(arguments or {})
+        sandbox = str(args.pop("sandbox_id", "") or principal.sandbox_id or "")
+        record: dict[str, Any] = {
+            "actor": principal.actor,
+            "session": principal.token_id,
+            "sandbox": sandbox or None,
+            "tool": name,
+            "args_hash": args_hash(args),
+        }
+        try:
+            spec = self._authorize(principal, name, sandbox)
+            self._validate(spec, args)
+            decision = self._check_policy(spec, args)
+            if decision is not None and decision.needs_approval:
+                await self._approve(
+                    principal, spec, sandbox, args, decision, record, approval_mode, approval_id
+                )
+            call = ToolCall(self.runtime, sandbox, args, *self._limits(spec, args), output_listener)
+            before = await self._diff_base(spec, call)
+            result = await asyncio.to_thread(spec.handler, call)
+            if before is not None:
+                result["diff"] = await self._diff(call, before)
+            result = self._redact(result)
+        except AgentboxError as e:
+            duration = (time.monotonic() - started) * 1000
+            if isinstance(e, ApprovalPending):
+                decision_name = "approval_pending"
+            elif isinstance(e, (PolicyDenied, InsufficientScope, ApprovalDenied, RateLimited)):
+                decision_name = "denied"
+            else:
+                decision_name = "error"
+            self._audit(
+                record, decision=decision_name, duration_ms=duration, error=f"{e.code}: {e.message}"
+            )
+            raise
+        duration = (time.monotonic() - started) * 1000
+        self._audit(
+            record,
+            decision="allowed",
+            duration_ms=duration,
+            exit_code=result.get("exit_code"),
+            bytes_out=_bytes_out(result),
+            extra={"diff": result["diff"]} if "diff" in result else None,
+        )
+        return Outcome(result, duration)
+
+    def _authorize(self, principal: Principal, name: str, sandbox: str) -> ToolSpec:
+        spec = TOOLS_BY_NAME.get(name)
+        if spec is None or not principal.may_use(name):
+            if spec is not None and principal.may_use(name) is False:
+                raise InsufficientScope(f"this token may not use {name}; ask for a token with it")
+            raise NotFound(f"unknown tool {name!r}; list tools to see what is available")
+        self.rate.check(principal.actor)
+        if not sandbox:
+            raise InvalidRequest(f"{name} needs sandbox_id (the operator token has no sandbox)")
+        principal.require_sandbox(sandbox)
+        return spec
+
+    @staticmethod
+    def _validate(spec: ToolSpec, args: dict[str, Any]) -> None:
+        try:
+            jsonschema.validate(args, spec.input_schema)
+        except jsonschema.ValidationError as e:
+            where = ".".join(str(p) for p in e.absolute_path) or "arguments"
+            raise InvalidRequest(
+                f"invalid arguments for {spec.name}: {where}: {e.message}", tool=spec.name
+            ) from None
+
+    def _check_policy(self, spec: ToolSpec, args: dict[str, Any]) -> Decision | None:
+        if spec.policy == "none":
+            return None
+        if spec.policy == "command":
+            decision = self.commands.check(args["command"])
+        elif spec.policy == "fs_read":
+            decision = self.read_policy.check_read(args.get("path", "/workspace"))
+        else:
+            size = len(str(args.get("content", ""))) if "content" in args else None
+            decision = self.write_policy.check_write(args["path"], size)
+            if decision.allowed and "destination" in args:
+                decision = self.write_policy.check_write(args["destination"])
+        if not decision.allowed:
+            raise PolicyDenied(decision.reason, rule=decision.rule, tool=spec.name)
+        return decision
+
+    async def _approve(
+        self,
+        principal: Principal,
+        spec: ToolSpec,
+        sandbox: str,
+        args: dict[str, Any],
+        decision: Decision,
+        record: dict[str, Any],
+        mode: ApprovalMode,
+        approval_id: str | None,
+    ) -> None:
+        summary = self.redactor.redact(str(args.get("command", "")))
+        if approval_id:
+            approval = self.approvals.get(approval_id)
+            if approval.args_hash != record["args_hash"] or approval.sandbox != sandbox:
+                raise InvalidRequest(f"approval {approval_id} was for a different call")
+        else:
+            approval = self.approvals.request(
+                sandbox,
+                spec.name,
+                summary,
+                record["args_hash"],
+                principal.actor,
+                decision.rule,
+                self.terminal.approval_timeout,
+            )
+            self._audit(
+                record,
+                decision="approval_requested",
+                extra={"approval": approval.id, "rule": decision.rule, "command": summary},
+            )
+        if mode == "wait":
+            approval = await self.approvals.wait(approval.id)
+        elif approval.status == "pending":
+            raise ApprovalPending(
+                f"`{summary}` waits for an operator's approval ({approval.id}); "
+                "call again with the same arguments to see the decision",
+                approval_id=approval.id,
+            )
+        if approval.status != "approved":
+            self._audit(
+                record,
+                decision="approval_denied",
+                extra={"approval": approval.id, "status": approval.status},
+            )
+            why = "timed out" if approval.status == "expired" else "was denied by the operator"
+            raise ApprovalDenied(
+                f"`{summary}` {why} ({approval.id}); do not retry it unchanged",
+                approval_id=approval.id,
+            )
+        self._audit(
+            record,
+            decision="approval_granted",
+            extra={"approval": approval.id, "by": approval.decided_by},
+        )
+
+    def _limits(self, spec: ToolSpec, args: dict[str, Any]) -> tuple[float, int]:
+        ceiling = self.terminal.timeout_ms or _DEFAULT_TIMEOUT_MS
+        timeout_ms = min(int(args.get("timeout_ms", ceiling)), ceiling)
+        if spec.policy == "fs_read":
+            return timeout_ms / 1000, self.read_policy.max_bytes or _DEFAULT_MAX_OUTPUT
+        return timeout_ms / 1000, self.terminal.max_output_bytes or _DEFAULT_MAX_OUTPUT
+
+    async def _diff_base(self, spec: ToolSpec, call: ToolCall) -> bytes | None:
+        if spec.name not in ("fs_write", "fs_edit") or not self.write_policy.require_diff_summary:
+            return None
+        files = self.runtime.files(call.sandbox_id)
+        path = call.args["path"]
+        exists = await asyncio.to_thread(files.exists, path)
+        return await asyncio.to_thread(files.read, path) if exists else b""
+
+    async def _diff(self, call: ToolCall, before: bytes) -> str:
+        after = await asyncio.to_thread(self.runtime.files(call.sandbox_id).read, call.args["path"])
+        return self.redactor.redact(diff_summary(call.args["path"], before or None, after))
+
+    def _redact(self, result: dict[str, Any]) -> dict[str, Any]:
+        for key in _REDACTED_FIELDS:
+            if isinstance(result.get(key), str):
+                result[key] = self.redactor.redact(result[key])
+        return result
+
+    def _audit(
+        self,
+        record: dict[str, Any],
+        *,
+        decision: str,
+        duration_ms: float | None = None,
+        exit_code: int | None = None,
+        bytes_out: int | None = None,
+        error: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.audit.append(
+            **record,
+            decision=decision,
+            exit_code=exit_code,
+            duration_ms=None if duration_ms is None else round(duration_ms, 3),
+            bytes_out=bytes_out,
+            error=error,
+            extra=extra,
+        )
+
+    # operator actions, audited like tool calls -------------------------------------------
+    def audit_event(self, principal: Principal, decision: str, **fields: Any) -> None:
+        extra = {k: v for k, v in fields.items() if k not in ("sandbox", "tool")}
+        self.audit.append(
+            actor=principal.actor,
+            session=principal.token_id,
+            sandbox=fields.get("sandbox"),
+            tool=fields.get("tool"),
+            args_hash=None,
+            decision=decision,
+            exit_code=None,
+            duration_ms=None,
+            bytes_out=None,
+            error=None,
+            extra=extra or None,
+        )
+
+
+def _bytes_out(result: dict[str, Any]) -> int:
+    return sum(len(str(result[k]).encode()) for k in _REDACTED_FIELDS if k in result)
