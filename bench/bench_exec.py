@@ -121,8 +121,9 @@ def run(quick: bool) -> BenchResult:
             f"  diagnostic: sb.commands.run(['true']) after {IDLE_S * 1000:g} ms idle",
             Stats.of_ns(idle_sdk),
             ratio=f"{ratio(Stats.of_ns(idle_sdk).p50, st_sdk.p50)} of back-to-back",
-            note="a command that follows a pause (the usual agent pattern) pays for "
-            "migrating its process into the sandbox's cgroups; see the findings",
+            note="the launcher's first cgroup.procs write after a pause waits for an RCU "
+            "grace period unless the kernel runs with cgroup favordynmods (see the probe in "
+            "the machine table and 'Why the slow steps are slow')",
         ),
         Row("2", "baseline: bare subprocess.run(['true'])", st_bare, target="baseline"),
         Row(

@@ -106,7 +106,9 @@ class Row:
             n = "" if self.n is None else str(self.n)
             p50, p95, p99 = fmt_value(self.value, self.unit), "", ""
         met = {None: "", True: "yes", False: "**NO**"}[self.met]
-        return [self.bench, self.what, n, p50, p95, p99, self.ratio, self.target, met]
+        what = self.what.lstrip()
+        indent = "&nbsp;&nbsp;&nbsp;&nbsp;" * ((len(self.what) - len(what)) // 2)
+        return [self.bench, indent + what, n, p50, p95, p99, self.ratio, self.target, met]
 
 
 HEADER = ["#", "measurement", "n", "p50 / value", "p95", "p99", "ratio", "target", "target met?"]

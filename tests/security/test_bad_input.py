@@ -12,6 +12,7 @@ more than 50 MB; invalid UTF-8 output round-trips byte-exact in ``stdout_bytes``
 from __future__ import annotations
 
 import gc
+import os
 import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
@@ -48,7 +49,7 @@ OPERATIONS: dict[str, Callable[[Sandbox], Any]] = {
     "remove": lambda sb: sb.files.remove("/workspace/x"),
     "shell": lambda sb: sb.shell(),
     "kill-again": lambda sb: sb.kill(),
-    "connect": lambda sb: Sandbox.connect(sb.id, home=sb._rt.home),
+    "connect": lambda sb: Sandbox.connect(sb.id, home=Path(os.environ["AGENTBOX_HOME"])),
 }
 
 

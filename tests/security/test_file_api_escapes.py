@@ -7,7 +7,9 @@ listed, created under, moved into and removed through; hard links to host files;
 uploads with ``..``, absolute names, link-then-write pairs, hard links out, device nodes
 and setuid bits; tar downloads of symlinks; and a race that flips a directory with
 symlinks to ``/`` and ``/tmp`` (atomic ``RENAME_EXCHANGE``) while the API writes and reads
-through it. After each attack nothing was created or changed on the host.
+through it. After each attack nothing was created or changed on the host. Also: the API
+(a host thread) never blocks on objects the agent plants: fifos, and files on which the
+agent holds a read or write lease while ignoring the lease-break signal.
 """
 
 from __future__ import annotations
@@ -323,3 +325,44 @@ def test_race_flipping_dir_and_symlink_cannot_redirect(
     )
     assert landed.strip(), "writes that succeeded must be somewhere inside the sandbox"
     sh(sb, f"rm -rf /workspace/race /tmp/{name}")
+
+
+LEASE_HOLDER = r"""
+import fcntl, os, signal, sys, time
+signal.signal(signal.SIGIO, signal.SIG_IGN)  # never give the lease up voluntarily
+path, kind = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDONLY if kind == "read" else os.O_RDWR)
+fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK if kind == "read" else fcntl.F_WRLCK)
+print("leased", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("lease", ["read", "write"])
+def test_file_api_never_blocks_on_agent_leases_or_fifos(sb: Sandbox, lease: str) -> None:
+    path = f"/workspace/leased-{lease}"
+    sh(sb, f"echo hello > {path}; rm -f /workspace/fifo; mkfifo /workspace/fifo")
+    holder = sb.commands.start(["python3", "-c", LEASE_HOLDER, path, lease])
+    try:
+        wait_for(lambda: "leased" in holder.read().text, 15, "the lease to be taken")
+        calls: dict[str, Callable[[], object]] = {
+            "read": lambda: sb.files.read(path),
+            "write": lambda: sb.files.write(path, b"x"),
+            "append": lambda: sb.files.write(path, b"x", mode="append"),
+            "edit": lambda: sb.files.edit(path, "hello", "bye"),
+            "download": lambda: sb.files.download_tar(path, io.BytesIO()),
+            "upload-over": lambda: sb.files.upload_tar(
+                "/workspace", _tar([(path.rsplit("/", 1)[1], b"y")])
+            ),
+            "fifo-read": lambda: sb.files.read("/workspace/fifo"),
+            "fifo-write": lambda: sb.files.write("/workspace/fifo", b"x"),
+            "fifo-download": lambda: sb.files.download_tar("/workspace/fifo", io.BytesIO()),
+        }
+        for what, call in calls.items():
+            started = time.monotonic()
+            with contextlib.suppress(AgentboxError):
+                call()
+            took = time.monotonic() - started
+            assert took < 5, f"{what} blocked {took:.1f}s on an agent-held {lease} lease / fifo"
+    finally:
+        holder.kill()

@@ -316,3 +316,50 @@ def test_tiocsti_on_controlling_pty_is_denied(shared_sandbox: Sandbox) -> None:
     assert out["tiocsti"] == "EPERM", out
     assert out["tiocsti_upper_bits"] == "EPERM", out
     assert out["injected"] == "", f"characters were injected into the terminal: {out}"
+
+
+# Foreign-ABI entry points into the same kernel functions: 32-bit ``int 0x80`` (this kernel
+# has IA32 emulation) and x32 numbers (bit 30). A filter written for x86_64 numbers only
+# must not let them through. Each call runs in a child, since the filter may kill it.
+COMPAT_CALL = r"""
+import ctypes, errno, mmap, sys
+abi, nr, a, b, c = sys.argv[1], *(int(x, 0) for x in sys.argv[2:6])
+if abi == "i386":
+    le = lambda v: (v & 0xFFFFFFFF).to_bytes(4, "little")
+    # push rbx; mov eax/ebx/ecx/edx; int 0x80; movsxd rax, eax; pop rbx; ret
+    code = (b"\x53\xb8" + le(nr) + b"\xbb" + le(a) + b"\xb9" + le(b) + b"\xba" + le(c)
+            + b"\xcd\x80\x48\x63\xc0\x5b\xc3")
+    buf = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    buf.write(code)
+    r = ctypes.CFUNCTYPE(ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))()
+    print("ok" if r >= 0 else errno.errorcode.get(-r, str(r)))
+else:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    r = libc.syscall(ctypes.c_long(0x40000000 | nr), ctypes.c_long(a), ctypes.c_long(b),
+                     ctypes.c_long(c))
+    print("ok" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), "?"))
+"""
+
+COMPAT_CALLS = {
+    # name: (abi, number, args): each would succeed for an unconfined process
+    "i386-keyctl": ("i386", 288, (0, -3, 0)),
+    "i386-unshare-newuser": ("i386", 310, (0x10000000, 0, 0)),
+    "i386-ptrace-traceme": ("i386", 26, (0, 0, 0)),
+    "i386-userfaultfd": ("i386", 374, (1, 0, 0)),
+    "i386-personality": ("i386", 136, (0xFFFFFFFF, 0, 0)),
+    "x32-keyctl": ("x32", 250, (0, -3, 0)),
+    "x32-unshare-newuser": ("x32", 272, (0x10000000, 0, 0)),
+}
+
+
+@pytest.mark.parametrize("call", sorted(COMPAT_CALLS))
+def test_foreign_abi_syscalls_are_blocked(shared_sandbox: Sandbox, call: str) -> None:
+    abi, number, args = COMPAT_CALLS[call]
+    shared_sandbox.files.write("/tmp/compat_call.py", COMPAT_CALL.encode())
+    r = shared_sandbox.commands.run(
+        ["python3", "/tmp/compat_call.py", abi, str(number), *(str(a) for a in args)]
+    )
+    outcome = r.stdout.strip() or f"signal {r.signal}"
+    assert outcome != "ok", f"{call} got past the seccomp filter"
+    assert r.signal == 31 or outcome in ("EPERM", "ENOSYS"), f"{call}: {outcome} {r.stderr}"

@@ -102,9 +102,9 @@ def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> N
         tls = settings.gateway.tls
         if not _is_loopback(host) and (not allow_public or tls is None):
             raise InvalidConfig(
-                    f"refusing to listen on {host}: a non-loopback bind needs both "
-                    "gateway.tls (cert_file, key_file) and --allow-public"
-                )
+                f"refusing to listen on {host}: a non-loopback bind needs both "
+                "gateway.tls (cert_file, key_file) and --allow-public"
+            )
         home = agentbox_home()
         token = _operator_token(settings, home)
         app = create_app(settings, operator_token=token, home=home)

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
@@ -210,6 +211,20 @@ def create_app(
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
         return error_response(
             InvalidRequest(f"{where}: {first.get('msg')}", problems=len(exc.errors()))
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {
+            401: "unauthenticated",
+            403: "permission_denied",
+            404: "not_found",
+            413: "limit_exceeded",
+            429: "rate_limited",
+        }.get(exc.status_code, "invalid_request")
+        return JSONResponse(
+            {"error": {"code": code, "message": str(exc.detail), "details": {}}},
+            status_code=exc.status_code,
         )
 
     @app.exception_handler(Exception)

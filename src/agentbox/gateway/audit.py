@@ -368,9 +368,7 @@ def read_records(
     return [unique[s] for s in sorted(unique)]
 
 
-def _read_new(
-    f: IO[bytes], pos: int, last: int | None
-) -> Generator[Record, None, tuple[int, int | None]]:
+def _read_new(f: IO[bytes], pos: int, last: int) -> Generator[Record, None, tuple[int, int]]:
     """Yield the complete records after ``pos`` with seq above ``last``; return both updated."""
     while True:
         f.seek(pos)
@@ -380,7 +378,7 @@ def _read_new(
             return pos, last
         for line in chunk[:cut].split(b"\n")[:-1]:
             rec = _parse_record(line)
-            if rec is not None and (last is None or rec["seq"] > last):
+            if rec is not None and rec["seq"] > last:
                 last = rec["seq"]
                 yield rec
         pos += cut
@@ -414,30 +412,36 @@ def follow(
         return
     try:
         pos = _complete_end(f, os.fstat(f.fileno()).st_size)
-        last = since_seq
-        if since_seq is not None:
-            for rec in read_records(path, since_seq=since_seq, limit=None):
+        if since_seq is None:
+            newest = read_records(path, limit=1)
+            last = newest[-1]["seq"] if newest else 0
+        else:
+            last = since_seq
+        while True:
+            # Records in files we have not opened: the catch-up at start, and files that
+            # were rotated away faster than we polled. Our file was opened first, so
+            # anything newer than what this finds is in it; seq filters the overlap.
+            for rec in read_records(path, since_seq=last, limit=None):
                 last = rec["seq"]
                 yield rec
-        while True:
-            pos, last = yield from _read_new(f, pos, last)
-            try:
-                current = os.stat(path)
-                mine = os.fstat(f.fileno())
-                rotated = (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino)
-            except FileNotFoundError:
-                rotated = True
-            if rotated:
-                # The writer fsyncs and closes a file before renaming it: drain it, move on.
+            while True:
                 pos, last = yield from _read_new(f, pos, last)
-                f.close()
-                reopened = _open_when_present(path, stop, poll_interval)
-                if reopened is None:
+                try:
+                    current, mine = os.stat(path), os.fstat(f.fileno())
+                    rotated = (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino)
+                except FileNotFoundError:
+                    rotated = True
+                if rotated:
+                    break
+                if stop.wait(poll_interval):
                     return
-                f, pos = reopened, 0
-                continue
-            if stop.wait(poll_interval):
+            # The writer fsyncs a full file before renaming it: drain ours, then move on.
+            pos, last = yield from _read_new(f, pos, last)
+            f.close()
+            reopened = _open_when_present(path, stop, poll_interval)
+            if reopened is None:
                 return
+            f, pos = reopened, 0
     finally:
         f.close()
 
@@ -566,7 +570,10 @@ def verify(path: str | os.PathLike[str]) -> VerifyResult:
         return bad(None, head_path(path).name, None, "head file has seq 0 but no genesis hash")
     notes = []
     if head is not None and head.seq < last:
-        notes.append(f"{last - head.seq} record(s) after the head (written just before a crash?)")
+        notes.append(
+            f"{last - head.seq} record(s) newer than the head (not fsynced yet in batch mode, "
+            "or written just before a crash)"
+        )
     if unfinished:
         notes.append(f"an unfinished last line in {path.name} (set aside when the log reopens)")
     if torn:
@@ -623,7 +630,6 @@ class AuditLog:
         redact: Callable[[str], str] | None = None,
         sink: RemoteSink | None = None,
         sink_close_timeout: float = 5.0,
-        clock: Callable[[], datetime] | None = None,
     ) -> None:
         if fsync not in ("always", "batch"):
             raise InvalidConfig(f"audit fsync must be 'always' or 'batch', got {fsync!r}")
@@ -639,7 +645,6 @@ class AuditLog:
         self._batch_records = batch_records
         self._redact = redact
         self._sink_close_timeout = sink_close_timeout
-        self._clock = clock or (lambda: datetime.now(UTC))
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._closed = False
@@ -660,13 +665,13 @@ class AuditLog:
             os.fsync(self._fd)
             self._write_head(self._seq, self._hash)
             _fsync_dir(self.path.parent)  # the log's and the head's names are durable
+            if sink is not None:
+                sink.start(self._seq, self._records_after)
         except BaseException:
             if hasattr(self, "_fd"):
                 os.close(self._fd)
             os.close(self._lock_fd)
             raise
-        if sink is not None:
-            sink.start(self._seq, self._records_after)
         if fsync == "batch":
             self._flusher = threading.Thread(target=self._flush_loop, name="audit-fsync")
             self._flusher.daemon = True
@@ -748,7 +753,7 @@ class AuditLog:
                 **fields,
                 "v": FORMAT_VERSION,
                 "seq": self._seq + 1,
-                "ts": rfc3339(self._clock()),
+                "ts": rfc3339(datetime.now(UTC)),
                 "prev": self._hash,
             }
             record["hash"] = record_hash(record)
@@ -832,7 +837,7 @@ class AuditLog:
             if text is not None and not isinstance(text, str):
                 raise InvalidRequest(f"{name} must be a string, got {type(text).__name__}")
             out[name] = _clean(text, self._redact, name)
-        out["decision"] = decision
+        out["decision"] = str(decision)  # a Decision member is stored as its plain value
         out["args_hash"] = args_hash(args) if args is not None else digest
         out["exit_code"] = exit_code
         out["duration_ms"] = _clean(duration_ms, None, "duration_ms")

@@ -195,10 +195,11 @@ class RemoteSink:
         with self._cond:
             if self._stopping:
                 raise Conflict("the remote audit sink is closed; open a new AuditLog")
-            if not self._queue:
+            if not self._queue:  # wake the shipper to start the batch_interval timer
                 self._first_queued_at = time.monotonic()
+                self._cond.notify_all()
             self._queue.append(record)
-            if len(self._queue) >= self._batch_records:
+            if len(self._queue) == self._batch_records:
                 self._cond.notify_all()
 
     def close(self, timeout: float = 5.0) -> bool:

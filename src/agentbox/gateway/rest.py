@@ -131,7 +131,7 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
         p.require_operator("creating a sandbox")
         spec = {k: v for k, v in body.model_dump().items() if v is not None}
         record = await asyncio.to_thread(gateway.runtime.create, spec)
-        gateway.audit_event(p, "sandbox_created", sandbox=record.id, template=record.template)
+        await gateway.audit_event(p, "sandbox_created", sandbox=record.id, template=record.template)
         return record_dict(record)
 
     @api.get("/sandboxes", tags=["sandboxes"])
@@ -149,7 +149,9 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
         p.require_operator("destroying a sandbox")
         await asyncio.to_thread(gateway.runtime.destroy, sandbox_id)
         revoked = gateway.tokens.revoke_sandbox(sandbox_id)
-        gateway.audit_event(p, "sandbox_destroyed", sandbox=sandbox_id, tokens_revoked=revoked)
+        await gateway.audit_event(
+            p, "sandbox_destroyed", sandbox=sandbox_id, tokens_revoked=revoked
+        )
         return {"id": sandbox_id, "destroyed": True, "tokens_revoked": revoked}
 
     # commands -----------------------------------------------------------------------------
@@ -295,7 +297,7 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
         if unknown:
             raise InvalidRequest(f"unknown tools {unknown}; see GET /v1/tools")
         token, info = gateway.tokens.issue(body.sandbox, body.ttl, body.tools)
-        gateway.audit_event(
+        await gateway.audit_event(
             p,
             "token_issued",
             sandbox=body.sandbox,
@@ -314,7 +316,7 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
     async def revoke_token(token_id: str, p: Principal = auth) -> dict[str, Any]:
         p.require_operator("revoking tokens")
         revoked = gateway.tokens.revoke(token_id)
-        gateway.audit_event(p, "token_revoked", token_id=token_id)
+        await gateway.audit_event(p, "token_revoked", token_id=token_id)
         return {"id": token_id, "revoked": revoked}
 
     # approvals ----------------------------------------------------------------------------
@@ -333,7 +335,7 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
         if not p.is_operator:  # a sandbox's own token must never approve its own commands
             raise InsufficientScope("only the operator can approve or deny; a session token cannot")
         approval = gateway.approvals.decide(approval_id, verdict == "approve", p.actor)
-        gateway.audit_event(
+        await gateway.audit_event(
             p,
             f"approval_{'granted' if verdict == 'approve' else 'denied'}",
             sandbox=approval.sandbox,

@@ -125,12 +125,12 @@ class Gateway:
                 decision_name = "denied"
             else:
                 decision_name = "error"
-            self._audit(
+            await self._audit(
                 record, decision=decision_name, duration_ms=duration, error=f"{e.code}: {e.message}"
             )
             raise
         duration = (time.monotonic() - started) * 1000
-        self._audit(
+        await self._audit(
             record,
             decision="allowed",
             duration_ms=duration,
@@ -204,7 +204,7 @@ class Gateway:
                 decision.rule,
                 self.terminal.approval_timeout,
             )
-            self._audit(
+            await self._audit(
                 record,
                 decision="approval_requested",
                 extra={"approval": approval.id, "rule": decision.rule, "command": summary},
@@ -218,7 +218,7 @@ class Gateway:
                 approval_id=approval.id,
             )
         if approval.status != "approved":
-            self._audit(
+            await self._audit(
                 record,
                 decision="approval_denied",
                 extra={"approval": approval.id, "status": approval.status},
@@ -228,7 +228,7 @@ class Gateway:
                 f"`{summary}` {why} ({approval.id}); do not retry it unchanged",
                 approval_id=approval.id,
             )
-        self._audit(
+        await self._audit(
             record,
             decision="approval_granted",
             extra={"approval": approval.id, "by": approval.decided_by},
@@ -259,7 +259,7 @@ class Gateway:
                 result[key] = self.redactor.redact(result[key])
         return result
 
-    def _audit(
+    async def _audit(
         self,
         record: dict[str, Any],
         *,
@@ -270,7 +270,7 @@ class Gateway:
         error: str | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
-        self.audit.append(
+        await self.audit.append_async(
             **record,
             decision=decision,
             exit_code=exit_code,
@@ -281,9 +281,9 @@ class Gateway:
         )
 
     # operator actions, audited like tool calls -------------------------------------------
-    def audit_event(self, principal: Principal, decision: str, **fields: Any) -> None:
+    async def audit_event(self, principal: Principal, decision: str, **fields: Any) -> None:
         extra = {k: v for k, v in fields.items() if k not in ("sandbox", "tool")}
-        self.audit.append(
+        await self.audit.append_async(
             actor=principal.actor,
             session=principal.token_id,
             sandbox=fields.get("sandbox"),

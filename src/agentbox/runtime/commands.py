@@ -213,8 +213,11 @@ class CommandRunner:
 
     def open_pty(self) -> tuple[int, int]:
         """A pty pair from the sandbox's own devpts, so ``tty`` and ``ttyname`` work inside."""
+        # /dev/pts/ptmx, not /dev/ptmx: /dev is the agent's tmpfs, and an absolute symlink
+        # planted there would resolve against the host's root (we open as host root).
         master = os.open(
-            f"/proc/{self.init_pid}/root/dev/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC
+            f"/proc/{self.init_pid}/root/dev/pts/ptmx",
+            os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW,
         )
         try:
             fcntl.ioctl(master, _TIOCSPTLCK, struct.pack("i", 0))

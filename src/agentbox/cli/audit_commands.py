@@ -1,0 +1,148 @@
+"""``agentbox audit ...``: verify the hash chain of the audit trail and read its tail.
+
+Read-only: these commands never open the log for writing, so they are safe next to a
+running gateway. PATH defaults to ``$AGENTBOX_AUDIT_PATH``, else
+``$AGENTBOX_HOME/audit/audit.jsonl`` (``AGENTBOX_HOME`` defaults to /var/lib/agentbox).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+from agentbox.gateway.audit import (
+    canonical_json,
+    default_audit_path,
+    follow,
+    read_records,
+    verify,
+)
+
+_PATH = click.argument(
+    "path", required=False, type=click.Path(dir_okay=False, path_type=Path), metavar="[PATH]"
+)
+
+
+@click.group("audit")
+def audit() -> None:
+    """Check and read the gateway's tamper-evident audit trail.
+
+    PATH is the active log file (rotated files ``PATH.1``, ``PATH.2``, … and the head
+    file sit next to it); it defaults to $AGENTBOX_AUDIT_PATH, else
+    $AGENTBOX_HOME/audit/audit.jsonl.
+    """
+
+
+@audit.command("verify")
+@_PATH
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def verify_command(path: Path | None, as_json: bool) -> None:
+    """Prove that no record was altered, removed, reordered or inserted.
+
+    Checks every rotated file in order, the hash chain and the head file. Exits 0 and
+    prints "ok: N records", or exits 1 and names the first bad record: file, line, seq
+    and why.
+
+    A log rewritten wholesale by someone who also rewrote the head still verifies;
+    compare with the copy the remote log service received to rule that out.
+
+    \b
+    Examples:
+      agentbox audit verify
+      agentbox audit verify /var/log/agentbox/audit.jsonl
+      agentbox audit verify --json | jq .first_bad
+    """
+    target = path or default_audit_path()
+    result = verify(target)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "path": str(target),
+                    "ok": result.ok,
+                    "records": result.records,
+                    "first_bad": result.first_bad,
+                    "file": result.file,
+                    "line": result.line,
+                    "reason": result.reason,
+                    "torn": list(result.torn),
+                }
+            )
+        )
+    elif result.ok:
+        click.echo(f"ok: {result.records} records")
+        notes = result.reason.split("; ")[1:]
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
+    else:
+        where = result.file or "?"
+        if result.line is not None:
+            where += f":{result.line}"
+        seq = f"seq {result.first_bad}" if result.first_bad is not None else "seq ?"
+        click.echo(f"FAILED: {where}: {seq}: {result.reason}")
+        click.echo(f"({result.records} records verified before it)", err=True)
+    if not result.ok:
+        raise SystemExit(1)
+
+
+def _human(rec: dict[str, Any]) -> str:
+    parts = [f"{rec.get('seq', '?'):>7}", str(rec.get("ts", "?")), f"{rec.get('decision')!s:<18}"]
+    for key in ("actor", "session", "sandbox", "tool"):
+        if rec.get(key) is not None:
+            parts.append(f"{key}={rec[key]}")
+    if rec.get("exit_code") is not None:
+        parts.append(f"exit={rec['exit_code']}")
+    if rec.get("duration_ms") is not None:
+        parts.append(f"{rec['duration_ms']}ms")
+    if rec.get("bytes_out") is not None:
+        parts.append(f"{rec['bytes_out']}B")
+    if rec.get("error"):
+        parts.append(f"error={json.dumps(rec['error'])}")
+    return " ".join(parts)
+
+
+@audit.command("tail")
+@_PATH
+@click.option(
+    "-n", "--lines", "count", default=10, show_default=True, type=click.IntRange(min=0),
+    help="How many of the newest records to print first.",
+)  # fmt: skip
+@click.option("-f", "--follow", "keep_following", is_flag=True, help="Keep printing new records.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print each record as one JSON line, as stored."
+)
+def tail_command(path: Path | None, count: int, keep_following: bool, as_json: bool) -> None:
+    """Print the newest records; with -f, keep printing as they are appended.
+
+    Follows across rotations. Stop with Ctrl-C. Records are shown as written; use
+    "verify" to check that they were not tampered with.
+
+    \b
+    Examples:
+      agentbox audit tail
+      agentbox audit tail -n 50 --json | jq 'select(.decision == "denied")'
+      agentbox audit tail -f /var/log/agentbox/audit.jsonl
+    """
+    target = path or default_audit_path()
+    if not keep_following and not target.exists():
+        click.echo(f"error: no audit log at {target}", err=True)
+        raise SystemExit(1)
+
+    def show(rec: dict[str, Any]) -> None:
+        click.echo(canonical_json(rec).decode() if as_json else _human(rec))
+
+    recent = read_records(target, limit=max(count, 1))
+    for rec in recent[len(recent) - count :] if count else []:
+        show(rec)
+    if not keep_following:
+        return
+    stop = threading.Event()
+    try:
+        for rec in follow(target, since_seq=recent[-1]["seq"] if recent else 0, stop=stop):
+            show(rec)
+    except KeyboardInterrupt:
+        stop.set()

@@ -1,0 +1,512 @@
+"""The tool gateway's policy engine: may this command run, may this file be written?
+
+**This is a guardrail, not a security boundary. The sandbox is the boundary.** The policy
+keeps a cooperative-but-careless agent away from commands and files the operator flagged,
+and asks a human before high-risk actions. It cannot stop an agent that sets out to get
+around it; everything it allows still runs inside the sandbox, and the sandbox (namespaces,
+seccomp, cgroups, no credentials, egress filtering) is what contains a hostile agent.
+
+Commands (:class:`CommandPolicy`)
+---------------------------------
+The command is analysed with a real shell parser (:mod:`agentbox.gateway.shell_analysis`)
+to find *every* program it would run: all list/pipeline members, subshells, groups, control
+flow and function bodies, ``$(…)``/backticks/``<(…)``, wrappers (``env``, ``xargs``,
+``timeout``, ``sudo``, ``find -exec``, …) and code strings (``bash -c``, ``eval``). Then, in
+this order:
+
+1. anything that cannot be analysed statically is **denied** (rule ``unparseable``,
+   ``dynamic command name``, ``dynamic shell code``, ``nesting too deep``, ``invalid command``,
+   ``function import via environment``) - unless a denied program was already found, in which
+   case the deny rule is reported (deny wins);
+2. a program on the deny list → **denied** (rule ``tools.<tool>.deny: <program>``);
+3. with an allow list, every program must be on it → otherwise **denied** (rule
+   ``tools.<tool>.allow``; the reason names the first offending program and the list).
+   Shell builtins that run nothing themselves (:data:`SHELL_BUILTINS`: ``cd``, ``echo``,
+   ``test``, ``export``, …, and ``eval``/``command``/``exec``/``trap`` whose payload *is*
+   analysed) need not be listed; they are still subject to the deny list;
+4. an approval pattern matches → **allowed but needs approval** (``allowed=True,
+   needs_approval=True``, rule ``tools.<tool>.approval: <pattern>``): the gateway must not run
+   it before a human approves. ``sudo``/``doas`` always need approval (rule
+   ``privilege escalation: sudo``);
+5. otherwise allowed.
+
+Names are compared after normalisation (basename, ``.`` → ``source``), both in the command
+and in the lists, exactly (no globs in allow/deny lists). ``source``/``.`` is treated as an
+ordinary program: it must be on the allow list when one is configured (it runs a file,
+like ``bash FILE``), and can be denied.
+
+Approval patterns are :func:`fnmatch.fnmatchcase` globs (``*`` matches anything including
+spaces and ``/``, ``?`` one character, ``[…]`` a class; case-sensitive; the pattern's own
+whitespace runs are collapsed to one space) matched against *full* strings, each of:
+
+* the whole command, whitespace runs collapsed to one space (an argv: its items joined by
+  spaces);
+* every simple command, rendered as its normalised program name followed by its words after
+  quote removal, single-spaced, without assignments and redirections - at any depth, and
+  for wrappers also the wrapped command alone (``sudo /usr/bin/git push -f`` yields
+  ``sudo git push -f`` and ``git push -f``);
+* every pipeline of two or more commands, its segments (rendered as above, once as written
+  and once unwrapped) joined by `` | `` (so ``curl x|/bin/sh`` yields ``curl x | sh``).
+
+Patterns mean what they say: ``git push --force*`` does not match ``git push -f`` and
+``rm -rf *`` does not match ``rm -fr x`` or ``rm -r -f x``; list each spelling you care about.
+``* | sh`` matches ``curl x | sh`` but not ``curl x | sh -s`` (use ``* | sh*``).
+
+Files (:class:`FilePolicy`)
+---------------------------
+Paths are sandbox paths, absolute or relative to ``/workspace``, normalised lexically with
+:func:`posixpath.normpath` (``..`` collapsed, repeated ``/`` squeezed). Outside ``root`` →
+denied. ``protected`` patterns (writes only) are gitignore-like and relative to ``root``:
+a pattern with a ``/`` before its end is anchored at ``root`` (``.git/hooks/**``,
+``/.mcp.json``), a pattern without one matches at any depth (``.envrc`` protects
+``sub/.envrc`` too - direnv reads both); ``*`` and ``?`` stay within one path segment,
+``**/`` matches any number of directories, a trailing ``/**`` everything inside; a pattern
+matching a directory protects everything in it. Writing, removing or moving a directory that
+*contains* an anchored protected path (``.git``, ``.git/hooks``, the root itself) is denied
+too. ``size`` above ``max_bytes`` → denied.
+
+Limitations - what a determined agent can still do
+--------------------------------------------------
+* **Run code the analyser does not see.** Write a script file (or a Makefile, a
+  ``conftest.py``, an npm script, a git alias or hook) and run it with an allowed program:
+  ``bash x.sh``, ``python3 x.py``, ``make``, ``npm test``, ``pytest``, ``git x``. Pass code to an
+  allowed interpreter: ``python3 -c 'import os; os.system("rm -rf /")'``, ``node -e …``, or
+  pipe it into one: ``echo 'rm x' | bash`` (add ``* | bash*``-style approval patterns). Only
+  POSIX shell code strings (``sh -c``, ``eval``, …) are analysed.
+* **Shadow an allowed name.** Paths are reduced to their basename, so ``./git`` (a file the
+  agent wrote) counts as ``git``; so does a ``PATH=.:$PATH`` or ``hash -p`` trick, or a
+  ``LD_PRELOAD``/``BASH_ENV`` assignment that loads a file into an allowed program.
+* **Use an unknown wrapper.** Programs that run other programs but are not modelled
+  (``strace``, ``gdb``, ``parallel``, ``ssh``, ``perl``, ``awk 'BEGIN{system(…)}'``,
+  ``git -c core.pager=…``) are seen only as themselves. A deny list is therefore easy to walk
+  around; an **allow list** is the meaningful control.
+* **Data-dependent evaluation.** bash evaluates array subscripts in arithmetic contexts, so a
+  variable whose *value* is ``a[$(cmd)]`` runs ``cmd`` in ``$((x))``, ``[[ $x -eq 1 ]]``,
+  ``read``/``printf -v`` targets, etc. Literal occurrences are refused; values arriving at
+  run time cannot be seen.
+* **Symlinks.** File checks are lexical. A symlink created inside the sandbox
+  (``ln -s .git/hooks h``) can point a permitted path at a protected one; the file layer
+  must resolve paths inside the sandbox (``openat2(RESOLVE_IN_ROOT)``) and re-check.
+
+It also refuses some valid shell (false denials, always with a reason saying what to do):
+bashlex does not support ``case``, ``[[ ]]``, ``$((…))``, ``(( ))``, ``time``, ``coproc``,
+``select``, arrays and a few multi-line forms; program names built at run time and
+wrapper/``find`` arguments whose meaning depends on run-time values are refused.
+"""
+
+from __future__ import annotations
+
+import difflib
+import posixpath
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from agentbox.gateway.shell_analysis import (
+    RULE_DYNAMIC_CODE,
+    RULE_DYNAMIC_NAME,
+    RULE_FUNC_IMPORT,
+    RULE_INVALID,
+    RULE_TOO_DEEP,
+    RULE_UNPARSEABLE,
+    CommandAnalysis,
+    UnparseableCommand,
+    analyse_command,
+    normalise_program,
+    programs_in,
+)
+
+__all__ = [
+    "RULE_DYNAMIC_CODE",
+    "RULE_DYNAMIC_NAME",
+    "RULE_FUNC_IMPORT",
+    "RULE_INVALID",
+    "RULE_TOO_DEEP",
+    "RULE_UNPARSEABLE",
+    "SHELL_BUILTINS",
+    "WORKSPACE",
+    "CommandPolicy",
+    "Decision",
+    "FilePolicy",
+    "UnparseableCommand",
+    "diff_summary",
+    "programs_in",
+]
+
+WORKSPACE = "/workspace"
+"""Relative sandbox paths are relative to this directory."""
+
+SHELL_BUILTINS: frozenset[str] = frozenset(
+    {
+        ":", "true", "false", "cd", "pwd", "echo", "printf", "test", "[", "export", "unset",
+        "set", "shift", "local", "declare", "typeset", "readonly", "read", "return", "exit",
+        "break", "continue", "wait", "shopt", "getopts", "type", "let", "pushd", "popd",
+        "dirs", "umask", "ulimit", "times", "jobs", "unalias",
+        # builtins that run their payload - the payload is analysed and checked separately:
+        "eval", "command", "builtin", "exec", "trap", "alias", "hash",
+    }
+)  # fmt: skip
+"""Shell builtins that need not appear on an allow list (the deny list still applies)."""
+
+_PRIVILEGED = ("sudo", "doas")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of a policy check.
+
+    ``allowed`` and ``needs_approval`` are both true when the lists allow the action but an
+    approval pattern matched: it must wait for a human (see :attr:`may_run_now`).
+    """
+
+    allowed: bool
+    needs_approval: bool
+    rule: str | None
+    """The rule that decided, e.g. ``tools.terminal.run.deny: rm``, ``unparseable``,
+    ``tools.fs.write.protected: .git/hooks/**``; None when nothing restricted it."""
+    reason: str
+    """Human/agent-readable: what happened and what to do next."""
+    programs: tuple[str, ...] = ()
+    """Normalised program names found (commands only), first-occurrence order."""
+
+    @property
+    def may_run_now(self) -> bool:
+        """Allowed and no approval needed."""
+        return self.allowed and not self.needs_approval
+
+
+def _collapse(text: str) -> str:
+    return " ".join(text.split())
+
+
+class CommandPolicy:
+    """Allow / deny / approval lists for one command-running tool (``terminal.run``).
+
+    ``allow=None`` allows every program that is not denied; an empty list allows none (only
+    :data:`SHELL_BUILTINS`). ``tool`` names the tool in rule strings.
+    """
+
+    def __init__(
+        self,
+        allow: list[str] | None,
+        deny: list[str],
+        approval: list[str],
+        *,
+        tool: str = "terminal.run",
+    ) -> None:
+        self.tool = tool
+        self.allow: frozenset[str] | None = (
+            None if allow is None else frozenset(normalise_program(a) for a in allow)
+        )
+        self.deny: frozenset[str] = frozenset(normalise_program(d) for d in deny)
+        self.approval: tuple[str, ...] = tuple(_collapse(p) for p in approval if p.strip())
+
+    def check(self, command: str | list[str]) -> Decision:
+        """Decide on a shell string, or an argv list (``argv[0]`` is the program)."""
+        try:
+            analysis = analyse_command(command)
+        except UnparseableCommand as exc:
+            denied = self._denied_decision(exc.programs)
+            if denied is not None:
+                return denied
+            return Decision(False, False, exc.rule, exc.message, tuple(exc.programs))
+        programs = tuple(analysis.unique_programs())
+        denied = self._denied_decision(programs)
+        if denied is not None:
+            return denied
+        if self.allow is not None:
+            for program in programs:
+                if program not in self.allow and program not in SHELL_BUILTINS:
+                    listed = ", ".join(sorted(self.allow)) or "(none)"
+                    return Decision(
+                        False,
+                        False,
+                        f"tools.{self.tool}.allow",
+                        f"`{program}` is not on the allow list of {self.tool}. Allowed "
+                        f"programs: {listed} (plus shell builtins such as cd, echo, test). Use "
+                        "one of those, or ask the operator to allow it.",
+                        programs,
+                    )
+        whole = _collapse(" ".join(command) if isinstance(command, list) else command)
+        return self._approval_decision(whole, analysis, programs)
+
+    def _denied_decision(self, found: Iterable[str]) -> Decision | None:
+        programs = tuple(found)
+        for program in programs:
+            if program in self.deny:
+                return Decision(
+                    False,
+                    False,
+                    f"tools.{self.tool}.deny: {program}",
+                    f"`{program}` is denied by the {self.tool} policy (deny list: "
+                    f"{', '.join(sorted(self.deny))}). Do the task without it, or ask the "
+                    "operator.",
+                    programs,
+                )
+        return None
+
+    def _approval_decision(
+        self, whole: str, analysis: CommandAnalysis, programs: tuple[str, ...]
+    ) -> Decision:
+        targets = [whole, *analysis.pipelines, *analysis.commands]
+        for pattern in self.approval:
+            for target in targets:
+                if fnmatchcase(target, pattern):
+                    return Decision(
+                        True,
+                        True,
+                        f"tools.{self.tool}.approval: {pattern}",
+                        f"`{target}` matches the approval pattern {pattern!r}: it runs only "
+                        "after a human approves it. Wait for the approval, or choose a less "
+                        "risky command.",
+                        programs,
+                    )
+        for program in _PRIVILEGED:
+            if program in analysis.privileged:
+                return Decision(
+                    True,
+                    True,
+                    f"privilege escalation: {program}",
+                    f"`{program}` escalates privileges: it runs only after a human approves "
+                    f"it. Run the command without {program} if you can.",
+                    programs,
+                )
+        return Decision(True, False, None, f"allowed (runs: {', '.join(programs)})", programs)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def _glob_regex(body: str) -> str:
+    """gitignore-style glob (without anchoring slashes) → regex source."""
+    out: list[str] = []
+    i = 0
+    while i < len(body):
+        if body.startswith("**/", i) and (i == 0 or body[i - 1] == "/"):
+            out.append("(?:.*/)?")
+            i += 3
+        elif body.startswith("/**", i) and i + 3 == len(body):
+            out.append("/.+")
+            i += 3
+        elif body[i] == "*":
+            while i < len(body) and body[i] == "*":
+                i += 1
+            out.append("[^/]*")
+        elif body[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif body[i] == "[":
+            close = body.find("]", i + 2)
+            if close == -1:
+                out.append(re.escape("["))
+                i += 1
+                continue
+            cls = body[i + 1 : close]
+            if cls.startswith("!"):
+                cls = "^" + cls[1:]
+            out.append("[" + cls.replace("\\", "\\\\") + "]")
+            i = close + 1
+        elif body[i] == "\\" and i + 1 < len(body):
+            out.append(re.escape(body[i + 1]))
+            i += 2
+        else:
+            out.append(re.escape(body[i]))
+            i += 1
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class _Protected:
+    pattern: str
+    regex: re.Pattern[str]
+    ancestors: frozenset[str]  # directories that contain what the pattern protects
+
+    @staticmethod
+    def compile(pattern: str) -> _Protected:
+        text = pattern.strip()
+        body = text.strip("/")
+        anchored = text.startswith("/") or "/" in text.rstrip("/")
+        prefix = "" if anchored else "(?:.*/)?"
+        regex = re.compile(prefix + _glob_regex(body) + "(?:/.*)?")
+        ancestors = {""}
+        if anchored:
+            literal: list[str] = []
+            for seg in body.split("/"):
+                if any(ch in seg for ch in "*?[\\"):
+                    break
+                literal.append(seg)
+            ancestors.update("/".join(literal[:n]) for n in range(1, len(literal) + 1))
+            if len(literal) == len(body.split("/")):
+                ancestors.discard(body)  # the exact path is matched by the regex
+        return _Protected(pattern, regex, frozenset(ancestors))
+
+    def matches(self, rel: str) -> bool:
+        return rel in self.ancestors or (rel != "" and self.regex.fullmatch(rel) is not None)
+
+
+class FilePolicy:
+    """Root, size cap and protected paths for the file tools (``fs.read`` / ``fs.write``).
+
+    ``check_read`` applies root and ``max_bytes``; ``check_write`` (write, edit, remove, and
+    each end of a move - see :meth:`check_move`) also applies ``protected``.
+    ``require_diff_summary`` is carried for the gateway (see :meth:`summary_for`).
+    """
+
+    def __init__(
+        self,
+        root: str = WORKSPACE,
+        max_bytes: int | None = None,
+        protected: Sequence[str] = (),
+        require_diff_summary: bool = False,
+        *,
+        read_tool: str = "fs.read",
+        write_tool: str = "fs.write",
+    ) -> None:
+        if not root.startswith("/"):
+            raise ValueError(f"root must be an absolute sandbox path, got {root!r}")
+        if max_bytes is not None and max_bytes < 0:
+            raise ValueError("max_bytes must be >= 0")
+        self.root = _squeeze(posixpath.normpath(root))
+        self.max_bytes = max_bytes
+        self.protected = tuple(_Protected.compile(p) for p in protected if p.strip())
+        self.require_diff_summary = require_diff_summary
+        self.read_tool = read_tool
+        self.write_tool = write_tool
+
+    def resolve(self, path: str) -> str:
+        """The normalised absolute sandbox path (lexical: no symlinks are followed)."""
+        if not path.startswith("/"):
+            path = posixpath.join(WORKSPACE, path)
+        return _squeeze(posixpath.normpath(path))
+
+    def _relative(self, norm: str) -> str | None:
+        if norm == self.root:
+            return ""
+        base = self.root.rstrip("/") + "/"
+        return norm[len(base) :] if norm.startswith(base) else None
+
+    def _common(self, path: str, size: int | None, tool: str) -> tuple[Decision | None, str]:
+        if not path or "\x00" in path:
+            reason = "the path is empty or contains a NUL byte; send a valid sandbox path"
+            return Decision(False, False, "invalid path", reason), ""
+        norm = self.resolve(path)
+        rel = self._relative(norm)
+        if rel is None:
+            return (
+                Decision(
+                    False,
+                    False,
+                    f"tools.{tool}.root: {self.root}",
+                    f"{norm} is outside {self.root}, the root of {tool}; use a path under "
+                    f"{self.root}.",
+                ),
+                norm,
+            )
+        if size is not None and self.max_bytes is not None and size > self.max_bytes:
+            return (
+                Decision(
+                    False,
+                    False,
+                    f"tools.{tool}.max_bytes",
+                    f"{norm} is {size} bytes, over the {tool} limit of {self.max_bytes} bytes; "
+                    "split the content or read/write a smaller range.",
+                ),
+                norm,
+            )
+        return None, norm
+
+    def check_read(self, path: str, size: int | None = None) -> Decision:
+        """May the file tool read ``path`` (of ``size`` bytes, if known)?"""
+        denied, norm = self._common(path, size, self.read_tool)
+        return denied or Decision(True, False, None, f"allowed: read {norm}")
+
+    def check_write(self, path: str, size: int | None = None) -> Decision:
+        """May the file tool write/edit/remove ``path`` (new size ``size``, if known)?"""
+        denied, norm = self._common(path, size, self.write_tool)
+        if denied is not None:
+            return denied
+        rel = self._relative(norm)
+        assert rel is not None  # checked by _common
+        for prot in self.protected:
+            if prot.matches(rel):
+                what = "is protected" if prot.regex.fullmatch(rel) else "contains protected paths"
+                return Decision(
+                    False,
+                    False,
+                    f"tools.{self.write_tool}.protected: {prot.pattern}",
+                    f"{norm} {what} ({prot.pattern!r}); {self.write_tool} refuses to change it. "
+                    "Change a different file, or ask the operator.",
+                )
+        return Decision(True, False, None, f"allowed: write {norm}")
+
+    def check_move(self, src: str, dst: str) -> Decision:
+        """A move writes both ends: the first denial wins."""
+        first = self.check_write(src)
+        return first if not first.allowed else self.check_write(dst)
+
+    def summary_for(self, path: str, old: bytes | None, new: bytes) -> str | None:
+        """:func:`diff_summary` when ``require_diff_summary`` is set, else None."""
+        return diff_summary(self.resolve(path), old, new) if self.require_diff_summary else None
+
+
+def _squeeze(path: str) -> str:
+    # normpath keeps a leading "//" (POSIX allows it to mean something else); Linux doesn't.
+    return "/" + path.lstrip("/") if path.startswith("//") else path
+
+
+# --------------------------------------------------------------------------- diffs
+
+
+def _lines(text: str) -> list[str]:
+    parts = text.split("\n")
+    out = [p + "\n" for p in parts[:-1]]
+    if parts[-1]:
+        out.append(parts[-1])
+    return out
+
+
+def _decode(data: bytes) -> str | None:
+    if b"\x00" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def diff_summary(path: str, old: bytes | None, new: bytes, max_lines: int = 200) -> str:
+    """A unified diff of a write, headed ``<path>: +N -M lines``.
+
+    ``old=None`` means the file is new. Binary content (NUL bytes or not UTF-8) gives
+    ``<path>: binary file changed (X -> Y bytes)``. At most ``max_lines`` diff lines are kept;
+    the counts always cover the whole diff.
+    """
+    old_text = "" if old is None else _decode(old)
+    new_text = _decode(new)
+    if old_text is None or new_text is None:
+        before = 0 if old is None else len(old)
+        return f"{path}: binary file changed ({before} -> {len(new)} bytes)"
+    diff = list(
+        difflib.unified_diff(
+            _lines(old_text),
+            _lines(new_text),
+            fromfile="/dev/null" if old is None else f"a{path}" if path.startswith("/") else path,
+            tofile=f"b{path}" if path.startswith("/") else path,
+        )
+    )
+    added = sum(1 for ln in diff if ln.startswith("+") and not ln.startswith("+++"))
+    removed = sum(1 for ln in diff if ln.startswith("-") and not ln.startswith("---"))
+    header = f"{path}: +{added} -{removed} lines" + (" (new file)" if old is None else "")
+    if not diff:
+        return f"{header} (no changes)"
+    body: list[str] = []
+    for line in diff:
+        if line.endswith("\n"):
+            body.append(line[:-1])
+        else:
+            body.extend([line, "\\ No newline at end of file"])
+    kept = body[:max_lines]
+    if len(body) > max_lines:
+        kept.append(f"... ({len(body) - max_lines} more diff lines not shown)")
+    return "\n".join([header, *kept])

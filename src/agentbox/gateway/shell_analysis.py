@@ -1,0 +1,1089 @@
+"""Static analysis of shell command lines: which programs would this string run?
+
+The gateway's command policy (:mod:`agentbox.gateway.policy`) needs the list of every
+program a shell string would execute. This module finds it with a real shell parser
+(``bashlex``) and then walks the syntax tree, descending into everything that runs code:
+
+* lists, pipelines, ``&``, ``;``, ``&&``, ``||``, subshells ``( )``, groups ``{ }``,
+  ``if``/``while``/``until``/``for`` bodies, function bodies, redirections;
+* command substitution ``$(…)`` and backticks (nested), process substitution ``<( )``/``>( )``,
+  command substitutions inside ``${…}`` and inside unquoted here-documents;
+* wrappers that run their argument as a program (``env``, ``xargs``, ``nice``, ``nohup``,
+  ``setsid``, ``timeout``, ``stdbuf``, ``time``, ``command``, ``exec``, ``builtin``,
+  ``sudo``, ``doas``, ``chroot``, ``busybox``, ``ionice``, ``taskset``, ``unshare``,
+  ``flock``, ``watch``, ``su``/``runuser``/``script -c``, ``find -exec``/``-execdir``/``-ok``);
+* code passed as a string: ``sh|bash|dash|zsh|ksh|ash|mksh -c STRING``, ``eval``, ``trap``,
+  ``alias`` values (parsed recursively, depth-limited).
+
+Program names are normalised: quoting is removed (``r''m``, ``"rm"``, ``\\rm`` → ``rm``),
+paths are reduced to their basename (``/usr/bin/rm``, ``./rm``,
+``/proc/self/root/usr/bin/rm`` → ``rm``), and ``.`` is reported as ``source``.
+
+Everything that cannot be decided statically fails closed with :class:`UnparseableCommand`:
+
+* ``unparseable``: parser errors, constructs bashlex does not support (``case``, ``[[ ]]``,
+  ``$((…))``, ``time``, ``coproc``, ``select``, arrays), and places where bashlex's tree
+  disagrees with the source text (it silently truncates some multi-line ``$(…)``; those
+  are re-parsed or rejected, never trusted);
+* ``dynamic command name``: the program name contains ``$x``, ``${x}``, ``$(…)``, a glob or a
+  brace expansion;
+* ``dynamic shell code``: ``eval``/``sh -c``/``trap``/``alias`` with non-literal code, or a
+  wrapper/``find`` argument whose meaning depends on a run-time value (``timeout $T rm``);
+* ``nesting too deep``: more than :data:`MAX_DEPTH` levels of code-in-a-string;
+* ``invalid command``: empty, NUL bytes, longer than :data:`MAX_COMMAND_CHARS`;
+* ``function import via environment``: ``env 'BASH_FUNC_x%%=…'``.
+
+This is a guardrail, not a boundary: see the limitations in :mod:`agentbox.gateway.policy`.
+"""
+
+from __future__ import annotations
+
+import ast as pyast
+import re
+import shlex
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import bashlex
+import bashlex.errors
+
+from agentbox.errors import InvalidRequest
+
+MAX_DEPTH = 8
+"""Maximum nesting of code-in-a-string (``bash -c "eval '…'"``, substitutions in heredocs)."""
+
+MAX_COMMAND_CHARS = 100_000
+"""Longer command strings are refused outright (the parser is not built for megabytes)."""
+
+RULE_INVALID = "invalid command"
+RULE_UNPARSEABLE = "unparseable"
+RULE_DYNAMIC_NAME = "dynamic command name"
+RULE_DYNAMIC_CODE = "dynamic shell code"
+RULE_TOO_DEEP = "nesting too deep"
+RULE_FUNC_IMPORT = "function import via environment"
+
+_MAX_HEREDOC_FIXUPS = 32
+_MAX_COMSUB_CANDIDATES = 256
+
+
+class UnparseableCommand(InvalidRequest):
+    """The command cannot be analysed statically, so the policy refuses it.
+
+    ``rule`` (also in ``details``) says why: one of the ``RULE_*`` constants of this module.
+    """
+
+    code = "unparseable_command"
+
+    def __init__(self, message: str, *, rule: str = RULE_UNPARSEABLE, **details: Any) -> None:
+        super().__init__(message, rule=rule, **details)
+        self.rule = rule
+        self.programs: list[str] = list(details.get("programs", []))
+        """Programs found before the analysis had to stop (for "deny wins" reporting)."""
+
+
+class _SuspectParse(Exception):
+    """bashlex's tree for a word does not match the source text."""
+
+
+@dataclass(frozen=True)
+class Word:
+    """One shell word after quote removal, with what the parser could tell about it.
+
+    ``dynamic``: contains ``$x``/``${x}``/``$(…)``/backticks/``<(…)``/``$'…'``: its run-time
+    value is unknown. ``unsafe``: may turn into zero or several words or into other text at run
+    time (an unquoted expansion, glob or brace expansion), so positions after it are unknown.
+    """
+
+    text: str
+    raw: str
+    dynamic: bool = False
+    unsafe: bool = False
+
+    @staticmethod
+    def literal(text: str) -> Word:
+        return Word(text=text, raw=text)
+
+
+@dataclass
+class CommandAnalysis:
+    """Everything the analysis found in one command (in source order, depth first)."""
+
+    programs: list[str] = field(default_factory=list)
+    """Normalised names of every program that would run (wrappers and what they wrap)."""
+    commands: list[str] = field(default_factory=list)
+    """Each simple command rendered canonically: normalised program name, then the words
+    after quote removal, single-space separated; assignments and redirections dropped. A
+    wrapper adds one rendering for itself and one for the command it runs."""
+    pipelines: list[str] = field(default_factory=list)
+    """Each pipeline of two or more commands, segments joined by `` | ``; rendered once with the
+    outer command of each segment and once with the innermost (unwrapped) command."""
+    privileged: list[str] = field(default_factory=list)
+    """Privilege-escalation wrappers seen (``sudo``, ``doas``)."""
+
+    def unique_programs(self) -> list[str]:
+        return list(dict.fromkeys(self.programs))
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def analyse_command(command: str | Sequence[str]) -> CommandAnalysis:
+    """Analyse a shell string, or an argv list (``argv[0]`` is the program, no shell parsing).
+
+    Raises :class:`UnparseableCommand` when the command cannot be analysed.
+    """
+    analyser = _Analyser()
+    try:
+        _analyse(analyser, command)
+    except UnparseableCommand as exc:
+        exc.programs = analyser.out.unique_programs()
+        exc.details["programs"] = exc.programs
+        raise
+    return analyser.out
+
+
+def _analyse(analyser: _Analyser, command: str | Sequence[str]) -> None:
+    if isinstance(command, str):
+        _check_text(command)
+        if _is_blank(command):
+            raise UnparseableCommand(
+                "the command is empty; send the shell command to run", rule=RULE_INVALID
+            )
+        analyser.shell(command, depth=0, allow_empty=False)
+    else:
+        argv = list(command)
+        if not argv or any(not isinstance(a, str) for a in argv) or argv[0] == "":
+            raise UnparseableCommand(
+                "the argv is empty or has non-string items; send a non-empty list of strings",
+                rule=RULE_INVALID,
+            )
+        for arg in argv:
+            _check_text(arg)
+        analyser.argv([Word.literal(a) for a in argv], depth=0)
+
+
+def programs_in(command: str) -> list[str]:
+    """Every program (normalised name, first occurrence order) that ``command`` would run.
+
+    Raises :class:`UnparseableCommand` if the command cannot be analysed statically.
+    """
+    return analyse_command(command).unique_programs()
+
+
+def normalise_program(name: str) -> str:
+    """``/usr/bin/rm`` → ``rm``; ``./rm`` → ``rm``; ``.`` → ``source``; ``rm`` → ``rm``."""
+    if name == ".":
+        return "source"
+    return name.rstrip("/").rsplit("/", 1)[-1] if "/" in name else name
+
+
+def _check_text(text: str) -> None:
+    if "\x00" in text:
+        raise UnparseableCommand("the command contains a NUL byte; remove it", rule=RULE_INVALID)
+    if len(text) > MAX_COMMAND_CHARS:
+        raise UnparseableCommand(
+            f"the command is longer than {MAX_COMMAND_CHARS} characters; write a script file "
+            "and run it instead",
+            rule=RULE_INVALID,
+        )
+
+
+def _is_blank(source: str) -> bool:
+    return all(not ln.strip() or ln.strip().startswith("#") for ln in source.splitlines())
+
+
+def _reject(message: str, rule: str = RULE_UNPARSEABLE) -> UnparseableCommand:
+    return UnparseableCommand(message, rule=rule)
+
+
+# --------------------------------------------------------------------------- parsing
+
+_NOT_SUPPORTED_HINTS = (
+    ("time", "the `time` keyword (drop it, or use `command time …`)"),
+    ("pattern", "`case … esac` (use if/elif)"),
+    ("arithmetic", "arithmetic expansion `$((…))`/`$[…]` (compute it in a separate command)"),
+    ("coproc", "`coproc`"),
+    ("select", "`select`"),
+)
+
+
+def _parse(source: str) -> tuple[list[Any], str]:
+    """bashlex.parse with fixes; returns the trees and the (possibly rewritten) source.
+
+    bashlex looks for the *quoted* text of a quoted heredoc delimiter (``<<'EOF'`` wants a
+    line ``'EOF'``), so such heredocs are retried with their terminator line rewritten; the
+    result is then verified against bash's rule (no body line equals the delimiter).
+    """
+    src = source
+    for _ in range(_MAX_HEREDOC_FIXUPS):
+        try:
+            trees = list(bashlex.parse(src))
+        except bashlex.errors.ParsingError as exc:
+            fixed = _fix_quoted_heredoc(src, exc.message)
+            if fixed is None:
+                raise _reject(_parse_error_reason(src, str(exc))) from None
+            src = fixed
+            continue
+        except NotImplementedError as exc:
+            text = str(exc)
+            hint = next((h for key, h in _NOT_SUPPORTED_HINTS if key in text), text)
+            raise _reject(
+                f"cannot analyse this command: the policy's shell parser does not support {hint}; "
+                "rewrite it with simpler constructs"
+            ) from None
+        except RecursionError:
+            raise _reject("the command is nested too deeply to analyse", RULE_TOO_DEEP) from None
+        except Exception as exc:  # bashlex raises assorted internal errors on odd input
+            raise _reject(_parse_error_reason(src, f"{type(exc).__name__}: {exc}")) from None
+        _check_coverage(src, trees)
+        _check_heredocs(trees)
+        return trees, src
+    raise _reject("too many here-documents to analyse; use fewer per command")
+
+
+def _parse_error_reason(src: str, detail: str) -> str:
+    hint = ""
+    if "[[" in src:
+        hint = "; `[[ … ]]` is not supported, use `[ … ]` or `test`"
+    elif re.search(r"\w=\(", src):
+        hint = "; array assignments are not supported"
+    return (
+        f"cannot parse this shell command ({detail}){hint}; check quoting and brackets, "
+        "or split it into simpler commands"
+    )
+
+
+_HEREDOC_ERROR = re.compile(
+    r"here-document at line \d+ delimited by end-of-file \(wanted (?P<want>.*)\)", re.S
+)
+
+
+def _dequote_delimiter(raw: str) -> str | None:
+    try:
+        parts = shlex.split(raw)
+    except ValueError:
+        return None
+    return parts[0] if len(parts) == 1 and parts[0] else None
+
+
+def _fix_quoted_heredoc(src: str, message: str) -> str | None:
+    match = _HEREDOC_ERROR.fullmatch(message)
+    if match is None:
+        return None
+    try:
+        wanted = pyast.literal_eval(match.group("want"))
+    except (ValueError, SyntaxError):
+        return None
+    if not isinstance(wanted, str) or not any(q in wanted for q in "'\"\\"):
+        return None  # an unquoted delimiter really is missing its terminator line
+    delim = _dequote_delimiter(wanted)
+    if delim is None:
+        return None
+    for op in re.finditer(r"<<(-?)[ \t]*" + re.escape(wanted), src):
+        strip_tabs = op.group(1) == "-"
+        nl = src.find("\n", op.end())
+        while nl != -1:
+            start = nl + 1
+            end = src.find("\n", start)
+            line = src[start:] if end == -1 else src[start:end]
+            bare = line.lstrip("\t") if strip_tabs else line
+            if bare == wanted:
+                break  # this heredoc was fixed already; look at the next operator
+            if bare == delim:
+                prefix = line[: len(line) - len(bare)]
+                return src[:start] + prefix + wanted + src[start + len(line) :]
+            nl = end
+    return None
+
+
+def _nodes(node: Any) -> Iterator[Any]:
+    """Every bashlex node in the subtree, generically (any attribute holding nodes)."""
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(_children(n))
+
+
+def _children(node: Any) -> list[Any]:
+    out: list[Any] = []
+    for value in vars(node).values():
+        if isinstance(value, bashlex.ast.node):
+            out.append(value)
+        elif isinstance(value, list):
+            out.extend(v for v in value if isinstance(v, bashlex.ast.node))
+    return out
+
+
+def _max_end(node: Any) -> int:
+    return max((n.pos[1] for n in _nodes(node) if hasattr(n, "pos")), default=0)
+
+
+def _check_coverage(src: str, trees: list[Any]) -> None:
+    """bashlex.parse stops silently at a chunk it cannot turn into a node: refuse leftovers."""
+    end = max((_max_end(t) for t in trees), default=0)
+    for line in src[end:].split("\n"):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#") and stripped not in (";", "&"):
+            raise _reject(f"part of the command was not understood by the parser: {stripped!r}")
+
+
+def _heredoc_delimiter(redirect: Any) -> tuple[str, bool]:
+    raw = str(getattr(redirect.output, "word", ""))
+    quoted = any(q in raw for q in "'\"\\")
+    delim = _dequote_delimiter(raw) if quoted else raw
+    if not delim:
+        raise _reject("a here-document delimiter could not be understood; use <<'EOF'")
+    return delim, quoted
+
+
+def _check_heredocs(trees: list[Any]) -> None:
+    for tree in trees:
+        for n in _nodes(tree):
+            if n.kind != "redirect" or getattr(n, "heredoc", None) is None:
+                continue
+            delim, _ = _heredoc_delimiter(n)
+            lines = str(n.heredoc.value).split("\n")
+            body = lines[:-1]
+            if delim in body:
+                raise _reject(
+                    "a here-document was not parsed the way bash reads it; "
+                    "put the heredoc in a simpler command"
+                )
+
+
+# --------------------------------------------------------------------------- words
+
+_SUBSTITUTIONS = frozenset({"commandsubstitution", "processsubstitution"})
+_EXPANSIONS = _SUBSTITUTIONS | {"parameter"}
+_METACHARS = frozenset(" \t\n;&|()<>")
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def _make_word(node: Any, src: str) -> Word:
+    """A :class:`Word` from a bashlex word/assignment node, checking it against the source.
+
+    The literal parts of the source text (outside the expansion parts bashlex reports) must not
+    contain unquoted shell metacharacters: if they do, bashlex mis-parsed something (it
+    truncates some substitutions) and the command is refused.
+    """
+    start, end = node.pos
+    parts = sorted(getattr(node, "parts", []), key=lambda p: p.pos[0])
+    dynamic = any(p.kind in _EXPANSIONS for p in parts)
+    unsafe = False
+    squote = dquote = False
+    brace_depth, brace_sep = 0, False
+    i, k = start, 0
+    while i < end:
+        if k < len(parts) and i >= parts[k].pos[0]:
+            part = parts[k]
+            k += 1
+            if part.kind in _EXPANSIONS and not dquote:
+                unsafe = True
+            i = max(i, part.pos[1])
+            continue
+        c = src[i]
+        if squote:
+            squote = c != "'"
+        elif c == "\\":
+            i += 2
+            continue
+        elif dquote:
+            dquote = c != '"'
+        elif c == "'":
+            squote = True
+        elif c == '"':
+            dquote = True
+        elif c in _METACHARS:
+            raise _SuspectParse()
+        elif c in "*?[":
+            unsafe = True
+        elif c == "{":
+            brace_depth += 1
+        elif c == "}" and brace_depth:
+            brace_depth -= 1
+            unsafe = unsafe or brace_sep
+        elif brace_depth and (c == "," or src.startswith("..", i)):
+            brace_sep = True
+        i += 1
+    if "$'" in src[start:end] or '$"' in src[start:end]:
+        dynamic = True
+    return Word(text=str(node.word), raw=src[start:end], dynamic=dynamic, unsafe=unsafe)
+
+
+def _substitution_sound(node: Any, src: str) -> bool:
+    """Does bashlex's substitution node span exactly ``$(…)``/`` `…` ``/``<(…)`` in the source,
+    with nothing but separators between the parsed command and the closing bracket?"""
+    start, end = node.pos
+    text = src[start:end]
+    opener, closer = ("`", "`") if text[:1] == "`" else (text[:2], ")")
+    if opener not in ("$(", "<(", ">(", "`") or len(text) < len(opener) + 1:
+        return False
+    if not text.endswith(closer):
+        return False
+    inner_end = _max_end(node.command)
+    return inner_end <= end - 1 and re.fullmatch(r"[\s;&]*", src[inner_end : end - 1]) is not None
+
+
+# --------------------------------------------------------------------------- wrappers
+
+
+@dataclass(frozen=True)
+class _Opts:
+    """getopt-style option syntax of a wrapper (all of them stop at the first operand)."""
+
+    short_arg: str = ""
+    long_arg: frozenset[str] = frozenset()
+    positionals: int = 0
+    default: tuple[str, ...] = ()
+    no_program: frozenset[str] = frozenset()  # options after which nothing is run
+
+
+_SIMPLE_WRAPPERS: dict[str, _Opts] = {
+    "nice": _Opts("n", frozenset({"--adjustment"})),
+    "nohup": _Opts(),
+    "setsid": _Opts(),
+    "timeout": _Opts("sk", frozenset({"--signal", "--kill-after"}), positionals=1),
+    "stdbuf": _Opts("ioe", frozenset({"--input", "--output", "--error"})),
+    "time": _Opts("fo", frozenset({"--format", "--output"})),
+    "command": _Opts(),
+    "exec": _Opts("a"),
+    "builtin": _Opts(),
+    "doas": _Opts("uC", no_program=frozenset({"-C"})),
+    "chroot": _Opts("", frozenset({"--userspec", "--groups"}), positionals=1),
+    "ionice": _Opts(
+        "cnpPu",
+        frozenset({"--class", "--classdata", "--pid", "--pgid", "--uid"}),
+        no_program=frozenset({"-p", "-P", "-u", "--pid", "--pgid", "--uid"}),
+    ),
+    "taskset": _Opts("", positionals=1, no_program=frozenset({"-p", "--pid"})),
+    "unshare": _Opts("SGRw", frozenset({"--setuid", "--setgid", "--root", "--wd"})),
+    "xargs": _Opts(
+        "aEILnPsd",
+        frozenset(
+            {
+                "--arg-file",
+                "--delimiter",
+                "--max-args",
+                "--max-procs",
+                "--max-chars",
+                "--process-slot-var",
+            }
+        ),
+        default=("echo",),
+    ),
+}
+_SUDO = _Opts(
+    "ugCDprtTUR",
+    frozenset(
+        {
+            "--user",
+            "--group",
+            "--close-from",
+            "--chdir",
+            "--prompt",
+            "--role",
+            "--type",
+            "--command-timeout",
+            "--other-user",
+            "--chroot",
+            "--host",
+        }
+    ),
+    no_program=frozenset({"-e", "--edit", "-V", "--version", "-K", "--remove-timestamp"}),
+)
+_POSIX_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "rbash", "posh"})
+_OTHER_SHELLS = frozenset({"fish", "csh", "tcsh", "nu", "elvish", "xonsh"})
+_FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
+_FIND_ARG_PRIMARIES = (
+    "-name -iname -path -ipath -wholename -iwholename -regex -iregex -lname -ilname -perm "
+    "-type -xtype -user -group -uid -gid -size -mtime -atime -ctime -mmin -amin -cmin -used "
+    "-links -inum -samefile -maxdepth -mindepth -fstype -printf -fprint -fprint0 -fls "
+    "-context -regextype -files0-from -anewer -cnewer"
+)
+_FIND_ARG = frozenset(_FIND_ARG_PRIMARIES.split())
+_EVAL_TEXT_BUILTINS = frozenset(
+    {"let", "declare", "typeset", "local", "export", "readonly", "unset", "read", "test", "[",
+     "mapfile", "readarray"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _OptResult:
+    index: int | None  # where the program is in args (None: nothing is run)
+    values: dict[str, str]
+
+
+def _is_option(text: str) -> bool:
+    return text.startswith("-") and text != "-"
+
+
+def _dynamic_code(what: str) -> UnparseableCommand:
+    return _reject(
+        f"{what} depends on a value only known at run time; write it with literal words",
+        RULE_DYNAMIC_CODE,
+    )
+
+
+def _parse_options(
+    name: str,
+    args: Sequence[Word],
+    spec: _Opts,
+    is_operand_skippable: Callable[[Word], bool] | None = None,
+) -> _OptResult:
+    """Find the program among a wrapper's arguments, getopt style (stops at first operand)."""
+    values: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        w = args[i]
+        if w.dynamic or w.unsafe:
+            if is_operand_skippable and is_operand_skippable(w):
+                i += 1
+                continue
+            raise _dynamic_code(f"the arguments of `{name}`")
+        t = w.text
+        if t == "--":
+            i += 1
+            break
+        if not _is_option(t):
+            if is_operand_skippable and is_operand_skippable(w):
+                i += 1
+                continue
+            break
+        if t.startswith("--"):
+            opt, eq, value = t.partition("=")
+            if not eq and opt in spec.long_arg:
+                value = _option_argument(name, args, i + 1)
+                i += 1
+            values[opt] = value
+            if opt in spec.no_program:
+                return _OptResult(None, values)
+            i += 1
+            continue
+        letters = t[1:]
+        for pos, ch in enumerate(letters):
+            if f"-{ch}" in spec.no_program:
+                return _OptResult(None, values)
+            if ch in spec.short_arg:
+                rest = letters[pos + 1 :]
+                if not rest:
+                    rest = _option_argument(name, args, i + 1)
+                    i += 1
+                values[f"-{ch}"] = rest
+                break
+            values[f"-{ch}"] = ""
+        i += 1
+    for _ in range(spec.positionals):
+        if i >= len(args):
+            return _OptResult(None, values)
+        if args[i].dynamic or args[i].unsafe:
+            raise _dynamic_code(f"the arguments of `{name}`")
+        i += 1
+    while is_operand_skippable and i < len(args) and is_operand_skippable(args[i]):
+        i += 1
+    return _OptResult(i if i < len(args) else None, values)
+
+
+def _option_argument(name: str, args: Sequence[Word], i: int) -> str:
+    if i >= len(args):
+        return ""
+    if args[i].unsafe:  # may split into several words and shift everything after it
+        raise _dynamic_code(f"an option value of `{name}`")
+    return args[i].text
+
+
+# --------------------------------------------------------------------------- analyser
+
+
+class _Analyser:
+    def __init__(self) -> None:
+        self.out = CommandAnalysis()
+
+    # ---- strings of shell code
+
+    def shell(self, source: str, depth: int, allow_empty: bool = True) -> None:
+        if depth > MAX_DEPTH:
+            raise _reject(
+                f"code nested more than {MAX_DEPTH} levels deep (sh -c / eval / substitutions); "
+                "flatten it",
+                RULE_TOO_DEEP,
+            )
+        _check_text(source)
+        if _is_blank(source):
+            if allow_empty:
+                return
+            raise _reject("the command is empty; send the shell command to run", RULE_INVALID)
+        trees, src = _parse(source)
+        for tree in trees:
+            self.walk(tree, src, depth)
+
+    # ---- tree walking
+
+    def walk(self, node: Any, src: str, depth: int) -> list[str]:
+        """Analyse one node; returns the renderings of a simple command (else [])."""
+        kind = node.kind
+        if kind == "command":
+            return self.command(node, src, depth)
+        if kind == "pipeline":
+            self.pipeline(node, src, depth)
+        elif kind == "compound":
+            self.compound(node, src, depth)
+        elif kind in ("word", "assignment"):
+            self.word(node, src, depth)
+        elif kind in _SUBSTITUTIONS:
+            self.walk(node.command, src, depth)
+        elif kind == "parameter":
+            self.text_substitutions(str(getattr(node, "value", "")), depth, "${…}")
+        elif kind == "redirect":
+            self.redirect(node, src, depth)
+        elif kind in ("operator", "reservedword", "pipe", "tilde"):
+            pass
+        else:  # list, if, for, while, until, function, and anything unknown
+            for child in _children(node):
+                self.walk(child, src, depth)
+        return []
+
+    def command(self, node: Any, src: str, depth: int) -> list[str]:
+        words: list[Word] = []
+        for part in node.parts:
+            if part.kind == "word":
+                words.append(self.word(part, src, depth))
+            else:
+                self.walk(part, src, depth)
+        return self.argv(words, depth) if words else []
+
+    def pipeline(self, node: Any, src: str, depth: int) -> None:
+        outer: list[str] = []
+        inner: list[str] = []
+        for part in node.parts:
+            if part.kind in ("pipe", "reservedword"):
+                continue
+            renderings = self.walk(part, src, depth)
+            if not renderings:
+                text = " ".join(src[part.pos[0] : part.pos[1]].split())
+                renderings = [text]
+            outer.append(renderings[0])
+            inner.append(renderings[-1])
+        if len(outer) > 1:
+            self.out.pipelines.append(" | ".join(outer))
+            if inner != outer:
+                self.out.pipelines.append(" | ".join(inner))
+
+    def compound(self, node: Any, src: str, depth: int) -> None:
+        items = list(getattr(node, "list", []))
+        if (
+            len(items) >= 2
+            and items[0].kind == "reservedword"
+            and items[0].word == "("
+            and items[1].kind == "compound"
+            and items[1].list
+            and items[1].list[0].kind == "reservedword"
+            and items[1].list[0].word == "("
+            and items[1].list[0].pos[0] == items[0].pos[1]
+        ):
+            raise _reject(
+                "cannot analyse this command: the arithmetic command `(( … ))` is not supported; "
+                "use `[ … ]` or `test`"
+            )
+        for child in _children(node):
+            self.walk(child, src, depth)
+
+    def expansions(self, node: Any, src: str, depth: int) -> None:
+        for part in getattr(node, "parts", []):
+            self.walk(part, src, depth)
+
+    def redirect(self, node: Any, src: str, depth: int) -> None:
+        output = getattr(node, "output", None)
+        heredoc = getattr(node, "heredoc", None)
+        if heredoc is not None:
+            _, quoted = _heredoc_delimiter(node)
+            if not quoted:  # body undergoes $(…), `…` and ${…} expansion
+                self.text_substitutions(str(heredoc.value), depth, "an unquoted here-document")
+            return
+        if isinstance(output, bashlex.ast.node):
+            self.walk(output, src, depth)
+
+    def word(self, node: Any, src: str, depth: int) -> Word:
+        """A word node as a :class:`Word`, with its substitutions analysed.
+
+        bashlex truncates some substitutions (multi-line ``$(…)``, a comment before ``)``)
+        while the tokenizer still finds the word's true extent; such words are recovered by
+        re-parsing the substitution's text when the whole word is one substitution, and
+        refused otherwise.
+        """
+        try:
+            word = _make_word(node, src)
+            subs = [p for p in getattr(node, "parts", []) if p.kind in _SUBSTITUTIONS]
+            if not all(_substitution_sound(p, src) for p in subs):
+                raise _SuspectParse()
+        except _SuspectParse:
+            return self.recover_word(node, src, depth)
+        self.expansions(node, src, depth)
+        return word
+
+    def recover_word(self, node: Any, src: str, depth: int) -> Word:
+        raw = src[node.pos[0] : node.pos[1]]
+        body = raw
+        if node.kind == "assignment":
+            match = re.match(r"[A-Za-z_][A-Za-z0-9_]*\+?=", body)
+            body = body[match.end() :] if match else body
+        quoted = len(body) >= 2 and body[0] == '"' and body[-1] == '"'
+        if quoted:
+            body = body[1:-1]
+        if body[:2] in ("$(", "<(", ">(") and body.endswith(")"):
+            self.shell(body[2:-1], depth + 1)
+            return Word(text=str(node.word), raw=raw, dynamic=True, unsafe=not quoted)
+        raise _reject(
+            f"the parser's view of this command disagrees with its text (near {raw[:40]!r}); "
+            "split it into simpler commands"
+        )
+
+    def text_substitutions(self, text: str, depth: int, where: str) -> None:
+        """Find and analyse ``$(…)`` and backticks in text that bash expands (heredoc, ``${}``)."""
+        if where == "${…}" and ("<(" in text or ">(" in text):
+            raise _reject(f"process substitution inside {where} is not analysed; simplify it")
+        i = 0
+        while i < len(text):
+            c = text[i]
+            if c == "\\":
+                i += 2
+                continue
+            if text.startswith(("$((", "$["), i):
+                raise _reject(
+                    f"arithmetic expansion inside {where} is not supported by the analyser; "
+                    "compute it in a separate command"
+                )
+            if c == "`":
+                j, buf = i + 1, []
+                while j < len(text) and text[j] != "`":
+                    if text[j] == "\\" and j + 1 < len(text):
+                        nxt = text[j + 1]
+                        buf.append(nxt if nxt in "$`\\" else text[j : j + 2])
+                        j += 2
+                        continue
+                    buf.append(text[j])
+                    j += 1
+                if j >= len(text):
+                    raise _reject(f"unterminated backquote inside {where}")
+                self.shell("".join(buf), depth + 1)
+                i = j + 1
+                continue
+            if text.startswith("$(", i):
+                i = self._comsub_in_text(text, i, depth, where)
+                continue
+            i += 1
+
+    def _comsub_in_text(self, text: str, i: int, depth: int, where: str) -> int:
+        """Analyse the ``$(…)`` starting at ``text[i]``; return the index after it."""
+        tried = 0
+        for j in range(i + 2, len(text)):
+            if text[j] != ")":
+                continue
+            tried += 1
+            if tried > _MAX_COMSUB_CANDIDATES:
+                break
+            candidate = ": " + text[i : j + 1]
+            try:
+                trees = list(bashlex.parse(candidate))
+            except Exception:  # not closed yet: try the next ")"
+                trees = []
+            node = trees[0] if len(trees) == 1 else None
+            if (
+                node is not None
+                and node.kind == "command"
+                and len(node.parts) == 2
+                and node.parts[1].kind == "word"
+                and node.parts[1].pos[1] == len(candidate)
+            ):
+                self.shell(text[i + 2 : j], depth + 1)
+                return j + 1
+        raise _reject(f"a $(…) inside {where} could not be parsed; simplify it")
+
+    # ---- argv level: program names and wrappers
+
+    def program_name(self, word: Word, context: str = "") -> str:
+        text = word.text
+        if word.dynamic or (word.unsafe and text not in ("[", "[[")):
+            raise _reject(
+                f"the program name {word.raw!r}{context} is computed at run time "
+                "(variable, substitution, glob or brace expansion), so the policy cannot check "
+                "it; write the program name literally",
+                RULE_DYNAMIC_NAME,
+            )
+        name = normalise_program(text)
+        if not name or name == "..":
+            raise _reject(f"{word.raw!r} is not a valid program name", RULE_INVALID)
+        return name
+
+    def argv(self, words: Sequence[Word], depth: int) -> list[str]:
+        """Record the program of an argv (and what it wraps); return its renderings."""
+        name = self.program_name(words[0])
+        args = list(words[1:])
+        self.out.programs.append(name)
+        rendering = " ".join(" ".join([name, *(w.text for w in args)]).split())
+        self.out.commands.append(rendering)
+        inner = self.wrapped(name, args, depth)
+        return [rendering, *inner]
+
+    def wrapped(self, name: str, args: list[Word], depth: int) -> list[str]:
+        if name in _EVAL_TEXT_BUILTINS or (name == "printf" and args[:1] == [Word("-v", "-v")]):
+            for w in args if name != "printf" else args[1:2]:
+                if not w.dynamic and ("$(" in w.text or "`" in w.text):
+                    raise _reject(
+                        f"`{name}` may evaluate {w.text!r} (array subscripts and arithmetic run "
+                        "$(…)); the analyser cannot check that, so rewrite it"
+                    )
+        if name in _SIMPLE_WRAPPERS:
+            spec = _SIMPLE_WRAPPERS[name]
+            res = _parse_options(name, args, spec)
+            if res.index is None:
+                if spec.default and "-I" not in res.values:
+                    return self.argv([Word.literal(p) for p in spec.default], depth)
+                return []
+            if name == "xargs":
+                repl = res.values.get("-I") or ("{}" if "-i" in res.values else "")
+                if repl and repl in args[res.index].text:
+                    raise _reject(
+                        "xargs substitutes input into the program name, so the policy cannot "
+                        "check it",
+                        RULE_DYNAMIC_NAME,
+                    )
+            return self.argv(args[res.index :], depth)
+        handler = _HANDLERS.get(name)
+        if handler is not None:
+            return handler(self, name, args, depth)
+        return []
+
+    # ---- special wrappers
+
+    def h_env(self, name: str, args: list[Word], depth: int) -> list[str]:
+        words = list(args)
+        i, options_done = 0, False
+        while i < len(words):
+            w = words[i]
+            t = w.text
+            if w.dynamic or w.unsafe:
+                if not w.unsafe and _ASSIGNMENT.match(w.raw):
+                    i += 1
+                    continue
+                raise _dynamic_code(f"the arguments of `{name}`")
+            if not options_done and t == "--":
+                options_done = True
+                i += 1
+                continue
+            if not options_done and _is_option(t):
+                split: str | None = None
+                consumed = 1
+                if t.startswith("--"):
+                    opt, eq, value = t.partition("=")
+                    if opt in ("--unset", "--chdir", "--split-string") and not eq:
+                        value = _option_argument(name, words, i + 1)
+                        consumed = 2
+                    if opt == "--split-string":
+                        split = value
+                else:
+                    for pos, ch in enumerate(t[1:]):
+                        if ch in "uCS":
+                            value = t[pos + 2 :]
+                            if not value:
+                                value = _option_argument(name, words, i + 1)
+                                consumed = 2
+                            if ch == "S":
+                                split = value
+                            break
+                if split is not None:
+                    if "$" in split:
+                        raise _dynamic_code("`env -S` with variable references")
+                    try:
+                        pieces = [Word.literal(p) for p in shlex.split(split)]
+                    except ValueError:
+                        raise _reject("cannot split the `env -S` string; check quoting") from None
+                    words = words[:i] + pieces + words[i + consumed :]
+                    continue
+                i += consumed
+                continue
+            if t == "-":
+                i += 1
+                continue
+            if "=" in t:
+                if t.startswith("BASH_FUNC_"):
+                    raise _reject(
+                        "exporting a shell function through the environment (BASH_FUNC_…) "
+                        "is refused; define functions in the command itself",
+                        RULE_FUNC_IMPORT,
+                    )
+                i += 1
+                continue
+            break
+        return self.argv(words[i:], depth) if i < len(words) else []
+
+    def h_sudo(self, name: str, args: list[Word], depth: int) -> list[str]:
+        self.out.privileged.append(name)
+        spec = _SUDO if name == "sudo" else _SIMPLE_WRAPPERS["doas"]
+
+        def assignment(w: Word) -> bool:
+            return not w.unsafe and _ASSIGNMENT.match(w.raw) is not None
+
+        res = _parse_options(name, args, spec, assignment if name == "sudo" else None)
+        return self.argv(args[res.index :], depth) if res.index is not None else []
+
+    def h_shell(self, name: str, args: list[Word], depth: int) -> list[str]:
+        i, command_mode = 0, False
+        while i < len(args):
+            w = args[i]
+            if w.dynamic or w.unsafe:
+                raise _dynamic_code(f"the arguments of `{name}`")
+            t = w.text
+            if t in ("--", "-"):
+                i += 1
+                break
+            if t.startswith("--"):
+                i += 2 if t in ("--rcfile", "--init-file") else 1
+                continue
+            if len(t) > 1 and t[0] in "-+":
+                letters = t[1:]
+                command_mode = command_mode or (t[0] == "-" and "c" in letters)
+                i += 1 + letters.count("o") + letters.count("O")
+                continue
+            break
+        if not command_mode or i >= len(args):
+            return []  # a script file or stdin: not analysed (see the policy limitations)
+        code = args[i]
+        if code.dynamic or code.unsafe:
+            raise _dynamic_code(f"the code given to `{name} -c`")
+        if name in _OTHER_SHELLS:
+            raise _reject(f"`{name} -c` code is not POSIX shell, so it cannot be analysed")
+        self.shell(code.text, depth + 1)
+        return []
+
+    def h_eval(self, name: str, args: list[Word], depth: int) -> list[str]:
+        if any(w.dynamic or w.unsafe for w in args):
+            raise _dynamic_code("the code given to `eval`")
+        self.shell(" ".join(w.text for w in args), depth + 1)
+        return []
+
+    def h_trap(self, name: str, args: list[Word], depth: int) -> list[str]:
+        operands = [w for w in args if w.text not in ("-l", "-p", "-lp", "-pl", "--")]
+        if any(w.text in ("-l", "-p") for w in args) or len(operands) < 2:
+            return []
+        action = operands[0]
+        if action.dynamic or action.unsafe:
+            raise _dynamic_code("the code given to `trap`")
+        if action.text.isdigit() or action.text in ("-", ""):
+            return []
+        self.shell(action.text, depth + 1)
+        return []
+
+    def h_alias(self, name: str, args: list[Word], depth: int) -> list[str]:
+        for w in args:
+            if w.dynamic or w.unsafe:
+                raise _dynamic_code("an `alias` definition")
+            if "=" in w.text and not w.text.startswith("-"):
+                self.shell(w.text.split("=", 1)[1], depth + 1)
+        return []
+
+    def h_hash(self, name: str, args: list[Word], depth: int) -> list[str]:
+        for i, w in enumerate(args):
+            if w.text.startswith("-") and "p" in w.text[1:] and i + 1 < len(args):
+                self.out.programs.append(self.program_name(args[i + 1], " (hash -p)"))
+        return []
+
+    def h_busybox(self, name: str, args: list[Word], depth: int) -> list[str]:
+        if not args or _is_option(args[0].text):
+            return []
+        return self.argv(args, depth)
+
+    def h_find(self, name: str, args: list[Word], depth: int) -> list[str]:
+        inner: list[str] = []
+        i, expect_arg = 0, 0
+        while i < len(args):
+            w = args[i]
+            t = w.text
+            if expect_arg:
+                if w.unsafe:
+                    raise _dynamic_code("an argument of `find`")
+                expect_arg -= 1
+                i += 1
+                continue
+            if w.dynamic or w.unsafe:
+                raise _dynamic_code("the arguments of `find` (quote patterns, use literal paths)")
+            if t in _FIND_EXEC:
+                j = i + 1
+                while j < len(args) and not (
+                    args[j].text == ";" or (args[j].text == "+" and args[j - 1].text == "{}")
+                ):
+                    j += 1
+                run = args[i + 1 : j]
+                if run:
+                    if "{}" in run[0].text:
+                        raise _reject(
+                            f"`find {t} {{}}` runs the found files as programs; the policy "
+                            "cannot check that",
+                            RULE_DYNAMIC_NAME,
+                        )
+                    inner.extend(self.argv(run, depth))
+                i = j + 1
+                continue
+            if (t == "-D" and i == 0) or t in _FIND_ARG or t.startswith("-newer"):
+                expect_arg = 1
+            elif t == "-fprintf":
+                expect_arg = 2
+            i += 1
+        return inner
+
+    def h_string_cmd(self, name: str, args: list[Word], depth: int) -> list[str]:
+        """``su``/``runuser``/``script``: ``-c STRING`` is shell code; ``flock`` also runs argv."""
+        for i, w in enumerate(args):
+            t = w.text
+            if t in ("-c", "--command", "--session-command") or t.startswith(("--command=",)):
+                code = t.partition("=")[2] if "=" in t else None
+                if code is None:
+                    if i + 1 >= len(args):
+                        return []
+                    if args[i + 1].dynamic or args[i + 1].unsafe:
+                        raise _dynamic_code(f"the code given to `{name} -c`")
+                    code = args[i + 1].text
+                self.shell(code, depth + 1)
+                return []
+            if w.dynamic or w.unsafe:
+                raise _dynamic_code(f"the arguments of `{name}`")
+        if name == "flock":
+            res = _parse_options(name, args, _Opts("wE", frozenset({"--timeout"}), 1))
+            if res.index is not None:
+                return self.argv(args[res.index :], depth)
+        return []
+
+    def h_watch(self, name: str, args: list[Word], depth: int) -> list[str]:
+        res = _parse_options(name, args, _Opts("nq", frozenset({"--interval", "--equexit"})))
+        if res.index is None:
+            return []
+        rest = args[res.index :]
+        if "-x" in res.values or "--exec" in res.values:
+            return self.argv(rest, depth)
+        if any(w.dynamic or w.unsafe for w in rest):
+            raise _dynamic_code("the command given to `watch`")
+        self.shell(" ".join(w.text for w in rest), depth + 1)
+        return []
+
+
+_Handler = Callable[[_Analyser, str, list[Word], int], list[str]]
+_HANDLERS: dict[str, _Handler] = {
+    "env": _Analyser.h_env,
+    "sudo": _Analyser.h_sudo,
+    "doas": _Analyser.h_sudo,
+    "eval": _Analyser.h_eval,
+    "trap": _Analyser.h_trap,
+    "alias": _Analyser.h_alias,
+    "hash": _Analyser.h_hash,
+    "busybox": _Analyser.h_busybox,
+    "find": _Analyser.h_find,
+    "su": _Analyser.h_string_cmd,
+    "runuser": _Analyser.h_string_cmd,
+    "script": _Analyser.h_string_cmd,
+    "flock": _Analyser.h_string_cmd,
+    "watch": _Analyser.h_watch,
+    **{s: _Analyser.h_shell for s in _POSIX_SHELLS | _OTHER_SHELLS},
+}
+_WRAPPER_NAMES = frozenset(_SIMPLE_WRAPPERS) | frozenset(_HANDLERS)
+"""Programs whose arguments the analyser looks into."""

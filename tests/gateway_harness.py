@@ -1,0 +1,109 @@
+"""A real gateway on a free loopback port, in a thread of the test process."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import uvicorn
+
+from agentbox.gateway.app import create_app
+from agentbox.gateway.settings import parse_settings
+
+POLICY_YAML = """
+gateway:
+  listen: 127.0.0.1:{port}
+  auth:
+    operator_token_env: AGENTBOX_TEST_OPERATOR_TOKEN
+    ttl_seconds: 600
+    rate_limit_per_minute: 100000
+sandbox:
+  template: default
+tools:
+  - name: terminal.run
+    cwd: /workspace
+    timeout_ms: 30000
+    allow: [bash, sh, git, ls, cat, echo, printf, python3, "true", sleep, pwd, id, grep, wc, mkdir, rm, head, env, seq]
+    deny: [shutdown, reboot, mkfs, iptables, curl]
+    max_output_bytes: 65536
+    approval:
+      - "rm -rf *"
+      - "git push --force*"
+      - "* | sh"
+    approval_timeout: {approval_timeout}
+  - name: fs.read
+    root: /
+    max_bytes: 1048576
+  - name: fs.write
+    root: /workspace
+    require_diff_summary: true
+    protected: [".git/hooks/**", ".mcp.json", ".envrc"]
+redaction:
+  detectors: default
+  literals_from_env: [AGENTBOX_TEST_PLANTED_SECRET]
+audit:
+  path: {audit_path}
+  fsync: always
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningGateway:
+    url: str
+    port: int
+    operator_token: str
+    home: Path
+    audit_path: Path
+    app: Any
+
+    def client(
+        self, token: str | None = None, headers: dict[str, str] | None = None, **kwargs: Any
+    ) -> httpx2.Client:
+        merged = {"Authorization": f"Bearer {token}"} if token else {}
+        merged.update(headers or {})
+        return httpx2.Client(base_url=self.url, headers=merged, timeout=120, **kwargs)
+
+    def operator(self) -> httpx2.Client:
+        return self.client(self.operator_token)
+
+
+@contextlib.contextmanager
+def running_gateway(
+    home: Path, tmp: Path, monkeypatch: Any, approval_timeout: str = "20s", extra_yaml: str = ""
+) -> Iterator[RunningGateway]:
+    port = free_port()
+    token = "op-" + secrets.token_hex(16)
+    monkeypatch.setenv("AGENTBOX_TEST_OPERATOR_TOKEN", token)
+    audit_path = tmp / "audit" / "audit.jsonl"
+    text = POLICY_YAML.format(port=port, audit_path=audit_path, approval_timeout=approval_timeout)
+    settings = parse_settings(text + extra_yaml, "test-gateway.yaml")
+    app = create_app(settings, operator_token=token, home=home)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive(), "the gateway thread died at start"
+        assert time.monotonic() < deadline, "the gateway did not start within 30 s"
+        time.sleep(0.01)
+    try:
+        yield RunningGateway(f"http://127.0.0.1:{port}", port, token, home, audit_path, app)
+    finally:
+        server.should_exit = True
+        thread.join(30)
