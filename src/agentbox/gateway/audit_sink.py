@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import httpx2
 
 from agentbox.errors import Conflict, InvalidConfig
 
@@ -109,9 +109,9 @@ class RemoteSink:
         backoff_base: float = 0.5,
         backoff_max: float = 30.0,
         request_timeout: float = 10.0,
-        transport: httpx.BaseTransport | None = None,
+        transport: httpx2.BaseTransport | None = None,
     ) -> None:
-        parsed = httpx.URL(url)
+        parsed = httpx2.URL(url)
         if parsed.scheme not in ("https", "http") or not parsed.host:
             raise InvalidConfig(f"audit.remote.url {url!r} is not an http(s) URL")
         if parsed.scheme == "http" and parsed.host not in _LOOPBACK:
@@ -225,7 +225,7 @@ class RemoteSink:
     # -- the shipper thread ---------------------------------------------------------------
 
     def _run(self) -> None:
-        with httpx.Client(
+        with httpx2.Client(
             transport=self._transport, follow_redirects=False, timeout=self._request_timeout
         ) as client:
             while True:
@@ -281,7 +281,7 @@ class RemoteSink:
             if last > self._watermark:
                 self._set_watermark(last)
 
-    def _ship_one(self, client: httpx.Client, timeout: float) -> bool:
+    def _ship_one(self, client: httpx2.Client, timeout: float) -> bool:
         """POST the oldest spooled records (up to one batch); True when the remote took them."""
         files: list[Path] = []
         records: list[Record] = []
@@ -309,7 +309,7 @@ class RemoteSink:
         body = json.dumps(records, separators=(",", ":")).encode()
         try:
             response = client.post(self.url, content=body, headers=headers, timeout=timeout)
-        except httpx.HTTPError as e:
+        except httpx2.HTTPError as e:
             self._failed(f"{type(e).__name__}: {e}")
             return False
         if not response.is_success:
@@ -339,7 +339,7 @@ class RemoteSink:
             delay,
         )
 
-    def _drain(self, client: httpx.Client) -> None:
+    def _drain(self, client: httpx2.Client) -> None:
         """On close: ship the spool until it is empty or the deadline passes."""
         while self._spooled:
             remaining = self._deadline - time.monotonic()

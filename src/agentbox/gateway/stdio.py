@@ -41,7 +41,7 @@ def serve_stdio(settings: GatewaySettings, sandbox_id: str | None, template: str
                         default_ttl=settings.gateway.auth.ttl_seconds)  # fmt: skip
     gateway = Gateway(settings, runtime, tokens, ApprovalStore(runtime.home / "gateway.db"),
                       audit, redactor)  # fmt: skip
-    principal = Principal("session", token_id="stdio", sandbox_id=sandbox_id)
+    principal = Principal("session", token_id="stdio", sandbox_id=sandbox_id)  # noqa: S106
     server = build_mcp_server(gateway, lambda ctx: principal)
 
     async def main() -> None:
