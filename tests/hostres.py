@@ -181,17 +181,71 @@ def seccomp_filters(pid: int) -> list[bytes]:
         ptrace(_PTRACE_DETACH, pid, None, None)
 
 
-def v1_cgroup(controller: str, sandbox_id: str) -> Path:
-    return CGROUP_ROOT / controller / "agentbox" / sandbox_id
+def _kv(path: Path) -> dict[str, str]:
+    """A flat-keyed cgroup file ("key value" per line)."""
+    return dict(line.split(None, 1) for line in path.read_text().splitlines() if " " in line)
 
 
-def read_int(path: Path) -> int:
-    return int(path.read_text().split()[0])
+class SandboxCgroups:
+    """A sandbox's cgroup limits and counters as the host sees them, on a hybrid host
+    (v1 memory/pids/cpu hierarchies) or a unified cgroup v2 host alike."""
 
+    def __init__(self, sandbox_id: str) -> None:
+        self.id = sandbox_id
+        self.v1 = (CGROUP_ROOT / "pids" / "agentbox").is_dir()
+        v2_root = CGROUP_ROOT / "unified" if (CGROUP_ROOT / "unified").is_dir() else CGROUP_ROOT
+        self.unified = v2_root / "agentbox" / sandbox_id
 
-def cgroup_procs(controller: str, sandbox_id: str) -> list[int]:
-    """Processes of a sandbox in a v1 hierarchy (the whole sandbox: it has no sub-groups)."""
-    with contextlib.suppress(FileNotFoundError):
-        text = (v1_cgroup(controller, sandbox_id) / "cgroup.procs").read_text()
-        return [int(p) for p in text.split()]
-    return []
+    def _v1(self, controller: str) -> Path:
+        return CGROUP_ROOT / controller / "agentbox" / self.id
+
+    def _read(self, v1: tuple[str, str], v2: str) -> str:
+        path = self._v1(v1[0]) / v1[1] if self.v1 else self.unified / v2
+        return path.read_text().strip()
+
+    def pids_current(self) -> int:
+        return int(self._read(("pids", "pids.current"), "pids.current"))
+
+    def pids_max(self) -> int:
+        return int(self._read(("pids", "pids.max"), "pids.max"))
+
+    def pids_limit_hits(self) -> int:
+        base = self._v1("pids") if self.v1 else self.unified
+        return int(_kv(base / "pids.events").get("max", "0"))
+
+    def memory_limit(self) -> int:
+        return int(self._read(("memory", "memory.limit_in_bytes"), "memory.max"))
+
+    def memory_peak(self) -> int:
+        return int(self._read(("memory", "memory.max_usage_in_bytes"), "memory.peak"))
+
+    def oom_kills(self) -> int:
+        if self.v1:
+            return int(_kv(self._v1("memory") / "memory.oom_control").get("oom_kill", "0"))
+        return int(_kv(self.unified / "memory.events").get("oom_kill", "0"))
+
+    def cpu_quota(self) -> float:
+        """The CPU limit in cores."""
+        if self.v1:
+            quota = int((self._v1("cpu") / "cpu.cfs_quota_us").read_text())
+            period = int((self._v1("cpu") / "cpu.cfs_period_us").read_text())
+        else:
+            quota_text, period_text = (self.unified / "cpu.max").read_text().split()
+            quota, period = int(quota_text), int(period_text)
+        return quota / period
+
+    def throttled_periods(self) -> int:
+        base = self._v1("cpu") if self.v1 else self.unified
+        return int(_kv(base / "cpu.stat").get("nr_throttled", "0"))
+
+    def procs(self) -> list[int]:
+        """Every process of the sandbox (launchers included: they join its cgroups)."""
+        if self.v1:
+            roots = [self._v1("pids")]
+        else:
+            roots = [Path(d) for d, _, _ in os.walk(self.unified)]
+        out: list[int] = []
+        for root in roots:
+            with contextlib.suppress(FileNotFoundError):
+                out += [int(p) for p in (root / "cgroup.procs").read_text().split()]
+        return out

@@ -9,6 +9,7 @@ when ``AGENTBOX_URL`` is set.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shlex
 import time
@@ -19,7 +20,7 @@ import httpx2
 
 from agentbox.errors import AgentboxError, InvalidRequest, Unauthenticated
 from agentbox.runtime.files import FileInfo
-from agentbox.runtime.output import CommandResult
+from agentbox.runtime.output import CommandResult, OutputCallback
 from agentbox.runtime.processes import ProcessInfo, ProcessOutput
 from agentbox.runtime.store import SandboxRecord
 
@@ -56,17 +57,42 @@ class GatewayClient:
             raise AgentboxError(
                 f"cannot reach the gateway at {self.url}: {e}; is `agentbox serve` running?"
             ) from None
-        if response.status_code >= 400:
-            try:
-                error = response.json()["error"]
-            except (ValueError, KeyError, TypeError):
-                raise AgentboxError(
-                    f"gateway answered {response.status_code}: {response.text[:200]}"
-                ) from None
-            raise AgentboxError.from_dict(error)
+        self._raise_for_error(response)
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
         return response.content
+
+    def events(self, method: str, path: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        """Server-sent events of a streaming route, as (event, data) pairs."""
+        try:
+            with self._http.stream(method, path, **kwargs) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    self._raise_for_error(response)
+                yield from _parse_sse(response.iter_lines())
+        except httpx2.TransportError as e:
+            raise AgentboxError(f"lost the gateway at {self.url}: {e}") from None
+
+    @staticmethod
+    def _raise_for_error(response: httpx2.Response) -> None:
+        if response.status_code < 400:
+            return
+        try:
+            error = response.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            raise AgentboxError(
+                f"gateway answered {response.status_code}: {response.text[:200]}"
+            ) from None
+        raise AgentboxError.from_dict(error)
+
+
+def _parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
+    event = "message"
+    for line in lines:
+        if line.startswith("event: "):
+            event = line[len("event: ") :]
+        elif line.startswith("data: "):
+            yield event, json.loads(line[len("data: ") :])
 
 
 def _record(data: dict[str, Any]) -> SandboxRecord:
@@ -125,7 +151,7 @@ class RemoteCommands:
         timeout: float | None = 60.0,
         max_output_bytes: int = 1 << 20,
         pty: bool = False,
-        on_output: Any = None,
+        on_output: OutputCallback | None = None,
     ) -> CommandResult:
         if not isinstance(command, str):
             command = shlex.join(command)
@@ -134,8 +160,17 @@ class RemoteCommands:
             body["stdin"] = stdin.decode() if isinstance(stdin, bytes) else stdin
         if timeout is not None:
             body["timeout_ms"] = int(timeout * 1000)
-        data = self._c.request("POST", f"/v1/sandboxes/{self._id}/commands", json=body)
-        return _result(data)
+        path = f"/v1/sandboxes/{self._id}/commands"
+        if on_output is None:
+            return _result(self._c.request("POST", path, json=body))
+        for event, data in self._c.events("POST", path, params={"stream": "true"}, json=body):
+            if event in ("stdout", "stderr"):
+                on_output(event, data["data"].encode())
+            elif event == "result":
+                return _result(data)
+            elif event == "error":
+                raise AgentboxError.from_dict(data)
+        raise AgentboxError("the gateway closed the output stream without a result")
 
 
 class RemoteProcesses:

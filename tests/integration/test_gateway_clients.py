@@ -1,0 +1,112 @@
+"""The SDK and the CLI through a gateway (AGENTBOX_URL), with the same typed errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentbox import Sandbox
+from agentbox.errors import PolicyDenied, SandboxNotFound
+from gateway_harness import RunningGateway, running_gateway
+
+AGENTBOX = str(Path(sys.executable).parent / "agentbox")
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path,
+       host_ready: None) -> Iterator[RunningGateway]:  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        with running_gateway(agentbox_home, tmp_path_factory.mktemp("cl"), mp,
+                             approval_timeout="20s") as running:  # fmt: skip
+            yield running
+
+
+def cli(
+    gw: RunningGateway, *args: str, token: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AGENTBOX_URL": gw.url, "AGENTBOX_TOKEN": token or gw.operator_token}
+    env.pop("AGENTBOX_HOME", None)  # nothing local: everything goes through the gateway
+    return subprocess.run([AGENTBOX, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_sdk_through_the_gateway(gw: RunningGateway, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTBOX_URL", gw.url)
+    monkeypatch.setenv("AGENTBOX_TOKEN", gw.operator_token)
+    with Sandbox.create(memory="128MiB", disk="64MiB") as sb:
+        r = sb.commands.run("echo $GREETING from $(pwd)", env={"GREETING": "hi"}, cwd="/tmp")
+        assert (r.stdout, r.exit_code) == ("hi from /tmp\n", 0)
+        sb.files.write("/workspace/data.bin", bytes(range(256)))
+        assert sb.files.read_bytes("/workspace/data.bin") == bytes(range(256))
+        sb.files.write("/workspace/t.txt", "alpha beta")
+        assert sb.files.edit("/workspace/t.txt", "beta", "gamma") == 1
+        assert sb.files.read("/workspace/t.txt") == "alpha gamma"
+        assert sorted(e.name for e in sb.files.list("/workspace")) == ["data.bin", "t.txt"]
+        shell = sb.shell()
+        shell.run("cd /tmp")
+        assert shell.run("pwd").stdout == "/tmp\n"
+        proc = sb.commands.start("echo background")
+        assert proc.wait(timeout=30).exit_code == 0
+        assert proc.read().text == "background\n"
+        with pytest.raises(PolicyDenied) as err:
+            sb.commands.run("curl http://example.invalid")
+        assert err.value.details["rule"]
+        assert sb.id in [r.id for r in Sandbox.list()]
+    with pytest.raises(SandboxNotFound):
+        Sandbox.connect(sb.id)
+
+
+def test_cli_through_the_gateway(gw: RunningGateway) -> None:
+    created = cli(gw, "sandbox", "create", "--memory", "128MiB", "--disk", "64MiB")
+    assert created.returncode == 0, created.stderr
+    sandbox_id = created.stdout.strip()
+    try:
+        r = cli(gw, "sandbox", "exec", sandbox_id, "--", "sh", "-c", "echo out; exit 5")
+        assert (r.stdout, r.returncode) == ("out\n", 5)
+        token = cli(gw, "token", "issue", "--sandbox", sandbox_id, "--ttl", "600",
+                    "--tools", "terminal_run")  # fmt: skip
+        assert token.returncode == 0, token.stderr
+        assert token.stdout.startswith("abx_") and token.stdout.count("\n") == 1  # only the token
+        session = token.stdout.strip()
+        r = cli(gw, "sandbox", "exec", sandbox_id, "--", "id", "-u", token=session)
+        assert r.stdout == "1000\n"
+        denied = cli(gw, "sandbox", "rm", sandbox_id, token=session)
+        assert denied.returncode == 1 and "insufficient_scope" in denied.stderr
+        listed = cli(gw, "token", "ls", "--sandbox", sandbox_id)
+        assert session not in listed.stdout and "terminal_run" in listed.stdout
+    finally:
+        assert cli(gw, "sandbox", "rm", sandbox_id).returncode == 0
+
+
+def test_cli_approvals(gw: RunningGateway) -> None:
+    sandbox_id = cli(gw, "sandbox", "create", "--disk", "64MiB").stdout.strip()
+    try:
+        session = cli(gw, "token", "issue", "--sandbox", sandbox_id).stdout.strip()
+        result: dict[str, subprocess.CompletedProcess[str]] = {}
+        waiting = threading.Thread(
+            target=lambda: result.setdefault(
+                "r",
+                cli(gw, "sandbox", "exec", sandbox_id, "--", "rm", "-rf", "/tmp/x", token=session),
+            ),  # fmt: skip
+        )
+        waiting.start()
+        approval_id = ""
+        for _ in range(500):  # bounded: the request appears within a second
+            listed = cli(gw, "approvals", "ls", "--status", "pending")
+            if listed.stdout.strip():
+                approval_id = listed.stdout.split()[0]
+                break
+        assert approval_id.startswith("ap-"), "no pending approval appeared"
+        assert "rm -rf /tmp/x" in listed.stdout
+        refused = cli(gw, "approvals", "approve", approval_id, token=session)
+        assert refused.returncode == 1 and "insufficient_scope" in refused.stderr
+        assert cli(gw, "approvals", "approve", approval_id).returncode == 0
+        waiting.join(60)
+        assert result["r"].returncode == 0, result["r"].stderr
+    finally:
+        cli(gw, "sandbox", "rm", sandbox_id)
