@@ -240,10 +240,8 @@ class SandboxCgroups:
 
     def procs(self) -> list[int]:
         """Every process of the sandbox (launchers included: they join its cgroups)."""
-        if self.v1:
-            roots = [self._v1("pids")]
-        else:
-            roots = [Path(d) for d, _, _ in os.walk(self.unified)]
+        walked = [Path(d) for d, _, _ in os.walk(self.unified)]
+        roots = [self._v1("pids")] if self.v1 else walked
         out: list[int] = []
         for root in roots:
             with contextlib.suppress(FileNotFoundError):

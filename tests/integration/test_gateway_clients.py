@@ -92,7 +92,7 @@ def test_cli_approvals(gw: RunningGateway) -> None:
             target=lambda: result.setdefault(
                 "r",
                 cli(gw, "sandbox", "exec", sandbox_id, "--", "rm", "-rf", "/tmp/x", token=session),
-            ),  # fmt: skip
+            ),
         )
         waiting.start()
         approval_id = ""

@@ -72,10 +72,13 @@ def _assert_same_confinement(runtime: Runtime, sb: Sandbox, pid: int, how: str) 
     assert seccomp_filters(pid) == [profile], f"the {how} command runs another seccomp filter"
 
     init_cg, cmd_cg = proc_cgroups(init_pid), proc_cgroups(pid)
-    for ctrl in V1_CONTROLLERS:
-        assert init_cg[ctrl] == f"/agentbox/{sb.id}", f"init is outside its {ctrl} cgroup"
-        assert cmd_cg[ctrl] == init_cg[ctrl], f"the {how} command escaped the {ctrl} cgroup"
-    assert cmd_cg["unified"].startswith(f"/agentbox/{sb.id}/")
+    if runtime.layout.mode == "hybrid":  # the limits live in v1 hierarchies
+        for ctrl in V1_CONTROLLERS:
+            assert init_cg[ctrl] == f"/agentbox/{sb.id}", f"init is outside its {ctrl} cgroup"
+            assert cmd_cg[ctrl] == init_cg[ctrl], f"the {how} command escaped the {ctrl} cgroup"
+    # v2: the limits sit on /agentbox/ID; the init and each command have a leaf below it.
+    assert init_cg["unified"] == f"/agentbox/{sb.id}/init"
+    assert cmd_cg["unified"].startswith(f"/agentbox/{sb.id}/c"), cmd_cg["unified"]
 
 
 def _run_and_compare(

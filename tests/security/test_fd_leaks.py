@@ -18,7 +18,7 @@ from secprobe import host_uid
 
 from agentbox import Sandbox
 from agentbox.errors import AgentboxError
-from hostres import cgroup_procs, proc_uid
+from hostres import SandboxCgroups, proc_uid
 
 FD_PROBE = "ls /proc/self/fd"  # ls itself holds fd 3 (the directory it lists)
 
@@ -72,7 +72,7 @@ def test_no_sandbox_process_holds_a_host_directory(shared_sandbox: Sandbox) -> N
     try:
         shared_sandbox.commands.run("true")
         uid = host_uid(shared_sandbox)
-        procs = [p for p in cgroup_procs("pids", shared_sandbox.id) if proc_uid(p) == uid]
+        procs = [p for p in SandboxCgroups(shared_sandbox.id).procs() if proc_uid(p) == uid]
         assert procs, "no sandbox processes found"
         for pid in procs:
             for fd in os.listdir(f"/proc/{pid}/fd"):

@@ -25,7 +25,7 @@ from secprobe import host_uid
 from agentbox import Sandbox
 from agentbox.errors import AgentboxError
 from agentbox.runtime.runtime import Runtime
-from hostres import cgroup_procs, pids_with_cmdline, read_int, v1_cgroup, wait_for
+from hostres import SandboxCgroups, pids_with_cmdline, wait_for
 
 MiB = 1024 * 1024
 
@@ -40,26 +40,27 @@ def host_spawn_seconds() -> float:
 def test_fork_bomb_is_contained(runtime: Runtime, agentbox_home: Path) -> None:
     sb = Sandbox.create(memory="256MiB", disk="32MiB", pids=64, cpus=1, home=agentbox_home)
     try:
-        pids = v1_cgroup("pids", sb.id)
-        limit = read_int(pids / "pids.max")
+        cg = SandboxCgroups(sb.id)
+        limit = cg.pids_max()
         assert limit == 64
-        baseline = read_int(pids / "pids.current")  # the init and bubblewrap's monitor
+        baseline = cg.pids_current()  # the init and bubblewrap's monitor
         peak, spawn_times = 0, []
         with ThreadPoolExecutor(max_workers=1) as pool:
             bomb = pool.submit(sb.commands.run, ":(){ :|:& };:; sleep 60", timeout=4)
             while not bomb.done():
-                peak = max(peak, read_int(pids / "pids.current"))
+                peak = max(peak, cg.pids_current())
                 spawn_times.append(host_spawn_seconds())
                 time.sleep(0.02)  # sampling period, not a wait for a condition
             result = bomb.result()
         assert result.timed_out, "the bomb's command should have hit its timeout"
         assert peak <= limit, f"the sandbox ran {peak} tasks with a limit of {limit}"
-        hits = int((pids / "pids.events").read_text().split()[1])
-        assert hits > 0, "the fork bomb never reached the pids limit: the test proved nothing"
+        assert cg.pids_limit_hits() > 0, (
+            "the fork bomb never reached the pids limit: the test proved nothing"
+        )
         assert max(spawn_times) < 2.0, f"the host stalled spawning `true`: {max(spawn_times)}s"
         assert len(spawn_times) > 20, "the host barely ran during the bomb"
         # The timeout killed the whole tree: only the init (and bwrap's monitor) are left.
-        wait_for(lambda: read_int(pids / "pids.current") <= baseline, 15, "the bomb to end")
+        wait_for(lambda: cg.pids_current() <= baseline, 15, "the bomb to end")
         assert sb.commands.run("echo alive").stdout == "alive\n"
         assert host_spawn_seconds() < 2.0
     finally:
@@ -69,17 +70,14 @@ def test_fork_bomb_is_contained(runtime: Runtime, agentbox_home: Path) -> None:
 def test_memory_balloon_is_oom_killed(runtime: Runtime, agentbox_home: Path) -> None:
     sb = Sandbox.create(memory="128MiB", disk="32MiB", home=agentbox_home)
     try:
-        memory = v1_cgroup("memory", sb.id)
-        limit = read_int(memory / "memory.limit_in_bytes")
+        cg = SandboxCgroups(sb.id)
+        limit = cg.memory_limit()
         assert limit == 128 * MiB
         r = sb.commands.run(["python3", "-c", "x = b'a' * (1 << 30); print(len(x))"], timeout=60)
         assert r.signal == 9 and r.exit_code == 137, f"not OOM-killed: {r}"
         assert "1073741824" not in r.stdout
-        assert read_int(memory / "memory.max_usage_in_bytes") <= limit
-        oom = dict(
-            line.split() for line in (memory / "memory.oom_control").read_text().splitlines()
-        )
-        assert int(oom.get("oom_kill", "1")) >= 1
+        assert cg.memory_peak() <= limit
+        assert cg.oom_kills() >= 1
         assert sb.commands.run("echo alive").stdout == "alive\n", "the sandbox itself died"
     finally:
         sb.kill()
@@ -88,13 +86,13 @@ def test_memory_balloon_is_oom_killed(runtime: Runtime, agentbox_home: Path) -> 
 def test_dev_shm_fill_is_capped(runtime: Runtime, agentbox_home: Path) -> None:
     sb = Sandbox.create(memory="128MiB", disk="32MiB", home=agentbox_home)
     try:
-        memory = v1_cgroup("memory", sb.id)
+        cg = SandboxCgroups(sb.id)
         r = sb.commands.run("dd if=/dev/zero of=/dev/shm/f bs=1M count=512 2>&1", timeout=60)
         assert r.exit_code != 0 or r.signal == 9, r.stdout
         assert "No space left on device" in r.stdout or r.signal == 9, r.stdout
         size = sb.commands.run("stat -c %s /dev/shm/f").stdout.strip()
         assert int(size or 0) <= 128 * MiB
-        assert read_int(memory / "memory.max_usage_in_bytes") <= 128 * MiB
+        assert cg.memory_peak() <= 128 * MiB
     finally:
         sb.kill()
 
@@ -196,7 +194,7 @@ def test_start_on_a_full_disk_is_a_clean_error(fresh_disk: Sandbox, agentbox_hom
 def _cpu_ns(sandbox_id: str) -> dict[int, int]:
     """Nanoseconds on CPU so far, per process of the sandbox (schedstat, field 1)."""
     out: dict[int, int] = {}
-    for pid in cgroup_procs("cpu", sandbox_id):
+    for pid in SandboxCgroups(sandbox_id).procs():
         try:
             out[pid] = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
         except (FileNotFoundError, ProcessLookupError):
@@ -207,8 +205,8 @@ def _cpu_ns(sandbox_id: str) -> dict[int, int]:
 def test_cpu_spin_is_throttled(runtime: Runtime, agentbox_home: Path) -> None:
     sb = Sandbox.create(memory="128MiB", disk="32MiB", cpus=0.5, home=agentbox_home)
     try:
-        cpu = v1_cgroup("cpu", sb.id)
-        assert read_int(cpu / "cpu.cfs_quota_us") == 50_000
+        cg = SandboxCgroups(sb.id)
+        assert cg.cpu_quota() == 0.5
         spinners = os.cpu_count() or 2
         handle = sb.commands.start(
             f"for i in $(seq {spinners}); do (while :; do :; done) & done; wait"
@@ -228,8 +226,7 @@ def test_cpu_spin_is_throttled(runtime: Runtime, agentbox_home: Path) -> None:
         cores = used / elapsed
         assert cores < 0.7, f"the sandbox used {cores:.2f} cores with cpus=0.5"
         assert cores > 0.2, f"the spinners barely ran ({cores:.2f} cores): the test proved nothing"
-        throttled = dict(line.split() for line in (cpu / "cpu.stat").read_text().splitlines())
-        assert int(throttled["nr_throttled"]) > 0
+        assert cg.throttled_periods() > 0
         assert max(spawn_times) < 1.0, f"the host stalled: {max(spawn_times):.2f}s to run true"
     finally:
         sb.kill()

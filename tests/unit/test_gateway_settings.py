@@ -9,7 +9,8 @@ import pytest
 from agentbox.errors import InvalidConfig
 from agentbox.gateway.settings import GatewaySettings, load_settings, parse_settings
 
-EXAMPLE = Path(__file__).resolve().parents[2].parent / "shared" / "gateway.example.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway.example.yaml"
+CONTRACT = Path(__file__).resolve().parents[3] / "shared" / "gateway.example.yaml"
 
 
 def example_text() -> str:
@@ -27,6 +28,13 @@ def test_the_example_contract_loads_completely() -> None:
     assert s.tool("browser.open").viewport == "1280x800"
     assert [p.kind for p in s.providers] == ["anthropic", "openai", "openai"]
     assert s.budgets[0].alert_at == [0.5, 0.8, 1.0]
+
+
+def test_the_shipped_example_is_the_contract() -> None:
+    # The contract lives beside the repository in development and CI; users get the copy.
+    if CONTRACT.exists():
+        assert EXAMPLE.read_text() == CONTRACT.read_text()
+    assert EXAMPLE.exists()
 
 
 def test_no_file_means_embedded_defaults() -> None:

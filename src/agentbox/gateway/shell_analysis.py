@@ -82,6 +82,30 @@ class UnparseableCommand(InvalidRequest):
         """Programs found before the analysis had to stop (for "deny wins" reporting)."""
 
 
+def _shell_reads_stdin(args: Sequence[Word]) -> bool:
+    """Would ``sh ARGS`` read its commands from stdin (no ``-c``, no script operand)?"""
+    i = 0
+    while i < len(args):
+        t = args[i].text
+        if args[i].dynamic or args[i].unsafe:
+            return False
+        if t in ("--", "-"):
+            return i + 1 >= len(args)
+        if t.startswith("--"):
+            i += 2 if t in ("--rcfile", "--init-file") else 1
+            continue
+        if len(t) > 1 and t[0] in "-+":
+            letters = t[1:]
+            if t[0] == "-" and "c" in letters:
+                return False
+            if t[0] == "-" and "s" in letters:
+                return True
+            i += 1 + letters.count("o") + letters.count("O")
+            continue
+        return False
+    return True
+
+
 class _SuspectParse(Exception):
     """bashlex's tree for a word does not match the source text."""
 
@@ -135,7 +159,10 @@ def analyse_command(command: str | Sequence[str]) -> CommandAnalysis:
     """
     analyser = _Analyser()
     try:
-        _analyse(analyser, command)
+        try:
+            _analyse(analyser, command)
+        except RecursionError:
+            raise _reject("the command is nested too deeply to analyse", RULE_TOO_DEEP) from None
     except UnparseableCommand as exc:
         exc.programs = analyser.out.unique_programs()
         exc.details["programs"] = exc.programs
@@ -267,20 +294,33 @@ def _dequote_delimiter(raw: str) -> str | None:
     return parts[0] if len(parts) == 1 and parts[0] else None
 
 
+_HEREDOC_OP = re.compile(r"<<(-?)[ \t]*([^\s;&|<>()]+)")
+
+
 def _fix_quoted_heredoc(src: str, message: str) -> str | None:
+    """Rewrite the terminator line of the first quoted-delimiter heredoc not yet rewritten.
+
+    bashlex wants the terminator line to repeat the delimiter *with* its quotes. The error
+    names the delimiter when the heredoc is at top level; inside ``$(…)`` it does not, so
+    every quoted-delimiter heredoc operator in the source is considered, in order.
+    """
     match = _HEREDOC_ERROR.fullmatch(message)
-    if match is None:
-        return None
-    try:
-        wanted = pyast.literal_eval(match.group("want"))
-    except (ValueError, SyntaxError):
-        return None
-    if not isinstance(wanted, str) or not any(q in wanted for q in "'\"\\"):
-        return None  # an unquoted delimiter really is missing its terminator line
-    delim = _dequote_delimiter(wanted)
-    if delim is None:
-        return None
-    for op in re.finditer(r"<<(-?)[ \t]*" + re.escape(wanted), src):
+    wanted_only: str | None = None
+    if match is not None:
+        try:
+            wanted = pyast.literal_eval(match.group("want"))
+        except (ValueError, SyntaxError):
+            return None
+        if not isinstance(wanted, str) or not any(q in wanted for q in "'\"\\"):
+            return None  # an unquoted delimiter really is missing its terminator line
+        wanted_only = wanted
+    for op in _HEREDOC_OP.finditer(src):
+        raw = op.group(2)
+        if not any(q in raw for q in "'\"\\") or (wanted_only and raw != wanted_only):
+            continue
+        delim = _dequote_delimiter(raw)
+        if delim is None:
+            continue
         strip_tabs = op.group(1) == "-"
         nl = src.find("\n", op.end())
         while nl != -1:
@@ -288,11 +328,11 @@ def _fix_quoted_heredoc(src: str, message: str) -> str | None:
             end = src.find("\n", start)
             line = src[start:] if end == -1 else src[start:end]
             bare = line.lstrip("\t") if strip_tabs else line
-            if bare == wanted:
-                break  # this heredoc was fixed already; look at the next operator
+            if bare == raw:
+                break  # this heredoc was rewritten already; look at the next operator
             if bare == delim:
                 prefix = line[: len(line) - len(bare)]
-                return src[:start] + prefix + wanted + src[start + len(line) :]
+                return src[:start] + prefix + raw + src[start + len(line) :]
             nl = end
     return None
 
@@ -447,7 +487,7 @@ _SIMPLE_WRAPPERS: dict[str, _Opts] = {
     "timeout": _Opts("sk", frozenset({"--signal", "--kill-after"}), positionals=1),
     "stdbuf": _Opts("ioe", frozenset({"--input", "--output", "--error"})),
     "time": _Opts("fo", frozenset({"--format", "--output"})),
-    "command": _Opts(),
+    "command": _Opts(no_program=frozenset({"-v", "-V"})),
     "exec": _Opts("a"),
     "builtin": _Opts(),
     "doas": _Opts("uC", no_program=frozenset({"-C"})),
@@ -651,7 +691,27 @@ class _Analyser:
                 words.append(self.word(part, src, depth))
             else:
                 self.walk(part, src, depth)
-        return self.argv(words, depth) if words else []
+        if not words:
+            return []
+        renderings = self.argv(words, depth)
+        if normalise_program(words[0].text) in _POSIX_SHELLS and _shell_reads_stdin(words[1:]):
+            self.stdin_code(node, src, depth)
+        return renderings
+
+    def stdin_code(self, node: Any, src: str, depth: int) -> None:
+        """``bash <<'EOF' … EOF`` / ``sh <<< 'code'``: the redirected text is shell code."""
+        for part in node.parts:
+            if part.kind != "redirect":
+                continue
+            heredoc = getattr(part, "heredoc", None)
+            if heredoc is not None:
+                body = str(heredoc.value).split("\n")[:-1]  # drop the terminator line
+                self.shell("\n".join(body), depth + 1)
+            elif part.type == "<<<" and isinstance(part.output, bashlex.ast.node):
+                word = self.word(part.output, src, depth)
+                if word.dynamic or word.unsafe:
+                    raise _dynamic_code("the code fed to the shell on stdin")
+                self.shell(word.text, depth + 1)
 
     def pipeline(self, node: Any, src: str, depth: int) -> None:
         outer: list[str] = []
@@ -733,6 +793,9 @@ class _Analyser:
             body = body[1:-1]
         if body[:2] in ("$(", "<(", ">(") and body.endswith(")"):
             self.shell(body[2:-1], depth + 1)
+            return Word(text=str(node.word), raw=raw, dynamic=True, unsafe=not quoted)
+        if len(body) >= 2 and body[0] == "`" and body[-1] == "`" and "`" not in body[1:-1]:
+            self.shell(re.sub(r"\\([$`\\])", r"\1", body[1:-1]), depth + 1)
             return Word(text=str(node.word), raw=raw, dynamic=True, unsafe=not quoted)
         raise _reject(
             f"the parser's view of this command disagrees with its text (near {raw[:40]!r}); "
@@ -1048,6 +1111,11 @@ class _Analyser:
                 return []
             if w.dynamic or w.unsafe:
                 raise _dynamic_code(f"the arguments of `{name}`")
+        if name == "runuser":
+            spec = _Opts("ugGsw", frozenset({"--user", "--group", "--supp-group", "--shell"}))
+            res = _parse_options(name, args, spec)
+            if res.index is not None and ("-u" in res.values or "--user" in res.values):
+                return self.argv(args[res.index :], depth)
         if name == "flock":
             res = _parse_options(name, args, _Opts("wE", frozenset({"--timeout"}), 1))
             if res.index is not None:
