@@ -28,11 +28,12 @@ from secprobe import HostSecret
 
 from agentbox import Sandbox
 from agentbox.errors import AgentboxError, FileNotFound
+from agentbox.runtime.runtime import Runtime
 from hostres import wait_for
 
 
 @pytest.fixture(scope="module")
-def sb(runtime: object, agentbox_home: Path) -> Iterator[Sandbox]:
+def sb(runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
     box = Sandbox.create(memory="256MiB", disk="128MiB", pids=128, home=agentbox_home)
     try:
         yield box

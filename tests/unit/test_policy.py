@@ -79,6 +79,14 @@ EVASIONS: list[tuple[str, str]] = [
     ("find . -name '*.o' -execdir rm {} +", DENY_RM),
     ("find . -ok rm {} \\;", DENY_RM),
     ("watch -n 1 'rm x'", DENY_RM),
+    ("runuser -u bob -- rm x", DENY_RM),
+    ("su -c 'rm x' bob", DENY_RM),
+    ("bash <<'EOF'\nrm x\nEOF", DENY_RM),
+    ("sh -s <<EOF\nls\nrm x\nEOF", DENY_RM),
+    ("bash <<< 'rm x'", DENY_RM),
+    ("echo $(cat <<'EOF'\nx\nEOF\nrm y\n)", DENY_RM),
+    ("cat <<A <<'B'\n$(rm x)\nA\n$(ok)\nB", DENY_RM),
+    ('echo "`ls\nrm x`"', DENY_RM),
     ("flock /tmp/l -c 'rm x'", DENY_RM),
     ("cat <(rm x)", DENY_RM),
     ("tee >(rm x)", DENY_RM),
@@ -128,7 +136,10 @@ EVASIONS: list[tuple[str, str]] = [
     ("echo $(ls", "unparseable"),
     ("ls; ;", "unparseable"),
     ("cat <<EOF\nno terminator", "unparseable"),
-    ("cat <<'EOF' \"\nEOF\n\"\nEOF\nrm -rf /\n'EOF'", "unparseable"),
+    # the heredoc body starts after the logical line (after the string): rm really runs
+    ("cat <<'EOF' \"\nEOF\n\"\nEOF\nrm -rf /\n'EOF'", DENY_RM),
+    ("cat <<'EOF' \"a\nEOF\nb\"\nrm -rf /\nEOF", "unparseable"),  # ambiguous: refused
+    ("cat <<'E O F'\nx\nE O F", "unparseable"),
     ("let 'a[$(rm x)]=1'", "unparseable"),
     ("(( x++ ))", "unparseable"),
     ("echo $((1+2))", "unparseable"),
@@ -185,6 +196,11 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("bash script.sh", ("bash",)),
     ("eval 'ls -l'", ("eval", "ls")),
     ("echo a\\;b", ("echo",)),
+    ("git commit -m \"$(cat <<'EOF'\nFix: rm -rf $(x) `y`\n\nEOF\n)\"", ("cat", "git")),
+    ("cat > f.sh <<'EOF'\nfor f in $(ls); do rm \"$f\"; done\nEOF\nbash f.sh", ("cat", "bash")),
+    ("cat <<'A' <<'B'\n$(rm x)\nA\n`rm y`\nB\nls", ("cat", "ls")),
+    ("command -v rm", ("command",)),
+    ("bash -c ls <<'EOF'\nrm x\nEOF", ("bash", "ls")),  # stdin is data for bash -c
 ]
 
 

@@ -38,7 +38,6 @@ This is a guardrail, not a boundary: see the limitations in :mod:`agentbox.gatew
 
 from __future__ import annotations
 
-import ast as pyast
 import re
 import shlex
 from collections.abc import Callable, Iterator, Sequence
@@ -63,7 +62,6 @@ RULE_DYNAMIC_CODE = "dynamic shell code"
 RULE_TOO_DEEP = "nesting too deep"
 RULE_FUNC_IMPORT = "function import via environment"
 
-_MAX_HEREDOC_FIXUPS = 32
 _MAX_COMSUB_CANDIDATES = 256
 
 
@@ -236,37 +234,31 @@ _NOT_SUPPORTED_HINTS = (
 
 
 def _parse(source: str) -> tuple[list[Any], str]:
-    """bashlex.parse with fixes; returns the trees and the (possibly rewritten) source.
+    """bashlex.parse with safety checks; returns the trees and the source they index.
 
-    bashlex looks for the *quoted* text of a quoted heredoc delimiter (``<<'EOF'`` wants a
-    line ``'EOF'``), so such heredocs are retried with their terminator line rewritten; the
-    result is then verified against bash's rule (no body line equals the delimiter).
+    Quoted-delimiter heredocs are rewritten first (see :func:`_prepare_heredocs`), and the
+    trees are checked against the source: bashlex must have consumed all of it, and every
+    heredoc must end where bash would end it.
     """
-    src = source
-    for _ in range(_MAX_HEREDOC_FIXUPS):
-        try:
-            trees = list(bashlex.parse(src))
-        except bashlex.errors.ParsingError as exc:
-            fixed = _fix_quoted_heredoc(src, exc.message)
-            if fixed is None:
-                raise _reject(_parse_error_reason(src, str(exc))) from None
-            src = fixed
-            continue
-        except NotImplementedError as exc:
-            text = str(exc)
-            hint = next((h for key, h in _NOT_SUPPORTED_HINTS if key in text), text)
-            raise _reject(
-                f"cannot analyse this command: the policy's shell parser does not support {hint}; "
-                "rewrite it with simpler constructs"
-            ) from None
-        except RecursionError:
-            raise _reject("the command is nested too deeply to analyse", RULE_TOO_DEEP) from None
-        except Exception as exc:  # bashlex raises assorted internal errors on odd input
-            raise _reject(_parse_error_reason(src, f"{type(exc).__name__}: {exc}")) from None
-        _check_coverage(src, trees)
-        _check_heredocs(trees)
-        return trees, src
-    raise _reject("too many here-documents to analyse; use fewer per command")
+    src, bodies = _prepare_heredocs(source)
+    try:
+        trees = list(bashlex.parse(src))
+    except bashlex.errors.ParsingError as exc:
+        raise _reject(_parse_error_reason(src, str(exc))) from None
+    except NotImplementedError as exc:
+        text = str(exc)
+        hint = next((h for key, h in _NOT_SUPPORTED_HINTS if key in text), text)
+        raise _reject(
+            f"cannot analyse this command: the policy's shell parser does not support {hint}; "
+            "rewrite it with simpler constructs"
+        ) from None
+    except RecursionError:
+        raise _reject("the command is nested too deeply to analyse", RULE_TOO_DEEP) from None
+    except Exception as exc:  # bashlex raises assorted internal errors on odd input
+        raise _reject(_parse_error_reason(src, f"{type(exc).__name__}: {exc}")) from None
+    _check_coverage(src, trees)
+    _check_heredocs(trees, bodies)
+    return trees, src
 
 
 def _parse_error_reason(src: str, detail: str) -> str:
@@ -281,9 +273,8 @@ def _parse_error_reason(src: str, detail: str) -> str:
     )
 
 
-_HEREDOC_ERROR = re.compile(
-    r"here-document at line \d+ delimited by end-of-file \(wanted (?P<want>.*)\)", re.S
-)
+_HEREDOC_OP = re.compile(r"(?<!<)<<(?!<)(-?)[ \t]*([^\s;&|<>()]+)")
+_SAFE_DELIMITER = re.compile(r"[A-Za-z0-9_.,:+/@%^=-]+")
 
 
 def _dequote_delimiter(raw: str) -> str | None:
@@ -294,46 +285,55 @@ def _dequote_delimiter(raw: str) -> str | None:
     return parts[0] if len(parts) == 1 and parts[0] else None
 
 
-_HEREDOC_OP = re.compile(r"<<(-?)[ \t]*([^\s;&|<>()]+)")
+def _prepare_heredocs(src: str) -> tuple[str, dict[int, tuple[str, str]]]:
+    """Rewrite ``<<'EOF' body EOF`` to ``<<EOF EOF`` (empty body, unquoted delimiter).
 
-
-def _fix_quoted_heredoc(src: str, message: str) -> str | None:
-    """Rewrite the terminator line of the first quoted-delimiter heredoc not yet rewritten.
-
-    bashlex wants the terminator line to repeat the delimiter *with* its quotes. The error
-    names the delimiter when the heredoc is at top level; inside ``$(…)`` it does not, so
-    every quoted-delimiter heredoc operator in the source is considered, in order.
+    bashlex mishandles quoted delimiters (it wants the terminator line *with* the quotes, and
+    its tokenizer and parser disagree inside ``$(…)``). A quoted heredoc's body is data that
+    bash does not expand, so it is taken out and kept: the result maps each rewritten
+    operator's offset to ``(delimiter, original body)``. A rewrite that does not line up with
+    a heredoc in bashlex's tree is refused by :func:`_check_heredocs`, so an operator found
+    inside a string or comment cannot hide anything.
     """
-    match = _HEREDOC_ERROR.fullmatch(message)
-    wanted_only: str | None = None
-    if match is not None:
-        try:
-            wanted = pyast.literal_eval(match.group("want"))
-        except (ValueError, SyntaxError):
-            return None
-        if not isinstance(wanted, str) or not any(q in wanted for q in "'\"\\"):
-            return None  # an unquoted delimiter really is missing its terminator line
-        wanted_only = wanted
-    for op in _HEREDOC_OP.finditer(src):
+    bodies: dict[int, tuple[str, str]] = {}
+    pos = 0
+    line_nl, next_body = -1, -1  # heredocs sharing an operator line have consecutive bodies
+    while (op := _HEREDOC_OP.search(src, pos)) is not None:
+        pos = op.end()
         raw = op.group(2)
-        if not any(q in raw for q in "'\"\\") or (wanted_only and raw != wanted_only):
-            continue
-        delim = _dequote_delimiter(raw)
-        if delim is None:
-            continue
-        strip_tabs = op.group(1) == "-"
+        quoted = any(q in raw for q in "'\"\\")
+        delim = _dequote_delimiter(raw) if quoted else raw
         nl = src.find("\n", op.end())
-        while nl != -1:
-            start = nl + 1
-            end = src.find("\n", start)
-            line = src[start:] if end == -1 else src[start:end]
-            bare = line.lstrip("\t") if strip_tabs else line
-            if bare == raw:
-                break  # this heredoc was rewritten already; look at the next operator
-            if bare == delim:
-                prefix = line[: len(line) - len(bare)]
-                return src[:start] + prefix + raw + src[start + len(line) :]
-            nl = end
+        if delim is None or nl == -1:
+            continue
+        body_start = next_body if nl == line_nl else nl + 1
+        term = _find_terminator(src, body_start, delim, strip_tabs=op.group(1) == "-")
+        if term is None:
+            continue
+        term_end = src.find("\n", term)
+        line_nl, next_body = nl, (len(src) if term_end == -1 else term_end + 1)
+        if not quoted or not _SAFE_DELIMITER.fullmatch(delim):
+            continue
+        body = src[body_start:term]
+        src = src[: op.start(2)] + delim + src[op.end(2) : body_start] + src[term:]
+        shift = len(delim) - len(raw) - len(body)
+        line_nl += len(delim) - len(raw)
+        next_body += shift
+        bodies[op.start()] = (delim, body)
+        pos = op.start(2) + len(delim)
+    return src, bodies
+
+
+def _find_terminator(src: str, start: int, delim: str, strip_tabs: bool) -> int | None:
+    scan = start
+    while scan <= len(src):
+        end = src.find("\n", scan)
+        line = src[scan:] if end == -1 else src[scan:end]
+        if (line.lstrip("\t") if strip_tabs else line) == delim:
+            return scan
+        if end == -1:
+            return None
+        scan = end + 1
     return None
 
 
@@ -378,19 +378,37 @@ def _heredoc_delimiter(redirect: Any) -> tuple[str, bool]:
     return delim, quoted
 
 
-def _check_heredocs(trees: list[Any]) -> None:
+def _check_heredocs(trees: list[Any], bodies: dict[int, tuple[str, str]]) -> None:
+    """Every heredoc must end where bash ends it; rewritten ones must line up exactly.
+
+    Rewritten (quoted-delimiter) heredoc redirects get ``agentbox_body`` (the original body)
+    set on the node; the analyser treats those bodies as data.
+    """
+    seen: set[int] = set()
     for tree in trees:
         for n in _nodes(tree):
             if n.kind != "redirect" or getattr(n, "heredoc", None) is None:
                 continue
             delim, _ = _heredoc_delimiter(n)
             lines = str(n.heredoc.value).split("\n")
-            body = lines[:-1]
-            if delim in body:
-                raise _reject(
-                    "a here-document was not parsed the way bash reads it; "
-                    "put the heredoc in a simpler command"
-                )
+            rewritten = bodies.get(n.pos[0])
+            if rewritten is not None:
+                if rewritten[0] != delim or lines != [delim]:
+                    break
+                n.agentbox_body = rewritten[1]
+                seen.add(n.pos[0])
+            elif delim in lines[:-1]:
+                break
+        else:
+            continue
+        raise _reject(
+            "a here-document was not parsed the way bash reads it; put it in a simpler command"
+        )
+    if seen != set(bodies):
+        raise _reject(
+            "a `<<` could not be matched to a here-document; put the heredoc in a simpler "
+            "command, or quote the `<<` if it is text"
+        )
 
 
 # --------------------------------------------------------------------------- words
@@ -705,8 +723,10 @@ class _Analyser:
                 continue
             heredoc = getattr(part, "heredoc", None)
             if heredoc is not None:
-                body = str(heredoc.value).split("\n")[:-1]  # drop the terminator line
-                self.shell("\n".join(body), depth + 1)
+                body = getattr(part, "agentbox_body", None)
+                if body is None:  # unquoted: drop the terminator line
+                    body = "\n".join(str(heredoc.value).split("\n")[:-1])
+                self.shell(body, depth + 1)
             elif part.type == "<<<" and isinstance(part.output, bashlex.ast.node):
                 word = self.word(part.output, src, depth)
                 if word.dynamic or word.unsafe:
@@ -757,9 +777,9 @@ class _Analyser:
         output = getattr(node, "output", None)
         heredoc = getattr(node, "heredoc", None)
         if heredoc is not None:
-            _, quoted = _heredoc_delimiter(node)
-            if not quoted:  # body undergoes $(…), `…` and ${…} expansion
-                self.text_substitutions(str(heredoc.value), depth, "an unquoted here-document")
+            if not hasattr(node, "agentbox_body"):  # unquoted: $(…), `…`, ${…} are expanded
+                body = "\n".join(str(heredoc.value).split("\n")[:-1])
+                self.text_substitutions(body, depth, "an unquoted here-document")
             return
         if isinstance(output, bashlex.ast.node):
             self.walk(output, src, depth)
