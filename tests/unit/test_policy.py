@@ -130,6 +130,10 @@ EVASIONS: list[tuple[str, str]] = [
     ("timeout $T rm x", "dynamic shell code"),
     ("env $VARS ls", "dynamic shell code"),
     ("find $DIR -name x", "dynamic shell code"),
+    ("echo 'rm -rf /' | xargs -0 bash -c", "dynamic shell code"),
+    ("find . -exec sh -c 'cat {}' \\;", "dynamic shell code"),
+    ("ls | xargs -I % sh -c 'cat %'", "dynamic shell code"),
+    ('bash <<< "$CODE"', "dynamic shell code"),
     ("env 'BASH_FUNC_ls%%=() { cat; }' bash -c ls", "function import via environment"),
     ("echo 'oops", "unparseable"),
     ('echo "oops', "unparseable"),
@@ -251,6 +255,13 @@ def test_approval_patterns(policy: CommandPolicy, command: str | list[str], patt
 def test_approval_patterns_are_literal(command: str) -> None:
     decision = OPEN.check(command)
     assert decision.may_run_now, decision
+
+
+def test_input_placeholders_are_fine_as_arguments() -> None:
+    decision = OPEN.check("ls | xargs -I % bash -c 'cat \"$1\"' _ %")
+    assert decision.may_run_now
+    assert decision.programs == ("ls", "xargs", "bash", "cat")
+    assert OPEN.check("find . -name '*.py' -exec sh -c 'wc -l \"$1\"' _ {} \\;").may_run_now
 
 
 def test_sudo_needs_approval_even_without_a_pattern() -> None:

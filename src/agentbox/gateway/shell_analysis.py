@@ -579,7 +579,8 @@ def _is_option(text: str) -> bool:
 
 def _dynamic_code(what: str) -> UnparseableCommand:
     return _reject(
-        f"{what} depends on a value only known at run time; write it with literal words",
+        f"cannot check {what}: it depends on values only known at run time; write it with "
+        "literal words",
         RULE_DYNAMIC_CODE,
     )
 
@@ -657,6 +658,8 @@ def _option_argument(name: str, args: Sequence[Word], i: int) -> str:
 class _Analyser:
     def __init__(self) -> None:
         self.out = CommandAnalysis()
+        self.placeholders: tuple[str, ...] = ()
+        """Text that ``xargs -I``/``find -exec`` replace with run-time input, in scope."""
 
     # ---- strings of shell code
 
@@ -932,11 +935,38 @@ class _Analyser:
                         "check it",
                         RULE_DYNAMIC_NAME,
                     )
+                return self.with_placeholders((repl,) if repl else (), args[res.index :], depth)
             return self.argv(args[res.index :], depth)
         handler = _HANDLERS.get(name)
         if handler is not None:
             return handler(self, name, args, depth)
         return []
+
+    def with_placeholders(
+        self, placeholders: tuple[str, ...], argv: Sequence[Word], depth: int
+    ) -> list[str]:
+        saved = self.placeholders
+        self.placeholders = (*saved, *placeholders)
+        try:
+            return self.argv(argv, depth)
+        finally:
+            self.placeholders = saved
+
+    def code_string(self, what: str, code: Word | None, depth: int) -> None:
+        """Analyse shell code passed as a string (``sh -c``, ``su -c``, ``trap``, …)."""
+        if code is None:
+            raise _reject(
+                f"{what} has no literal code: it would come from input at run time, so the "
+                "policy cannot check it; pass the code as a literal string",
+                RULE_DYNAMIC_CODE,
+            )
+        if code.dynamic or code.unsafe:
+            raise _dynamic_code(f"the code given to {what}")
+        if any(p and p in code.text for p in self.placeholders):
+            raise _dynamic_code(
+                f"the code given to {what} (xargs/find insert file names or input into it)"
+            )
+        self.shell(code.text, depth + 1)
 
     # ---- special wrappers
 
@@ -1030,20 +1060,17 @@ class _Analyser:
                 i += 1 + letters.count("o") + letters.count("O")
                 continue
             break
-        if not command_mode or i >= len(args):
+        if not command_mode:
             return []  # a script file or stdin: not analysed (see the policy limitations)
-        code = args[i]
-        if code.dynamic or code.unsafe:
-            raise _dynamic_code(f"the code given to `{name} -c`")
         if name in _OTHER_SHELLS:
             raise _reject(f"`{name} -c` code is not POSIX shell, so it cannot be analysed")
-        self.shell(code.text, depth + 1)
+        self.code_string(f"`{name} -c`", args[i] if i < len(args) else None, depth)
         return []
 
     def h_eval(self, name: str, args: list[Word], depth: int) -> list[str]:
         if any(w.dynamic or w.unsafe for w in args):
             raise _dynamic_code("the code given to `eval`")
-        self.shell(" ".join(w.text for w in args), depth + 1)
+        self.code_string("`eval`", Word.literal(" ".join(w.text for w in args)), depth)
         return []
 
     def h_trap(self, name: str, args: list[Word], depth: int) -> list[str]:
@@ -1051,11 +1078,11 @@ class _Analyser:
         if any(w.text in ("-l", "-p") for w in args) or len(operands) < 2:
             return []
         action = operands[0]
-        if action.dynamic or action.unsafe:
-            raise _dynamic_code("the code given to `trap`")
-        if action.text.isdigit() or action.text in ("-", ""):
+        if not (action.dynamic or action.unsafe) and (
+            action.text.isdigit() or action.text in ("-", "")
+        ):
             return []
-        self.shell(action.text, depth + 1)
+        self.code_string("`trap`", action, depth)
         return []
 
     def h_alias(self, name: str, args: list[Word], depth: int) -> list[str]:
@@ -1063,7 +1090,7 @@ class _Analyser:
             if w.dynamic or w.unsafe:
                 raise _dynamic_code("an `alias` definition")
             if "=" in w.text and not w.text.startswith("-"):
-                self.shell(w.text.split("=", 1)[1], depth + 1)
+                self.code_string("`alias`", Word.literal(w.text.split("=", 1)[1]), depth)
         return []
 
     def h_hash(self, name: str, args: list[Word], depth: int) -> list[str]:
@@ -1105,7 +1132,7 @@ class _Analyser:
                             "cannot check that",
                             RULE_DYNAMIC_NAME,
                         )
-                    inner.extend(self.argv(run, depth))
+                    inner.extend(self.with_placeholders(("{}",), run, depth))
                 i = j + 1
                 continue
             if (t == "-D" and i == 0) or t in _FIND_ARG or t.startswith("-newer"):
@@ -1120,14 +1147,11 @@ class _Analyser:
         for i, w in enumerate(args):
             t = w.text
             if t in ("-c", "--command", "--session-command") or t.startswith(("--command=",)):
-                code = t.partition("=")[2] if "=" in t else None
-                if code is None:
-                    if i + 1 >= len(args):
-                        return []
-                    if args[i + 1].dynamic or args[i + 1].unsafe:
-                        raise _dynamic_code(f"the code given to `{name} -c`")
-                    code = args[i + 1].text
-                self.shell(code, depth + 1)
+                if "=" in t:
+                    code: Word | None = Word.literal(t.partition("=")[2])
+                else:
+                    code = args[i + 1] if i + 1 < len(args) else None
+                self.code_string(f"`{name} -c`", code, depth)
                 return []
             if w.dynamic or w.unsafe:
                 raise _dynamic_code(f"the arguments of `{name}`")
@@ -1151,7 +1175,7 @@ class _Analyser:
             return self.argv(rest, depth)
         if any(w.dynamic or w.unsafe for w in rest):
             raise _dynamic_code("the command given to `watch`")
-        self.shell(" ".join(w.text for w in rest), depth + 1)
+        self.code_string("`watch`", Word.literal(" ".join(w.text for w in rest)), depth)
         return []
 
 
