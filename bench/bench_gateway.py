@@ -128,7 +128,13 @@ def main() -> None:
                     f"/v1/sandboxes/{sid}/files", json={"path": "small.txt", "content": "x" * 1024}
                 )
 
-                def client_call(tool: str, arguments: dict[str, object]) -> Callable[[], object]:
+                def client_call(
+                    tool: str,
+                    arguments: dict[str, object],
+                    url: str = url,
+                    headers: dict[str, str] = headers,
+                    sid: str = sid,
+                ) -> Callable[[], object]:
                     client = httpx2.Client(base_url=url, headers=headers, timeout=60)
                     body = {"arguments": {**arguments, "sandbox_id": sid}}
                     return lambda: client.post(f"/v1/tools/{tool}", json=body).raise_for_status()
