@@ -121,4 +121,6 @@ def test_thousand_lifecycles_leave_nothing_behind(runtime: Runtime, agentbox_hom
     print(
         f"{CYCLES} create/destroy cycles in {elapsed:.1f}s ({elapsed / CYCLES * 1000:.1f} ms each)"
     )
-    assert elapsed < 120, f"{CYCLES} cycles took {elapsed:.0f}s"
+    # ~20 s on an idle 2-core host; the bound only catches pathological slowdowns (a leak
+    # that makes each cycle slower than the last), not a busy CI machine.
+    assert elapsed < 180, f"{CYCLES} cycles took {elapsed:.0f}s"
