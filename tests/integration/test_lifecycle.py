@@ -18,32 +18,13 @@ from agentbox.errors import (
     TemplateNotFound,
 )
 from agentbox.runtime.runtime import Runtime
-
-
-def host_resources(home: Path) -> dict[str, list[str]]:
-    """Everything a sandbox may leave on the host: mounts, cgroups, dirs, loop devices."""
-    mounts = [
-        line.split()[1]
-        for line in Path("/proc/self/mounts").read_text().splitlines()
-        if str(home) in line.split()[1]
-    ]
-    cgroups = []
-    for root in [*Path("/sys/fs/cgroup").glob("*/agentbox"), Path("/sys/fs/cgroup/agentbox")]:
-        if root.is_dir():
-            cgroups += [str(p) for p in root.iterdir() if p.is_dir()]
-    dirs = [str(p) for p in (home / "sandboxes").iterdir()] if (home / "sandboxes").exists() else []
-    loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    return {
-        "mounts": mounts,
-        "cgroups": cgroups,
-        "dirs": dirs,
-        "loops": [line for line in loops.splitlines() if str(home) in line],
-    }
+from hostres import host_resources
 
 
 def test_create_list_get_destroy(runtime: Runtime, agentbox_home: Path) -> None:
-    before = host_resources(agentbox_home)
     sb = Sandbox.create(memory="128MiB", disk="64MiB", home=agentbox_home)
+    alive = host_resources(agentbox_home, {sb.id})
+    assert alive["cgroups"] and alive["mounts"] and alive["loops"], "nothing to check against"
     assert sb.id in [r.id for r in Sandbox.list(home=agentbox_home)]
     assert sb.info().state == "running"
     assert sb.info().spec["memory"] == 128 * 1024**2
@@ -51,7 +32,11 @@ def test_create_list_get_destroy(runtime: Runtime, agentbox_home: Path) -> None:
     assert sb.id not in [r.id for r in Sandbox.list(home=agentbox_home)]
     with pytest.raises(SandboxNotFound):
         sb.commands.run("true")
-    assert host_resources(agentbox_home) == before
+    left = host_resources(agentbox_home, {sb.id})
+    assert left["cgroups"] == []
+    assert [m for m in left["mounts"] if sb.id in m] == []
+    assert [d for d in left["dirs"] if sb.id in d] == []
+    assert [lo for lo in left["loops"] if sb.id in lo] == []
 
 
 def test_sandbox_outlives_the_process_that_created_it(agentbox_home: Path) -> None:
@@ -120,11 +105,11 @@ def test_lifetime_ends_the_sandbox_without_a_daemon(agentbox_home: Path) -> None
 def test_invalid_settings_are_clear_errors(
     agentbox_home: Path, kwargs: dict[str, object], needle: str
 ) -> None:
-    before = host_resources(agentbox_home)
+    before = host_resources(agentbox_home, set())
     with pytest.raises(InvalidRequest) as err:
         Sandbox.create(home=agentbox_home, **kwargs)  # type: ignore[arg-type]
     assert needle in err.value.message
-    assert host_resources(agentbox_home) == before
+    assert host_resources(agentbox_home, set()) == before
 
 
 def test_unknown_template(agentbox_home: Path) -> None:

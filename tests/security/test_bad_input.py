@@ -111,10 +111,7 @@ def test_nul_in_sandbox_env_is_invalid(runtime: Runtime, agentbox_home: Path) ->
     assert host_resources(agentbox_home, ()) == before
 
 
-@pytest.mark.parametrize(
-    "how",
-    ["argv", "command", "env"],
-)
+@pytest.mark.parametrize("how", ["argv", "command", "env", "start"])
 def test_oversized_arguments_are_agentbox_errors(
     shared_sandbox: Sandbox, agentbox_home: Path, how: str
 ) -> None:
@@ -123,6 +120,7 @@ def test_oversized_arguments_are_agentbox_errors(
         "argv": lambda: shared_sandbox.commands.run(["echo", big]),
         "command": lambda: shared_sandbox.commands.run(f"echo {big}"),
         "env": lambda: shared_sandbox.commands.run("true", env={"BIG": big}),
+        "start": lambda: shared_sandbox.commands.start(["echo", big]).wait(timeout=30),
     }[how]
     try:
         call()
@@ -130,6 +128,8 @@ def test_oversized_arguments_are_agentbox_errors(
         assert str(agentbox_home) not in e.message, f"the error names a host path: {e.message}"
     except OSError as e:
         pytest.fail(f"an oversized {how} raised a raw OSError naming host paths: {e}")
+    phantoms = [p.id for p in shared_sandbox.commands.list() if p.running and big in p.argv]
+    assert not phantoms, f"a process that never started is listed as running: {phantoms}"
 
 
 def _rss_bytes() -> int:
