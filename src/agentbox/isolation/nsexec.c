@@ -202,6 +202,8 @@ static void write_exit_file(int fd, int code) {
 }
 
 _Noreturn static void run_init(int ready_fd, int lifetime_s) {
+  /* Not dumpable: the sandbox user (our uid) cannot open /proc/1/mem and friends. */
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("dumpable");
   if (write(ready_fd, "r", 1) != 1) die("readiness pipe");
   if (syscall(SYS_close_range, 0, ~0U, 0) < 0) die("close_range");
   sigset_t chld;

@@ -174,6 +174,32 @@ def thread_setgroups(groups: Sequence[int]) -> None:
     _check(_libc.syscall(_SYS_SETGROUPS, ctypes.c_size_t(len(groups)), arr), "setgroups")
 
 
+# Raw too: glibc's setresuid/setresgid also broadcast to every thread.
+_SYS_SETRESUID = {"x86_64": 117, "aarch64": 147}.get(platform.machine())
+_SYS_SETRESGID = {"x86_64": 119, "aarch64": 149}.get(platform.machine())
+_UNCHANGED = ctypes.c_uint(0xFFFFFFFF)
+
+
+def thread_set_effective_ids(uid: int, gid: int) -> None:
+    """Set the calling thread's effective gid then uid (real and saved ids unchanged).
+
+    Permission checks that look at the effective uid rather than the fsuid (procfs
+    sysctls, for one) then see the sandbox user. Going back to 0 is allowed because the
+    real and saved uids stay 0; leaving 0 clears the thread's effective capabilities.
+    """
+    if _SYS_SETRESUID is None or _SYS_SETRESGID is None:
+        raise OSError(errno.ENOSYS, f"setresuid syscall number unknown on {platform.machine()}")
+    _check(_libc.syscall(_SYS_SETRESGID, _UNCHANGED, ctypes.c_uint(gid), _UNCHANGED), "setresgid")
+    _check(_libc.syscall(_SYS_SETRESUID, _UNCHANGED, ctypes.c_uint(uid), _UNCHANGED), "setresuid")
+
+
+def thread_restore_effective_ids(uid: int, gid: int) -> None:
+    """Undo ``thread_set_effective_ids``: uid first (it brings back CAP_SETGID), then gid."""
+    assert _SYS_SETRESUID is not None and _SYS_SETRESGID is not None
+    _check(_libc.syscall(_SYS_SETRESUID, _UNCHANGED, ctypes.c_uint(uid), _UNCHANGED), "setresuid")
+    _check(_libc.syscall(_SYS_SETRESGID, _UNCHANGED, ctypes.c_uint(gid), _UNCHANGED), "setresgid")
+
+
 CAP_SETGID = 6
 CAP_SETUID = 7
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522

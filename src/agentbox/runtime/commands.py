@@ -9,6 +9,7 @@ so the exit status we report comes from ``waitpid`` on the host.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import secrets
@@ -20,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO
 
-from agentbox.errors import InvalidRequest, SandboxError
+from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, SandboxError
 from agentbox.isolation.cgroups import SandboxCgroup
 from agentbox.runtime.host import SANDBOX_GID, SANDBOX_UID, LaunchPaths, SandboxHost, base_env
 from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallback
@@ -31,6 +32,20 @@ _TIOCGPTPEER = 0x5441
 _LAUNCH_PREFIX = b"agentbox-nsexec: "
 _DRAIN_AFTER_EXIT_S = 0.05
 DEFAULT_SHELL = "/bin/bash"
+
+
+def launch_error(e: OSError) -> AgentboxError:
+    """A typed error for an OSError raised while starting a command (never a host path)."""
+    if e.errno == errno.E2BIG:
+        return InvalidRequest(
+            "the command line or environment is too large (each argument and variable must "
+            "stay under 128 KiB); pass large data through stdin or a file instead"
+        )
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return LimitExceeded(
+            "the sandbox's disk is full; free space (e.g. rm files in /workspace or /tmp) and retry"
+        )
+    return SandboxError(f"could not start the command: {e.strerror}")
 
 
 def shell_argv(command: str) -> list[str]:
@@ -147,14 +162,18 @@ class CommandRunner:
         leaf = self.new_leaf()
         launcher = self.launcher_argv(argv, leaf, cwd, ctty=pty)
         started = time.monotonic()
-        if pty:
-            result = self._run_pty(
-                launcher, environment, stdin_bytes, timeout, max_output_bytes, on_output, leaf
-            )
-        else:
-            result = self._run_pipes(
-                launcher, environment, stdin_bytes, timeout, max_output_bytes, on_output, leaf
-            )
+        try:
+            if pty:
+                result = self._run_pty(
+                    launcher, environment, stdin_bytes, timeout, max_output_bytes, on_output, leaf
+                )
+            else:
+                result = self._run_pipes(
+                    launcher, environment, stdin_bytes, timeout, max_output_bytes, on_output, leaf
+                )
+        except OSError as e:
+            self._finish_leaf(leaf, kill=True)
+            raise launch_error(e) from None
         stdout, stderr, status, timed_out = result
         self._finish_leaf(leaf, kill=timed_out)
         return self._result(stdout, stderr, status, timed_out, time.monotonic() - started)

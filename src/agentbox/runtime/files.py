@@ -197,8 +197,11 @@ def sandbox_credentials(uid: int, gid: int) -> Iterator[None]:
     if drop_groups:
         # Supplementary groups (often 0) would grant group access the sandbox user lacks.
         syscalls.thread_setgroups([])
-    old_gid = syscalls.setfsgid(gid)
-    old_uid = syscalls.setfsuid(uid)
+    old_euid, old_egid = os.geteuid(), os.getegid()
+    # The effective ids, not only the filesystem ones: some checks (procfs sysctls) look
+    # at the euid, and a host-root euid would let the file API write host sysctls.
+    # The filesystem ids follow the effective ones.
+    syscalls.thread_set_effective_ids(uid, gid)
     try:
         # setfsuid cannot report failure; asking with an invalid id (-1) returns the current.
         if syscalls.setfsuid(0xFFFFFFFF) != uid or syscalls.setfsgid(0xFFFFFFFF) != gid:
@@ -211,10 +214,9 @@ def sandbox_credentials(uid: int, gid: int) -> Iterator[None]:
         syscalls.set_thread_capabilities(0, caps[1], caps[2])
         yield
     finally:
-        # Capabilities first: restoring groups needs CAP_SETGID back.
+        # Root again first: that restores the capabilities the rest needs.
+        syscalls.thread_restore_effective_ids(old_euid, old_egid)
         syscalls.set_thread_capabilities(*caps)
-        syscalls.setfsuid(old_uid)
-        syscalls.setfsgid(old_gid)
         if drop_groups:
             syscalls.thread_setgroups(groups)
 

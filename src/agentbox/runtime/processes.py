@@ -9,9 +9,11 @@ host-side launcher writes after ``waitpid`` — nothing in the sandbox can forge
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
+import shutil
 import signal as signals
 import stat
 import subprocess
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentbox.errors import InvalidRequest, ProcessNotFound
-from agentbox.runtime.commands import CommandRunner, normalise_argv
+from agentbox.runtime.commands import CommandRunner, launch_error, normalise_argv
 
 _SIGNALS = {s.name: s for s in signals.Signals}
 
@@ -82,8 +84,20 @@ class ProcessTable:
         environment = self.runner.environment(env)
         process_id = "p-" + secrets.token_hex(6)
         pdir = self.root / process_id
-        pdir.mkdir(mode=0o700)
         leaf = self.runner.new_leaf()
+        try:
+            started = self._launch(pdir, argv, environment, leaf, cwd, stdin)
+        except OSError as e:
+            self.runner.cgroup.remove_leaf(leaf)
+            shutil.rmtree(pdir, ignore_errors=True)
+            raise launch_error(e) from None
+        return ProcessInfo(process_id, argv, started, True, None)
+
+    def _launch(
+        self, pdir: Path, argv: list[str], environment: dict[str, str], leaf: str,
+        cwd: str | None, stdin: bool,
+    ) -> float:  # fmt: skip
+        pdir.mkdir(mode=0o700)
         exit_file = pdir / "exit"
         started = time.time()
         (pdir / "meta.json").write_text(
@@ -103,7 +117,7 @@ class ProcessTable:
         try:
             # The launcher detaches (--detach): its waiting half outlives this process,
             # and the exit file, not our child status, records how the command ended.
-            subprocess.run(
+            launched = subprocess.run(
                 launcher,
                 stdin=stdin_fd,
                 stdout=out_fd,
@@ -113,10 +127,12 @@ class ProcessTable:
                 start_new_session=True,
                 check=False,
             )
+            if launched.returncode != 0:  # the detaching half failed before it forked
+                raise OSError(errno.EIO, "the launcher failed")
         finally:
             for fd in (stdin_fd, out_fd, err_fd):
                 os.close(fd)
-        return ProcessInfo(process_id, argv, started, True, None)
+        return started
 
     def list(self) -> list[ProcessInfo]:
         if not self.root.exists():
