@@ -290,8 +290,8 @@ def favordynmods_in_kernel_log() -> str:
     if done.returncode != 0:
         return "unknown (dmesg failed)"
     if hits:
-        return f"ON this boot, per the kernel log: {hits[-1].split(']', 1)[-1].strip()}"
-    return "not mentioned in the kernel log (default: off)"
+        return f"on this boot, per the kernel log: {hits[-1].split(']', 1)[-1].strip()}"
+    return "not in the kernel log ring buffer (default off; the buffer may have rotated)"
 
 
 def _os_release() -> str:

@@ -62,6 +62,7 @@ def render(
     quick: bool,
     started: str,
     facts: list[tuple[str, str]],
+    host_note: str | None,
 ) -> str:
     rows = [row for r in results for row in r.rows]
     lines = [
@@ -83,6 +84,7 @@ def render(
         "",
         "The host was not otherwise reserved for the run: the load averages above include "
         "whatever else ran beside it, and every number here is as noisy as that.",
+        *(["", f"Host note (given with `--host-note`): {host_note}"] if host_note else []),
         "",
         "## Results",
         "",
@@ -172,6 +174,11 @@ def main() -> int:
         default=None,
         help=f"markdown file to write (default: {DOC.relative_to(REPO)} for a full set of rows)",
     )
+    parser.add_argument(
+        "--host-note",
+        default=None,
+        help="a sentence about the host's state, printed under the machine table",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench/run.py needs root (the SDK does)", file=sys.stderr)
@@ -188,7 +195,7 @@ def main() -> int:
         progress(f"row {key} done in {time.monotonic() - t_row:.1f} s")
     elapsed = time.monotonic() - t0
     facts.append(("load average 1/5/15 min, at end", load_average()))
-    text = render(results, command_line(), elapsed, args.quick, started, facts)
+    text = render(results, command_line(), elapsed, args.quick, started, facts, args.host_note)
     output = args.output if args.output is not None else (None if args.only else DOC)
     print(text)
     if output is not None:

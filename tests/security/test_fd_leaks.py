@@ -60,8 +60,10 @@ def test_background_command_holds_only_stdio(shared_sandbox: Sandbox) -> None:
 def test_init_holds_no_fds(shared_sandbox: Sandbox) -> None:
     init_pid = shared_sandbox.info().init_pid
     assert os.listdir(f"/proc/{init_pid}/fd") == [], "the init kept file descriptors open"
+    # Inside, the init is not dumpable: its fd table cannot even be listed.
     r = shared_sandbox.commands.run("ls -A /proc/1/fd")
-    assert r.exit_code == 0 and r.stdout.strip() == ""
+    assert r.stdout.strip() == ""
+    assert r.exit_code == 0 or "Permission denied" in r.stderr
 
 
 def test_no_sandbox_process_holds_a_host_directory(shared_sandbox: Sandbox) -> None:
