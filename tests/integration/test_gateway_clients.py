@@ -110,3 +110,16 @@ def test_cli_approvals(gw: RunningGateway) -> None:
         assert result["r"].returncode == 0, result["r"].stderr
     finally:
         cli(gw, "sandbox", "rm", sandbox_id)
+
+
+def test_serve_refuses_a_public_bind_without_tls(tmp_path: Path) -> None:
+    env = {**os.environ, "AGENTBOX_HOME": str(tmp_path), "AGENTBOX_OPERATOR_TOKEN": "x" * 32}
+    r = subprocess.run([AGENTBOX, "serve", "--listen", "0.0.0.0:8849"], capture_output=True,
+                       text=True, env=env, timeout=60)  # fmt: skip
+    assert r.returncode == 1
+    assert "non-loopback bind needs both gateway.tls" in r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gateway:\n  lisen: 127.0.0.1:1\n")
+    r = subprocess.run([AGENTBOX, "serve", "--config", str(bad)], capture_output=True,
+                       text=True, env=env, timeout=60)  # fmt: skip
+    assert r.returncode == 1 and f"{bad}:2: gateway.lisen: unknown key" in r.stderr

@@ -1,0 +1,97 @@
+"""Tokens (hashed, scoped, expiring, revocable), the rate limiter, approvals storage."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from agentbox.errors import Conflict, HostUnsupported, RateLimited, Unauthenticated
+from agentbox.gateway.approvals import ApprovalStore
+from agentbox.gateway.auth import RateLimiter, TokenStore, load_operator_token
+
+OPERATOR = "operator-token-0123456789abcdef"
+
+
+def test_tokens_are_stored_only_as_hashes(tmp_path: Path) -> None:
+    store = TokenStore(tmp_path / "g.db", OPERATOR, default_ttl=60)
+    token, info = store.issue("sb-1", tools=["fs_read"])
+    dump = "\n".join(sqlite3.connect(tmp_path / "g.db").iterdump())
+    assert token not in dump and info.id in dump
+    p = store.authenticate(token)
+    assert (p.kind, p.sandbox_id, p.tools) == ("session", "sb-1", frozenset({"fs_read"}))
+    assert store.authenticate(OPERATOR).is_operator
+
+
+def test_expiry_revocation_and_unknown(tmp_path: Path) -> None:
+    store = TokenStore(tmp_path / "g.db", OPERATOR, default_ttl=60)
+    short, _ = store.issue("sb-1", ttl=1)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            store.authenticate(short)
+        except Unauthenticated as e:
+            assert "expired" in e.message
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("a 1-second token never expired")
+    token, _ = store.issue("sb-2")
+    assert store.revoke_sandbox("sb-2") == 1
+    with pytest.raises(Unauthenticated, match="revoked"):
+        store.authenticate(token)
+    for bad in ("", "abx_nope", OPERATOR + "x"):
+        with pytest.raises(Unauthenticated):
+            store.authenticate(bad or None)
+
+
+def test_operator_token_injection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OP_TOKEN", OPERATOR)
+    assert load_operator_token("OP_TOKEN", None) == OPERATOR
+    file = tmp_path / "token"
+    file.write_text(OPERATOR + "\n")
+    assert load_operator_token(None, file) == OPERATOR
+    monkeypatch.setenv("OP_TOKEN", "short")
+    with pytest.raises(HostUnsupported, match="too short"):
+        load_operator_token("OP_TOKEN", None)
+    monkeypatch.delenv("OP_TOKEN")
+    with pytest.raises(HostUnsupported, match="no operator token"):
+        load_operator_token("OP_TOKEN", None)
+
+
+def test_rate_limiter_refuses_with_retry_after() -> None:
+    limiter = RateLimiter(per_minute=3)
+    for _ in range(3):
+        limiter.check("token-a")
+    with pytest.raises(RateLimited) as err:
+        limiter.check("token-a")
+    assert err.value.details["retry_after"] > 0
+    limiter.check("token-b")  # buckets are per token
+
+
+def test_approvals_persist_decide_once_and_expire(tmp_path: Path) -> None:
+    store = ApprovalStore(tmp_path / "g.db")
+    a = store.request("sb-1", "terminal_run", "rm -rf x", "sha256:" + "0" * 64, "token:t", None, 60)
+    again = ApprovalStore(tmp_path / "g.db")  # a restart keeps pending approvals
+    assert [p.id for p in again.list("pending")] == [a.id]
+    assert again.decide(a.id, True, "operator").status == "approved"
+    with pytest.raises(Conflict):
+        again.decide(a.id, False, "operator")
+    late = store.request("sb-1", "terminal_run", "rm -rf y", "sha256:" + "1" * 64, "t", None, 0.2)
+    assert asyncio.run(store.wait(late.id)).status == "expired"
+
+
+def test_waiters_wake_on_decision(tmp_path: Path) -> None:
+    store = ApprovalStore(tmp_path / "g.db")
+    a = store.request("sb-1", "terminal_run", "x", "sha256:" + "2" * 64, "t", None, 60)
+
+    async def main() -> str:
+        waiter = asyncio.create_task(store.wait(a.id))
+        await asyncio.sleep(0)  # let the waiter register
+        store.decide(a.id, False, "operator")
+        return (await asyncio.wait_for(waiter, 5)).status
+
+    assert asyncio.run(main()) == "denied"
