@@ -84,11 +84,13 @@ class SandboxHost:
         self.hostname = sandbox_id
 
     # build ----------------------------------------------------------------------------
-    def prepare_filesystem(self, template_root: Path, disk_bytes: int) -> None:
+    def prepare_filesystem(
+        self, template_root: Path, disk_bytes: int, disk_cache: Path | None = None
+    ) -> None:
         """Disk image, its layout, and the overlay root. Undone by ``teardown``."""
         self.dir.mkdir(parents=True, exist_ok=False)
         self.dir.chmod(0o711)  # bwrap runs as the sandbox uid: it may traverse, not list
-        disk.make_filesystem(self.image, disk_bytes)
+        disk.make_filesystem(self.image, disk_bytes, disk_cache)
         disk.mount_disk(self.image, self.disk)
         self.disk.chmod(0o711)
         for name in ("upper", "work", "workspace", "tmp", "var-tmp", "procs"):

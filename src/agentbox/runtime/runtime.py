@@ -116,7 +116,7 @@ class Runtime:
         host = SandboxHost(self.home, sandbox_id, record.slot)
         cgroup = self.layout.sandbox(sandbox_id)
         try:
-            host.prepare_filesystem(template.rootfs, spec.disk)
+            host.prepare_filesystem(template.rootfs, spec.disk, self.home / "lib" / "disks")
             cgroup.create(limits_of(spec.memory, spec.pids, spec.cpus))
             pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
             self.store.mark_running(sandbox_id, pid, start)
@@ -138,7 +138,7 @@ class Runtime:
         return record
 
     def list(self) -> list[SandboxRecord]:
-        self.sweep_expired()
+        self.sweep_expired(check_alive=True)
         records = self.store.list()
         for record in records:
             if record.state == "running" and not self._alive(record):
@@ -154,13 +154,14 @@ class Runtime:
             self.layout.sandbox(sandbox_id),
         )
 
-    def sweep_expired(self) -> builtins.list[str]:
-        """Destroy sandboxes past their lifetime or whose init has ended."""
+    def sweep_expired(self, check_alive: bool = False) -> builtins.list[str]:
+        """Destroy sandboxes past their lifetime (and, with ``check_alive``, those whose
+        init has ended: that reads /proc for every record, so create skips it)."""
         swept = []
         now = time.time()
         for record in self.store.list():
             expired = record.expires_at is not None and record.expires_at <= now
-            dead = record.state == "running" and not self._alive(record)
+            dead = check_alive and record.state == "running" and not self._alive(record)
             if expired or dead:
                 with contextlib.suppress(AgentboxError):
                     self.destroy(record.id)
