@@ -6,9 +6,11 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2
 import pytest
 
 from agentbox import Sandbox
@@ -123,3 +125,37 @@ def test_serve_refuses_a_public_bind_without_tls(tmp_path: Path) -> None:
     r = subprocess.run([AGENTBOX, "serve", "--config", str(bad)], capture_output=True,
                        text=True, env=env, timeout=60)  # fmt: skip
     assert r.returncode == 1 and f"{bad}:2: gateway.lisen: unknown key" in r.stderr
+
+
+def test_serve_on_embedded_defaults_generates_an_operator_token(tmp_path: Path) -> None:
+    from gateway_harness import free_port
+
+    home = tmp_path / "home"
+    for parent in [tmp_path, *tmp_path.parents]:  # sandbox uids must traverse to the home
+        if str(parent).startswith("/tmp/"):
+            parent.chmod(parent.stat().st_mode | 0o001)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "AGENTBOX_OPERATOR_TOKEN"}
+    env["AGENTBOX_HOME"] = str(home)
+    proc = subprocess.Popen([AGENTBOX, "serve", "--listen", f"127.0.0.1:{port}"], env=env,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):  # bounded: the gateway starts within seconds
+            try:
+                if httpx2.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx2.TransportError:
+                proc.poll()
+                assert proc.returncode is None, "agentbox serve exited at start"
+                time.sleep(0.05)
+        token_file = home / "operator.token"
+        assert oct(token_file.stat().st_mode & 0o777) == "0o600"
+        token = token_file.read_text().strip()
+        headers = {"Authorization": f"Bearer {token}"}
+        assert httpx2.get(f"{url}/v1/sandboxes", headers=headers).status_code == 200
+        assert httpx2.get(f"{url}/v1/sandboxes").status_code == 401
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    assert "generated an operator token" in stderr and token not in stderr

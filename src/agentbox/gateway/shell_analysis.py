@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -224,6 +225,61 @@ def _reject(message: str, rule: str = RULE_UNPARSEABLE) -> UnparseableCommand:
 
 # --------------------------------------------------------------------------- parsing
 
+
+class _ParseBudgetExceeded(Exception):
+    """bashlex created far more nodes than the input can justify (a parser loop)."""
+
+
+_budget = threading.local()
+_NODE_BUDGET_BASE = 5_000
+_NODE_BUDGET_PER_CHAR = 20
+
+
+def _install_bashlex_guards() -> None:
+    """Make bashlex 0.18's known runaway loops fail instead of eating all memory.
+
+    * ``_paramexpand`` does ``string.find("}")`` without checking for -1, so an unclosed
+      ``${`` that reaches it (e.g. inside ``$'…'``) restarts the word from index 0 forever;
+    * as a safety net for loops not yet known, every parse gets a node budget
+      (:func:`_bashlex_parse`).
+    """
+    subst = bashlex.subst
+    if getattr(subst, "_agentbox_guarded", False):
+        return
+    paramexpand = subst._paramexpand
+
+    def guarded_paramexpand(parserobj: Any, string: str, sindex: int) -> Any:
+        if string.startswith("${", sindex) and string.find("}", sindex + 2) == -1:
+            raise bashlex.errors.ParsingError("bad substitution: no closing '}'", string, sindex)
+        return paramexpand(parserobj, string, sindex)
+
+    node_init = bashlex.ast.node.__init__
+
+    def counted_init(self: Any, **kwargs: Any) -> None:
+        left = getattr(_budget, "nodes", None)
+        if left is not None:
+            if left <= 0:
+                raise _ParseBudgetExceeded()
+            _budget.nodes = left - 1
+        node_init(self, **kwargs)
+
+    subst._paramexpand = guarded_paramexpand
+    bashlex.ast.node.__init__ = counted_init
+    subst._agentbox_guarded = True
+
+
+def _bashlex_parse(src: str) -> list[Any]:
+    """bashlex.parse under a node budget proportional to the input size."""
+    _budget.nodes = _NODE_BUDGET_BASE + _NODE_BUDGET_PER_CHAR * len(src)
+    try:
+        return list(bashlex.parse(src))
+    finally:
+        _budget.nodes = None
+
+
+_install_bashlex_guards()
+
+
 _NOT_SUPPORTED_HINTS = (
     ("time", "the `time` keyword (drop it, or use `command time …`)"),
     ("pattern", "`case … esac` (use if/elif)"),
@@ -242,7 +298,9 @@ def _parse(source: str) -> tuple[list[Any], str]:
     """
     src, bodies = _prepare_heredocs(source)
     try:
-        trees = list(bashlex.parse(src))
+        trees = _bashlex_parse(src)
+    except _ParseBudgetExceeded:
+        raise _reject("the parser could not handle this command; simplify it") from None
     except bashlex.errors.ParsingError as exc:
         raise _reject(_parse_error_reason(src, str(exc))) from None
     except NotImplementedError as exc:
@@ -871,7 +929,9 @@ class _Analyser:
                 break
             candidate = ": " + text[i : j + 1]
             try:
-                trees = list(bashlex.parse(candidate))
+                trees = _bashlex_parse(candidate)
+            except _ParseBudgetExceeded:
+                raise _reject("the parser could not handle this command; simplify it") from None
             except Exception:  # not closed yet: try the next ")"
                 trees = []
             node = trees[0] if len(trees) == 1 else None
