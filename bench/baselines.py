@@ -3,8 +3,8 @@
 * ``bare_true``: ``subprocess.run(["true"])`` — the floor for spawning anything from Python.
 * ``PlainBwrap``: bubblewrap with agentbox's namespace/mount shape (copied from
   ``SandboxHost.bwrap_argv``): the same ``--unshare-*`` set, a small read-only rootfs
-  directory as ``/``, the host ``/usr`` read-only, ``/proc``, ``/dev``, tmpfs ``/tmp`` and
-  ``/dev/shm``, a bound ``/workspace`` and the same compiled seccomp filter, started as an
+  directory as ``/``, the host ``/usr`` read-only, ``/proc``, ``/dev``, tmpfs ``/tmp``,
+  ``/var/tmp`` and ``/dev/shm``, a bound ``/workspace`` and the same compiled seccomp filter, started as an
   unprivileged host uid. What it lacks on purpose is everything agentbox adds around it:
   the disk image, the overlay root, cgroups, the state database and the readiness handshake.
 * ``NsenterTarget``: a long-lived plain bwrap sandbox, entered with ``nsenter`` (all
@@ -84,7 +84,7 @@ class PlainBwrap:
         """A few empty mount points and the usr-merge symlinks: / of the baseline sandbox."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.workdir.chmod(0o711)
-        for name in ("usr", "proc", "dev", "tmp", "workspace", "etc", "home/user"):
+        for name in ("usr", "proc", "dev", "tmp", "var/tmp", "workspace", "etc", "home/user"):
             (self.rootfs / name).mkdir(parents=True, exist_ok=True)
         for name in ("bin", "sbin", "lib", "lib64"):
             link = self.rootfs / name
@@ -132,6 +132,8 @@ class PlainBwrap:
             "/dev/shm",
             "--tmpfs",
             "/tmp",
+            "--tmpfs",
+            "/var/tmp",
             "--bind",
             str(self.workspace),
             "/workspace",

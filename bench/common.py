@@ -327,5 +327,37 @@ def sandbox_pids(sandbox_id: str) -> list[int]:
     return _layout().sandbox(sandbox_id).pids()
 
 
+class CpuMeter:
+    """CPU seconds the whole host spent busy vs. what this process and its waited-for
+    children spent: the difference is what other processes took during the run."""
+
+    def __init__(self) -> None:
+        self._host0, self._own0, self._wall0 = _host_busy_s(), _own_cpu_s(), time.monotonic()
+
+    def others(self) -> str:
+        host = _host_busy_s() - self._host0
+        own = _own_cpu_s() - self._own0
+        wall = time.monotonic() - self._wall0
+        capacity = wall * cpu_count()
+        other = max(0.0, host - own)
+        return (
+            f"{other:.0f} CPU-s of {capacity:.0f} available ({100 * other / capacity:.0f}%); "
+            f"this run: {own:.0f} CPU-s (kernel threads working for this run count as others)"
+        )
+
+
+def _host_busy_s() -> float:
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    busy = sum(fields[:8]) - idle  # user..steal; guest time is already in user
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def cpu_count() -> int:
     return len(os.sched_getaffinity(0))

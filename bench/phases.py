@@ -23,7 +23,7 @@ SETUP_PHASES: list[tuple[str, Any, str]] = [
     ("  TemplateStore.get", templates.TemplateStore, "get"),
     ("  Store.reserve (sqlite tx)", store.Store, "reserve"),
     ("  prepare_filesystem", host.SandboxHost, "prepare_filesystem"),
-    ("    mkfs.ext4 (subprocess)", disk, "make_filesystem"),
+    ("    make_filesystem (cached image copy)", disk, "make_filesystem"),
     ("    loop attach + mount ext4", disk, "mount_disk"),
     ("  cgroups create", cgroups.SandboxCgroup, "create"),
     ("  launch (nsexec spawn + bwrap + ready)", host.SandboxHost, "launch"),

@@ -22,7 +22,7 @@ import bench_create
 import bench_density
 import bench_exec
 import bench_throughput
-from common import HEADER, BenchResult, machine_facts, md_table, progress
+from common import HEADER, BenchResult, CpuMeter, machine_facts, md_table, progress
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "benchmarks.md"
@@ -111,7 +111,7 @@ def render(
         "then runs the plain-bwrap baseline and the bare spawn. Plain bwrap uses the argv "
         "shape of `SandboxHost.bwrap_argv` (`--unshare-user/pid/net/ipc/uts/cgroup`, "
         "`--disable-userns`, `--as-pid-1`, a small read-only rootfs directory as `/`, host "
-        "`/usr` read-only, `--proc`, `--dev`, tmpfs `/tmp` and `/dev/shm`, a bound "
+        "`/usr` read-only, `--proc`, `--dev`, tmpfs `/tmp`, `/var/tmp` and `/dev/shm`, a bound "
         "`/workspace`, the same compiled seccomp filter via `--seccomp FD`) and runs as an "
         "unprivileged host uid; it has no disk image, overlay, cgroups, state database or "
         "readiness handshake.",
@@ -142,18 +142,20 @@ def render(
         "that namespace and parses `/proc/self/mountinfo` for each of its bind mounts (9 "
         "times per start, seen with strace), so each start costs O(mounts): compare the two "
         "plain-bwrap rows of row 3 and the `launch` line of the growth table.",
-        "- **`sweep_expired` runs on every create and reads every record** (SQLite rows plus "
-        "`/proc/PID/stat` of each init), so create is O(live sandboxes) on top of that.",
+        "- **`sweep_expired` runs on every create and loads every record** (`Store.list()`: "
+        "every row, its JSON spec decoded) to find the expired ones, so create is O(live "
+        "sandboxes) on top of that (see its line in the growth table).",
         "- **cgroup migrations after a pause wait for an RCU grace period.** Writing a pid to "
         "`cgroup.procs` takes the global `cgroup_threadgroup_rwsem` for writing; without "
         "`favordynmods` the first write after ~20 ms of quiet waits a grace period (5-12 ms "
         "measured here with strace). agentbox writes there once per create (`nsexec spawn`) "
         "and, on hybrid hosts, once per command (the v1 hierarchies). The `cgroup migration` "
         "probe in the machine table says which mode the kernel was in.",
-        "- **mkfs.ext4 is a subprocess per create** (3-5 ms whatever the disk size), and it "
-        "grows with the number of sandboxes too: before formatting an image file it reads "
-        "`/proc/mounts` and opens every mounted `/dev/loopN` (`LOOP_GET_STATUS64`) to check "
-        "that the image is not in use (seen with strace).",
+        "- **Formatting the disk.** `make_filesystem` copies a cached pre-formatted image per "
+        "size (sparse copy, well under a millisecond). `mkfs.ext4` itself, 3-5 ms, runs only "
+        "for the first sandbox of each size; it also grows with the number of sandboxes "
+        "(it reads `/proc/mounts` and opens every mounted `/dev/loopN` to check the image is "
+        "not in use).",
         "",
     ]
     return "\n".join(lines)
@@ -187,6 +189,7 @@ def main() -> int:
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     facts = machine_facts()
     facts.append(("load average 1/5/15 min, at start", load_average()))
+    meter = CpuMeter()
     t0 = time.monotonic()
     results = []
     for key in keys:
@@ -195,6 +198,7 @@ def main() -> int:
         progress(f"row {key} done in {time.monotonic() - t_row:.1f} s")
     elapsed = time.monotonic() - t0
     facts.append(("load average 1/5/15 min, at end", load_average()))
+    facts.append(("CPU taken by other processes during the run", meter.others()))
     text = render(results, command_line(), elapsed, args.quick, started, facts, args.host_note)
     output = args.output if args.output is not None else (None if args.only else DOC)
     print(text)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import pytest
 import uvicorn
 
 from agentbox.gateway.app import create_app
@@ -83,14 +84,24 @@ class RunningGateway:
 
 @contextlib.contextmanager
 def running_gateway(
-    home: Path, tmp: Path, monkeypatch: Any, approval_timeout: str = "20s", extra_yaml: str = ""
+    home: Path, tmp: Path, approval_timeout: str = "20s", env: dict[str, str] | None = None
+) -> Iterator[RunningGateway]:
+    """A gateway with the test policy, its environment set for its lifetime only."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in (env or {}).items():
+            mp.setenv(key, value)
+        yield from _serve(home, tmp, approval_timeout, mp)
+
+
+def _serve(
+    home: Path, tmp: Path, approval_timeout: str, monkeypatch: Any
 ) -> Iterator[RunningGateway]:
     port = free_port()
     token = "op-" + secrets.token_hex(16)
     monkeypatch.setenv("AGENTBOX_TEST_OPERATOR_TOKEN", token)
     audit_path = tmp / "audit" / "audit.jsonl"
     text = POLICY_YAML.format(port=port, audit_path=audit_path, approval_timeout=approval_timeout)
-    settings = parse_settings(text + extra_yaml, "test-gateway.yaml")
+    settings = parse_settings(text, "test-gateway.yaml")
     app = create_app(settings, operator_token=token, home=home)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")

@@ -36,10 +36,7 @@ def snippet(name: str) -> str:
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path,
        host_ready: None) -> Iterator[RunningGateway]:  # fmt: skip
-    with (
-        pytest.MonkeyPatch.context() as mp,
-        running_gateway(agentbox_home, tmp_path_factory.mktemp("snip"), mp) as running,
-    ):
+    with running_gateway(agentbox_home, tmp_path_factory.mktemp("snip")) as running:
         yield running
 
 

@@ -20,11 +20,9 @@ SECRET = "planted-secret-value-7f3a9c"
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path,
        host_ready: None) -> Iterator[RunningGateway]:  # fmt: skip
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AGENTBOX_TEST_PLANTED_SECRET", SECRET)
-        with running_gateway(agentbox_home, tmp_path_factory.mktemp("gw"), mp,
-                             approval_timeout="3s") as running:  # fmt: skip
-            yield running
+    with running_gateway(agentbox_home, tmp_path_factory.mktemp("gw"), approval_timeout="3s",
+                         env={"AGENTBOX_TEST_PLANTED_SECRET": SECRET}) as running:  # fmt: skip
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -184,10 +182,13 @@ def test_protected_paths(gw: RunningGateway, sandbox_id: str) -> None:
             assert r.json()["error"]["code"] == "policy_denied"
 
 
-def _approve_when_pending(gw: RunningGateway, verdict: str, done: threading.Event) -> None:
+def _approve_when_pending(
+    gw: RunningGateway, sandbox: str, verdict: str, done: threading.Event
+) -> None:
     with gw.operator() as op:
         while not done.is_set():
             pending = op.get("/v1/approvals", params={"status": "pending"}).json()
+            pending = [a for a in pending if a["sandbox"] == sandbox]
             if pending:
                 op.post(f"/v1/approvals/{pending[0]['id']}/{verdict}")
                 return
@@ -198,7 +199,7 @@ def _approve_when_pending(gw: RunningGateway, verdict: str, done: threading.Even
 def test_approval_flow(gw: RunningGateway, sandbox_id: str, verdict: str) -> None:
     token = session_token(gw, sandbox_id)
     done = threading.Event()
-    helper = threading.Thread(target=_approve_when_pending, args=(gw, verdict, done))
+    helper = threading.Thread(target=_approve_when_pending, args=(gw, sandbox_id, verdict, done))
     helper.start()
     try:
         r = run(gw, token, sandbox_id, "mkdir -p /tmp/x && rm -rf /tmp/x")

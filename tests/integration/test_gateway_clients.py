@@ -23,10 +23,8 @@ AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path,
        host_ready: None) -> Iterator[RunningGateway]:  # fmt: skip
-    with pytest.MonkeyPatch.context() as mp:
-        with running_gateway(agentbox_home, tmp_path_factory.mktemp("cl"), mp,
-                             approval_timeout="20s") as running:  # fmt: skip
-            yield running
+    with running_gateway(agentbox_home, tmp_path_factory.mktemp("cl"), "20s") as running:
+        yield running
 
 
 def cli(
@@ -100,11 +98,12 @@ def test_cli_approvals(gw: RunningGateway) -> None:
         approval_id = ""
         for _ in range(500):  # bounded: the request appears within a second
             listed = cli(gw, "approvals", "ls", "--status", "pending")
-            if listed.stdout.strip():
-                approval_id = listed.stdout.split()[0]
+            mine = [line for line in listed.stdout.splitlines() if sandbox_id in line]
+            if mine:  # other tests' approvals may be pending in the same home
+                approval_id = mine[0].split()[0]
                 break
         assert approval_id.startswith("ap-"), "no pending approval appeared"
-        assert "rm -rf /tmp/x" in listed.stdout
+        assert "rm -rf /tmp/x" in mine[0]
         refused = cli(gw, "approvals", "approve", approval_id, token=session)
         assert refused.returncode == 1 and "insufficient_scope" in refused.stderr
         assert cli(gw, "approvals", "approve", approval_id).returncode == 0

@@ -17,12 +17,7 @@ ST = str(Path(sys.executable).parent / "st")
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path,
        host_ready: None) -> Iterator[RunningGateway]:  # fmt: skip
-    with (
-        pytest.MonkeyPatch.context() as mp,
-        running_gateway(
-            agentbox_home, tmp_path_factory.mktemp("fuzz"), mp, approval_timeout="1s"
-        ) as running,
-    ):
+    with running_gateway(agentbox_home, tmp_path_factory.mktemp("fuzz"), "1s") as running:
         yield running
 
 

@@ -24,10 +24,8 @@ NAME_RULE = r"^[a-zA-Z0-9_-]{1,64}$"
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path,
        host_ready: None) -> Iterator[RunningGateway]:  # fmt: skip
-    with pytest.MonkeyPatch.context() as mp:
-        with running_gateway(agentbox_home, tmp_path_factory.mktemp("mcp"), mp,
-                             approval_timeout="20s") as running:  # fmt: skip
-            yield running
+    with running_gateway(agentbox_home, tmp_path_factory.mktemp("mcp"), "20s") as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +122,8 @@ def test_input_required_approval_for_current_clients(gw: RunningGateway, sandbox
         prompts.append(params.message)
         with gw.operator() as op:
             pending = op.get("/v1/approvals", params={"status": "pending"}).json()
-            op.post(f"/v1/approvals/{pending[0]['id']}/approve")
+            mine = [a for a in pending if a["sandbox"] == sandbox_id]
+            op.post(f"/v1/approvals/{mine[0]['id']}/approve")
         return types.ElicitResult(action="accept", content={"recheck": True})
 
     async def main() -> None:

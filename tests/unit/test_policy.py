@@ -84,6 +84,11 @@ EVASIONS: list[tuple[str, str]] = [
     ("bash <<'EOF'\nrm x\nEOF", DENY_RM),
     ("sh -s <<EOF\nls\nrm x\nEOF", DENY_RM),
     ("bash <<< 'rm x'", DENY_RM),
+    ("sudo bash <<'EOF'\nrm x\nEOF", DENY_RM),
+    ("env sh <<< 'rm x'", DENY_RM),
+    ("bash -c 'sh' <<'EOF'\nrm x\nEOF", DENY_RM),
+    ("'r''m' x", DENY_RM),  # bashlex's own quote removal would say "r''m"
+    ("'r'\"m\" x", DENY_RM),
     ("echo $(cat <<'EOF'\nx\nEOF\nrm y\n)", DENY_RM),
     ("cat <<A <<'B'\n$(rm x)\nA\n$(ok)\nB", DENY_RM),
     ('echo "`ls\nrm x`"', DENY_RM),
@@ -136,6 +141,9 @@ EVASIONS: list[tuple[str, str]] = [
     ('bash <<< "$CODE"', "dynamic shell code"),
     ("env 'BASH_FUNC_ls%%=() { cat; }' bash -c ls", "function import via environment"),
     ("echo 'oops", "unparseable"),
+    ("$'${a' \\ ", "unparseable"),  # bashlex 0.18 would loop forever allocating memory
+    ("echo \"<<'X'\"\nrm -rf /\nX", DENY_RM),  # `<<` inside a string is not a heredoc
+    ("while true\ndo\nls\ndone", "unparseable"),  # bashlex limitation: fails closed
     ('echo "oops', "unparseable"),
     ("echo $(ls", "unparseable"),
     ("ls; ;", "unparseable"),
@@ -348,6 +356,19 @@ def test_programs_in_raises(command: str, rule: str) -> None:
     assert info.value.code == "unparseable_command"
     assert info.value.rule == rule
     assert info.value.to_dict()["details"]["rule"] == rule
+
+
+def test_heredoc_placeholders_cannot_be_forged() -> None:
+    # the body of a quoted heredoc is set aside under a random per-analysis name
+    assert POLICY.check("bash <<EOF\n__agentbox_heredoc_0__\nEOF").rule == NOT_ALLOWED
+    decision = POLICY.check("bash <<'EOF'\ncat x\nEOF")
+    assert decision.may_run_now and decision.programs == ("bash", "cat")
+
+
+def test_pathological_input_is_refused_quickly() -> None:
+    for command in ["echo " + "$(" * 3000 + "ls" + ")" * 3000, "(" * 3000 + "ls" + ")" * 3000]:
+        assert POLICY.check(command).rule == "nesting too deep"
+    assert POLICY.check("cat <<EOF\n" + "$( " * 2000 + "\nEOF").rule == "unparseable"
 
 
 def test_decision_is_frozen() -> None:

@@ -20,7 +20,6 @@ from agentbox.client.sandbox import Backend
 from agentbox.client.sandbox import _runtime as backend_for
 from agentbox.errors import AgentboxError, InvalidRequest
 from agentbox.runtime.commands import CommandRunner
-from agentbox.runtime.store import SandboxRecord
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXEC_FAILED = 125
@@ -51,23 +50,6 @@ def handle_errors(exit_code: int = 1) -> Callable[[F], F]:
 def _runtime() -> Backend:
     """Through a gateway when AGENTBOX_URL is set, else in-process (as root)."""
     return backend_for(None)
-
-
-def _record_dict(r: SandboxRecord) -> dict[str, object]:
-    return {
-        "id": r.id,
-        "state": r.state,
-        "template": r.template,
-        "template_digest": r.template_digest,
-        "created_at": r.created_at,
-        "expires_at": r.expires_at,
-        "memory": r.spec.get("memory"),
-        "cpus": r.spec.get("cpus"),
-        "pids": r.spec.get("pids"),
-        "disk": r.spec.get("disk"),
-        "network": r.spec.get("network"),
-        "project": r.spec.get("project"),
-    }
 
 
 def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -150,7 +132,7 @@ def sandbox_create(
         spec["env"] = _parse_env(env)
     record = _runtime().create(spec)
     if as_json:
-        _print_json(_record_dict(record))
+        _print_json(record.to_dict())
     else:
         click.echo(record.id)
 
@@ -162,7 +144,7 @@ def sandbox_ls(as_json: bool) -> None:
     """List sandboxes on this host."""
     records = _runtime().list()
     if as_json:
-        _print_json([_record_dict(r) for r in records])
+        _print_json([r.to_dict() for r in records])
         return
     if not records:
         click.echo("no sandboxes (create one: agentbox sandbox create)", err=True)
@@ -177,7 +159,7 @@ def sandbox_ls(as_json: bool) -> None:
 @handle_errors()
 def sandbox_get(sandbox_id: str) -> None:
     """Show one sandbox as JSON."""
-    _print_json(_record_dict(_runtime().get(sandbox_id)))
+    _print_json(_runtime().get(sandbox_id).to_dict())
 
 
 @sandbox.command("rm")

@@ -96,7 +96,7 @@ def _parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
 
 
 def _record(data: dict[str, Any]) -> SandboxRecord:
-    spec = {k: data.get(k) for k in ("memory", "cpus", "pids", "disk", "network", "project")}
+    spec = {k: data.get(k) for k in SandboxRecord.PUBLIC_SPEC}
     return SandboxRecord(
         id=data["id"],
         slot=-1,

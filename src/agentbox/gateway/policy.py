@@ -10,9 +10,11 @@ Commands (:class:`CommandPolicy`)
 ---------------------------------
 The command is analysed with a real shell parser (:mod:`agentbox.gateway.shell_analysis`)
 to find *every* program it would run: all list/pipeline members, subshells, groups, control
-flow and function bodies, ``$(…)``/backticks/``<(…)``, wrappers (``env``, ``xargs``,
-``timeout``, ``sudo``, ``find -exec``, …) and code strings (``bash -c``, ``eval``). Then, in
-this order:
+flow and function bodies, ``$(…)``/backticks/``<(…)`` (also inside ``${…}`` and unquoted
+heredocs), wrappers (``env``, ``xargs``, ``timeout``, ``sudo``, ``find -exec``, …), code
+strings (``bash -c``, ``eval``, ``trap``, ``alias``) and code fed to a shell through a
+heredoc or here-string (``bash <<'EOF'``). A list argv is not shell-parsed (its items are
+data) but is unwrapped the same way. Then, in this order:
 
 1. anything that cannot be analysed statically is **denied** (rule ``unparseable``,
    ``dynamic command name``, ``dynamic shell code``, ``nesting too deep``, ``invalid command``,
@@ -88,10 +90,18 @@ Limitations - what a determined agent can still do
   (``ln -s .git/hooks h``) can point a permitted path at a protected one; the file layer
   must resolve paths inside the sandbox (``openat2(RESOLVE_IN_ROOT)``) and re-check.
 
+* **Parser robustness.** bashlex 0.18 has bugs the analyser works around (it re-does quote
+  removal, re-parses substitutions bashlex truncates, rewrites quoted heredocs, and caps the
+  known runaway loop with a node budget). An unknown pure-CPU loop in bashlex could still
+  stall the calling thread; the gateway should run checks with a deadline.
+
 It also refuses some valid shell (false denials, always with a reason saying what to do):
 bashlex does not support ``case``, ``[[ ]]``, ``$((…))``, ``(( ))``, ``time``, ``coproc``,
-``select``, arrays and a few multi-line forms; program names built at run time and
-wrapper/``find`` arguments whose meaning depends on run-time values are refused.
+``select``, arrays, ``while``/``until`` with ``do`` on its own line, nested escaped
+backticks; program names built at run time, wrapper/``find`` arguments whose meaning
+depends on run-time values (``find "$dir"``, ``timeout "$t" …``), unquoted globs in
+``find`` arguments and ``$(…)`` text in arguments of ``let``/``declare``/``read``/``[``…
+are refused.
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentbox.errors import AgentboxError, InsufficientScope, InvalidRequest
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.service import Gateway
-from agentbox.runtime.store import SandboxRecord
 
 
 class Body(BaseModel):
@@ -104,18 +103,6 @@ class ToolInvocation(Body):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
-def record_dict(r: SandboxRecord) -> dict[str, Any]:
-    return {
-        "id": r.id,
-        "state": r.state,
-        "template": r.template,
-        "template_digest": r.template_digest,
-        "created_at": r.created_at,
-        "expires_at": r.expires_at,
-        **{k: r.spec.get(k) for k in ("memory", "cpus", "pids", "disk", "network", "project")},
-    }
-
-
 def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
     api = APIRouter(prefix="/v1")
     auth = Depends(authenticate)
@@ -132,17 +119,17 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
         spec = {k: v for k, v in body.model_dump().items() if v is not None}
         record = await asyncio.to_thread(gateway.runtime.create, spec)
         await gateway.audit_event(p, "sandbox_created", sandbox=record.id, template=record.template)
-        return record_dict(record)
+        return record.to_dict()
 
     @api.get("/sandboxes", tags=["sandboxes"])
     async def list_sandboxes(p: Principal = auth) -> list[dict[str, Any]]:
         records = await asyncio.to_thread(gateway.runtime.list)
-        return [record_dict(r) for r in records if p.is_operator or r.id == p.sandbox_id]
+        return [r.to_dict() for r in records if p.is_operator or r.id == p.sandbox_id]
 
     @api.get("/sandboxes/{sandbox_id}", tags=["sandboxes"])
     async def get_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
         p.require_sandbox(sandbox_id)
-        return record_dict(await asyncio.to_thread(gateway.runtime.get, sandbox_id))
+        return (await asyncio.to_thread(gateway.runtime.get, sandbox_id)).to_dict()
 
     @api.delete("/sandboxes/{sandbox_id}", tags=["sandboxes"])
     async def destroy_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:

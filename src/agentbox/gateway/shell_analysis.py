@@ -13,7 +13,15 @@ program a shell string would execute. This module finds it with a real shell par
   ``sudo``, ``doas``, ``chroot``, ``busybox``, ``ionice``, ``taskset``, ``unshare``,
   ``flock``, ``watch``, ``su``/``runuser``/``script -c``, ``find -exec``/``-execdir``/``-ok``);
 * code passed as a string: ``sh|bash|dash|zsh|ksh|ash|mksh -c STRING``, ``eval``, ``trap``,
-  ``alias`` values (parsed recursively, depth-limited).
+  ``alias`` values, ``watch``/``su -c`` (parsed recursively, depth-limited), and code fed to
+  such a shell on stdin by a heredoc or here-string (``bash <<'EOF'``, ``sh <<< '…'``).
+
+bashlex 0.18 is used defensively, because it is wrong in ways that would hide commands:
+its quote removal is redone here from the source text (it turns ``'r''m'`` into ``r''m``);
+substitutions it truncates (multi-line ``$(…)``, a ``#`` before the ``)``) are detected by
+comparing the tree with the source and re-parsed or refused; quoted-delimiter heredocs, which
+it cannot parse, are set aside before parsing (:class:`_HeredocTable`); a known infinite loop
+is patched and every parse runs under a node budget; leftovers it silently skips are refused.
 
 Program names are normalised: quoting is removed (``r''m``, ``"rm"``, ``\\rm`` → ``rm``),
 paths are reduced to their basename (``/usr/bin/rm``, ``./rm``,
@@ -39,6 +47,7 @@ This is a guardrail, not a boundary: see the limitations in :mod:`agentbox.gatew
 from __future__ import annotations
 
 import re
+import secrets
 import shlex
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -79,30 +88,6 @@ class UnparseableCommand(InvalidRequest):
         self.rule = rule
         self.programs: list[str] = list(details.get("programs", []))
         """Programs found before the analysis had to stop (for "deny wins" reporting)."""
-
-
-def _shell_reads_stdin(args: Sequence[Word]) -> bool:
-    """Would ``sh ARGS`` read its commands from stdin (no ``-c``, no script operand)?"""
-    i = 0
-    while i < len(args):
-        t = args[i].text
-        if args[i].dynamic or args[i].unsafe:
-            return False
-        if t in ("--", "-"):
-            return i + 1 >= len(args)
-        if t.startswith("--"):
-            i += 2 if t in ("--rcfile", "--init-file") else 1
-            continue
-        if len(t) > 1 and t[0] in "-+":
-            letters = t[1:]
-            if t[0] == "-" and "c" in letters:
-                return False
-            if t[0] == "-" and "s" in letters:
-                return True
-            i += 1 + letters.count("o") + letters.count("O")
-            continue
-        return False
-    return True
 
 
 class _SuspectParse(Exception):
@@ -160,6 +145,7 @@ def analyse_command(command: str | Sequence[str]) -> CommandAnalysis:
     try:
         try:
             _analyse(analyser, command)
+            analyser.heredocs.check_all_consumed()
         except RecursionError:
             raise _reject("the command is nested too deeply to analyse", RULE_TOO_DEEP) from None
     except UnparseableCommand as exc:
@@ -289,14 +275,14 @@ _NOT_SUPPORTED_HINTS = (
 )
 
 
-def _parse(source: str) -> tuple[list[Any], str]:
+def _parse(source: str, heredocs: _HeredocTable) -> tuple[list[Any], str]:
     """bashlex.parse with safety checks; returns the trees and the source they index.
 
     Quoted-delimiter heredocs are rewritten first (see :func:`_prepare_heredocs`), and the
     trees are checked against the source: bashlex must have consumed all of it, and every
     heredoc must end where bash would end it.
     """
-    src, bodies = _prepare_heredocs(source)
+    src = _prepare_heredocs(source, heredocs)
     try:
         trees = _bashlex_parse(src)
     except _ParseBudgetExceeded:
@@ -315,7 +301,7 @@ def _parse(source: str) -> tuple[list[Any], str]:
     except Exception as exc:  # bashlex raises assorted internal errors on odd input
         raise _reject(_parse_error_reason(src, f"{type(exc).__name__}: {exc}")) from None
     _check_coverage(src, trees)
-    _check_heredocs(trees, bodies)
+    _check_heredocs(trees, heredocs)
     return trees, src
 
 
@@ -331,6 +317,44 @@ def _parse_error_reason(src: str, detail: str) -> str:
     )
 
 
+@dataclass
+class _HeredocTable:
+    """Bodies of quoted-delimiter heredocs, taken out of the source before bashlex sees it.
+
+    Each body is replaced by one placeholder line (with a per-analysis random nonce, so a
+    command cannot forge one); a heredoc whose whole body is a placeholder gets the original
+    body back. Every entry must be consumed by a real heredoc before the analysis is trusted.
+    """
+
+    nonce: str = field(default_factory=lambda: secrets.token_hex(8))
+    entries: list[tuple[str, str]] = field(default_factory=list)  # (delimiter, body)
+    consumed: set[int] = field(default_factory=set)
+
+    def add(self, delim: str, body: str) -> str:
+        self.entries.append((delim, body))
+        return f"__agentbox_heredoc_{self.nonce}_{len(self.entries) - 1}__"
+
+    def lookup(self, line: str, delim: str) -> str | None:
+        prefix = f"__agentbox_heredoc_{self.nonce}_"
+        if not (line.startswith(prefix) and line.endswith("__")):
+            return None
+        index = line[len(prefix) : -2]
+        if not index.isdigit() or int(index) >= len(self.entries):
+            return None
+        entry = self.entries[int(index)]
+        if entry[0] != delim:
+            return None
+        self.consumed.add(int(index))
+        return entry[1]
+
+    def check_all_consumed(self) -> None:
+        if len(self.consumed) != len(self.entries):
+            raise _reject(
+                "a `<<` could not be matched to a here-document; put the heredoc in a simpler "
+                "command, or quote the `<<` if it is text"
+            )
+
+
 _HEREDOC_OP = re.compile(r"(?<!<)<<(?!<)(-?)[ \t]*([^\s;&|<>()]+)")
 _SAFE_DELIMITER = re.compile(r"[A-Za-z0-9_.,:+/@%^=-]+")
 
@@ -343,17 +367,14 @@ def _dequote_delimiter(raw: str) -> str | None:
     return parts[0] if len(parts) == 1 and parts[0] else None
 
 
-def _prepare_heredocs(src: str) -> tuple[str, dict[int, tuple[str, str]]]:
-    """Rewrite ``<<'EOF' body EOF`` to ``<<EOF EOF`` (empty body, unquoted delimiter).
+def _prepare_heredocs(src: str, table: _HeredocTable) -> str:
+    """Rewrite ``<<'EOF' body EOF`` to ``<<EOF <placeholder> EOF`` (see :class:`_HeredocTable`).
 
     bashlex mishandles quoted delimiters (it wants the terminator line *with* the quotes, and
     its tokenizer and parser disagree inside ``$(…)``). A quoted heredoc's body is data that
-    bash does not expand, so it is taken out and kept: the result maps each rewritten
-    operator's offset to ``(delimiter, original body)``. A rewrite that does not line up with
-    a heredoc in bashlex's tree is refused by :func:`_check_heredocs`, so an operator found
-    inside a string or comment cannot hide anything.
+    bash does not expand, so it is set aside. An operator found inside a string or comment
+    is rewritten too, but then no heredoc consumes its placeholder and the command is refused.
     """
-    bodies: dict[int, tuple[str, str]] = {}
     pos = 0
     line_nl, next_body = -1, -1  # heredocs sharing an operator line have consecutive bodies
     while (op := _HEREDOC_OP.search(src, pos)) is not None:
@@ -373,13 +394,12 @@ def _prepare_heredocs(src: str) -> tuple[str, dict[int, tuple[str, str]]]:
         if not quoted or not _SAFE_DELIMITER.fullmatch(delim):
             continue
         body = src[body_start:term]
-        src = src[: op.start(2)] + delim + src[op.end(2) : body_start] + src[term:]
-        shift = len(delim) - len(raw) - len(body)
+        placeholder = table.add(delim, body) + "\n"
+        src = src[: op.start(2)] + delim + src[op.end(2) : body_start] + placeholder + src[term:]
         line_nl += len(delim) - len(raw)
-        next_body += shift
-        bodies[op.start()] = (delim, body)
+        next_body += len(delim) - len(raw) + len(placeholder) - len(body)
         pos = op.start(2) + len(delim)
-    return src, bodies
+    return src
 
 
 def _find_terminator(src: str, start: int, delim: str, strip_tabs: bool) -> int | None:
@@ -436,37 +456,26 @@ def _heredoc_delimiter(redirect: Any) -> tuple[str, bool]:
     return delim, quoted
 
 
-def _check_heredocs(trees: list[Any], bodies: dict[int, tuple[str, str]]) -> None:
-    """Every heredoc must end where bash ends it; rewritten ones must line up exactly.
+def _check_heredocs(trees: list[Any], table: _HeredocTable) -> None:
+    """Every heredoc must end where bash ends it; restore set-aside bodies.
 
-    Rewritten (quoted-delimiter) heredoc redirects get ``agentbox_body`` (the original body)
-    set on the node; the analyser treats those bodies as data.
+    Redirects whose body is a placeholder get ``agentbox_body`` (the original body) set on the
+    node; the analyser treats those bodies as data (or as code for ``bash <<'EOF'``).
     """
-    seen: set[int] = set()
     for tree in trees:
         for n in _nodes(tree):
             if n.kind != "redirect" or getattr(n, "heredoc", None) is None:
                 continue
             delim, _ = _heredoc_delimiter(n)
             lines = str(n.heredoc.value).split("\n")
-            rewritten = bodies.get(n.pos[0])
-            if rewritten is not None:
-                if rewritten[0] != delim or lines != [delim]:
-                    break
-                n.agentbox_body = rewritten[1]
-                seen.add(n.pos[0])
+            body = table.lookup(lines[0], delim) if len(lines) == 2 else None
+            if body is not None:
+                n.agentbox_body = body
             elif delim in lines[:-1]:
-                break
-        else:
-            continue
-        raise _reject(
-            "a here-document was not parsed the way bash reads it; put it in a simpler command"
-        )
-    if seen != set(bodies):
-        raise _reject(
-            "a `<<` could not be matched to a here-document; put the heredoc in a simpler "
-            "command, or quote the `<<` if it is text"
-        )
+                raise _reject(
+                    "a here-document was not parsed the way bash reads it; put it in a simpler "
+                    "command"
+                )
 
 
 # --------------------------------------------------------------------------- words
@@ -478,54 +487,87 @@ _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
 def _make_word(node: Any, src: str) -> Word:
-    """A :class:`Word` from a bashlex word/assignment node, checking it against the source.
+    """A :class:`Word` from a bashlex word/assignment node, re-read from the source text.
 
-    The literal parts of the source text (outside the expansion parts bashlex reports) must not
-    contain unquoted shell metacharacters: if they do, bashlex mis-parsed something (it
-    truncates some substitutions) and the command is refused.
+    bashlex's own quote removal is wrong for mixed quoting (``'r''m'`` → ``r''m``,
+    ``"it's"`` → ``its``), so the text is rebuilt here with bash's rules: ``'…'`` literal,
+    ``"…"`` with ``\\`` escaping only ``$ ` " \\`` and newline, ``\\x`` → ``x`` outside quotes,
+    ``$'…'``/``$"…"`` (kept verbatim, marked dynamic). Expansion parts bashlex reports inside
+    single quotes are literal text. Unquoted shell metacharacters in the literal text mean
+    bashlex mis-parsed the word (it truncates some substitutions): :class:`_SuspectParse`.
     """
     start, end = node.pos
     parts = sorted(getattr(node, "parts", []), key=lambda p: p.pos[0])
-    dynamic = any(p.kind in _EXPANSIONS for p in parts)
-    unsafe = False
-    squote = dquote = False
+    out: list[str] = []
+    dynamic = unsafe = False
+    squote = dquote = ansi = False
     brace_depth, brace_sep = 0, False
     i, k = start, 0
     while i < end:
         if k < len(parts) and i >= parts[k].pos[0]:
             part = parts[k]
             k += 1
-            if part.kind in _EXPANSIONS and not dquote:
-                unsafe = True
-            i = max(i, part.pos[1])
+            if squote or ansi:
+                continue  # bashlex artefact: literal text inside quotes
+            p0, p1 = part.pos
+            if part.kind == "tilde":
+                out.append(src[p0:p1])
+            elif part.kind == "parameter" and src.startswith(("$'", '$"'), p0) and not dquote:
+                dynamic = True  # ANSI-C / locale string: its value is not worked out here
+                out.append(src[p0 : p0 + 2])
+                ansi, dquote = src[p0 + 1] == "'", src[p0 + 1] == '"'
+                i = p0 + 2
+                continue
+            else:
+                dynamic = True
+                unsafe = unsafe or not dquote
+                out.append(src[p0:p1])
+            i = max(i, p1)
             continue
         c = src[i]
+        nxt = src[i + 1] if i + 1 < end else ""
         if squote:
             squote = c != "'"
-        elif c == "\\":
+            if squote:
+                out.append(c)
+        elif ansi:
+            if c == "\\" and nxt:
+                out.append(c + nxt)
+                i += 2
+                continue
+            ansi = c != "'"
+            out.append(c)
+        elif c == "\\" and nxt:
+            if nxt != "\n":
+                keep = dquote and nxt not in '$`"\\'
+                out.append(c + nxt if keep else nxt)
             i += 2
             continue
         elif dquote:
             dquote = c != '"'
+            if dquote:
+                out.append(c)
         elif c == "'":
             squote = True
         elif c == '"':
             dquote = True
         elif c in _METACHARS:
             raise _SuspectParse()
-        elif c in "*?[":
-            unsafe = True
-        elif c == "{":
-            brace_depth += 1
-        elif c == "}" and brace_depth:
-            brace_depth -= 1
-            unsafe = unsafe or brace_sep
-        elif brace_depth and (c == "," or src.startswith("..", i)):
-            brace_sep = True
+        else:
+            out.append(c)
+            if c in "*?[":
+                unsafe = True
+            elif c == "{":
+                brace_depth += 1
+            elif c == "}" and brace_depth:
+                brace_depth -= 1
+                unsafe = unsafe or brace_sep
+            elif brace_depth and (c == "," or src.startswith("..", i)):
+                brace_sep = True
         i += 1
-    if "$'" in src[start:end] or '$"' in src[start:end]:
-        dynamic = True
-    return Word(text=str(node.word), raw=src[start:end], dynamic=dynamic, unsafe=unsafe)
+    if squote or dquote or ansi:
+        raise _SuspectParse()
+    return Word(text="".join(out), raw=src[start:end], dynamic=dynamic, unsafe=unsafe)
 
 
 def _substitution_sound(node: Any, src: str) -> bool:
@@ -710,12 +752,39 @@ def _option_argument(name: str, args: Sequence[Word], i: int) -> str:
     return args[i].text
 
 
+def _shell_reads_stdin(args: Sequence[Word]) -> bool:
+    """Would ``sh ARGS`` read its commands from stdin (no ``-c``, no script operand)?"""
+    i = 0
+    while i < len(args):
+        t = args[i].text
+        if args[i].dynamic or args[i].unsafe:
+            return False
+        if t in ("--", "-"):
+            return i + 1 >= len(args)
+        if t.startswith("--"):
+            i += 2 if t in ("--rcfile", "--init-file") else 1
+            continue
+        if len(t) > 1 and t[0] in "-+":
+            letters = t[1:]
+            if t[0] == "-" and "c" in letters:
+                return False
+            if t[0] == "-" and "s" in letters:
+                return True
+            i += 1 + letters.count("o") + letters.count("O")
+            continue
+        return False
+    return True
+
+
 # --------------------------------------------------------------------------- analyser
 
 
 class _Analyser:
     def __init__(self) -> None:
         self.out = CommandAnalysis()
+        self.heredocs = _HeredocTable()
+        self.stdin_shell = False
+        """Set when a POSIX shell that reads its code from stdin was found (see command())."""
         self.placeholders: tuple[str, ...] = ()
         """Text that ``xargs -I``/``find -exec`` replace with run-time input, in scope."""
 
@@ -733,7 +802,7 @@ class _Analyser:
             if allow_empty:
                 return
             raise _reject("the command is empty; send the shell command to run", RULE_INVALID)
-        trees, src = _parse(source)
+        trees, src = _parse(source, self.heredocs)
         for tree in trees:
             self.walk(tree, src, depth)
 
@@ -772,9 +841,11 @@ class _Analyser:
                 self.walk(part, src, depth)
         if not words:
             return []
+        outer, self.stdin_shell = self.stdin_shell, False
         renderings = self.argv(words, depth)
-        if normalise_program(words[0].text) in _POSIX_SHELLS and _shell_reads_stdin(words[1:]):
+        if self.stdin_shell:  # a shell (maybe wrapped, maybe in `bash -c`) reads stdin
             self.stdin_code(node, src, depth)
+        self.stdin_shell = outer or self.stdin_shell
         return renderings
 
     def stdin_code(self, node: Any, src: str, depth: int) -> None:
@@ -874,10 +945,10 @@ class _Analyser:
             body = body[1:-1]
         if body[:2] in ("$(", "<(", ">(") and body.endswith(")"):
             self.shell(body[2:-1], depth + 1)
-            return Word(text=str(node.word), raw=raw, dynamic=True, unsafe=not quoted)
+            return Word(text=raw, raw=raw, dynamic=True, unsafe=not quoted)
         if len(body) >= 2 and body[0] == "`" and body[-1] == "`" and "`" not in body[1:-1]:
             self.shell(re.sub(r"\\([$`\\])", r"\1", body[1:-1]), depth + 1)
-            return Word(text=str(node.word), raw=raw, dynamic=True, unsafe=not quoted)
+            return Word(text=raw, raw=raw, dynamic=True, unsafe=not quoted)
         raise _reject(
             f"the parser's view of this command disagrees with its text (near {raw[:40]!r}); "
             "split it into simpler commands"
@@ -969,12 +1040,15 @@ class _Analyser:
         self.out.programs.append(name)
         rendering = " ".join(" ".join([name, *(w.text for w in args)]).split())
         self.out.commands.append(rendering)
+        if name in _POSIX_SHELLS and _shell_reads_stdin(args):
+            self.stdin_shell = True
         inner = self.wrapped(name, args, depth)
         return [rendering, *inner]
 
     def wrapped(self, name: str, args: list[Word], depth: int) -> list[str]:
-        if name in _EVAL_TEXT_BUILTINS or (name == "printf" and args[:1] == [Word("-v", "-v")]):
-            for w in args if name != "printf" else args[1:2]:
+        printf_v = name == "printf" and len(args) > 1 and args[0].text == "-v"
+        if name in _EVAL_TEXT_BUILTINS or printf_v:
+            for w in args[1:2] if printf_v else args:
                 if not w.dynamic and ("$(" in w.text or "`" in w.text):
                     raise _reject(
                         f"`{name}` may evaluate {w.text!r} (array subscripts and arithmetic run "

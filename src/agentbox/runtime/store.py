@@ -49,6 +49,20 @@ class SandboxRecord:
     expires_at: float | None
     spec: dict[str, Any] = field(default_factory=dict)
 
+    PUBLIC_SPEC = ("memory", "cpus", "pids", "disk", "network", "project")
+
+    def to_dict(self) -> dict[str, Any]:
+        """What clients see (the CLI's --json, the REST API); host details stay out."""
+        return {
+            "id": self.id,
+            "state": self.state,
+            "template": self.template,
+            "template_digest": self.template_digest,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            **{k: self.spec.get(k) for k in self.PUBLIC_SPEC},
+        }
+
 
 class Store:
     def __init__(self, path: Path) -> None:
