@@ -51,7 +51,9 @@ class AgentboxError(Exception):
     @staticmethod
     def from_dict(data: dict[str, Any]) -> AgentboxError:
         """Rebuild the same error class on the other side of the wire."""
-        cls = _BY_CODE.get(str(data.get("code")), AgentboxError)
+        # Looked up at call time, so subclasses defined in other modules are found too.
+        by_code = {c.code: c for c in _all_subclasses(AgentboxError)}
+        cls = by_code.get(str(data.get("code")), AgentboxError)
         return cls(str(data.get("message", "")), **dict(data.get("details") or {}))
 
 
@@ -167,7 +169,5 @@ def _all_subclasses(cls: type[AgentboxError]) -> list[type[AgentboxError]]:
         out.extend(_all_subclasses(sub))
     return out
 
-
-_BY_CODE: dict[str, type[AgentboxError]] = {c.code: c for c in _all_subclasses(AgentboxError)}
 
 __all__ = [c.__name__ for c in _all_subclasses(AgentboxError)]

@@ -87,3 +87,10 @@ def test_capture_listener_sees_everything() -> None:
     cap = BoundedCapture(2, "stdout", lambda s, b: seen.append((s, b)))
     cap.feed(b"hello")
     assert seen == [("stdout", b"hello")] and cap.value().startswith(b"h")
+
+
+def test_error_classes_defined_elsewhere_round_trip() -> None:
+    from agentbox.gateway.policy import UnparseableCommand
+
+    again = errors.AgentboxError.from_dict(UnparseableCommand("x").to_dict())
+    assert type(again) is UnparseableCommand

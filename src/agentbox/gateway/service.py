@@ -171,7 +171,7 @@ class Gateway:
         elif spec.policy == "fs_read":
             decision = self.read_policy.check_read(args.get("path", "/workspace"))
         else:
-            size = len(str(args.get("content", ""))) if "content" in args else None
+            size = _content_bytes(args) if "content" in args else None
             decision = self.write_policy.check_write(args["path"], size)
             if decision.allowed and "destination" in args:
                 decision = self.write_policy.check_write(args["destination"])
@@ -297,6 +297,14 @@ class Gateway:
             error=None,
             extra=extra or None,
         )
+
+
+def _content_bytes(args: dict[str, Any]) -> int:
+    """The size the write will have on disk (base64 decoded, UTF-8 encoded)."""
+    content = str(args["content"])
+    if args.get("encoding") == "base64":
+        return len(content) * 3 // 4
+    return len(content.encode())
 
 
 def _bytes_out(result: dict[str, Any]) -> int:
