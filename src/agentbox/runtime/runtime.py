@@ -159,7 +159,8 @@ class Runtime:
         init has ended: that reads /proc for every record, so create skips it)."""
         swept = []
         now = time.time()
-        for record in self.store.list():
+        candidates = self.store.list() if check_alive else self.store.expired(now)
+        for record in candidates:
             expired = record.expires_at is not None and record.expires_at <= now
             dead = check_alive and record.state == "running" and not self._alive(record)
             if expired or dead:

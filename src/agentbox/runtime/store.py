@@ -6,6 +6,7 @@ runs in WAL mode and every write is a short ``BEGIN IMMEDIATE`` transaction.
 
 from __future__ import annotations
 
+import builtins
 import json
 import sqlite3
 import threading
@@ -29,6 +30,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     expires_at REAL,
     spec TEXT NOT NULL
 );
+CREATE INDEX IF NOT EXISTS sandboxes_expiry ON sandboxes (expires_at);
 CREATE TABLE IF NOT EXISTS counters (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL
@@ -151,6 +153,12 @@ class Store:
 
     def list(self) -> list[SandboxRecord]:
         rows = self._conn().execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
+        return [self._record(r) for r in rows]
+
+    def expired(self, now: float) -> builtins.list[SandboxRecord]:
+        rows = self._conn().execute(
+            "SELECT * FROM sandboxes WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+        ).fetchall()
         return [self._record(r) for r in rows]
 
     def delete(self, sandbox_id: str) -> None:
