@@ -204,6 +204,11 @@ def main() -> int:
     print(text)
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
+        # Keep the section bench_gateway.py writes (it runs separately: it needs a server).
+        old = output.read_text() if output.exists() else ""
+        begin = "<!-- gateway:begin -->"
+        if begin in old:
+            text = text.rstrip() + "\n\n" + old[old.index(begin) :]
         output.write_text(text)
         progress(f"wrote {output}")
     progress(f"all done in {elapsed:.1f} s")
