@@ -156,9 +156,13 @@ class Store:
         return [self._record(r) for r in rows]
 
     def expired(self, now: float) -> builtins.list[SandboxRecord]:
-        rows = self._conn().execute(
-            "SELECT * FROM sandboxes WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
-        ).fetchall()
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT * FROM sandboxes WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+            )
+            .fetchall()
+        )
         return [self._record(r) for r in rows]
 
     def delete(self, sandbox_id: str) -> None:
