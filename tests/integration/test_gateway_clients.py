@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -50,6 +51,15 @@ def test_sdk_through_the_gateway(gw: RunningGateway, monkeypatch: pytest.MonkeyP
         shell = sb.shell()
         shell.run("cd /tmp")
         assert shell.run("pwd").stdout == "/tmp\n"
+        archive = io.BytesIO()
+        assert sb.files.download_tar("/workspace", archive) == 3  # workspace/, 2 files
+        sb.files.remove("/workspace/t.txt")
+        archive.seek(0)
+        assert sb.files.upload_tar("/workspace/restored", archive) == 3
+        assert sb.files.read("/workspace/restored/workspace/t.txt") == "alpha gamma"
+        with pytest.raises(PolicyDenied):  # fs.write's root is /workspace
+            archive.seek(0)
+            sb.files.upload_tar("/etc", archive)
         proc = sb.commands.start("echo background")
         assert proc.wait(timeout=30).exit_code == 0
         assert proc.read().text == "background\n"

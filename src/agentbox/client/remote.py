@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import httpx2
 
-from agentbox.errors import AgentboxError, InvalidRequest, Unauthenticated
+from agentbox.errors import AgentboxError, Unauthenticated
 from agentbox.runtime.files import FileInfo
 from agentbox.runtime.output import CommandResult, OutputCallback
 from agentbox.runtime.processes import ProcessInfo, ProcessOutput
@@ -61,6 +61,19 @@ class GatewayClient:
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
         return response.content
+
+    def download(self, path: str, params: dict[str, Any], fileobj: IO[bytes]) -> int:
+        """Stream a download into ``fileobj``; returns the entry count the gateway reports."""
+        try:
+            with self._http.stream("GET", path, params=params) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    self._raise_for_error(response)
+                for chunk in response.iter_bytes():
+                    fileobj.write(chunk)
+                return int(response.headers.get("x-agentbox-entries", "0"))
+        except httpx2.TransportError as e:
+            raise AgentboxError(f"lost the gateway at {self.url}: {e}") from None
 
     def events(self, method: str, path: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Server-sent events of a streaming route, as (event, data) pairs."""
@@ -323,12 +336,18 @@ class RemoteFiles:
         return int(self._c.request("POST", f"{self._base}/edit", json=body)["replacements"])
 
     def upload_tar(self, dest_dir: str, fileobj: IO[bytes]) -> int:
-        raise InvalidRequest("tar upload through the gateway is not available yet; use files.write")
+        data = self._c.request(
+            "POST",
+            f"{self._base}/upload",
+            params={"dest": dest_dir},
+            content=fileobj.read(),
+            headers={"content-type": "application/x-tar"},
+        )
+        return int(data["entries"])
 
     def download_tar(self, path: str, fileobj: IO[bytes]) -> int:
-        raise InvalidRequest(
-            "tar download through the gateway is not available yet; use files.read"
-        )
+        """Stream the tar into ``fileobj``; returns the number of entries."""
+        return self._c.download(f"{self._base}/download", {"path": path}, fileobj)
 
 
 class RemoteRuntime:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -255,6 +256,46 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
     @api.post("/sandboxes/{sandbox_id}/files/remove", tags=["files"])
     async def remove_path(sandbox_id: str, body: PathBody, p: Principal = auth) -> Any:
         return await tool(p, "fs_remove", sandbox_id, body.model_dump())
+
+    @api.get("/sandboxes/{sandbox_id}/files/download", tags=["files"])
+    async def download_tar(sandbox_id: str, path: str, p: Principal = auth) -> StreamingResponse:
+        """A tar of ``path`` (file or directory); symlinks stored, never followed."""
+        await gateway.check_transfer(p, sandbox_id, path, write=False)
+        spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the stream below
+        try:
+            files = gateway.runtime.files(sandbox_id)
+            entries = await asyncio.to_thread(files.download_tar, path, spool)
+        except BaseException:
+            spool.close()
+            raise
+        spool.seek(0)
+        await gateway.audit_event(p, "allowed", sandbox=sandbox_id, tool="fs_download",
+                                  args={"path": path}, entries=entries)  # fmt: skip
+
+        def chunks() -> Iterator[bytes]:
+            with spool:
+                while chunk := spool.read(1 << 20):
+                    yield chunk
+
+        return StreamingResponse(
+            chunks(), media_type="application/x-tar", headers={"X-Agentbox-Entries": str(entries)}
+        )
+
+    @api.post("/sandboxes/{sandbox_id}/files/upload", tags=["files"])
+    async def upload_tar(
+        sandbox_id: str, dest: str, request: Request, p: Principal = auth
+    ) -> dict[str, Any]:
+        """Extract a tar body into ``dest``, entry by entry inside the sandbox."""
+        await gateway.check_transfer(p, sandbox_id, dest, write=True)
+        with tempfile.SpooledTemporaryFile(max_size=1 << 20) as spool:
+            async for chunk in request.stream():
+                spool.write(chunk)
+            spool.seek(0)
+            files = gateway.runtime.files(sandbox_id)
+            entries = await asyncio.to_thread(files.upload_tar, dest, spool)
+        await gateway.audit_event(p, "allowed", sandbox=sandbox_id, tool="fs_upload",
+                                  args={"dest": dest}, entries=entries)  # fmt: skip
+        return {"dest": dest, "entries": entries}
 
     # generic tool invocation (what MCP clients call, for HTTP-only agents) -----------------
     @api.get("/tools", tags=["tools"])

@@ -288,15 +288,34 @@ class Gateway:
         else:
             await self.audit.append_async(**fields)
 
+    async def check_transfer(
+        self, principal: Principal, sandbox: str, path: str, write: bool
+    ) -> None:
+        """Tar upload/download: the scope, rate and file policy of fs_write / fs_read."""
+        tool = "fs_write" if write else "fs_read"
+        if not principal.may_use(tool):
+            raise InsufficientScope(f"this token may not use {tool}, which tar transfers need")
+        self.rate.check(principal.actor)
+        principal.require_sandbox(sandbox)
+        policy = self.write_policy if write else self.read_policy
+        decision = policy.check_write(path) if write else policy.check_read(path)
+        if not decision.allowed:
+            await self.audit_event(principal, "denied", sandbox=sandbox, tool=tool,
+                                   args={"path": path}, rule=decision.rule)  # fmt: skip
+            raise PolicyDenied(decision.reason, rule=decision.rule, tool=tool)
+
     # operator actions, audited like tool calls -------------------------------------------
-    async def audit_event(self, principal: Principal, decision: str, **fields: Any) -> None:
+    async def audit_event(
+        self, principal: Principal, decision: str, args: dict[str, Any] | None = None,
+        **fields: Any,
+    ) -> None:  # fmt: skip
         extra = {k: v for k, v in fields.items() if k not in ("sandbox", "tool")}
         await self._append(
             actor=principal.actor,
             session=principal.token_id,
             sandbox=fields.get("sandbox"),
             tool=fields.get("tool"),
-            args_hash=None,
+            args_hash=args_hash(args) if args is not None else None,
             decision=decision,
             exit_code=None,
             duration_ms=None,
