@@ -237,6 +237,8 @@ def test_bad_requests_are_clear_errors(gw: RunningGateway, sandbox_id: str) -> N
         assert big.status_code == 413
     with gw.client(token, headers={"Host": "evil.example"}) as c:
         assert c.get("/healthz").status_code == 421
+    with gw.client(token, headers={"Host": f"localhost:{gw.port}"}) as c:
+        assert c.get("/healthz").status_code == 200
     with gw.client(token, headers={"Origin": "http://evil.example"}) as c:
         assert c.get("/healthz").status_code == 403
 

@@ -85,3 +85,11 @@ def test_duplicate_keys_and_broken_yaml() -> None:
 def test_secrets_cannot_be_configured_inline() -> None:
     with pytest.raises(InvalidConfig, match="operator_token: unknown key"):
         parse_settings("gateway:\n  auth:\n    operator_token: hunter2\n")
+
+
+def test_extra_allowed_hosts_for_a_public_name() -> None:
+    from agentbox.gateway.app import allowed_hosts
+
+    s = parse_settings("gateway:\n  allowed_hosts: [agentbox.example.com:8848]\n")
+    hosts = allowed_hosts(s.gateway.listen, s.gateway.allowed_hosts)
+    assert "agentbox.example.com:8848" in hosts and "127.0.0.1:8848" in hosts

@@ -172,7 +172,7 @@ def create_app(
             raise Unauthenticated("no HTTP request to authenticate")
         return principal_of(ctx.request.headers.get("authorization"))
 
-    hosts = allowed_hosts(settings.gateway.listen, [])
+    hosts = allowed_hosts(settings.gateway.listen, settings.gateway.allowed_hosts)
     origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]
     origins += settings.gateway.allowed_origins
     session_manager = StreamableHTTPSessionManager(

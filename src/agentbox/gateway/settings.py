@@ -56,6 +56,9 @@ class GatewaySection(Strict):
     store: str = "file:///var/lib/agentbox/objects"
     tls: TLSSettings | None = None
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    # Host headers besides the listen address and loopback names (a public bind's DNS
+    # names, e.g. "agentbox.example.com:8848"); anything else is refused (DNS rebinding).
+    allowed_hosts: list[str] = Field(default_factory=list)
     allowed_origins: list[str] = Field(default_factory=list)
 
     @field_validator("listen")
