@@ -49,3 +49,18 @@ def test_literals_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MY_TOKEN", "value-from-the-env-123")
     r = Redactor.from_env(["MY_TOKEN", "UNSET_VARIABLE"], detectors=False)
     assert r.redact("a value-from-the-env-123 b") == "a [REDACTED:MY_TOKEN] b"
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        ("cloudant_password = 'abcdefghijklmnopqrstuvwx'", "cloudant-credentials"),
+        ("ibm_cloud_iam_key: " + "A" * 44, "ibm-cloud-iam-key"),
+        ("SOFTLAYER_API_KEY=" + "a" * 64, "softlayer-credentials"),
+        ("https://user:" + "a" * 24 + "@acct.cloudant.com", "cloudant-credentials"),
+    ],
+)
+def test_keyword_detectors_still_fire_behind_their_prefilter(
+    redactor: Redactor, text: str, kind: str
+) -> None:
+    assert f"[REDACTED:{kind}]" in redactor.redact(text)

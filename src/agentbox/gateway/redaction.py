@@ -33,6 +33,34 @@ _PRIVATE_KEY_BLOCK = re.compile(
     re.DOTALL,
 )
 _MIN_LITERAL = 4  # shorter values would redact ordinary text
+# Some detectors are slow keyword regexes (lookbehinds tried at every position). Each can
+# only match text containing one of these words (its patterns are case-insensitive), so
+# they run only then: an exact prefilter, not a heuristic.
+_CREDENTIAL_WORDS = ("key", "pw", "pass", "token")
+_REQUIRED_WORDS = {
+    "(?:key|pwd|pw|password|pass|token)": _CREDENTIAL_WORDS,
+    "(?:key|pwd|password|pass|token)": _CREDENTIAL_WORDS,
+    "(?:secret[-_]?(?:access)?[-_]?key)": ("key",),
+    r"\.cloudant\.com": ("cloudant.com",),
+    "api.softlayer.com": ("softlayer.com",),
+}
+
+
+def _min_width(pattern: re.Pattern[str]) -> int:
+    """The shortest text ``pattern`` can match: shorter strings skip it (exact)."""
+    try:
+        from re import _parser  # type: ignore[attr-defined]
+
+        return int(_parser.parse(pattern.pattern, pattern.flags).getwidth()[0])
+    except Exception:  # a private module: if it changes, fall back to always running
+        return 0
+
+
+def _required_words(pattern: re.Pattern[str]) -> tuple[str, ...]:
+    for fragment, words in _REQUIRED_WORDS.items():
+        if fragment in pattern.pattern:
+            return words
+    return ()
 
 
 def _slug(secret_type: str) -> str:
@@ -52,6 +80,8 @@ class Redactor:
             name: value for name, value in (literals or {}).items() if len(value) >= _MIN_LITERAL
         }
         self.patterns: list[tuple[str, re.Pattern[str]]] = []
+        self._needs: dict[re.Pattern[str], tuple[str, ...]] = {}
+        self._min: dict[re.Pattern[str], int] = {}
         if detectors:
             mapping: dict[str, Any] = dict(get_mapping_from_secret_type_to_class())
             for secret_type, plugin in sorted(mapping.items()):
@@ -62,6 +92,8 @@ class Redactor:
                     continue
                 for pattern in getattr(plugin(), "denylist", ()) or ():
                     self.patterns.append((_slug(secret_type), pattern))
+                    self._needs[pattern] = _required_words(pattern)
+                    self._min[pattern] = _min_width(pattern)
 
     @classmethod
     def from_env(cls, names: Iterable[str], detectors: bool = True) -> Redactor:
@@ -74,7 +106,13 @@ class Redactor:
             while start != -1:
                 found.append(Finding(name, start, start + len(value)))
                 start = text.find(value, start + 1)
+        lowered = text.lower()
         for kind, pattern in self.patterns:
+            if len(text) < self._min.get(pattern, 0):
+                continue
+            needs = self._needs.get(pattern, ())
+            if needs and not any(word in lowered for word in needs):
+                continue
             for match in pattern.finditer(text):
                 if match.end() > match.start():
                     found.append(Finding(kind, match.start(), match.end()))

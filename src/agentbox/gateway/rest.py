@@ -113,6 +113,26 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
         outcome = await gateway.call_tool(p, name, {**args, "sandbox_id": sandbox})
         return outcome.result
 
+    # generic tool invocation (what MCP clients call, for HTTP-only agents); registered
+    # first because routes are matched in order and this is the hottest one --------------
+    @api.get("/tools", tags=["tools"])
+    async def list_tools(p: Principal = auth) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t.name,
+                "title": t.title,
+                "description": t.description,
+                "input_schema": t.input_schema,
+                "output_schema": t.output_schema,
+                "annotations": t.annotations(),
+            }
+            for t in gateway.visible_tools(p)
+        ]
+
+    @api.post("/tools/{name}", tags=["tools"])
+    async def call_tool(name: str, body: ToolInvocation, p: Principal = auth) -> Any:
+        return (await gateway.call_tool(p, name, body.arguments)).result
+
     # sandboxes ----------------------------------------------------------------------------
     @api.post("/sandboxes", status_code=201, tags=["sandboxes"])
     async def create_sandbox(body: CreateSandbox, p: Principal = auth) -> dict[str, Any]:
@@ -296,25 +316,6 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
         await gateway.audit_event(p, "allowed", sandbox=sandbox_id, tool="fs_upload",
                                   args={"dest": dest}, entries=entries)  # fmt: skip
         return {"dest": dest, "entries": entries}
-
-    # generic tool invocation (what MCP clients call, for HTTP-only agents) -----------------
-    @api.get("/tools", tags=["tools"])
-    async def list_tools(p: Principal = auth) -> list[dict[str, Any]]:
-        return [
-            {
-                "name": t.name,
-                "title": t.title,
-                "description": t.description,
-                "input_schema": t.input_schema,
-                "output_schema": t.output_schema,
-                "annotations": t.annotations(),
-            }
-            for t in gateway.visible_tools(p)
-        ]
-
-    @api.post("/tools/{name}", tags=["tools"])
-    async def call_tool(name: str, body: ToolInvocation, p: Principal = auth) -> Any:
-        return (await gateway.call_tool(p, name, body.arguments)).result
 
     # tokens -------------------------------------------------------------------------------
     @api.post("/tokens", status_code=201, tags=["tokens"])
