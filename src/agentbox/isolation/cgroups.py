@@ -171,9 +171,6 @@ class SandboxCgroup:
         self._rmdir_when_empty(self.unified / name)
 
     # state --------------------------------------------------------------------------
-    def exists(self) -> bool:
-        return self.unified.exists()
-
     def populated(self, node: Path | None = None) -> bool:
         events = (node or self.unified) / "cgroup.events"
         try:

@@ -157,47 +157,31 @@ def check_disk() -> Check:
     return Check("sandbox disks", True, "loop devices + ext4 (one sparse image per sandbox)", "")
 
 
+def _binary(name: str, binaries: tuple[str, ...], fix: str, required: bool = True) -> Check:
+    """A check that passes when one of ``binaries`` is on PATH."""
+    path = next((p for p in map(shutil.which, binaries) if p), None)
+    return Check(name, path is not None, path or "not found", fix, required=required)
+
+
 def check_compiler() -> Check:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    return Check(
-        "C compiler",
-        cc is not None,
-        cc or "not found",
-        "apt-get install -y gcc libc6-dev (builds the 4 KB launcher once)",
-    )
+    return _binary("C compiler", ("cc", "gcc"),
+                   "apt-get install -y gcc libc6-dev (builds the 4 KB launcher once)")  # fmt: skip
 
 
 def check_mmdebstrap() -> Check:
-    path = shutil.which("mmdebstrap")
-    return Check(
-        "mmdebstrap",
-        path is not None,
-        path or "not found",
-        "apt-get install -y mmdebstrap (only for `agentbox template build`)",
-        required=False,
-    )
+    return _binary("mmdebstrap", ("mmdebstrap",),
+                   "apt-get install -y mmdebstrap (only for `agentbox template build`)",
+                   required=False)  # fmt: skip
 
 
 def check_nftables() -> Check:
-    path = shutil.which("nft")
-    return Check(
-        "nftables",
-        path is not None,
-        path or "not found",
-        "apt-get install -y nftables (network egress control)",
-        required=False,
-    )
+    return _binary("nftables", ("nft",), "apt-get install -y nftables (network egress control)",
+                   required=False)  # fmt: skip
 
 
 def check_chromium() -> Check:
-    path = shutil.which("chromium")
-    return Check(
-        "chromium",
-        path is not None,
-        path or "not found",
-        "apt-get install -y chromium (browser tool)",
-        required=False,
-    )
+    return _binary("chromium", ("chromium",), "apt-get install -y chromium (browser tool)",
+                   required=False)  # fmt: skip
 
 
 ALL_CHECKS: list[Callable[[], Check]] = [

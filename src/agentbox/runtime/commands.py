@@ -14,7 +14,6 @@ import fcntl
 import os
 import secrets
 import selectors
-import shlex
 import struct
 import subprocess
 import time
@@ -364,7 +363,3 @@ class CommandRunner:
             stdout_total=out.total,
             stderr_total=err.total,
         )
-
-
-def quote(argv: Sequence[str]) -> str:
-    return shlex.join(argv)

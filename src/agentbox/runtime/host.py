@@ -13,7 +13,6 @@ Directory layout under ``$AGENTBOX_HOME/sandboxes/ID``::
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import select
@@ -25,7 +24,7 @@ from pathlib import Path
 
 from agentbox.errors import SandboxError
 from agentbox.isolation import disk, syscalls
-from agentbox.isolation.cgroups import Limits, SandboxCgroup
+from agentbox.isolation.cgroups import SandboxCgroup
 
 # Ids inside the sandbox: the agent is an ordinary user, never root.
 SANDBOX_UID = 1000
@@ -263,12 +262,3 @@ def _ignore_missing(func: object, path: str, exc_info: object) -> None:
         return
     if isinstance(exc, BaseException):
         raise exc
-
-
-def limits_of(memory: int, pids: int, cpus: float) -> Limits:
-    return Limits(memory_bytes=memory, pids=pids, cpus=cpus)
-
-
-def kill_quietly(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, 9)

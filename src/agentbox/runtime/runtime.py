@@ -13,7 +13,7 @@ import contextlib
 import secrets
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -28,12 +28,11 @@ from agentbox.errors import (
     SandboxNotRunning,
 )
 from agentbox.isolation import seccomp
-from agentbox.isolation.cgroups import CgroupLayout, SandboxCgroup
+from agentbox.isolation.cgroups import CgroupLayout, Limits, SandboxCgroup
 from agentbox.isolation.launcher import nsexec_path
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.files import SandboxFiles
-from agentbox.runtime.host import LaunchPaths, SandboxHost, limits_of, process_start_time
-from agentbox.runtime.output import CommandResult
+from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
 from agentbox.runtime.processes import ProcessTable
 from agentbox.runtime.sessions import ShellSessions
 from agentbox.runtime.store import SandboxRecord, Store
@@ -117,7 +116,7 @@ class Runtime:
         cgroup = self.layout.sandbox(sandbox_id)
         try:
             host.prepare_filesystem(template.rootfs, spec.disk, self.home / "lib" / "disks")
-            cgroup.create(limits_of(spec.memory, spec.pids, spec.cpus))
+            cgroup.create(Limits(spec.memory, spec.pids, spec.cpus))
             pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
             self.store.mark_running(sandbox_id, pid, start)
         except BaseException:
@@ -219,26 +218,3 @@ class Runtime:
     def files(self, sandbox_id: str) -> SandboxFiles:
         record, host, _ = self.running(sandbox_id)
         return SandboxFiles(f"/proc/{record.init_pid}/root", host.host_uid, host.host_gid)
-
-    def exec(
-        self,
-        sandbox_id: str,
-        command: str | Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | None = None,
-        timeout: float | None = 60.0,
-        max_output_bytes: int = 1 << 20,
-    ) -> CommandResult:
-        """Shortcut for ``commands(id).run(...)``."""
-        if not sandbox_id:
-            raise InvalidRequest("a sandbox id is required")
-        return self.commands(sandbox_id).run(
-            command,
-            cwd=cwd,
-            env=env,
-            stdin=stdin,
-            timeout=timeout,
-            max_output_bytes=max_output_bytes,
-        )

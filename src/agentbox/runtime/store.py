@@ -31,10 +31,6 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     spec TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sandboxes_expiry ON sandboxes (expires_at);
-CREATE TABLE IF NOT EXISTS counters (
-    name TEXT PRIMARY KEY,
-    value INTEGER NOT NULL
-);
 """
 
 
@@ -168,14 +164,3 @@ class Store:
     def delete(self, sandbox_id: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM sandboxes WHERE id=?", (sandbox_id,))
-
-    def next_counter(self, name: str) -> int:
-        """A process-wide unique, increasing number (command cgroups, process handles)."""
-        with self._tx() as db:
-            db.execute(
-                "INSERT INTO counters (name, value) VALUES (?, 1) "
-                "ON CONFLICT(name) DO UPDATE SET value = value + 1",
-                (name,),
-            )
-            row = db.execute("SELECT value FROM counters WHERE name=?", (name,)).fetchone()
-        return int(row[0])
