@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from agentbox import Sandbox
 from agentbox.errors import (
     InvalidRequest,
     SandboxNotFound,
+    SandboxNotRunning,
     TemplateNotFound,
 )
 from agentbox.runtime.runtime import Runtime
@@ -134,3 +136,29 @@ def test_home_under_a_private_directory_is_refused_with_the_fix(tmp_path: Path) 
     with pytest.raises(HostUnsupported) as err:
         Runtime(private / "home")
     assert "chmod o+x" in err.value.message and str(private) in err.value.message
+
+
+def test_a_runtime_notices_a_sandbox_ended_elsewhere(agentbox_home: Path) -> None:
+    """A long-lived Runtime (the gateway's) caches running sandboxes; ending one from
+    another process, or its init dying, must be seen on the next call."""
+    gateway_view, other_process = Runtime(agentbox_home), Runtime(agentbox_home)
+    first = gateway_view.create({"memory": "128MiB", "disk": "64MiB"})
+    second = gateway_view.create({"memory": "128MiB", "disk": "64MiB"})
+    try:
+        for record in (first, second):
+            gateway_view.files(record.id).write("/workspace/f", b"x")  # now cached
+        other_process.destroy(first.id)
+        with pytest.raises(SandboxNotFound):
+            gateway_view.files(first.id).read("/workspace/f")
+        assert second.init_pid is not None
+        os.kill(second.init_pid, 9)
+        for _ in range(200):  # the kernel reaps it asynchronously
+            if not Path(f"/proc/{second.init_pid}").exists():
+                break
+            time.sleep(0.01)
+        with pytest.raises(SandboxNotRunning):
+            gateway_view.files(second.id).read("/workspace/f")
+    finally:
+        for record in (first, second):
+            with contextlib.suppress(SandboxNotFound):
+                other_process.destroy(record.id)

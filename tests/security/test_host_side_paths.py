@@ -16,6 +16,7 @@ nothing on the host.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import os
@@ -148,3 +149,35 @@ def test_file_api_cannot_write_host_sysctls(sb: Sandbox, path: str, host_path: s
         pytest.fail(f"the file API wrote the host-global sysctl {host_path} (value unchanged)")
     finally:
         assert Path(host_path).read_bytes() == current
+
+
+def test_gateway_reads_on_its_event_loop_thread_stay_confined(
+    sb: Sandbox, agentbox_home: Path, tmp_path: Path
+) -> None:
+    """Small fs_read calls run on the gateway's event loop thread, which switches to the
+    sandbox user's ids for the read: the read is confined, and the thread is root with all
+    its capabilities again afterwards (else every later request would run degraded)."""
+    from agentbox.gateway.app import create_app
+    from agentbox.gateway.settings import GatewaySettings
+    from agentbox.isolation import syscalls
+
+    settings = GatewaySettings.model_validate({"audit": {"path": str(tmp_path / "a.jsonl")}})
+    operator = secrets.token_hex(24)
+    app = create_app(settings, operator_token=operator, home=agentbox_home)
+    gateway = app.state.parts.gateway
+    principal = gateway.tokens.authenticate(operator)
+    before = (os.geteuid(), os.getegid(), syscalls.thread_capabilities())
+    sb.files.write("/workspace/ok.txt", "fine")
+
+    async def read(path: str) -> dict[str, object]:
+        outcome = await gateway.call_tool(principal, "fs_read", {"path": path, "sandbox_id": sb.id})
+        return outcome.result
+
+    try:
+        assert asyncio.run(read("/workspace/ok.txt"))["content"] == "fine"
+        with pytest.raises(AgentboxError):
+            data = asyncio.run(read("/proc/sys/kernel/cad_pid"))
+            pytest.fail(f"the gateway read a root-only sysctl: {data!r}")
+        assert (os.geteuid(), os.getegid(), syscalls.thread_capabilities()) == before
+    finally:
+        app.state.parts.audit.close()

@@ -64,3 +64,46 @@ def test_keyword_detectors_still_fire_behind_their_prefilter(
     redactor: Redactor, text: str, kind: str
 ) -> None:
     assert f"[REDACTED:{kind}]" in redactor.redact(text)
+
+
+# One sample per detector family, plus case and non-ASCII variants: the prefilters must
+# never change what the regexes alone would find.
+SAMPLES = [
+    f"key={AWS}",
+    "aws_secret_key = 'wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEYab'",
+    "mailchimp 0123456789abcdef0123456789abcdef-us12 end",
+    "bot 123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsawabc",
+    "xoxb-123456789012-1234567890123-abcdefABCDEF",
+    "https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+    "SK" + "0123456789abcdef" * 2,
+    "SG." + "a" * 22 + "." + "b" * 43,
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl",
+    "//registry.npmjs.org/:_authToken=abcdef12-3456-7890-abcd-ef1234567890",
+    "https://admin:hunter2hunter2@db.internal.test/x",
+    "DefaultEndpointsProtocol=https;AccountKey=" + "a" * 86 + "==",
+    "glpat-" + "a" * 20,
+    "sk-" + "a" * 20 + "T3BlbkFJ" + "b" * 20,
+    "pypi-AgEIcHlwaS5vcmc" + "A" * 70,
+    "sq0csp-" + "a" * 43,
+    "AKC" + "a" * 12 + " ",
+    " AP6" + "b" * 10 + " ",
+    "PASSWORD=" + "a" * 30,
+    "cloudant_pa\u017fs = 'abcdefghijklmnopqrstuvwx'",  # U+017F matches "s" case-insensitively
+    "CLOUDANT_PASSWORD = 'ABCDEFGHIJKLMNOPQRSTUVWX'",
+    "\u0131bm_cloud_\u0131am_key: " + "A" * 44,  # U+0131 matches "i" case-insensitively
+    "XOXB-123456789012-1234567890123-abcdefABCDEF",
+    KEY,
+    "x" * 1024,
+]
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_prefilters_never_hide_a_match(redactor: Redactor, text: str) -> None:
+    brute = {
+        (d.kind, m.start(), m.end())
+        for d in redactor.detectors
+        for m in d.pattern.finditer(text)
+        if m.end() > m.start()
+    }
+    found = {(f.kind, f.start, f.end) for f in redactor.findings(text)}
+    assert found == brute

@@ -117,6 +117,7 @@ def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> N
         host=host.strip("[]"),
         port=int(port),
         log_level="warning",
+        proxy_headers=False,  # nothing sits in front; X-Forwarded-For must not be trusted
         ssl_certfile=str(tls.cert_file) if tls else None,
         ssl_keyfile=str(tls.key_file) if tls else None,
     )

@@ -159,7 +159,8 @@ def args_hash(args: object) -> str:
 
 def rfc3339(moment: datetime) -> str:
     """``2025-01-31T12:00:00.123456Z``: UTC, always with microseconds."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # isoformat is ~10x faster than strftime, and this runs once per record.
+    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 # -- file layout ----------------------------------------------------------------------------

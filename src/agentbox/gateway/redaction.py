@@ -46,14 +46,33 @@ _REQUIRED_WORDS = {
 }
 
 
-def _min_width(pattern: re.Pattern[str]) -> int:
-    """The shortest text ``pattern`` can match: shorter strings skip it (exact)."""
+def _parsed(pattern: re.Pattern[str]) -> Any:
     try:
         from re import _parser  # type: ignore[attr-defined]
 
-        return int(_parser.parse(pattern.pattern, pattern.flags).getwidth()[0])
-    except Exception:  # a private module: if it changes, fall back to always running
-        return 0
+        return _parser.parse(pattern.pattern, pattern.flags)
+    except Exception:  # a private module: if it changes, prefilters are simply not used
+        return None
+
+
+def _literal_runs(items: Any, out: list[str]) -> list[str]:
+    """Runs of literal characters every match of the sequence ``items`` must contain:
+    top-level literals and plain groups (not branches, repeats or flag changes)."""
+    from re import _constants  # type: ignore[attr-defined]
+
+    run: list[str] = []
+    for op, av in items:
+        if op is _constants.LITERAL:
+            run.append(chr(av))
+            continue
+        if run:
+            out.append("".join(run))
+            run = []
+        if op is _constants.SUBPATTERN and not av[1] and not av[2]:
+            _literal_runs(av[3], out)
+    if run:
+        out.append("".join(run))
+    return out
 
 
 def _required_words(pattern: re.Pattern[str]) -> tuple[str, ...]:
@@ -61,6 +80,31 @@ def _required_words(pattern: re.Pattern[str]) -> tuple[str, ...]:
         if fragment in pattern.pattern:
             return words
     return ()
+
+
+@dataclass(frozen=True)
+class _Detector:
+    """A pattern and what any text it matches must contain (exact prefilters, checked
+    before the regex runs: most detectors then cost one substring search)."""
+
+    kind: str
+    pattern: re.Pattern[str]
+    min_length: int = 0
+    literal: str = ""  # a substring every match contains
+    words: tuple[str, ...] = ()  # a match contains one of these (lower case)
+    ignore_case: bool = False
+
+    @classmethod
+    def of(cls, kind: str, pattern: re.Pattern[str]) -> _Detector:
+        tree = _parsed(pattern)
+        if tree is None:
+            return cls(kind, pattern)
+        literal = max(_literal_runs(tree, []), key=len, default="")
+        ignore_case = bool(pattern.flags & re.IGNORECASE)
+        if ignore_case:
+            literal = literal.lower()
+        words = _required_words(pattern)
+        return cls(kind, pattern, int(tree.getwidth()[0]), literal, words, ignore_case)
 
 
 def _slug(secret_type: str) -> str:
@@ -79,21 +123,19 @@ class Redactor:
         self.literals = {
             name: value for name, value in (literals or {}).items() if len(value) >= _MIN_LITERAL
         }
-        self.patterns: list[tuple[str, re.Pattern[str]]] = []
-        self._needs: dict[re.Pattern[str], tuple[str, ...]] = {}
-        self._min: dict[re.Pattern[str], int] = {}
+        self.detectors: list[_Detector] = []
         if detectors:
             mapping: dict[str, Any] = dict(get_mapping_from_secret_type_to_class())
             for secret_type, plugin in sorted(mapping.items()):
                 if plugin.__name__ in _SKIPPED_DETECTORS:
                     continue
                 if plugin.__name__ == "PrivateKeyDetector":
-                    self.patterns.append(("private-key", _PRIVATE_KEY_BLOCK))
+                    self.detectors.append(_Detector.of("private-key", _PRIVATE_KEY_BLOCK))
                     continue
                 for pattern in getattr(plugin(), "denylist", ()) or ():
-                    self.patterns.append((_slug(secret_type), pattern))
-                    self._needs[pattern] = _required_words(pattern)
-                    self._min[pattern] = _min_width(pattern)
+                    self.detectors.append(_Detector.of(_slug(secret_type), pattern))
+        # Shortest possible match first: a short string (an id, a tool name) stops early.
+        self.detectors.sort(key=lambda d: d.min_length)
 
     @classmethod
     def from_env(cls, names: Iterable[str], detectors: bool = True) -> Redactor:
@@ -106,16 +148,25 @@ class Redactor:
             while start != -1:
                 found.append(Finding(name, start, start + len(value)))
                 start = text.find(value, start + 1)
-        lowered = text.lower()
-        for kind, pattern in self.patterns:
-            if len(text) < self._min.get(pattern, 0):
+        lowered = text.lower() if text.isascii() else None
+        size = len(text)
+        # may_match inlined: this loop runs for every string leaving the gateway.
+        for d in self.detectors:
+            if size < d.min_length:
+                break  # sorted by min_length: no later detector can match either
+            if d.ignore_case:
+                # These also match some non-ASCII letters whose lower() differs (U+017F
+                # long s matches "s"): only ASCII text can be prefiltered exactly.
+                if lowered is not None and (
+                    (d.literal and d.literal not in lowered)
+                    or (d.words and not any(w in lowered for w in d.words))
+                ):
+                    continue
+            elif d.literal and d.literal not in text:
                 continue
-            needs = self._needs.get(pattern, ())
-            if needs and not any(word in lowered for word in needs):
-                continue
-            for match in pattern.finditer(text):
+            for match in d.pattern.finditer(text):
                 if match.end() > match.start():
-                    found.append(Finding(kind, match.start(), match.end()))
+                    found.append(Finding(d.kind, match.start(), match.end()))
         return found
 
     def redact(self, text: str) -> str:

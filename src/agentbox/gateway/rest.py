@@ -129,9 +129,23 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
             for t in gateway.visible_tools(p)
         ]
 
-    @api.post("/tools/{name}", tags=["tools"])
-    async def call_tool(name: str, body: ToolInvocation, p: Principal = auth) -> Any:
-        return (await gateway.call_tool(p, name, body.arguments)).result
+    # The hottest route: no dependencies, the body parsed by hand and the result returned
+    # as a ready response, which skips FastAPI's DI, pydantic's model and the re-encoding
+    # of the output (half the HTTP cost of a small fs_read). The schema is still published.
+    @api.post(
+        "/tools/{name}",
+        tags=["tools"],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": ToolInvocation.model_json_schema()}},
+            }
+        },
+    )
+    async def call_tool(name: str, request: Request) -> JSONResponse:
+        principal = await authenticate(request)  # not a Depends: FastAPI's DI costs ~70 us
+        arguments = _tool_arguments(await request.body())
+        return JSONResponse((await gateway.call_tool(principal, name, arguments)).result)
 
     # sandboxes ----------------------------------------------------------------------------
     @api.post("/sandboxes", status_code=201, tags=["sandboxes"])
@@ -432,6 +446,25 @@ async def _stream_command(
 
 def _sse(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _tool_arguments(body: bytes) -> dict[str, Any]:
+    """``{"arguments": {...}}`` (the ToolInvocation shape), or a clear InvalidRequest."""
+    try:
+        invocation = json.loads(body) if body else None
+    except (UnicodeDecodeError, ValueError) as e:
+        raise InvalidRequest(
+            f'the body is not valid JSON ({e}); send {{"arguments": {{...}}}}'
+        ) from None
+    if not isinstance(invocation, dict):
+        raise InvalidRequest('the body must be a JSON object: {"arguments": {...}}')
+    unknown = sorted(set(invocation) - {"arguments"})
+    if unknown:
+        raise InvalidRequest(f"{unknown[0]}: Extra inputs are not permitted")
+    arguments = invocation.get("arguments", {})
+    if not isinstance(arguments, dict):
+        raise InvalidRequest("arguments: Input should be a valid dictionary (a JSON object)")
+    return arguments
 
 
 def error_response(e: AgentboxError) -> JSONResponse:

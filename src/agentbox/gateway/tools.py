@@ -45,6 +45,9 @@ class ToolSpec:
     handler: Handler
     policy: PolicyKind
     open_world: bool = False
+    # Short, bounded and never waiting on the sandbox: may run on the event loop thread
+    # when it reads at most INLINE_MAX_BYTES (a worker-thread hop costs more than the call).
+    inline: bool = False
 
     def annotations(self) -> dict[str, bool]:
         return {
@@ -195,8 +198,7 @@ def fs_read(call: ToolCall) -> dict[str, Any]:
     length = call.args.get("length")
     cap = call.max_output_bytes
     length = cap if length is None else min(int(length), cap)
-    data = files.read(call.args["path"], int(call.args.get("offset", 0)), length)
-    size = files.stat(call.args["path"]).size
+    data, size = files.read_sized(call.args["path"], int(call.args.get("offset", 0)), length)
     try:
         content, encoding = data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
@@ -429,6 +431,7 @@ TOOLS: list[ToolSpec] = [
         idempotent=True,
         handler=fs_read,
         policy="fs_read",
+        inline=True,
     ),
     ToolSpec(
         "fs_write",

@@ -42,6 +42,7 @@ import io
 import os
 import posixpath
 import stat
+import sys
 import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -214,11 +215,17 @@ def sandbox_credentials(uid: int, gid: int) -> Iterator[None]:
         syscalls.set_thread_capabilities(0, caps[1], caps[2])
         yield
     finally:
-        # Root again first: that restores the capabilities the rest needs.
-        syscalls.thread_restore_effective_ids(old_euid, old_egid)
-        syscalls.set_thread_capabilities(*caps)
-        if drop_groups:
-            syscalls.thread_setgroups(groups)
+        try:
+            # Root again first: that restores the capabilities the rest needs.
+            syscalls.thread_restore_effective_ids(old_euid, old_egid)
+            syscalls.set_thread_capabilities(*caps)
+            if drop_groups:
+                syscalls.thread_setgroups(groups)
+        except BaseException:
+            # This thread (perhaps the daemon's event loop) would go on running other work
+            # with a sandbox user's ids: stopping the process is the only safe outcome.
+            sys.stderr.write("agentbox: could not restore a thread's credentials; exiting\n")
+            os._exit(70)
 
 
 def _normalize(path: str, cwd: str) -> str:
@@ -449,13 +456,19 @@ class SandboxFiles:
 
     def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         """Bytes of a regular file from ``offset``; ``length`` None reads to the end."""
+        return self.read_sized(path, offset, length)[0]
+
+    def read_sized(
+        self, path: str, offset: int = 0, length: int | None = None
+    ) -> tuple[bytes, int]:
+        """:meth:`read` plus the file's size, from the same open (one lookup, no race)."""
         spath = self._sandbox_path(path)
         if offset < 0 or (length is not None and length < 0):
             raise InvalidRequest(f"offset and length must not be negative (reading {spath})")
         with self._session("read", spath) as rootfd:
             fd = self._open_regular(rootfd, spath, os.O_RDONLY)
             try:
-                return self._read_fd(fd, spath, offset, length)
+                return self._read_fd(fd, spath, offset, length), os.fstat(fd).st_size
             finally:
                 os.close(fd)
 

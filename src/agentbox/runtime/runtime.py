@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import os
 import secrets
+import select
 import threading
 import time
 from collections.abc import Mapping
@@ -65,6 +67,60 @@ def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
         raise InvalidRequest(f"invalid sandbox settings: {problems}") from None
 
 
+_Running = tuple[SandboxRecord, SandboxHost, SandboxCgroup]
+
+
+class _LiveSandboxes:
+    """Running sandboxes this process has looked up, each watched through a pidfd of its
+    init. The fd turns readable when init exits, so an entry never outlives its sandbox
+    and cannot be fooled by pid reuse; a hit skips SQLite and /proc on the hot path.
+    Whoever changes a sandbox's state in this process calls :meth:`forget`; another
+    process can only end a sandbox by killing its init, which the pidfd sees."""
+
+    LIMIT = 256  # fds held at most; a miss only costs the slow path
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[_Running, int]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, sandbox_id: str) -> _Running | None:
+        with self._lock:  # the poll and a concurrent close must not interleave
+            entry = self._entries.get(sandbox_id)
+            if entry is None:
+                return None
+            if not select.select([entry[1]], [], [], 0)[0]:
+                return entry[0]
+            self._drop(sandbox_id)
+            return None
+
+    def add(self, running: _Running) -> None:
+        record = running[0]
+        if record.init_pid is None:
+            return
+        try:
+            pidfd = os.pidfd_open(record.init_pid)
+        except OSError:
+            return
+        # The pid may have been reused between the caller's check and pidfd_open.
+        if process_start_time(record.init_pid) != record.init_start_time:
+            os.close(pidfd)
+            return
+        with self._lock:
+            self._drop(record.id)
+            if len(self._entries) >= self.LIMIT:
+                self._drop(next(iter(self._entries)))
+            self._entries[record.id] = (running, pidfd)
+
+    def forget(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._drop(sandbox_id)
+
+    def _drop(self, sandbox_id: str) -> None:
+        entry = self._entries.pop(sandbox_id, None)
+        if entry is not None:
+            os.close(entry[1])
+
+
 class Runtime:
     """Entry point of the runtime plane. Cheap to construct; host facts load lazily."""
 
@@ -80,6 +136,7 @@ class Runtime:
         self._layout: CgroupLayout | None = None
         self._paths: LaunchPaths | None = None
         self._lock = threading.Lock()
+        self._live = _LiveSandboxes()
 
     # host facts -----------------------------------------------------------------------
     @property
@@ -146,6 +203,7 @@ class Runtime:
 
     def destroy(self, sandbox_id: str) -> None:
         record = self.get(sandbox_id)
+        self._live.forget(sandbox_id)
         self.store.set_state(sandbox_id, "destroying")
         self._release(
             sandbox_id,
@@ -192,17 +250,18 @@ class Runtime:
         )
 
     # running things ---------------------------------------------------------------------
-    def running(self, sandbox_id: str) -> tuple[SandboxRecord, SandboxHost, SandboxCgroup]:
-        record = self.get(sandbox_id)
-        if record.state != "running":
-            raise SandboxNotRunning(
-                f"sandbox {sandbox_id} is {record.state}, not running; create a new one"
-            )
-        return (
-            record,
-            SandboxHost(self.home, sandbox_id, record.slot),
-            self.layout.sandbox(sandbox_id),
-        )
+    def running(self, sandbox_id: str) -> _Running:
+        running = self._live.get(sandbox_id)
+        if running is None:
+            record = self.get(sandbox_id)
+            if record.state != "running":
+                raise SandboxNotRunning(
+                    f"sandbox {sandbox_id} is {record.state}, not running; create a new one"
+                )
+            host = SandboxHost(self.home, sandbox_id, record.slot)
+            running = (record, host, self.layout.sandbox(sandbox_id))
+            self._live.add(running)
+        return running
 
     def commands(self, sandbox_id: str) -> CommandRunner:
         record, host, cgroup = self.running(sandbox_id)
