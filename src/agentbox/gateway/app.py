@@ -155,13 +155,10 @@ def create_app(
 
     def principal_of(authorization: str | None) -> Principal:
         principal = tokens.authenticate(bearer(authorization))
-        if principal.sandbox_id is not None:
-            # Tokens die with their sandbox, even when it ended without the gateway.
-            try:
-                runtime.get(principal.sandbox_id)
-            except AgentboxError:
-                tokens.revoke_sandbox(principal.sandbox_id)
-                raise Unauthenticated("this token's sandbox no longer exists") from None
+        # Tokens die with their sandbox, even when it ended without the gateway.
+        if principal.sandbox_id is not None and not runtime.exists(principal.sandbox_id):
+            tokens.revoke_sandbox(principal.sandbox_id)
+            raise Unauthenticated("this token's sandbox no longer exists")
         return principal
 
     async def authenticate(request: Request) -> Principal:

@@ -193,6 +193,10 @@ class Runtime:
             record.state = "exited"
         return record
 
+    def exists(self, sandbox_id: str) -> bool:
+        """Whether the sandbox has a record (running or not); cheap for running ones."""
+        return self._live.get(sandbox_id) is not None or self.store.get(sandbox_id) is not None
+
     def list(self) -> list[SandboxRecord]:
         self.sweep_expired(check_alive=True)
         records = self.store.list()
