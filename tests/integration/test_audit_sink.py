@@ -214,3 +214,25 @@ def test_records_a_crash_kept_from_the_spool_are_backfilled_from_the_log(
     with AuditLog(path, sink=quick_sink(receiver, spool)):
         receiver.wait_for(range(4, 11))
     assert receiver.seqs() == set(range(4, 11))
+
+
+def test_audit_fields_limit_what_leaves_the_host(tmp_path: Path, receiver: Receiver) -> None:
+    """``audit.fields``: the remote gets the listed fields plus the chain fields (so its
+    copy still anchors the local chain); the local file keeps whole records."""
+    from agentbox.gateway.settings import AuditSettings, RemoteAuditSettings
+
+    receiver.start()
+    path = tmp_path / "audit.jsonl"
+    settings = AuditSettings(
+        path=path,
+        sink=["local_jsonl", "remote_log_service"],
+        remote=RemoteAuditSettings(url=receiver.url, token_env="SINK_TOKEN"),
+        fields=["ts", "tool", "decision"],
+    )
+    with AuditLog.from_settings(settings, environ={"SINK_TOKEN": TOKEN}) as log:
+        local = log.append(decision="allowed", tool="fs_read", actor="alice", error="e")
+        receiver.wait_for(range(1, 2))
+    (shipped,) = receiver.records
+    assert set(shipped) == {"v", "seq", "prev", "hash", "ts", "tool", "decision"}
+    assert shipped["hash"] == local["hash"] and shipped["tool"] == "fs_read"
+    assert verify(path).ok and "alice" in path.read_text()

@@ -93,3 +93,10 @@ def test_extra_allowed_hosts_for_a_public_name() -> None:
     s = parse_settings("gateway:\n  allowed_hosts: [agentbox.example.com:8848]\n")
     hosts = allowed_hosts(s.gateway.listen, s.gateway.allowed_hosts)
     assert "agentbox.example.com:8848" in hosts and "127.0.0.1:8848" in hosts
+
+
+def test_unknown_audit_fields_are_refused_with_the_choices() -> None:
+    from agentbox.gateway.settings import AuditSettings
+
+    with pytest.raises(ValueError, match=r"unknown audit fields \['actr'\]; choose from"):
+        AuditSettings(fields=["ts", "actr"])

@@ -696,7 +696,9 @@ class AuditLog:
                     "audit.sink includes remote_log_service but audit.remote is not set: "
                     "add remote: {url: ..., token_env: ...}"
                 )
-            sink = RemoteSink.from_settings(settings.remote, spool_path(path), environ)
+            sink = RemoteSink.from_settings(
+                settings.remote, spool_path(path), environ, fields=settings.fields
+            )
         return cls(
             path,
             fsync=settings.fsync,

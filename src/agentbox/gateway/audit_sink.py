@@ -25,6 +25,11 @@ Flow::
   config file; plain ``http://`` is refused unless the host is loopback, so the token is
   not sent in clear over a network; redirects are not followed.
 
+``audit.fields`` (``fields`` here) limits what leaves the host: only the listed record
+fields are shipped, plus the chain fields ``v``, ``seq``, ``prev`` and ``hash``, which keep
+the remote copy comparable with the local chain record by record (the local file always
+keeps whole records: their hashes cover every field). Empty means everything.
+
 Spool file names are ``<first seq>-<last seq>-<ns>.json`` (seqs zero-padded to 20 digits,
 so name order is seq order); each holds one JSON array of records.
 """
@@ -55,6 +60,7 @@ log = logging.getLogger(__name__)
 Record = dict[str, Any]
 WATERMARK = "watermark"
 _LOOPBACK = frozenset({"127.0.0.1", "::1", "localhost"})
+_CHAIN_FIELDS = frozenset({"v", "seq", "prev", "hash"})
 
 
 @dataclass
@@ -110,6 +116,7 @@ class RemoteSink:
         backoff_max: float = 30.0,
         request_timeout: float = 10.0,
         transport: httpx2.BaseTransport | None = None,
+        fields: Iterable[str] = (),
     ) -> None:
         parsed = httpx2.URL(url)
         if parsed.scheme not in ("https", "http") or not parsed.host:
@@ -122,6 +129,7 @@ class RemoteSink:
         if batch_records < 1 or batch_interval <= 0 or backoff_base <= 0 or request_timeout <= 0:
             raise InvalidConfig("remote sink batch and timing settings must be positive")
         self.url = url
+        self.fields = frozenset(fields) | _CHAIN_FIELDS if fields else None
         self.spool_dir = Path(spool_dir)
         self.stats = SinkStats()
         self._token = token
@@ -148,6 +156,7 @@ class RemoteSink:
         remote: RemoteAuditSettings,
         spool_dir: str | os.PathLike[str],
         environ: Mapping[str, str] | None = None,
+        fields: Iterable[str] = (),
     ) -> RemoteSink:
         """Build from ``audit.remote``; the token comes from the variable ``token_env`` names."""
         env = os.environ if environ is None else environ
@@ -159,7 +168,7 @@ class RemoteSink:
                     f"audit.remote.token_env names {remote.token_env}, which is not set: "
                     "export the remote log service's token in it before starting the gateway"
                 )
-        return cls(remote.url, spool_dir, token=token)
+        return cls(remote.url, spool_dir, token=token, fields=fields)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -182,7 +191,7 @@ class RemoteSink:
         else:
             self._watermark = mark
             if mark < last_seq:
-                backlog = list(read_after(mark))
+                backlog = [self._project(r) for r in read_after(mark)]
                 log.info("audit sink: re-queueing %d records not yet spooled", len(backlog))
                 with self._cond:
                     self._queue.extend(backlog)
@@ -198,9 +207,14 @@ class RemoteSink:
             if not self._queue:  # wake the shipper to start the batch_interval timer
                 self._first_queued_at = time.monotonic()
                 self._cond.notify_all()
-            self._queue.append(record)
+            self._queue.append(self._project(record))
             if len(self._queue) == self._batch_records:
                 self._cond.notify_all()
+
+    def _project(self, record: Record) -> Record:
+        if self.fields is None:
+            return record
+        return {k: v for k, v in record.items() if k in self.fields}
 
     def close(self, timeout: float = 5.0) -> bool:
         """Spool what is queued and try to ship the spool for up to ``timeout`` seconds.

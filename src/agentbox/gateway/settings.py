@@ -180,7 +180,18 @@ class AuditSettings(Strict):
     fsync: Literal["always", "batch"] = "always"
     rotate_bytes: int = 64 * 1024 * 1024
     remote: RemoteAuditSettings | None = None
+    # What the remote sink ships (the local file keeps whole records); empty: everything.
     fields: list[str] = Field(default_factory=list)
+
+    @field_validator("fields")
+    @classmethod
+    def _known_fields(cls, value: list[str]) -> list[str]:
+        from agentbox.gateway.audit import RESERVED
+
+        unknown = sorted(set(value) - RESERVED)
+        if unknown:
+            raise ValueError(f"unknown audit fields {unknown}; choose from {sorted(RESERVED)}")
+        return value
 
     _rotate = field_validator("rotate_bytes", mode="before")(classmethod(lambda c, v: _size(v)))
 
