@@ -15,9 +15,10 @@ DEV=0
 
 # bubblewrap: the sandbox; libseccomp2: compiles the seccomp profile; e2fsprogs: per-sandbox
 # disks; gcc/libc6-dev: builds the 4 KB namespace launcher once; mmdebstrap: template
-# builds; nftables/iproute2: network isolation; python3-venv: the virtualenv.
+# builds; nftables/iproute2: network isolation; python3-venv: the virtualenv; curl: what
+# agents use most inside sandboxes (and the network tests).
 PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs util-linux
-          gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates)
+          gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates curl)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentbox.units import parse_duration, parse_size
 
@@ -16,6 +16,26 @@ DEFAULT_HOME = "/var/lib/agentbox"
 def agentbox_home() -> Path:
     """Where state lives: ``$AGENTBOX_HOME``, default ``/var/lib/agentbox``."""
     return Path(os.environ.get("AGENTBOX_HOME") or DEFAULT_HOME)
+
+
+class NetworkSpec(BaseModel):
+    """What a sandbox may reach. ``none``: loopback only; ``allowlist``: the names in
+    ``allow`` (``*.example.com`` = any name below it); ``open``: any public address. In
+    every mode internal ranges, the metadata address and the host stay unreachable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["none", "allowlist", "open"] = "allowlist"
+    allow: tuple[str, ...] = ()
+    ports: tuple[Annotated[int, Field(gt=0, lt=65536)], ...] = (80, 443)
+    # name -> IP literal, resolved by the egress proxy instead of DNS (private deployments,
+    # tests); the address is still checked against the denied ranges.
+    hosts: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_only(cls, value: object) -> object:
+        return {"mode": value} if isinstance(value, str) else value
 
 
 class SandboxSpec(BaseModel):
@@ -29,7 +49,7 @@ class SandboxSpec(BaseModel):
     cpus: float = Field(default=2.0, gt=0, le=1024, description="CPU quota in cores")
     disk: int = Field(default=10 * 1024**3, description="writable layer + /workspace, bytes")
     lifetime: float = Field(default=24 * 3600.0, description="max lifetime in seconds")
-    network: Literal["none"] = "none"
+    network: NetworkSpec = NetworkSpec()
     env: dict[str, str] = Field(default_factory=dict)
     project: str = "default"
 

@@ -257,3 +257,61 @@ def test_audit_records_everything_and_verifies(gw: RunningGateway, sandbox_id: s
     text = gw.audit_path.read_text()
     assert SECRET not in text and token not in text
     assert verify(gw.audit_path).ok
+
+
+SERVICE = r"""
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def _answer(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        body = json.dumps({"method": self.command, "path": self.path,
+                           "auth": self.headers.get("Authorization"),
+                           "body": self.rfile.read(n).decode()}).encode()
+        self.send_response(201)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("X-Service", "in-sandbox")
+        self.end_headers()
+        self.wfile.write(body)
+    do_GET = do_POST = _answer
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8765), H).serve_forever()
+"""
+
+
+def test_a_sandbox_port_is_reachable_only_through_the_gateway(
+    gw: RunningGateway, sandbox_id: str
+) -> None:
+    with gw.operator() as op:
+        started = op.post(f"/v1/sandboxes/{sandbox_id}/processes",
+                          json={"command": f"python3 -c '{SERVICE}'"})  # fmt: skip
+        assert started.status_code == 201, started.text
+        url = f"/v1/sandboxes/{sandbox_id}/ports/8765/api/items?x=1"
+        deadline = time.monotonic() + 10
+        while (r := op.post(url, content=b"payload")).status_code == 404:
+            assert time.monotonic() < deadline, r.text  # the service is still starting
+            time.sleep(0.05)
+        assert r.status_code == 201 and r.headers["x-service"] == "in-sandbox", r.text
+        seen = r.json()
+        assert seen["path"] == "/api/items?x=1" and seen["body"] == "payload"
+        assert seen["auth"] is None, "the gateway token was forwarded into the sandbox"
+        assert op.get(f"/v1/sandboxes/{sandbox_id}/ports/8766/").json()["error"]["code"] == (
+            "not_found"
+        )
+    # Nothing listens on the host: the service's socket lives in the sandbox's netns.
+    host_listeners = Path("/proc/net/tcp").read_text() + Path("/proc/net/tcp6").read_text()
+    assert f":{8765:04X} " not in host_listeners
+    with gw.client() as anonymous:
+        assert anonymous.get(url).status_code == 401
+    with gw.operator() as op:
+        other = op.post("/v1/sandboxes", json={"memory": "128MiB", "disk": "64MiB",
+                                               "network": "none"}).json()["id"]  # fmt: skip
+    try:
+        with gw.client(session_token(gw, other)) as c:
+            assert c.get(url).status_code == 403  # another sandbox's token
+        with gw.client(session_token(gw, sandbox_id, tools=["fs_read"])) as c:
+            assert c.get(url).status_code == 403  # a token without the ports scope
+        with gw.client(session_token(gw, sandbox_id, tools=["ports"])) as c:
+            assert c.get(url).status_code == 201
+    finally:
+        with gw.operator() as op:
+            op.delete(f"/v1/sandboxes/{other}")

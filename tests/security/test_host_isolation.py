@@ -198,7 +198,16 @@ def test_host_processes_are_invisible(shared_sandbox: Sandbox) -> None:
     assert not foreign, f"processes of other users are visible inside: {foreign}"
 
 
-def test_network_has_only_loopback(shared_sandbox: Sandbox) -> None:
+def test_network_none_has_only_loopback(agentbox_home: Path) -> None:
+    """Mode none (networked modes: test_network_egress.py)."""
+    sandbox = Sandbox.create(memory="128MiB", disk="32MiB", network="none", home=agentbox_home)
+    try:
+        _only_loopback(sandbox)
+    finally:
+        sandbox.kill()
+
+
+def _only_loopback(shared_sandbox: Sandbox) -> None:
     dev = shared_sandbox.commands.run("cat /proc/net/dev").stdout
     interfaces = {line.split(":")[0].strip() for line in dev.splitlines()[2:]}
     assert interfaces == {"lo"}, interfaces

@@ -98,6 +98,16 @@ def sandbox() -> None:
     "--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment for every command."
 )
 @click.option("--project", help="Project the sandbox belongs to (default: default).")
+@click.option(
+    "--network",
+    type=click.Choice(["none", "allowlist", "open"]),
+    help="Egress: loopback only, the --allow names (default), or any public address. "
+    "Internal ranges and the metadata address are unreachable in every mode.",
+)
+@click.option(
+    "--allow", multiple=True, metavar="DOMAIN", help="A name the sandbox may reach "
+    "(repeat; *.example.com = any name below example.com). Implies --network allowlist.",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the bare id.")
 @handle_errors()
 def sandbox_create(
@@ -109,13 +119,17 @@ def sandbox_create(
     lifetime: str | None,
     env: tuple[str, ...],
     project: str | None,
+    network: str | None,
+    allow: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Create a sandbox and print its id.
 
     \b
-    Example:
+    Examples:
       agentbox sandbox create --memory 1GiB --disk 5GiB --lifetime 2h
+      agentbox sandbox create --allow pypi.org --allow files.pythonhosted.org
+      agentbox sandbox create --network none
     """
     spec: dict[str, object] = {"template": template}
     for key, value in (
@@ -130,6 +144,8 @@ def sandbox_create(
             spec[key] = value
     if env:
         spec["env"] = _parse_env(env)
+    if network or allow:
+        spec["network"] = {"mode": network or "allowlist", "allow": list(allow)}
     record = _runtime().create(spec)
     if as_json:
         _print_json(record.to_dict())

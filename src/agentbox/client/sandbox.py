@@ -258,10 +258,12 @@ class Sandbox:
         disk: int | str | None = None,
         timeout: float | str | None = None,
         env: Mapping[str, str] | None = None,
-        network: str | None = None,
+        network: str | Mapping[str, object] | None = None,
         home: Path | None = None,
     ) -> Sandbox:
-        """Create and start a sandbox. ``timeout``: max lifetime in seconds (default 24h)."""
+        """Create and start a sandbox. ``timeout``: max lifetime in seconds (default 24h);
+        ``network``: a mode (``none``, ``allowlist``, ``open``) or a dict such as
+        ``{"mode": "allowlist", "allow": ["pypi.org", "*.pythonhosted.org"]}``."""
         spec: dict[str, object] = {"template": template}
         for key, value in (
             ("memory", memory),

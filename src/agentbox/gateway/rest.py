@@ -19,8 +19,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentbox.errors import AgentboxError, InsufficientScope, InvalidRequest
+from agentbox.gateway import port_forward as port_forward_http
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.service import Gateway
+from agentbox.network import ports
 
 
 class Body(BaseModel):
@@ -36,6 +38,11 @@ class CreateSandbox(Body):
     lifetime: float | str | None = None
     env: dict[str, str] | None = None
     project: str | None = None
+    network: str | dict[str, Any] | None = Field(
+        default=None,
+        description='A mode ("none", "allowlist", "open") or {"mode", "allow", "ports", '
+        '"hosts"}; default: the sandbox.network section of the gateway config',
+    )
 
 
 class RunCommand(Body):
@@ -92,6 +99,10 @@ class MovePath(Body):
 class PathBody(Body):
     path: str
     recursive: bool = False
+
+
+# Scopes a token's tool list may name besides the tools: routes that are not tool calls.
+ROUTE_SCOPES = ("ports",)
 
 
 class IssueToken(Body):
@@ -152,6 +163,8 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
     async def create_sandbox(body: CreateSandbox, p: Principal = auth) -> dict[str, Any]:
         p.require_operator("creating a sandbox")
         spec = {k: v for k, v in body.model_dump().items() if v is not None}
+        if "network" not in spec:
+            spec["network"] = gateway.settings.sandbox.network.model_dump(exclude={"credentials"})
         record = await asyncio.to_thread(gateway.runtime.create, spec)
         await gateway.audit_event(p, "sandbox_created", sandbox=record.id, template=record.template)
         return record.to_dict()
@@ -336,9 +349,12 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
     async def issue_token(body: IssueToken, p: Principal = auth) -> dict[str, Any]:
         p.require_operator("issuing tokens")
         await asyncio.to_thread(gateway.runtime.get, body.sandbox)  # must exist
-        unknown = sorted(set(body.tools or []) - {t.name for t in gateway.visible_tools(p)})
+        known = {t.name for t in gateway.visible_tools(p)} | set(ROUTE_SCOPES)
+        unknown = sorted(set(body.tools or []) - known)
         if unknown:
-            raise InvalidRequest(f"unknown tools {unknown}; see GET /v1/tools")
+            raise InvalidRequest(
+                f"unknown tools {unknown}; see GET /v1/tools (plus {', '.join(ROUTE_SCOPES)})"
+            )
         token, info = gateway.tokens.issue(body.sandbox, body.ttl, body.tools)
         await gateway.audit_event(
             p,
@@ -403,6 +419,7 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
             since_seq=since_seq, sandbox=sandbox, tool=tool, decision=decision, limit=limit
         )
 
+    _port_routes(api, gateway, auth)
     return api
 
 
@@ -446,6 +463,53 @@ async def _stream_command(
 
 def _sse(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def _port_routes(api: APIRouter, gateway: Gateway, auth: Any) -> None:
+    async def port_forward(
+        sandbox_id: str, port: int, path: str, request: Request, p: Principal = auth
+    ) -> StreamingResponse:
+        """HTTP to a service the sandbox runs on ``port`` (its loopback): nothing listens
+        on the host. The gateway token is not forwarded."""
+        if not p.may_use("ports"):
+            raise InsufficientScope("this token may not reach sandbox ports (tool: ports)")
+        p.require_sandbox(sandbox_id)
+        gateway.rate.check(p.actor)
+        record = gateway.runtime.running(sandbox_id)[0]
+        assert record.init_pid is not None
+        body = await request.body()
+        target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
+        head = port_forward_http.request_head(
+            request.method, target, port, list(request.headers.items()), body
+        )
+        sock = await asyncio.to_thread(ports.connect_to_port, record.init_pid, port)
+        reader, writer = await asyncio.open_connection(sock=sock)
+        upstream = port_forward_http.Upstream(reader, writer)
+        try:
+            await upstream.send(head, body)
+            response = await upstream.response()
+        except BaseException:
+            upstream.close()
+            raise
+        await gateway.audit_event(
+            p, "allowed", sandbox=sandbox_id, tool="ports",
+            args={"port": port, "method": request.method, "path": target},
+            status=response.status_code,
+        )  # fmt: skip
+        return StreamingResponse(
+            upstream.body(),
+            status_code=response.status_code,
+            headers=port_forward_http.response_headers(response),
+        )
+
+    for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"):
+        api.add_api_route(
+            "/sandboxes/{sandbox_id}/ports/{port}/{path:path}",
+            port_forward,
+            methods=[method],
+            tags=["ports"],
+            operation_id=f"port_forward_{method.lower()}",
+        )
 
 
 def _tool_arguments(body: bytes) -> dict[str, Any]:

@@ -238,3 +238,11 @@ def set_thread_capabilities(effective: int, permitted: int, inheritable: int) ->
         _CapData(effective >> high, permitted >> high, inheritable >> high),
     )
     _check(_libc.capset(ctypes.byref(header), data), "capset")
+
+
+CLONE_NEWNET = 0x40000000
+
+
+def setns(fd: int, nstype: int) -> None:
+    """setns(2) for the calling thread (Python 3.11 has no os.setns)."""
+    _check(_libc.setns(fd, nstype), "setns")

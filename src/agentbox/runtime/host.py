@@ -71,6 +71,7 @@ class LaunchPaths:
 class SandboxHost:
     def __init__(self, home: Path, sandbox_id: str, slot: int) -> None:
         self.id = sandbox_id
+        self.slot = slot
         self.dir = home / "sandboxes" / sandbox_id
         self.image = self.dir / "disk.img"
         self.disk = self.dir / "disk"

@@ -15,12 +15,12 @@ import secrets
 import select
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from agentbox.config import SandboxSpec, agentbox_home
+from agentbox.config import NetworkSpec, SandboxSpec, agentbox_home
 from agentbox.errors import (
     AgentboxError,
     HostUnsupported,
@@ -32,6 +32,7 @@ from agentbox.errors import (
 from agentbox.isolation import seccomp
 from agentbox.isolation.cgroups import CgroupLayout, Limits, SandboxCgroup
 from agentbox.isolation.launcher import nsexec_path
+from agentbox.network import plane
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.files import SandboxFiles
 from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
@@ -68,6 +69,10 @@ def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
 
 
 _Running = tuple[SandboxRecord, SandboxHost, SandboxCgroup]
+
+
+def _networked(spec: Mapping[str, object]) -> bool:
+    return NetworkSpec.model_validate(spec.get("network", "none")).mode != "none"
 
 
 class _LiveSandboxes:
@@ -171,13 +176,20 @@ class Runtime:
         )
         host = SandboxHost(self.home, sandbox_id, record.slot)
         cgroup = self.layout.sandbox(sandbox_id)
+        networked = spec.network.mode != "none"
         try:
+            if networked:
+                from agentbox.network import egressd
+
+                egressd.ensure_running(self.home)  # also loads the nft rules: before any link
             host.prepare_filesystem(template.rootfs, spec.disk, self.home / "lib" / "disks")
             cgroup.create(Limits(spec.memory, spec.pids, spec.cpus))
             pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
+            if networked:
+                plane.attach(record.slot, pid)
             self.store.mark_running(sandbox_id, pid, start)
         except BaseException:
-            self._release(sandbox_id, host, cgroup)
+            self._release(sandbox_id, host, cgroup, networked)
             raise
         record.state, record.init_pid, record.init_start_time = "running", pid, start
         return record
@@ -213,6 +225,7 @@ class Runtime:
             sandbox_id,
             SandboxHost(self.home, sandbox_id, record.slot),
             self.layout.sandbox(sandbox_id),
+            _networked(record.spec),
         )
 
     def sweep_expired(self, check_alive: bool = False) -> builtins.list[str]:
@@ -230,10 +243,15 @@ class Runtime:
                     swept.append(record.id)
         return swept
 
-    def _release(self, sandbox_id: str, host: SandboxHost, cgroup: SandboxCgroup) -> None:
-        """Kill every process, then remove mounts, cgroups, directories and the record."""
+    def _release(
+        self, sandbox_id: str, host: SandboxHost, cgroup: SandboxCgroup, networked: bool
+    ) -> None:
+        """Kill every process, then remove mounts, cgroups, links, directories, the record."""
         errors: list[str] = []
-        for step in (cgroup.remove, host.teardown):
+        steps: list[Callable[[], None]] = [cgroup.remove, host.teardown]
+        if networked:
+            steps.insert(1, lambda: plane.detach(host.slot))
+        for step in steps:
             try:
                 step()
             except (OSError, AgentboxError) as e:
@@ -270,7 +288,10 @@ class Runtime:
     def commands(self, sandbox_id: str) -> CommandRunner:
         record, host, cgroup = self.running(sandbox_id)
         assert record.init_pid is not None
-        return CommandRunner(self.paths, host, cgroup, record.init_pid, record.spec.get("env", {}))
+        env = record.spec.get("env", {})
+        if _networked(record.spec):
+            env = {**plane.proxy_env(), **env}
+        return CommandRunner(self.paths, host, cgroup, record.init_pid, env)
 
     def processes(self, sandbox_id: str) -> ProcessTable:
         return ProcessTable(self.commands(sandbox_id))

@@ -147,6 +147,10 @@ class Store:
         row = self._conn().execute("SELECT * FROM sandboxes WHERE id=?", (sandbox_id,)).fetchone()
         return self._record(row) if row else None
 
+    def by_slot(self, slot: int) -> SandboxRecord | None:
+        row = self._conn().execute("SELECT * FROM sandboxes WHERE slot=?", (slot,)).fetchone()
+        return self._record(row) if row else None
+
     def list(self) -> list[SandboxRecord]:
         rows = self._conn().execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
         return [self._record(r) for r in rows]

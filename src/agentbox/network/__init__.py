@@ -1,0 +1,1 @@
+"""Sandbox networking: name and address checks, the filtering egress proxy."""

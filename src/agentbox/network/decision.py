@@ -1,0 +1,163 @@
+"""Egress policy and decisions: what a sandbox may reach, and how one target is judged.
+
+The decision is made on the *name*, never on an address the client supplies: IP literals
+in any spelling are refused, the name is normalised (:mod:`names`) and matched against the
+policy, resolved by the proxy, and *every* resolved address is checked against the denied
+ranges (:mod:`addresses`) - an allowed name that resolves to loopback or the metadata
+service is refused before anything connects (DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+from agentbox.errors import InvalidRequest
+from agentbox.network.addresses import IPAddress, IPNetwork, denied_reason
+from agentbox.network.names import (
+    domain_matches,
+    normalize_host,
+    normalize_pattern,
+    parse_ip_literal,
+)
+
+Mode = Literal["none", "allowlist", "open"]
+Kind = Literal["connect", "http", "transparent"]
+# (name, port) -> every address the name resolves to; raises Denied when it cannot.
+Resolver = Callable[[str, int], Awaitable[tuple[IPAddress, ...]]]
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    """What one sandbox may reach. Patterns and host-map names are normalised here, so a
+    policy that exists is a valid one (:class:`InvalidRequest` otherwise)."""
+
+    sandbox_id: str
+    mode: Mode
+    allow: tuple[str, ...] = ()
+    ports: tuple[int, ...] = (80, 443)
+    # name -> IP literal, used instead of DNS; accepts any mapping, stored read-only.
+    hosts: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("none", "allowlist", "open"):
+            raise InvalidRequest(f"egress mode must be none, allowlist or open, not {self.mode!r}")
+        allow = tuple(normalize_pattern(p) for p in self.allow)
+        ports = tuple(self.ports)
+        for port in ports:
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+                raise InvalidRequest(f"egress port {port!r} is not a TCP port (1-65535)")
+        hosts: dict[str, str] = {}
+        for name, value in dict(self.hosts).items():
+            try:
+                address = ipaddress.ip_address(value)
+            except ValueError as e:
+                raise InvalidRequest(f"hosts entry {name!r}: {value!r} is not an IP address") from e
+            hosts[normalize_host(name)] = str(address)
+        object.__setattr__(self, "allow", allow)
+        object.__setattr__(self, "ports", ports)
+        object.__setattr__(self, "hosts", MappingProxyType(hosts))
+
+
+@dataclass(frozen=True)
+class EgressDecision:
+    """One connection's (or one proxied request's) outcome, for the audit trail."""
+
+    sandbox_id: str | None
+    allowed: bool
+    host: str
+    port: int
+    address: str | None
+    reason: str
+    kind: Kind
+    bytes_up: int = 0
+    bytes_down: int = 0
+    duration_ms: float = 0.0
+
+
+class Denied(Exception):
+    """Refuse the connection; ``status`` is the HTTP answer when one can be given (0: none)."""
+
+    def __init__(self, reason: str, status: int = 403) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+@dataclass
+class Conn:
+    """What is known so far about one client connection (becomes its decision)."""
+
+    kind: Kind
+    started: float
+    can_respond: bool  # an HTTP error answer may still be written to the client
+    sandbox_id: str | None = None
+    host: str = ""
+    port: int = 0
+    address: str | None = None
+    note: str = ""  # forensics appended to the reason
+    done: bool = False
+    broken: bool = False  # ended on an error: abort, do not flush
+
+
+@dataclass(frozen=True)
+class Target:
+    """An allowed destination: its name, port, the checked addresses, and why."""
+
+    name: str
+    port: int
+    addresses: tuple[IPAddress, ...]
+    why: str
+
+
+def printable(text: str, limit: int = 300) -> str:
+    """``text`` with anything but printable ASCII escaped: reasons echo client input."""
+    out = "".join(c if " " <= c <= "~" else ascii(c)[1:-1] for c in text[:limit])
+    return out if len(text) <= limit else out + "..."
+
+
+async def decide(
+    policy: EgressPolicy,
+    raw: str,
+    port: int,
+    conn: Conn,
+    resolve: Resolver,
+    extra_denied: Iterable[IPNetwork] = (),
+) -> Target:
+    """The target ``raw:port`` if ``policy`` allows it, else :class:`Denied`.
+
+    Records the normalised name (and a refused address) on ``conn`` as it goes.
+    """
+    conn.host, conn.port = printable(raw, 255), port
+    literal = parse_ip_literal(raw)
+    if literal is not None:
+        conn.address = str(literal)
+        raise Denied("IP literal; name a host")
+    try:
+        name = normalize_host(raw)
+    except InvalidRequest as e:
+        raise Denied(f"invalid host name: {e.message}") from None
+    conn.host = name
+    if policy.mode == "none":
+        raise Denied("egress is disabled for this sandbox (mode none)")
+    if policy.mode == "allowlist":
+        pattern = next((p for p in policy.allow if domain_matches(name, p)), None)
+        if pattern is None:
+            raise Denied(f"{name} is not on this sandbox's allowlist")
+        why = f"{name} matches {pattern}"
+    else:
+        why = "open mode"
+    if port not in policy.ports:
+        allowed = ", ".join(str(p) for p in policy.ports) or "none"
+        raise Denied(f"port {port} is not allowed (allowed ports: {allowed})")
+    mapped = policy.hosts.get(name)
+    addresses = (ipaddress.ip_address(mapped),) if mapped else await resolve(name, port)
+    for address in addresses:
+        reason = denied_reason(address, extra_denied)
+        if reason is not None:
+            conn.address = str(address)
+            raise Denied(f"{name} resolves to {address}, in {reason}")
+    return Target(name, port, addresses, why)

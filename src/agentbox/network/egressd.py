@@ -1,0 +1,274 @@
+"""The egress daemon: the filtering proxy every networked sandbox talks to.
+
+One per AGENTBOX_HOME, started on demand by whoever creates the first networked sandbox
+(``ensure_running``), detached from it, so sandboxes keep their network when their
+creator — or the gateway — exits or restarts. It exits by itself once no networked
+sandbox has been running for ``IDLE_EXIT`` seconds.
+
+It knows a client by its source address (nftables drops spoofed ones), finds the sandbox
+that owns that address in the state database, and applies that sandbox's network spec.
+Every decision is appended to its own hash-chained audit log, ``audit/egress.jsonl``
+(same format and ``agentbox audit verify``/``tail`` as the gateway's trail).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import ipaddress
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from agentbox.config import NetworkSpec
+from agentbox.errors import HostUnsupported, SandboxError
+from agentbox.gateway.audit import AuditLog
+from agentbox.network import plane
+from agentbox.network.proxy import EgressDecision, EgressPolicy, EgressProxy
+from agentbox.runtime.store import Store
+
+log = logging.getLogger("agentbox.egress")
+IDLE_EXIT = 60.0
+SPAWN_LOCK = "egress.spawn.lock"
+HOST_LOCK = Path("/run/agentbox/egress.lock")
+HOST_OWNER = Path("/run/agentbox/egress.owner")  # "<pid> <home>" of the serving daemon
+_READY_TIMEOUT = 15.0
+
+
+def audit_path(home: Path) -> Path:
+    return home / "audit" / "egress.jsonl"
+
+
+def _lock_path(home: Path) -> Path:
+    return home / "egress.lock"
+
+
+def host_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Every network the host has an address on: a sandbox may reach neither the host
+    nor its LAN neighbours, whatever range the LAN uses."""
+    out = subprocess.run(["ip", "-j", "addr"], capture_output=True, text=True, check=True)
+    return [
+        ipaddress.ip_interface(f"{info['local']}/{info['prefixlen']}").network
+        for link in json.loads(out.stdout)
+        for info in link.get("addr_info", [])
+        if "local" in info
+    ]
+
+
+class PolicyBook:
+    """Source address -> the network spec of the sandbox that owns it, from the store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def policy_for(self, peer: str) -> EgressPolicy | None:
+        link = plane.link_for_address(peer)
+        record = self.store.by_slot(link.slot) if link is not None else None
+        if record is None or record.state != "running":
+            return None
+        spec = network_spec(record.spec)
+        return EgressPolicy(
+            sandbox_id=record.id,
+            mode=spec.mode,
+            allow=spec.allow,
+            ports=spec.ports,
+            hosts=dict(spec.hosts),
+        )
+
+    def networked_alive(self) -> bool:
+        return any(
+            r.state in ("creating", "running") and network_spec(r.spec).mode != "none"
+            for r in self.store.list()
+        )
+
+
+def network_spec(spec: dict[str, Any]) -> NetworkSpec:
+    return NetworkSpec.model_validate(spec.get("network", "none"))
+
+
+def _record(audit: AuditLog, d: EgressDecision) -> None:
+    audit.append(
+        decision="egress_allowed" if d.allowed else "egress_denied",
+        actor="egress",
+        sandbox=d.sandbox_id,
+        tool="egress",
+        duration_ms=round(d.duration_ms, 3),
+        bytes_out=d.bytes_down,
+        error=None if d.allowed else d.reason,
+        extra={
+            "host": d.host,
+            "port": d.port,
+            "address": d.address,
+            "reason": d.reason,
+            "kind": d.kind,
+            "bytes_up": d.bytes_up,
+        },
+    )
+
+
+async def serve(home: Path, ready_fd: int | None) -> None:
+    store = Store(home / "state.db")
+    book = PolicyBook(store)
+    extra = [*host_networks(), ipaddress.ip_network(plane.SUBNET)]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    with AuditLog(audit_path(home), fsync="batch") as audit:
+        proxy = EgressProxy(book.policy_for, lambda d: _record(audit, d), extra_denied=extra)
+        servers = [
+            await proxy.serve_explicit(plane.PROXY_ADDRESS, plane.EXPLICIT_PORT),
+            await proxy.serve_transparent(plane.PROXY_ADDRESS, plane.TRANSPARENT_PORT),
+        ]
+        if ready_fd is not None:
+            os.write(ready_fd, b"ready\n")
+            os.close(ready_fd)
+        idle_since: float | None = None
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 5)
+            if book.networked_alive():
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_EXIT:
+                # Spawners hold the spawn lock while they check for us: take it so that
+                # none can count on this daemon between the last check and the exit.
+                spawn = os.open(home / SPAWN_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                await asyncio.to_thread(fcntl.flock, spawn, fcntl.LOCK_EX)
+                if not book.networked_alive():
+                    break  # exiting releases the locks
+                os.close(spawn)
+                idle_since = None
+        for server in servers:
+            server.close()
+        # the audit log is closed (fsynced, head written) on leaving the with-block
+
+
+@contextlib.contextmanager
+def _held(path: Path, blocking: bool) -> Iterator[bool]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def ensure_running(home: Path) -> None:
+    """Start the home's egress daemon unless one runs; return once it is listening."""
+    plane.ensure_host_setup()
+    with _held(home / SPAWN_LOCK, blocking=True):
+        with _held(_lock_path(home), blocking=False) as free:
+            if not free:
+                return  # a daemon holds the lock: it is listening (it locks, then listens)
+        _claim_host(home)
+        ready_r, ready_w = os.pipe()
+        try:
+            with (home / "egress.log").open("ab") as log_file:
+                # The daemon forks once more and this child exits at once: the daemon is
+                # nobody's child (no zombie, nothing tied to this process's lifetime).
+                subprocess.run(
+                    [sys.executable, "-m", "agentbox.network.egressd", "--home", str(home),
+                     "--ready-fd", str(ready_w)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log_file,
+                    pass_fds=(ready_w,),
+                    start_new_session=True,
+                    check=True,
+                )  # fmt: skip
+            os.close(ready_w)
+            ready_w = -1
+            if not _wait_ready(ready_r):
+                raise SandboxError(f"the egress proxy did not start; see {home / 'egress.log'}")
+        finally:
+            os.close(ready_r)
+            if ready_w != -1:
+                os.close(ready_w)
+
+
+def _claim_host(home: Path) -> None:
+    """The proxy address and the interface names are host-wide: one home's daemon at a
+    time. Another home's daemon with no networked sandbox left is asked to go."""
+    with _held(HOST_LOCK, blocking=False) as free:
+        if free:
+            return
+    try:
+        pid_text, _, other = HOST_OWNER.read_text().partition(" ")
+        pid, other_home = int(pid_text), Path(other.strip())
+    except (OSError, ValueError):
+        pid, other_home = 0, Path("?")
+    busy = other_home.exists() and PolicyBook(Store(other_home / "state.db")).networked_alive()
+    if busy or pid <= 0:
+        raise HostUnsupported(
+            f"sandbox networking on this host is in use by AGENTBOX_HOME={other_home} "
+            f"(egress daemon pid {pid}); one home per host can have networked sandboxes: "
+            "destroy those, or create this one with network none"
+        )
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with _held(HOST_LOCK, blocking=False) as free:
+            if free:
+                return
+        time.sleep(0.02)
+    raise SandboxError(f"the egress daemon of {other_home} (pid {pid}) did not stop")
+
+
+def _wait_ready(fd: int) -> bool:
+    deadline = time.monotonic() + _READY_TIMEOUT
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([fd], [], [], left)[0]:
+            return os.read(fd, 16).startswith(b"ready")
+    return False
+
+
+def _lock_for_life(path: Path) -> bool:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    return True  # the fd stays open (and locked) until the process exits
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="agentbox-egress")
+    parser.add_argument("--home", type=Path, required=True)
+    parser.add_argument("--ready-fd", type=int)
+    args = parser.parse_args()
+    if os.fork():
+        os._exit(0)  # the spawner waits for this parent only; the child is the daemon
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s egress %(message)s")
+    # Locks are taken before listening and held for life: holding them means "serving".
+    if not _lock_for_life(_lock_path(args.home)):
+        sys.exit(0)
+    if not _lock_for_life(HOST_LOCK):
+        sys.exit(f"another home's egress daemon serves this host (see {HOST_OWNER})")
+    HOST_OWNER.write_text(f"{os.getpid()} {args.home}\n")
+    import uvloop
+
+    uvloop.run(serve(args.home, args.ready_fd))
+
+
+if __name__ == "__main__":
+    main()
