@@ -648,3 +648,55 @@ def test_cli_help_has_examples(cli: Callable[..., Any]) -> None:
     for command in ("verify", "tail"):
         text = cli(command, "--help").stdout
         assert "Examples:" in text and f"agentbox audit {command}" in text
+
+
+def test_fsync_always_group_commit_shares_fsyncs_and_ships_only_durable_records(
+    log_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Concurrent appenders share fsyncs (a slow disk made slower here), every append
+    returns durable, and the sink gets each record once, in seq order, after its fsync."""
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        time.sleep(0.01)
+        real_fsync(fd)
+
+    monkeypatch.setattr(audit_mod.os, "fsync", slow_fsync)
+
+    class Sink:
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, int]] = []  # (seq, durable seq when submitted)
+
+        def start(self, last_seq: int, read_after: Callable[[int], Any]) -> None:
+            pass
+
+        def submit(self, record: dict[str, Any]) -> None:
+            self.seen.append((record["seq"], log._synced_seq))
+
+        def close(self, timeout: float) -> bool:
+            return True
+
+    sink = Sink()
+    log = AuditLog(log_path, fsync="always", sink=sink)  # type: ignore[arg-type]
+    heads: list[int] = []
+    real_head = log._write_head
+    monkeypatch.setattr(log, "_write_head", lambda seq, h: (heads.append(seq), real_head(seq, h)))
+    late: list[int] = []
+
+    def writer() -> None:
+        for _ in range(5):
+            record = log.append(decision="allowed", tool="fs_read")
+            if log._synced_seq < record["seq"]:
+                late.append(record["seq"])
+
+    threads = [threading.Thread(target=writer) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.close()
+    assert late == [], f"append returned before its record was fsynced: {late}"
+    assert len(heads) < 40 * 0.75, f"{len(heads)} group commits for 40 appends: no sharing"
+    assert [seq for seq, _ in sink.seen] == list(range(1, 41))
+    assert all(durable >= seq for seq, durable in sink.seen), "shipped before it was durable"
+    assert verify(log_path).ok

@@ -50,8 +50,9 @@ What it does NOT prove
     arguments from a reader, not from someone who can guess a low-entropy value.
 
 Durability: ``fsync="always"`` fsyncs the file and writes the head before ``append``
-returns; ``"batch"`` lets a background flusher fsync at most ``batch_interval`` seconds
-or ``batch_records`` records after a write, and on close.
+returns (group commit: appenders that arrive during an fsync share the next one);
+``"batch"`` lets a background flusher fsync at most ``batch_interval`` seconds or
+``batch_records`` records after a write, and on close.
 """
 
 from __future__ import annotations
@@ -652,6 +653,9 @@ class AuditLog:
         self._subscribers: list[Callable[[Record], None]] = []
         self._unsynced = 0
         self._first_unsynced_at = 0.0
+        self._sync_lock = threading.Lock()  # fsync=always: one group commit at a time
+        self._synced_seq = 0
+        self._not_durable: list[Record] = []  # written, not yet fsynced (fsync=always)
         self._flusher: threading.Thread | None = None
 
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
@@ -661,6 +665,7 @@ class AuditLog:
                 self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
             )
             self._seq, self._hash = self._resume()
+            self._synced_seq = self._seq
             self._size = os.fstat(self._fd).st_size
             self._rotations = max((n for n, _ in rotated_files(self.path)), default=0)
             os.fsync(self._fd)
@@ -776,8 +781,7 @@ class AuditLog:
             self._seq, self._hash = record["seq"], record["hash"]
             self._size += len(line)
             if self.fsync == "always":
-                os.fsync(self._fd)
-                self._write_head(self._seq, self._hash)
+                self._not_durable.append(record)
             else:
                 if not self._unsynced:
                     self._first_unsynced_at = time.monotonic()
@@ -785,14 +789,42 @@ class AuditLog:
                 self._unsynced += 1
                 if self._unsynced >= self._batch_records:
                     self._cond.notify_all()
-            if self.sink is not None:
-                self.sink.submit(record)
+                if self.sink is not None:
+                    self.sink.submit(record)
             for callback in self._subscribers:
                 try:
                     callback(record)
                 except Exception:  # a broken listener must not break auditing
                     log.exception("audit subscriber %r failed", callback)
+        if self.fsync == "always":
+            self._sync_through(record["seq"])
         return record
+
+    def _sync_through(self, seq: int) -> None:
+        """Group commit: one fsync (and head write) covers every record written before it,
+        so concurrent appenders share it instead of queueing one fsync each. Records go
+        to the remote sink only once durable here, in seq order."""
+        with self._sync_lock:
+            if self._synced_seq >= seq:
+                return  # another appender's fsync covered this record
+            with self._lock:
+                fd = os.dup(self._fd)  # survives a rotation closing self._fd meanwhile
+                target, digest = self._seq, self._hash
+                durable = list(self._not_durable)
+                self._not_durable.clear()
+            try:
+                os.fsync(fd)
+                self._write_head(target, digest)
+            except BaseException:
+                with self._lock:
+                    self._not_durable[:0] = durable  # the next fsync retries them
+                raise
+            finally:
+                os.close(fd)
+            self._synced_seq = target
+            if self.sink is not None:
+                for record in durable:
+                    self.sink.submit(record)
 
     async def append_async(self, **fields: Any) -> Record:
         """:meth:`append` from asyncio code, in a worker thread (it may fsync)."""
@@ -934,13 +966,18 @@ class AuditLog:
             self._cond.notify_all()
         if self._flusher is not None:
             self._flusher.join()
-        with self._lock:
+        with self._sync_lock, self._lock:
             try:
                 os.fsync(self._fd)
                 self._write_head(self._seq, self._hash)
+                self._synced_seq = self._seq  # late group commits find nothing to do
             finally:
                 os.close(self._fd)
                 os.close(self._lock_fd)
+            if self.sink is not None:
+                for record in self._not_durable:  # an appender's fsync had failed
+                    self.sink.submit(record)
+                self._not_durable.clear()
         if self.sink is not None:
             self.sink.close(self._sink_close_timeout)
 
