@@ -78,7 +78,14 @@ def test_bad_input_is_one_clear_line(agentbox_home: Path, host_ready: None) -> N
 def test_doctor_json(agentbox_home: Path) -> None:
     r = run(agentbox_home, "doctor", "--json")
     checks = {c["name"]: c for c in json.loads(r.stdout)}
-    assert {"bubblewrap", "user namespaces", "cgroups", "seccomp"} <= checks.keys()
+    assert {
+        "bubblewrap",
+        "user namespaces",
+        "cgroups",
+        "seccomp",
+        "sandbox network",
+    } <= checks.keys()
+    assert checks["sandbox network"]["ok"], checks["sandbox network"]  # this host has veth + nft
     assert r.returncode == (0 if all(c["ok"] for c in checks.values() if c["required"]) else 1)
 
 

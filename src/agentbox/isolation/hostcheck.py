@@ -174,9 +174,23 @@ def check_mmdebstrap() -> Check:
                    required=False)  # fmt: skip
 
 
-def check_nftables() -> Check:
-    return _binary("nftables", ("nft",), "apt-get install -y nftables (network egress control)",
-                   required=False)  # fmt: skip
+def check_network() -> Check:
+    """What networked sandboxes (the default mode, allowlist) need: nft, ip, nsenter and
+    veth links. Creates and deletes one veth pair to be sure the kernel has the driver."""
+    fix = "apt-get install -y nftables iproute2 util-linux (or create sandboxes with network none)"
+    missing = [b for b in ("nft", "ip", "nsenter") if shutil.which(b) is None]
+    if missing:
+        return Check("sandbox network", False, f"{', '.join(missing)} not found", fix)
+    probe = f"abdoc{os.getpid() % 100000}"
+    made = subprocess.run(
+        ["ip", "link", "add", probe, "type", "veth", "peer", "name", probe + "p"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if made.returncode != 0:
+        return Check("sandbox network", False, f"cannot create a veth: {made.stderr.strip()}",
+                     "load the veth module (modprobe veth)")  # fmt: skip
+    subprocess.run(["ip", "link", "del", probe], capture_output=True, check=False)
+    return Check("sandbox network", True, "nft, ip, nsenter, veth links", "")
 
 
 def check_chromium() -> Check:
@@ -194,7 +208,7 @@ ALL_CHECKS: list[Callable[[], Check]] = [
     check_disk,
     check_compiler,
     check_mmdebstrap,
-    check_nftables,
+    check_network,
     check_chromium,
 ]
 
