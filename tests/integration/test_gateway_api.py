@@ -315,3 +315,26 @@ def test_a_sandbox_port_is_reachable_only_through_the_gateway(
     finally:
         with gw.operator() as op:
             op.delete(f"/v1/sandboxes/{other}")
+
+
+def test_egress_decisions_land_in_the_gateway_trail(gw: RunningGateway, sandbox_id: str) -> None:
+    """The sandbox's default network (allowlist, nothing allowed): a request to a name is
+    refused by the egress proxy (by name, before any lookup), and the gateway's trail
+    shows the decision."""
+    fetch = (
+        "python3 -c 'import urllib.request as u\ntry: u.urlopen(\"http://denied.test/\", "
+        "timeout=5)\nexcept Exception as e: print(e.read().decode())'"
+    )
+    out = run(gw, gw.operator_token, sandbox_id, fetch)
+    assert out.status_code == 200, out.text
+    assert "denied.test" in out.json()["stdout"], out.text
+    deadline = time.monotonic() + 10
+    with gw.operator() as op:
+        while True:
+            found = op.get("/v1/audit", params={"sandbox": sandbox_id,
+                                                "decision": "egress_denied"}).json()  # fmt: skip
+            if found or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+    assert found, "no egress_denied record reached the gateway's audit trail"
+    assert found[-1]["host"] == "denied.test" and found[-1]["egress_seq"] >= 1

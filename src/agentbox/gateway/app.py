@@ -28,11 +28,13 @@ from agentbox.errors import AgentboxError, InvalidRequest, Unauthenticated
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.auth import Principal, TokenStore
+from agentbox.gateway.egress_ingest import EgressIngest
 from agentbox.gateway.mcp_server import build_mcp_server
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.rest import build_router, error_response
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.settings import GatewaySettings
+from agentbox.network.egressd import audit_path as egress_audit_path
 from agentbox.runtime.runtime import Runtime
 
 
@@ -182,12 +184,16 @@ def create_app(
         max_request_body_size=settings.gateway.max_body_bytes,
     )
 
+    egress_ingest = EgressIngest(egress_audit_path(home), audit)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        egress_ingest.start()
         async with session_manager.run():
             try:
                 yield
             finally:
+                egress_ingest.stop()
                 audit.close()
 
     app = FastAPI(

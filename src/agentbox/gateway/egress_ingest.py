@@ -1,0 +1,82 @@
+"""Egress decisions into the gateway's audit trail.
+
+The egress daemon writes its decisions to its own hash-chained log
+(``audit/egress.jsonl``; it outlives gateway restarts and may run with no gateway at all).
+While a gateway runs, this follower copies each of those records into the gateway's
+trail, so one trail (and its remote sink, its query API and live tail) shows tool calls
+and egress together. ``egress_seq`` names the source record; the position is kept in
+``audit/egress.ingested``, so a restart resumes where it stopped (a crash between the
+append and the position write may copy a record twice: dedupe on ``egress_seq``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+from agentbox.gateway.audit import AuditLog, Record, follow
+
+log = logging.getLogger(__name__)
+_CARRIED = ("host", "port", "address", "reason", "kind", "bytes_up")
+
+
+def position_path(egress_log: Path) -> Path:
+    return egress_log.with_name("egress.ingested")
+
+
+class EgressIngest:
+    def __init__(self, egress_log: Path, audit: AuditLog, poll_interval: float = 0.25) -> None:
+        self.egress_log = egress_log
+        self.audit = audit
+        self.poll_interval = poll_interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="egress-ingest", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _position(self) -> int:
+        try:
+            return int(position_path(self.egress_log).read_text().strip() or 0)
+        except (OSError, ValueError):
+            return 0
+
+    def _save(self, seq: int) -> None:
+        path = position_path(self.egress_log)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(f"{seq}\n")
+        os.replace(tmp, path)
+
+    def _run(self) -> None:
+        since = self._position()
+        try:
+            for record in follow(
+                self.egress_log,
+                since_seq=since,
+                poll_interval=self.poll_interval,
+                stop=self._stop,
+            ):
+                self._copy(record)
+                self._save(record["seq"])
+        except Exception:  # a broken follower must not take the gateway down
+            log.exception("egress audit ingest stopped")
+
+    def _copy(self, record: Record) -> None:
+        extra = {k: record[k] for k in _CARRIED if k in record}
+        extra["egress_seq"], extra["egress_ts"] = record["seq"], record.get("ts")
+        self.audit.append(
+            decision=record["decision"],
+            actor=record.get("actor") or "egress",
+            sandbox=record.get("sandbox"),
+            tool=record.get("tool") or "egress",
+            duration_ms=record.get("duration_ms"),
+            bytes_out=record.get("bytes_out"),
+            error=record.get("error"),
+            extra=extra,
+        )
