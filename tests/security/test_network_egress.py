@@ -205,6 +205,8 @@ def test_teardown_removes_the_link(agentbox_home: Path, net: Internet) -> None:
     sb = _create(agentbox_home)
     link = plane.Link(sb.info().slot)
     assert Path(f"/sys/class/net/{link.host_ifname}").exists()
+    # nothing arriving from the sandbox is ever routed, whatever the host's ip_forward
+    assert Path(f"/proc/sys/net/ipv4/conf/{link.host_ifname}/forwarding").read_text() == "0\n"
     sb.kill()
     assert not Path(f"/sys/class/net/{link.host_ifname}").exists()
 

@@ -186,6 +186,15 @@ def attach(slot: int, init_pid: int) -> Link:
         f"addr add {link.host_address}/30 dev {link.host_ifname}\n"
         f"link set {link.host_ifname} up\n",
     )
+    # Defence in depth, before the sandbox end comes up (no packet can flow until then):
+    # with forwarding off on its host end, the kernel routes nothing arriving from the
+    # sandbox anywhere, even if the nft table were flushed on a host that forwards.
+    # (The interception still works: DNAT makes the destination local before routing.)
+    conf = Path("/proc/sys/net")
+    (conf / "ipv4" / "conf" / link.host_ifname / "forwarding").write_text("0")
+    ipv6 = conf / "ipv6" / "conf" / link.host_ifname / "disable_ipv6"
+    if ipv6.exists():
+        ipv6.write_text("1")
     _run(
         ["nsenter", f"--net=/proc/{init_pid}/ns/net", "ip", "-batch", "-"],
         f"addr add {link.sandbox_address}/30 dev eth0\n"
