@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from agentbox.errors import InvalidRequest
+from agentbox.network import credentials as _credentials
+from agentbox.network.names import normalize_pattern
 from agentbox.units import parse_duration, parse_size
 
 DEFAULT_HOME = "/var/lib/agentbox"
@@ -18,10 +22,54 @@ def agentbox_home() -> Path:
     return Path(os.environ.get("AGENTBOX_HOME") or DEFAULT_HOME)
 
 
+def _checked(check: Callable[[str], str], value: str) -> str:
+    """Run one of the network checks, turning its error into a validation error."""
+    try:
+        return check(value)
+    except InvalidRequest as e:
+        raise ValueError(e.message) from None
+
+
+class CredentialSpec(BaseModel):
+    """A secret the egress proxy adds to requests for ``domain`` (one host, no wildcard):
+    header ``header`` = ``format`` with ``{secret}`` replaced by the value of the
+    environment variable ``secret_env`` *of the egress daemon*. Only the variable's name is
+    stored; the value never enters the sandbox."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    domain: str
+    header: str = "Authorization"
+    secret_env: str
+    format: str = "Bearer {secret}"
+
+    @field_validator("domain")
+    @classmethod
+    def _domain(cls, value: str) -> str:
+        return _checked(_credentials.check_domain, value)
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, value: str) -> str:
+        return _checked(_credentials.check_header, value)
+
+    @field_validator("secret_env")
+    @classmethod
+    def _env(cls, value: str) -> str:
+        return _checked(_credentials.check_env, value)
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, value: str) -> str:
+        return _checked(_credentials.check_format, value)
+
+
 class NetworkSpec(BaseModel):
     """What a sandbox may reach. ``none``: loopback only; ``allowlist``: the names in
     ``allow`` (``*.example.com`` = any name below it); ``open``: any public address. In
-    every mode internal ranges, the metadata address and the host stay unreachable."""
+    every mode internal ranges, the metadata address and the host stay unreachable, and
+    so do the names matching ``deny`` (same syntax as ``allow``). ``credentials``: headers
+    the egress proxy injects for one host each (see :class:`CredentialSpec`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -31,11 +79,29 @@ class NetworkSpec(BaseModel):
     # name -> IP literal, resolved by the egress proxy instead of DNS (private deployments,
     # tests); the address is still checked against the denied ranges.
     hosts: dict[str, str] = Field(default_factory=dict)
+    deny: tuple[str, ...] = ()
+    credentials: tuple[CredentialSpec, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
     def _mode_only(cls, value: object) -> object:
         return {"mode": value} if isinstance(value, str) else value
+
+    @field_validator("deny")
+    @classmethod
+    def _deny(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(_checked(normalize_pattern, p) for p in value)
+
+    @field_validator("credentials")
+    @classmethod
+    def _unique(cls, value: tuple[CredentialSpec, ...]) -> tuple[CredentialSpec, ...]:
+        seen: set[tuple[str, str]] = set()
+        for c in value:
+            key = (c.domain, c.header.lower())
+            if key in seen:
+                raise ValueError(f"two credentials set header {c.header} for {c.domain}")
+            seen.add(key)
+        return value
 
 
 class SandboxSpec(BaseModel):

@@ -23,6 +23,7 @@ from agentbox.gateway import port_forward as port_forward_http
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.service import Gateway
 from agentbox.network import ports
+from agentbox.network.names import normalize_host
 
 
 class Body(BaseModel):
@@ -164,7 +165,10 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
         p.require_operator("creating a sandbox")
         spec = {k: v for k, v in body.model_dump().items() if v is not None}
         if "network" not in spec:
-            spec["network"] = gateway.settings.sandbox.network.model_dump(exclude={"credentials"})
+            # Credentials go as names only (domain, header, secret_env, format): the values
+            # stay in this process's environment, which the egress daemon inherits.
+            spec["network"] = gateway.settings.sandbox.network.model_dump()
+        _check_credentials(spec["network"], gateway.settings.sandbox.network.credentials)
         record = await asyncio.to_thread(gateway.runtime.create, spec)
         await gateway.audit_event(p, "sandbox_created", sandbox=record.id, template=record.template)
         return record.to_dict()
@@ -510,6 +514,22 @@ def _port_routes(api: APIRouter, gateway: Gateway, auth: Any) -> None:
             tags=["ports"],
             operation_id=f"port_forward_{method.lower()}",
         )
+
+
+def _check_credentials(network: object, configured: list[Any]) -> None:
+    """A create may only use the credentials the gateway config grants (else an API caller
+    could point any variable of the gateway's environment at a host of its choosing)."""
+    asked = network.get("credentials", []) if isinstance(network, dict) else []
+    allowed = {(normalize_host(c.domain), c.secret_env) for c in configured}
+    for credential in asked:
+        if not isinstance(credential, dict):
+            raise InvalidRequest("network.credentials entries must be objects")
+        key = (normalize_host(str(credential.get("domain"))), credential.get("secret_env"))
+        if key not in allowed:
+            raise InvalidRequest(
+                f"credential {key[1]!r} for {key[0]!r} is not granted by the gateway config "
+                "(sandbox.network.credentials); only those may be used"
+            )
 
 
 def _tool_arguments(body: bytes) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Literal
 
 from agentbox.errors import InvalidRequest
 from agentbox.network.addresses import IPAddress, IPNetwork, denied_reason
+from agentbox.network.credentials import Credential, check_unique
 from agentbox.network.names import (
     domain_matches,
     normalize_host,
@@ -41,11 +42,21 @@ class EgressPolicy:
     ports: tuple[int, ...] = (80, 443)
     # name -> IP literal, used instead of DNS; accepts any mapping, stored read-only.
     hosts: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), hash=False)
+    # Refused in every mode, checked before the allow list.
+    deny: tuple[str, ...] = ()
+    # Headers the proxy sets on requests to one host (values from its own environment).
+    credentials: tuple[Credential, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in ("none", "allowlist", "open"):
             raise InvalidRequest(f"egress mode must be none, allowlist or open, not {self.mode!r}")
         allow = tuple(normalize_pattern(p) for p in self.allow)
+        deny = tuple(normalize_pattern(p) for p in self.deny)
+        credentials = tuple(self.credentials)
+        for c in credentials:
+            if not isinstance(c, Credential):
+                raise InvalidRequest(f"egress credential {c!r} is not a Credential")
+        check_unique(credentials)
         ports = tuple(self.ports)
         for port in ports:
             if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
@@ -58,8 +69,14 @@ class EgressPolicy:
                 raise InvalidRequest(f"hosts entry {name!r}: {value!r} is not an IP address") from e
             hosts[normalize_host(name)] = str(address)
         object.__setattr__(self, "allow", allow)
+        object.__setattr__(self, "deny", deny)
+        object.__setattr__(self, "credentials", credentials)
         object.__setattr__(self, "ports", ports)
         object.__setattr__(self, "hosts", MappingProxyType(hosts))
+
+    def credentials_for(self, name: str) -> tuple[Credential, ...]:
+        """The credentials to inject on requests to the normalised host ``name``."""
+        return tuple(c for c in self.credentials if c.domain == name)
 
 
 @dataclass(frozen=True)
@@ -111,6 +128,7 @@ class Target:
     port: int
     addresses: tuple[IPAddress, ...]
     why: str
+    credentials: tuple[Credential, ...] = ()  # to inject: the proxy terminates and rewrites
 
 
 def printable(text: str, limit: int = 300) -> str:
@@ -141,6 +159,9 @@ async def decide(
     except InvalidRequest as e:
         raise Denied(f"invalid host name: {e.message}") from None
     conn.host = name
+    blocked = next((p for p in policy.deny if domain_matches(name, p)), None)
+    if blocked is not None:
+        raise Denied(f"{name} matches the deny pattern {blocked}")
     if policy.mode == "none":
         raise Denied("egress is disabled for this sandbox (mode none)")
     if policy.mode == "allowlist":
@@ -160,4 +181,4 @@ async def decide(
         if reason is not None:
             conn.address = str(address)
             raise Denied(f"{name} resolves to {address}, in {reason}")
-    return Target(name, port, addresses, why)
+    return Target(name, port, addresses, why, policy.credentials_for(name))

@@ -9,6 +9,12 @@ It knows a client by its source address (nftables drops spoofed ones), finds the
 that owns that address in the state database, and applies that sandbox's network spec.
 Every decision is appended to its own hash-chained audit log, ``audit/egress.jsonl``
 (same format and ``agentbox audit verify``/``tail`` as the gateway's trail).
+
+Credentials: the daemon inherits the environment of the process that started it (the
+gateway in production, which holds the secrets) and reads a credential's variable when a
+request to its host is forwarded. ``AGENTBOX_EGRESS_UPSTREAM_CA`` (a PEM file), if set
+in that environment, is trusted for upstream TLS in addition to the system store
+(private deployments, tests). Its CA for credential hosts is ``egressca`` in the home.
 """
 
 from __future__ import annotations
@@ -33,8 +39,9 @@ from typing import Any
 from agentbox.config import NetworkSpec
 from agentbox.errors import HostUnsupported, SandboxError
 from agentbox.gateway.audit import AuditLog
-from agentbox.network import plane
-from agentbox.network.proxy import EgressDecision, EgressPolicy, EgressProxy
+from agentbox.network import egressca, plane
+from agentbox.network.credentials import Credential
+from agentbox.network.proxy import EgressDecision, EgressPolicy, EgressProxy, upstream_context
 from agentbox.runtime.store import Store
 
 log = logging.getLogger("agentbox.egress")
@@ -43,6 +50,7 @@ SPAWN_LOCK = "egress.spawn.lock"
 HOST_LOCK = Path("/run/agentbox/egress.lock")
 HOST_OWNER = Path("/run/agentbox/egress.owner")  # "<pid> <home>" of the serving daemon
 _READY_TIMEOUT = 15.0
+UPSTREAM_CA_ENV = "AGENTBOX_EGRESS_UPSTREAM_CA"
 
 
 def audit_path(home: Path) -> Path:
@@ -83,6 +91,13 @@ class PolicyBook:
             allow=spec.allow,
             ports=spec.ports,
             hosts=dict(spec.hosts),
+            deny=spec.deny,
+            credentials=tuple(
+                Credential(
+                    domain=c.domain, secret_env=c.secret_env, header=c.header, format=c.format
+                )
+                for c in spec.credentials
+            ),
         )
 
     def networked_alive(self) -> bool:
@@ -124,8 +139,20 @@ async def serve(home: Path, ready_fd: int | None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    try:
+        ca: egressca.EgressCA | None = egressca.EgressCA.load_or_create(egressca.ca_dir(home))
+    except (OSError, ValueError) as e:
+        log.error("egress CA unavailable, HTTPS credential injection is refused: %s", e)
+        ca = None
+    upstream = upstream_context(os.environ.get(UPSTREAM_CA_ENV) or None)
     with AuditLog(audit_path(home), fsync="batch") as audit:
-        proxy = EgressProxy(book.policy_for, lambda d: _record(audit, d), extra_denied=extra)
+        proxy = EgressProxy(
+            book.policy_for,
+            lambda d: _record(audit, d),
+            extra_denied=extra,
+            ca=ca,
+            upstream_tls=upstream,
+        )
         servers = [
             await proxy.serve_explicit(plane.PROXY_ADDRESS, plane.EXPLICIT_PORT),
             await proxy.serve_transparent(plane.PROXY_ADDRESS, plane.TRANSPARENT_PORT),

@@ -11,6 +11,7 @@ import asyncio
 
 from agentbox.errors import InvalidRequest
 from agentbox.network import httphead, relay
+from agentbox.network.credentials import Scrubber
 from agentbox.network.decision import Conn, Denied
 from agentbox.network.peek import read_head
 
@@ -48,10 +49,13 @@ async def response(
     conn: Conn,
     *,
     zero_copy: bool = True,
+    scrub: Scrubber | None = None,
 ) -> None:
     """The response, its head rewritten (``Connection: close``), then its body as is,
-    until the upstream closes."""
+    until the upstream closes. With ``scrub``, every byte passes through it (an injected
+    secret that the upstream echoes never reaches the client)."""
     writer = client[1]
+    mask = scrub.whole if scrub is not None else bytes
     rest = b""
     while True:
         try:
@@ -62,9 +66,19 @@ async def response(
         status = int(head.first[1])
         if not 100 <= status < 200 or status == 101:
             break
-        relay.send(writer, raw, traffic, upward=False)  # 100 Continue and friends
+        relay.send(writer, mask(raw), traffic, upward=False)  # 100 Continue and friends
     conn.can_respond = False
-    relay.send(writer, httphead.rewrite_response(head), traffic, upward=False)
-    relay.send(writer, rest, traffic, upward=False)
+    relay.send(writer, mask(httphead.rewrite_response(head)), traffic, upward=False)
+    if scrub is None:
+        relay.send(writer, rest, traffic, upward=False)
+        await writer.drain()
+        await relay.pump(upstream, client, traffic, upward=False, zero_copy=zero_copy)
+        return
+    relay.send(writer, scrub.feed(rest), traffic, upward=False)
     await writer.drain()
-    await relay.pump(upstream, client, traffic, upward=False, zero_copy=zero_copy)
+    while data := await upstream[0].read(relay.CHUNK):
+        relay.send(writer, scrub.feed(data), traffic, upward=False)
+        await writer.drain()
+    relay.send(writer, scrub.flush(), traffic, upward=False)
+    await writer.drain()
+    relay.half_close(writer)

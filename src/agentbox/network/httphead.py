@@ -10,6 +10,7 @@ Content-Length and Transfer-Encoding) is refused with :class:`InvalidRequest`.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentbox.errors import InvalidRequest
@@ -180,13 +181,19 @@ def _render(first: str, headers: list[tuple[str, str]]) -> bytes:
     return "\r\n".join(lines).encode("latin-1")
 
 
-def rewrite_request(head: Head, origin: str, authority: str) -> bytes:
+def rewrite_request(
+    head: Head, origin: str, authority: str, replace: Sequence[tuple[str, str]] = ()
+) -> bytes:
     """The head to send upstream: origin-form, hop-by-hop headers gone, Host present,
-    ``Connection: close`` (one request per upstream connection)."""
+    ``Connection: close`` (one request per upstream connection). Each header named in
+    ``replace`` loses whatever value the client sent and gets the one given."""
     method, _, version = head.first
     headers = _forwardable(head)
     if not head.get_all("host"):
         headers.insert(0, ("Host", authority))
+    if replace:
+        names = {name.lower() for name, _ in replace}
+        headers = [(k, v) for k, v in headers if k.lower() not in names] + list(replace)
     return _render(f"{method} {origin} {version}", headers)
 
 

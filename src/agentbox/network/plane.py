@@ -93,6 +93,19 @@ def proxy_env() -> dict[str, str]:
     }
 
 
+# Where a sandbox that holds credentials finds the egress CA (written at create, in its
+# writable layer) and the trust bundle (the host's CAs + the egress CA).
+SANDBOX_CA = "/etc/agentbox/egress-ca.pem"
+SANDBOX_CA_BUNDLE = "/etc/agentbox/ca-bundle.pem"
+
+
+def ca_env() -> dict[str, str]:
+    """The variables common TLS clients read for their trust store, all pointing to the
+    bundle that includes the egress CA (only for sandboxes with credentials)."""
+    names = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
+    return dict.fromkeys((*names, "PIP_CERT", "GIT_SSL_CAINFO"), SANDBOX_CA_BUNDLE)
+
+
 def _run(argv: list[str], stdin: str | None = None) -> None:
     try:
         done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)

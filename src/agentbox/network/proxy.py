@@ -8,6 +8,14 @@ Two front doors, one decision procedure (:func:`decision.decide`):
 * transparent: connections nftables redirected here; the name comes from the TLS
   ClientHello's SNI or the HTTP Host header, the port from the original destination, and
   the original destination address is only recorded (we connect where *we* resolved).
+  Plain HTTP is forwarded one request per connection, each one's Host decided.
+
+Hosts with a credential (:mod:`credentials`) are the one exception to "never look inside":
+their HTTP requests are parsed one by one, the header is set (replacing the client's),
+and responses are scrubbed of the secret. HTTPS to such a host (CONNECT, or transparent
+with that SNI) is terminated here with a certificate of the home's CA (:mod:`egressca`),
+and forwarded over a new TLS connection verified against the system trust store. Every
+other TLS connection is relayed untouched.
 
 The proxy connects only to an address it resolved and checked itself (pinned: no second
 lookup). Exactly one :class:`EgressDecision` goes to ``on_decision`` per connection: at
@@ -20,13 +28,16 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import re
 import socket
-from collections.abc import Callable, Coroutine, Iterable, Iterator
-from typing import Any
+import ssl
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from agentbox.errors import InvalidRequest
-from agentbox.network import clienthello, forward, httphead, peek, relay
+from agentbox.network import clienthello, credentials, forward, httphead, peek, relay, tlsserver
 from agentbox.network.addresses import IPAddress, IPNetwork
 from agentbox.network.decision import (
     Conn,
@@ -39,6 +50,9 @@ from agentbox.network.decision import (
     printable,
 )
 from agentbox.network.names import normalize_host, parse_ip_literal
+
+if TYPE_CHECKING:
+    from agentbox.network.egressca import EgressCA
 
 __all__ = ["EgressDecision", "EgressPolicy", "EgressProxy", "so_original_dst"]
 
@@ -86,6 +100,16 @@ def _error_response(status: int, reason: str) -> bytes:
     return head.encode() + body
 
 
+def _tls_error(e: BaseException) -> str:
+    return str(
+        getattr(e, "verify_message", None)
+        or getattr(e, "reason", None)
+        or getattr(e, "strerror", None)
+        or e
+        or type(e).__name__
+    )
+
+
 def _canonical_host(raw: str) -> str:
     """A comparable form of a host (name or literal); the raw text if it is neither."""
     literal = parse_ip_literal(raw)
@@ -113,6 +137,9 @@ class EgressProxy:
         head_timeout: float = HEAD_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
         zero_copy: bool = True,
+        ca: EgressCA | None = None,
+        upstream_tls: ssl.SSLContext | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> None:
         self._policy_for = policy_for
         self._on_decision = on_decision
@@ -125,6 +152,11 @@ class EgressProxy:
         self.idle_timeout = idle_timeout
         self.zero_copy = zero_copy  # splice(2) relays; False: copy through the streams
         self._original_dst = original_dst or so_original_dst
+        # Credential injection: the CA that signs our certificates for credential hosts,
+        # the trust for the upstream side, and where secrets are read (at request time).
+        self.ca = ca
+        self._upstream_tls = upstream_tls
+        self._secrets: Mapping[str, str] = os.environ if secrets is None else secrets
         self._active: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -302,8 +334,9 @@ class EgressProxy:
             name + ".", port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
         )
 
-    async def _open(self, target: Target, conn: Conn) -> Streams:
-        """Connect to the first reachable address of those checked (never re-resolved)."""
+    async def _open(self, target: Target, conn: Conn, tls: ssl.SSLContext | None = None) -> Streams:
+        """Connect to the first reachable address of those checked (never re-resolved);
+        with ``tls``, over TLS to ``target.name``, its certificate verified."""
         failures = []
         for address in target.addresses[:_TRY_ADDRESSES]:
             try:
@@ -312,6 +345,17 @@ class EgressProxy:
                 failures.append(f"{address}: {e.strerror if isinstance(e, OSError) else e}")
                 continue
             conn.address = str(address)
+            if tls is not None:
+                try:
+                    await streams[1].start_tls(
+                        tls,
+                        server_hostname=target.name,
+                        ssl_handshake_timeout=self.connect_timeout,
+                    )
+                except (OSError, TimeoutError) as e:
+                    await relay.close(streams[1], abort=True)
+                    failures.append(f"{address}: TLS: {_tls_error(e)}")
+                    continue
             return streams
         conn.address = str(target.addresses[0])
         raise Denied(f"cannot connect to {target.name} ({'; '.join(failures)})", 502)
@@ -367,33 +411,125 @@ class EgressProxy:
             body = httphead.request_body(request)
         self._check_host_header(request, host, port)
         aim = await self._decide(policy, host, port, conn)
-        upstream = await self._open(aim, conn)
-        traffic = relay.Traffic()
-        authority = host if port == 80 else f"{host}:{port}"
-        relay.send(
-            upstream[1], httphead.rewrite_request(request, origin, authority), traffic, upward=True
+        injected = self._injections(aim)
+        await self._one_request(
+            (reader, writer), conn, aim, request, rest, body, origin, injected, tls=False
         )
+
+    async def _one_request(
+        self,
+        client: Streams,
+        conn: Conn,
+        aim: Target,
+        request: httphead.Head,
+        rest: bytes,
+        body: int | None,
+        origin: str,
+        injected: list[credentials.Injection],
+        *,
+        tls: bool,
+    ) -> None:
+        """Forward exactly one request (its body framed) on a new upstream connection (TLS
+        with ``tls``) and relay the response until the upstream closes. ``injected``
+        headers replace the client's, and the response is scrubbed of their secrets."""
+        upstream = await self._open(aim, conn, self._upstream_context() if tls else None)
+        traffic = relay.Traffic()
+        default_port = 443 if tls else 80
+        authority = aim.name if aim.port == default_port else f"{aim.name}:{aim.port}"
+        headers = [(i.header, i.value) for i in injected]
+        if injected:
+            # Compressed responses could carry an echoed secret past the scrubber.
+            headers.append(("Accept-Encoding", "identity"))
+            names = ", ".join(dict.fromkeys(i.header for i in injected))
+            aim = replace(aim, why=f"{aim.why}; injected {names}")
+        relay.send(
+            upstream[1],
+            httphead.rewrite_request(request, origin, authority, headers),
+            traffic,
+            upward=True,
+        )
+        scrub = credentials.Scrubber(i.secret for i in injected) if injected else None
         work = relay.supervise(
             traffic,
             self.idle_timeout,
             main=[
                 forward.response(
-                    upstream, (reader, writer), traffic, conn, zero_copy=self.zero_copy
+                    upstream,
+                    client,
+                    traffic,
+                    conn,
+                    zero_copy=self.zero_copy and not tls and scrub is None,
+                    scrub=scrub,
                 )
             ],
-            others=[forward.request_body((reader, writer), upstream[1], rest, body, traffic)],
+            others=[forward.request_body(client, upstream[1], rest, body, traffic)],
         )
-        await self._run(conn, aim, traffic, work, writer, upstream)
+        await self._run(conn, aim, traffic, work, client[1], upstream)
+
+    def _injections(self, aim: Target) -> list[credentials.Injection]:
+        """The headers to set for ``aim``, read now; Denied when a secret is missing."""
+        if not aim.credentials:
+            return []
+        try:
+            return credentials.injections(aim.credentials, self._secrets)
+        except credentials.MissingCredential as e:
+            raise Denied(str(e)) from None
+
+    def _upstream_context(self) -> ssl.SSLContext:
+        if self._upstream_tls is None:
+            self._upstream_tls = upstream_context()
+        return self._upstream_tls
+
+    async def _intercept(self, client: Streams, conn: Conn, aim: Target, initial: bytes) -> None:
+        """A TLS connection to a credential host: terminated here (our certificate for
+        ``aim.name``), one request read, checked, injected and forwarded over new TLS."""
+        injected = self._injections(aim)  # a missing secret is refused before any TLS
+        if self.ca is None:
+            raise Denied("credential injection over TLS needs the egress CA; none configured")
+        context = self.ca.server_context(aim.name)
+        if conn.kind == "connect":
+            client[1].write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        conn.can_respond = False
+        try:
+            tls = await tlsserver.accept(client, context, initial, self.head_timeout)
+        except tlsserver.TLSHandshakeFailed as e:
+            raise Denied(f"{e} (the proxy terminates TLS for credential hosts)", 0) from None
+        try:
+            conn.can_respond = True
+            raw, rest = await peek.client_head(tls[0], b"", self.head_timeout)
+            with peek.bad_request():
+                request = httphead.parse_request(raw)
+                body = httphead.request_body(request)
+            origin = self._origin(request)
+            self._check_host_header(request, aim.name, aim.port, default_port=443)
+            await self._one_request(tls, conn, aim, request, rest, body, origin, injected, tls=True)
+        except Denied as deny:
+            # Answered here, inside TLS: the caller's answer would go out in plain text.
+            if deny.status and conn.can_respond:
+                await self._answer(tls[0], tls[1], deny.status, deny.reason)
+            raise Denied(deny.reason, 0) from None
+        finally:
+            await relay.close(tls[1], abort=conn.broken)
 
     @staticmethod
-    def _check_host_header(request: httphead.Head, host: str, port: int) -> None:
+    def _origin(request: httphead.Head) -> str:
+        """The origin-form target of a request sent to the origin (not to a proxy)."""
+        method, target, _ = request.first
+        if target.startswith("/") or (target == "*" and method == "OPTIONS"):
+            return target
+        raise Denied(f"request target {target[:100]!a} is not origin-form (/path)", 400)
+
+    @staticmethod
+    def _check_host_header(
+        request: httphead.Head, host: str, port: int, default_port: int = 80
+    ) -> None:
         values = request.get_all("host")
         if len(values) > 1:
             raise Denied("more than one Host header", 400)
         if not values:
             return  # HTTP/1.0: the URL's authority is sent as Host
         with peek.bad_request("bad Host header: "):
-            header_host, header_port = httphead.split_authority(values[0], 80)
+            header_host, header_port = httphead.split_authority(values[0], default_port)
         if _canonical_host(header_host) != _canonical_host(host) or header_port != port:
             raise Denied(
                 f"Host header {values[0][:100]!a} does not match the URL authority "
@@ -411,6 +547,9 @@ class EgressProxy:
         rest: bytes,
     ) -> None:
         aim = await self._decide(policy, host, port, conn)
+        if aim.credentials:
+            await self._intercept((reader, writer), conn, aim, rest)
+            return
         upstream = await self._open(aim, conn)
         try:
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
@@ -459,19 +598,19 @@ class EgressProxy:
             raise Denied(f"client sent nothing within {self.head_timeout:g} s", 0) from None
         if not first:
             raise Denied("client sent nothing", 0)
-        if clienthello.looks_like_tls(first):
-            first = await peek.whole_record(reader, first, self.head_timeout)
-            host = peek.sni(first)
-            if host is None:
-                raise Denied("no SNI in the TLS ClientHello; name a host", 0)
-        elif _HTTP_START.match(first):
-            conn.can_respond = True
-            raw, rest = await peek.client_head(reader, first, self.head_timeout)
-            host = self._host_header(raw, dst_port)
-            first = raw + rest
-        else:
+        if _HTTP_START.match(first):
+            await self._transparent_http(reader, writer, policy, conn, first, dst_port)
+            return
+        if not clienthello.looks_like_tls(first):
             raise Denied("not HTTP or TLS", 0)
+        first = await peek.whole_record(reader, first, self.head_timeout)
+        host = peek.sni(first)
+        if host is None:
+            raise Denied("no SNI in the TLS ClientHello; name a host", 0)
         aim = await self._decide(policy, host, dst_port, conn)
+        if aim.credentials:
+            await self._intercept((reader, writer), conn, aim, first)
+            return
         upstream = await self._open(aim, conn)
         conn.can_respond = False
         traffic = relay.Traffic()
@@ -481,13 +620,32 @@ class EgressProxy:
         )
         await self._run(conn, aim, traffic, work, writer, upstream)
 
-    @staticmethod
-    def _host_header(raw: bytes, port: int) -> str:
+    async def _transparent_http(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        policy: EgressPolicy,
+        conn: Conn,
+        first: bytes,
+        port: int,
+    ) -> None:
+        """One request, decided by its Host header, on its own upstream connection (a
+        second request on the connection could name another host: it is never sent)."""
+        conn.can_respond = True
+        raw, rest = await peek.client_head(reader, first, self.head_timeout)
         with peek.bad_request("malformed HTTP request: "):
-            values = httphead.parse_request(raw).get_all("host")
+            request = httphead.parse_request(raw)
+            values = request.get_all("host")
             if len(values) != 1:
                 raise Denied("plain HTTP without exactly one Host header", 400)
-            return httphead.split_authority(values[0], port)[0]
+            host = httphead.split_authority(values[0], port)[0]
+            body = httphead.request_body(request)
+        aim = await self._decide(policy, host, port, conn)
+        origin = self._origin(request)
+        injected = self._injections(aim)
+        await self._one_request(
+            (reader, writer), conn, aim, request, rest, body, origin, injected, tls=False
+        )
 
     # -- relaying ------------------------------------------------------------------------
 
@@ -518,3 +676,13 @@ class EgressProxy:
         finally:
             self._finish(conn, True, f"allowed: {aim.why}{ended}", traffic)
             await relay.close(upstream[1], abort=conn.broken)
+
+
+def upstream_context(extra_ca: str | None = None) -> ssl.SSLContext:
+    """How the proxy verifies the hosts it re-encrypts to: the system trust store, plus
+    the PEM file ``extra_ca`` when given (private deployments, tests)."""
+    context = ssl.create_default_context()
+    if extra_ca:
+        context.load_verify_locations(cafile=extra_ca)
+    context.set_alpn_protocols(["http/1.1"])
+    return context

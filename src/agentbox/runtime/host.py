@@ -19,6 +19,7 @@ import select
 import shutil
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,9 +86,17 @@ class SandboxHost:
 
     # build ----------------------------------------------------------------------------
     def prepare_filesystem(
-        self, template_root: Path, disk_bytes: int, disk_cache: Path | None = None
+        self,
+        template_root: Path,
+        disk_bytes: int,
+        disk_cache: Path | None = None,
+        trust: Mapping[str, bytes] | None = None,
     ) -> None:
-        """Disk image, its layout, and the overlay root. Undone by ``teardown``."""
+        """Disk image, its layout, and the overlay root. Undone by ``teardown``.
+
+        ``trust``: files for the sandbox's ``/etc/agentbox/`` (the egress CA certificate
+        and bundle of a sandbox with credentials), written into the fresh upper layer
+        before the overlay exists, so nothing in the template can redirect them."""
         self.dir.mkdir(parents=True, exist_ok=False)
         self.dir.chmod(0o711)  # bwrap runs as the sandbox uid: it may traverse, not list
         disk.make_filesystem(self.image, disk_bytes, disk_cache)
@@ -103,6 +112,8 @@ class SandboxHost:
         (self.disk / "tmp").chmod(0o1777)
         (self.disk / "var-tmp").chmod(0o1777)
         self.procs.chmod(0o700)
+        if trust:
+            self._write_trust(trust)
         self.root.mkdir()
         options = (
             f"lowerdir={template_root},upperdir={self.disk / 'upper'},workdir={self.disk / 'work'}"
@@ -122,6 +133,20 @@ class SandboxHost:
         for mountpoint in MOUNT_POINTS:
             (self.root / mountpoint).mkdir(parents=True, exist_ok=True)
         (self.root / INIT_PATH.lstrip("/")).touch()
+
+    def _write_trust(self, files: Mapping[str, bytes]) -> None:
+        etc = self.disk / "upper" / "etc"
+        target = etc / "agentbox"
+        for directory in (etc, target):
+            directory.mkdir(mode=0o755, exist_ok=True)
+            directory.chmod(0o755)
+        for name, data in files.items():
+            if "/" in name or name in ("", ".", ".."):
+                raise SandboxError(f"bad trust file name {name!r}")
+            fd = os.open(target / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(target / name, 0o644)
 
     def bwrap_argv(
         self, host_usr: bool, seccomp_fd: int, info_fd: int, shm_bytes: int, nsexec: Path

@@ -71,8 +71,12 @@ def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
 _Running = tuple[SandboxRecord, SandboxHost, SandboxCgroup]
 
 
+def _network(spec: Mapping[str, object]) -> NetworkSpec:
+    return NetworkSpec.model_validate(spec.get("network", "none"))
+
+
 def _networked(spec: Mapping[str, object]) -> bool:
-    return NetworkSpec.model_validate(spec.get("network", "none")).mode != "none"
+    return _network(spec).mode != "none"
 
 
 class _LiveSandboxes:
@@ -178,11 +182,16 @@ class Runtime:
         cgroup = self.layout.sandbox(sandbox_id)
         networked = spec.network.mode != "none"
         try:
+            trust = None
             if networked:
                 from agentbox.network import egressd
 
                 egressd.ensure_running(self.home)  # also loads the nft rules: before any link
-            host.prepare_filesystem(template.rootfs, spec.disk, self.home / "lib" / "disks")
+                if spec.network.credentials:
+                    trust = self._egress_trust()
+            host.prepare_filesystem(
+                template.rootfs, spec.disk, self.home / "lib" / "disks", trust=trust
+            )
             cgroup.create(Limits(spec.memory, spec.pids, spec.cpus))
             pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
             if networked:
@@ -193,6 +202,20 @@ class Runtime:
             raise
         record.state, record.init_pid, record.init_start_time = "running", pid, start
         return record
+
+    def _egress_trust(self) -> dict[str, bytes]:
+        """The egress CA's certificate (never its key) and a bundle of the host's CAs plus
+        it: a sandbox with credentials trusts the proxy for those hosts' HTTPS."""
+        from agentbox.network import egressca
+
+        try:
+            ca = egressca.EgressCA.load_or_create(egressca.ca_dir(self.home))
+        except (OSError, ValueError) as e:
+            raise SandboxError(f"cannot load or create the egress CA: {e}") from e
+        return {
+            Path(plane.SANDBOX_CA).name: ca.cert_pem(),
+            Path(plane.SANDBOX_CA_BUNDLE).name: ca.bundle(),
+        }
 
     def get(self, sandbox_id: str) -> SandboxRecord:
         record = self.store.get(sandbox_id)
@@ -289,8 +312,10 @@ class Runtime:
         record, host, cgroup = self.running(sandbox_id)
         assert record.init_pid is not None
         env = record.spec.get("env", {})
-        if _networked(record.spec):
-            env = {**plane.proxy_env(), **env}
+        network = _network(record.spec)
+        if network.mode != "none":
+            trust = plane.ca_env() if network.credentials else {}
+            env = {**plane.proxy_env(), **trust, **env}
         return CommandRunner(self.paths, host, cgroup, record.init_pid, env)
 
     def processes(self, sandbox_id: str) -> ProcessTable:
