@@ -16,9 +16,11 @@ DEV=0
 # bubblewrap: the sandbox; libseccomp2: compiles the seccomp profile; e2fsprogs: per-sandbox
 # disks; gcc/libc6-dev: builds the 4 KB namespace launcher once; mmdebstrap: template
 # builds; nftables/iproute2: network isolation; python3-venv: the virtualenv; curl: what
-# agents use most inside sandboxes (and the network tests).
+# agents use most inside sandboxes (and the network tests); chromium + fonts-dejavu-core:
+# the browser tool runs Debian's Chromium inside sandboxes (never `playwright install`).
 PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs util-linux
-          gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates curl)
+          gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates curl
+          chromium fonts-dejavu-core)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

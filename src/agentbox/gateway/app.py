@@ -8,6 +8,7 @@ rebinding), and request bodies are capped.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -194,6 +195,7 @@ def create_app(
                 yield
             finally:
                 egress_ingest.stop()
+                await asyncio.to_thread(gateway.browsers.close_all)
                 audit.close()
 
     app = FastAPI(

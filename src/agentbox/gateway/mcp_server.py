@@ -30,8 +30,9 @@ from agentbox.gateway.tools import TOOLS_BY_NAME, ToolSpec
 
 INSTRUCTIONS = (
     "agentbox runs your commands in a disposable Linux sandbox: terminal_run for commands, "
-    "fs_* for files (paths are relative to /workspace), process_* for background processes "
-    "and shell_* for a persistent shell. Errors say what to do next."
+    "fs_* for files (paths are relative to /workspace), process_* for background processes, "
+    "shell_* for a persistent shell and browser_* for web pages (open, snapshot, click, type). "
+    "Errors say what to do next."
 )
 _RECHECK_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -62,6 +63,19 @@ def _error(message: str) -> types.CallToolResult:
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=message)], is_error=True
     )
+
+
+def result_content(result: dict[str, Any]) -> list[types.ContentBlock]:
+    """A result as MCP content: its JSON, and a screenshot as an image block of its own
+    (the text then leaves out the base64, which the structured content still carries)."""
+    image = result.get("png_base64")
+    if not isinstance(image, str):
+        return [types.TextContent(type="text", text=json.dumps(result))]
+    rest = {k: v for k, v in result.items() if k != "png_base64"}
+    return [
+        types.TextContent(type="text", text=json.dumps(rest)),
+        types.ImageContent(type="image", data=image, mime_type="image/png"),
+    ]
 
 
 def build_mcp_server(gateway: Gateway, resolve: PrincipalResolver) -> Server[Any]:
@@ -104,8 +118,7 @@ def build_mcp_server(gateway: Gateway, resolve: PrincipalResolver) -> Server[Any
         except AgentboxError as e:
             return _error(f"{e.code}: {e.message}")
         return types.CallToolResult(
-            content=[types.TextContent(type="text", text=json.dumps(outcome.result))],
-            structured_content=outcome.result,
+            content=result_content(outcome.result), structured_content=outcome.result
         )
 
     def input_schema(name: str) -> dict[str, Any] | None:

@@ -169,6 +169,12 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
             # stay in this process's environment, which the egress daemon inherits.
             spec["network"] = gateway.settings.sandbox.network.model_dump()
         _check_credentials(spec["network"], gateway.settings.sandbox.network.credentials)
+        if gateway.browser.block_domains:  # the egress path refuses them for every request
+            network = spec["network"]
+            network = dict(network) if isinstance(network, dict) else {"mode": network}
+            deny = [*network.get("deny", ()), *gateway.browser.block_domains]
+            network["deny"] = list(dict.fromkeys(deny))
+            spec["network"] = network
         record = await asyncio.to_thread(gateway.runtime.create, spec)
         await gateway.audit_event(p, "sandbox_created", sandbox=record.id, template=record.template)
         return record.to_dict()
@@ -186,6 +192,7 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
     @api.delete("/sandboxes/{sandbox_id}", tags=["sandboxes"])
     async def destroy_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
         p.require_operator("destroying a sandbox")
+        await asyncio.to_thread(gateway.browsers.close_sandbox, sandbox_id)
         await asyncio.to_thread(gateway.runtime.destroy, sandbox_id)
         revoked = gateway.tokens.revoke_sandbox(sandbox_id)
         await gateway.audit_event(

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import jsonschema
 
+from agentbox.browser.manager import BrowserConfig, BrowserManager, check_url
 from agentbox.errors import (
     AgentboxError,
     ApprovalDenied,
@@ -31,15 +33,17 @@ from agentbox.gateway.audit import AuditLog, args_hash
 from agentbox.gateway.auth import Principal, RateLimiter, TokenStore
 from agentbox.gateway.policy import CommandPolicy, Decision, FilePolicy, diff_summary
 from agentbox.gateway.redaction import Redactor
-from agentbox.gateway.settings import GatewaySettings, TerminalRunTool
+from agentbox.gateway.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.gateway.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec
+from agentbox.network.names import domain_matches, normalize_host
 from agentbox.runtime.output import OutputCallback
 from agentbox.runtime.runtime import Runtime
 
 ApprovalMode = Literal["wait", "handle"]
 # Compiled once: checking the schema itself on every call costs ~10 ms.
 _VALIDATORS = {t.name: jsonschema.Draft202012Validator(t.input_schema) for t in TOOLS}
-_REDACTED_FIELDS = ("stdout", "stderr", "content", "data")
+# Page text, titles and urls are tool output too; a screenshot (png_base64) is not text.
+_REDACTED_FIELDS = ("stdout", "stderr", "content", "data", "text", "snapshot", "title", "url")
 _DEFAULT_MAX_OUTPUT = 262_144
 _DEFAULT_TIMEOUT_MS = 120_000
 # Reads up to this size run on the event loop thread (page-cache reads of a few µs; a
@@ -83,6 +87,18 @@ class Gateway:
             protected=list(write.protected) if write else [],
             require_diff_summary=bool(write and write.require_diff_summary),
         )
+        browser = settings.tool("browser.open") or BrowserOpenTool(name="browser.open")
+        self.browser: BrowserOpenTool = browser
+        width, _, height = browser.viewport.partition("x")
+        self.browsers = BrowserManager(
+            runtime,
+            BrowserConfig(
+                headless=browser.headless,
+                width=int(width),
+                height=int(height),
+                block_domains=tuple(browser.block_domains),
+            ),
+        )
 
     # discovery --------------------------------------------------------------------------
     def visible_tools(self, principal: Principal) -> list[ToolSpec]:
@@ -116,7 +132,14 @@ class Gateway:
                 await self._approve(
                     principal, spec, sandbox, args, decision, record, approval_mode, approval_id
                 )
-            call = ToolCall(self.runtime, sandbox, args, *self._limits(spec, args), output_listener)
+            call = ToolCall(
+                self.runtime,
+                sandbox,
+                args,
+                *self._limits(spec, args),
+                output_listener,
+                browsers=self.browsers,
+            )
             before = await self._diff_base(spec, call)
             if spec.inline and _read_bound(call) <= INLINE_MAX_BYTES:
                 result = spec.handler(call)
@@ -172,6 +195,10 @@ class Gateway:
     def _check_policy(self, spec: ToolSpec, args: dict[str, Any]) -> Decision | None:
         if spec.policy == "none":
             return None
+        if spec.policy == "browser":
+            if "url" in args:
+                self._check_url(spec, str(args["url"]))
+            return None
         if spec.policy == "command":
             decision = self.commands.check(args["command"])
         elif spec.policy == "fs_read":
@@ -184,6 +211,23 @@ class Gateway:
         if not decision.allowed:
             raise PolicyDenied(decision.reason, rule=decision.rule, tool=spec.name)
         return decision
+
+    def _check_url(self, spec: ToolSpec, url: str) -> None:
+        """An early, clear denial for a top-level URL on ``block_domains``. Not the control:
+        the sandbox's egress path refuses those names for every request and redirect."""
+        check_url(url)
+        try:
+            parts = urllib.parse.urlsplit(url)
+            name = normalize_host(parts.hostname or "")
+        except (ValueError, AgentboxError):
+            return  # an IP literal or odd name: the egress proxy refuses or decides
+        for pattern in self.browser.block_domains:
+            if _matches(name, pattern):
+                raise PolicyDenied(
+                    f"{name} is blocked for the browser (block_domains: {pattern})",
+                    rule=f"browser.open.block_domains:{pattern}",
+                    tool=spec.name,
+                )
 
     async def _approve(
         self,
@@ -329,6 +373,13 @@ class Gateway:
             error=None,
             extra=extra or None,
         )
+
+
+def _matches(name: str, pattern: str) -> bool:
+    try:
+        return domain_matches(name, pattern)
+    except AgentboxError:
+        return False  # a pattern the egress path would refuse too
 
 
 def _read_bound(call: ToolCall) -> int:

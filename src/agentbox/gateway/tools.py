@@ -3,7 +3,7 @@
 Each ``ToolSpec`` carries its JSON input and output schemas, MCP annotations, the policy
 it is checked against, and a handler that does the work on the runtime. Names match
 ``[a-zA-Z0-9_-]{1,64}`` so every MCP client accepts them. Stateful things (background
-processes, shell sessions) are explicit handles in arguments and results.
+processes, shell sessions, browser pages) are explicit handles in arguments and results.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agentbox.browser.manager import BrowserManager
+from agentbox.errors import HostUnsupported
 from agentbox.runtime.output import CommandResult, OutputCallback
 from agentbox.runtime.runtime import Runtime
 
-PolicyKind = Literal["command", "fs_read", "fs_write", "none"]
+PolicyKind = Literal["command", "fs_read", "fs_write", "browser", "none"]
 Handler = Callable[["ToolCall"], dict[str, Any]]
 
 
@@ -30,6 +32,7 @@ class ToolCall:
     timeout_s: float
     max_output_bytes: int
     on_output: OutputCallback | None = None
+    browsers: BrowserManager | None = None
 
 
 @dataclass(frozen=True)
@@ -262,10 +265,95 @@ def fs_mkdir(call: ToolCall) -> dict[str, Any]:
     return call.runtime.files(call.sandbox_id).mkdir(call.args["path"]).to_dict()
 
 
+# browser ----------------------------------------------------------------------------------
+BROWSER_TIMEOUT_S = 60.0  # per browser operation, within the gateway's timeout ceiling
+DEFAULT_TEXT_CHARS = 20_000
+
+
+def _browser(call: ToolCall) -> tuple[BrowserManager, float]:
+    if call.browsers is None:
+        raise HostUnsupported("the browser tools run in the gateway (agentbox serve / mcp)")
+    return call.browsers, min(call.timeout_s, BROWSER_TIMEOUT_S)
+
+
+def _max_chars(call: ToolCall) -> int:
+    return min(int(call.args.get("max_chars", DEFAULT_TEXT_CHARS)), call.max_output_bytes)
+
+
+def browser_open(call: ToolCall) -> dict[str, Any]:
+    browsers, timeout = _browser(call)
+    return browsers.open(
+        call.sandbox_id, call.args["url"], call.args.get("handle"), timeout, _max_chars(call)
+    )
+
+
+def browser_snapshot(call: ToolCall) -> dict[str, Any]:
+    browsers, timeout = _browser(call)
+    return browsers.snapshot(
+        call.sandbox_id,
+        call.args["handle"],
+        timeout,
+        _max_chars(call),
+        bool(call.args.get("text")),
+    )
+
+
+def browser_click(call: ToolCall) -> dict[str, Any]:
+    browsers, timeout = _browser(call)
+    return browsers.click(call.sandbox_id, call.args["handle"], call.args["ref"], timeout)
+
+
+def browser_type(call: ToolCall) -> dict[str, Any]:
+    browsers, timeout = _browser(call)
+    a = call.args
+    return browsers.type_text(
+        call.sandbox_id, a["handle"], a["ref"], a["text"], bool(a.get("submit")), timeout
+    )
+
+
+def browser_press(call: ToolCall) -> dict[str, Any]:
+    browsers, timeout = _browser(call)
+    a = call.args
+    return browsers.press(call.sandbox_id, a["handle"], a["key"], a.get("ref"), timeout)
+
+
+def browser_screenshot(call: ToolCall) -> dict[str, Any]:
+    browsers, timeout = _browser(call)
+    return browsers.screenshot(
+        call.sandbox_id, call.args["handle"], bool(call.args.get("full_page")), timeout
+    )
+
+
+def browser_close(call: ToolCall) -> dict[str, Any]:
+    browsers, _ = _browser(call)
+    return browsers.close(call.sandbox_id, call.args["handle"])
+
+
 COMMAND = {"type": "string", "minLength": 1, "description": "A bash command line"}
 TIMEOUT_MS = {"type": "integer", "minimum": 1, "description": "Wall-clock limit in milliseconds"}
 PROCESS_ID = {"type": "string", "description": "Handle returned by process_start"}
 SESSION_ID = {"type": "string", "description": "Handle returned by shell_create"}
+BROWSER_HANDLE = {
+    "type": "string",
+    "pattern": "^br-[0-9a-f]{12}$",
+    "description": "Handle returned by browser_open (one page)",
+}
+ELEMENT_REF = {
+    "type": "string",
+    "pattern": "^(f[0-9]+)?e[0-9]+$",
+    "description": "An element ref from the latest browser_snapshot, e.g. e12",
+}
+MAX_CHARS = {
+    "type": "integer",
+    "minimum": 1,
+    "description": f"Cap on the text returned (default {DEFAULT_TEXT_CHARS} characters)",
+}
+PAGE_STATE = {
+    "handle": STR,
+    "url": STR,
+    "title": STR,
+}
+ACTION_RESULT = _out({**PAGE_STATE, "navigated": BOOL})
 
 TOOLS: list[ToolSpec] = [
     ToolSpec(
@@ -532,6 +620,146 @@ TOOLS: list[ToolSpec] = [
         idempotent=True,
         handler=fs_mkdir,
         policy="fs_write",
+    ),
+    ToolSpec(
+        "browser_open",
+        "Open a web page",
+        "Open a URL in a headless browser inside the sandbox (its network policy applies to "
+        "every request and redirect). Without handle a new page is opened and its handle "
+        "returned; with handle that page navigates. Returns the final url, HTTP status, "
+        "title and the page's readable text (cut at max_chars, then truncated=true).",
+        _obj(
+            {
+                "url": {"type": "string", "minLength": 1, "maxLength": 8192},
+                "handle": BROWSER_HANDLE,
+                "max_chars": MAX_CHARS,
+            },
+            ["url"],
+        ),
+        _out(
+            {
+                **PAGE_STATE,
+                "status": {"type": ["integer", "null"]},
+                "text": STR,
+                "truncated": BOOL,
+            }
+        ),
+        read_only=False,
+        destructive=False,
+        idempotent=False,
+        handler=browser_open,
+        policy="browser",
+        open_world=True,
+    ),
+    ToolSpec(
+        "browser_snapshot",
+        "Snapshot a page's elements",
+        "A compact accessibility tree of the page: landmarks, headings, links, buttons and "
+        "inputs, each with a ref (e12) for browser_click / browser_type / browser_press. "
+        "Refs stay valid until the page navigates or changes; then take a new snapshot. "
+        "text=true also returns the page's readable text.",
+        _obj({"handle": BROWSER_HANDLE, "text": BOOL, "max_chars": MAX_CHARS}, ["handle"]),
+        _out(
+            {
+                **PAGE_STATE,
+                "snapshot": STR,
+                "refs": INT,
+                "truncated": BOOL,
+                "text": STR,
+                "text_truncated": BOOL,
+            },
+            ["handle", "url", "title", "snapshot", "refs", "truncated"],
+        ),
+        read_only=True,
+        destructive=False,
+        idempotent=True,
+        handler=browser_snapshot,
+        policy="browser",
+    ),
+    ToolSpec(
+        "browser_click",
+        "Click an element",
+        "Click the element with this ref (from browser_snapshot). Returns the page's url and "
+        "title and whether it navigated.",
+        _obj({"handle": BROWSER_HANDLE, "ref": ELEMENT_REF}, ["handle", "ref"]),
+        ACTION_RESULT,
+        read_only=False,
+        destructive=True,
+        idempotent=False,
+        handler=browser_click,
+        policy="browser",
+        open_world=True,
+    ),
+    ToolSpec(
+        "browser_type",
+        "Type into a field",
+        "Replace the value of a text field (or choose a select option by its label) with "
+        "text; submit=true then presses Enter.",
+        _obj(
+            {"handle": BROWSER_HANDLE, "ref": ELEMENT_REF, "text": STR, "submit": BOOL},
+            ["handle", "ref", "text"],
+        ),
+        ACTION_RESULT,
+        read_only=False,
+        destructive=True,
+        idempotent=False,
+        handler=browser_type,
+        policy="browser",
+        open_world=True,
+    ),
+    ToolSpec(
+        "browser_press",
+        "Press a key",
+        "Press a key or chord (Enter, Tab, ArrowDown, Control+A, ...) on the element with ref, "
+        "or on whatever has focus.",
+        _obj(
+            {
+                "handle": BROWSER_HANDLE,
+                "key": {"type": "string", "minLength": 1, "maxLength": 64},
+                "ref": ELEMENT_REF,
+            },
+            ["handle", "key"],
+        ),
+        ACTION_RESULT,
+        read_only=False,
+        destructive=True,
+        idempotent=False,
+        handler=browser_press,
+        policy="browser",
+        open_world=True,
+    ),
+    ToolSpec(
+        "browser_screenshot",
+        "Screenshot a page",
+        "A PNG of the viewport (full_page=true: the whole page), base64 in png_base64.",
+        _obj({"handle": BROWSER_HANDLE, "full_page": BOOL}, ["handle"]),
+        _out(
+            {
+                **PAGE_STATE,
+                "mime_type": {"const": "image/png"},
+                "width": INT,
+                "height": INT,
+                "png_base64": STR,
+            }
+        ),
+        read_only=True,
+        destructive=False,
+        idempotent=True,
+        handler=browser_screenshot,
+        policy="browser",
+    ),
+    ToolSpec(
+        "browser_close",
+        "Close a page",
+        "Close the page (its browser context, cookies included). The browser itself stops "
+        "with its last page; idle pages close by themselves.",
+        _obj({"handle": BROWSER_HANDLE}, ["handle"]),
+        _out({"handle": STR, "closed": BOOL}),
+        read_only=False,
+        destructive=False,
+        idempotent=True,
+        handler=browser_close,
+        policy="browser",
     ),
 ]
 

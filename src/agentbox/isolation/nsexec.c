@@ -18,7 +18,7 @@
  *     uid/gid, exec ARGV (bubblewrap).
  *
  *   enter  --leaf DIR [--cgroup DIR...] --ns-pid PID --uid U --gid G --seccomp FILE [--cwd DIR]
- *          [--exit-file FILE] [--detach] [--setsid] [--ctty] -- ARGV
+ *          [--exit-file FILE] [--detach] [--setsid] [--ctty] [--keep-fds N] -- ARGV
  *     Three processes: the launcher forks a middle process that joins the v1 cgroups
  *     (--cgroup, hybrid hosts) and every namespace of PID (user namespace last, so
  *     nested user namespaces are handled) and clones the command straight into the
@@ -30,7 +30,9 @@
  *     from anything the sandboxed program can write. The launcher itself stays out of
  *     the sandbox's cgroups: killing a command's cgroup cannot kill the process that
  *     records its end. With --exit-file the status is also written there (background
- *     processes that outlive their creator).
+ *     processes that outlive their creator). With --keep-fds N the command also keeps fds
+ *     3..3+N-1 as the caller passed them (the browser's DevTools pipe: a pipe or socket
+ *     each, checked before anything else is opened; nothing else is allowed there).
  *
  * Order follows NOTES-linux: cgroup -> setns -> ids -> caps -> no_new_privs ->
  * seccomp -> exec. Any failure before exec exits 125 with a message on stderr
@@ -52,9 +54,11 @@
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,6 +66,7 @@
 
 #define LAUNCH_FAIL 125
 #define MAX_CGROUPS 16
+#define MAX_KEEP_FDS 8
 
 /* With --exit-file, a launch failure is recorded there too, so nobody waits forever. */
 static int g_exit_fd = -1;
@@ -201,6 +206,46 @@ static void write_exit_file(int fd, int code) {
   close(fd);
 }
 
+/* A connected AF_UNIX stream socket: its peer is fixed for good. An unconnected or
+ * datagram socket could be (re)connected, and an AF_UNIX or INET socket made on the host
+ * reaches the host's abstract sockets and network from inside the sandbox. */
+static int connected_unix_stream(int fd) {
+  int domain = -1, type = -1;
+  socklen_t len = sizeof domain;
+  if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0 || domain != AF_UNIX) return 0;
+  len = sizeof type;
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0 || type != SOCK_STREAM) return 0;
+  struct sockaddr_un peer;
+  len = sizeof peer;
+  return getpeername(fd, (struct sockaddr *)&peer, &len) == 0;
+}
+
+/* --keep-fds N: fds 3..3+N-1 must already be open when we start, so that no fd we open
+ * later (seccomp file, leaf directory, namespace fds, exit file: all O_CLOEXEC anyway)
+ * can take one of those numbers. Each must be a pipe or a connected AF_UNIX stream
+ * socket (what Playwright's --remote-debugging-pipe is): a directory or file of the host
+ * handed to the sandbox is a way out of its mount namespace (CVE-2024-21626). */
+static void check_kept_fds(int keep_fds) {
+  for (int fd = 3; fd < 3 + keep_fds; fd++) {
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+      dprintf(2, "agentbox-nsexec: --keep-fds: fd %d is not open\n", fd);
+      _exit(LAUNCH_FAIL);
+    }
+    if (!S_ISFIFO(st.st_mode) && !(S_ISSOCK(st.st_mode) && connected_unix_stream(fd))) {
+      dprintf(2, "agentbox-nsexec: --keep-fds: fd %d is not a pipe or a connected unix "
+                 "stream socket\n", fd);
+      _exit(LAUNCH_FAIL);
+    }
+  }
+}
+
+/* The waiting parents drop their copies of the kept fds: only the command holds the
+ * pipe, so the caller sees EOF as soon as the command ends. */
+static void close_kept_fds(int keep_fds) {
+  if (keep_fds > 0) syscall(SYS_close_range, 3, 3 + keep_fds - 1, 0);
+}
+
 _Noreturn static void run_init(int ready_fd, int lifetime_s) {
   /* Not dumpable: the sandbox user (our uid) cannot open /proc/1/mem and friends. */
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("dumpable");
@@ -236,10 +281,12 @@ _Noreturn static void run_init(int ready_fd, int lifetime_s) {
 /* In the sandbox's namespaces, as the last step before the program runs. */
 _Noreturn static void exec_confined(char **prog, int uid, int gid, const char *cwd,
                                     struct sock_fprog *filter, int want_setsid, int want_ctty,
-                                    int ns_fds[NS_COUNT]) {
+                                    int ns_fds[NS_COUNT], int keep_fds) {
   join_namespaces(ns_fds, NS_CGROUP, NS_COUNT);
-  /* No host fd may reach the sandbox (CVE-2024-21626): keep only stdio. */
-  if (syscall(SYS_close_range, 3, ~0U, 0) < 0) die("close_range");
+  /* No host fd may reach the sandbox (CVE-2024-21626): keep only stdio, plus the
+   * --keep-fds pipes (checked in check_kept_fds; every fd this program opened itself is
+   * above them and O_CLOEXEC, and goes here too). */
+  if (syscall(SYS_close_range, 3 + keep_fds, ~0U, 0) < 0) die("close_range");
   if (want_setsid || want_ctty) {
     if (setsid() < 0) die("setsid");
   }
@@ -306,7 +353,7 @@ int main(int argc, char **argv) {
 
   const char *cgroups[MAX_CGROUPS];
   int ncgroups = 0, ns_pid = -1, uid = -1, gid = -1, want_setsid = 0, want_ctty = 0;
-  int want_detach = 0;
+  int want_detach = 0, keep_fds = 0;
   const char *cwd = NULL, *seccomp = NULL, *exit_file = NULL, *leaf = NULL;
   int i = 2;
   for (; i < argc; i++) {
@@ -327,6 +374,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--setsid") == 0) want_setsid = 1;
     else if (strcmp(a, "--ctty") == 0) want_ctty = 1;
     else if (strcmp(a, "--detach") == 0) want_detach = 1;
+    else if (strcmp(a, "--keep-fds") == 0) keep_fds = parse_int(argv[++i], "--keep-fds");
     else { dprintf(2, "agentbox-nsexec: unknown option %s\n", a); _exit(LAUNCH_FAIL); }
   }
   if (i >= argc) die_msg("no program given after --");
@@ -336,6 +384,7 @@ int main(int argc, char **argv) {
   /* Supplementary groups are host groups: drop them while we may. */
   if (setgroups(0, NULL) < 0) die("setgroups");
 
+  if (!enter && keep_fds) die_msg("--keep-fds is for enter only");
   if (!enter) {
     for (int c = 0; c < ncgroups; c++) join_cgroup(cgroups[c]);
     /* Detach: the sandbox must outlive whoever created it, and that process must not
@@ -354,6 +403,10 @@ int main(int argc, char **argv) {
   if (ns_pid <= 0) die_msg("enter needs --ns-pid");
   if (!seccomp) die_msg("enter needs --seccomp");
   if (!leaf) die_msg("enter needs --leaf (the command's cgroup v2 directory)");
+  if (keep_fds > MAX_KEEP_FDS) die_msg("--keep-fds is at most 8");
+  if (keep_fds && want_detach) die_msg("--keep-fds and --detach do not go together");
+  /* Before any open() below: see check_kept_fds. */
+  check_kept_fds(keep_fds);
   int exit_fd = -1;
   if (exit_file) {
     exit_fd = open(exit_file, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -385,10 +438,13 @@ int main(int argc, char **argv) {
     join_namespaces(ns_fds, 0, NS_CGROUP);
     pid_t child = fork_into_cgroup(leaf_fd);
     if (child < 0) die("clone3 into the command's cgroup");
-    if (child == 0) exec_confined(prog, uid, gid, cwd, &filter, want_setsid, want_ctty, ns_fds);
+    if (child == 0)
+      exec_confined(prog, uid, gid, cwd, &filter, want_setsid, want_ctty, ns_fds, keep_fds);
+    close_kept_fds(keep_fds);
     release_stdio();
     exit_like(wait_for(child));
   }
+  close_kept_fds(keep_fds);
   release_stdio();
   int status = wait_for(middle);
   write_exit_file(exit_fd, WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));

@@ -1,0 +1,1 @@
+"""The browser tool: headless Chromium inside a sandbox, driven by Playwright on the host."""
