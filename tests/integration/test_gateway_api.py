@@ -322,7 +322,7 @@ def test_egress_decisions_land_in_the_gateway_trail(gw: RunningGateway, sandbox_
     refused by the egress proxy (by name, before any lookup), and the gateway's trail
     shows the decision."""
     fetch = (
-        "python3 -c 'import urllib.request as u\ntry: u.urlopen(\"http://denied.test/\", "
+        'python3 -c \'import urllib.request as u\ntry: u.urlopen("http://denied.test/", '
         "timeout=5)\nexcept Exception as e: print(e.read().decode())'"
     )
     out = run(gw, gw.operator_token, sandbox_id, fetch)
