@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from agentbox import Sandbox  # noqa: E402
+from agentbox.network.plane import EXPLICIT_PORT, home_net  # noqa: E402
 from nettopo import UPSTREAM_A, internet  # noqa: E402
 
 HOSTS = {"allowed.test": UPSTREAM_A}
@@ -84,7 +85,8 @@ def main() -> None:
         try:
             n = str(requests)
             proxied = json.loads(sb.commands.run(
-                ["python3", "-c", LATENCY, "10.201.255.254", "3128", "http://allowed.test/", n],
+                ["python3", "-c", LATENCY, home_net(home).proxy_address, str(EXPLICIT_PORT),
+                 "http://allowed.test/", n],
                 timeout=300).stdout)  # fmt: skip
             transparent = json.loads(sb.commands.run(
                 ["python3", "-c", LATENCY, UPSTREAM_A, "80", "/", n], timeout=300).stdout)  # fmt: skip

@@ -32,7 +32,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agentbox import Sandbox
-from agentbox.errors import HostUnsupported
 from agentbox.gateway.audit import read_records, verify
 from agentbox.network import egressca, egressd, plane
 from agentbox.runtime.runtime import Runtime
@@ -247,15 +246,13 @@ def home(host_ready: None, pki: Pki, secret: str) -> Iterator[Path]:
 
 
 def _stop_daemon(home: Path) -> None:
-    """Stop this home's egress daemon (started by this process), if it is the serving one."""
+    """Stop this home's egress daemon (started by this process)."""
     with contextlib.suppress(OSError, ValueError):
-        pid_text, _, owner = egressd.HOST_OWNER.read_text().partition(" ")
-        if Path(owner.strip()) == home:
-            pid = int(pid_text)
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-                time.sleep(0.05)
+        pid = int((home / egressd.PID_FILE).read_text())
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+            time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -275,16 +272,7 @@ def box(world: World, home: Path, runtime_c: Runtime) -> Iterator[Sandbox]:
         "deny": ["evil.allowed.test"],
         "credentials": CREDENTIALS,
     }
-    # One home per host may network; another test run's home may hold it for a while.
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            sb = _create(home, **network)
-            break
-        except HostUnsupported as e:
-            if "in use by" not in e.message or time.monotonic() > deadline:
-                raise
-            time.sleep(2)
+    sb = _create(home, **network)
     try:
         yield sb
     finally:
@@ -412,10 +400,11 @@ def test_other_https_hosts_are_not_intercepted(
     code, _, info = _curl(box, "--cacert", test_ca_in_box, "https://api.allowed.test/")
     assert code == 60, info  # curl: peer certificate cannot be authenticated
     # The egress CA is in the chain for the credential host only.
+    proxy = f"{plane.home_net(home).proxy_address}:{plane.EXPLICIT_PORT}"
     chain = box.commands.run(
-        "openssl s_client -proxy 10.201.255.254:3128 -connect api.allowed.test:443 "
+        f"openssl s_client -proxy {proxy} -connect api.allowed.test:443 "
         "-servername api.allowed.test -showcerts </dev/null 2>/dev/null; "
-        "echo ===; openssl s_client -proxy 10.201.255.254:3128 -connect other.test:443 "
+        f"echo ===; openssl s_client -proxy {proxy} -connect other.test:443 "
         "-servername other.test -showcerts </dev/null 2>/dev/null"
     ).stdout
     intercepted, _, plain = chain.partition("===")

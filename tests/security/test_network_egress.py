@@ -163,12 +163,14 @@ def test_the_host_the_gateway_and_other_sandboxes_are_unreachable(
     _rules_loaded()
     other = _create(agentbox_home)
     try:
-        me = box.info().slot
+        net = plane.home_net(agentbox_home)
+        me, them = net.link(box.info().slot), net.link(other.info().slot)
         targets = [
-            f"{plane.Link(me).host_address}/8848",  # the host end of its own link
-            f"{plane.Link(other.info().slot).sandbox_address}/80",  # another sandbox
-            f"{plane.Link(other.info().slot).host_address}/22",
-            f"{plane.PROXY_ADDRESS}/8848",  # the proxy's address, another port
+            f"{me.host_address}/8848",  # the host end of its own link
+            f"{them.sandbox_address}/80",  # another sandbox
+            f"{them.host_address}/22",
+            f"{net.proxy_address}/8848",  # the proxy's address, another port
+            f"{plane.HomeNet((net.index + 1) % plane.MAX_HOMES).proxy_address}/3128",  # another home's proxy
         ]
         for target in targets:
             r = box.commands.run(f"timeout 1 bash -c 'echo > /dev/tcp/{target}' && echo OPEN")
@@ -203,7 +205,7 @@ def test_open_mode_reaches_any_public_name_but_never_internal_ones(
 
 def test_teardown_removes_the_link(agentbox_home: Path, net: Internet) -> None:
     sb = _create(agentbox_home)
-    link = plane.Link(sb.info().slot)
+    link = plane.home_net(agentbox_home).link(sb.info().slot)
     assert Path(f"/sys/class/net/{link.host_ifname}").exists()
     # nothing arriving from the sandbox is ever routed, whatever the host's ip_forward
     assert Path(f"/proc/sys/net/ipv4/conf/{link.host_ifname}/forwarding").read_text() == "0\n"
@@ -220,7 +222,8 @@ def test_a_spoofed_source_address_is_dropped(box: Sandbox, agentbox_home: Path) 
     try:
         record = box.info()
         assert record.init_pid is not None
-        spoofed = plane.Link(other.info().slot).sandbox_address
+        net = plane.home_net(agentbox_home)
+        spoofed = net.link(other.info().slot).sandbox_address
         before = _counter("spoofed")
         subprocess.run(
             ["nsenter", f"--net=/proc/{record.init_pid}/ns/net", "ip", "addr", "add",
@@ -228,7 +231,7 @@ def test_a_spoofed_source_address_is_dropped(box: Sandbox, agentbox_home: Path) 
         )  # fmt: skip
         subprocess.run(
             ["nsenter", f"--net=/proc/{record.init_pid}/ns/net", "curl", "-s", "-m", "1",
-             "--interface", spoofed, f"http://{plane.PROXY_ADDRESS}:{plane.EXPLICIT_PORT}/"],
+             "--interface", spoofed, f"http://{net.proxy_address}:{plane.EXPLICIT_PORT}/"],
             check=False,
         )  # fmt: skip
         assert _counter("spoofed") > before

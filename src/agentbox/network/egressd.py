@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbox.config import NetworkSpec
-from agentbox.errors import HostUnsupported, SandboxError
+from agentbox.errors import SandboxError
 from agentbox.gateway.audit import AuditLog
 from agentbox.network import egressca, plane
 from agentbox.network.credentials import Credential
@@ -47,8 +47,7 @@ from agentbox.runtime.store import Store
 log = logging.getLogger("agentbox.egress")
 IDLE_EXIT = 60.0
 SPAWN_LOCK = "egress.spawn.lock"
-HOST_LOCK = Path("/run/agentbox/egress.lock")
-HOST_OWNER = Path("/run/agentbox/egress.owner")  # "<pid> <home>" of the serving daemon
+PID_FILE = "egress.pid"  # the serving daemon's pid (valid while egress.lock is held)
 _READY_TIMEOUT = 15.0
 UPSTREAM_CA_ENV = "AGENTBOX_EGRESS_UPSTREAM_CA"
 
@@ -76,12 +75,15 @@ def host_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
 class PolicyBook:
     """Source address -> the network spec of the sandbox that owns it, from the store."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, net: plane.HomeNet) -> None:
         self.store = store
+        self.net = net
 
     def policy_for(self, peer: str) -> EgressPolicy | None:
         link = plane.link_for_address(peer)
-        record = self.store.by_slot(link.slot) if link is not None else None
+        if link is None or link.home != self.net:
+            return None  # not a sandbox of this home (nftables keeps others away anyway)
+        record = self.store.by_slot(link.slot)
         if record is None or record.state != "running":
             return None
         spec = network_spec(record.spec)
@@ -133,8 +135,9 @@ def _record(audit: AuditLog, d: EgressDecision) -> None:
 
 async def serve(home: Path, ready_fd: int | None) -> None:
     store = Store(home / "state.db")
-    book = PolicyBook(store)
-    extra = [*host_networks(), ipaddress.ip_network(plane.SUBNET)]
+    net = plane.home_net(home)
+    book = PolicyBook(store, net)
+    extra = [*host_networks(), plane.SUBNETS, plane.PROXIES]
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -154,8 +157,8 @@ async def serve(home: Path, ready_fd: int | None) -> None:
             upstream_tls=upstream,
         )
         servers = [
-            await proxy.serve_explicit(plane.PROXY_ADDRESS, plane.EXPLICIT_PORT),
-            await proxy.serve_transparent(plane.PROXY_ADDRESS, plane.TRANSPARENT_PORT),
+            await proxy.serve_explicit(net.proxy_address, plane.EXPLICIT_PORT),
+            await proxy.serve_transparent(net.proxy_address, plane.TRANSPARENT_PORT),
         ]
         if ready_fd is not None:
             os.write(ready_fd, b"ready\n")
@@ -199,12 +202,11 @@ def _held(path: Path, blocking: bool) -> Iterator[bool]:
 
 def ensure_running(home: Path) -> None:
     """Start the home's egress daemon unless one runs; return once it is listening."""
-    plane.ensure_host_setup()
+    plane.ensure_host_setup(plane.home_net(home))
     with _held(home / SPAWN_LOCK, blocking=True):
         with _held(_lock_path(home), blocking=False) as free:
             if not free:
                 return  # a daemon holds the lock: it is listening (it locks, then listens)
-        _claim_host(home)
         ready_r, ready_w = os.pipe()
         try:
             with (home / "egress.log").open("ab") as log_file:
@@ -228,35 +230,6 @@ def ensure_running(home: Path) -> None:
             os.close(ready_r)
             if ready_w != -1:
                 os.close(ready_w)
-
-
-def _claim_host(home: Path) -> None:
-    """The proxy address and the interface names are host-wide: one home's daemon at a
-    time. Another home's daemon with no networked sandbox left is asked to go."""
-    with _held(HOST_LOCK, blocking=False) as free:
-        if free:
-            return
-    try:
-        pid_text, _, other = HOST_OWNER.read_text().partition(" ")
-        pid, other_home = int(pid_text), Path(other.strip())
-    except (OSError, ValueError):
-        pid, other_home = 0, Path("?")
-    busy = other_home.exists() and PolicyBook(Store(other_home / "state.db")).networked_alive()
-    if busy or pid <= 0:
-        raise HostUnsupported(
-            f"sandbox networking on this host is in use by AGENTBOX_HOME={other_home} "
-            f"(egress daemon pid {pid}); one home per host can have networked sandboxes: "
-            "destroy those, or create this one with network none"
-        )
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with _held(HOST_LOCK, blocking=False) as free:
-            if free:
-                return
-        time.sleep(0.02)
-    raise SandboxError(f"the egress daemon of {other_home} (pid {pid}) did not stop")
 
 
 def _wait_ready(fd: int) -> bool:
@@ -289,9 +262,7 @@ def main() -> None:
     # Locks are taken before listening and held for life: holding them means "serving".
     if not _lock_for_life(_lock_path(args.home)):
         sys.exit(0)
-    if not _lock_for_life(HOST_LOCK):
-        sys.exit(f"another home's egress daemon serves this host (see {HOST_OWNER})")
-    HOST_OWNER.write_text(f"{os.getpid()} {args.home}\n")
+    (args.home / PID_FILE).write_text(f"{os.getpid()}\n")
     import uvloop
 
     uvloop.run(serve(args.home, args.ready_fd))

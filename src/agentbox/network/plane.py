@@ -1,36 +1,44 @@
 """The host side of sandbox networking: one veth per sandbox, nftables, the proxy address.
 
-Topology (IPv4 only; every IPv6 packet from a sandbox is dropped)::
+Topology (IPv4 only; every IPv6 packet from a sandbox is dropped), for home number k::
 
     sandbox netns                        host
-    eth0 10.201.A.B+2/30 ──veth── abh<slot> 10.201.A.B+1/30
-    default via B+1                      lo: 10.201.255.254/32 = the egress proxy
+    eth0 <subnet_k>+4s+2/30 ──veth── abh<k>x<s> <subnet_k>+4s+1/30
+    default via +1                       lo: 10.204.0.<k+1>/32 = the home's egress proxy
                                              :3128 explicit HTTP proxy (HTTP(S)_PROXY)
-                                             :3129 transparent (nft redirects all other TCP)
+                                             :3129 transparent (nft redirects other TCP)
 
-The sandbox's only reachable peer is the proxy. nftables (table ``inet agentbox``) does
-the rest, keyed on the interface name and loaded *before* any veth exists:
+Several homes (AGENTBOX_HOME) on one host each get a number k (0..15) from a host-wide
+registry (``/run/agentbox/net-homes.json``), a /18 of 10.200.0.0/14 for their sandboxes
+(slot s owns a /30) and their own proxy address; their egress daemons are independent.
+
+The sandbox's only reachable peer is its home's proxy. nftables (table ``inet agentbox``,
+the same for every home: all 16 are written out) does the rest, keyed on the interface
+name and loaded *before* any veth exists:
 
 * a filter chain at prerouting priority -150 drops, from any ``abh*`` interface: IPv6, a
   source address not routed back through that interface (strict reverse-path check:
   only the sandbox's own address is, so nothing per sandbox needs loading), every
-  always-denied range (loopback, RFC 1918, link-local / metadata, CGNAT, multicast, ...),
-  any address of the host itself, and everything that is not TCP (UDP, so DNS, and ICMP);
-  each drop has a named counter (``nft list counters table inet agentbox``);
-* a nat chain sends the TCP that is left to the transparent port of the proxy, so a
-  program that ignores the proxy variables is filtered by name all the same;
-* the forward chain drops anything from or to ``abh*`` (IP forwarding is on on these
-  hosts: nothing from a sandbox may be routed out unfiltered).
-
-Addresses: sandbox slot ``s`` (0..4095) owns ``10.201.0.0 + 4*s``/30. One AGENTBOX_HOME
-per host may use networking (slots, and so interfaces and addresses, are per home).
+  always-denied range (loopback, RFC 1918, link-local / metadata, CGNAT, multicast, ...,
+  which includes other homes' proxies), any address of the host itself, and everything
+  that is not TCP (UDP, so DNS, and ICMP); each drop has a named counter
+  (``nft list counters table inet agentbox``);
+* a nat chain sends the TCP that is left to the transparent port of the home's proxy, so
+  a program that ignores the proxy variables is filtered by name all the same;
+* the forward chain drops anything from or to ``abh*``, and forwarding is off on every
+  sandbox link (nothing from a sandbox may be routed out unfiltered).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import ipaddress
+import json
+import os
 import subprocess
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,59 +46,125 @@ from agentbox.errors import HostUnsupported, SandboxError
 from agentbox.network.addresses import DENIED_NETWORKS
 
 TABLE = "agentbox"
-SUBNET = ipaddress.IPv4Network("10.201.0.0/16")
-PROXY_ADDRESS = "10.201.255.254"
+SUBNETS = ipaddress.IPv4Network("10.200.0.0/14")  # 16 homes x a /18 each
+PROXIES = ipaddress.IPv4Network("10.204.0.0/24")  # home k's proxy: .k+1
 EXPLICIT_PORT = 3128
 TRANSPARENT_PORT = 3129
 MAX_SLOTS = 4096
+MAX_HOMES = 16
+REGISTRY = Path("/run/agentbox/net-homes.json")
 _IFNAME_PREFIX = "abh"
 _setup_lock = threading.Lock()
-_set_up = False  # per process: checking costs two subprocesses (~5 ms) per create
+_set_up: set[int] = set()  # per process: checking costs two subprocesses (~5 ms)
+_homes: dict[str, HomeNet] = {}
+
+
+@dataclass(frozen=True)
+class HomeNet:
+    """The network numbers of one AGENTBOX_HOME on this host."""
+
+    index: int
+
+    @property
+    def proxy_address(self) -> str:
+        return str(PROXIES.network_address + self.index + 1)
+
+    @property
+    def subnet(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network((int(SUBNETS.network_address) + (self.index << 14), 18))
+
+    @property
+    def ifname_prefix(self) -> str:
+        return f"{_IFNAME_PREFIX}{self.index}x"
+
+    def link(self, slot: int) -> Link:
+        return Link(self, slot)
+
+    def proxy_env(self) -> dict[str, str]:
+        """What a networked sandbox's processes see: both spellings, as tools read either."""
+        url = f"http://{self.proxy_address}:{EXPLICIT_PORT}"
+        no_proxy = "localhost,127.0.0.1,::1"
+        return {
+            "HTTP_PROXY": url,
+            "HTTPS_PROXY": url,
+            "http_proxy": url,
+            "https_proxy": url,
+            "NO_PROXY": no_proxy,
+            "no_proxy": no_proxy,
+        }
 
 
 @dataclass(frozen=True)
 class Link:
     """The addresses of one sandbox's veth pair."""
 
+    home: HomeNet
     slot: int
 
     @property
     def host_ifname(self) -> str:
-        return f"{_IFNAME_PREFIX}{self.slot}"
+        return f"{self.home.ifname_prefix}{self.slot}"
 
     @property
     def host_address(self) -> str:
-        return str(SUBNET.network_address + 4 * self.slot + 1)
+        return str(self.home.subnet.network_address + 4 * self.slot + 1)
 
     @property
     def sandbox_address(self) -> str:
-        return str(SUBNET.network_address + 4 * self.slot + 2)
+        return str(self.home.subnet.network_address + 4 * self.slot + 2)
 
 
 def link_for_address(address: str) -> Link | None:
-    """The link whose sandbox side has ``address`` (how the proxy knows its client)."""
+    """The link whose sandbox side has ``address`` (how a proxy knows its client)."""
     try:
         ip = ipaddress.IPv4Address(address)
     except ValueError:
         return None
-    offset = int(ip) - int(SUBNET.network_address)
-    if not 0 <= offset < 4 * MAX_SLOTS or offset % 4 != 2:
+    if ip not in SUBNETS:
         return None
-    return Link(offset // 4)
+    offset = int(ip) - int(SUBNETS.network_address)
+    home, rest = divmod(offset, 1 << 14)
+    if rest % 4 != 2:
+        return None
+    return Link(HomeNet(home), rest // 4)
 
 
-def proxy_env() -> dict[str, str]:
-    """What a networked sandbox's processes see: both spellings, as tools read either."""
-    url = f"http://{PROXY_ADDRESS}:{EXPLICIT_PORT}"
-    no_proxy = "localhost,127.0.0.1,::1"
-    return {
-        "HTTP_PROXY": url,
-        "HTTPS_PROXY": url,
-        "http_proxy": url,
-        "https_proxy": url,
-        "NO_PROXY": no_proxy,
-        "no_proxy": no_proxy,
-    }
+@contextlib.contextmanager
+def _registry_locked() -> Iterator[None]:
+    REGISTRY.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(REGISTRY.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def home_net(home: Path) -> HomeNet:
+    """This home's number on this host, allocated on first use. Numbers of homes whose
+    directory is gone are reused; /run is emptied at boot, with every sandbox."""
+    key = str(home.resolve())
+    if key in _homes:
+        return _homes[key]
+    with _registry_locked():
+        try:
+            homes: dict[str, int] = json.loads(REGISTRY.read_text())
+        except (OSError, ValueError):
+            homes = {}
+        if key not in homes:
+            homes = {h: k for h, k in homes.items() if Path(h).is_dir()}
+            free = sorted(set(range(MAX_HOMES)) - set(homes.values()))
+            if not free:
+                raise HostUnsupported(
+                    f"{MAX_HOMES} AGENTBOX_HOMEs on this host already have networking "
+                    f"(see {REGISTRY}); remove unused homes or use network none"
+                )
+            homes[key] = free[0]
+            tmp = REGISTRY.with_suffix(".tmp")
+            tmp.write_text(json.dumps(homes, indent=1))
+            os.replace(tmp, REGISTRY)
+    _homes[key] = HomeNet(homes[key])
+    return _homes[key]
 
 
 # Where a sandbox that holds credentials finds the egress CA (written at create, in its
@@ -120,9 +194,21 @@ def _run(argv: list[str], stdin: str | None = None) -> None:
 
 
 def ruleset() -> str:
-    """The nftables table, replaced whole (``nft -f``): idempotent and atomic."""
+    """The nftables table, replaced whole (``nft -f``): idempotent and atomic, and the
+    same whichever home loads it (every home's rules are written out)."""
     denied = ", ".join(str(n) for n in DENIED_NETWORKS if n.version == 4)
     sandbox = f'iifname "{_IFNAME_PREFIX}*"'
+    ports = f"{{ {EXPLICIT_PORT}, {TRANSPARENT_PORT} }}"
+    homes = [HomeNet(k) for k in range(MAX_HOMES)]
+    own_proxy = "\n        ".join(
+        f'iifname "{h.ifname_prefix}*" ip daddr {h.proxy_address} tcp dport {ports} accept'
+        for h in homes
+    )
+    intercept = "\n        ".join(
+        f'iifname "{h.ifname_prefix}*" ip daddr != {h.proxy_address} meta l4proto tcp '
+        f"dnat ip to {h.proxy_address}:{TRANSPARENT_PORT}"
+        for h in homes
+    )
     return f"""
 table inet {TABLE}
 delete table inet {TABLE}
@@ -140,14 +226,14 @@ table inet {TABLE} {{
     chain from_sandbox {{
         meta nfproto ipv6 counter name ipv6 drop
         fib saddr . iif oif missing counter name spoofed drop
-        ip daddr {PROXY_ADDRESS} tcp dport {{ {EXPLICIT_PORT}, {TRANSPARENT_PORT} }} accept
+        {own_proxy}
         ip daddr {{ {denied} }} counter name denied_range drop
         fib daddr type local counter name host_address drop
         meta l4proto != tcp counter name not_tcp drop
     }}
     chain intercept {{
         type nat hook prerouting priority dstnat; policy accept;
-        {sandbox} ip daddr != {PROXY_ADDRESS} meta l4proto tcp dnat ip to {PROXY_ADDRESS}:{TRANSPARENT_PORT}
+        {intercept}
     }}
     chain forward_guard {{
         type filter hook forward priority -150; policy accept;
@@ -155,44 +241,44 @@ table inet {TABLE} {{
         oifname "{_IFNAME_PREFIX}*" counter name forwarded drop
     }}
 }}
-"""  # noqa: E501
+"""
 
 
-def ensure_host_setup() -> None:
-    """The nft table and the proxy's address. Safe to call again; rules come first."""
-    global _set_up
+def ensure_host_setup(net: HomeNet) -> None:
+    """The nft table and this home's proxy address. Safe to call again; rules first."""
     with _setup_lock:
-        if _set_up:
+        if net.index in _set_up:
             return
         if not _table_loaded():
             _run(["nft", "-f", "-"], ruleset())
-        if not _proxy_address_present():
+        if not _proxy_address_present(net):
             # On lo, not a dummy link: these kernels may lack the dummy driver, and an
             # address on lo is local to the host and routed nowhere.
-            _run(["ip", "addr", "add", f"{PROXY_ADDRESS}/32", "dev", "lo"])
-        _set_up = True
+            _run(["ip", "addr", "add", f"{net.proxy_address}/32", "dev", "lo"])
+        _set_up.add(net.index)
 
 
-def _proxy_address_present() -> bool:
+def _proxy_address_present(net: HomeNet) -> bool:
     done = subprocess.run(
         ["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=False
     )
-    return f" {PROXY_ADDRESS}/32 " in done.stdout
+    return f" {net.proxy_address}/32 " in done.stdout
 
 
 def _table_loaded() -> bool:
     done = subprocess.run(
-        ["nft", "list", "chain", "inet", TABLE, "from_sandbox"],
+        ["nft", "list", "chain", "inet", TABLE, "intercept"],
         capture_output=True,
+        text=True,
         check=False,
     )
-    return done.returncode == 0
+    # An older table (one home only) lacks the per-home rules: reload it.
+    return done.returncode == 0 and f"{HomeNet(MAX_HOMES - 1).proxy_address}:" in done.stdout
 
 
-def attach(slot: int, init_pid: int) -> Link:
+def attach(link: Link, init_pid: int) -> None:
     """Give the sandbox whose init is ``init_pid`` its veth (the rules already hold for
     every ``abh*`` name, so it is filtered from its first packet)."""
-    link = Link(slot)
     _run(
         ["ip", "-batch", "-"],
         f"link add {link.host_ifname} type veth peer name eth0 netns {init_pid}\n"
@@ -214,12 +300,10 @@ def attach(slot: int, init_pid: int) -> Link:
         "link set eth0 up\n"
         f"route add default via {link.host_address}\n",
     )
-    return link
 
 
-def detach(slot: int) -> None:
+def detach(link: Link) -> None:
     """Remove the host end of the veth if it outlived the sandbox's netns (deleting the
     netns, when its last process exits, normally takes the pair with it)."""
-    link = Link(slot)
     if Path(f"/sys/class/net/{link.host_ifname}").exists():
         subprocess.run(["ip", "link", "del", link.host_ifname], capture_output=True, check=False)

@@ -149,6 +149,11 @@ class Runtime:
 
     # host facts -----------------------------------------------------------------------
     @property
+    def net(self) -> plane.HomeNet:
+        """This home's network numbers on this host (allocated on first use)."""
+        return plane.home_net(self.home)
+
+    @property
     def layout(self) -> CgroupLayout:
         if self._layout is None:
             self._layout = CgroupLayout.detect()
@@ -195,7 +200,7 @@ class Runtime:
             cgroup.create(Limits(spec.memory, spec.pids, spec.cpus))
             pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
             if networked:
-                plane.attach(record.slot, pid)
+                plane.attach(self.net.link(record.slot), pid)
             self.store.mark_running(sandbox_id, pid, start)
         except BaseException:
             self._release(sandbox_id, host, cgroup, networked)
@@ -273,7 +278,7 @@ class Runtime:
         errors: list[str] = []
         steps: list[Callable[[], None]] = [cgroup.remove, host.teardown]
         if networked:
-            steps.insert(1, lambda: plane.detach(host.slot))
+            steps.insert(1, lambda: plane.detach(self.net.link(host.slot)))
         for step in steps:
             try:
                 step()
@@ -315,7 +320,7 @@ class Runtime:
         network = _network(record.spec)
         if network.mode != "none":
             trust = plane.ca_env() if network.credentials else {}
-            env = {**plane.proxy_env(), **trust, **env}
+            env = {**self.net.proxy_env(), **trust, **env}
         return CommandRunner(self.paths, host, cgroup, record.init_pid, env)
 
     def processes(self, sandbox_id: str) -> ProcessTable:
