@@ -227,7 +227,8 @@ def test_chromium_runs_inside_the_sandbox_and_dies_with_it(
         features = [a for a in args_text if a.startswith("--disable-features=")]
         assert len(features) == 1, features  # one list: Chromium keeps only the last
         assert set(DISABLED_FEATURES) <= set(features[0].partition("=")[2].split(","))
-        proxy = f"--proxy-server=http://{plane.PROXY_ADDRESS}:{plane.EXPLICIT_PORT}"
+        address = runtime.net.proxy_address
+        proxy = f"--proxy-server=http://{address}:{plane.EXPLICIT_PORT}"
         assert proxy in args_text
         assert any(a.startswith("--user-data-dir=/tmp/.agentbox-browser-") for a in args_text)
         # Its DevTools pipe is the only thing it got from the host besides stdio.

@@ -442,7 +442,7 @@ class BrowserManager:
         proxy = None
         if network.mode != "none":
             self._check_blocked(network)
-            proxy = f"http://{plane.PROXY_ADDRESS}:{plane.EXPLICIT_PORT}"
+            proxy = f"http://{self.runtime.net.proxy_address}:{plane.EXPLICIT_PORT}"
         b.leaf = runner.cgroup.new_leaf("b" + tag)
         argv = runner.launcher_argv([chromium], b.leaf, "/tmp")
         assert argv[1] == "enter" and argv[-2:] == ["--", chromium]
