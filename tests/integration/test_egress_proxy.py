@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import datetime
 import fcntl
 import hashlib
 import os
@@ -39,13 +38,10 @@ from typing import Any
 import httpx2
 import pytest
 import uvloop
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agentbox.network.proxy import EgressDecision, EgressPolicy, EgressProxy
 from nettopo import HOST_END, INTERNET_LOCK
+from testpki import Pki, make_pki
 
 A = "203.0.113.10"  # allowed.test
 B = "198.51.100.10"  # other.test
@@ -161,64 +157,10 @@ sys.stdin.read()
 # -- the little internet ------------------------------------------------------------
 
 
-@dataclass
-class Pki:
-    ca: Path
-    cert: Path
-    key: Path
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """A test CA and a server certificate for every test name."""
-    out = tmp_path_factory.mktemp("pki")
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agentbox egress test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    leaf = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, NAMES[0])]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in NAMES]), False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    pki = Pki(out / "ca.pem", out / "cert.pem", out / "key.pem")
-    pki.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    pki.cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    pki.key.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return pki
+    return make_pki(tmp_path_factory.mktemp("pki"), "agentbox egress test CA", list(NAMES))
 
 
 @dataclass

@@ -10,7 +10,6 @@ resolves through the sandbox's static host map; no packet leaves the host.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import secrets
@@ -26,16 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agentbox import Sandbox
 from agentbox.gateway.audit import read_records, verify
 from agentbox.network import egressca, egressd, plane
 from agentbox.runtime.runtime import Runtime
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
+from testpki import Pki, make_pki
 
 SECRET_ENV = "AGENTBOX_TEST_EGRESS_TOKEN"
 MISSING_ENV = "AGENTBOX_TEST_EGRESS_ABSENT_" + secrets.token_hex(4).upper()
@@ -119,13 +115,6 @@ sys.stdin.read()
 
 
 @dataclass
-class Pki:
-    ca: Path
-    cert: Path
-    key: Path
-
-
-@dataclass
 class World:
     internet: Internet
     log: Path
@@ -136,59 +125,8 @@ class World:
         return [json.loads(line) for line in self.log.read_text().splitlines()]
 
 
-def _name(cn: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
 def _make_pki(out: Path) -> Pki:
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(_name("agentbox credential test upstream CA"))
-        .issuer_name(_name("agentbox credential test upstream CA"))
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    leaf = (
-        x509.CertificateBuilder()
-        .subject_name(_name(TLS_NAMES[0]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in TLS_NAMES]), False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    pki = Pki(out / "upstream-ca.pem", out / "upstream.pem", out / "upstream.key")
-    pki.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    pki.cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    pki.key.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    for path in (pki.ca, pki.cert, pki.key):
-        path.chmod(0o644)  # readable by the servers and the daemon (both root anyway)
-    return pki
+    return make_pki(out, "agentbox credential test upstream CA", list(TLS_NAMES), "upstream-")
 
 
 @pytest.fixture(scope="module")
