@@ -95,12 +95,10 @@ class NetworkSpec(BaseModel):
     @field_validator("credentials")
     @classmethod
     def _unique(cls, value: tuple[CredentialSpec, ...]) -> tuple[CredentialSpec, ...]:
-        seen: set[tuple[str, str]] = set()
-        for c in value:
-            key = (c.domain, c.header.lower())
-            if key in seen:
-                raise ValueError(f"two credentials set header {c.header} for {c.domain}")
-            seen.add(key)
+        try:
+            _credentials.check_unique(value)
+        except InvalidRequest as e:
+            raise ValueError(e.message) from None
         return value
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from agentbox.errors import InvalidRequest
 from agentbox.network.httphead import HOP_BY_HOP
@@ -95,7 +96,14 @@ class Credential:
         check_format(self.format)
 
 
-def check_unique(credentials: Iterable[Credential]) -> None:
+class _Granted(Protocol):
+    @property
+    def domain(self) -> str: ...
+    @property
+    def header(self) -> str: ...
+
+
+def check_unique(credentials: Iterable[_Granted]) -> None:
     seen: set[tuple[str, str]] = set()
     for c in credentials:
         key = (c.domain, c.header.lower())
