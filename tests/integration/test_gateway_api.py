@@ -338,3 +338,14 @@ def test_egress_decisions_land_in_the_gateway_trail(gw: RunningGateway, sandbox_
             time.sleep(0.1)
     assert found, "no egress_denied record reached the gateway's audit trail"
     assert found[-1]["host"] == "denied.test" and found[-1]["egress_seq"] >= 1
+    # ... and its metrics (operator only)
+    with gw.operator() as op:
+        text = op.get("/metrics").text
+    denied = [line for line in text.splitlines()
+              if line.startswith('agentbox_egress_decisions_total{decision="egress_denied"')]  # fmt: skip
+    assert denied and float(denied[0].rsplit(" ", 1)[1]) >= 1, text[:2000]
+    assert 'agentbox_tool_calls_total{decision="allowed",tool="terminal_run"}' in text
+    with gw.client(session_token(gw, sandbox_id)) as c:
+        assert c.get("/metrics").status_code == 403
+    with gw.client() as anonymous:
+        assert anonymous.get("/metrics").status_code == 401

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from agentbox.gateway.audit import AuditLog, read_records, verify
 from agentbox.gateway.egress_ingest import EgressIngest
+from agentbox.gateway.metrics import Metrics
 
 
 def _wait_for(path: Path, count: int) -> list[dict[str, object]]:
@@ -32,12 +33,13 @@ def test_egress_records_reach_the_main_trail_once_each_across_restarts(tmp_path:
 
         decide("a.test", True)
         decide("b.test", False)
-        ingest = EgressIngest(egress_path, main, poll_interval=0.01)
+        metrics = Metrics()
+        ingest = EgressIngest(egress_path, main, metrics, poll_interval=0.01)
         ingest.start()
         first = _wait_for(main_path, 2)
         ingest.stop()
         decide("c.test", False)  # while no gateway follows
-        again = EgressIngest(egress_path, main, poll_interval=0.01)
+        again = EgressIngest(egress_path, main, metrics, poll_interval=0.01)
         again.start()
         copied = _wait_for(main_path, 3)
         again.stop()
@@ -49,3 +51,6 @@ def test_egress_records_reach_the_main_trail_once_each_across_restarts(tmp_path:
     ]
     assert copied[1]["error"] == "not on the allowlist" and copied[0]["sandbox"] == "sb-1"
     assert verify(main_path).ok and verify(egress_path).ok
+    text = metrics.render().decode()
+    assert 'agentbox_egress_decisions_total{decision="egress_denied",kind="connect"} 2.0' in text
+    assert 'agentbox_egress_decisions_total{decision="egress_allowed",kind="connect"} 1.0' in text

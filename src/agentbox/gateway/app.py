@@ -17,7 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
@@ -31,6 +31,7 @@ from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.auth import Principal, TokenStore
 from agentbox.gateway.egress_ingest import EgressIngest
 from agentbox.gateway.mcp_server import build_mcp_server
+from agentbox.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.rest import build_router, error_response
 from agentbox.gateway.service import Gateway
@@ -185,7 +186,7 @@ def create_app(
         max_request_body_size=settings.gateway.max_body_bytes,
     )
 
-    egress_ingest = EgressIngest(egress_audit_path(home), audit)
+    egress_ingest = EgressIngest(egress_audit_path(home), audit, gateway.metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -244,6 +245,12 @@ def create_app(
             },
             status_code=500,
         )
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    async def metrics(request: Request) -> Response:
+        """Prometheus text format; needs the operator token (a bearer header)."""
+        principal_of(request.headers.get("authorization")).require_operator("reading metrics")
+        return Response(gateway.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

@@ -4,9 +4,10 @@ The egress daemon writes its decisions to its own hash-chained log
 (``audit/egress.jsonl``; it outlives gateway restarts and may run with no gateway at all).
 While a gateway runs, this follower copies each of those records into the gateway's
 trail, so one trail (and its remote sink, its query API and live tail) shows tool calls
-and egress together. ``egress_seq`` names the source record; the position is kept in
-``audit/egress.ingested``, so a restart resumes where it stopped (a crash between the
-append and the position write may copy a record twice: dedupe on ``egress_seq``).
+and egress together, and counts them in the gateway's metrics. ``egress_seq`` names the
+source record; the position is kept in ``audit/egress.ingested``, so a restart resumes
+where it stopped (a crash between the append and the position write may copy a record
+twice: dedupe on ``egress_seq``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import threading
 from pathlib import Path
 
 from agentbox.gateway.audit import AuditLog, Record, follow
+from agentbox.gateway.metrics import Metrics
 
 log = logging.getLogger(__name__)
 _CARRIED = ("host", "port", "address", "reason", "kind", "bytes_up")
@@ -27,9 +29,16 @@ def position_path(egress_log: Path) -> Path:
 
 
 class EgressIngest:
-    def __init__(self, egress_log: Path, audit: AuditLog, poll_interval: float = 0.25) -> None:
+    def __init__(
+        self,
+        egress_log: Path,
+        audit: AuditLog,
+        metrics: Metrics | None = None,
+        poll_interval: float = 0.25,
+    ) -> None:
         self.egress_log = egress_log
         self.audit = audit
+        self.metrics = metrics
         self.poll_interval = poll_interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="egress-ingest", daemon=True)
@@ -68,6 +77,13 @@ class EgressIngest:
             log.exception("egress audit ingest stopped")
 
     def _copy(self, record: Record) -> None:
+        if self.metrics is not None:
+            self.metrics.egress_decision(
+                record["decision"],
+                str(record.get("kind") or ""),
+                int(record.get("bytes_up") or 0),
+                int(record.get("bytes_out") or 0),
+            )
         extra = {k: record[k] for k in _CARRIED if k in record}
         extra["egress_seq"], extra["egress_ts"] = record["seq"], record.get("ts")
         self.audit.append(

@@ -31,6 +31,7 @@ from agentbox.errors import (
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog, args_hash
 from agentbox.gateway.auth import Principal, RateLimiter, TokenStore
+from agentbox.gateway.metrics import Metrics
 from agentbox.gateway.policy import CommandPolicy, Decision, FilePolicy, diff_summary
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
@@ -73,6 +74,7 @@ class Gateway:
         self.approvals = approvals
         self.audit = audit
         self.redactor = redactor
+        self.metrics = Metrics()
         self.rate = RateLimiter(settings.gateway.auth.rate_limit_per_minute)
         run = settings.tool("terminal.run") or TerminalRunTool(name="terminal.run")
         self.terminal: TerminalRunTool = run
@@ -321,6 +323,7 @@ class Gateway:
         error: str | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
+        self.metrics.tool_call(record["tool"], decision, duration_ms)
         await self._append(
             **record,
             decision=decision,
