@@ -345,6 +345,10 @@ def test_egress_decisions_land_in_the_gateway_trail(gw: RunningGateway, sandbox_
               if line.startswith('agentbox_egress_decisions_total{decision="egress_denied"')]  # fmt: skip
     assert denied and float(denied[0].rsplit(" ", 1)[1]) >= 1, text[:2000]
     assert 'agentbox_tool_calls_total{decision="allowed",tool="terminal_run"}' in text
+    with gw.operator() as op:
+        op.post("/v1/tools/made-up-name-123", json={"arguments": {}})
+        text = op.get("/metrics").text
+    assert "made-up-name-123" not in text and 'tool="unknown"' in text
     with gw.client(session_token(gw, sandbox_id)) as c:
         assert c.get("/metrics").status_code == 403
     with gw.client() as anonymous:

@@ -323,7 +323,9 @@ class Gateway:
         error: str | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
-        self.metrics.tool_call(record["tool"], decision, duration_ms)
+        # Label values must stay few: a tool name a caller made up is counted as "unknown".
+        tool = record["tool"] if record["tool"] in TOOLS_BY_NAME else "unknown"
+        self.metrics.tool_call(tool, decision, duration_ms)
         await self._append(
             **record,
             decision=decision,
