@@ -61,3 +61,26 @@ def test_the_ruleset_is_valid_nft_with_every_homes_rules() -> None:
     # -c: parse and check against the kernel without changing anything
     checked = subprocess.run(["nft", "-c", "-f", "-"], input=rules, capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_a_gone_homes_number_waits_for_its_daemon_to_let_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+    import os
+
+    monkeypatch.setattr(plane, "REGISTRY", tmp_path / "run" / "net-homes.json")
+    monkeypatch.setattr(plane, "_homes", {})
+    gone, new, later = tmp_path / "gone", tmp_path / "new", tmp_path / "later"
+    for home in (gone, new, later):
+        home.mkdir()
+    number = plane.home_net(gone).index
+    gone.rmdir()
+    lock = plane.number_lock(number)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # its egress daemon still serves that address
+        assert plane.home_net(new).index != number
+    finally:
+        os.close(fd)
+    assert plane.home_net(later).index == number  # released: reusable

@@ -167,6 +167,8 @@ async def serve(home: Path, ready_fd: int | None) -> None:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 5)
+            if not home.is_dir():
+                break  # the home was removed: nothing left to serve
             if book.networked_alive():
                 idle_since = None
             elif idle_since is None:
@@ -262,6 +264,8 @@ def main() -> None:
     # Locks are taken before listening and held for life: holding them means "serving".
     if not _lock_for_life(_lock_path(args.home)):
         sys.exit(0)
+    if not _lock_for_life(plane.number_lock(plane.home_net(args.home).index)):
+        sys.exit("the egress daemon of a removed home still holds this home's number")
     (args.home / PID_FILE).write_text(f"{os.getpid()}\n")
     import uvloop
 

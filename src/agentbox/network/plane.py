@@ -140,6 +140,25 @@ def _registry_locked() -> Iterator[None]:
         os.close(fd)
 
 
+def number_lock(index: int) -> Path:
+    """Held for life by the egress daemon serving home number ``index``."""
+    return REGISTRY.parent / f"egress-{index}.lock"
+
+
+def number_in_use(index: int) -> bool:
+    path = number_lock(index)
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def home_net(home: Path) -> HomeNet:
     """This home's number on this host, allocated on first use. Numbers of homes whose
     directory is gone are reused; /run is emptied at boot, with every sandbox."""
@@ -153,7 +172,11 @@ def home_net(home: Path) -> HomeNet:
             homes = {}
         if key not in homes:
             homes = {h: k for h, k in homes.items() if Path(h).is_dir()}
-            free = sorted(set(range(MAX_HOMES)) - set(homes.values()))
+            # A gone home's number is free once its egress daemon (which may outlive the
+            # directory for a moment) has let go of its address.
+            free = [
+                k for k in range(MAX_HOMES) if k not in homes.values() and not number_in_use(k)
+            ]
             if not free:
                 raise HostUnsupported(
                     f"{MAX_HOMES} AGENTBOX_HOMEs on this host already have networking "
