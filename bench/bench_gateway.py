@@ -193,8 +193,8 @@ def main() -> None:
         *rows,
         "",
         f"{seconds:.0f} s per load point with wrk (one C thread, keep-alive, on the same 2 "
-        f"cores); in-process medians over {n} calls. `fsync=always` adds two fsyncs per call "
-        "(the record and the head) on this disk.",
+        f"cores); in-process medians over {n} calls. `fsync=always` fsyncs the record and "
+        "the head before each call returns; concurrent calls share them (group commit).",
         "",
         *verdicts,
     ]

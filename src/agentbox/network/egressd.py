@@ -78,6 +78,9 @@ class PolicyBook:
     def __init__(self, store: Store, net: plane.HomeNet) -> None:
         self.store = store
         self.net = net
+        # A sandbox's spec never changes: its policy (validated, names normalised) is
+        # built once. The slot is looked up every time: slots are reused by new sandboxes.
+        self._policies: dict[str, EgressPolicy] = {}
 
     def policy_for(self, peer: str) -> EgressPolicy | None:
         link = plane.link_for_address(peer)
@@ -86,9 +89,18 @@ class PolicyBook:
         record = self.store.by_slot(link.slot)
         if record is None or record.state != "running":
             return None
-        spec = network_spec(record.spec)
+        policy = self._policies.get(record.id)
+        if policy is None:
+            if len(self._policies) >= 4 * plane.MAX_SLOTS:
+                self._policies.clear()  # ids of destroyed sandboxes pile up otherwise
+            policy = self._policies[record.id] = self._build(record.id, record.spec)
+        return policy
+
+    @staticmethod
+    def _build(sandbox_id: str, record_spec: dict[str, Any]) -> EgressPolicy:
+        spec = network_spec(record_spec)
         return EgressPolicy(
-            sandbox_id=record.id,
+            sandbox_id=sandbox_id,
             mode=spec.mode,
             allow=spec.allow,
             ports=spec.ports,

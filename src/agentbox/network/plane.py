@@ -174,9 +174,7 @@ def home_net(home: Path) -> HomeNet:
             homes = {h: k for h, k in homes.items() if Path(h).is_dir()}
             # A gone home's number is free once its egress daemon (which may outlive the
             # directory for a moment) has let go of its address.
-            free = [
-                k for k in range(MAX_HOMES) if k not in homes.values() and not number_in_use(k)
-            ]
+            free = [k for k in range(MAX_HOMES) if k not in homes.values() and not number_in_use(k)]
             if not free:
                 raise HostUnsupported(
                     f"{MAX_HOMES} AGENTBOX_HOMEs on this host already have networking "
