@@ -51,7 +51,7 @@ def run(quick: bool) -> BenchResult:
     with bench_home("density") as home:
         try:
             # Warm-up: the template, the launcher and the seccomp filter exist before "before".
-            Sandbox.create(memory=SIZE, disk=SIZE, home=home).kill()
+            Sandbox.create(memory=SIZE, disk=SIZE, home=home, network="none").kill()
             plain = PlainBwrap(home / "baseline", home / "lib")
             plain.run_true()
             bwrap_idle = [plain.run_true() for _ in range(n_bwrap)]
@@ -62,7 +62,9 @@ def run(quick: bool) -> BenchResult:
             with timer.active():
                 for i in range(n):
                     t0 = now_ns()
-                    sandboxes.append(Sandbox.create(memory=SIZE, disk=SIZE, home=home))
+                    sandboxes.append(
+                        Sandbox.create(memory=SIZE, disk=SIZE, home=home, network="none")
+                    )
                     create_ns.append(now_ns() - t0)
                     if (i + 1) % 100 == 0:
                         progress(f"3 density: {i + 1}/{n} alive")

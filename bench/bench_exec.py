@@ -34,7 +34,7 @@ def run(quick: bool) -> BenchResult:
     with bench_home("exec") as home:
         plain = PlainBwrap(home / "baseline", home / "lib")
         target = NsenterTarget(plain)
-        sb = Sandbox.create(home=home)
+        sb = Sandbox.create(home=home, network="none")  # the baselines have no network either
         try:
             runner = Runtime(home).commands(sb.id)
             leaf = runner.new_leaf()

@@ -71,7 +71,7 @@ def run(quick: bool) -> BenchResult:
         progress(f"4 throughput: creating {n_sandboxes} sandboxes")
         try:
             for _ in range(n_sandboxes):
-                sandboxes.append(Sandbox.create(memory=SIZE, disk=SIZE, home=home))
+                sandboxes.append(Sandbox.create(memory=SIZE, disk=SIZE, home=home, network="none"))
 
             def sdk_task(i: int) -> None:
                 result = sandboxes[i % n_sandboxes].commands.run(["true"])
