@@ -455,3 +455,26 @@ def test_deny_list_in_open_mode(world: World, home: Path) -> None:
         assert any("deny pattern *.ads.test" in x for x in reasons), reasons
     finally:
         sb.kill()
+
+
+def test_the_browser_reaches_a_credential_host_over_https(
+    box: Sandbox, world: World, secret: str, runtime_c: Runtime
+) -> None:
+    """Chromium reads no SSL_CERT_FILE: it is told to trust the egress CA's key, which
+    only chains the proxy presents contain; the upstream gets the header, the page shows
+    it masked."""
+    from agentbox.browser.manager import BrowserConfig, BrowserManager
+    from browserkit import require_browser
+
+    require_browser()
+    before = len(world.requests())
+    manager = BrowserManager(runtime_c, BrowserConfig())
+    try:
+        opened = manager.open(box.id, "https://api.allowed.test/page", None, 60, 5000)
+    finally:
+        manager.close_all()
+    assert opened["status"] == 200, opened
+    assert opened["text"].startswith("hello https from api.allowed.test"), opened["text"][:500]
+    assert secret not in opened["text"] and "*" * len(secret) in opened["text"]
+    seen = _new_requests(world, before)
+    assert [f"Bearer {secret}"] in [r["authorization"] for r in seen], seen

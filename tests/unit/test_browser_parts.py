@@ -153,3 +153,12 @@ def test_png_size_reads_ihdr() -> None:
     assert png_size(png) == (640, 400)
     with pytest.raises(SandboxError):
         png_size(b"GIF89a" + b"\0" * 30)
+
+
+def test_chromium_args_trust_only_our_egress_ca_key() -> None:
+    given = [*PLAYWRIGHT_ARGS, "--ignore-certificate-errors-spki-list=someone-elses"]
+    args = chromium_args(given, "/tmp/p", "http://10.204.0.1:3128", "b64spki=")
+    spki = [a for a in args if a.startswith("--ignore-certificate-errors-spki-list=")]
+    assert spki == ["--ignore-certificate-errors-spki-list=b64spki="]
+    assert not any(a.startswith("--ignore-certificate-errors-spki-list") for a in
+                   chromium_args(given, "/tmp/p", None))  # fmt: skip

@@ -66,12 +66,17 @@ _DROPPED_PREFIXES = (
     "--remote-debugging-address=",
     "--gaia-url=",
     "--component-updater=",
+    "--ignore-certificate-errors-spki-list=",
 )
 _DROPPED = ("--no-proxy-server", "--proxy-auto-detect")
 
 
-def chromium_args(given: Sequence[str], user_data_dir: str, proxy: str | None) -> list[str]:
-    """Playwright's arguments, with our profile directory, proxy and required flags.
+def chromium_args(
+    given: Sequence[str], user_data_dir: str, proxy: str | None, trusted_spki: str | None = None
+) -> list[str]:
+    """Playwright's arguments, with our profile directory, proxy and required flags;
+    ``trusted_spki``: the egress CA's key, for sandboxes whose egress injects credentials
+    (chains the proxy presents include that CA, and only those chains match).
 
     Chromium keeps only the last ``--disable-features``, so every list is merged into one.
     """
@@ -89,6 +94,8 @@ def chromium_args(given: Sequence[str], user_data_dir: str, proxy: str | None) -
     out.append(f"--user-data-dir={user_data_dir}")
     if proxy:
         out.append(f"--proxy-server={proxy}")
+    if trusted_spki:
+        out.append(f"--ignore-certificate-errors-spki-list={trusted_spki}")
     return out
 
 
@@ -101,7 +108,9 @@ def build_argv(spec: dict[str, Any], given: Sequence[str]) -> list[str]:
     prefix = [str(a) for a in spec["nsexec_argv"]]
     if prefix[-1] != "--":
         raise ValueError("nsexec_argv must end with --")
-    args = chromium_args(given, str(spec["user_data_dir"]), spec.get("proxy"))
+    args = chromium_args(
+        given, str(spec["user_data_dir"]), spec.get("proxy"), spec.get("trusted_spki")
+    )
     return [*prefix, str(spec["chromium"]), *args]
 
 

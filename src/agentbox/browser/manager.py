@@ -42,7 +42,7 @@ from agentbox.errors import (
     PolicyDenied,
     SandboxError,
 )
-from agentbox.network import plane
+from agentbox.network import egressca, plane
 from agentbox.network.names import normalize_pattern
 
 if TYPE_CHECKING:
@@ -439,10 +439,13 @@ class BrowserManager:
             files.write(conf, _FONTS_CONF.format(cache=f"{b.profile}/fontconfig").encode())
             extra_env["FONTCONFIG_FILE"] = conf
         network = NetworkSpec.model_validate(record.spec.get("network", "none"))
-        proxy = None
+        proxy = trusted_spki = None
         if network.mode != "none":
             self._check_blocked(network)
             proxy = f"http://{self.runtime.net.proxy_address}:{plane.EXPLICIT_PORT}"
+        if network.mode != "none" and network.credentials:
+            ca = egressca.EgressCA.load_or_create(egressca.ca_dir(self.runtime.home))
+            trusted_spki = ca.spki_sha256()
         b.leaf = runner.cgroup.new_leaf("b" + tag)
         argv = runner.launcher_argv([chromium], b.leaf, "/tmp")
         assert argv[1] == "enter" and argv[-2:] == ["--", chromium]
@@ -453,6 +456,7 @@ class BrowserManager:
             "chromium": chromium,
             "user_data_dir": f"{b.profile}/profile",
             "proxy": proxy,
+            "trusted_spki": trusted_spki,
             "env": runner.environment(extra_env),
         }
         script = launch.launcher_script(self.runtime.home / "lib")

@@ -16,9 +16,11 @@ cached in memory by the daemon, and name exactly one host (SAN = that name).
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
 import fcntl
+import hashlib
 import os
 import ssl
 import tempfile
@@ -131,6 +133,14 @@ class EgressCA:
 
     def cert_pem(self) -> bytes:
         return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def spki_sha256(self) -> str:
+        """base64(sha256(SubjectPublicKeyInfo)): how Chromium names a key to trust
+        (``--ignore-certificate-errors-spki-list``; it reads no ``SSL_CERT_FILE``)."""
+        der = self.cert.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        return base64.b64encode(hashlib.sha256(der).digest()).decode()
 
     def bundle(self, host_bundle: Path = HOST_BUNDLE) -> bytes:
         """The host's trust store followed by this CA: what a sandbox with credentials uses."""
