@@ -16,6 +16,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from agentbox.gateway.sealed import load_key, unseal
 from gateway_harness import RunningGateway, running_gateway
 
 NAME_RULE = r"^[a-zA-Z0-9_-]{1,64}$"
@@ -136,6 +137,11 @@ def test_input_required_approval_for_current_clients(gw: RunningGateway, sandbox
                 "terminal_run", {"command": "rm -rf /tmp/never"}, allow_input_required=True
             )
             assert isinstance(raw, types.InputRequiredResult)
+            # The state the client must return is sealed: it names a real pending approval
+            # and cannot be edited to name another.
+            state = unseal(load_key(gw.home), raw.request_state)
+            assert state is not None and state["approval_id"].startswith("ap")
+            assert unseal(load_key(gw.home), raw.request_state + "x") is None
 
     anyio.run(main)
     assert prompts and "approval" in prompts[0]

@@ -24,6 +24,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agentbox import __version__
 from agentbox.errors import AgentboxError, ApprovalPending
+from agentbox.gateway import sealed
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.tools import TOOLS_BY_NAME, ToolSpec
@@ -94,8 +95,11 @@ def build_mcp_server(gateway: Gateway, resolve: PrincipalResolver) -> Server[Any
             return _error(f"{e.code}: {e.message}")
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
         approval_id = None
-        if modern and params.request_state:
-            approval_id = json.loads(params.request_state).get("approval_id")
+        if modern:
+            # Forged or malformed state (the client is untrusted) counts as none.
+            state = sealed.unseal(gateway.state_key, params.request_state) or {}
+            found = state.get("approval_id")
+            approval_id = found if isinstance(found, str) else None
         try:
             outcome = await gateway.call_tool(
                 principal,
@@ -113,7 +117,9 @@ def build_mcp_server(gateway: Gateway, resolve: PrincipalResolver) -> Server[Any
                         )
                     )
                 },
-                request_state=json.dumps({"approval_id": e.details["approval_id"]}),
+                request_state=sealed.seal(
+                    gateway.state_key, {"approval_id": e.details["approval_id"]}
+                ),
             )
         except AgentboxError as e:
             return _error(f"{e.code}: {e.message}")

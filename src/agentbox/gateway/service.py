@@ -28,6 +28,7 @@ from agentbox.errors import (
     PolicyDenied,
     RateLimited,
 )
+from agentbox.gateway import sealed
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog, args_hash
 from agentbox.gateway.auth import Principal, RateLimiter, TokenStore
@@ -75,6 +76,7 @@ class Gateway:
         self.audit = audit
         self.redactor = redactor
         self.metrics = Metrics()
+        self.state_key = sealed.load_key(runtime.home)  # seals MCP requestState
         self.rate = RateLimiter(settings.gateway.auth.rate_limit_per_minute)
         run = settings.tool("terminal.run") or TerminalRunTool(name="terminal.run")
         self.terminal: TerminalRunTool = run
