@@ -189,6 +189,29 @@ def sandbox_rm(sandbox_ids: tuple[str, ...]) -> None:
         click.echo(sandbox_id)
 
 
+@sandbox.command("pause")
+@click.argument("sandbox_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the sandbox as a JSON object.")
+@handle_errors()
+def sandbox_pause(sandbox_id: str, as_json: bool) -> None:
+    """Freeze every process of a sandbox (CPU drops to zero; memory and files stay).
+
+    Any later command, file or tool call on it resumes it first.
+    """
+    record = _runtime().pause(sandbox_id)
+    _print_json(record.to_dict()) if as_json else click.echo(f"{sandbox_id} {record.state}")
+
+
+@sandbox.command("resume")
+@click.argument("sandbox_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the sandbox as a JSON object.")
+@handle_errors()
+def sandbox_resume(sandbox_id: str, as_json: bool) -> None:
+    """Continue a paused sandbox exactly where it stopped."""
+    record = _runtime().resume(sandbox_id)
+    _print_json(record.to_dict()) if as_json else click.echo(f"{sandbox_id} {record.state}")
+
+
 @sandbox.command("exec", context_settings={"ignore_unknown_options": True})
 @click.argument("sandbox_id")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)

@@ -369,6 +369,12 @@ class RemoteRuntime:
     def destroy(self, sandbox_id: str) -> None:
         self.client.request("DELETE", f"/v1/sandboxes/{sandbox_id}")
 
+    def pause(self, sandbox_id: str) -> SandboxRecord:
+        return _record(self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/pause"))
+
+    def resume(self, sandbox_id: str) -> SandboxRecord:
+        return _record(self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/resume"))
+
     def commands(self, sandbox_id: str) -> RemoteCommands:
         return RemoteCommands(self.client, sandbox_id)
 

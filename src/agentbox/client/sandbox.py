@@ -53,6 +53,8 @@ class Backend(Protocol):
     def get(self, sandbox_id: str) -> SandboxRecord: ...
     def list(self) -> builtins.list[SandboxRecord]: ...
     def destroy(self, sandbox_id: str) -> None: ...
+    def pause(self, sandbox_id: str) -> SandboxRecord: ...
+    def resume(self, sandbox_id: str) -> SandboxRecord: ...
     def commands(self, sandbox_id: str) -> CommandRunner | RemoteCommands: ...
     def processes(self, sandbox_id: str) -> ProcessTable | RemoteProcesses: ...
     def sessions(self, sandbox_id: str) -> ShellSessions | RemoteSessions: ...
@@ -297,6 +299,15 @@ class Sandbox:
     def shell(self, cwd: str = "/workspace", env: Mapping[str, str] | None = None) -> Shell:
         return Shell(self._rt, self.id, self._rt.sessions(self.id).create(cwd, env))
 
+    def pause(self) -> SandboxRecord:
+        """Freeze every process (CPU drops to zero; memory, files and connections stay).
+        Any later call on the sandbox resumes it first."""
+        return self._rt.pause(self.id)
+
+    def resume(self) -> SandboxRecord:
+        """Continue exactly where it stopped."""
+        return self._rt.resume(self.id)
+
     def kill(self) -> None:
         """Destroy the sandbox: every process dies, every host resource is removed."""
         self._rt.destroy(self.id)
@@ -358,6 +369,12 @@ class AsyncSandbox:
 
     async def shell(self, cwd: str = "/workspace") -> Any:
         return _AsyncProxy(await asyncio.to_thread(self._sync.shell, cwd))
+
+    async def pause(self) -> SandboxRecord:
+        return await asyncio.to_thread(self._sync.pause)
+
+    async def resume(self) -> SandboxRecord:
+        return await asyncio.to_thread(self._sync.resume)
 
     async def kill(self) -> None:
         await asyncio.to_thread(self._sync.kill)

@@ -200,6 +200,21 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
         )
         return {"id": sandbox_id, "destroyed": True, "tokens_revoked": revoked}
 
+    @api.post("/sandboxes/{sandbox_id}/pause", tags=["sandboxes"])
+    async def pause_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
+        """Freeze every process; any later call on the sandbox resumes it."""
+        p.require_operator("pausing a sandbox")
+        record = await asyncio.to_thread(gateway.runtime.pause, sandbox_id)
+        await gateway.audit_event(p, "sandbox_paused", sandbox=sandbox_id, reason="operator")
+        return record.to_dict()
+
+    @api.post("/sandboxes/{sandbox_id}/resume", tags=["sandboxes"])
+    async def resume_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
+        p.require_operator("resuming a sandbox")
+        record = await asyncio.to_thread(gateway.runtime.resume, sandbox_id)
+        await gateway.audit_event(p, "sandbox_resumed", sandbox=sandbox_id, reason="operator")
+        return record.to_dict()
+
     # commands -----------------------------------------------------------------------------
     @api.post("/sandboxes/{sandbox_id}/commands", tags=["commands"])
     async def run_command(

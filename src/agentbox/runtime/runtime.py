@@ -229,7 +229,7 @@ class Runtime:
                 f"sandbox {sandbox_id} does not exist (destroyed or never created); "
                 "list live sandboxes with `agentbox sandbox ls`"
             )
-        if record.state == "running" and not self._alive(record):
+        if record.state in ("running", "paused") and not self._alive(record):
             record.state = "exited"
         return record
 
@@ -300,10 +300,41 @@ class Runtime:
         )
 
     # running things ---------------------------------------------------------------------
+    def pause(self, sandbox_id: str) -> SandboxRecord:
+        """Freeze every process of the sandbox (CPU drops to zero; memory, files and
+        connections stay). Any later call through this runtime resumes it first."""
+        record, _, cgroup = self.running(sandbox_id)
+        with self._lock:
+            self._live.forget(sandbox_id)
+            cgroup.freeze()
+            self.store.set_state(sandbox_id, "paused")
+        record = self.get(sandbox_id)
+        return record
+
+    def resume(self, sandbox_id: str) -> SandboxRecord:
+        """Continue a paused sandbox exactly where it stopped (no-op when running)."""
+        record = self.get(sandbox_id)
+        if record.state == "paused" or self.layout.sandbox(sandbox_id).frozen():
+            with self._lock:
+                self.layout.sandbox(sandbox_id).thaw()
+                self.store.set_state(sandbox_id, "running")
+            record = self.get(sandbox_id)
+        elif record.state != "running":
+            raise SandboxNotRunning(
+                f"sandbox {sandbox_id} is {record.state}, not paused; create a new one"
+            )
+        return record
+
     def running(self, sandbox_id: str) -> _Running:
         running = self._live.get(sandbox_id)
+        if running is not None and running[2].frozen():
+            # Paused since it was cached (perhaps by another process): resume first.
+            self._live.forget(sandbox_id)
+            running = None
         if running is None:
             record = self.get(sandbox_id)
+            if record.state == "paused":
+                record = self.resume(sandbox_id)  # a call on a paused sandbox resumes it
             if record.state != "running":
                 raise SandboxNotRunning(
                     f"sandbox {sandbox_id} is {record.state}, not running; create a new one"
