@@ -53,6 +53,13 @@ def test_sdk_through_the_gateway(gw: RunningGateway, monkeypatch: pytest.MonkeyP
         assert shell.run("pwd").stdout == "/tmp\n"
         archive = io.BytesIO()
         assert sb.files.download_tar("/workspace", archive) == 3  # workspace/, 2 files
+        sb.files.write("/workspace/.bashrc", "alias ls=rm")  # a shell on the host runs it
+        withheld: list[tuple[str, str]] = []
+        assert sb.files.download_tar("/workspace", io.BytesIO(), withheld=withheld) == 3
+        assert [p for p, _ in withheld] == ["workspace/.bashrc"]
+        everything = io.BytesIO()
+        assert sb.files.download_tar("/workspace", everything, include_unsafe=True) == 4
+        sb.files.remove("/workspace/.bashrc")
         sb.files.remove("/workspace/t.txt")
         archive.seek(0)
         assert sb.files.upload_tar("/workspace/restored", archive) == 3

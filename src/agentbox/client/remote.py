@@ -9,6 +9,7 @@ when ``AGENTBOX_URL`` is set.
 from __future__ import annotations
 
 import base64
+import builtins
 import json
 import os
 import shlex
@@ -62,8 +63,15 @@ class GatewayClient:
             return response.json()
         return response.content
 
-    def download(self, path: str, params: dict[str, Any], fileobj: IO[bytes]) -> int:
-        """Stream a download into ``fileobj``; returns the entry count the gateway reports."""
+    def download(
+        self,
+        path: str,
+        params: dict[str, Any],
+        fileobj: IO[bytes],
+        withheld: list[tuple[str, str]] | None = None,
+    ) -> int:
+        """Stream a download into ``fileobj``; returns the entry count the gateway reports
+        (and extends ``withheld`` with what it left out)."""
         try:
             with self._http.stream("GET", path, params=params) as response:
                 if response.status_code >= 400:
@@ -71,6 +79,9 @@ class GatewayClient:
                     self._raise_for_error(response)
                 for chunk in response.iter_bytes():
                     fileobj.write(chunk)
+                if withheld is not None:
+                    report = json.loads(response.headers.get("x-agentbox-withheld", "[]"))
+                    withheld.extend((str(p), str(why)) for p, why in report)
                 return int(response.headers.get("x-agentbox-entries", "0"))
         except httpx2.TransportError as e:
             raise AgentboxError(f"lost the gateway at {self.url}: {e}") from None
@@ -345,9 +356,17 @@ class RemoteFiles:
         )
         return int(data["entries"])
 
-    def download_tar(self, path: str, fileobj: IO[bytes]) -> int:
+    def download_tar(
+        self,
+        path: str,
+        fileobj: IO[bytes],
+        *,
+        include_unsafe: bool = False,
+        withheld: builtins.list[tuple[str, str]] | None = None,
+    ) -> int:
         """Stream the tar into ``fileobj``; returns the number of entries."""
-        return self._c.download(f"{self._base}/download", {"path": path}, fileobj)
+        params = {"path": path, "include_unsafe": str(include_unsafe).lower()}
+        return self._c.download(f"{self._base}/download", params, fileobj, withheld)
 
 
 class RemoteRuntime:

@@ -220,8 +220,20 @@ class Files:
     def upload_tar(self, dest_dir: str, fileobj: IO[bytes]) -> int:
         return self._rt.files(self._id).upload_tar(dest_dir, fileobj)
 
-    def download_tar(self, path: str, fileobj: IO[bytes]) -> int:
-        return self._rt.files(self._id).download_tar(path, fileobj)
+    def download_tar(
+        self,
+        path: str,
+        fileobj: IO[bytes],
+        *,
+        include_unsafe: bool = False,
+        withheld: builtins.list[tuple[str, str]] | None = None,
+    ) -> int:
+        """A tar of ``path``; what the host would run or trust (git hooks, editor and
+        agent settings, rc files, setuid bits, symlinks out of the tree) is left out and
+        listed in ``withheld`` unless ``include_unsafe``."""
+        return self._rt.files(self._id).download_tar(
+            path, fileobj, include_unsafe=include_unsafe, withheld=withheld
+        )
 
 
 class Shell:

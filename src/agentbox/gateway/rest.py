@@ -9,6 +9,7 @@ may read its own sandbox).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -331,27 +332,47 @@ def build_router(gateway: Gateway, authenticate: Any) -> APIRouter:
         return await tool(p, "fs_remove", sandbox_id, body.model_dump())
 
     @api.get("/sandboxes/{sandbox_id}/files/download", tags=["files"])
-    async def download_tar(sandbox_id: str, path: str, p: Principal = auth) -> StreamingResponse:
-        """A tar of ``path`` (file or directory); symlinks stored, never followed."""
+    async def download_tar(
+        sandbox_id: str,
+        path: str,
+        p: Principal = auth,
+        include_unsafe: bool = Query(
+            False,
+            description="Also include what the host would run or trust (git hooks, "
+            "editor/agent settings, rc files, setuid bits, symlinks out of the tree)",
+        ),
+    ) -> StreamingResponse:
+        """A tar of ``path`` (file or directory); symlinks stored, never followed. What was
+        withheld is listed in the ``X-Agentbox-Withheld`` header (JSON: [path, reason])."""
         await gateway.check_transfer(p, sandbox_id, path, write=False)
         spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the stream below
+        withheld: list[tuple[str, str]] = []
         try:
             files = gateway.runtime.files(sandbox_id)
-            entries = await asyncio.to_thread(files.download_tar, path, spool)
+            entries = await asyncio.to_thread(
+                functools.partial(
+                    files.download_tar, path, spool, include_unsafe=include_unsafe,
+                    withheld=withheld,
+                )
+            )  # fmt: skip
         except BaseException:
             spool.close()
             raise
         spool.seek(0)
         await gateway.audit_event(p, "allowed", sandbox=sandbox_id, tool="fs_download",
-                                  args={"path": path}, entries=entries)  # fmt: skip
+                                  args={"path": path}, entries=entries,
+                                  withheld=len(withheld))  # fmt: skip
 
         def chunks() -> Iterator[bytes]:
             with spool:
                 while chunk := spool.read(1 << 20):
                     yield chunk
 
+        report = json.dumps(withheld[:200])  # ASCII (escaped): a valid header value
         return StreamingResponse(
-            chunks(), media_type="application/x-tar", headers={"X-Agentbox-Entries": str(entries)}
+            chunks(),
+            media_type="application/x-tar",
+            headers={"X-Agentbox-Entries": str(entries), "X-Agentbox-Withheld": report},
         )
 
     @api.post("/sandboxes/{sandbox_id}/files/upload", tags=["files"])

@@ -62,7 +62,7 @@ from agentbox.errors import (
     SandboxNotRunning,
 )
 from agentbox.isolation import syscalls
-from agentbox.runtime import archive
+from agentbox.runtime import archive, export_safety
 
 FileType = Literal["file", "dir", "symlink", "other"]
 WriteMode = Literal["overwrite", "append", "create"]
@@ -884,28 +884,48 @@ class SandboxFiles:
                 finally:
                     os.close(fd)
 
-    def download_tar(self, path: str, fileobj: IO[bytes]) -> int:
+    def download_tar(
+        self,
+        path: str,
+        fileobj: IO[bytes],
+        *,
+        include_unsafe: bool = False,
+        withheld: builtins.list[tuple[str, str]] | None = None,
+    ) -> int:
         """Stream a tar of ``path`` (a file, symlink or directory tree) to ``fileobj``.
 
         Entries are named from the basename of ``path`` (``/workspace/proj`` gives
         ``proj/...``), like ``tar -C /workspace -c proj``, so ``upload_tar(dir, ...)``
         recreates ``dir/proj``. Symlinks are stored as symlinks, never followed; fifos,
         sockets and devices are skipped. Returns the number of entries.
+
+        Safe export: entries the host would run or trust (git hooks and run-a-program git
+        config, editor/agent settings, shell rc files, setuid bits, symlinks leaving the
+        tree: see ``export_safety``) are left out unless ``include_unsafe``; each one is
+        appended to ``withheld`` as (path in the tar, reason).
         """
         spath = self._sandbox_path(path)
+        guard = _ExportGuard(not include_unsafe, withheld if withheld is not None else [])
         tar = tarfile.open(fileobj=fileobj, mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115
         with tar, self._session("archive", spath) as rootfd:
             if spath == "/":
                 fd = _open_in_root(rootfd, "/", os.O_RDONLY | os.O_DIRECTORY)
                 try:
-                    return self._add_dir(tar, fd, ".", spath, 1)
+                    return self._add_dir(tar, fd, ".", spath, 1, guard)
                 finally:
                     os.close(fd)
             with _parent_of(rootfd, spath) as (pfd, name):
-                return self._add_entry(tar, pfd, name, name, spath, 1)
+                return self._add_entry(tar, pfd, name, name, spath, 1, guard)
 
     def _add_entry(
-        self, tar: tarfile.TarFile, dirfd: int, name: str, arcname: str, spath: str, depth: int
+        self,
+        tar: tarfile.TarFile,
+        dirfd: int,
+        name: str,
+        arcname: str,
+        spath: str,
+        depth: int,
+        guard: _ExportGuard,
     ) -> int:
         with self._mapped("archive", spath):
             try:
@@ -914,6 +934,8 @@ class SandboxFiles:
                 if depth == 1:
                     raise
                 return 0  # removed while we walked
+            if guard.withholds(arcname, st.st_mode, target):
+                return 0
             if stat.S_ISLNK(st.st_mode):
                 tar.addfile(archive.symlink_entry(arcname, st, target or ""))
                 return 1
@@ -923,6 +945,10 @@ class SandboxFiles:
                     st = os.fstat(fd)  # the object we actually read
                     if not stat.S_ISREG(st.st_mode):
                         return 0
+                    if guard.active and export_safety.is_git_config(arcname):
+                        content = os.pread(fd, export_safety.MAX_GIT_CONFIG + 1, 0)
+                        if guard.withhold_config(arcname, content):
+                            return 0
                     tar.addfile(archive.regular_entry(arcname, st), _SizedReader(fd, st.st_size))
                 finally:
                     os.close(fd)
@@ -930,12 +956,20 @@ class SandboxFiles:
             if stat.S_ISDIR(st.st_mode):
                 fd = _open_subdir(dirfd, name, spath)
                 try:
-                    return self._add_dir(tar, fd, arcname, spath, depth)
+                    return self._add_dir(tar, fd, arcname, spath, depth, guard)
                 finally:
                     os.close(fd)
             return 0
 
-    def _add_dir(self, tar: tarfile.TarFile, fd: int, arcname: str, spath: str, depth: int) -> int:
+    def _add_dir(
+        self,
+        tar: tarfile.TarFile,
+        fd: int,
+        arcname: str,
+        spath: str,
+        depth: int,
+        guard: _ExportGuard,
+    ) -> int:
         if depth > MAX_WALK_DEPTH:
             raise LimitExceeded(
                 f"{spath} is nested deeper than {MAX_WALK_DEPTH} levels; archive a deeper "
@@ -946,9 +980,30 @@ class SandboxFiles:
         count = 1
         for child in sorted(os.listdir(fd)):
             count += self._add_entry(
-                tar, fd, child, f"{arcname}/{child}", posixpath.join(spath, child), depth + 1
-            )
+                tar, fd, child, f"{arcname}/{child}", posixpath.join(spath, child), depth + 1,
+                guard,
+            )  # fmt: skip
         return count
+
+
+@dataclasses.dataclass
+class _ExportGuard:
+    """Safe export for one download: what to leave out, and the report of what was."""
+
+    active: bool
+    withheld: builtins.list[tuple[str, str]]
+
+    def withholds(self, arcname: str, mode: int, target: str | None) -> bool:
+        reason = export_safety.withhold_reason(arcname, mode, target) if self.active else None
+        if reason is not None:
+            self.withheld.append((arcname, reason))
+        return reason is not None
+
+    def withhold_config(self, arcname: str, content: bytes) -> bool:
+        reason = export_safety.git_config_reason(content)
+        if reason is not None:
+            self.withheld.append((arcname, reason))
+        return reason is not None
 
 
 def _pwrite_all(fd: int, data: bytes) -> None:
