@@ -162,8 +162,8 @@ def test_serve_on_embedded_defaults_generates_an_operator_token(tmp_path: Path) 
                 if httpx2.get(f"{url}/healthz", timeout=1).status_code == 200:
                     break
             except httpx2.TransportError:
-                proc.poll()
-                assert proc.returncode is None, "agentbox serve exited at start"
+                if proc.poll() is not None:
+                    pytest.fail(f"agentbox serve exited at start: {proc.communicate()[1][-2000:]}")
                 time.sleep(0.05)
         token_file = home / "operator.token"
         assert oct(token_file.stat().st_mode & 0o777) == "0o600"
