@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -234,10 +234,21 @@ def _curl(sb: Sandbox, *args: str, output: str = "-") -> tuple[int, str, str]:
     return r.exit_code, body, tail.strip() + " " + r.stderr
 
 
-def _egress(home: Path, sandbox: str) -> list[dict[str, Any]]:
-    return [
-        r for r in read_records(egressd.audit_path(home), limit=None) if r["sandbox"] == sandbox
-    ]
+def _egress(
+    home: Path, sandbox: str, until: Callable[[dict[str, Any]], bool] | None = None
+) -> list[dict[str, Any]]:
+    """The sandbox's egress records; with ``until``, waits (bounded) for one that matches:
+    an allowed connection is recorded when it ends, which may be just after the client
+    has its answer."""
+    deadline = time.monotonic() + 10
+    while True:
+        records = [
+            r for r in read_records(egressd.audit_path(home), limit=None)
+            if r["sandbox"] == sandbox
+        ]  # fmt: skip
+        if until is None or any(until(r) for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.05)
 
 
 def _new_requests(world: World, before: int) -> list[dict[str, Any]]:
@@ -261,7 +272,8 @@ def test_https_request_gets_the_header_and_the_sandbox_never_sees_it(
     assert saved.startswith("hello https from api.allowed.test"), saved
     # The upstream echoes the request's headers: the proxy masked the secret.
     assert secret not in saved and "Bearer " + "*" * len(secret) in saved
-    decisions = [r for r in _egress(home, box.id) if r["host"] == "api.allowed.test"]
+    injected = lambda r: "injected Authorization" in r["reason"]  # noqa: E731
+    decisions = [r for r in _egress(home, box.id, injected) if r["host"] == "api.allowed.test"]
     assert decisions and "injected Authorization" in decisions[-1]["reason"]
     assert decisions[-1]["decision"] == "egress_allowed"
 
@@ -348,7 +360,11 @@ def test_other_https_hosts_are_not_intercepted(
     intercepted, _, plain = chain.partition("===")
     assert "agentbox egress CA" in intercepted, intercepted[-2000:]
     assert "agentbox egress CA" not in plain and "credential test upstream CA" in plain, plain
-    ok = [r for r in _egress(home, box.id) if r["host"] == "other.test" and r["kind"] == "connect"]
+
+    def relayed(r: dict[str, Any]) -> bool:
+        return r["host"] == "other.test" and r["kind"] == "connect"
+
+    ok = [r for r in _egress(home, box.id, relayed) if relayed(r)]
     assert ok and all("injected" not in r["reason"] for r in ok)
 
 

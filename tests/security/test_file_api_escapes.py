@@ -264,14 +264,20 @@ def test_tar_download_does_not_follow_symlinks(sb: Sandbox, host_secret: HostSec
         f"mkdir -p /workspace/dl && ln -sfn / /workspace/dl/root && "
         f"ln -sfn {host_secret.file} /workspace/dl/secret && echo hi > /workspace/dl/f",
     )
+    # Asked for everything, symlinks are stored as symlinks, never followed ...
     buf = io.BytesIO()
-    sb.files.download_tar("/workspace/dl", buf)
+    sb.files.download_tar("/workspace/dl", buf, include_unsafe=True)
     buf.seek(0)
     with tarfile.open(fileobj=buf) as tar:
         members = {m.name: m for m in tar.getmembers()}
         assert set(members) == {"dl", "dl/root", "dl/secret", "dl/f"}, sorted(members)
         assert members["dl/root"].issym() and members["dl/secret"].issym()
     assert host_secret.value.encode() not in buf.getvalue()
+    # ... and by default, links out of the tree are withheld (safe export).
+    safe, withheld = io.BytesIO(), []
+    sb.files.download_tar("/workspace/dl", safe, withheld=withheld)
+    assert sorted(p for p, _ in withheld) == ["dl/root", "dl/secret"]
+    assert host_secret.value.encode() not in safe.getvalue()
 
 
 FLIPPER = r"""

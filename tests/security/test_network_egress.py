@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -130,8 +131,15 @@ def test_denied_requests_fail_and_are_audited(
 def test_allowed_traffic_is_audited_with_bytes(box: Sandbox, agentbox_home: Path) -> None:
     code, _ = _curl(box, "http://allowed.test/bytes/4096")
     assert code == 200
-    allowed = [r for r in _egress(agentbox_home, box.id) if r["decision"] == "egress_allowed"]
-    assert any(r["host"] == "allowed.test" and r["bytes_out"] >= 4096 for r in allowed)
+    # The proxy records an allowed connection when it ends, which may be just after curl
+    # has its answer: wait (bounded) for the record.
+    deadline = time.monotonic() + 10
+    while True:
+        allowed = [r for r in _egress(agentbox_home, box.id) if r["decision"] == "egress_allowed"]
+        if any(r["host"] == "allowed.test" and r["bytes_out"] >= 4096 for r in allowed):
+            break
+        assert time.monotonic() < deadline, allowed[-3:]
+        time.sleep(0.05)
     assert verify(egressd.audit_path(agentbox_home)).ok
 
 

@@ -410,7 +410,7 @@ def test_tar_round_trip_with_symlinks(env: Env) -> None:
     (env.ws / "proj" / "rel").symlink_to("src/main.py")
     (env.ws / "proj" / "abs").symlink_to("/etc/passwd")
     buf = io.BytesIO()
-    assert f.download_tar("/workspace/proj", buf) == 8
+    assert f.download_tar("/workspace/proj", buf, include_unsafe=True) == 8  # abs: out of tree
     buf.seek(0)
     assert f.upload_tar("/workspace/restore", buf) == 8
     out = env.ws / "restore" / "proj"
@@ -812,7 +812,7 @@ def test_download_tar_stores_symlinks_never_follows_them(env: Env) -> None:
     (env.ws / "d" / "hostdir").symlink_to(env.host_dir)
     (env.ws / "d" / "up").symlink_to("../../..")
     buf = io.BytesIO()
-    assert env.files.download_tar("/workspace/d", buf) == 4
+    assert env.files.download_tar("/workspace/d", buf, include_unsafe=True) == 4
     assert SECRET not in buf.getvalue()
     buf.seek(0)
     with tarfile.open(fileobj=buf) as tar:
@@ -820,7 +820,7 @@ def test_download_tar_stores_symlinks_never_follows_them(env: Env) -> None:
     assert sorted(members) == ["d", "d/file", "d/hostdir", "d/up"]
     assert members["d/hostdir"].issym() and members["d/hostdir"].linkname == str(env.host_dir)
     link_only = io.BytesIO()
-    assert env.files.download_tar("/workspace/d/hostdir", link_only) == 1
+    assert env.files.download_tar("/workspace/d/hostdir", link_only, include_unsafe=True) == 1
     assert SECRET not in link_only.getvalue()
 
 
