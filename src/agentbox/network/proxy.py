@@ -568,13 +568,7 @@ class EgressProxy:
         except BaseException:
             await relay.close(upstream[1], abort=True)
             raise
-        traffic = relay.Traffic()
-        relay.send(upstream[1], client_first, traffic, upward=True)
-        relay.send(writer, upstream_first, traffic, upward=False)
-        work = relay.relay(
-            (reader, writer), upstream, traffic, self.idle_timeout, zero_copy=self.zero_copy
-        )
-        await self._run(conn, aim, traffic, work, writer, upstream)
+        await self._relay_both(conn, aim, (reader, writer), upstream, client_first, upstream_first)
 
     # -- transparent proxy ---------------------------------------------------------------
 
@@ -613,12 +607,7 @@ class EgressProxy:
             return
         upstream = await self._open(aim, conn)
         conn.can_respond = False
-        traffic = relay.Traffic()
-        relay.send(upstream[1], first, traffic, upward=True)
-        work = relay.relay(
-            (reader, writer), upstream, traffic, self.idle_timeout, zero_copy=self.zero_copy
-        )
-        await self._run(conn, aim, traffic, work, writer, upstream)
+        await self._relay_both(conn, aim, (reader, writer), upstream, first, b"")
 
     async def _transparent_http(
         self,
@@ -648,6 +637,22 @@ class EgressProxy:
         )
 
     # -- relaying ------------------------------------------------------------------------
+
+    async def _relay_both(
+        self,
+        conn: Conn,
+        aim: Target,
+        client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        client_first: bytes,
+        upstream_first: bytes,
+    ) -> None:
+        """Relay both ways, after the bytes each side already sent (peeked for the decision)."""
+        traffic = relay.Traffic()
+        relay.send(upstream[1], client_first, traffic, upward=True)
+        relay.send(client[1], upstream_first, traffic, upward=False)
+        work = relay.relay(client, upstream, traffic, self.idle_timeout, zero_copy=self.zero_copy)
+        await self._run(conn, aim, traffic, work, client[1], upstream)
 
     async def _run(
         self,
