@@ -29,7 +29,9 @@ def serve_stdio(settings: GatewaySettings, sandbox_id: str | None, template: str
     runtime = Runtime()
     created = sandbox_id is None
     if sandbox_id is None:
-        sandbox_id = runtime.create({"template": template}).id
+        # The config's network for a new sandbox, as the gateway's REST create applies it.
+        network = settings.sandbox.network.model_dump()
+        sandbox_id = runtime.create({"template": template, "network": network}).id
     else:
         runtime.get(sandbox_id)
     redactor = Redactor.from_env(
@@ -52,6 +54,8 @@ def serve_stdio(settings: GatewaySettings, sandbox_id: str | None, template: str
     try:
         anyio.run(main)
     finally:
+        with contextlib.suppress(Exception):
+            gateway.browsers.close_all()
         audit.close()
         if created:
             with contextlib.suppress(Exception):
