@@ -38,7 +38,7 @@ from agentbox.browser.manager import CHROMIUM  # noqa: E402
 from agentbox.gateway.app import create_app  # noqa: E402
 from agentbox.gateway.settings import GatewaySettings  # noqa: E402
 from browserkit import SITE_PORT, require_browser, site  # noqa: E402
-from common import bench_home, progress, write_doc_section  # noqa: E402
+from common import bench_home, percentile, progress, write_doc_section  # noqa: E402
 from nettopo import UPSTREAM_A, internet  # noqa: E402
 
 URL = f"http://allowed.test:{SITE_PORT}/"
@@ -49,11 +49,6 @@ NETWORK = {
     "ports": [SITE_PORT],
     "hosts": {"allowed.test": UPSTREAM_A},
 }
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def ms_since(start: float) -> float:
@@ -143,12 +138,12 @@ def main() -> None:
     rows = [
         "| measure | in the sandbox (tool path) | host (Playwright direct) | ratio p50 |",
         "|---|---|---|---|",
-        f"| launch + first page, p50 / p95 ms | {pct(sandbox_first, 0.5):.0f} / "
-        f"{pct(sandbox_first, 0.95):.0f} | {pct(host_first, 0.5):.0f} / "
-        f"{pct(host_first, 0.95):.0f} | "
+        f"| launch + first page, p50 / p95 ms | {percentile(sandbox_first, 50):.0f} / "
+        f"{percentile(sandbox_first, 95):.0f} | {percentile(host_first, 50):.0f} / "
+        f"{percentile(host_first, 95):.0f} | "
         f"{statistics.median(sandbox_first) / statistics.median(host_first):.2f}x |",
-        f"| next page in an open browser, p50 / p95 ms | {pct(sandbox_nav, 0.5):.1f} / "
-        f"{pct(sandbox_nav, 0.95):.1f} | {pct(host_nav, 0.5):.1f} / {pct(host_nav, 0.95):.1f} | "
+        f"| next page in an open browser, p50 / p95 ms | {percentile(sandbox_nav, 50):.1f} / "
+        f"{percentile(sandbox_nav, 95):.1f} | {percentile(host_nav, 50):.1f} / {percentile(host_nav, 95):.1f} | "
         f"{statistics.median(sandbox_nav) / statistics.median(host_nav):.2f}x |",
     ]
     table = "\n".join(rows)

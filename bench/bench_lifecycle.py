@@ -23,12 +23,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from agentbox import Sandbox  # noqa: E402
 from agentbox.runtime.runtime import Runtime  # noqa: E402
-from common import write_doc_section  # noqa: E402
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+from common import percentile, write_doc_section  # noqa: E402
 
 
 def timed_ms(fn: object) -> float:
@@ -63,10 +58,10 @@ def main() -> None:
     rows = [
         "| operation | p50 ms | p95 ms | p99 ms | baseline (signal every process) p50 ms |",
         "|---|---|---|---|---|",
-        f"| pause (freeze, wait until frozen) | {pct(pauses, 0.5):.2f} | {pct(pauses, 0.95):.2f} | "
-        f"{pct(pauses, 0.99):.2f} | {statistics.median(stops):.2f} (SIGSTOP, no wait) |",
-        f"| resume | {pct(resumes, 0.5):.2f} | {pct(resumes, 0.95):.2f} | "
-        f"{pct(resumes, 0.99):.2f} | {statistics.median(conts):.2f} (SIGCONT) |",
+        f"| pause (freeze, wait until frozen) | {percentile(pauses, 50):.2f} | {percentile(pauses, 95):.2f} | "
+        f"{percentile(pauses, 99):.2f} | {statistics.median(stops):.2f} (SIGSTOP, no wait) |",
+        f"| resume | {percentile(resumes, 50):.2f} | {percentile(resumes, 95):.2f} | "
+        f"{percentile(resumes, 99):.2f} | {statistics.median(conts):.2f} (SIGCONT) |",
     ]
     table = "\n".join(rows)
     print(table)

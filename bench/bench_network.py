@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from agentbox import Sandbox  # noqa: E402
 from agentbox.network.plane import EXPLICIT_PORT, home_net  # noqa: E402
-from common import write_doc_section  # noqa: E402
+from common import percentile, write_doc_section  # noqa: E402
 from nettopo import UPSTREAM_A, internet  # noqa: E402
 
 HOSTS = {"allowed.test": UPSTREAM_A}
@@ -44,11 +44,6 @@ for _ in range(n):
     out.append((time.perf_counter() - t) * 1000)
 print(json.dumps(out))
 """
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def timed_creates(home: Path, network: object, n: int) -> list[float]:
@@ -112,13 +107,13 @@ def main() -> None:
     rows = [
         "| measure | with the egress path | baseline | difference |",
         "|---|---|---|---|",
-        f"| sandbox create p50 / p95 ms | {pct(with_net, 0.5):.1f} / {pct(with_net, 0.95):.1f} "
-        f"| {pct(without, 0.5):.1f} / {pct(without, 0.95):.1f} (network none) | +{added_create:.1f} ms |",
-        f"| HTTP request via HTTP_PROXY, p50 / p95 / p99 ms | {pct(proxied, 0.5):.2f} / "
-        f"{pct(proxied, 0.95):.2f} / {pct(proxied, 0.99):.2f} | {pct(direct, 0.5):.2f} / "
-        f"{pct(direct, 0.95):.2f} / {pct(direct, 0.99):.2f} (host, direct) | +{added_request:.2f} ms |",
-        f"| HTTP request intercepted (no proxy variables), p50 ms | {pct(transparent, 0.5):.2f} "
-        f"| {pct(direct, 0.5):.2f} (host, direct) | "
+        f"| sandbox create p50 / p95 ms | {percentile(with_net, 50):.1f} / {percentile(with_net, 95):.1f} "
+        f"| {percentile(without, 50):.1f} / {percentile(without, 95):.1f} (network none) | +{added_create:.1f} ms |",
+        f"| HTTP request via HTTP_PROXY, p50 / p95 / p99 ms | {percentile(proxied, 50):.2f} / "
+        f"{percentile(proxied, 95):.2f} / {percentile(proxied, 99):.2f} | {percentile(direct, 50):.2f} / "
+        f"{percentile(direct, 95):.2f} / {percentile(direct, 99):.2f} (host, direct) | +{added_request:.2f} ms |",
+        f"| HTTP request intercepted (no proxy variables), p50 ms | {percentile(transparent, 50):.2f} "
+        f"| {percentile(direct, 50):.2f} (host, direct) | "
         f"+{statistics.median(transparent) - statistics.median(direct):.2f} ms |",
         f"| {mb} MB download, MB/s (median of 3) | {statistics.median(speeds['proxied']):.0f} "
         f"| {statistics.median(speeds['direct']):.0f} (host, direct) | {ratio:.0%} of direct |",
