@@ -14,7 +14,6 @@ import os
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from agentbox import Sandbox  # noqa: E402
 from agentbox.runtime.runtime import Runtime  # noqa: E402
-from common import percentile, write_doc_section  # noqa: E402
+from common import bench_home, percentile, write_doc_section  # noqa: E402
 
 
 def timed_ms(fn: object) -> float:
@@ -38,23 +37,22 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args()
     n = 20 if args.quick else 100
-    home = Path(tempfile.mkdtemp(prefix="agentbox-bench-life-", dir="/var/tmp"))
-    home.chmod(0o711)
-    runtime = Runtime(home)
-    sb = Sandbox.create(memory="256MiB", disk="64MiB", network="none", home=home)
-    try:
-        sb.commands.start("for i in $(seq 20); do (while :; do :; done) & done; wait")
-        cgroup = runtime.layout.sandbox(sb.id)
-        time.sleep(0.5)
-        pauses, resumes, stops, conts = [], [], [], []
-        for _ in range(n):
-            pauses.append(timed_ms(lambda: runtime.pause(sb.id)))
-            resumes.append(timed_ms(lambda: runtime.resume(sb.id)))
-            pids = cgroup.pids()
-            stops.append(timed_ms(lambda pids=pids: [os.kill(p, signal.SIGSTOP) for p in pids]))
-            conts.append(timed_ms(lambda pids=pids: [os.kill(p, signal.SIGCONT) for p in pids]))
-    finally:
-        sb.kill()
+    with bench_home("life") as home:
+        runtime = Runtime(home)
+        sb = Sandbox.create(memory="256MiB", disk="64MiB", network="none", home=home)
+        try:
+            sb.commands.start("for i in $(seq 20); do (while :; do :; done) & done; wait")
+            cgroup = runtime.layout.sandbox(sb.id)
+            time.sleep(0.5)
+            pauses, resumes, stops, conts = [], [], [], []
+            for _ in range(n):
+                pauses.append(timed_ms(lambda: runtime.pause(sb.id)))
+                resumes.append(timed_ms(lambda: runtime.resume(sb.id)))
+                pids = cgroup.pids()
+                stops.append(timed_ms(lambda pids=pids: [os.kill(p, signal.SIGSTOP) for p in pids]))
+                conts.append(timed_ms(lambda pids=pids: [os.kill(p, signal.SIGCONT) for p in pids]))
+        finally:
+            sb.kill()
     rows = [
         "| operation | p50 ms | p95 ms | p99 ms | baseline (signal every process) p50 ms |",
         "|---|---|---|---|---|",

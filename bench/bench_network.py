@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from agentbox import Sandbox  # noqa: E402
 from agentbox.network.plane import EXPLICIT_PORT, home_net  # noqa: E402
-from common import percentile, write_doc_section  # noqa: E402
+from common import bench_home, percentile, write_doc_section  # noqa: E402
 from nettopo import UPSTREAM_A, internet  # noqa: E402
 
 HOSTS = {"allowed.test": UPSTREAM_A}
@@ -71,9 +71,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args()
     creates, requests, size = (10, 100, 20 * 2**20) if args.quick else (40, 500, 100 * 2**20)
-    home = Path(tempfile.mkdtemp(prefix="agentbox-bench-net-", dir="/var/tmp"))
-    home.chmod(0o711)
-    with tempfile.TemporaryDirectory() as tmp, internet(Path(tmp)):
+    with bench_home("net") as home, tempfile.TemporaryDirectory() as tmp, internet(Path(tmp)):
         timed_creates(home, NETWORK, 2)  # warm-up: the egress daemon, the nft table
         with_net = timed_creates(home, NETWORK, creates)
         without = timed_creates(home, "none", creates)

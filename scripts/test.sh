@@ -11,5 +11,16 @@ echo "==> mypy"
 .venv/bin/mypy
 echo "==> pytest"
 # A throwaway AGENTBOX_HOME per run: tests never touch a real installation's sandboxes.
-export AGENTBOX_HOME="${AGENTBOX_TEST_HOME:-$(mktemp -d /var/tmp/agentbox-test.XXXXXX)}"
-exec .venv/bin/pytest "$@"
+# It is removed afterwards (its network number on this host is then free again).
+if [ -n "${AGENTBOX_TEST_HOME:-}" ]; then
+  export AGENTBOX_HOME="$AGENTBOX_TEST_HOME"; throwaway=""
+else
+  export AGENTBOX_HOME="$(mktemp -d /var/tmp/agentbox-test.XXXXXX)"; throwaway=1
+fi
+status=0
+.venv/bin/pytest "$@" || status=$?
+if [ -n "$throwaway" ]; then
+  # --one-file-system: never descend into a mount a leaked sandbox may have left.
+  rm -rf --one-file-system "$AGENTBOX_HOME" 2>/dev/null || true
+fi
+exit "$status"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -100,6 +100,12 @@ class NetworkSpec(BaseModel):
         except InvalidRequest as e:
             raise ValueError(e.message) from None
         return value
+
+
+def network_of(spec: Mapping[str, object]) -> NetworkSpec:
+    """The network part of a stored spec (a record's ``spec`` dict; old records held only
+    a mode string)."""
+    return NetworkSpec.model_validate(spec.get("network", "none"))
 
 
 class SandboxSpec(BaseModel):

@@ -84,3 +84,15 @@ def test_a_gone_homes_number_waits_for_its_daemon_to_let_go(
     finally:
         os.close(fd)
     assert plane.home_net(later).index == number  # released: reusable
+
+
+def test_teardown_lookup_never_allocates(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plane, "REGISTRY", tmp_path / "run" / "net-homes.json")
+    monkeypatch.setattr(plane, "_homes", {})
+    home = tmp_path / "home"
+    home.mkdir()
+    assert plane.registered_home_net(home) is None
+    assert not plane.REGISTRY.exists() or str(home) not in plane.REGISTRY.read_text()
+    number = plane.home_net(home)
+    monkeypatch.setattr(plane, "_homes", {})
+    assert plane.registered_home_net(home) == number

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentbox.browser import launch
 from agentbox.browser.snapshot import REF, compact
-from agentbox.config import NetworkSpec
+from agentbox.config import NetworkSpec, network_of
 from agentbox.errors import (
     AgentboxError,
     CommandTimeout,
@@ -438,7 +438,7 @@ class BrowserManager:
             conf = f"{b.profile}/fonts.conf"
             files.write(conf, _FONTS_CONF.format(cache=f"{b.profile}/fontconfig").encode())
             extra_env["FONTCONFIG_FILE"] = conf
-        network = NetworkSpec.model_validate(record.spec.get("network", "none"))
+        network = network_of(record.spec)
         proxy = trusted_spki = None
         if network.mode != "none":
             self._check_blocked(network)

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agentbox.config import NetworkSpec
+from agentbox.config import network_of
 from agentbox.errors import SandboxError
 from agentbox.gateway.audit import AuditLog
 from agentbox.network import egressca, plane
@@ -98,7 +98,7 @@ class PolicyBook:
 
     @staticmethod
     def _build(sandbox_id: str, record_spec: dict[str, Any]) -> EgressPolicy:
-        spec = network_spec(record_spec)
+        spec = network_of(record_spec)
         return EgressPolicy(
             sandbox_id=sandbox_id,
             mode=spec.mode,
@@ -116,13 +116,9 @@ class PolicyBook:
 
     def networked_alive(self) -> bool:
         return any(
-            r.state in ("creating", "running") and network_spec(r.spec).mode != "none"
+            r.state in ("creating", "running") and network_of(r.spec).mode != "none"
             for r in self.store.list()
         )
-
-
-def network_spec(spec: dict[str, Any]) -> NetworkSpec:
-    return NetworkSpec.model_validate(spec.get("network", "none"))
 
 
 def _record(audit: AuditLog, d: EgressDecision) -> None:

@@ -159,6 +159,26 @@ def number_in_use(index: int) -> bool:
     return False
 
 
+def registered_home_net(home: Path) -> HomeNet | None:
+    """This home's number if it has one (no allocation: for tearing down)."""
+    key = str(home.resolve())
+    if key not in _homes:
+        with _registry_locked():
+            number = _read_registry().get(key)
+        if number is None:
+            return None
+        _homes[key] = HomeNet(number)
+    return _homes[key]
+
+
+def _read_registry() -> dict[str, int]:
+    try:
+        homes: dict[str, int] = json.loads(REGISTRY.read_text())
+    except (OSError, ValueError):
+        return {}
+    return homes
+
+
 def home_net(home: Path) -> HomeNet:
     """This home's number on this host, allocated on first use. Numbers of homes whose
     directory is gone are reused; /run is emptied at boot, with every sandbox."""
@@ -166,10 +186,7 @@ def home_net(home: Path) -> HomeNet:
     if key in _homes:
         return _homes[key]
     with _registry_locked():
-        try:
-            homes: dict[str, int] = json.loads(REGISTRY.read_text())
-        except (OSError, ValueError):
-            homes = {}
+        homes = _read_registry()
         if key not in homes:
             homes = {h: k for h, k in homes.items() if Path(h).is_dir()}
             # A gone home's number is free once its egress daemon (which may outlive the

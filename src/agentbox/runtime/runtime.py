@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from agentbox.config import NetworkSpec, SandboxSpec, agentbox_home
+from agentbox.config import SandboxSpec, agentbox_home, network_of
 from agentbox.errors import (
     AgentboxError,
     HostUnsupported,
@@ -69,14 +69,6 @@ def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
 
 
 _Running = tuple[SandboxRecord, SandboxHost, SandboxCgroup]
-
-
-def _network(spec: Mapping[str, object]) -> NetworkSpec:
-    return NetworkSpec.model_validate(spec.get("network", "none"))
-
-
-def _networked(spec: Mapping[str, object]) -> bool:
-    return _network(spec).mode != "none"
 
 
 class _LiveSandboxes:
@@ -173,6 +165,8 @@ class Runtime:
         self.sweep_expired()
         template = self.templates.get(spec.template)
         paths = self.paths
+        if spec.network.mode != "none":
+            self.net  # noqa: B018 - allocate the network number first: a refusal leaves nothing
         sandbox_id = "sb-" + secrets.token_hex(6)
         expires_at = time.time() + spec.lifetime
         record = self.store.reserve(
@@ -253,7 +247,7 @@ class Runtime:
             sandbox_id,
             SandboxHost(self.home, sandbox_id, record.slot),
             self.layout.sandbox(sandbox_id),
-            _networked(record.spec),
+            network_of(record.spec).mode != "none",
         )
 
     def sweep_expired(self, check_alive: bool = False) -> builtins.list[str]:
@@ -278,7 +272,9 @@ class Runtime:
         errors: list[str] = []
         steps: list[Callable[[], None]] = [cgroup.remove, host.teardown]
         if networked:
-            steps.insert(1, lambda: plane.detach(self.net.link(host.slot)))
+            net = plane.registered_home_net(self.home)  # none: no link was ever made
+            if net is not None:
+                steps.insert(1, lambda: plane.detach(net.link(host.slot)))
         for step in steps:
             try:
                 step()
@@ -348,7 +344,7 @@ class Runtime:
         record, host, cgroup = self.running(sandbox_id)
         assert record.init_pid is not None
         env = record.spec.get("env", {})
-        network = _network(record.spec)
+        network = network_of(record.spec)
         if network.mode != "none":
             trust = plane.ca_env() if network.credentials else {}
             env = {**self.net.proxy_env(), **trust, **env}
