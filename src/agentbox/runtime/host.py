@@ -80,6 +80,7 @@ class SandboxHost:
         self.workspace = self.disk / "workspace"
         self.procs = self.disk / "procs"
         self.log = self.dir / "bwrap.log"
+        self.paused_marker = self.dir / "paused"  # exists while the sandbox is paused
         self.host_uid = UID_BASE + slot
         self.host_gid = UID_BASE + slot
         self.hostname = sandbox_id

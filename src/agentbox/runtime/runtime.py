@@ -299,10 +299,11 @@ class Runtime:
     def pause(self, sandbox_id: str) -> SandboxRecord:
         """Freeze every process of the sandbox (CPU drops to zero; memory, files and
         connections stay). Any later call through this runtime resumes it first."""
-        record, _, cgroup = self.running(sandbox_id)
+        record, host, cgroup = self.running(sandbox_id)
         with self._lock:
             self._live.forget(sandbox_id)
             cgroup.freeze()
+            host.paused_marker.touch()  # what other processes' cached views check
             self.store.set_state(sandbox_id, "paused")
         record = self.get(sandbox_id)
         return record
@@ -314,6 +315,9 @@ class Runtime:
             with self._lock:
                 self.layout.sandbox(sandbox_id).thaw()
                 self.store.set_state(sandbox_id, "running")
+                SandboxHost(self.home, sandbox_id, record.slot).paused_marker.unlink(
+                    missing_ok=True
+                )
             record = self.get(sandbox_id)
         elif record.state != "running":
             raise SandboxNotRunning(
@@ -323,8 +327,10 @@ class Runtime:
 
     def running(self, sandbox_id: str) -> _Running:
         running = self._live.get(sandbox_id)
-        if running is not None and running[2].frozen():
-            # Paused since it was cached (perhaps by another process): resume first.
+        if running is not None and running[1].paused_marker.exists():
+            # Paused since it was cached (perhaps by another process): resume first. A
+            # stat of the marker, not a read of cgroup.freeze: ~2 µs instead of ~18 on
+            # every call.
             self._live.forget(sandbox_id)
             running = None
         if running is None:
