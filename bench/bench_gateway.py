@@ -138,7 +138,7 @@ def main() -> None:
     local = Sandbox.create(memory="256MiB", disk="128MiB", home=home)
     try:
         local.files.write("/workspace/small.txt", "x" * 1024)
-        inproc = timed(lambda: local.commands.run(["true"]), n)
+        inproc = timed(lambda: local.commands.run("true"), n)  # a string: bash, as the tool
         inproc_read = timed(lambda: local.files.read("/workspace/small.txt"), n)
     finally:
         local.kill()

@@ -243,6 +243,34 @@ def test_bad_requests_are_clear_errors(gw: RunningGateway, sandbox_id: str) -> N
         assert c.get("/healthz").status_code == 403
 
 
+def test_the_tool_route_keeps_every_guard(gw: RunningGateway, sandbox_id: str) -> None:
+    """POST /v1/tools/{name} is served ahead of FastAPI's routing: the Host/Origin checks,
+    the body cap, auth and the typed errors must still hold there."""
+    token = session_token(gw, sandbox_id)
+    url = "/v1/tools/fs_stat"
+    body = {"arguments": {"path": "/workspace"}}
+    with gw.client(token) as c:
+        assert c.post(url, json=body).json()["type"] == "dir"
+        cases = {
+            400: c.post(url, content=b"{not json", headers={"content-type": "application/json"}),
+            404: c.post("/v1/tools/no_such_tool", json=body),
+            413: c.post(url, content=b"x" * (9 * 1024 * 1024)),
+        }  # fmt: skip
+        for status, r in cases.items():
+            assert r.status_code == status, r.text
+            assert r.json()["error"]["code"] in {"invalid_request", "not_found", "limit_exceeded"}
+        # other methods and deeper paths still reach the router
+        assert c.get(url).status_code == 405
+        assert c.post(url + "/x", json=body).status_code == 404
+    with gw.client(None) as c:
+        r = c.post(url, json=body)
+        assert r.status_code == 401 and "WWW-Authenticate" in r.headers
+    with gw.client(token, headers={"Host": "evil.example"}) as c:
+        assert c.post(url, json=body).status_code == 421
+    with gw.client(token, headers={"Origin": "http://evil.example"}) as c:
+        assert c.post(url, json=body).status_code == 403
+
+
 def test_audit_records_everything_and_verifies(gw: RunningGateway, sandbox_id: str) -> None:
     token = session_token(gw, sandbox_id)
     run(gw, token, sandbox_id, f"echo {SECRET}")

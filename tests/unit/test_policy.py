@@ -509,3 +509,22 @@ def test_diff_summary_truncates_but_counts_everything() -> None:
     assert lines[0] == "big.txt: +500 -500 lines"
     assert len(lines) == 22
     assert lines[-1].startswith("... (") and "more diff lines not shown" in lines[-1]
+
+
+def test_remembered_decisions_are_the_same_decisions() -> None:
+    policy = CommandPolicy(["ls", "echo"], ["rm"], ["ls -la *"])
+    commands: list[str | list[str]] = ["ls /", "rm -rf /", "ls -la /tmp", ["ls", "-la", "/tmp"],
+                                       "echo $(rm x)", "ls 'unterminated"]  # fmt: skip
+    first = [policy.check(c) for c in commands]
+    assert [policy.check(c) for c in commands] == first  # from the cache
+    assert [CommandPolicy(["ls", "echo"], ["rm"], ["ls -la *"]).check(c) for c in commands] == first
+    assert [d.allowed for d in first] == [True, False, True, True, False, False]
+    # an argv is not confused with a string of the same characters
+    assert policy.check(["ls /"]).programs != policy.check("ls /").programs
+
+
+def test_the_decision_cache_is_bounded() -> None:
+    policy = CommandPolicy(None, [], [])
+    for i in range(2000):
+        assert policy.check(f"echo {i}").allowed
+    assert len(policy._decided) <= 512

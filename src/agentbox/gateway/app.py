@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,11 +34,22 @@ from agentbox.gateway.egress_ingest import EgressIngest
 from agentbox.gateway.mcp_server import build_mcp_server
 from agentbox.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentbox.gateway.redaction import Redactor
-from agentbox.gateway.rest import build_router, error_response
+from agentbox.gateway.rest import (
+    TOOL_ROUTE_PREFIX,
+    ToolEndpoint,
+    build_router,
+    error_response,
+    tool_endpoint,
+)
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.settings import GatewaySettings
 from agentbox.network.egressd import audit_path as egress_audit_path
 from agentbox.runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
+INTERNAL_ERROR = {
+    "error": {"code": "internal", "message": "internal error; see the gateway log", "details": {}}
+}
 
 
 @dataclass
@@ -115,6 +127,69 @@ class HostAndSizeGuard:
             await _reject(send, 413, "limit_exceeded", f"request body over {self.max_body} bytes")
 
 
+class ToolFastPath:
+    """ASGI: ``POST /v1/tools/{name}`` straight to its endpoint; everything else to ``app``.
+
+    Sits inside HostAndSizeGuard (so Host/Origin checks and the body cap still apply) and
+    outside FastAPI: the hottest route skips routing, FastAPI's middleware and DI.
+    """
+
+    def __init__(self, app: ASGIApp, endpoint: ToolEndpoint) -> None:
+        self.app = app
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        name = _tool_name(scope)
+        if name is None:
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        authorization = None
+        for key, value in scope["headers"]:
+            if key.lower() == b"authorization":
+                authorization = value.decode("latin-1")
+        try:
+            response = await self.endpoint(name, authorization, b"".join(chunks))
+        except AgentboxError as e:
+            response = error_response(e)
+        except Exception:
+            log.exception("tool call %s failed", name)
+            response = JSONResponse(INTERNAL_ERROR, status_code=500)
+        await response(scope, receive, send)
+
+
+def _tool_name(scope: Scope) -> str | None:
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return None
+    path: str = scope["path"]
+    if not path.startswith(TOOL_ROUTE_PREFIX):
+        return None
+    name = path[len(TOOL_ROUTE_PREFIX) :]
+    return name if name and "/" not in name else None
+
+
+class GatewayApp(FastAPI):
+    """FastAPI behind a front door (the guard and the tool fast path), built by create_app."""
+
+    front: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.front is None:
+            await super().__call__(scope, receive, send)
+        else:
+            await self.front(scope, receive, send)
+
+    async def serve_routes(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+
+
 class _BodyTooLarge(Exception):
     pass
 
@@ -145,7 +220,7 @@ def create_app(
     operator_token: str,
     home: Path | None = None,
     runtime: Runtime | None = None,
-) -> FastAPI:
+) -> GatewayApp:
     runtime = runtime or Runtime(home)
     home = runtime.home
     auth = settings.gateway.auth
@@ -199,7 +274,7 @@ def create_app(
                 await asyncio.to_thread(gateway.browsers.close_all)
                 audit.close()
 
-    app = FastAPI(
+    app = GatewayApp(
         title="agentbox gateway",
         version=__version__,
         description="Sandboxes for AI agents behind one permission-checked, audited gateway.",
@@ -235,16 +310,7 @@ def create_app(
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(
-            {
-                "error": {
-                    "code": "internal",
-                    "message": "internal error; see the gateway log",
-                    "details": {},
-                }
-            },
-            status_code=500,
-        )
+        return JSONResponse(INTERNAL_ERROR, status_code=500)
 
     @app.get("/metrics", tags=["health"], response_class=Response)
     async def metrics(request: Request) -> Response:
@@ -264,11 +330,15 @@ def create_app(
         body = {"status": "ready" if not failing else "not ready", "failing": failing}
         return JSONResponse(body, status_code=200 if not failing else 503)
 
-    app.include_router(build_router(gateway, authenticate))
+    call_tool = tool_endpoint(gateway, principal_of)
+    app.include_router(build_router(gateway, authenticate, call_tool))
     # An ASGI endpoint (not a Mount, which would redirect POST /mcp to /mcp/).
     mcp_endpoint: Any = StreamableHTTPASGIApp(session_manager)
     app.router.add_route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"])
-    app.add_middleware(
-        HostAndSizeGuard, hosts=hosts, origins=origins, max_body=settings.gateway.max_body_bytes
+    app.front = HostAndSizeGuard(
+        ToolFastPath(app.serve_routes, call_tool),
+        hosts=hosts,
+        origins=origins,
+        max_body=settings.gateway.max_body_bytes,
     )
     return app

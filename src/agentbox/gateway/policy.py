@@ -162,6 +162,9 @@ SHELL_BUILTINS: frozenset[str] = frozenset(
 _PRIVILEGED = ("sudo", "doas")
 
 
+_DECISION_CACHE_SIZE = 512
+
+
 @dataclass(frozen=True)
 class Decision:
     """The outcome of a policy check.
@@ -211,9 +214,24 @@ class CommandPolicy:
         )
         self.deny: frozenset[str] = frozenset(normalise_program(d) for d in deny)
         self.approval: tuple[str, ...] = tuple(_collapse(p) for p in approval if p.strip())
+        self._decided: dict[str | tuple[str, ...], Decision] = {}
 
     def check(self, command: str | list[str]) -> Decision:
-        """Decide on a shell string, or an argv list (``argv[0]`` is the program)."""
+        """Decide on a shell string, or an argv list (``argv[0]`` is the program).
+
+        A decision depends only on the command text and these fixed lists, so the last few
+        hundred are remembered: agents repeat commands, and parsing costs 0.2-0.5 ms.
+        """
+        key = command if isinstance(command, str) else tuple(command)
+        decision = self._decided.get(key)
+        if decision is None:
+            decision = self._decide(command)
+            if len(self._decided) >= _DECISION_CACHE_SIZE:
+                self._decided.pop(next(iter(self._decided)))  # the oldest
+            self._decided[key] = decision
+        return decision
+
+    def _decide(self, command: str | list[str]) -> Decision:
         try:
             analysis = analyse_command(command)
         except UnparseableCommand as exc:

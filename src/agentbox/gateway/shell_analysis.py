@@ -326,15 +326,19 @@ class _HeredocTable:
     body back. Every entry must be consumed by a real heredoc before the analysis is trusted.
     """
 
-    nonce: str = field(default_factory=lambda: secrets.token_hex(8))
+    nonce: str = ""  # drawn at the first heredoc: most commands have none
     entries: list[tuple[str, str]] = field(default_factory=list)  # (delimiter, body)
     consumed: set[int] = field(default_factory=set)
 
     def add(self, delim: str, body: str) -> str:
+        if not self.nonce:
+            self.nonce = secrets.token_hex(8)
         self.entries.append((delim, body))
         return f"__agentbox_heredoc_{self.nonce}_{len(self.entries) - 1}__"
 
     def lookup(self, line: str, delim: str) -> str | None:
+        if not self.entries:
+            return None
         prefix = f"__agentbox_heredoc_{self.nonce}_"
         if not (line.startswith(prefix) and line.endswith("__")):
             return None

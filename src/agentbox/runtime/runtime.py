@@ -138,12 +138,15 @@ class Runtime:
         self._paths: LaunchPaths | None = None
         self._lock = threading.Lock()
         self._live = _LiveSandboxes()
+        self._net: plane.HomeNet | None = None
 
     # host facts -----------------------------------------------------------------------
     @property
     def net(self) -> plane.HomeNet:
         """This home's network numbers on this host (allocated on first use)."""
-        return plane.home_net(self.home)
+        if self._net is None:  # resolving the home's path costs syscalls on every command
+            self._net = plane.home_net(self.home)
+        return self._net
 
     @property
     def layout(self) -> CgroupLayout:

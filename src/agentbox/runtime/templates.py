@@ -5,8 +5,10 @@ Three kinds, one store:
 * ``default`` — synthesised on first use, nothing downloaded: empty ``usr/`` (the sandbox
   bind-mounts the host's ``/usr`` there, ``host_usr=True``), usr-merge symlinks, a few
   directories and a synthesised ``/etc``. Nothing is ever copied from the host ``/etc``
-  except the public CA bundle and the ``/etc/alternatives`` symlinks that point into
-  ``/usr`` (without them ``awk``, ``editor``, ... would dangle). Its digest hashes the
+  except the public CA bundle, the ``/etc/alternatives`` symlinks that point into
+  ``/usr`` (without them ``awk``, ``editor``, ... would dangle) and the dynamic linker's
+  cache ``/etc/ld.so.cache`` (an index of the libraries in the same ``/usr``; without it
+  every program start probes ~40 directories for each library). Its digest hashes the
   synthesised content, so a change to the synthesis (or to the CA bundle) makes a new one.
 * built — ``mmdebstrap --variant=apt --include=PKGS SUITE DIR`` run as root. When no
   mirror is given it uses the host's own Debian apt sources (``/etc/apt/sources.list`` and
@@ -97,6 +99,7 @@ _RECIPE_FORMAT = 1  # bump when the build or finishing steps change what a recip
 _VARIANT = "apt"
 _CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 _HOST_ALTERNATIVES = Path("/etc/alternatives")
+_LD_SO_CACHE = Path("/etc/ld.so.cache")
 _HOST_APT_DIR = Path("/etc/apt")
 _HOST_OS_RELEASE = Path("/etc/os-release")
 _TAIL_LINES = 25
@@ -604,7 +607,7 @@ def _default_synthesis() -> tuple[list[_Entry], str]:
     alternatives each time would cost milliseconds.
     """
     global _default_cache
-    key = tuple(_stat_key(p) for p in (_CA_BUNDLE, _HOST_ALTERNATIVES))
+    key = tuple(_stat_key(p) for p in (_CA_BUNDLE, _HOST_ALTERNATIVES, _LD_SO_CACHE))
     if _default_cache is None or _default_cache[0] != key:
         entries = _default_entries()
         _default_cache = (key, entries, "sha256:" + _digest_entries(entries))
@@ -646,6 +649,8 @@ def _default_entries() -> list[_Entry]:
         out.append(
             _Entry("etc/ssl/certs/ca-certificates.crt", "file", 0o644, data=_CA_BUNDLE.read_bytes())
         )
+    if _LD_SO_CACHE.is_file():
+        out.append(_Entry("etc/ld.so.cache", "file", 0o644, data=_LD_SO_CACHE.read_bytes()))
     alternatives = _host_alternatives()
     if alternatives:
         out.append(_Entry("etc/alternatives", "dir"))
