@@ -14,6 +14,7 @@ namespace of their own.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable
 
@@ -90,10 +91,23 @@ def denied_reason(
         v4 = embedded_ipv4(ip)
         if v4 is not None:
             candidates.append(v4)
-    extras = [(ipaddress.ip_network(n), "host or gateway address") for n in extra]
     for candidate in candidates:
-        for net, why in (*DENIED_RANGES, *extras):
-            if candidate.version == net.version and candidate in net:
+        version, value = candidate.version, int(candidate)
+        for net_version, first, last, label in _ranges(tuple(extra)):
+            if net_version == version and first <= value <= last:
                 via = "" if candidate is ip else f" (embedded in {ip})"
-                return f"{net} ({why}){via}"
+                return f"{label}{via}"
     return None
+
+
+@functools.lru_cache(maxsize=16)
+def _ranges(
+    extra: tuple[IPNetwork | IPAddress | str, ...],
+) -> tuple[tuple[int, int, int, str], ...]:
+    """The deny ranges plus ``extra`` as integer intervals: this runs for every address of
+    every connection, and ``address in network`` costs microseconds each."""
+    extras = [(ipaddress.ip_network(n), "host or gateway address") for n in extra]
+    return tuple(
+        (net.version, int(net.network_address), int(net.broadcast_address), f"{net} ({why})")
+        for net, why in (*DENIED_RANGES, *extras)
+    )

@@ -86,14 +86,17 @@ class PolicyBook:
         link = plane.link_for_address(peer)
         if link is None or link.home != self.net:
             return None  # not a sandbox of this home (nftables keeps others away anyway)
-        record = self.store.by_slot(link.slot)
-        if record is None or record.state != "running":
+        sandbox_id = self.store.running_in_slot(link.slot)
+        if sandbox_id is None:
             return None
-        policy = self._policies.get(record.id)
+        policy = self._policies.get(sandbox_id)
         if policy is None:
+            record = self.store.get(sandbox_id)
+            if record is None:
+                return None  # destroyed in between
             if len(self._policies) >= 4 * plane.MAX_SLOTS:
                 self._policies.clear()  # ids of destroyed sandboxes pile up otherwise
-            policy = self._policies[record.id] = self._build(record.id, record.spec)
+            policy = self._policies[sandbox_id] = self._build(sandbox_id, record.spec)
         return policy
 
     @staticmethod

@@ -24,6 +24,7 @@ from typing import cast
 AVAILABLE = hasattr(os, "splice")
 PIPE_SIZE = 1024 * 1024  # /proc/sys/fs/pipe-max-size's default; smaller is fine too
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
+_ROUNDS_PER_WAKEUP = 8
 
 
 def take_over(
@@ -107,21 +108,26 @@ class Splicer:
             os.close(self.pipe_w)
 
     def _on_readable(self) -> None:
-        try:
-            moved = os.splice(self.src, self.pipe_w, PIPE_SIZE, flags=_FLAGS)
-        except BlockingIOError:
-            if self.in_pipe:  # the pipe is full: _flush resumes reading once it drains
+        # Move what has arrived and deliver it, a few rounds per wake-up: each round trip
+        # through the event loop costs more than a splice.
+        for _ in range(_ROUNDS_PER_WAKEUP):
+            try:
+                moved = os.splice(self.src, self.pipe_w, PIPE_SIZE, flags=_FLAGS)
+            except BlockingIOError:
+                if self.in_pipe:  # the pipe is full: _flush resumes reading once it drains
+                    self._stop_reading()
+                return
+            except OSError as e:
+                self._fail(e)
+                return
+            if moved:
+                self.in_pipe += moved
+            else:
+                self.eof = True
                 self._stop_reading()
-            return
-        except OSError as e:
-            self._fail(e)
-            return
-        if moved:
-            self.in_pipe += moved
-        else:
-            self.eof = True
-            self._stop_reading()
-        self._flush()
+            self._flush()
+            if self.eof or self.writing or self.done.done():
+                return  # finished, or the destination is full: _flush carries on
 
     def _flush(self) -> None:
         try:

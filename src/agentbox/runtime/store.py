@@ -151,6 +151,15 @@ class Store:
         row = self._conn().execute("SELECT * FROM sandboxes WHERE slot=?", (slot,)).fetchone()
         return self._record(row) if row else None
 
+    def running_in_slot(self, slot: int) -> str | None:
+        """The id of the running sandbox holding ``slot`` (no spec decoding: per connection)."""
+        row = (
+            self._conn()
+            .execute("SELECT id FROM sandboxes WHERE slot=? AND state='running'", (slot,))
+            .fetchone()
+        )
+        return str(row[0]) if row else None
+
     def list(self) -> list[SandboxRecord]:
         rows = self._conn().execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
         return [self._record(r) for r in rows]
