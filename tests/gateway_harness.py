@@ -84,23 +84,29 @@ class RunningGateway:
 
 @contextlib.contextmanager
 def running_gateway(
-    home: Path, tmp: Path, approval_timeout: str = "20s", env: dict[str, str] | None = None
+    home: Path,
+    tmp: Path,
+    approval_timeout: str = "20s",
+    env: dict[str, str] | None = None,
+    extra_yaml: str = "",
 ) -> Iterator[RunningGateway]:
-    """A gateway with the test policy, its environment set for its lifetime only."""
+    """A gateway with the test policy (plus ``extra_yaml``, more top-level sections), its
+    environment set for its lifetime only."""
     with pytest.MonkeyPatch.context() as mp:
         for key, value in (env or {}).items():
             mp.setenv(key, value)
-        yield from _serve(home, tmp, approval_timeout, mp)
+        yield from _serve(home, tmp, approval_timeout, mp, extra_yaml)
 
 
 def _serve(
-    home: Path, tmp: Path, approval_timeout: str, monkeypatch: Any
+    home: Path, tmp: Path, approval_timeout: str, monkeypatch: Any, extra_yaml: str = ""
 ) -> Iterator[RunningGateway]:
     port = free_port()
     token = "op-" + secrets.token_hex(16)
     monkeypatch.setenv("AGENTBOX_TEST_OPERATOR_TOKEN", token)
     audit_path = tmp / "audit" / "audit.jsonl"
     text = POLICY_YAML.format(port=port, audit_path=audit_path, approval_timeout=approval_timeout)
+    text += extra_yaml
     settings = parse_settings(text, "test-gateway.yaml")
     app = create_app(settings, operator_token=token, home=home)
     server = uvicorn.Server(

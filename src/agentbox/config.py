@@ -119,6 +119,13 @@ class SandboxSpec(BaseModel):
     cpus: float = Field(default=2.0, gt=0, le=1024, description="CPU quota in cores")
     disk: int = Field(default=10 * 1024**3, description="writable layer + /workspace, bytes")
     lifetime: float = Field(default=24 * 3600.0, description="max lifetime in seconds")
+    idle_timeout: float = Field(
+        default=15 * 60.0,
+        ge=0,
+        description="seconds without activity before on_idle applies (0: never); activity "
+        "is defined in docs/design.md (Lifecycle)",
+    )
+    on_idle: Literal["pause", "stop", "destroy"] = "pause"
     network: NetworkSpec = NetworkSpec()
     env: dict[str, str] = Field(default_factory=dict)
     project: str = "default"
@@ -129,10 +136,13 @@ class SandboxSpec(BaseModel):
         name = getattr(info, "field_name", "size")
         return parse_size(value, name)
 
-    @field_validator("lifetime", mode="before")
+    @field_validator("lifetime", "idle_timeout", mode="before")
     @classmethod
-    def _duration(cls, value: float | str) -> float:
-        return parse_duration(value, "lifetime")
+    def _duration(cls, value: float | str, info: object) -> float:
+        name = getattr(info, "field_name", "duration")
+        if name == "idle_timeout" and value in (0, "0", "never"):
+            return 0.0  # no idle timeout
+        return parse_duration(value, name)
 
     @field_validator("memory")
     @classmethod

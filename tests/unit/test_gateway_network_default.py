@@ -49,7 +49,9 @@ class _RecordingRuntime(Runtime):
 
     specs: list[SandboxSpec]
 
-    def create(self, spec: Mapping[str, object] | SandboxSpec | None = None) -> Any:
+    def create(
+        self, spec: Mapping[str, object] | SandboxSpec | None = None, *, actor: str = "local"
+    ) -> Any:
         self.specs.append(spec_from(spec))
         # A known error: answered as a normal 400 (a bare exception resets the connection).
         raise InvalidRequest("spec captured; no sandbox in this test")

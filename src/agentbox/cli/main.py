@@ -95,6 +95,12 @@ def sandbox() -> None:
 @click.option("--disk", help="Disk for the writable layer + /workspace, e.g. 5GiB (default 10GiB).")
 @click.option("--lifetime", help="Max lifetime, e.g. 30m or 3600 (seconds); default 24h.")
 @click.option(
+    "--idle-timeout",
+    help="Unused this long (no calls, no running command, CPU under 5%), on-idle applies; "
+    "e.g. 15m (the default), 0 = never. Enforced while a gateway runs.",
+)
+@click.option("--on-idle", type=click.Choice(["pause", "stop", "destroy"]), help="Default: pause.")
+@click.option(
     "--env", "env", multiple=True, metavar="KEY=VALUE", help="Environment for every command."
 )
 @click.option("--project", help="Project the sandbox belongs to (default: default).")
@@ -117,6 +123,8 @@ def sandbox_create(
     cpus: float | None,
     disk: str | None,
     lifetime: str | None,
+    idle_timeout: str | None,
+    on_idle: str | None,
     env: tuple[str, ...],
     project: str | None,
     network: str | None,
@@ -138,6 +146,8 @@ def sandbox_create(
         ("cpus", cpus),
         ("disk", disk),
         ("lifetime", lifetime),
+        ("idle_timeout", idle_timeout),
+        ("on_idle", on_idle),
         ("project", project),
     ):
         if value is not None:
@@ -207,9 +217,19 @@ def sandbox_pause(sandbox_id: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the sandbox as a JSON object.")
 @handle_errors()
 def sandbox_resume(sandbox_id: str, as_json: bool) -> None:
-    """Continue a paused sandbox exactly where it stopped."""
+    """Continue a paused sandbox exactly where it stopped, or start a stopped one again
+    (its files are kept; its processes started fresh)."""
     record = _runtime().resume(sandbox_id)
     _print_json(record.to_dict()) if as_json else click.echo(f"{sandbox_id} {record.state}")
+
+
+@sandbox.command("stop")
+@click.argument("sandbox_id")
+@handle_errors()
+def sandbox_stop(sandbox_id: str) -> None:
+    """End every process of a sandbox but keep its disk; `resume` starts it again."""
+    _runtime().stop(sandbox_id)
+    click.echo(f"{sandbox_id} stopped")
 
 
 @sandbox.command("exec", context_settings={"ignore_unknown_options": True})

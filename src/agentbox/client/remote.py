@@ -394,6 +394,9 @@ class RemoteRuntime:
     def resume(self, sandbox_id: str) -> SandboxRecord:
         return _record(self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/resume"))
 
+    def stop(self, sandbox_id: str) -> None:
+        self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/stop")
+
     def commands(self, sandbox_id: str) -> RemoteCommands:
         return RemoteCommands(self.client, sandbox_id)
 

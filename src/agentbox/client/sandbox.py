@@ -55,6 +55,7 @@ class Backend(Protocol):
     def destroy(self, sandbox_id: str) -> None: ...
     def pause(self, sandbox_id: str) -> SandboxRecord: ...
     def resume(self, sandbox_id: str) -> SandboxRecord: ...
+    def stop(self, sandbox_id: str) -> None: ...
     def commands(self, sandbox_id: str) -> CommandRunner | RemoteCommands: ...
     def processes(self, sandbox_id: str) -> ProcessTable | RemoteProcesses: ...
     def sessions(self, sandbox_id: str) -> ShellSessions | RemoteSessions: ...
@@ -273,11 +274,16 @@ class Sandbox:
         timeout: float | str | None = None,
         env: Mapping[str, str] | None = None,
         network: str | Mapping[str, object] | None = None,
+        idle_timeout: float | str | None = None,
+        on_idle: str | None = None,
         home: Path | None = None,
     ) -> Sandbox:
         """Create and start a sandbox. ``timeout``: max lifetime in seconds (default 24h);
         ``network``: a mode (``none``, ``allowlist``, ``open``) or a dict such as
-        ``{"mode": "allowlist", "allow": ["pypi.org", "*.pythonhosted.org"]}``."""
+        ``{"mode": "allowlist", "allow": ["pypi.org", "*.pythonhosted.org"]}``;
+        ``idle_timeout`` (default 15m, 0: never) and ``on_idle`` (``pause``, ``stop`` or
+        ``destroy``): what happens to a sandbox nothing has used for that long, applied
+        by a running gateway (activity is defined in docs/design.md)."""
         spec: dict[str, object] = {"template": template}
         for key, value in (
             ("memory", memory),
@@ -287,6 +293,8 @@ class Sandbox:
             ("lifetime", timeout),
             ("env", dict(env) if env else None),
             ("network", network),
+            ("idle_timeout", idle_timeout),
+            ("on_idle", on_idle),
         ):
             if value is not None:
                 spec[key] = value
@@ -317,8 +325,14 @@ class Sandbox:
         return self._rt.pause(self.id)
 
     def resume(self) -> SandboxRecord:
-        """Continue exactly where it stopped."""
+        """Continue a paused sandbox exactly where it stopped; start a stopped one again
+        on its kept disk."""
         return self._rt.resume(self.id)
+
+    def stop(self) -> None:
+        """End every process but keep the disk (files, installed packages); ``resume``
+        starts it again."""
+        self._rt.stop(self.id)
 
     def kill(self) -> None:
         """Destroy the sandbox: every process dies, every host resource is removed."""
@@ -387,6 +401,9 @@ class AsyncSandbox:
 
     async def resume(self) -> SandboxRecord:
         return await asyncio.to_thread(self._sync.resume)
+
+    async def stop(self) -> None:
+        await asyncio.to_thread(self._sync.stop)
 
     async def kill(self) -> None:
         await asyncio.to_thread(self._sync.kill)

@@ -31,6 +31,7 @@ from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.auth import Principal, TokenStore
 from agentbox.gateway.egress_ingest import EgressIngest
+from agentbox.gateway.lifecycle_events import LifecycleIngest
 from agentbox.gateway.mcp_server import build_mcp_server
 from agentbox.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentbox.gateway.redaction import Redactor
@@ -44,6 +45,7 @@ from agentbox.gateway.rest import (
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.settings import GatewaySettings
 from agentbox.network.egressd import audit_path as egress_audit_path
+from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -262,14 +264,25 @@ def create_app(
     )
 
     egress_ingest = EgressIngest(egress_audit_path(home), audit, gateway.metrics)
+    lifecycle_ingest = LifecycleIngest(
+        runtime.store, audit, gateway.metrics, settings.lifecycle.webhooks
+    )
+    gateway.lifecycle = lifecycle_ingest
+    idle_watcher = IdleWatcher(
+        runtime, settings.lifecycle.cpu_floor, settings.lifecycle.check_interval
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         egress_ingest.start()
+        lifecycle_ingest.start()
+        idle_watcher.start()
         async with session_manager.run():
             try:
                 yield
             finally:
+                idle_watcher.stop()
+                lifecycle_ingest.stop()
                 egress_ingest.stop()
                 await asyncio.to_thread(gateway.browsers.close_all)
                 audit.close()

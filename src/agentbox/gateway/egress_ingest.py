@@ -13,11 +13,11 @@ twice: dedupe on ``egress_seq``).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from pathlib import Path
 
 from agentbox.gateway.audit import AuditLog, Record, follow
+from agentbox.gateway.lifecycle_events import Position
 from agentbox.gateway.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ class EgressIngest:
         self.audit = audit
         self.metrics = metrics
         self.poll_interval = poll_interval
+        self.position = Position(position_path(egress_log))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="egress-ingest", daemon=True)
 
@@ -50,20 +51,8 @@ class EgressIngest:
         self._stop.set()
         self._thread.join(5)
 
-    def _position(self) -> int:
-        try:
-            return int(position_path(self.egress_log).read_text().strip() or 0)
-        except (OSError, ValueError):
-            return 0
-
-    def _save(self, seq: int) -> None:
-        path = position_path(self.egress_log)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(f"{seq}\n")
-        os.replace(tmp, path)
-
     def _run(self) -> None:
-        since = self._position()
+        since = self.position.load()
         try:
             for record in follow(
                 self.egress_log,
@@ -72,7 +61,7 @@ class EgressIngest:
                 stop=self._stop,
             ):
                 self._copy(record)
-                self._save(record["seq"])
+                self.position.save(record["seq"])
         except Exception:  # a broken follower must not take the gateway down
             log.exception("egress audit ingest stopped")
 

@@ -35,6 +35,12 @@ class Metrics:
             ["tool", "decision"],
             registry=self.registry,
         )
+        self.lifecycle = Counter(
+            "agentbox_lifecycle_events",
+            "Sandbox lifecycle events, by type and reason.",
+            ["event", "reason"],
+            registry=self.registry,
+        )
         self.tool_seconds = Histogram(
             "agentbox_tool_call_duration_seconds",
             "Duration of allowed tool calls, in seconds.",
@@ -42,6 +48,9 @@ class Metrics:
             registry=self.registry,
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5, 30, 120),
         )
+
+    def lifecycle_event(self, event: str, reason: str) -> None:
+        self.lifecycle.labels(event, reason).inc()
 
     def egress_decision(self, decision: str, kind: str, up: int, down: int) -> None:
         self.egress.labels(decision, kind or "unknown").inc()

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from agentbox.errors import AgentboxError, InsufficientScope, InvalidRequest
 from agentbox.gateway import port_forward as port_forward_http
 from agentbox.gateway.auth import Principal
+from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
 from agentbox.network import ports
 from agentbox.network.names import normalize_host
@@ -38,6 +39,10 @@ class CreateSandbox(Body):
     pids: int | None = None
     disk: int | str | None = None
     lifetime: float | str | None = None
+    idle_timeout: float | str | None = Field(
+        default=None, description="e.g. 15m; 0: never (default: sandbox.limits of the config)"
+    )
+    on_idle: Literal["pause", "stop", "destroy"] | None = None
     env: dict[str, str] | None = None
     project: str | None = None
     network: str | dict[str, Any] | None = Field(
@@ -188,6 +193,9 @@ def build_router(
     async def create_sandbox(body: CreateSandbox, p: Principal = auth) -> dict[str, Any]:
         p.require_operator("creating a sandbox")
         spec = {k: v for k, v in body.model_dump().items() if v is not None}
+        limits = gateway.settings.sandbox.limits.model_dump()
+        for key in ("memory", "pids", "cpus", "disk", "lifetime", "idle_timeout", "on_idle"):
+            spec.setdefault(key, limits[key])  # the config's limits are the defaults
         if "network" not in spec:
             # Credentials go as names only (domain, header, secret_env, format): the values
             # stay in this process's environment, which the egress daemon inherits.
@@ -199,8 +207,9 @@ def build_router(
             deny = [*network.get("deny", ()), *gateway.browser.block_domains]
             network["deny"] = list(dict.fromkeys(deny))
             spec["network"] = network
-        record = await asyncio.to_thread(gateway.runtime.create, spec)
+        record = await asyncio.to_thread(gateway.runtime.create, spec, actor=p.actor)
         await gateway.audit_event(p, "sandbox_created", sandbox=record.id, template=record.template)
+        gateway.lifecycle_changed()
         return record.to_dict()
 
     @api.get("/sandboxes", tags=["sandboxes"])
@@ -217,27 +226,65 @@ def build_router(
     async def destroy_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
         p.require_operator("destroying a sandbox")
         await asyncio.to_thread(gateway.browsers.close_sandbox, sandbox_id)
-        await asyncio.to_thread(gateway.runtime.destroy, sandbox_id)
+        await asyncio.to_thread(gateway.runtime.destroy, sandbox_id, actor=p.actor)
         revoked = gateway.tokens.revoke_sandbox(sandbox_id)
         await gateway.audit_event(
             p, "sandbox_destroyed", sandbox=sandbox_id, tokens_revoked=revoked
         )
+        gateway.lifecycle_changed()
         return {"id": sandbox_id, "destroyed": True, "tokens_revoked": revoked}
 
     @api.post("/sandboxes/{sandbox_id}/pause", tags=["sandboxes"])
     async def pause_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
         """Freeze every process; any later call on the sandbox resumes it."""
         p.require_operator("pausing a sandbox")
-        record = await asyncio.to_thread(gateway.runtime.pause, sandbox_id)
+        record = await asyncio.to_thread(gateway.runtime.pause, sandbox_id, actor=p.actor)
         await gateway.audit_event(p, "sandbox_paused", sandbox=sandbox_id, reason="operator")
+        gateway.lifecycle_changed()
         return record.to_dict()
 
     @api.post("/sandboxes/{sandbox_id}/resume", tags=["sandboxes"])
     async def resume_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
+        """Continue a paused sandbox, or start a stopped one again on its kept disk."""
         p.require_operator("resuming a sandbox")
-        record = await asyncio.to_thread(gateway.runtime.resume, sandbox_id)
+        record = await asyncio.to_thread(gateway.runtime.resume, sandbox_id, actor=p.actor)
         await gateway.audit_event(p, "sandbox_resumed", sandbox=sandbox_id, reason="operator")
+        gateway.lifecycle_changed()
         return record.to_dict()
+
+    @api.post("/sandboxes/{sandbox_id}/stop", tags=["sandboxes"])
+    async def stop_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
+        """End every process but keep the disk; resume starts it again."""
+        p.require_operator("stopping a sandbox")
+        await asyncio.to_thread(gateway.browsers.close_sandbox, sandbox_id)
+        await asyncio.to_thread(gateway.runtime.stop, sandbox_id, actor=p.actor)
+        await gateway.audit_event(p, "sandbox_stopped", sandbox=sandbox_id, reason="operator")
+        gateway.lifecycle_changed()
+        return (await asyncio.to_thread(gateway.runtime.get, sandbox_id)).to_dict()
+
+    @api.get("/events", tags=["sandboxes"])
+    async def lifecycle_events(
+        request: Request,
+        p: Principal = auth,
+        sandbox: str | None = None,
+        after: int | None = Query(None, ge=0, description="replay events after this id"),
+        follow: bool = True,
+    ) -> StreamingResponse:
+        """Lifecycle events as SSE (``event: lifecycle``, ``id:`` = event id), oldest
+        first; reconnecting with ``Last-Event-ID`` resumes. A session token sees its own
+        sandbox's events only. Without ``after``: events from now on."""
+        if not p.is_operator:
+            sandbox = sandbox or p.sandbox_id or ""
+            p.require_sandbox(sandbox)
+        last = request.headers.get("last-event-id")
+        start = after if after is not None else int(last) if last and last.isdigit() else None
+        if start is None:
+            start = await asyncio.to_thread(gateway.runtime.store.last_event_id)
+        return StreamingResponse(
+            _stream_events(gateway, request, sandbox, start, follow),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store"},
+        )
 
     # commands -----------------------------------------------------------------------------
     @api.post("/sandboxes/{sandbox_id}/commands", tags=["commands"])
@@ -529,6 +576,33 @@ async def _stream_command(
         yield _sse("result", await task)
     except AgentboxError as e:
         yield _sse("error", e.to_dict())
+
+
+async def _stream_events(
+    gateway: Gateway, request: Request, sandbox: str | None, after: int, follow: bool
+) -> AsyncIterator[bytes]:
+    store = gateway.runtime.store
+    quiet = 0.0
+    while True:
+        events = await asyncio.to_thread(store.events_after, after, 500, sandbox)
+        for event in events:
+            after = event["id"]
+            yield f"id: {after}\n".encode() + _sse("lifecycle", public_event(event))
+        if not follow and len(events) < 500:
+            return
+        if events:
+            continue
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(_EVENTS_POLL_S)
+        quiet += _EVENTS_POLL_S
+        if quiet >= _EVENTS_KEEPALIVE_S:  # a comment keeps proxies from closing the stream
+            quiet = 0.0
+            yield b": keep-alive\n\n"
+
+
+_EVENTS_POLL_S = 0.25
+_EVENTS_KEEPALIVE_S = 15.0
 
 
 def _sse(event: str, data: Any) -> bytes:

@@ -13,7 +13,7 @@ import asyncio
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import jsonschema
 
@@ -40,6 +40,9 @@ from agentbox.gateway.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec
 from agentbox.network.names import domain_matches, normalize_host
 from agentbox.runtime.output import OutputCallback
 from agentbox.runtime.runtime import Runtime
+
+if TYPE_CHECKING:
+    from agentbox.gateway.lifecycle_events import LifecycleIngest
 
 ApprovalMode = Literal["wait", "handle"]
 # Compiled once: checking the schema itself on every call costs ~10 ms.
@@ -76,6 +79,7 @@ class Gateway:
         self.audit = audit
         self.redactor = redactor
         self.metrics = Metrics()
+        self.lifecycle: LifecycleIngest | None = None  # set by create_app
         self.state_key = sealed.load_key(runtime.home)  # seals MCP requestState
         self.rate = RateLimiter(settings.gateway.auth.rate_limit_per_minute)
         run = settings.tool("terminal.run") or TerminalRunTool(name="terminal.run")
@@ -103,6 +107,11 @@ class Gateway:
                 block_domains=tuple(browser.block_domains),
             ),
         )
+
+    def lifecycle_changed(self) -> None:
+        """A transition was made here: copy its event to the trail and webhooks now."""
+        if self.lifecycle is not None:
+            self.lifecycle.wake()
 
     # discovery --------------------------------------------------------------------------
     def visible_tools(self, principal: Principal) -> list[ToolSpec]:

@@ -80,8 +80,9 @@ class LimitsSettings(Strict):
     on_idle: Literal["pause", "stop", "destroy"] = "pause"
 
     _sizes = field_validator("memory", "disk", mode="before")(classmethod(lambda c, v: _size(v)))
-    _durations = field_validator("lifetime", "idle_timeout", mode="before")(
-        classmethod(lambda c, v: _seconds(v))
+    _durations = field_validator("lifetime", mode="before")(classmethod(lambda c, v: _seconds(v)))
+    _idle = field_validator("idle_timeout", mode="before")(  # 0: never
+        classmethod(lambda c, v: 0.0 if v in (0, "0", "never") else _seconds(v))
     )
 
 
@@ -219,9 +220,29 @@ class BudgetSettings(Strict):
     alert_webhook_env: str | None = None
 
 
+class WebhookSettings(Strict):
+    url: str = Field(pattern=r"^https?://")
+    # HMAC-SHA256 key for the X-Agentbox-Signature-256 header, read from this variable.
+    secret_env: str | None = None
+    events: list[str] = Field(default_factory=list)  # empty: every event type
+
+
+class LifecycleSettings(Strict):
+    """Idle enforcement and where lifecycle events go (see runtime/lifecycle.py)."""
+
+    check_interval: float = 10.0
+    cpu_floor: float = Field(default=0.05, ge=0, le=64)  # of one core; more is activity
+    webhooks: list[WebhookSettings] = Field(default_factory=list)
+
+    _interval = field_validator("check_interval", mode="before")(
+        classmethod(lambda c, v: _seconds(v))
+    )
+
+
 class GatewaySettings(Strict):
     gateway: GatewaySection = GatewaySection()
     sandbox: SandboxSection = SandboxSection()
+    lifecycle: LifecycleSettings = LifecycleSettings()
     tools: list[ToolSettings] = Field(default_factory=list)
     redaction: RedactionSettings = RedactionSettings()
     audit: AuditSettings = AuditSettings()

@@ -199,6 +199,41 @@ class SandboxCgroup:
         except (FileNotFoundError, ValueError):
             return 0
 
+    def populated_leaves(self, prefix: str) -> list[str]:
+        """Names of the sub-groups starting with ``prefix`` that hold a process."""
+        try:
+            children = [c for c in self.unified.iterdir() if c.name.startswith(prefix)]
+        except FileNotFoundError:
+            return []
+        return [c.name for c in children if c.is_dir() and self.populated(c)]
+
+    def cpu_usage_us(self) -> int:
+        """CPU time used by every process of the sandbox so far, in microseconds (the v2
+        ``cpu.stat`` core counter, present with or without the cpu controller)."""
+        try:
+            for line in (self.unified / "cpu.stat").read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value)
+        except (FileNotFoundError, ValueError):
+            pass
+        return 0
+
+    def oom_kills(self) -> int:
+        """How many processes of the sandbox the OOM killer has ended."""
+        if self.layout.mode == "unified":
+            path, key = self.unified / "memory.events", "oom_kill"
+        else:
+            path, key = self.v1["memory"] / "memory.oom_control", "oom_kill"
+        try:
+            for line in path.read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+        except (FileNotFoundError, ValueError):
+            pass
+        return 0
+
     # pause ---------------------------------------------------------------------------
     def freeze(self, timeout: float = 10.0) -> None:
         """Stop every process of the sandbox (cgroup v2 freezer); returns once frozen.
@@ -240,16 +275,23 @@ class SandboxCgroup:
         with contextlib.suppress(FileNotFoundError):
             _write(self.unified / "cgroup.kill", "1")
 
-    def remove(self, timeout: float = 10.0) -> None:
-        """Kill everything, wait until the tree is empty, remove every directory."""
+    def remove_processes(self, timeout: float = 10.0, keep: tuple[str, ...] = ("init",)) -> None:
+        """Kill everything, wait until the tree is empty, remove the sub-groups but
+        ``keep`` (the sandbox's own groups and limits stay for its next start)."""
         self.kill()
         deadline = time.monotonic() + timeout
         while self.populated() and time.monotonic() < deadline:
             time.sleep(0.002)  # cgroup.kill is asynchronous; exit takes a moment
         if self.unified.exists():
             for child in sorted(self.unified.iterdir()):
-                if child.is_dir():
+                if child.is_dir() and child.name not in keep:
                     self._rmdir_when_empty(child, deadline)
+
+    def remove(self, timeout: float = 10.0) -> None:
+        """Kill everything, wait until the tree is empty, remove every directory."""
+        deadline = time.monotonic() + timeout
+        self.remove_processes(timeout, keep=())
+        if self.unified.exists():
             self._rmdir_when_empty(self.unified, deadline)
         for path in self.v1.values():
             self._rmdir_when_empty(path, deadline)

@@ -30,6 +30,7 @@ _TIOCSPTLCK = 0x40045431
 _TIOCGPTPEER = 0x5441
 _LAUNCH_PREFIX = b"agentbox-nsexec: "
 _DRAIN_AFTER_EXIT_S = 0.05
+FOREGROUND_LEAF = "c"  # leaves of commands someone waits on; "p": background processes
 DEFAULT_SHELL = "/bin/bash"
 
 
@@ -130,8 +131,10 @@ class CommandRunner:
             out.append("--ctty")
         return [*out, "--", *argv]
 
-    def new_leaf(self) -> str:
-        return self.cgroup.new_leaf("c" + secrets.token_hex(6))
+    def new_leaf(self, kind: str = FOREGROUND_LEAF) -> str:
+        """A fresh cgroup leaf for one command; ``kind`` is the first letter of its name
+        (foreground commands' leaves are how the idle watcher sees a command running)."""
+        return self.cgroup.new_leaf(kind + secrets.token_hex(6))
 
     # foreground -----------------------------------------------------------------------
     def run(

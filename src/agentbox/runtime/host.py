@@ -81,6 +81,7 @@ class SandboxHost:
         self.procs = self.disk / "procs"
         self.log = self.dir / "bwrap.log"
         self.paused_marker = self.dir / "paused"  # exists while the sandbox is paused
+        self.activity_marker = self.dir / "activity"  # its mtime: the last activity seen
         self.host_uid = UID_BASE + slot
         self.host_gid = UID_BASE + slot
         self.hostname = sandbox_id

@@ -84,7 +84,7 @@ class ProcessTable:
         environment = self.runner.environment(env)
         process_id = "p-" + secrets.token_hex(6)
         pdir = self.root / process_id
-        leaf = self.runner.new_leaf()
+        leaf = self.runner.new_leaf("p")
         try:
             started = self._launch(pdir, argv, environment, leaf, cwd, stdin)
         except OSError as e:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import logging
 import os
 import secrets
 import select
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -42,6 +45,7 @@ from agentbox.runtime.store import SandboxRecord, Store
 from agentbox.runtime.templates import TemplateStore
 
 MAX_SANDBOXES = 4096
+log = logging.getLogger(__name__)
 
 
 def _check_traversable(home: Path) -> None:
@@ -139,6 +143,7 @@ class Runtime:
         self._lock = threading.Lock()
         self._live = _LiveSandboxes()
         self._net: plane.HomeNet | None = None
+        self._touched: dict[str, float] = {}
 
     # host facts -----------------------------------------------------------------------
     @property
@@ -163,7 +168,9 @@ class Runtime:
             return self._paths
 
     # lifecycle ------------------------------------------------------------------------
-    def create(self, spec: Mapping[str, object] | SandboxSpec | None = None) -> SandboxRecord:
+    def create(
+        self, spec: Mapping[str, object] | SandboxSpec | None = None, *, actor: str = "local"
+    ) -> SandboxRecord:
         spec = spec_from(spec)
         self.sweep_expired()
         template = self.templates.get(spec.template)
@@ -198,12 +205,22 @@ class Runtime:
             pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
             if networked:
                 plane.attach(self.net.link(record.slot), pid)
+            host.activity_marker.touch()
             self.store.mark_running(sandbox_id, pid, start)
         except BaseException:
             self._release(sandbox_id, host, cgroup, networked)
             raise
         record.state, record.init_pid, record.init_start_time = "running", pid, start
+        self.event(sandbox_id, "created", "operator", actor, template=record.template)
         return record
+
+    def event(self, sandbox_id: str, type_: str, reason: str, actor: str, **details: Any) -> None:
+        """Record a lifecycle event (see ``runtime.lifecycle``); the gateway streams it,
+        posts it to webhooks and writes it to the audit trail."""
+        try:
+            self.store.add_event(sandbox_id, type_, reason, actor, details)
+        except sqlite3.Error as e:  # the transition happened; losing its note must not undo it
+            log.warning("could not record the %s event of %s: %s", type_, sandbox_id, e)
 
     def _egress_trust(self) -> dict[str, bytes]:
         """The egress CA's certificate (never its key) and a bundle of the host's CAs plus
@@ -242,7 +259,7 @@ class Runtime:
                 record.state = "exited"
         return records
 
-    def destroy(self, sandbox_id: str) -> None:
+    def destroy(self, sandbox_id: str, *, reason: str = "operator", actor: str = "local") -> None:
         record = self.get(sandbox_id)
         self._live.forget(sandbox_id)
         self.store.set_state(sandbox_id, "destroying")
@@ -252,6 +269,7 @@ class Runtime:
             self.layout.sandbox(sandbox_id),
             network_of(record.spec).mode != "none",
         )
+        self.event(sandbox_id, "destroyed", reason, actor)
 
     def sweep_expired(self, check_alive: bool = False) -> builtins.list[str]:
         """Destroy sandboxes past their lifetime (and, with ``check_alive``, those whose
@@ -263,10 +281,20 @@ class Runtime:
             expired = record.expires_at is not None and record.expires_at <= now
             dead = check_alive and record.state == "running" and not self._alive(record)
             if expired or dead:
+                reason = "lifetime" if expired else self.end_reason(record)
                 with contextlib.suppress(AgentboxError):
-                    self.destroy(record.id)
+                    self.destroy(record.id, reason=reason, actor="agentbox")
                     swept.append(record.id)
         return swept
+
+    def end_reason(self, record: SandboxRecord) -> str:
+        """Why a sandbox's init ended on its own: its lifetime, the OOM killer, or else
+        an error (it crashed or was killed from outside)."""
+        if record.expires_at is not None and record.expires_at <= time.time() + 1:
+            return "lifetime"  # init ends itself at its lifetime, by its own clock
+        if self.layout.sandbox(record.id).oom_kills() > 0:
+            return "oom"
+        return "error"
 
     def _release(
         self, sandbox_id: str, host: SandboxHost, cgroup: SandboxCgroup, networked: bool
@@ -299,28 +327,39 @@ class Runtime:
         )
 
     # running things ---------------------------------------------------------------------
-    def pause(self, sandbox_id: str) -> SandboxRecord:
+    def pause(
+        self, sandbox_id: str, *, reason: str = "operator", actor: str = "local"
+    ) -> SandboxRecord:
         """Freeze every process of the sandbox (CPU drops to zero; memory, files and
         connections stay). Any later call through this runtime resumes it first."""
-        record, host, cgroup = self.running(sandbox_id)
+        _, host, cgroup = self.running(sandbox_id, touch=False)
         with self._lock:
             self._live.forget(sandbox_id)
             cgroup.freeze()
             host.paused_marker.touch()  # what other processes' cached views check
             self.store.set_state(sandbox_id, "paused")
-        record = self.get(sandbox_id)
-        return record
+        self.event(sandbox_id, "paused", reason, actor)
+        return self.get(sandbox_id)
 
-    def resume(self, sandbox_id: str) -> SandboxRecord:
-        """Continue a paused sandbox exactly where it stopped (no-op when running)."""
+    def resume(
+        self, sandbox_id: str, *, reason: str = "operator", actor: str = "local"
+    ) -> SandboxRecord:
+        """Continue a paused sandbox exactly where it stopped, or start a stopped one
+        again on its kept disk (its processes are gone). A no-op when running."""
         record = self.get(sandbox_id)
+        host = SandboxHost(self.home, sandbox_id, record.slot)
         if record.state == "paused" or self.layout.sandbox(sandbox_id).frozen():
             with self._lock:
                 self.layout.sandbox(sandbox_id).thaw()
                 self.store.set_state(sandbox_id, "running")
-                SandboxHost(self.home, sandbox_id, record.slot).paused_marker.unlink(
-                    missing_ok=True
-                )
+                host.paused_marker.unlink(missing_ok=True)
+            self.touch(sandbox_id, force=True)
+            self.event(sandbox_id, "resumed", reason, actor)
+            record = self.get(sandbox_id)
+        elif record.state == "stopped":
+            self._start(record, host)
+            self.touch(sandbox_id, force=True)
+            self.event(sandbox_id, "started", reason, actor)
             record = self.get(sandbox_id)
         elif record.state != "running":
             raise SandboxNotRunning(
@@ -328,7 +367,53 @@ class Runtime:
             )
         return record
 
-    def running(self, sandbox_id: str) -> _Running:
+    def stop(self, sandbox_id: str, *, reason: str = "operator", actor: str = "local") -> None:
+        """End every process but keep the sandbox's disk (files, installed packages);
+        ``resume`` starts it again. Cheaper to keep than a paused sandbox: no memory."""
+        record = self.get(sandbox_id)
+        if record.state == "stopped":
+            return
+        self._live.forget(sandbox_id)
+        host = SandboxHost(self.home, sandbox_id, record.slot)
+        cgroup = self.layout.sandbox(sandbox_id)
+        with self._lock:
+            cgroup.thaw()  # a frozen tree dies only once thawed on some kernels
+            cgroup.remove_processes()
+            if network_of(record.spec).mode != "none":
+                net = plane.registered_home_net(self.home)
+                if net is not None:
+                    plane.detach(net.link(record.slot))
+            host.paused_marker.unlink(missing_ok=True)
+            self.store.set_state(sandbox_id, "stopped")
+        self.event(sandbox_id, "stopped", reason, actor)
+
+    def _start(self, record: SandboxRecord, host: SandboxHost) -> None:
+        spec = spec_from(record.spec)
+        template = self.templates.get(record.template)
+        cgroup = self.layout.sandbox(record.id)
+        remaining = (record.expires_at or time.time() + spec.lifetime) - time.time()
+        if remaining <= 1:
+            raise SandboxNotRunning(f"sandbox {record.id} has reached its lifetime")
+        pid, start = host.launch(self.paths, cgroup, template.host_usr, spec.memory, remaining)
+        if spec.network.mode != "none":
+            plane.attach(self.net.link(record.slot), pid)
+        self.store.mark_running(record.id, pid, start)
+
+    def touch(self, sandbox_id: str, *, force: bool = False) -> None:
+        """Note activity on a sandbox (its idle clock restarts). At most once a second per
+        sandbox and process: a file's mtime, shared with every other process."""
+        now = time.monotonic()
+        if not force and now - self._touched.get(sandbox_id, -2.0) < 1.0:
+            return
+        self._touched[sandbox_id] = now
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.home / "sandboxes" / sandbox_id / "activity")
+
+    def running(self, sandbox_id: str, *, touch: bool = True) -> _Running:
+        """The record, host and cgroup of a running sandbox (a paused one is resumed);
+        ``touch``: this use counts as activity (see ``runtime.lifecycle``)."""
+        if touch:
+            self.touch(sandbox_id)
         running = self._live.get(sandbox_id)
         if running is not None and running[1].paused_marker.exists():
             # Paused since it was cached (perhaps by another process): resume first. A
@@ -338,8 +423,13 @@ class Runtime:
             running = None
         if running is None:
             record = self.get(sandbox_id)
-            if record.state == "paused":
-                record = self.resume(sandbox_id)  # a call on a paused sandbox resumes it
+            if record.state == "paused":  # a call on a paused sandbox resumes it
+                record = self.resume(sandbox_id, reason="activity", actor="agentbox")
+            if record.state == "stopped":
+                raise SandboxNotRunning(
+                    f"sandbox {sandbox_id} is stopped (its files are kept, its processes "
+                    "ended); resume it to start it again"
+                )
             if record.state != "running":
                 raise SandboxNotRunning(
                     f"sandbox {sandbox_id} is {record.state}, not running; create a new one"

@@ -31,7 +31,17 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     spec TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sandboxes_expiry ON sandboxes (expires_at);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    sandbox TEXT NOT NULL,
+    type TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    details TEXT NOT NULL
+);
 """
+MAX_EVENTS = 100_000  # the oldest go first; the audit trail keeps the history
 
 
 @dataclass
@@ -47,7 +57,16 @@ class SandboxRecord:
     expires_at: float | None
     spec: dict[str, Any] = field(default_factory=dict)
 
-    PUBLIC_SPEC = ("memory", "cpus", "pids", "disk", "network", "project")
+    PUBLIC_SPEC = (
+        "memory",
+        "cpus",
+        "pids",
+        "disk",
+        "network",
+        "project",
+        "idle_timeout",
+        "on_idle",
+    )
 
     def to_dict(self) -> dict[str, Any]:
         """What clients see (the CLI's --json, the REST API); host details stay out."""
@@ -159,6 +178,36 @@ class Store:
             .fetchone()
         )
         return str(row[0]) if row else None
+
+    # lifecycle events -------------------------------------------------------------------
+    def add_event(
+        self, sandbox: str, type_: str, reason: str, actor: str, details: dict[str, Any]
+    ) -> int:
+        with self._tx() as db:
+            cursor = db.execute(
+                "INSERT INTO events (at, sandbox, type, reason, actor, details)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (time.time(), sandbox, type_, reason, actor, json.dumps(details)),
+            )
+            event_id = int(cursor.lastrowid or 0)
+            if event_id % 1000 == 0:
+                db.execute("DELETE FROM events WHERE id <= ?", (event_id - MAX_EVENTS,))
+        return event_id
+
+    def events_after(
+        self, after: int, limit: int = 1000, sandbox: str | None = None
+    ) -> builtins.list[dict[str, Any]]:
+        query = "SELECT * FROM events WHERE id > ?"
+        args: tuple[Any, ...] = (after,)
+        if sandbox is not None:
+            query += " AND sandbox = ?"
+            args += (sandbox,)
+        rows = self._conn().execute(query + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
+        return [{**dict(r), "details": json.loads(r["details"])} for r in rows]
+
+    def last_event_id(self) -> int:
+        row = self._conn().execute("SELECT MAX(id) FROM events").fetchone()
+        return int(row[0] or 0)
 
     def list(self) -> list[SandboxRecord]:
         rows = self._conn().execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()

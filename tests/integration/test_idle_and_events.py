@@ -1,0 +1,180 @@
+"""Idle timeouts, the definition of activity, and lifecycle events with their reasons,
+against real sandboxes (the watcher's passes are driven by the test, not by a timer)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentbox import Sandbox
+from agentbox.errors import SandboxNotFound, SandboxNotRunning
+from agentbox.runtime.lifecycle import IdleWatcher
+from agentbox.runtime.runtime import Runtime
+
+IDLE = 1.5  # seconds
+
+
+def events(runtime: Runtime, sandbox_id: str) -> list[tuple[str, str]]:
+    return [(e["type"], e["reason"]) for e in runtime.store.events_after(0, sandbox=sandbox_id)]
+
+
+def idle_past(watcher: IdleWatcher, seconds: float = IDLE + 0.7) -> list[str]:
+    """Two passes ``seconds`` apart (the first one measures CPU, the second decides)."""
+    watcher.check()
+    time.sleep(seconds)
+    return watcher.check()
+
+
+@pytest.fixture
+def make(agentbox_home: Path, runtime: Runtime) -> Iterator[Any]:
+    made: list[Sandbox] = []
+
+    def create(**kwargs: Any) -> Sandbox:
+        kwargs = {"memory": "256MiB", "disk": "128MiB", "network": "none", **kwargs}
+        sb = Sandbox.create(home=agentbox_home, **kwargs)
+        made.append(sb)
+        return sb
+
+    yield create
+    for sb in made:
+        if runtime.store.get(sb.id) is not None:
+            sb.kill()
+
+
+def test_an_idle_sandbox_with_a_sleeping_process_is_paused(runtime: Runtime, make: Any) -> None:
+    sb = make(idle_timeout=IDLE)
+    sb.commands.start("sleep 600")  # a background process that does nothing
+    acted = idle_past(IdleWatcher(runtime))
+    assert sb.id in acted
+    assert runtime.get(sb.id).state == "paused"
+    assert ("paused", "idle") in events(runtime, sb.id)
+    # a call resumes it transparently, and says why
+    assert sb.commands.run("echo back").stdout == "back\n"
+    assert runtime.get(sb.id).state == "running"
+    assert events(runtime, sb.id)[-1] == ("resumed", "activity")
+
+
+def test_a_busy_cpu_keeps_a_sandbox_without_calls(runtime: Runtime, make: Any) -> None:
+    sb = make(idle_timeout=IDLE, cpus=1)
+    sb.commands.start("while :; do :; done")  # a long test run, say
+    watcher = IdleWatcher(runtime)
+    for _ in range(3):
+        assert sb.id not in idle_past(watcher, IDLE / 2 + 0.3)
+    assert runtime.get(sb.id).state == "running"
+    assert ("paused", "idle") not in events(runtime, sb.id)
+
+
+def test_a_running_foreground_command_is_activity(runtime: Runtime, make: Any) -> None:
+    sb = make(idle_timeout=IDLE)
+    handle = sb.commands.start("sleep 1")  # warm: the sandbox works
+    del handle
+    import threading
+
+    done = threading.Event()
+    worker = threading.Thread(
+        target=lambda: (sb.commands.run("sleep 4", timeout=30), done.set()), daemon=True
+    )
+    worker.start()
+    watcher = IdleWatcher(runtime)
+    assert sb.id not in idle_past(watcher, IDLE + 1.0)  # no CPU, no calls: only the command
+    worker.join(30)
+    assert done.is_set()
+    assert runtime.get(sb.id).state == "running"
+
+
+def test_calls_restart_the_idle_clock(runtime: Runtime, make: Any) -> None:
+    sb = make(idle_timeout=IDLE)
+    watcher = IdleWatcher(runtime)
+    watcher.check()
+    for _ in range(3):
+        time.sleep(IDLE / 2)
+        sb.files.write("/workspace/note", "x")  # a call
+        assert sb.id not in watcher.check()
+    assert runtime.get(sb.id).state == "running"
+
+
+def test_on_idle_stop_keeps_files_and_resume_starts_it_again(
+    runtime: Runtime, make: Any
+) -> None:
+    sb = make(idle_timeout=IDLE, on_idle="stop")
+    sb.files.write("/workspace/kept.txt", "still here")
+    sb.commands.start("sleep 600")
+    assert sb.id in idle_past(IdleWatcher(runtime))
+    assert runtime.get(sb.id).state == "stopped"
+    assert events(runtime, sb.id)[-1] == ("stopped", "idle")
+    with pytest.raises(SandboxNotRunning, match="resume it"):
+        sb.commands.run("true")
+    sb.resume()
+    assert events(runtime, sb.id)[-1] == ("started", "operator")
+    assert sb.files.read("/workspace/kept.txt") == "still here"
+    ps = sb.commands.run("ps -e -o comm=").stdout.split()
+    assert "sleep" not in ps  # its processes were ended, not kept
+
+
+def test_on_idle_destroy(runtime: Runtime, make: Any) -> None:
+    sb = make(idle_timeout=IDLE, on_idle="destroy")
+    assert sb.id in idle_past(IdleWatcher(runtime))
+    with pytest.raises(SandboxNotFound):
+        runtime.get(sb.id)
+    assert events(runtime, sb.id)[-1] == ("destroyed", "idle")
+
+
+def test_idle_timeout_zero_means_never(runtime: Runtime, make: Any) -> None:
+    sb = make(idle_timeout=0)
+    assert sb.id not in idle_past(IdleWatcher(runtime), 1.0)
+    assert runtime.get(sb.id).state == "running"
+
+
+def test_every_event_carries_its_reason(runtime: Runtime, make: Any) -> None:
+    sb = make(idle_timeout=0)
+    sb.pause()
+    sb.resume()
+    sb.stop()
+    sb.resume()
+    sb.kill()
+    assert events(runtime, sb.id) == [
+        ("created", "operator"),
+        ("paused", "operator"),
+        ("resumed", "operator"),
+        ("stopped", "operator"),
+        ("started", "operator"),
+        ("destroyed", "operator"),
+    ]
+
+
+def test_lifetime_end_is_an_event(runtime: Runtime, make: Any) -> None:
+    sb = make(timeout=2, idle_timeout=0)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and runtime.store.get(sb.id) is not None:
+        IdleWatcher(runtime).check()
+        time.sleep(0.3)
+    assert runtime.store.get(sb.id) is None
+    assert events(runtime, sb.id)[-1] == ("destroyed", "lifetime")
+
+
+def test_a_crashed_sandbox_ends_with_reason_error(runtime: Runtime, make: Any) -> None:
+    sb = make(idle_timeout=0)
+    record = runtime.get(sb.id)
+    assert record.init_pid is not None
+    os.kill(record.init_pid, 9)  # from the host: as if it crashed
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and runtime.store.get(sb.id) is not None:
+        IdleWatcher(runtime).check()
+        time.sleep(0.2)
+    assert events(runtime, sb.id)[-1] == ("destroyed", "error")
+
+
+def test_an_oom_kill_is_an_event(runtime: Runtime, make: Any) -> None:
+    sb = make(memory="64MiB", idle_timeout=0)
+    watcher = IdleWatcher(runtime)
+    watcher.check()
+    result = sb.commands.run(["python3", "-c", "x = bytearray(512 * 1024 * 1024)"], timeout=60)
+    assert result.exit_code != 0  # killed
+    watcher.check()
+    assert ("oom", "oom") in events(runtime, sb.id)
+    assert runtime.get(sb.id).state == "running"  # the sandbox itself lives on
