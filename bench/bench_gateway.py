@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx2
 
 from agentbox import Sandbox
-from common import write_doc_section
+from common import remove_home, write_doc_section
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 CONFIG = """
@@ -180,7 +180,7 @@ def main() -> None:
                                 f"{'met' if best >= 2000 else '**NOT met**'}"
                             )
                 op.delete(f"/v1/sandboxes/{sid}")
-    shutil.rmtree(home, ignore_errors=True)
+    remove_home(home)
     lines = [
         "| call (REST, wrk) | p50 ms (1 client) | p95 ms | p99 ms | in-process SDK p50 ms | "
         "gateway overhead p50 ms | calls/s with 1 / 10 / 50 clients |",

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentbox import Sandbox
+from agentbox.isolation import diskpool
 from agentbox.isolation.cgroups import CgroupLayout
 
 NS_PER_MS = 1_000_000
@@ -184,6 +185,7 @@ def mounts_under(path: Path) -> list[str]:
 
 def remove_home(home: Path) -> None:
     """Delete the home unless something is still mounted in it (never delete through one)."""
+    diskpool.release(home)
     left = mounts_under(home)
     if left:
         progress(f"NOT removing {home}: still mounted: {left[:3]}")

@@ -14,11 +14,11 @@ DEV=0
 [ "${1:-}" = "--dev" ] && DEV=1
 
 # bubblewrap: the sandbox; libseccomp2: compiles the seccomp profile; e2fsprogs: per-sandbox
-# disks; gcc/libc6-dev: builds the 4 KB namespace launcher once; mmdebstrap: template
+# disks; xfsprogs: the disk pool they live in (reflinks: O(1) fork and create); gcc/libc6-dev: builds the 4 KB namespace launcher once; mmdebstrap: template
 # builds; nftables/iproute2: network isolation; python3-venv: the virtualenv; curl: what
 # agents use most inside sandboxes (and the network tests); chromium + fonts-dejavu-core:
 # the browser tool runs Debian's Chromium inside sandboxes (never `playwright install`).
-PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs util-linux
+PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs xfsprogs util-linux
           gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates curl
           chromium fonts-dejavu-core)
 missing=()

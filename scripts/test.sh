@@ -20,7 +20,9 @@ fi
 status=0
 .venv/bin/pytest "$@" || status=$?
 if [ -n "$throwaway" ]; then
-  # --one-file-system: never descend into a mount a leaked sandbox may have left.
+  # The disk pool (an XFS mount in the home) goes first; --one-file-system: never descend
+  # into a mount a leaked sandbox may have left.
+  umount "$AGENTBOX_HOME/disks" 2>/dev/null || true
   rm -rf --one-file-system "$AGENTBOX_HOME" 2>/dev/null || true
 fi
 exit "$status"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentbox import Sandbox
+from agentbox.isolation import diskpool
 from agentbox.runtime.runtime import Runtime
 
 
@@ -26,6 +27,7 @@ def agentbox_home() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="agentbox-test-", dir="/var/tmp") as tmp:
         os.environ["AGENTBOX_HOME"] = tmp
         yield Path(tmp)
+        diskpool.release(Path(tmp))  # the disk pool's mount, before the files go
 
 
 @pytest.fixture(scope="session")

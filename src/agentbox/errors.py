@@ -8,7 +8,8 @@
     │   ├── TemplateNotFound           template_not_found
     │   ├── ProcessNotFound            process_not_found
     │   ├── SessionNotFound            session_not_found
-    │   └── FileNotFound               file_not_found
+    │   ├── FileNotFound               file_not_found
+    │   └── SnapshotNotFound           snapshot_not_found    no such object in the snapshot store
     ├── Conflict                       conflict
     │   ├── SandboxNotRunning          sandbox_not_running   exec in a stopped/destroyed sandbox
     │   ├── FileExists                 file_exists
@@ -89,6 +90,10 @@ class SessionNotFound(NotFound):
 
 class FileNotFound(NotFound):
     code = "file_not_found"
+
+
+class SnapshotNotFound(NotFound):
+    code = "snapshot_not_found"
 
 
 class Conflict(AgentboxError):

@@ -111,9 +111,10 @@ def test_idle_sandbox_with_an_idle_open_stream_is_paused_and_told(
             r = op.post(f"/v1/sandboxes/{sid}/processes", json={"command": "sleep 600"})
             assert r.status_code == 201, r.text
             # an open stream on which nothing happens is not activity
-            with gw.client(gw.operator_token) as c, c.stream(
-                "GET", "/v1/events", params={"sandbox": sid}
-            ) as stream:
+            with (
+                gw.client(gw.operator_token) as c,
+                c.stream("GET", "/v1/events", params={"sandbox": sid}) as stream,
+            ):
                 assert stream.status_code == 200
                 assert stream.headers["content-type"].startswith("text/event-stream")
                 got = read_sse(stream, lambda ev: any(e["type"] == "paused" for e in ev))

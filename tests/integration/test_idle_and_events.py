@@ -98,9 +98,7 @@ def test_calls_restart_the_idle_clock(runtime: Runtime, make: Any) -> None:
     assert runtime.get(sb.id).state == "running"
 
 
-def test_on_idle_stop_keeps_files_and_resume_starts_it_again(
-    runtime: Runtime, make: Any
-) -> None:
+def test_on_idle_stop_keeps_files_and_resume_starts_it_again(runtime: Runtime, make: Any) -> None:
     sb = make(idle_timeout=IDLE, on_idle="stop")
     sb.files.write("/workspace/kept.txt", "still here")
     sb.commands.start("sleep 600")

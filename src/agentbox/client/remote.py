@@ -397,6 +397,9 @@ class RemoteRuntime:
     def stop(self, sandbox_id: str) -> None:
         self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/stop")
 
+    def fork(self, sandbox_id: str) -> SandboxRecord:
+        return _record(self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/fork"))
+
     def commands(self, sandbox_id: str) -> RemoteCommands:
         return RemoteCommands(self.client, sandbox_id)
 

@@ -56,6 +56,7 @@ class Backend(Protocol):
     def pause(self, sandbox_id: str) -> SandboxRecord: ...
     def resume(self, sandbox_id: str) -> SandboxRecord: ...
     def stop(self, sandbox_id: str) -> None: ...
+    def fork(self, sandbox_id: str) -> SandboxRecord: ...
     def commands(self, sandbox_id: str) -> CommandRunner | RemoteCommands: ...
     def processes(self, sandbox_id: str) -> ProcessTable | RemoteProcesses: ...
     def sessions(self, sandbox_id: str) -> ShellSessions | RemoteSessions: ...
@@ -334,6 +335,12 @@ class Sandbox:
         starts it again."""
         self._rt.stop(self.id)
 
+    def fork(self) -> Sandbox:
+        """A new sandbox with a copy of this one's files (writable layer, /workspace,
+        /tmp) at this instant; its own identity, no processes. Copy-on-write: fast
+        whatever the size, and changes on either side stay on that side."""
+        return Sandbox(self._rt.fork(self.id), self._rt)
+
     def kill(self) -> None:
         """Destroy the sandbox: every process dies, every host resource is removed."""
         self._rt.destroy(self.id)
@@ -404,6 +411,9 @@ class AsyncSandbox:
 
     async def stop(self) -> None:
         await asyncio.to_thread(self._sync.stop)
+
+    async def fork(self) -> AsyncSandbox:
+        return AsyncSandbox(await asyncio.to_thread(self._sync.fork))
 
     async def kill(self) -> None:
         await asyncio.to_thread(self._sync.kill)

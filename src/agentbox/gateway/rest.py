@@ -262,6 +262,19 @@ def build_router(
         gateway.lifecycle_changed()
         return (await asyncio.to_thread(gateway.runtime.get, sandbox_id)).to_dict()
 
+    @api.post("/sandboxes/{sandbox_id}/fork", status_code=201, tags=["sandboxes"])
+    async def fork_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
+        """A new sandbox with a copy-on-write copy of this one's files at this instant
+        (its own id, identity and tokens; no processes)."""
+        p.require_operator("forking a sandbox")
+        record = await asyncio.to_thread(gateway.runtime.fork, sandbox_id, actor=p.actor)
+        await gateway.audit_event(
+            p, "sandbox_created", sandbox=record.id, template=record.template,
+            forked_from=sandbox_id,
+        )  # fmt: skip
+        gateway.lifecycle_changed()
+        return record.to_dict()
+
     @api.get("/events", tags=["sandboxes"])
     async def lifecycle_events(
         request: Request,

@@ -142,19 +142,26 @@ def check_overlayfs() -> Check:
 
 
 def check_disk() -> Check:
-    missing = [t for t in ("mkfs.ext4",) if not shutil.which(t)]
+    missing = [t for t in ("mkfs.ext4", "mkfs.xfs") if not shutil.which(t)]
     if missing:
         return Check(
             "sandbox disks",
             False,
             f"{', '.join(missing)} not found",
-            "apt-get install -y e2fsprogs",
+            "apt-get install -y e2fsprogs xfsprogs",
         )
     if not Path("/dev/loop-control").exists():
         return Check("sandbox disks", False, "/dev/loop-control missing", "modprobe loop")
-    if not _filesystem("ext4"):
-        return Check("sandbox disks", False, "ext4 not supported by the kernel", "modprobe ext4")
-    return Check("sandbox disks", True, "loop devices + ext4 (one sparse image per sandbox)", "")
+    for fs in ("ext4", "xfs"):
+        if not _filesystem(fs):
+            return Check("sandbox disks", False, f"{fs} not supported by the kernel",
+                         f"modprobe {fs}")  # fmt: skip
+    return Check(
+        "sandbox disks",
+        True,
+        "loop devices + ext4 (one sparse image per sandbox, in an XFS pool that clones)",
+        "",
+    )
 
 
 def _binary(name: str, binaries: tuple[str, ...], fix: str, required: bool = True) -> Check:

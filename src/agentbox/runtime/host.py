@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentbox.errors import SandboxError
-from agentbox.isolation import disk, syscalls
+from agentbox.isolation import disk, diskpool, syscalls
 from agentbox.isolation.cgroups import SandboxCgroup
 
 # Ids inside the sandbox: the agent is an ordinary user, never root.
@@ -74,7 +74,8 @@ class SandboxHost:
         self.id = sandbox_id
         self.slot = slot
         self.dir = home / "sandboxes" / sandbox_id
-        self.image = self.dir / "disk.img"
+        legacy = self.dir / "disk.img"  # sandboxes created before the disk pool
+        self.image = legacy if legacy.exists() else diskpool.pool_dir(home) / f"{sandbox_id}.img"
         self.disk = self.dir / "disk"
         self.root = self.dir / "root"
         self.workspace = self.disk / "workspace"
@@ -93,6 +94,7 @@ class SandboxHost:
         disk_bytes: int,
         disk_cache: Path | None = None,
         trust: Mapping[str, bytes] | None = None,
+        clone_of: SandboxHost | None = None,
     ) -> None:
         """Disk image, its layout, and the overlay root. Undone by ``teardown``.
 
@@ -101,14 +103,20 @@ class SandboxHost:
         before the overlay exists, so nothing in the template can redirect them."""
         self.dir.mkdir(parents=True, exist_ok=False)
         self.dir.chmod(0o711)  # bwrap runs as the sandbox uid: it may traverse, not list
-        disk.make_filesystem(self.image, disk_bytes, disk_cache)
+        if clone_of is None:
+            disk.make_filesystem(self.image, disk_bytes, disk_cache)
+        else:
+            with diskpool.frozen(clone_of.disk):  # a consistent instant of the source
+                disk.clone_file(clone_of.image, self.image)
         disk.mount_disk(self.image, self.disk)
         self.disk.chmod(0o711)
+        if clone_of is not None:
+            self._adopt(clone_of)
         for name in ("upper", "work", "workspace", "tmp", "var-tmp", "procs"):
             (self.disk / name).mkdir(exist_ok=True)
         # What the agent may write: its workspace, /tmp, and its home (in the upper layer).
         home = self.disk / "upper" / "home" / "user"
-        home.mkdir(parents=True)
+        home.mkdir(parents=True, exist_ok=True)
         for path in (self.workspace, self.disk / "tmp", self.disk / "var-tmp", home):
             os.chown(path, self.host_uid, self.host_gid)
         (self.disk / "tmp").chmod(0o1777)
@@ -136,12 +144,34 @@ class SandboxHost:
             (self.root / mountpoint).mkdir(parents=True, exist_ok=True)
         (self.root / INIT_PATH.lstrip("/")).touch()
 
+    def _adopt(self, source: SandboxHost) -> None:
+        """Make a cloned disk this sandbox's: files the source's user owned (stored under
+        its host ids) become this sandbox's user's; the source's host-side records of
+        processes and overlay scratch go. Nothing runs on the clone yet, so the walk
+        cannot be raced; it never follows a symlink."""
+        for scratch in (self.disk / "procs", self.disk / "work"):
+            if scratch.is_symlink() or not scratch.is_dir():
+                raise SandboxError(f"the source sandbox's {scratch.name}/ is not a directory")
+            shutil.rmtree(scratch)
+        for root, dirs, files in os.walk(self.disk):
+            for name in (*dirs, *files):
+                path = os.path.join(root, name)
+                st = os.lstat(path)
+                uid = self.host_uid if st.st_uid == source.host_uid else -1
+                gid = self.host_gid if st.st_gid == source.host_gid else -1
+                if uid != -1 or gid != -1:
+                    os.lchown(path, uid, gid)
+
     def _write_trust(self, files: Mapping[str, bytes]) -> None:
         etc = self.disk / "upper" / "etc"
         target = etc / "agentbox"
         for directory in (etc, target):
+            if directory.is_symlink():  # only a cloned disk could hold one
+                raise SandboxError(f"{directory.name} in the sandbox's upper layer is a symlink")
             directory.mkdir(mode=0o755, exist_ok=True)
             directory.chmod(0o755)
+        for name in files:
+            (target / name).unlink(missing_ok=True)  # a clone's; unlink never follows
         for name, data in files.items():
             if "/" in name or name in ("", ".", ".."):
                 raise SandboxError(f"bad trust file name {name!r}")
@@ -280,6 +310,7 @@ class SandboxHost:
         """Unmount and delete everything on the host side. Idempotent."""
         disk.unmount(self.root)
         disk.unmount(self.disk)  # AUTOCLEAR frees the loop device
+        self.image.unlink(missing_ok=True)
         if self.dir.exists():
             shutil.rmtree(self.dir, ignore_errors=False, onerror=_ignore_missing)
 

@@ -32,7 +32,7 @@ from agentbox.errors import (
     SandboxNotFound,
     SandboxNotRunning,
 )
-from agentbox.isolation import seccomp
+from agentbox.isolation import diskpool, seccomp
 from agentbox.isolation.cgroups import CgroupLayout, Limits, SandboxCgroup
 from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
@@ -42,7 +42,7 @@ from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
 from agentbox.runtime.processes import ProcessTable
 from agentbox.runtime.sessions import ShellSessions
 from agentbox.runtime.store import SandboxRecord, Store
-from agentbox.runtime.templates import TemplateStore
+from agentbox.runtime.templates import Template, TemplateStore
 
 MAX_SANDBOXES = 4096
 log = logging.getLogger(__name__)
@@ -173,10 +173,34 @@ class Runtime:
     ) -> SandboxRecord:
         spec = spec_from(spec)
         self.sweep_expired()
-        template = self.templates.get(spec.template)
+        record = self._build(spec, self.templates.get(spec.template), None)
+        self.event(record.id, "created", "operator", actor, template=record.template)
+        return record
+
+    def fork(self, source_id: str, *, actor: str = "local") -> SandboxRecord:
+        """A new sandbox whose disk (writable layer, /workspace, /tmp) is a copy of the
+        source's at one instant: the source's filesystem is frozen (flushed, writers
+        blocked) for the moment a copy-on-write clone of its image takes, so the cost
+        does not grow with the data. New id, slot, uid, network identity and tokens; the
+        processes are not copied. Changes on either side stay on that side."""
+        source = self.get(source_id)
+        if source.state not in ("running", "paused", "stopped"):
+            raise SandboxNotRunning(f"sandbox {source_id} is {source.state}; cannot fork it")
+        spec = spec_from(source.spec)
+        template = self.templates.exact(source.template, source.template_digest)
+        origin = SandboxHost(self.home, source_id, source.slot)
+        record = self._build(spec, template, origin)
+        self.event(record.id, "created", "operator", actor, template=record.template,
+                   forked_from=source_id)  # fmt: skip
+        return record
+
+    def _build(
+        self, spec: SandboxSpec, template: Template, clone_of: SandboxHost | None
+    ) -> SandboxRecord:
         paths = self.paths
         if spec.network.mode != "none":
             self.net  # noqa: B018 - allocate the network number first: a refusal leaves nothing
+        pool = diskpool.ensure(self.home)
         sandbox_id = "sb-" + secrets.token_hex(6)
         expires_at = time.time() + spec.lifetime
         record = self.store.reserve(
@@ -199,7 +223,7 @@ class Runtime:
                 if spec.network.credentials:
                     trust = self._egress_trust()
             host.prepare_filesystem(
-                template.rootfs, spec.disk, self.home / "lib" / "disks", trust=trust
+                template.rootfs, spec.disk, pool / "formatted", trust=trust, clone_of=clone_of
             )
             cgroup.create(Limits(spec.memory, spec.pids, spec.cpus))
             pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
@@ -211,7 +235,6 @@ class Runtime:
             self._release(sandbox_id, host, cgroup, networked)
             raise
         record.state, record.init_pid, record.init_start_time = "running", pid, start
-        self.event(sandbox_id, "created", "operator", actor, template=record.template)
         return record
 
     def event(self, sandbox_id: str, type_: str, reason: str, actor: str, **details: Any) -> None:

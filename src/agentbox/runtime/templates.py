@@ -160,6 +160,15 @@ class TemplateStore:
             raise TemplateNotFound(self._not_found_message(name), name=name)
         return self._template(name, digest)
 
+    def exact(self, name: str, digest: str) -> Template:
+        """The very template a sandbox was made from (a fork's upper layer only makes
+        sense over the same lower one), even if ``name`` now points elsewhere."""
+        if name == DEFAULT_NAME:
+            current = self._ensure_default()
+            if current.digest == digest:
+                return current
+        return self._template(name, digest)
+
     def list(self) -> list[Template]:
         self._ensure_default()
         out = []

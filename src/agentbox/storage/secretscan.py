@@ -1,0 +1,391 @@
+"""Look for secrets in a sandbox's files before they are snapshotted.
+
+A snapshot outlives its sandbox and may be shared, so credentials an agent left in a
+file (``.env``, ``~/.aws/credentials``, a private key) should be noticed first. The
+detectors are the gateway's (``agentbox.gateway.redaction``): the pattern detectors of
+detect-secrets, not the entropy or keyword ones, which flag ordinary code everywhere.
+One detector is added: ``aws_secret_access_key = …`` without quotes, the form of an AWS
+credentials file, which detect-secrets only finds quoted.
+
+The tree belongs to the sandbox and is treated as hostile: it is walked through directory
+file descriptors without following symlinks (so a link to ``/etc/shadow``, or a directory
+swapped for a link mid-walk, leads nowhere), only regular files are opened, FIFOs and
+devices never are, and nothing is read past ``max_file_bytes``. Files with a NUL byte in
+their first 8 KiB are taken as binary and skipped; invalid UTF-8 is scanned as is.
+
+A finding names the file, line and kind, never the secret: findings go into logs and
+error messages. ``scan_tree`` returns a ``ScanResult``, a list of findings that also says
+which files were too large or could not be read.
+"""
+
+from __future__ import annotations
+
+import bisect
+import fnmatch
+import functools
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+
+from agentbox.errors import InvalidRequest
+from agentbox.gateway.redaction import Redactor, _slug
+
+MAX_FILE_BYTES = 8 * 1024**2
+_BINARY_PROBE = 8192
+_MAX_DEPTH = 200  # one open descriptor per level; deeper trees are reported, not walked
+_MIN_VALUE = 8  # a shorter capture group is a token's prefix (ghp_, glpat-), not its value
+_PRIVATE_KEY = "private-key"
+_AWS = "AWS Access Key"
+_AWS_CREDENTIALS_LINE = re.compile(
+    r"aws_?secret_?access_?key[\"']?[ \t]*[:=][ \t]*[\"']?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+=])",
+    re.IGNORECASE,
+)
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_ALLOW_SYNTAX = (
+    "an entry is a path glob (a whole file, e.g. tests/fixtures/*), path-glob:LINE, "
+    "or kind=<secret type> (e.g. kind=AWS Access Key)"
+)
+
+
+@dataclass(frozen=True, order=True)
+class Finding:
+    path: str  # relative to the scanned root, POSIX
+    line: int  # 1-based; a private key's BEGIN line
+    kind: str  # detect-secrets' secret type, e.g. "AWS Access Key", "Private Key"
+
+
+class ScanResult(list[Finding]):
+    """The findings, sorted, plus the files left unscanned (relative paths)."""
+
+    def __init__(
+        self,
+        findings: Iterable[Finding] = (),
+        skipped_large: Iterable[str] = (),
+        skipped_unreadable: Iterable[str] = (),
+    ) -> None:
+        super().__init__(sorted(findings))
+        self.skipped_large = list(skipped_large)  # over max_file_bytes
+        self.skipped_unreadable = list(skipped_unreadable)  # permission, I/O, too deep
+
+
+@dataclass(frozen=True)
+class _Match:
+    kind: str
+    start: int  # character offsets of the secret value in the decoded text
+    end: int
+
+
+@functools.cache
+def _engine() -> tuple[Redactor, dict[str, str]]:
+    """The gateway's detectors, and their kind slugs mapped back to detect-secrets' names."""
+    names = {_slug(t): t for t in get_mapping_from_secret_type_to_class()}
+    return Redactor(), names
+
+
+def _matches(text: str) -> list[_Match]:
+    redactor, names = _engine()
+    # The redactor's prefilters make the common case (no secret) one cheap pass; only
+    # detectors that found something run again, to locate each value.
+    present = {f.kind for f in redactor.findings(text)}
+    found: list[_Match] = []
+    for detector in redactor.detectors:
+        if detector.kind not in present:
+            continue
+        kind = names.get(detector.kind, detector.kind)
+        for m in detector.pattern.finditer(text):
+            if m.end() == m.start():
+                continue
+            start, end = m.span()
+            # A private key is the whole block. Elsewhere a capture group, where there is
+            # one, is the value (the 40 characters after aws_secret_access_key = ').
+            value = m.group(1) if m.re.groups and detector.kind != _PRIVATE_KEY else None
+            if value and len(value) >= _MIN_VALUE:
+                start, end = m.span(1)
+            found.append(_Match(kind, start, end))
+    # An exact prefilter only on ASCII: IGNORECASE also matches some other letters (U+017F).
+    if not text.isascii() or "secret" in text.lower():
+        for m in _AWS_CREDENTIALS_LINE.finditer(text):
+            found.append(_Match(_AWS, *m.span(1)))
+    return found
+
+
+def _line_starts(text: str) -> list[int]:
+    return [0, *(m.end() for m in re.finditer("\n", text))]
+
+
+def _line_of(starts: list[int], offset: int) -> int:
+    return bisect.bisect_right(starts, offset)
+
+
+def scan_text(path: str, text: str) -> list[Finding]:
+    """Findings in one file's text, one per line and kind."""
+    starts = _line_starts(text)
+    return sorted({Finding(path, _line_of(starts, m.start), m.kind) for m in _matches(text)})
+
+
+@dataclass(frozen=True)
+class AllowList:
+    """Findings an operator has declared harmless (test fixtures, documented examples)."""
+
+    files: tuple[str, ...] = ()  # globs: these files are not scanned at all
+    lines: tuple[tuple[str, int], ...] = ()  # (glob, line)
+    kinds: frozenset[str] = field(default_factory=frozenset)  # slugs
+
+    @classmethod
+    def from_file(cls, path: Path) -> AllowList:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidRequest(f"cannot read the allow-list {path}: {e}", file=str(path)) from e
+        return cls.parse(text, str(path))
+
+    @classmethod
+    def parse(cls, text: str, source: str = "allow-list") -> AllowList:
+        """One entry a line: ``path-glob``, ``path-glob:LINE`` or ``kind=<secret type>``;
+        ``#`` comments and blank lines are ignored. Globs are matched (fnmatch, ``*`` also
+        crosses ``/``) against the file's path relative to the scanned root."""
+        files: list[str] = []
+        lines: list[tuple[str, int]] = []
+        kinds: set[str] = set()
+        known = _engine()[1]
+        for number, raw in enumerate(text.splitlines(), 1):
+            entry = raw.strip()
+            if not entry or entry.startswith("#"):
+                continue
+
+            def bad(problem: str, number: int = number) -> InvalidRequest:
+                return InvalidRequest(
+                    f"{source}:{number}: {problem}; {_ALLOW_SYNTAX}", file=source, line=number
+                )
+
+            if entry.startswith("kind="):
+                # Spelled as detect-secrets names it ("AWS Access Key") or as a slug.
+                name = entry.removeprefix("kind=").strip()
+                if _slug(name) not in known:
+                    names = ", ".join(sorted(known.values()))
+                    raise bad(f"unknown secret type {name!r} (known: {names})")
+                kinds.add(_slug(name))
+                continue
+            glob, line = entry, 0
+            head, colon, tail = entry.rpartition(":")
+            if colon and (not tail or tail.isdigit()):
+                if not tail.isdigit() or int(tail) < 1:
+                    raise bad("expected a line number (1 or more) after ':'")
+                glob, line = head, int(tail)
+            glob = glob.removeprefix("./")
+            if not glob:
+                raise bad("missing path glob")
+            if glob.startswith("/"):
+                raise bad("paths are relative to the scanned root: drop the leading /")
+            if line:
+                lines.append((glob, line))
+            else:
+                files.append(glob)
+        return cls(tuple(files), tuple(lines), frozenset(kinds))
+
+    def allows_file(self, path: str) -> bool:
+        return any(fnmatch.fnmatchcase(path, g) for g in self.files)
+
+    def allows(self, finding: Finding) -> bool:
+        return (
+            _slug(finding.kind) in self.kinds
+            or self.allows_file(finding.path)
+            or any(
+                line == finding.line and fnmatch.fnmatchcase(finding.path, g)
+                for g, line in self.lines
+            )
+        )
+
+
+def _walk(root: Path, unreadable: list[str]) -> Iterator[tuple[int, str, str]]:
+    """(directory fd, name, relative path) of every non-directory entry under ``root``.
+
+    Each directory is opened relative to its parent's descriptor with O_NOFOLLOW, so
+    neither a symlink nor a directory replaced by one mid-walk leads out of the tree.
+    Depth first, iteratively (no recursion limit), one descriptor per level.
+    """
+    try:
+        top = os.open(root, _DIR_FLAGS)
+    except OSError as e:
+        raise InvalidRequest(f"cannot scan {root}: {e.strerror}", path=str(root)) from e
+    stack: list[tuple[int, str, list[str]]] = []  # (fd, relative path, subdirectories left)
+    try:
+        pending: tuple[int, str] | None = (top, "")
+        while pending or stack:
+            if pending:
+                fd, rel = pending
+                pending = None
+                subdirs: list[str] = []
+                stack.append((fd, rel, subdirs))
+                try:
+                    with os.scandir(fd) as it:
+                        entries = sorted(it, key=lambda e: e.name)
+                except OSError:
+                    unreadable.append(rel or ".")
+                    entries = []
+                for entry in entries:
+                    path = f"{rel}{entry.name}"
+                    try:
+                        is_dir = entry.is_dir(follow_symlinks=False)
+                    except OSError:
+                        continue  # gone meanwhile
+                    if is_dir:
+                        subdirs.append(entry.name)
+                    else:
+                        yield fd, entry.name, path
+                subdirs.reverse()  # popped from the end: alphabetical order
+                continue
+            fd, rel, subdirs = stack[-1]
+            if not subdirs:
+                os.close(stack.pop()[0])
+                continue
+            name = subdirs.pop()
+            if len(stack) >= _MAX_DEPTH:
+                unreadable.append(f"{rel}{name}/")
+                continue
+            try:
+                pending = (os.open(name, _DIR_FLAGS, dir_fd=fd), f"{rel}{name}/")
+            except FileNotFoundError:
+                pass  # removed meanwhile
+            except OSError:  # e.g. ELOOP: swapped for a symlink since it was listed
+                unreadable.append(f"{rel}{name}/")
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+        if pending:
+            os.close(pending[0])
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _read_regular(dir_fd: int, name: str, max_bytes: int) -> bytes | None:
+    """The file's bytes if it is a regular file, else None. Never opens a FIFO or device:
+    lstat first, and O_NONBLOCK|O_NOFOLLOW in case the entry was swapped since."""
+    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    if st.st_size > max_bytes:
+        raise _TooLarge
+    fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while size <= max_bytes:  # the file may grow while it is read
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > max_bytes:
+        raise _TooLarge
+    return b"".join(chunks)
+
+
+def scan_tree(
+    root: Path, allowlist: AllowList | None = None, max_file_bytes: int = MAX_FILE_BYTES
+) -> ScanResult:
+    """Every secret under ``root`` not allowed by ``allowlist``, sorted by path and line."""
+    allow = allowlist or AllowList()
+    findings: list[Finding] = []
+    large: list[str] = []
+    unreadable: list[str] = []
+    for dir_fd, name, path in _walk(Path(root), unreadable):
+        if allow.allows_file(path):
+            continue
+        try:
+            data = _read_regular(dir_fd, name, max_file_bytes)
+        except _TooLarge:
+            large.append(path)
+            continue
+        except FileNotFoundError:
+            continue  # removed meanwhile
+        except OSError:
+            unreadable.append(path)
+            continue
+        if data is None or b"\0" in data[:_BINARY_PROBE]:
+            continue
+        text = data.decode("utf-8", "surrogateescape")
+        findings.extend(f for f in scan_text(path, text) if not allow.allows(f))
+    return ScanResult(findings, large, unreadable)
+
+
+def redact_file(data: bytes, findings: Iterable[Finding]) -> bytes:
+    """``data`` with the secret of each finding (this file's) replaced by
+    ``[REDACTED:<kind>]``, a private key from its BEGIN line to its END line. A finding
+    whose value is no longer where it was (the file changed) costs its whole line."""
+    wanted = {(f.line, f.kind) for f in findings}
+    if not wanted:
+        return data
+    # surrogateescape keeps invalid UTF-8 exactly as it was around the replacements.
+    text = data.decode("utf-8", "surrogateescape")
+    starts = _line_starts(text)
+    spans: list[tuple[int, int, str]] = []
+    located: set[tuple[int, str]] = set()
+    for m in _matches(text):
+        where = (_line_of(starts, m.start), m.kind)
+        if where in wanted:
+            spans.append((m.start, m.end, m.kind))
+            located.add(where)
+    for line, kind in wanted - located:
+        if 1 <= line <= len(starts):
+            start = starts[line - 1]
+            end = starts[line] - 1 if line < len(starts) else len(text)
+            if end > start and text[end - 1] == "\r":
+                end -= 1
+            spans.append((start, end, kind))
+    out: list[str] = []
+    cursor = 0
+    for start, end, kind in sorted(spans):
+        if start < cursor:  # overlaps the previous replacement: widen that one
+            cursor = max(cursor, end)
+            continue
+        out += [text[cursor:start], f"[REDACTED:{kind}]"]
+        cursor = end
+    out.append(text[cursor:])
+    return "".join(out).encode("utf-8", "surrogateescape")
+
+
+def _shown(path: str) -> str:
+    """A file name fit for a terminal: the sandbox chose it, and it may hold escape
+    sequences, newlines (a forged report line) or bytes that are not UTF-8."""
+    text = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def format_report(findings: Iterable[Finding]) -> str:
+    """One line per finding, ``path:line: kind``, and how to go on. Never a secret value."""
+    found = sorted(findings)
+    if not found:
+        return "No secrets found."
+    lines = [f"Found {len(found)} possible secret(s):"]
+    lines += [f"  {_shown(f.path)}:{f.line}: {f.kind}" for f in found]
+    lines += [
+        "To go on, remove them from the sandbox, or take the snapshot with --redact to",
+        "replace each with [REDACTED:<kind>], or list false positives in an allow-list",
+        "file (one a line: path-glob, path-glob:LINE or kind=<secret type>).",
+    ]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "MAX_FILE_BYTES",
+    "AllowList",
+    "Finding",
+    "ScanResult",
+    "format_report",
+    "redact_file",
+    "scan_text",
+    "scan_tree",
+]

@@ -1,0 +1,306 @@
+"""The snapshot blob stores: a folder on this host, and S3 as spoken by a real moto server
+on loopback (started here; no other address is ever contacted)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentbox.errors import InvalidConfig, InvalidRequest, SandboxError, SnapshotNotFound
+from agentbox.storage import objectstore
+from agentbox.storage.objectstore import (
+    FolderStore,
+    ObjectInfo,
+    ObjectStore,
+    S3Store,
+    open_store,
+)
+
+BAD_KEYS = [
+    "",
+    "/abs",
+    "a//b",
+    "a/",
+    "../x",
+    "a/../b",
+    "a/./b",
+    ".",
+    "a b",
+    "ä",
+    "a\nb",
+    "a~partial",
+    "x" * 1025,
+    "x" * 201,
+]
+
+
+def leftovers(*dirs: Path) -> list[Path]:
+    """Temp files a writer left behind (their names end in ~partial)."""
+    return [p for d in dirs for p in d.rglob("*") if p.name.endswith("~partial")]
+
+
+def round_trip(store: ObjectStore, tmp_path: Path, size: int) -> None:
+    data = os.urandom(size)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    key = "blobs/ab/ab" + "0" * 62
+    assert not store.exists(key)
+    store.put_file(key, src)
+    store.put_file("manifests/one.json", src)
+    assert store.exists(key)
+    dest_dir = tmp_path / "out"
+    dest_dir.mkdir(exist_ok=True)
+    store.get_file(key, dest_dir / "copy.bin")
+    assert (dest_dir / "copy.bin").read_bytes() == data
+    listed = store.list()
+    assert [o.key for o in listed] == [key, "manifests/one.json"]
+    assert all(isinstance(o, ObjectInfo) and o.size == size for o in listed)
+    assert all(abs(o.modified - time.time()) < 300 for o in listed)
+    assert [o.key for o in store.list("blobs/")] == [key]
+    assert [o.key for o in store.list("blobs/ab/ab00")] == [key]
+    assert [o.key for o in store.list("manifests/o")] == ["manifests/one.json"]
+    assert store.list("nothing/") == []
+    store.delete(key)
+    store.delete(key)  # idempotent
+    assert not store.exists(key)
+    with pytest.raises(SnapshotNotFound, match="no object"):
+        store.get_file(key, dest_dir / "gone.bin")
+    assert not (dest_dir / "gone.bin").exists()
+    assert [o.key for o in store.list()] == ["manifests/one.json"]
+    assert leftovers(dest_dir) == []
+
+
+def refuses_bad_keys(store: ObjectStore, tmp_path: Path) -> None:
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x")
+    for key in BAD_KEYS:
+        for call in (
+            lambda k: store.put_file(k, src),
+            lambda k: store.get_file(k, tmp_path / "dest"),
+            store.exists,
+            store.delete,
+        ):
+            with pytest.raises(InvalidRequest, match="A-Z a-z 0-9"):
+                call(key)
+    for prefix in ("../", "/x", "a//"):
+        with pytest.raises(InvalidRequest):
+            store.list(prefix)
+
+
+# --- the folder store -------------------------------------------------------------------
+
+
+def test_folder_store_round_trip(tmp_path: Path) -> None:
+    store = FolderStore(tmp_path / "store")
+    round_trip(store, tmp_path, 300_000)
+    assert leftovers(tmp_path / "store") == []
+
+
+def test_folder_store_refuses_bad_keys(tmp_path: Path) -> None:
+    refuses_bad_keys(FolderStore(tmp_path / "store"), tmp_path)
+
+
+def test_folder_store_directories_are_private(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    store = open_store(None, home)
+    assert isinstance(store, FolderStore) and store.root == home / "snapshots"
+    src = tmp_path / "src"
+    src.write_bytes(b"x")
+    store.put_file("a/b/c", src)
+    for d in (home, home / "snapshots", home / "snapshots/a", home / "snapshots/a/b"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    assert stat.S_IMODE((home / "snapshots/a/b/c").stat().st_mode) == 0o600
+
+
+def test_a_failed_write_leaves_the_old_object_and_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FolderStore(tmp_path / "store")
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.write_bytes(b"old content")
+    new.write_bytes(b"new content" * 1000)
+    store.put_file("k", old)
+
+    def disk_full(src: Any, dst: Any, length: int = 0) -> None:
+        dst.write(src.read(100))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(objectstore.shutil, "copyfileobj", disk_full)
+    with pytest.raises(SandboxError, match="No space left"):
+        store.put_file("k", new)
+    with pytest.raises(SandboxError, match="No space left"):
+        store.get_file("k", tmp_path / "dest")
+    monkeypatch.undo()
+    assert (tmp_path / "store/k").read_bytes() == b"old content"
+    assert not (tmp_path / "dest").exists()
+    assert leftovers(tmp_path) == []
+    assert [o.key for o in store.list()] == ["k"]
+
+
+def test_folder_store_ignores_what_is_not_an_object(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    (root / "dir").mkdir(parents=True)
+    (root / "dir/.x.abc~partial").write_bytes(b"half")
+    (root / "link").symlink_to("/etc/passwd")
+    store = FolderStore(root)
+    assert store.list() == []
+    assert not store.exists("dir")
+    store.delete("dir")  # a directory is no object: nothing to delete
+    with pytest.raises(SnapshotNotFound):
+        store.get_file("dir", tmp_path / "dest")
+    assert FolderStore(tmp_path / "never-made").list() == []
+
+
+def test_open_store_urls(tmp_path: Path) -> None:
+    store = open_store(f"file://{tmp_path}/my%20store", tmp_path)
+    assert isinstance(store, FolderStore) and store.root == tmp_path / "my store"
+    assert store.url == (tmp_path / "my store").as_uri()
+    for url in ("http://example.invalid/x", "file://host/x", "file:relative", "s3:///x"):
+        with pytest.raises(InvalidConfig):
+            open_store(url, tmp_path)
+    with pytest.raises(InvalidConfig) as caught:
+        open_store("s3://AKIDEXAMPLE:hunter2secret@bucket/p", tmp_path)
+    assert "hunter2secret" not in caught.value.message
+
+
+# --- S3 through a moto server on loopback -----------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("moto") / "server.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"moto server did not answer in 60 s: {log_path.read_text()[-2000:]}")
+            try:
+                proc.wait(timeout=0.1)  # returns early only if the server died
+            except subprocess.TimeoutExpired:
+                continue
+            pytest.fail(f"moto server exited: {log_path.read_text()[-2000:]}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_env(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+    """Fake credentials, and nothing from this host's AWS setup or proxies."""
+    for name in list(os.environ):
+        if name.startswith("AWS_") or name.lower() in ("http_proxy", "https_proxy", "all_proxy"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("AGENTBOX_S3_ENDPOINT", moto_endpoint)
+    return moto_endpoint
+
+
+@pytest.fixture
+def bucket(s3_env: str) -> str:
+    import boto3.session
+
+    name = f"snaps-{uuid.uuid4().hex[:12]}"
+    boto3.session.Session().client("s3", endpoint_url=s3_env).create_bucket(Bucket=name)
+    return name
+
+
+def test_s3_store_round_trip_of_a_multipart_file(bucket: str, tmp_path: Path, s3_env: str) -> None:
+    import boto3.session
+
+    store = open_store(f"s3://{bucket}/team/snaps/", tmp_path)
+    assert isinstance(store, S3Store) and store.url == f"s3://{bucket}/team/snaps"
+    round_trip(store, tmp_path, 9 * 1024**2)  # over boto's 8 MiB multipart threshold
+    raw = boto3.session.Session().client("s3", endpoint_url=s3_env)
+    names = [o["Key"] for o in raw.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert names == ["team/snaps/manifests/one.json"]
+
+
+def test_s3_store_without_prefix_skips_foreign_objects(
+    bucket: str, tmp_path: Path, s3_env: str
+) -> None:
+    import boto3.session
+
+    raw = boto3.session.Session().client("s3", endpoint_url=s3_env)
+    raw.put_object(Bucket=bucket, Key="not a key", Body=b"x")
+    store = open_store(f"s3://{bucket}", tmp_path)
+    src = tmp_path / "src"
+    src.write_bytes(b"hello")
+    store.put_file("a", src)
+    assert store.list() == [ObjectInfo("a", 5, store.list()[0].modified)]
+
+
+def test_s3_store_refuses_bad_keys(bucket: str, tmp_path: Path) -> None:
+    refuses_bad_keys(S3Store(bucket), tmp_path)
+
+
+def test_s3_missing_bucket_is_named(s3_env: str, tmp_path: Path) -> None:
+    store = S3Store("no-such-bucket-here", "p")
+    src = tmp_path / "src"
+    src.write_bytes(b"x")
+    calls = (
+        lambda: store.put_file("k", src),
+        lambda: store.get_file("k", tmp_path / "dest"),
+        lambda: store.exists("k"),
+        lambda: store.list(),
+        lambda: store.delete("k"),
+    )
+    for call in calls:
+        with pytest.raises(SandboxError) as caught:
+            call()
+        assert "bucket 'no-such-bucket-here' does not exist" in caught.value.message
+        assert s3_env in caught.value.message
+    assert leftovers(tmp_path) == [] and not (tmp_path / "dest").exists()
+
+
+def test_s3_unreachable_endpoint_says_what_to_check(
+    s3_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AGENTBOX_S3_ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(SandboxError, match=r"cannot reach the S3 endpoint.*AGENTBOX_S3_ENDPOINT"):
+        S3Store("bucket").exists("k")
+
+
+def test_s3_store_urls_are_checked(s3_env: str, tmp_path: Path) -> None:
+    for url in ("s3://bad bucket/x", "s3://b/../x", "s3://b/a//c"):
+        with pytest.raises(InvalidConfig):
+            open_store(url, tmp_path)
