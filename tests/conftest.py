@@ -17,6 +17,8 @@ from agentbox import Sandbox
 from agentbox.isolation import diskpool
 from agentbox.runtime.runtime import Runtime
 
+pytest_plugins = ["s3kit"]  # the moto S3 server fixtures: moto_endpoint, s3_env, bucket
+
 
 @pytest.fixture(scope="session")
 def agentbox_home() -> Iterator[Path]:

@@ -19,6 +19,7 @@
     │   ├── PathEscape                 path_escape           a path tried to leave the sandbox
     │   ├── InsufficientScope          insufficient_scope    the token does not cover this (403)
     │   ├── PolicyDenied               policy_denied         a gateway policy rule refused it
+    │   ├── SecretsFound               secrets_found         a snapshot holds secrets (report only)
     │   └── ApprovalDenied             approval_denied       a person denied it, or nobody answered
     ├── ApprovalPending                approval_pending      waiting for a person (202)
     ├── LimitExceeded                  limit_exceeded        quota, size cap, too many sandboxes
@@ -133,6 +134,14 @@ class InsufficientScope(PermissionDenied):
 
 class PolicyDenied(PermissionDenied):
     code = "policy_denied"
+
+
+class SecretsFound(PermissionDenied):
+    """A snapshot was refused because the secret scan found something; ``details``
+    carries the findings (path, line, kind), never a value."""
+
+    code = "secrets_found"
+    http_status = 422
 
 
 class ApprovalDenied(PermissionDenied):

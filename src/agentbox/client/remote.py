@@ -23,6 +23,7 @@ from agentbox.errors import AgentboxError, Unauthenticated
 from agentbox.runtime.files import FileInfo
 from agentbox.runtime.output import CommandResult, OutputCallback
 from agentbox.runtime.processes import ProcessInfo, ProcessOutput
+from agentbox.runtime.snapshots import SnapshotInfo
 from agentbox.runtime.store import SandboxRecord
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -399,6 +400,22 @@ class RemoteRuntime:
 
     def fork(self, sandbox_id: str) -> SandboxRecord:
         return _record(self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/fork"))
+
+    def snapshot(
+        self, sandbox_id: str, *, redact: bool = False, allowlist: str | None = None
+    ) -> SnapshotInfo:
+        body = {"redact": redact, "allowlist": allowlist}
+        data = self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/snapshots", json=body)
+        return SnapshotInfo(**data)
+
+    def restore(self, snapshot_id: str) -> SandboxRecord:
+        return _record(self.client.request("POST", f"/v1/snapshots/{snapshot_id}/restore"))
+
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        return [SnapshotInfo(**s) for s in self.client.request("GET", "/v1/snapshots")]
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self.client.request("DELETE", f"/v1/snapshots/{snapshot_id}")
 
     def commands(self, sandbox_id: str) -> RemoteCommands:
         return RemoteCommands(self.client, sandbox_id)

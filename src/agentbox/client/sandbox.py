@@ -40,6 +40,7 @@ from agentbox.runtime.output import CommandResult
 from agentbox.runtime.processes import ProcessInfo, ProcessOutput, ProcessTable
 from agentbox.runtime.runtime import Runtime
 from agentbox.runtime.sessions import ShellSessions
+from agentbox.runtime.snapshots import SnapshotInfo
 from agentbox.runtime.store import SandboxRecord
 
 P = ParamSpec("P")
@@ -57,6 +58,12 @@ class Backend(Protocol):
     def resume(self, sandbox_id: str) -> SandboxRecord: ...
     def stop(self, sandbox_id: str) -> None: ...
     def fork(self, sandbox_id: str) -> SandboxRecord: ...
+    def snapshot(
+        self, sandbox_id: str, *, redact: bool = False, allowlist: str | None = None
+    ) -> SnapshotInfo: ...
+    def restore(self, snapshot_id: str) -> SandboxRecord: ...
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]: ...
+    def delete_snapshot(self, snapshot_id: str) -> None: ...
     def commands(self, sandbox_id: str) -> CommandRunner | RemoteCommands: ...
     def processes(self, sandbox_id: str) -> ProcessTable | RemoteProcesses: ...
     def sessions(self, sandbox_id: str) -> ShellSessions | RemoteSessions: ...
@@ -341,6 +348,27 @@ class Sandbox:
         whatever the size, and changes on either side stay on that side."""
         return Sandbox(self._rt.fork(self.id), self._rt)
 
+    def snapshot(self, *, redact: bool = False, allowlist: str | None = None) -> SnapshotInfo:
+        """Store this sandbox's writable layer and /workspace (zstd, content-addressed)
+        in the snapshot store; ``Sandbox.restore(info.id)`` makes a sandbox from it.
+        Secrets found by the scan refuse it (SecretsFound: path, line, kind) unless
+        ``redact`` or an ``allowlist`` (text: path globs, ``path:LINE``, ``kind=...``)."""
+        return self._rt.snapshot(self.id, redact=redact, allowlist=allowlist)
+
+    @classmethod
+    def restore(cls, snapshot_id: str, *, home: Path | None = None) -> Sandbox:
+        """A new sandbox with the files of a snapshot."""
+        runtime = _runtime(home)
+        return cls(runtime.restore(snapshot_id), runtime)
+
+    @staticmethod
+    def snapshots(*, home: Path | None = None) -> builtins.list[SnapshotInfo]:
+        return _runtime(home).list_snapshots()
+
+    @staticmethod
+    def delete_snapshot(snapshot_id: str, *, home: Path | None = None) -> None:
+        _runtime(home).delete_snapshot(snapshot_id)
+
     def kill(self) -> None:
         """Destroy the sandbox: every process dies, every host resource is removed."""
         self._rt.destroy(self.id)
@@ -414,6 +442,13 @@ class AsyncSandbox:
 
     async def fork(self) -> AsyncSandbox:
         return AsyncSandbox(await asyncio.to_thread(self._sync.fork))
+
+    async def snapshot(self, **kwargs: Any) -> SnapshotInfo:
+        return await asyncio.to_thread(functools.partial(self._sync.snapshot, **kwargs))
+
+    @classmethod
+    async def restore(cls, snapshot_id: str, *, home: Path | None = None) -> AsyncSandbox:
+        return cls(await asyncio.to_thread(Sandbox.restore, snapshot_id, home=home))
 
     async def kill(self) -> None:
         await asyncio.to_thread(self._sync.kill)

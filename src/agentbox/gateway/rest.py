@@ -19,13 +19,14 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentbox.errors import AgentboxError, InsufficientScope, InvalidRequest
+from agentbox.errors import AgentboxError, InsufficientScope, InvalidRequest, SecretsFound
 from agentbox.gateway import port_forward as port_forward_http
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
 from agentbox.network import ports
 from agentbox.network.names import normalize_host
+from agentbox.runtime.snapshots import Snapshots
 
 
 class Body(BaseModel):
@@ -49,6 +50,16 @@ class CreateSandbox(Body):
         default=None,
         description='A mode ("none", "allowlist", "open") or {"mode", "allow", "ports", '
         '"hosts"}; default: the sandbox.network section of the gateway config',
+    )
+
+
+class TakeSnapshot(Body):
+    redact: bool = Field(
+        default=False, description="replace found secrets with [REDACTED:kind] instead of refusing"
+    )
+    allowlist: str | None = Field(
+        default=None,
+        description="allow-list text: one entry a line, a path glob, PATH:LINE or kind=KIND",
     )
 
 
@@ -272,6 +283,68 @@ def build_router(
             p, "sandbox_created", sandbox=record.id, template=record.template,
             forked_from=sandbox_id,
         )  # fmt: skip
+        gateway.lifecycle_changed()
+        return record.to_dict()
+
+    # snapshots ----------------------------------------------------------------------------
+    def snapshots() -> Snapshots:
+        return gateway.runtime.snapshots(gateway.settings.gateway.store)
+
+    @api.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, tags=["snapshots"])
+    async def take_snapshot(
+        sandbox_id: str, body: TakeSnapshot, p: Principal = auth
+    ) -> dict[str, Any]:
+        """Scan for secrets (refused with 422 secrets_found and a path/line/kind report
+        unless redact or allow-listed), then store the writable layer and /workspace."""
+        p.require_operator("taking a snapshot")
+        from agentbox.storage.secretscan import AllowList
+
+        allowed = AllowList.parse(body.allowlist, "allowlist") if body.allowlist else None
+        store = snapshots()
+        try:
+            info = await asyncio.to_thread(
+                store.create, sandbox_id, redact=body.redact, allowlist=allowed
+            )
+        except SecretsFound as e:
+            await gateway.audit_event(p, "snapshot_refused", sandbox=sandbox_id,
+                                      findings=len(e.details.get("findings", [])))  # fmt: skip
+            raise
+        await gateway.audit_event(p, "snapshot_created", sandbox=sandbox_id, snapshot=info.id,
+                                  redacted=len(info.redacted))  # fmt: skip
+        retention = gateway.settings.snapshots
+        if retention.max_count is not None or retention.max_age is not None:
+            gone = await asyncio.to_thread(
+                store.apply_retention, retention.max_count, retention.max_age
+            )
+            for snapshot_id in gone:
+                await gateway.audit_event(p, "snapshot_deleted", snapshot=snapshot_id,
+                                          reason="retention")  # fmt: skip
+        return dict(info.to_dict())
+
+    @api.get("/snapshots", tags=["snapshots"])
+    async def list_snapshots(p: Principal = auth) -> list[dict[str, Any]]:
+        p.require_operator("listing snapshots")
+        return [s.to_dict() for s in await asyncio.to_thread(snapshots().list)]
+
+    @api.get("/snapshots/{snapshot_id}", tags=["snapshots"])
+    async def get_snapshot(snapshot_id: str, p: Principal = auth) -> dict[str, Any]:
+        p.require_operator("reading a snapshot")
+        return dict((await asyncio.to_thread(snapshots().get, snapshot_id)).to_dict())
+
+    @api.delete("/snapshots/{snapshot_id}", tags=["snapshots"])
+    async def delete_snapshot(snapshot_id: str, p: Principal = auth) -> dict[str, Any]:
+        p.require_operator("deleting a snapshot")
+        await asyncio.to_thread(snapshots().delete, snapshot_id)
+        await gateway.audit_event(p, "snapshot_deleted", snapshot=snapshot_id, reason="operator")
+        return {"id": snapshot_id, "deleted": True}
+
+    @api.post("/snapshots/{snapshot_id}/restore", status_code=201, tags=["snapshots"])
+    async def restore_snapshot(snapshot_id: str, p: Principal = auth) -> dict[str, Any]:
+        """A new sandbox with the snapshot's files (same template, by digest)."""
+        p.require_operator("restoring a snapshot")
+        record = await asyncio.to_thread(snapshots().restore, snapshot_id, actor=p.actor)
+        await gateway.audit_event(p, "sandbox_created", sandbox=record.id,
+                                  template=record.template, snapshot=snapshot_id)  # fmt: skip
         gateway.lifecycle_changed()
         return record.to_dict()
 

@@ -53,7 +53,8 @@ class GatewaySection(Strict):
     listen: str = "127.0.0.1:8848"
     auth: AuthSettings = AuthSettings()
     state: str = "sqlite:///var/lib/agentbox/state.db"
-    store: str = "file:///var/lib/agentbox/objects"
+    # Where snapshots go: file:///path or s3://bucket/prefix; default $AGENTBOX_HOME/snapshots.
+    store: str | None = None
     tls: TLSSettings | None = None
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     # Host headers besides the listen address and loopback names (a public bind's DNS
@@ -239,10 +240,22 @@ class LifecycleSettings(Strict):
     )
 
 
+class SnapshotSettings(Strict):
+    """Retention, applied after each snapshot the gateway takes."""
+
+    max_count: int | None = Field(default=None, gt=0)
+    max_age: float | None = None
+
+    _age = field_validator("max_age", mode="before")(
+        classmethod(lambda c, v: None if v is None else _seconds(v))
+    )
+
+
 class GatewaySettings(Strict):
     gateway: GatewaySection = GatewaySection()
     sandbox: SandboxSection = SandboxSection()
     lifecycle: LifecycleSettings = LifecycleSettings()
+    snapshots: SnapshotSettings = SnapshotSettings()
     tools: list[ToolSettings] = Field(default_factory=list)
     redaction: RedactionSettings = RedactionSettings()
     audit: AuditSettings = AuditSettings()

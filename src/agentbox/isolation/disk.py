@@ -192,12 +192,15 @@ def attach_loop(image: Path) -> tuple[str, int]:
         os.close(ctl)
 
 
-def mount_disk(image: Path, mountpoint: Path, fstype: str = "ext4") -> None:
+def mount_disk(image: Path, mountpoint: Path, fstype: str = "ext4", readonly: bool = False) -> None:
     """Attach and mount the image; the loop device is freed when it is unmounted."""
     device, dev_fd = attach_loop(image)
+    flags = syscalls.MS_NOSUID | syscalls.MS_NODEV
+    if readonly:
+        flags |= syscalls.MS_RDONLY | syscalls.MS_NOEXEC
     try:
         mountpoint.mkdir(parents=True, exist_ok=True)
-        syscalls.mount(device, str(mountpoint), fstype, syscalls.MS_NOSUID | syscalls.MS_NODEV)
+        syscalls.mount(device, str(mountpoint), fstype, flags)
     except OSError as e:
         raise SandboxError(f"could not mount the sandbox disk: {e}") from e
     finally:

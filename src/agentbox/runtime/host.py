@@ -19,7 +19,7 @@ import select
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +95,7 @@ class SandboxHost:
         disk_cache: Path | None = None,
         trust: Mapping[str, bytes] | None = None,
         clone_of: SandboxHost | None = None,
+        populate: Callable[[Path], None] | None = None,
     ) -> None:
         """Disk image, its layout, and the overlay root. Undone by ``teardown``.
 
@@ -112,6 +113,8 @@ class SandboxHost:
         self.disk.chmod(0o711)
         if clone_of is not None:
             self._adopt(clone_of)
+        if populate is not None:  # a restore: the disk's files, before anything uses them
+            populate(self.disk)
         for name in ("upper", "work", "workspace", "tmp", "var-tmp", "procs"):
             (self.disk / name).mkdir(exist_ok=True)
         # What the agent may write: its workspace, /tmp, and its home (in the upper layer).

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -43,6 +43,9 @@ from agentbox.runtime.processes import ProcessTable
 from agentbox.runtime.sessions import ShellSessions
 from agentbox.runtime.store import SandboxRecord, Store
 from agentbox.runtime.templates import Template, TemplateStore
+
+if TYPE_CHECKING:
+    from agentbox.runtime.snapshots import SnapshotInfo, Snapshots
 
 MAX_SANDBOXES = 4096
 log = logging.getLogger(__name__)
@@ -194,8 +197,27 @@ class Runtime:
                    forked_from=source_id)  # fmt: skip
         return record
 
+    def create_filled(
+        self,
+        spec: SandboxSpec,
+        template: Template,
+        populate: Callable[[SandboxHost, Path], None],
+        *,
+        actor: str = "local",
+        **details: Any,
+    ) -> SandboxRecord:
+        """Create a sandbox whose fresh disk ``populate(host, disk)`` fills before anything
+        runs on it (a restore)."""
+        record = self._build(spec, template, None, populate)
+        self.event(record.id, "created", "operator", actor, template=record.template, **details)
+        return record
+
     def _build(
-        self, spec: SandboxSpec, template: Template, clone_of: SandboxHost | None
+        self,
+        spec: SandboxSpec,
+        template: Template,
+        clone_of: SandboxHost | None,
+        populate: Callable[[SandboxHost, Path], None] | None = None,
     ) -> SandboxRecord:
         paths = self.paths
         if spec.network.mode != "none":
@@ -223,7 +245,12 @@ class Runtime:
                 if spec.network.credentials:
                     trust = self._egress_trust()
             host.prepare_filesystem(
-                template.rootfs, spec.disk, pool / "formatted", trust=trust, clone_of=clone_of
+                template.rootfs,
+                spec.disk,
+                pool / "formatted",
+                trust=trust,
+                clone_of=clone_of,
+                populate=None if populate is None else lambda disk: populate(host, disk),
             )
             cgroup.create(Limits(spec.memory, spec.pids, spec.cpus))
             pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
@@ -421,6 +448,36 @@ class Runtime:
         if spec.network.mode != "none":
             plane.attach(self.net.link(record.slot), pid)
         self.store.mark_running(record.id, pid, start)
+
+    # snapshots (runtime.snapshots) ------------------------------------------------------
+    def snapshots(self, store_url: str | None = None) -> Snapshots:
+        """Snapshots in ``store_url`` (file:// or s3://), else ``$AGENTBOX_STORE``, else
+        ``$AGENTBOX_HOME/snapshots``."""
+        from agentbox.runtime.snapshots import Snapshots
+        from agentbox.storage.objectstore import open_store
+
+        url = store_url or os.environ.get("AGENTBOX_STORE") or None
+        return Snapshots(self, open_store(url, self.home))
+
+    def snapshot(
+        self, sandbox_id: str, *, redact: bool = False, allowlist: str | None = None
+    ) -> SnapshotInfo:
+        """Scan, archive and store the sandbox's writable layer and /workspace; refused
+        (SecretsFound, with a report) when secrets are found, unless ``redact``.
+        ``allowlist``: allow-list text (see storage.secretscan.AllowList)."""
+        from agentbox.storage.secretscan import AllowList
+
+        allowed = AllowList.parse(allowlist, "allow-list") if allowlist else None
+        return self.snapshots().create(sandbox_id, redact=redact, allowlist=allowed)
+
+    def restore(self, snapshot_id: str, *, actor: str = "local") -> SandboxRecord:
+        return self.snapshots().restore(snapshot_id, actor=actor)
+
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        return self.snapshots().list()
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self.snapshots().delete(snapshot_id)
 
     def touch(self, sandbox_id: str, *, force: bool = False) -> None:
         """Note activity on a sandbox (its idle clock restarts). At most once a second per

@@ -149,7 +149,8 @@ class AllowList:
     def parse(cls, text: str, source: str = "allow-list") -> AllowList:
         """One entry a line: ``path-glob``, ``path-glob:LINE`` or ``kind=<secret type>``;
         ``#`` comments and blank lines are ignored. Globs are matched (fnmatch, ``*`` also
-        crosses ``/``) against the file's path relative to the scanned root."""
+        crosses ``/``) against the finding's path: relative to the scanned root for
+        ``scan_tree``, the path inside the sandbox (``/workspace/...``) for snapshots."""
         files: list[str] = []
         lines: list[tuple[str, int]] = []
         kinds: set[str] = set()
@@ -181,8 +182,6 @@ class AllowList:
             glob = glob.removeprefix("./")
             if not glob:
                 raise bad("missing path glob")
-            if glob.startswith("/"):
-                raise bad("paths are relative to the scanned root: drop the leading /")
             if line:
                 lines.append((glob, line))
             else:

@@ -1,0 +1,431 @@
+"""Snapshots: a sandbox's writable layer and /workspace, scanned for secrets, as a
+content-addressed zstd tarball in an object store (a folder, or S3).
+
+Taking one never stops the sandbox for long: its filesystem is frozen only while its disk
+image is cloned (copy-on-write, O(1)); the clone is mounted read-only on the host and
+scanned and archived from there while the sandbox carries on.
+
+* **What is kept**: ``upper/`` (everything written outside /workspace and /tmp: installed
+  packages, $HOME, /etc changes, overlay whiteouts and opaque directories) and
+  ``workspace/``. Ownership is stored as the sandbox's own ids (1000 for the agent's
+  files), so a restore maps it to the new sandbox's host ids. /tmp and processes are not
+  kept.
+* **Secret scan** (detect-secrets, ``storage.secretscan``) before anything is stored: a
+  finding refuses the snapshot with a report of path, line and kind (never the value),
+  unless the caller redacts (each value replaced by ``[REDACTED:kind]`` in the stored
+  copy) or allow-lists it.
+* **Addressing**: the id is ``snap-`` + the first 32 hex digits of the SHA-256 of the
+  uncompressed tar, so the same content is stored once; restore checks the digest. Two
+  objects per snapshot: ``snapshots/<id>.tar.zst`` and ``snapshots/<id>.json`` (metadata).
+* **Restore** builds a new sandbox from the same template (by digest) and extracts the
+  archive into its fresh disk with tarfile's ``tar`` filter (no absolute paths, nothing
+  resolving outside the disk) before anything runs on it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import io
+import json
+import os
+import secrets
+import shutil
+import stat
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import zstandard
+
+from agentbox.errors import InvalidRequest, SecretsFound, SnapshotNotFound
+from agentbox.isolation import disk, diskpool
+from agentbox.runtime.host import SandboxHost
+from agentbox.runtime.runtime import Runtime, spec_from
+from agentbox.runtime.store import SandboxRecord
+from agentbox.storage import secretscan
+from agentbox.storage.objectstore import ObjectStore
+
+KEPT = ("upper", "workspace")
+SANDBOX_ID = 1000  # the agent's uid and gid inside every sandbox
+_OPAQUE = "trusted.overlay.opaque"
+_PAX_OPAQUE = "SCHILY.xattr." + _OPAQUE
+_ZSTD_LEVEL = 3
+_CHUNK = 1 << 20
+
+
+@dataclass
+class SnapshotInfo:
+    id: str
+    sandbox: str
+    template: str
+    template_digest: str
+    spec: dict[str, Any]
+    created_at: float
+    size: int  # compressed bytes in the store
+    raw_size: int  # uncompressed tar bytes
+    files: int
+    sha256: str
+    redacted: list[str] = field(default_factory=list)  # sandbox paths whose secrets went
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def data_key(snapshot_id: str) -> str:
+    return f"snapshots/{snapshot_id}.tar.zst"
+
+
+def meta_key(snapshot_id: str) -> str:
+    return f"snapshots/{snapshot_id}.json"
+
+
+class Snapshots:
+    def __init__(self, runtime: Runtime, store: ObjectStore) -> None:
+        self.runtime = runtime
+        self.store = store
+        self.scratch = runtime.home / "lib" / "snapshot-tmp"
+
+    # taking -------------------------------------------------------------------------------
+    def create(
+        self,
+        sandbox_id: str,
+        *,
+        redact: bool = False,
+        allowlist: secretscan.AllowList | None = None,
+    ) -> SnapshotInfo:
+        record = self.runtime.get(sandbox_id)
+        if record.state not in ("running", "paused", "stopped"):
+            raise InvalidRequest(f"sandbox {sandbox_id} is {record.state}; nothing to snapshot")
+        source = SandboxHost(self.runtime.home, sandbox_id, record.slot)
+        self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with self._frozen_view(source) as view:
+            findings = self._scan(view, allowlist)
+            if findings and not redact:
+                raise SecretsFound(
+                    f"snapshot of {sandbox_id} refused: the secret scan found "
+                    f"{len(findings)} secret(s).\n{secretscan.format_report(findings)}",
+                    findings=[{"path": f.path, "line": f.line, "kind": f.kind} for f in findings],
+                )
+            staging = self.scratch / f"snap-{secrets.token_hex(8)}.tar.zst"
+            try:
+                digest, raw_size, files = self._archive(view, source, findings, staging)
+                info = SnapshotInfo(
+                    id="snap-" + digest[:32],
+                    sandbox=sandbox_id,
+                    template=record.template,
+                    template_digest=record.template_digest,
+                    spec=record.spec,
+                    created_at=time.time(),
+                    size=staging.stat().st_size,
+                    raw_size=raw_size,
+                    files=files,
+                    sha256=digest,
+                    redacted=sorted({f.path for f in findings}),
+                )
+                if not self.store.exists(data_key(info.id)):  # same content: stored once
+                    self.store.put_file(data_key(info.id), staging)
+                self._put_meta(info)
+            finally:
+                staging.unlink(missing_ok=True)
+        return info
+
+    @contextlib.contextmanager
+    def _frozen_view(self, source: SandboxHost) -> Iterator[Path]:
+        """A read-only mount of a copy-on-write clone of the sandbox's disk, taken while
+        its filesystem was frozen: one consistent instant, the sandbox running on."""
+        pool = diskpool.ensure(self.runtime.home)
+        name = f".snapshot-{secrets.token_hex(8)}"
+        image, mountpoint = pool / f"{name}.img", self.scratch / name
+        with diskpool.frozen(source.disk):
+            disk.clone_file(source.image, image)
+        try:
+            disk.mount_disk(image, mountpoint, readonly=True)
+            try:
+                yield mountpoint
+            finally:
+                disk.unmount(mountpoint)
+                with contextlib.suppress(OSError):
+                    mountpoint.rmdir()
+        finally:
+            image.unlink(missing_ok=True)
+
+    def _scan(self, view: Path, allowlist: secretscan.AllowList | None) -> list[secretscan.Finding]:
+        findings: list[secretscan.Finding] = []
+        for part in KEPT:
+            for f in secretscan.scan_tree(view / part):
+                finding = secretscan.Finding(sandbox_path(part, f.path), f.line, f.kind)
+                if allowlist is None or not allowlist.allows(finding):
+                    findings.append(finding)
+        return sorted(findings)
+
+    def _archive(
+        self,
+        view: Path,
+        source: SandboxHost,
+        findings: list[secretscan.Finding],
+        target: Path,
+    ) -> tuple[str, int, int]:
+        """Write the tar.zst of ``view``'s kept parts; return (sha256 of the tar, its size,
+        entries)."""
+        by_path: dict[str, list[secretscan.Finding]] = {}
+        for f in findings:
+            by_path.setdefault(f.path, []).append(f)
+        with target.open("wb") as out:
+            compressor = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, threads=-1)
+            with compressor.stream_writer(out, closefd=False) as zout:
+                hashing = _HashingWriter(zout)
+                with tarfile.open(fileobj=hashing, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                    files = 0
+                    for part in KEPT:
+                        files += self._add_tree(tar, view, part, source, by_path)
+                return hashing.sha256.hexdigest(), hashing.size, files
+
+    def _add_tree(
+        self,
+        tar: tarfile.TarFile,
+        view: Path,
+        part: str,
+        source: SandboxHost,
+        by_path: dict[str, list[secretscan.Finding]],
+    ) -> int:
+        """Add ``view/part`` in a fixed order (same content, same tar, same id)."""
+        count = 0
+        root = view / part
+        for directory, dirs, names in os.walk(root):  # never descends through symlinks
+            links = sorted(d for d in dirs if os.path.islink(os.path.join(directory, d)))
+            dirs[:] = sorted(d for d in dirs if d not in links)
+            for path in [
+                directory,
+                *(os.path.join(directory, n) for n in (*sorted(names), *links)),
+            ]:
+                rel = os.path.relpath(path, view)
+                info = tar.gettarinfo(path, arcname=rel)
+                if info is None:  # a socket: nothing to keep
+                    continue
+                info.uid = _inside_id(info.uid, source.host_uid)
+                info.gid = _inside_id(info.gid, source.host_gid)
+                info.uname = info.gname = ""
+                if info.isdir():
+                    with contextlib.suppress(OSError):
+                        if os.getxattr(path, _OPAQUE, follow_symlinks=False) == b"y":
+                            info.pax_headers = {**info.pax_headers, _PAX_OPAQUE: "y"}
+                if info.isreg():
+                    data = _read_nofollow(Path(path))
+                    hits = by_path.get(sandbox_path(part, os.path.relpath(path, root)))
+                    if hits:
+                        data = secretscan.redact_file(data, hits)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+                else:
+                    tar.addfile(info)
+                count += 1
+        return count
+
+    # restoring ----------------------------------------------------------------------------
+    def restore(self, snapshot_id: str, *, actor: str = "local") -> SandboxRecord:
+        info = self.get(snapshot_id)
+        template = self.runtime.templates.exact(info.template, info.template_digest)
+        self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+        staging = self.scratch / f"restore-{secrets.token_hex(8)}.tar.zst"
+        try:
+            self.store.get_file(data_key(info.id), staging)
+
+            def fill(host: SandboxHost, target: Path) -> None:
+                _extract(staging, target, host, info.sha256)
+
+            return self.runtime.create_filled(
+                spec_from(info.spec), template, fill, actor=actor, snapshot=info.id
+            )
+        finally:
+            staging.unlink(missing_ok=True)
+
+    # listing ------------------------------------------------------------------------------
+    def get(self, snapshot_id: str) -> SnapshotInfo:
+        if not snapshot_id.startswith("snap-") or not snapshot_id[5:].isalnum():
+            raise InvalidRequest(f"{snapshot_id!r} is not a snapshot id (snap-<hex>)")
+        self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+        staging = self.scratch / f"meta-{secrets.token_hex(8)}.json"
+        try:
+            try:
+                self.store.get_file(meta_key(snapshot_id), staging)
+            except SnapshotNotFound:
+                raise SnapshotNotFound(
+                    f"snapshot {snapshot_id} is not in {self.store.url}; list them with "
+                    "`agentbox snapshot ls`"
+                ) from None
+            return SnapshotInfo(**json.loads(staging.read_text()))
+        finally:
+            staging.unlink(missing_ok=True)
+
+    def list(self) -> list[SnapshotInfo]:
+        out = []
+        for obj in self.store.list("snapshots/"):
+            if obj.key.endswith(".json"):
+                with contextlib.suppress(SnapshotNotFound, ValueError, TypeError):
+                    out.append(self.get(obj.key.removeprefix("snapshots/").removesuffix(".json")))
+        return sorted(out, key=lambda s: s.created_at)
+
+    def delete(self, snapshot_id: str) -> None:
+        self.get(snapshot_id)  # a clear error for an unknown id
+        self.store.delete(meta_key(snapshot_id))
+        self.store.delete(data_key(snapshot_id))
+
+    def apply_retention(self, max_count: int | None, max_age: float | None) -> builtins.list[str]:
+        """Delete the oldest snapshots beyond ``max_count`` and any older than ``max_age``
+        seconds; returns the ids deleted."""
+        doomed = beyond_retention(self.list(), max_count, max_age)
+        for snapshot_id in doomed:
+            self.delete(snapshot_id)
+        return doomed
+
+    def _put_meta(self, info: SnapshotInfo) -> None:
+        staging = self.scratch / f"meta-{secrets.token_hex(8)}.json"
+        try:
+            staging.write_text(json.dumps(info.to_dict(), indent=1))
+            self.store.put_file(meta_key(info.id), staging)
+        finally:
+            staging.unlink(missing_ok=True)
+
+
+def beyond_retention(
+    snapshots: list[SnapshotInfo], max_count: int | None, max_age: float | None
+) -> list[str]:
+    """Ids of ``snapshots`` (oldest first) a retention of ``max_count`` newest and
+    ``max_age`` seconds would delete."""
+    now = time.time()
+    doomed = [s.id for s in snapshots if max_age is not None and now - s.created_at > max_age]
+    if max_count is not None and len(snapshots) > max_count:
+        doomed += [s.id for s in snapshots[: len(snapshots) - max_count]]
+    return sorted(set(doomed))
+
+
+def sandbox_path(part: str, rel: str) -> str:
+    """Where a file of a kept part is inside the sandbox (what reports show)."""
+    rel = rel.lstrip("/")
+    return f"/workspace/{rel}" if part == "workspace" else f"/{rel}"
+
+
+def _inside_id(host_id: int, sandbox_host_id: int) -> int:
+    return SANDBOX_ID if host_id == sandbox_host_id else host_id
+
+
+def _read_nofollow(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise InvalidRequest(f"{path} changed type during the snapshot")
+        return f.read()
+
+
+class _HashingWriter(io.RawIOBase):
+    """Passes writes through, hashing and counting them (the snapshot's address)."""
+
+    def __init__(self, inner: IO[bytes]) -> None:
+        self.inner = inner
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.sha256.update(view)
+        self.size += len(view)
+        self.inner.write(view)
+        return len(view)
+
+
+class _HashingReader(io.RawIOBase):
+    def __init__(self, inner: IO[bytes]) -> None:
+        self.inner = inner
+        self.sha256 = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.inner.read(len(buffer))
+        buffer[: len(data)] = data
+        self.sha256.update(data)
+        return len(data)
+
+
+def _extract(archive: Path, target: Path, host: SandboxHost, sha256: str) -> None:
+    """Unpack a snapshot into a fresh disk (nothing else writes to it meanwhile). Every
+    entry is checked: only the kept parts, no absolute path or ``..``, never written
+    through a symlink, no device but overlay whiteouts; the agent's files get this
+    sandbox's host ids. The whole stream must match the snapshot's digest."""
+    directories: list[tuple[Path, tarfile.TarInfo]] = []
+    with archive.open("rb") as raw:
+        hashing = _HashingReader(zstandard.ZstdDecompressor().stream_reader(raw))
+        buffered = io.BufferedReader(hashing, _CHUNK)
+        with tarfile.open(fileobj=buffered, mode="r|") as tar:
+            for member in tar:
+                path = _checked_path(target, member.name)
+                _make(tar, member, path, target)
+                uid = host.host_uid if member.uid == SANDBOX_ID else member.uid
+                gid = host.host_gid if member.gid == SANDBOX_ID else member.gid
+                os.lchown(path, uid, gid)
+                if member.isdir():
+                    directories.append((path, member))  # times and modes after their files
+                elif not member.issym():
+                    os.chmod(path, member.mode & 0o1777)  # no setuid/setgid bits
+                    os.utime(path, (member.mtime, member.mtime), follow_symlinks=False)
+        while buffered.read(_CHUNK):  # the tar's end padding is part of the digest
+            continue
+    if hashing.sha256.hexdigest() != sha256:
+        raise InvalidRequest("the snapshot's content does not match its digest (damaged?)")
+    for path, member in reversed(directories):
+        if member.pax_headers.get(_PAX_OPAQUE) == "y":
+            os.setxattr(path, _OPAQUE, b"y", follow_symlinks=False)
+        os.chmod(path, member.mode & 0o1777)
+        os.utime(path, (member.mtime, member.mtime), follow_symlinks=False)
+
+
+def _checked_path(target: Path, name: str) -> Path:
+    """``target/name`` for an archive entry, refusing anything that could land outside:
+    absolute names, ``..``, empty parts, parts other than the kept ones, and parents
+    that are not real directories (a symlink planted by an earlier entry)."""
+    parts = name.rstrip("/").split("/")
+    if name.startswith("/") or any(p in ("", ".", "..") for p in parts) or parts[0] not in KEPT:
+        raise InvalidRequest(f"snapshot entry {name!r} is not a path inside {KEPT}")
+    parent = target
+    for part in parts[:-1]:
+        parent = parent / part
+        try:
+            st = os.lstat(parent)
+        except FileNotFoundError:
+            os.mkdir(parent, 0o755)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise InvalidRequest(f"snapshot entry {name!r} goes through a non-directory")
+    return target.joinpath(*parts)
+
+
+def _make(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, target: Path) -> None:
+    if member.isdir():
+        if not path.is_dir() or path.is_symlink():
+            os.mkdir(path, 0o700)
+    elif member.isreg():
+        source = tar.extractfile(member)
+        assert source is not None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(path, flags, 0o600), "wb") as out:
+            shutil.copyfileobj(source, out, _CHUNK)
+    elif member.issym():
+        os.symlink(member.linkname, path)  # resolved inside the sandbox, never here
+    elif member.islnk():
+        other = _checked_path(target, member.linkname)
+        if not stat.S_ISREG(os.lstat(other).st_mode):
+            raise InvalidRequest(f"snapshot entry {member.name!r} links to a non-file")
+        os.link(other, path, follow_symlinks=False)
+    elif member.ischr() and member.devmajor == 0 and member.devminor == 0:
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(0, 0))  # an overlay whiteout
+    else:
+        raise InvalidRequest(f"snapshot entry {member.name!r} has a type snapshots never hold")
