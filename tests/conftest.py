@@ -32,6 +32,18 @@ def agentbox_home() -> Iterator[Path]:
         diskpool.release(Path(tmp))  # the disk pool's mount, before the files go
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _release_disk_pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Homes made under pytest's tmp dirs mount a disk pool on their first sandbox; take
+    them down at the end (pytest then removes the directories)."""
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mountpoint = line.split()[4]
+        if mountpoint.startswith(base) and mountpoint.endswith("/disks"):
+            diskpool.release(Path(mountpoint).parent)
+
+
 @pytest.fixture(scope="session")
 def host_ready(agentbox_home: Path) -> None:
     """Fail (never skip) with the doctor's findings when the host cannot run sandboxes."""

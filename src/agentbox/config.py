@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -106,6 +107,16 @@ def network_of(spec: Mapping[str, object]) -> NetworkSpec:
     """The network part of a stored spec (a record's ``spec`` dict; old records held only
     a mode string)."""
     return NetworkSpec.model_validate(spec.get("network", "none"))
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Limits checked atomically with a create's slot reservation (``Store.reserve``).
+    None: no limit (the 4096 slots still are one)."""
+
+    max_sandboxes: int | None = None
+    max_per_project: int | None = None
+    max_memory: int | None = None  # bytes of memory limits committed by live sandboxes
 
 
 class SandboxSpec(BaseModel):

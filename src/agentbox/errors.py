@@ -23,7 +23,9 @@
     │   └── ApprovalDenied             approval_denied       a person denied it, or nobody answered
     ├── ApprovalPending                approval_pending      waiting for a person (202)
     ├── LimitExceeded                  limit_exceeded        quota, size cap, too many sandboxes
-    │   └── RateLimited                rate_limited          too many calls for this token (429)
+    │   ├── RateLimited                rate_limited          too many calls for this token (429)
+    │   ├── QuotaExceeded              quota_exceeded        a project's sandbox quota is used (429)
+    │   └── CapacityExceeded           capacity_exceeded     no room on the host (503)
     ├── CommandTimeout                 command_timeout       (raised only by wait(); run() reports)
     ├── HostUnsupported                host_unsupported      the host lacks a kernel feature/tool
     └── SandboxError                   sandbox_error         isolation failed (bug or host fault)
@@ -160,6 +162,20 @@ class LimitExceeded(AgentboxError):
 
 class RateLimited(LimitExceeded):
     code = "rate_limited"
+
+
+class QuotaExceeded(LimitExceeded):
+    """A project already has its maximum of sandboxes; ``retry_after`` seconds."""
+
+    code = "quota_exceeded"
+    http_status = 429
+
+
+class CapacityExceeded(LimitExceeded):
+    """The host has no room (sandbox count or committed memory); ``retry_after``."""
+
+    code = "capacity_exceeded"
+    http_status = 503
 
 
 class CommandTimeout(AgentboxError):

@@ -78,7 +78,8 @@ def _assert_same_confinement(runtime: Runtime, sb: Sandbox, pid: int, how: str) 
             assert cmd_cg[ctrl] == init_cg[ctrl], f"the {how} command escaped the {ctrl} cgroup"
     # v2: the limits sit on /agentbox/ID; the init and each command have a leaf below it.
     assert init_cg["unified"] == f"/agentbox/{sb.id}/init"
-    assert cmd_cg["unified"].startswith(f"/agentbox/{sb.id}/c"), cmd_cg["unified"]
+    leaf = cmd_cg["unified"].removeprefix(f"/agentbox/{sb.id}/")
+    assert "/" not in leaf and leaf[0] in "cp" and leaf != cmd_cg["unified"], cmd_cg["unified"]
 
 
 def _run_and_compare(

@@ -24,6 +24,7 @@ from secprobe import host_uid
 
 from agentbox import Sandbox
 from agentbox.errors import AgentboxError
+from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime
 from hostres import SandboxCgroups, pids_with_cmdline, wait_for
 
@@ -83,6 +84,27 @@ def test_memory_balloon_is_oom_killed(runtime: Runtime, agentbox_home: Path) -> 
         sb.kill()
 
 
+def test_the_host_oom_killer_takes_sandbox_processes_first(
+    runtime: Runtime, agentbox_home: Path
+) -> None:
+    """If the host itself runs out of memory, sandbox processes go before any host daemon
+    (the gateway included), and nothing inside can change that."""
+    sb = Sandbox.create(memory="128MiB", disk="32MiB", network="none", home=agentbox_home)
+    try:
+        handle = sb.commands.start("sleep 60")
+        record = runtime.get(sb.id)
+        pids = [record.init_pid, *runtime.layout.sandbox(sb.id).pids()]
+        assert handle.id and len(pids) >= 2
+        for pid in pids:
+            assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000", pid
+        assert sb.commands.run("cat /proc/self/oom_score_adj").stdout == "1000\n"
+        r = sb.commands.run("echo -1000 > /proc/self/oom_score_adj")
+        assert r.exit_code != 0  # lowering needs CAP_SYS_RESOURCE
+        assert int(Path("/proc/self/oom_score_adj").read_text()) < 1000  # the host's own
+    finally:
+        sb.kill()
+
+
 def test_dev_shm_fill_is_capped(runtime: Runtime, agentbox_home: Path) -> None:
     sb = Sandbox.create(memory="128MiB", disk="32MiB", home=agentbox_home)
     try:
@@ -119,7 +141,7 @@ def _allocated(path: Path) -> int:
 def test_disk_fill_stops_at_the_sandbox_disk(
     small_disk: Sandbox, agentbox_home: Path, target: str
 ) -> None:
-    image = agentbox_home / "sandboxes" / small_disk.id / "disk.img"
+    image = SandboxHost(agentbox_home, small_disk.id, 0).image
     free_before = _host_free(agentbox_home)
     # count= bounds the damage should the limit not hold: 512 MiB, not the host's disk.
     r = small_disk.commands.run(f"dd if=/dev/zero of={target} bs=1M count=512 2>&1", timeout=60)
@@ -137,7 +159,7 @@ def test_background_output_flood_stays_on_the_sandbox_disk(
     small_disk: Sandbox, agentbox_home: Path
 ) -> None:
     """A background command's output is stored on the host side, but on the sandbox's disk."""
-    image = agentbox_home / "sandboxes" / small_disk.id / "disk.img"
+    image = SandboxHost(agentbox_home, small_disk.id, 0).image
     free_before = _host_free(agentbox_home)
     command = "head -c 512M /dev/zero"
     handle = small_disk.commands.start(command)

@@ -384,6 +384,25 @@ def doctor(as_json: bool) -> None:
         sys.exit(1)
 
 
+@cli.command("recover")
+@click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
+@handle_errors()
+def recover_command(as_json: bool) -> None:
+    """Clean up after a crash: adopt running sandboxes, remove half-created or
+    half-destroyed ones and host resources no sandbox owns (the gateway does this at
+    start). Safe while other agentbox processes run."""
+    from agentbox.runtime.recovery import recover
+    from agentbox.runtime.runtime import Runtime
+
+    result = recover(Runtime())
+    if as_json:
+        _print_json(result.to_dict())
+        return
+    click.echo(f"{len(result.adopted)} sandboxes adopted, {len(result.removed)} removed")
+    for orphan in result.orphans:
+        click.echo(f"removed orphan {orphan}")
+
+
 def _register_groups() -> None:
     from agentbox.cli.audit_commands import audit
     from agentbox.cli.gateway_commands import approvals, mcp_stdio, serve, token

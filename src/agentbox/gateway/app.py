@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import __version__
+from agentbox.config import Admission
 from agentbox.errors import AgentboxError, InvalidRequest, Unauthenticated
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
@@ -46,6 +47,7 @@ from agentbox.gateway.service import Gateway
 from agentbox.gateway.settings import GatewaySettings
 from agentbox.network.egressd import audit_path as egress_audit_path
 from agentbox.runtime.lifecycle import IdleWatcher
+from agentbox.runtime.recovery import recover
 from agentbox.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -225,6 +227,10 @@ def create_app(
 ) -> GatewayApp:
     runtime = runtime or Runtime(home)
     home = runtime.home
+    admission = settings.sandbox.admission
+    runtime.admission = Admission(
+        admission.max_sandboxes, admission.max_per_project, admission.max_memory_bytes()
+    )
     auth = settings.gateway.auth
     tokens = TokenStore(home / "gateway.db", operator_token, auth.ttl_seconds)
     approvals = ApprovalStore(home / "gateway.db")
@@ -274,6 +280,11 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # A gateway killed mid-work left half-made or half-removed sandboxes: finish them
+        # off before serving; running ones are adopted as they are.
+        recovered = await asyncio.to_thread(recover, runtime)
+        if recovered.removed or recovered.orphans:
+            audit.append(decision="recovery", actor="agentbox", extra=recovered.to_dict())
         egress_ingest.start()
         lifecycle_ingest.start()
         idle_watcher.start()

@@ -8,6 +8,7 @@ Without a file, ``GatewaySettings()`` is the embedded default.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -102,12 +103,50 @@ class NetworkSettings(Strict):
     hosts: dict[str, str] = Field(default_factory=dict)
 
 
+class AdmissionSettings(Strict):
+    """Checked atomically with each create: over a limit it gets 503 capacity_exceeded
+    (host) or 429 quota_exceeded (project), with Retry-After."""
+
+    max_sandboxes: int | None = Field(default=None, gt=0)
+    max_per_project: int | None = Field(default=None, gt=0)
+    # Memory limits committed by live sandboxes: a size, or a multiple of the host's RAM
+    # ("2x": limits are caps, and most sandboxes use a fraction of theirs).
+    max_memory: str | None = "2x"
+
+    @field_validator("max_memory")
+    @classmethod
+    def _memory(cls, value: str | None) -> str | None:
+        if value is not None and not value.endswith("x"):
+            _size(value)
+        elif value is not None:
+            try:
+                if float(value[:-1]) <= 0:
+                    raise ValueError
+            except ValueError:
+                raise ValueError(
+                    "expected a size like 64GiB or a multiple of RAM like 2x"
+                ) from None
+        return value
+
+    def max_memory_bytes(self) -> int | None:
+        if self.max_memory is None:
+            return None
+        if self.max_memory.endswith("x"):
+            return int(
+                float(self.max_memory[:-1])
+                * os.sysconf("SC_PHYS_PAGES")
+                * os.sysconf("SC_PAGE_SIZE")
+            )
+        return _size(self.max_memory)
+
+
 class SandboxSection(Strict):
     template: str = "default"
     runtime: Literal["bwrap", "crun", "runc", "runsc", "kata"] = "bwrap"
     limits: LimitsSettings = LimitsSettings()
     network: NetworkSettings = NetworkSettings()
     warm_pool: int = Field(default=0, ge=0, le=1000)
+    admission: AdmissionSettings = AdmissionSettings()
 
 
 class TerminalRunTool(Strict):

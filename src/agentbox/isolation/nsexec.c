@@ -383,6 +383,12 @@ int main(int argc, char **argv) {
 
   /* Supplementary groups are host groups: drop them while we may. */
   if (setgroups(0, NULL) < 0) die("setgroups");
+  /* When the host runs out of memory, its OOM killer takes sandbox processes first, never
+   * the gateway or another host daemon; inherited by everything started from here, and
+   * without CAP_SYS_RESOURCE nothing inside can lower it. */
+  int oom = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+  if (oom < 0 || write(oom, "1000", 4) != 4) die("oom_score_adj");
+  close(oom);
 
   if (!enter && keep_fds) die_msg("--keep-fds is for enter only");
   if (!enter) {

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from agentbox.config import SandboxSpec, agentbox_home, network_of
+from agentbox.config import Admission, SandboxSpec, agentbox_home, network_of
 from agentbox.errors import (
     AgentboxError,
     HostUnsupported,
@@ -147,6 +147,7 @@ class Runtime:
         self._live = _LiveSandboxes()
         self._net: plane.HomeNet | None = None
         self._touched: dict[str, float] = {}
+        self.admission = Admission()  # the gateway sets its sandbox.admission here
 
     # host facts -----------------------------------------------------------------------
     @property
@@ -224,6 +225,21 @@ class Runtime:
             self.net  # noqa: B018 - allocate the network number first: a refusal leaves nothing
         pool = diskpool.ensure(self.home)
         sandbox_id = "sb-" + secrets.token_hex(6)
+        from agentbox.runtime.recovery import creating
+
+        with creating(self.home, sandbox_id):  # recovery leaves a live creator alone
+            return self._build_locked(sandbox_id, spec, template, clone_of, populate, pool, paths)
+
+    def _build_locked(
+        self,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        template: Template,
+        clone_of: SandboxHost | None,
+        populate: Callable[[SandboxHost, Path], None] | None,
+        pool: Path,
+        paths: LaunchPaths,
+    ) -> SandboxRecord:
         expires_at = time.time() + spec.lifetime
         record = self.store.reserve(
             sandbox_id,
@@ -232,6 +248,7 @@ class Runtime:
             spec.model_dump(),
             expires_at,
             MAX_SANDBOXES,
+            self.admission,
         )
         host = SandboxHost(self.home, sandbox_id, record.slot)
         cgroup = self.layout.sandbox(sandbox_id)
@@ -368,6 +385,10 @@ class Runtime:
                 "run `agentbox sandbox rm` again"
             )
         self.store.delete(sandbox_id)
+
+    def alive(self, record: SandboxRecord) -> bool:
+        """Whether the sandbox's init still runs (pid and start time both match)."""
+        return self._alive(record)
 
     @staticmethod
     def _alive(record: SandboxRecord) -> bool:

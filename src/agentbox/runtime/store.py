@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentbox.config import Admission
+from agentbox.errors import CapacityExceeded, QuotaExceeded
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY,
@@ -81,6 +84,44 @@ class SandboxRecord:
         }
 
 
+def _admit(db: sqlite3.Connection, admission: Admission, spec: dict[str, Any]) -> None:
+    count, memory, soonest = db.execute(
+        "SELECT COUNT(*), COALESCE(SUM(json_extract(spec, '$.memory')), 0), MIN(expires_at)"
+        " FROM sandboxes WHERE state IN ('creating', 'running', 'paused')"
+    ).fetchone()
+    # When a place may free up: the next expiry, within reason.
+    retry = 30.0 if soonest is None else min(max(soonest - time.time(), 1.0), 300.0)
+    if admission.max_sandboxes is not None and count >= admission.max_sandboxes:
+        raise CapacityExceeded(
+            f"this host runs {count} sandboxes, its limit (sandbox.admission.max_sandboxes); "
+            "retry later or destroy some",
+            retry_after=retry,
+        )
+    wanted = int(spec.get("memory") or 0)
+    if admission.max_memory is not None and memory + wanted > admission.max_memory:
+        raise CapacityExceeded(
+            f"live sandboxes have {memory / 2**30:.1f} GiB of memory limits; "
+            f"{wanted / 2**30:.2f} GiB more would pass the host's "
+            f"{admission.max_memory / 2**30:.1f} GiB (sandbox.admission.max_memory); "
+            "retry later, destroy some, or ask for less memory",
+            retry_after=retry,
+        )
+    project = str(spec.get("project") or "default")
+    if admission.max_per_project is not None:
+        (in_project,) = db.execute(
+            "SELECT COUNT(*) FROM sandboxes WHERE state IN ('creating', 'running', 'paused')"
+            " AND COALESCE(json_extract(spec, '$.project'), 'default') = ?",
+            (project,),
+        ).fetchone()
+        if in_project >= admission.max_per_project:
+            raise QuotaExceeded(
+                f"project {project!r} has {in_project} sandboxes, its quota "
+                "(sandbox.admission.max_per_project); destroy one or retry later",
+                retry_after=retry,
+                project=project,
+            )
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -129,9 +170,14 @@ class Store:
         spec: dict[str, Any],
         expires_at: float | None,
         max_slots: int,
+        admission: Admission | None = None,
     ) -> SandboxRecord:
-        """Insert a ``creating`` record holding the lowest free slot (the slot picks the uid)."""
+        """Insert a ``creating`` record holding the lowest free slot (the slot picks the uid),
+        if ``admission`` lets it in: checked in the same transaction, so concurrent creators
+        in any process cannot overshoot."""
         with self._tx() as db:
+            if admission is not None:
+                _admit(db, admission, spec)
             used = {r[0] for r in db.execute("SELECT slot FROM sandboxes")}
             slot = next((s for s in range(max_slots) if s not in used), None)
             if slot is None:

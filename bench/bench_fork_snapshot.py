@@ -1,0 +1,128 @@
+"""Fork latency by workspace size, and snapshot / restore throughput, beside baselines run
+on the same files in the same run.
+
+    .venv/bin/python bench/bench_fork_snapshot.py [--quick] [--write]   (as root)
+
+* fork: ``Sandbox.fork()`` of a sandbox holding 1 MB, 100 MB and 1 GB in /workspace (the
+  target: flat). Baseline: a sparse copy of the same disk image (``cp --sparse=always``),
+  what a fork without copy-on-write would cost.
+* snapshot / restore: MB/s of workspace data, beside ``tar | zstd -3 -T0`` and
+  ``zstd -d | tar -x`` of the same directories. The data is random (incompressible),
+  the worst case for both.
+The workspace is synced before each measurement: a fork or snapshot flushes what is
+dirty first, and that cost belongs to the write, not to the copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+from agentbox import Sandbox  # noqa: E402
+from agentbox.runtime.host import SandboxHost  # noqa: E402
+from agentbox.runtime.runtime import Runtime  # noqa: E402
+from common import bench_home, percentile, progress, write_doc_section  # noqa: E402
+
+MB = 1_000_000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
+    args = parser.parse_args()
+    sizes = [1 * MB, 100 * MB] if args.quick else [1 * MB, 100 * MB, 1000 * MB]
+    rounds = 5 if args.quick else 10
+    fork_rows, snap_rows = [], []
+    with bench_home("fork") as home, tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
+        runtime = Runtime(home)
+        for size in sizes:
+            progress(f"workspace of {size // MB} MB")
+            sb = Sandbox.create(memory="512MiB", disk="2GiB", network="none", home=home)
+            try:
+                sb.commands.run(f"head -c {size} /dev/urandom > /workspace/data && sync",
+                                timeout=600)  # fmt: skip
+                forks = []
+                for _ in range(rounds):
+                    start = time.perf_counter()
+                    fork = sb.fork()
+                    forks.append((time.perf_counter() - start) * 1000)
+                    fork.kill()
+                record = runtime.get(sb.id)
+                host = SandboxHost(home, sb.id, record.slot)
+                copy = Path(tmp) / "copy.img"
+                start = time.perf_counter()
+                subprocess.run(["cp", "--sparse=always", str(host.image), str(copy)], check=True)
+                baseline = (time.perf_counter() - start) * 1000
+                copy.unlink()
+                fork_rows.append(
+                    f"| {size // MB} MB | {percentile(forks, 50):.1f} | {percentile(forks, 95):.1f} "
+                    f"| {baseline:.1f} |"
+                )
+                if size >= 100 * MB:
+                    snap_rows.append(snapshot_row(sb, host, size, Path(tmp), home))
+            finally:
+                sb.kill()
+    table = "\n".join([
+        "| workspace | fork p50 ms | fork p95 ms | baseline: sparse copy of the disk, ms |",
+        "|---|---|---|---|",
+        *fork_rows,
+        "",
+        "| workspace | snapshot MB/s | `tar \\| zstd` MB/s | restore MB/s | `zstd -d \\| tar -x` MB/s |",
+        "|---|---|---|---|---|",
+        *snap_rows,
+    ])  # fmt: skip
+    print(table)
+    if args.write:
+        write_doc_section(
+            "fork", "Fork and snapshots", "bench_fork_snapshot.py",
+            "--quick" if args.quick else "",
+            f"Fork: {rounds} forks per size, each a whole new sandbox (clone of the disk "
+            "image while the source's filesystem is frozen, re-owning its files, a new "
+            "init); the baseline copies the same image without copy-on-write. Snapshot: "
+            "scan + tar + zstd -3 of a frozen-instant clone, into the folder store; restore: "
+            "a new sandbox with the archive unpacked into its disk. Random data.",
+            table,
+        )  # fmt: skip
+
+
+def snapshot_row(sb: Sandbox, host: SandboxHost, size: int, tmp: Path, home: Path) -> str:
+    start = time.perf_counter()
+    info = sb.snapshot()
+    snap_s = time.perf_counter() - start
+    start = time.perf_counter()
+    restored = Sandbox.restore(info.id, home=home)
+    restore_s = time.perf_counter() - start
+    restored.kill()
+    Sandbox.delete_snapshot(info.id, home=home)
+    archive = tmp / "baseline.tar.zst"
+    start = time.perf_counter()
+    subprocess.run(
+        f"tar -C {host.disk} -cf - upper workspace | zstd -q -3 -T0 -o {archive}",
+        shell=True, check=True,
+    )  # fmt: skip
+    tar_s = time.perf_counter() - start
+    out = tmp / "unpacked"
+    out.mkdir()
+    start = time.perf_counter()
+    subprocess.run(f"zstd -q -d -c {archive} | tar -C {out} -xf -", shell=True, check=True)
+    untar_s = time.perf_counter() - start
+    shutil.rmtree(out)
+    archive.unlink()
+    mb = size / MB
+    return (
+        f"| {size // MB} MB | {mb / snap_s:.0f} | {mb / tar_s:.0f} | {mb / restore_s:.0f} | "
+        f"{mb / untar_s:.0f} |"
+    )
+
+
+if __name__ == "__main__":
+    main()
