@@ -90,8 +90,9 @@ def running_gateway(
     env: dict[str, str] | None = None,
     extra_yaml: str = "",
 ) -> Iterator[RunningGateway]:
-    """A gateway with the test policy (plus ``extra_yaml``, more top-level sections), its
-    environment set for its lifetime only."""
+    """A gateway with the test policy (plus ``extra_yaml``: more top-level sections, or a
+    ``sandbox:`` section that replaces the policy's), its environment set for its
+    lifetime only."""
     with pytest.MonkeyPatch.context() as mp:
         for key, value in (env or {}).items():
             mp.setenv(key, value)
@@ -106,6 +107,8 @@ def _serve(
     monkeypatch.setenv("AGENTBOX_TEST_OPERATOR_TOKEN", token)
     audit_path = tmp / "audit" / "audit.jsonl"
     text = POLICY_YAML.format(port=port, audit_path=audit_path, approval_timeout=approval_timeout)
+    if extra_yaml.lstrip().startswith("sandbox:"):
+        text = text.replace("sandbox:\n  template: default\n", "")
     text += extra_yaml
     settings = parse_settings(text, "test-gateway.yaml")
     app = create_app(settings, operator_token=token, home=home)

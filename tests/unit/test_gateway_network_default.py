@@ -118,7 +118,7 @@ def _check(settings: Any, home: Path, port: int) -> None:
 
 
 def test_a_create_may_only_use_credentials_the_config_grants() -> None:
-    from agentbox.gateway.rest import _check_credentials
+    from agentbox.gateway.service import _check_credentials
     from agentbox.gateway.settings import CredentialSettings
 
     granted = [CredentialSettings(domain="API.GitHub.com", secret_env="GH_TOKEN")]

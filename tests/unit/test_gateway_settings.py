@@ -100,3 +100,12 @@ def test_unknown_audit_fields_are_refused_with_the_choices() -> None:
 
     with pytest.raises(ValueError, match=r"unknown audit fields \['actr'\]; choose from"):
         AuditSettings(fields=["ts", "actr"])
+
+
+def test_the_extensions_example_parses() -> None:
+    extensions = EXAMPLE.with_name("gateway.lifecycle.yaml")
+    s = load_settings(extensions)
+    assert s.sandbox.warm_pool == {"default": 4}
+    assert s.sandbox.admission.max_sandboxes == 200
+    assert s.lifecycle.webhooks[0].secret_env == "AGENTBOX_WEBHOOK_SECRET"
+    assert s.snapshots.max_age == 30 * 86400

@@ -48,7 +48,8 @@ from agentbox.gateway.settings import GatewaySettings
 from agentbox.network.egressd import audit_path as egress_audit_path
 from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.recovery import recover
-from agentbox.runtime.runtime import Runtime
+from agentbox.runtime.runtime import Runtime, spec_from
+from agentbox.runtime.warmpool import Pool, PoolKeeper
 
 log = logging.getLogger(__name__)
 INTERNAL_ERROR = {
@@ -277,6 +278,14 @@ def create_app(
     idle_watcher = IdleWatcher(
         runtime, settings.lifecycle.cpu_floor, settings.lifecycle.check_interval
     )
+    warm = settings.sandbox.warm_pool
+    sizes = warm if isinstance(warm, dict) else {settings.sandbox.template: warm}
+    pools = [
+        Pool(spec_from(gateway.sandbox_spec({"template": name})), size)
+        for name, size in sizes.items()
+    ]
+    keeper = PoolKeeper(runtime, pools)
+    gateway.pool_keeper = keeper
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -288,10 +297,12 @@ def create_app(
         egress_ingest.start()
         lifecycle_ingest.start()
         idle_watcher.start()
+        keeper.start()
         async with session_manager.run():
             try:
                 yield
             finally:
+                keeper.stop()
                 idle_watcher.stop()
                 lifecycle_ingest.stop()
                 egress_ingest.stop()

@@ -25,7 +25,6 @@ from agentbox.gateway.auth import Principal
 from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
 from agentbox.network import ports
-from agentbox.network.names import normalize_host
 from agentbox.runtime.snapshots import Snapshots
 
 
@@ -203,21 +202,8 @@ def build_router(
     @api.post("/sandboxes", status_code=201, tags=["sandboxes"])
     async def create_sandbox(body: CreateSandbox, p: Principal = auth) -> dict[str, Any]:
         p.require_operator("creating a sandbox")
-        spec = {k: v for k, v in body.model_dump().items() if v is not None}
-        limits = gateway.settings.sandbox.limits.model_dump()
-        for key in ("memory", "pids", "cpus", "disk", "lifetime", "idle_timeout", "on_idle"):
-            spec.setdefault(key, limits[key])  # the config's limits are the defaults
-        if "network" not in spec:
-            # Credentials go as names only (domain, header, secret_env, format): the values
-            # stay in this process's environment, which the egress daemon inherits.
-            spec["network"] = gateway.settings.sandbox.network.model_dump()
-        _check_credentials(spec["network"], gateway.settings.sandbox.network.credentials)
-        if gateway.browser.block_domains:  # the egress path refuses them for every request
-            network = spec["network"]
-            network = dict(network) if isinstance(network, dict) else {"mode": network}
-            deny = [*network.get("deny", ()), *gateway.browser.block_domains]
-            network["deny"] = list(dict.fromkeys(deny))
-            spec["network"] = network
+        requested = {k: v for k, v in body.model_dump().items() if v is not None}
+        spec = gateway.sandbox_spec(requested)
         record = await asyncio.to_thread(gateway.runtime.create, spec, actor=p.actor)
         await gateway.audit_event(p, "sandbox_created", sandbox=record.id, template=record.template)
         gateway.lifecycle_changed()
@@ -740,22 +726,6 @@ def _port_routes(api: APIRouter, gateway: Gateway, auth: Any) -> None:
             tags=["ports"],
             operation_id=f"port_forward_{method.lower()}",
         )
-
-
-def _check_credentials(network: object, configured: list[Any]) -> None:
-    """A create may only use the credentials the gateway config grants (else an API caller
-    could point any variable of the gateway's environment at a host of its choosing)."""
-    asked = network.get("credentials", []) if isinstance(network, dict) else []
-    allowed = {(normalize_host(c.domain), c.secret_env) for c in configured}
-    for credential in asked:
-        if not isinstance(credential, dict):
-            raise InvalidRequest("network.credentials entries must be objects")
-        key = (normalize_host(str(credential.get("domain"))), credential.get("secret_env"))
-        if key not in allowed:
-            raise InvalidRequest(
-                f"credential {key[1]!r} for {key[0]!r} is not granted by the gateway config "
-                "(sandbox.network.credentials); only those may be used"
-            )
 
 
 def _tool_arguments(body: bytes) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from agentbox.runtime.runtime import Runtime
 
 if TYPE_CHECKING:
     from agentbox.gateway.lifecycle_events import LifecycleIngest
+    from agentbox.runtime.warmpool import PoolKeeper
 
 ApprovalMode = Literal["wait", "handle"]
 # Compiled once: checking the schema itself on every call costs ~10 ms.
@@ -80,6 +81,7 @@ class Gateway:
         self.redactor = redactor
         self.metrics = Metrics()
         self.lifecycle: LifecycleIngest | None = None  # set by create_app
+        self.pool_keeper: PoolKeeper | None = None  # set by create_app
         self.state_key = sealed.load_key(runtime.home)  # seals MCP requestState
         self.rate = RateLimiter(settings.gateway.auth.rate_limit_per_minute)
         run = settings.tool("terminal.run") or TerminalRunTool(name="terminal.run")
@@ -108,10 +110,34 @@ class Gateway:
             ),
         )
 
+    def sandbox_spec(self, requested: dict[str, Any]) -> dict[str, Any]:
+        """What a create asks for, completed from the config: its ``sandbox.limits`` and
+        ``sandbox.network`` are the defaults, the browser's blocked domains are denied on
+        the egress path, and only credentials the config grants may be named."""
+        spec = dict(requested)
+        spec.setdefault("template", self.settings.sandbox.template)
+        limits = self.settings.sandbox.limits.model_dump()
+        for key in ("memory", "pids", "cpus", "disk", "lifetime", "idle_timeout", "on_idle"):
+            spec.setdefault(key, limits[key])
+        if "network" not in spec:
+            # Credentials go as names only (domain, header, secret_env, format): the values
+            # stay in this process's environment, which the egress daemon inherits.
+            spec["network"] = self.settings.sandbox.network.model_dump()
+        _check_credentials(spec["network"], self.settings.sandbox.network.credentials)
+        if self.browser.block_domains:  # the egress path refuses them for every request
+            network = spec["network"]
+            network = dict(network) if isinstance(network, dict) else {"mode": network}
+            deny = [*network.get("deny", ()), *self.browser.block_domains]
+            network["deny"] = list(dict.fromkeys(deny))
+            spec["network"] = network
+        return spec
+
     def lifecycle_changed(self) -> None:
         """A transition was made here: copy its event to the trail and webhooks now."""
         if self.lifecycle is not None:
             self.lifecycle.wake()
+        if self.pool_keeper is not None:  # a create may have claimed a warm one
+            self.pool_keeper.wake()
 
     # discovery --------------------------------------------------------------------------
     def visible_tools(self, principal: Principal) -> list[ToolSpec]:
@@ -413,3 +439,19 @@ def _content_bytes(args: dict[str, Any]) -> int:
 
 def _bytes_out(result: dict[str, Any]) -> int:
     return sum(len(str(result[k]).encode()) for k in _REDACTED_FIELDS if k in result)
+
+
+def _check_credentials(network: object, configured: list[Any]) -> None:
+    """A create may only use the credentials the gateway config grants (else an API caller
+    could point any variable of the gateway's environment at a host of its choosing)."""
+    asked = network.get("credentials", []) if isinstance(network, dict) else []
+    allowed = {(normalize_host(c.domain), c.secret_env) for c in configured}
+    for credential in asked:
+        if not isinstance(credential, dict):
+            raise InvalidRequest("network.credentials entries must be objects")
+        key = (normalize_host(str(credential.get("domain"))), credential.get("secret_env"))
+        if key not in allowed:
+            raise InvalidRequest(
+                f"credential {key[1]!r} for {key[0]!r} is not granted by the gateway config "
+                "(sandbox.network.credentials); only those may be used"
+            )

@@ -145,7 +145,10 @@ class SandboxSection(Strict):
     runtime: Literal["bwrap", "crun", "runc", "runsc", "kata"] = "bwrap"
     limits: LimitsSettings = LimitsSettings()
     network: NetworkSettings = NetworkSettings()
-    warm_pool: int = Field(default=0, ge=0, le=1000)
+    # Warm sandboxes of `template` with these limits and network, or {template: count}.
+    warm_pool: (
+        Annotated[int, Field(ge=0, le=1000)] | dict[str, Annotated[int, Field(ge=0, le=1000)]]
+    ) = 0
     admission: AdmissionSettings = AdmissionSettings()
 
 

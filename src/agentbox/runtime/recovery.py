@@ -34,7 +34,7 @@ from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
-LIVE_STATES = ("running", "paused", "stopped")
+LIVE_STATES = ("running", "paused", "stopped", "pooled")
 
 
 @dataclass
@@ -93,7 +93,7 @@ def recover(runtime: Runtime) -> Recovery:
             with contextlib.suppress(AgentboxError, OSError):
                 runtime.destroy(record.id, reason="error", actor="agentbox")
             result.removed.append(record.id)
-        elif record.state in ("running", "paused") and not runtime.alive(record):
+        elif record.state in ("running", "paused", "pooled") and not runtime.alive(record):
             with contextlib.suppress(AgentboxError, OSError):
                 runtime.destroy(record.id, reason=runtime.end_reason(record), actor="agentbox")
             result.removed.append(record.id)
@@ -186,7 +186,7 @@ def _orphan_links(runtime: Runtime) -> list[str]:
         return []
     busy = {
         r.slot for r in runtime.store.list()
-        if r.state in ("running", "paused", "creating")
+        if r.state in ("running", "paused", "creating", "pooled")
     }  # fmt: skip
     found = []
     prefix = net.ifname_prefix

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import hashlib
+import json
 import logging
 import os
 import secrets
@@ -48,6 +50,9 @@ if TYPE_CHECKING:
     from agentbox.runtime.snapshots import SnapshotInfo, Snapshots
 
 MAX_SANDBOXES = 4096
+POOL_MAX_AGE = 3600.0  # a warm sandbox older than this is replaced by a fresh one
+POOL_LIFETIME = 7 * 24 * 3600.0  # its init's own end: the longest a claimed one can live
+POOL_PROJECT = "(warm pool)"  # pooled sandboxes count against no user project's quota
 log = logging.getLogger(__name__)
 
 
@@ -60,6 +65,14 @@ def _check_traversable(home: Path) -> None:
                 f"(mode {parent.stat().st_mode & 0o777:o}); sandboxes run as their own uids and "
                 f"need to reach it: `chmod o+x {parent}` or choose another AGENTBOX_HOME"
             )
+
+
+def pool_key(spec: SandboxSpec) -> str:
+    """What a warm sandbox shares with the requests it can serve: everything fixed when a
+    sandbox is made (template, limits, disk, network). Environment, lifetime, idle
+    settings and project are set when it is claimed."""
+    fixed = spec.model_dump(include={"template", "memory", "pids", "cpus", "disk", "network"})
+    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:24]
 
 
 def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
@@ -177,8 +190,42 @@ class Runtime:
     ) -> SandboxRecord:
         spec = spec_from(spec)
         self.sweep_expired()
-        record = self._build(spec, self.templates.get(spec.template), None)
+        template = self.templates.get(spec.template)
+        claimed = self.store.claim(
+            pool_key(spec), template.digest, spec.model_dump(), spec.lifetime, POOL_LIFETIME,
+            self.admission,
+        )  # fmt: skip
+        if claimed is not None:  # a warm one: ready in a transaction's time
+            self.touch(claimed.id, force=True)
+            self.event(claimed.id, "created", "operator", actor, template=claimed.template,
+                       from_pool=True)  # fmt: skip
+            return claimed
+        record = self._build(spec, template, None)
         self.event(record.id, "created", "operator", actor, template=record.template)
+        return record
+
+    def recycle(self, sandbox_id: str) -> bool:
+        """Destroy a pooled sandbox unless a create claimed it first (then False)."""
+        record = self.store.get(sandbox_id)
+        if record is None or not self.store.take_pooled(sandbox_id):
+            return False
+        self._release(
+            sandbox_id,
+            SandboxHost(self.home, sandbox_id, record.slot),
+            self.layout.sandbox(sandbox_id),
+            network_of(record.spec).mode != "none",
+        )
+        self.event(sandbox_id, "destroyed", "pool", "agentbox")
+        return True
+
+    def fill_pool(self, spec: SandboxSpec) -> SandboxRecord:
+        """One more warm sandbox for requests like ``spec`` (state ``pooled``: counted by
+        admission, invisible to calls until ``create`` claims it). Replaced after
+        POOL_MAX_AGE; its init lives POOL_LIFETIME, the most a claimed one can have."""
+        pooled = spec.model_copy(update={"lifetime": POOL_LIFETIME, "project": POOL_PROJECT})
+        template = self.templates.get(spec.template)
+        record = self._build(pooled, template, None, pool=pool_key(spec))
+        self.event(record.id, "pooled", "pool", "agentbox", template=record.template)
         return record
 
     def fork(self, source_id: str, *, actor: str = "local") -> SandboxRecord:
@@ -219,16 +266,19 @@ class Runtime:
         template: Template,
         clone_of: SandboxHost | None,
         populate: Callable[[SandboxHost, Path], None] | None = None,
+        pool: str | None = None,
     ) -> SandboxRecord:
         paths = self.paths
         if spec.network.mode != "none":
             self.net  # noqa: B018 - allocate the network number first: a refusal leaves nothing
-        pool = diskpool.ensure(self.home)
+        disks = diskpool.ensure(self.home)
         sandbox_id = "sb-" + secrets.token_hex(6)
         from agentbox.runtime.recovery import creating
 
         with creating(self.home, sandbox_id):  # recovery leaves a live creator alone
-            return self._build_locked(sandbox_id, spec, template, clone_of, populate, pool, paths)
+            return self._build_locked(
+                sandbox_id, spec, template, clone_of, populate, pool, disks, paths
+            )
 
     def _build_locked(
         self,
@@ -237,15 +287,20 @@ class Runtime:
         template: Template,
         clone_of: SandboxHost | None,
         populate: Callable[[SandboxHost, Path], None] | None,
-        pool: Path,
+        pool: str | None,
+        disks: Path,
         paths: LaunchPaths,
     ) -> SandboxRecord:
+        stored = spec.model_dump()
         expires_at = time.time() + spec.lifetime
+        if pool is not None:
+            stored["pool"] = pool
+            expires_at = time.time() + POOL_MAX_AGE  # then replaced by a fresh one
         record = self.store.reserve(
             sandbox_id,
             template.name,
             template.digest,
-            spec.model_dump(),
+            stored,
             expires_at,
             MAX_SANDBOXES,
             self.admission,
@@ -264,7 +319,7 @@ class Runtime:
             host.prepare_filesystem(
                 template.rootfs,
                 spec.disk,
-                pool / "formatted",
+                disks / "formatted",
                 trust=trust,
                 clone_of=clone_of,
                 populate=None if populate is None else lambda disk: populate(host, disk),
@@ -274,11 +329,12 @@ class Runtime:
             if networked:
                 plane.attach(self.net.link(record.slot), pid)
             host.activity_marker.touch()
-            self.store.mark_running(sandbox_id, pid, start)
+            state = "running" if pool is None else "pooled"
+            self.store.mark_running(sandbox_id, pid, start, state)
         except BaseException:
             self._release(sandbox_id, host, cgroup, networked)
             raise
-        record.state, record.init_pid, record.init_start_time = "running", pid, start
+        record.state, record.init_pid, record.init_start_time = state, pid, start
         return record
 
     def event(self, sandbox_id: str, type_: str, reason: str, actor: str, **details: Any) -> None:
@@ -346,8 +402,13 @@ class Runtime:
         candidates = self.store.list() if check_alive else self.store.expired(now)
         for record in candidates:
             expired = record.expires_at is not None and record.expires_at <= now
-            dead = check_alive and record.state == "running" and not self._alive(record)
+            dead = check_alive and record.state in ("running", "pooled") and not self._alive(record)
             if expired or dead:
+                if record.state == "pooled":  # replaced: the warm pool makes a fresh one
+                    with contextlib.suppress(AgentboxError, OSError):
+                        if self.recycle(record.id):
+                            swept.append(record.id)
+                    continue
                 reason = "lifetime" if expired else self.end_reason(record)
                 with contextlib.suppress(AgentboxError):
                     self.destroy(record.id, reason=reason, actor="agentbox")

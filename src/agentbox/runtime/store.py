@@ -87,7 +87,7 @@ class SandboxRecord:
 def _admit(db: sqlite3.Connection, admission: Admission, spec: dict[str, Any]) -> None:
     count, memory, soonest = db.execute(
         "SELECT COUNT(*), COALESCE(SUM(json_extract(spec, '$.memory')), 0), MIN(expires_at)"
-        " FROM sandboxes WHERE state IN ('creating', 'running', 'paused')"
+        " FROM sandboxes WHERE state IN ('creating', 'running', 'paused', 'pooled')"
     ).fetchone()
     # When a place may free up: the next expiry, within reason.
     retry = 30.0 if soonest is None else min(max(soonest - time.time(), 1.0), 300.0)
@@ -109,7 +109,8 @@ def _admit(db: sqlite3.Connection, admission: Admission, spec: dict[str, Any]) -
     project = str(spec.get("project") or "default")
     if admission.max_per_project is not None:
         (in_project,) = db.execute(
-            "SELECT COUNT(*) FROM sandboxes WHERE state IN ('creating', 'running', 'paused')"
+            "SELECT COUNT(*) FROM sandboxes"
+            " WHERE state IN ('creating', 'running', 'paused', 'pooled')"
             " AND COALESCE(json_extract(spec, '$.project'), 'default') = ?",
             (project,),
         ).fetchone()
@@ -197,12 +198,66 @@ class Store:
             sandbox_id, slot, "creating", template, digest, None, None, now, expires_at, spec
         )
 
-    def mark_running(self, sandbox_id: str, init_pid: int, init_start_time: int) -> None:
+    def mark_running(
+        self, sandbox_id: str, init_pid: int, init_start_time: int, state: str = "running"
+    ) -> None:
         with self._tx() as db:
             db.execute(
-                "UPDATE sandboxes SET state='running', init_pid=?, init_start_time=? WHERE id=?",
-                (init_pid, init_start_time, sandbox_id),
+                "UPDATE sandboxes SET state=?, init_pid=?, init_start_time=? WHERE id=?",
+                (state, init_pid, init_start_time, sandbox_id),
             )
+
+    def claim(
+        self,
+        pool_key: str,
+        template_digest: str,
+        spec: dict[str, Any],
+        lifetime: float,
+        max_age: float,
+        admission: Admission | None = None,
+    ) -> SandboxRecord | None:
+        """Turn the oldest ``pooled`` sandbox of ``pool_key`` into a running one with
+        ``spec`` (one transaction: two claimers never get the same), or None. It expires
+        at ``lifetime`` from now, but never after its init's own end (created + max_age)."""
+        with self._tx() as db:
+            row = db.execute(
+                "SELECT * FROM sandboxes WHERE state='pooled' AND template_digest=?"
+                " AND json_extract(spec, '$.pool')=? ORDER BY created_at LIMIT 1",
+                (template_digest, pool_key),
+            ).fetchone()
+            if row is None:
+                return None
+            if admission is not None and admission.max_per_project is not None:
+                _admit(db, Admission(max_per_project=admission.max_per_project), spec)
+            expires = min(time.time() + lifetime, float(row["created_at"]) + max_age)
+            db.execute(
+                "UPDATE sandboxes SET state='running', spec=?, expires_at=? WHERE id=?",
+                (json.dumps(spec), expires, row["id"]),
+            )
+        record = self._record(row)
+        record.state, record.spec, record.expires_at = "running", spec, expires
+        return record
+
+    def take_pooled(self, sandbox_id: str) -> bool:
+        """Mark a still-pooled sandbox ``destroying`` (False: claimed meanwhile)."""
+        with self._tx() as db:
+            cursor = db.execute(
+                "UPDATE sandboxes SET state='destroying' WHERE id=? AND state='pooled'",
+                (sandbox_id,),
+            )
+        return cursor.rowcount == 1
+
+    def pooled(self, pool_key: str) -> builtins.list[SandboxRecord]:
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT * FROM sandboxes WHERE state IN ('pooled', 'creating')"
+                " AND json_extract(spec, '$.pool')=? ORDER BY created_at",
+                (pool_key,),
+            )
+            .fetchall()
+        )
+        return [self._record(r) for r in rows]
 
     def set_state(self, sandbox_id: str, state: str) -> None:
         with self._tx() as db:

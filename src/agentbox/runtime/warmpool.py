@@ -1,0 +1,79 @@
+"""Warm pools: sandboxes made ahead of time, so that a create that matches is served in a
+database transaction instead of a launch.
+
+A pool is a spec (what a plain create on the gateway would get) and a size. The keeper
+(a thread of the gateway) tops each pool up one sandbox at a time, replaces pooled
+sandboxes whose template changed, and wakes up at once after a claim. Pooled sandboxes
+are real, running sandboxes in state ``pooled``: admission counts them, calls cannot reach
+them, and ``Runtime.create`` claims the oldest one whose fixed settings (template, limits,
+disk, network: ``runtime.pool_key``) match the request; the request's environment,
+lifetime, idle settings and project are applied at the claim.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from agentbox.config import SandboxSpec
+from agentbox.errors import LimitExceeded
+from agentbox.runtime.runtime import Runtime, pool_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Pool:
+    spec: SandboxSpec
+    size: int
+
+
+class PoolKeeper:
+    def __init__(self, runtime: Runtime, pools: list[Pool], interval: float = 5.0) -> None:
+        self.runtime = runtime
+        self.pools = [p for p in pools if p.size > 0]
+        self.interval = interval
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="warm-pool", daemon=True)
+
+    def start(self) -> None:
+        if self.pools:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(60)
+
+    def wake(self) -> None:
+        """A sandbox was claimed (or may have been): refill now."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            busy = False
+            for pool in self.pools:
+                try:
+                    busy |= self.refill_once(pool)
+                except LimitExceeded as e:  # the host is full: pooled ones wait their turn
+                    log.info("warm pool waits: %s", e.message)
+                except Exception:  # the keeper must outlive a failed create
+                    log.exception("warm pool refill failed")
+            if not busy:
+                self._wake.wait(self.interval)
+                self._wake.clear()
+
+    def refill_once(self, pool: Pool) -> bool:
+        """Replace one stale pooled sandbox or add one missing; whether it did anything."""
+        template = self.runtime.templates.get(pool.spec.template)
+        members = self.runtime.store.pooled(pool_key(pool.spec))
+        for record in members:
+            if record.state == "pooled" and record.template_digest != template.digest:
+                return self.runtime.recycle(record.id)  # False: claimed meanwhile
+        if len(members) < pool.size:
+            self.runtime.fill_pool(pool.spec)
+            return True
+        return False

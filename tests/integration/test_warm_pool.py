@@ -1,0 +1,145 @@
+"""Warm pools: a matching create claims a ready sandbox (with the request's own
+environment, lifetime and project), pooled ones are unreachable until claimed, count
+against admission, and the keeper tops the pool up and replaces stale ones."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentbox.config import Admission
+from agentbox.errors import CapacityExceeded, SandboxNotRunning
+from agentbox.runtime.runtime import Runtime, pool_key, spec_from
+from agentbox.runtime.warmpool import Pool, PoolKeeper
+from gateway_harness import running_gateway
+
+BASE = {"memory": "64MiB", "disk": "32MiB", "network": "none", "idle_timeout": 0}
+
+
+@pytest.fixture
+def runtime(agentbox_home: Path, host_ready: None) -> Iterator[Runtime]:
+    rt = Runtime(agentbox_home)
+    before = {r.id for r in rt.store.list()}
+    yield rt
+    for record in rt.store.list():
+        if record.id not in before:
+            rt.destroy(record.id)
+
+
+def test_a_matching_create_claims_a_warm_sandbox(runtime: Runtime) -> None:
+    spec = spec_from(BASE)
+    warm = runtime.fill_pool(spec)
+    assert runtime.get(warm.id).state == "pooled"
+    with pytest.raises(SandboxNotRunning):
+        runtime.commands(warm.id)  # unreachable until claimed
+    start = time.perf_counter()
+    claimed = runtime.create({**BASE, "env": {"WHO": "claimer"}, "lifetime": 600,
+                              "project": "team-x"})  # fmt: skip
+    assert time.perf_counter() - start < 1.0
+    assert claimed.id == warm.id and claimed.state == "running"
+    assert claimed.spec["project"] == "team-x" and "pool" not in claimed.spec
+    assert claimed.expires_at is not None and abs(claimed.expires_at - time.time() - 600) < 5
+    r = runtime.commands(claimed.id).run("echo $WHO; hostname")
+    assert r.stdout == f"claimer\n{claimed.id}\n"
+    types = [(e["type"], e["reason"]) for e in runtime.store.events_after(0, sandbox=warm.id)]
+    assert types == [("pooled", "pool"), ("created", "operator")]
+    # no warm one left: the next create is a cold one
+    assert runtime.create(BASE).id != warm.id
+
+
+def test_only_the_fixed_settings_must_match(runtime: Runtime) -> None:
+    spec = spec_from(BASE)
+    warm = runtime.fill_pool(spec)
+    assert pool_key(spec_from({**BASE, "env": {"A": "1"}, "lifetime": 60})) == pool_key(spec)
+    assert runtime.create({**BASE, "memory": "96MiB"}).id != warm.id  # a different size
+    assert runtime.get(warm.id).state == "pooled"
+
+
+def test_pooled_sandboxes_count_against_admission(runtime: Runtime) -> None:
+    runtime.fill_pool(spec_from(BASE))
+    live = sum(r.state in ("creating", "running", "paused", "pooled") for r in runtime.store.list())
+    runtime.admission = Admission(max_sandboxes=live)
+    try:
+        with pytest.raises(CapacityExceeded):
+            runtime.create({**BASE, "memory": "96MiB"})
+        runtime.create(BASE)  # but a claim takes no new room
+    finally:
+        runtime.admission = Admission()
+
+
+def test_a_claimed_sandbox_is_never_recycled(runtime: Runtime) -> None:
+    warm = runtime.fill_pool(spec_from(BASE))
+    claimed = runtime.create(BASE)
+    assert claimed.id == warm.id
+    assert runtime.recycle(warm.id) is False  # the keeper lost the race: nothing happens
+    assert runtime.commands(warm.id).run("true").exit_code == 0
+
+
+def test_the_keeper_fills_and_refills(runtime: Runtime) -> None:
+    spec = spec_from(BASE)
+    keeper = PoolKeeper(runtime, [Pool(spec, 2)])
+    while keeper.refill_once(keeper.pools[0]):
+        pass
+    pooled = runtime.store.pooled(pool_key(spec))
+    assert [r.state for r in pooled] == ["pooled", "pooled"]
+    runtime.create(BASE)
+    assert len(runtime.store.pooled(pool_key(spec))) == 1
+    assert keeper.refill_once(keeper.pools[0]) is True
+    assert len(runtime.store.pooled(pool_key(spec))) == 2
+    assert keeper.refill_once(keeper.pools[0]) is False  # full
+
+
+def test_the_keeper_thread_runs_until_stopped(runtime: Runtime) -> None:
+    spec = spec_from(BASE)
+    keeper = PoolKeeper(runtime, [Pool(spec, 1)], interval=0.2)
+    keeper.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not runtime.store.pooled(pool_key(spec)):
+            time.sleep(0.1)
+        assert runtime.store.pooled(pool_key(spec))
+        first = runtime.create(BASE)
+        keeper.wake()
+        while time.monotonic() < deadline and not [
+            r for r in runtime.store.pooled(pool_key(spec)) if r.id != first.id
+        ]:
+            time.sleep(0.1)
+        assert [r for r in runtime.store.pooled(pool_key(spec)) if r.state == "pooled"]
+    finally:
+        keeper.stop()
+
+
+def test_a_gateway_keeps_its_pool_and_serves_creates_from_it(
+    tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path, runtime: Runtime
+) -> None:
+    sandbox = (
+        "sandbox:\n  limits: {memory: 64MiB, disk: 32MiB, idle_timeout: 0}\n"
+        "  network: {mode: none}\n  warm_pool: 2\n"
+    )
+    with running_gateway(agentbox_home, tmp_path_factory.mktemp("gwp"), extra_yaml=sandbox) as gw:
+        key = pool_key(spec_from({**BASE, "lifetime": "24h"}))
+
+        def pooled() -> list[str]:
+            return [r.id for r in runtime.store.pooled(key) if r.state == "pooled"]
+
+        deadline = time.monotonic() + 60
+        while len(pooled()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(pooled()) == 2, "the gateway did not fill its pool"
+        warm = set(pooled())
+        with gw.operator() as op:
+            r = op.post("/v1/sandboxes", json={"env": {"X": "1"}})
+            assert r.status_code == 201, r.text
+            sid = r.json()["id"]
+            assert sid in warm and r.json()["state"] == "running"
+            r = op.post(f"/v1/sandboxes/{sid}/commands", json={"command": "echo $X"})
+            assert r.json()["stdout"] == "1\n"
+            while (len(pooled()) < 2 or sid in pooled()) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert len(pooled()) == 2 and sid not in pooled()  # refilled
+            op.delete(f"/v1/sandboxes/{sid}")
+    for sandbox_id in pooled():  # the runtime fixture removes them too; be explicit
+        runtime.recycle(sandbox_id)
