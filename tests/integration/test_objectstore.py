@@ -131,7 +131,12 @@ def test_a_failed_write_leaves_the_old_object_and_no_temp_file(
         dst.write(src.read(100))
         raise OSError(28, "No space left on device")
 
+    def disk_full_in_kernel(src: int, dst: int, count: int, *args: Any) -> int:
+        os.write(dst, b"partial")
+        raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(objectstore.shutil, "copyfileobj", disk_full)
+    monkeypatch.setattr(objectstore.os, "copy_file_range", disk_full_in_kernel)
     with pytest.raises(SandboxError, match="No space left"):
         store.put_file("k", new)
     with pytest.raises(SandboxError, match="No space left"):
@@ -232,3 +237,16 @@ def test_s3_store_urls_are_checked(s3_env: str, tmp_path: Path) -> None:
     for url in ("s3://bad bucket/x", "s3://b/../x", "s3://b/a//c"):
         with pytest.raises(InvalidConfig):
             open_store(url, tmp_path)
+
+
+def test_folder_store_move_renames_on_the_same_filesystem(tmp_path: Path) -> None:
+    store = FolderStore(tmp_path / "store")
+    staged = tmp_path / "staged"
+    staged.write_bytes(b"payload" * 1000)
+    inode = staged.stat().st_ino
+    store.put_file("a/b", staged, move=True)
+    assert not staged.exists()  # given up: renamed, not copied
+    assert (tmp_path / "store/a/b").stat().st_ino == inode
+    out = tmp_path / "out"
+    store.get_file("a/b", out)
+    assert out.read_bytes() == b"payload" * 1000
