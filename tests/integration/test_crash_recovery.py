@@ -25,6 +25,7 @@ import pytest
 
 from agentbox.isolation import diskpool
 from agentbox.network import egressd, plane
+from agentbox.runtime.runtime import Runtime
 from gateway_harness import free_port
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
@@ -54,12 +55,14 @@ def home(host_ready: None) -> Iterator[Path]:
 
 
 class Gateway:
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, on_shutdown: str = "keep") -> None:
         self.home = home
         self.port = free_port()
         self.token = secrets.token_hex(16)
         self.config = home / "gateway.yaml"
-        self.config.write_text(CONFIG.format(port=self.port, home=home))
+        text = CONFIG.format(port=self.port, home=home)
+        text = text.replace("gateway:\n", f"gateway:\n  on_shutdown: {on_shutdown}\n", 1)
+        self.config.write_text(text)
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -157,6 +160,28 @@ def test_sigkill_during_50_creates_then_restart(home: Path) -> None:
             assert r.status_code == 200 and r.json()["stdout"] == "ok\n", r.text
         for sandbox in listed:
             assert op.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 200
-    gw.kill(signal.SIGTERM)
+        kept = op.post("/v1/sandboxes", json={**body, "network": "none"}).json()["id"]
+    gw.kill(signal.SIGTERM)  # a graceful stop leaves sandboxes running (on_shutdown: keep)
+    runtime = Runtime(home)
+    assert runtime.commands(kept).run("echo still").stdout == "still\n"
+    runtime.destroy(kept)
     after = host_resources(home)
     assert after == before
+
+
+@pytest.mark.parametrize("how", ["stop", "destroy"])
+def test_on_shutdown_stop_or_destroy(home: Path, how: str) -> None:
+    gw = Gateway(home, on_shutdown=how)
+    gw.start()
+    body = {"memory": "64MiB", "disk": "32MiB", "idle_timeout": 0, "network": "none"}
+    with gw.client() as op:
+        ids = [op.post("/v1/sandboxes", json=body).json()["id"] for _ in range(2)]
+    gw.kill(signal.SIGTERM)
+    runtime = Runtime(home)
+    states = {r.id: r.state for r in runtime.store.list()}
+    if how == "destroy":
+        assert not set(ids) & set(states)
+    else:
+        assert [states[i] for i in ids] == ["stopped", "stopped"]
+        for sandbox_id in ids:
+            runtime.destroy(sandbox_id)

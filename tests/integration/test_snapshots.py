@@ -201,3 +201,36 @@ def test_snapshots_through_the_gateway(gw: RunningGateway) -> None:
     trail = gw.audit_path.read_text()
     assert '"snapshot_created"' in trail and '"snapshot_refused"' in trail
     assert AWS_KEY not in trail
+
+
+def test_cli_through_a_gateway(gw: RunningGateway, agentbox_home: Path) -> None:
+    """The same commands with AGENTBOX_URL set: fork, snapshot create/restore/ls/rm."""
+    env = {**os.environ, "AGENTBOX_URL": gw.url, "AGENTBOX_TOKEN": gw.operator_token}
+    env.pop("AGENTBOX_HOME", None)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([AGENTBOX, *args], env=env, capture_output=True, text=True,
+                              check=False, timeout=120)  # fmt: skip
+
+    made: list[str] = []
+    try:
+        r = cli("sandbox", "create", "--memory", "128MiB", "--disk", "64MiB", "--network", "none")
+        assert r.returncode == 0, r.stderr
+        sid = r.stdout.strip()
+        made.append(sid)
+        fork = cli("sandbox", "fork", sid, "--json")
+        assert fork.returncode == 0, fork.stderr
+        made.append(json.loads(fork.stdout)["id"])
+        snap = cli("snapshot", "create", sid, "--json")
+        assert snap.returncode == 0, snap.stderr
+        snap_id = json.loads(snap.stdout)["id"]
+        assert snap_id in cli("snapshot", "ls").stdout
+        restored = cli("snapshot", "restore", snap_id, "--json")
+        assert restored.returncode == 0, restored.stderr
+        made.append(json.loads(restored.stdout)["id"])
+        states = {s["id"]: s["state"] for s in json.loads(cli("sandbox", "ls", "--json").stdout)}
+        assert all(states[i] == "running" for i in made)
+        assert cli("snapshot", "rm", snap_id).returncode == 0
+    finally:
+        for sandbox_id in made:
+            cli("sandbox", "rm", sandbox_id)

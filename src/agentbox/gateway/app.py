@@ -211,6 +211,16 @@ async def _reject(send: Send, status: int, code: str, message: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+def _end_sandboxes(runtime: Runtime, how: str) -> None:
+    """gateway.on_shutdown: stop or destroy every sandbox of the home (pooled ones go)."""
+    for record in runtime.store.list():
+        with contextlib.suppress(AgentboxError):
+            if how == "destroy" or record.state == "pooled":
+                runtime.destroy(record.id, actor="gateway-shutdown")
+            elif record.state in ("running", "paused"):
+                runtime.stop(record.id, actor="gateway-shutdown")
+
+
 def open_audit(settings: GatewaySettings, home: Path, redactor: Redactor) -> AuditLog:
     """The audit log of ``settings`` (default file: ``HOME/audit/audit.jsonl``)."""
     audit_settings = settings.audit
@@ -304,9 +314,11 @@ def create_app(
             finally:
                 keeper.stop()
                 idle_watcher.stop()
-                lifecycle_ingest.stop()
-                egress_ingest.stop()
                 await asyncio.to_thread(gateway.browsers.close_all)
+                if settings.gateway.on_shutdown != "keep":
+                    await asyncio.to_thread(_end_sandboxes, runtime, settings.gateway.on_shutdown)
+                lifecycle_ingest.stop()  # after: the shutdown's events reach the trail
+                egress_ingest.stop()
                 audit.close()
 
     app = GatewayApp(

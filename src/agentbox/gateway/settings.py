@@ -62,6 +62,9 @@ class GatewaySection(Strict):
     # names, e.g. "agentbox.example.com:8848"); anything else is refused (DNS rebinding).
     allowed_hosts: list[str] = Field(default_factory=list)
     allowed_origins: list[str] = Field(default_factory=list)
+    # What a graceful shutdown does to the home's sandboxes: they outlive the gateway
+    # (keep, the default; a restart adopts them), or are stopped or destroyed with it.
+    on_shutdown: Literal["keep", "stop", "destroy"] = "keep"
 
     @field_validator("listen")
     @classmethod
