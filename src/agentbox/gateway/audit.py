@@ -76,6 +76,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 
 from agentbox.config import agentbox_home
 from agentbox.errors import Conflict, InvalidConfig, InvalidRequest
+from agentbox.fsutil import fsync_dir
 from agentbox.gateway.audit_sink import RemoteSink
 
 if TYPE_CHECKING:
@@ -194,14 +195,6 @@ def rotated_files(path: Path) -> list[tuple[int, Path]]:
 
 def torn_files(path: Path) -> list[Path]:
     return sorted(path.parent.glob(path.name + ".torn-*"))
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -670,7 +663,7 @@ class AuditLog:
             self._rotations = max((n for n, _ in rotated_files(self.path)), default=0)
             os.fsync(self._fd)
             self._write_head(self._seq, self._hash)
-            _fsync_dir(self.path.parent)  # the log's and the head's names are durable
+            fsync_dir(self.path.parent)  # the log's and the head's names are durable
             if sink is not None:
                 sink.start(self._seq, self._records_after)
         except BaseException:
@@ -1060,7 +1053,7 @@ class AuditLog:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _fsync_dir(self.path.parent)  # the copy is durable before the original is cut
+        fsync_dir(self.path.parent)  # the copy is durable before the original is cut
         log.warning(
             "audit: set aside %d torn bytes at the end of %s in %s", len(torn), self.path, target
         )
@@ -1072,7 +1065,7 @@ class AuditLog:
         self._rotations += 1
         os.rename(self.path, self.path.with_name(f"{self.path.name}.{self._rotations}"))
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         self._size = 0
 
     def _write_head(self, seq: int, digest: str) -> None:

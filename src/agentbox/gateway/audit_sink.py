@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 import httpx2
 
 from agentbox.errors import Conflict, InvalidConfig
+from agentbox.fsutil import fsync_dir
 
 if TYPE_CHECKING:
     from agentbox.gateway.settings import RemoteAuditSettings
@@ -74,14 +75,6 @@ class SinkStats:
     last_error: str | None = None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomically(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a fsynced temporary file and a rename."""
     tmp = path.with_name(f".{path.name}.tmp")
@@ -94,7 +87,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 class RemoteSink:

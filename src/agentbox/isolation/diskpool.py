@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from agentbox.errors import HostUnsupported, SandboxError
+from agentbox.fsutil import locked
 from agentbox.isolation import disk
 
 FIFREEZE = 0xC0045877
@@ -39,7 +40,7 @@ def ensure(home: Path) -> Path:
     directory.mkdir(mode=0o711, exist_ok=True)
     if _is_mountpoint(directory) or can_clone(directory):
         return directory
-    with _locked(home):
+    with locked(home / "lib" / "disk-pool.lock"):
         if _is_mountpoint(directory):
             return directory
         image = home / "lib" / "disk-pool.img"
@@ -122,15 +123,3 @@ def _is_mountpoint(path: Path) -> bool:
         return path.stat().st_dev != path.parent.stat().st_dev
     except FileNotFoundError:
         return False
-
-
-@contextlib.contextmanager
-def _locked(home: Path) -> Iterator[None]:
-    lock = home / "lib" / "disk-pool.lock"
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)

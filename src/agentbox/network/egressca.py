@@ -17,15 +17,12 @@ cached in memory by the daemon, and name exactly one host (SAN = that name).
 from __future__ import annotations
 
 import base64
-import contextlib
 import datetime
-import fcntl
 import hashlib
 import os
 import ssl
 import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 from cryptography import x509
@@ -34,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from agentbox.errors import InvalidRequest
+from agentbox.fsutil import atomic_file, locked
 from agentbox.network.names import normalize_host
 
 DIRECTORY = "egress-ca"
@@ -54,30 +52,10 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def _write_new(path: Path, data: bytes, mode: int) -> None:
     """Write ``path`` whole, atomically (temp file + rename), with ``mode``."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.rename(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with atomic_file(path, mode) as f:
+        f.write(data)
 
 
 def _secure_dir(directory: Path) -> None:
@@ -106,7 +84,7 @@ class EgressCA:
     def load_or_create(cls, directory: Path) -> EgressCA:
         """The CA in ``directory``, created (key 0600, directory 0700) on first use."""
         _secure_dir(directory)
-        with _locked(directory / ".lock"):
+        with locked(directory / ".lock"):
             key_path, cert_path = directory / KEY_FILE, directory / CERT_FILE
             if key_path.exists() and cert_path.exists():
                 os.chmod(key_path, 0o600)

@@ -22,11 +22,11 @@ import errno
 import fcntl
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentbox.errors import AgentboxError
+from agentbox.fsutil import locked
 from agentbox.isolation import disk, diskpool
 from agentbox.isolation.cgroups import GROUP_PARENT
 from agentbox.network import plane
@@ -51,19 +51,10 @@ def creating_lock(home: Path, sandbox_id: str) -> Path:
     return home / "lib" / "creating" / f"{sandbox_id}.lock"
 
 
-@contextlib.contextmanager
-def creating(home: Path, sandbox_id: str) -> Iterator[None]:
+def creating(home: Path, sandbox_id: str) -> contextlib.AbstractContextManager[None]:
     """Held by the process creating a sandbox, for as long as it does: recovery leaves a
     ``creating`` record alone while its lock is taken."""
-    path = creating_lock(home, sandbox_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        path.unlink(missing_ok=True)
-        os.close(fd)
+    return locked(creating_lock(home, sandbox_id), remove=True)
 
 
 def _creator_alive(home: Path, sandbox_id: str) -> bool:

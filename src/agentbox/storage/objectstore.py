@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from agentbox.errors import (
     SandboxError,
     SnapshotNotFound,
 )
+from agentbox.fsutil import atomic_file, fsync_dir
 
 _SEGMENT = re.compile(r"[A-Za-z0-9._-]{1,200}")  # 200: room for the temp-file affixes
 _MAX_KEY = 1024  # S3's own limit
@@ -130,33 +130,6 @@ def _copy(src: IO[bytes], out: IO[bytes]) -> None:
         shutil.copyfileobj(src, out, _CHUNK)
 
 
-@contextlib.contextmanager
-def _atomic_file(target: Path) -> Iterator[IO[bytes]]:
-    """A temp file beside ``target`` that replaces it on success, fsynced first so that a
-    crash leaves the old content or the new, never a part; removed on failure."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=_TEMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            yield out
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(target.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable: the entry lives in the directory, not the file."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _make_dirs(path: Path) -> None:
     """os.makedirs with 0o700 for every directory it creates (makedirs gives the mode to the
     last one only): snapshots may hold a sandbox's private files."""
@@ -194,9 +167,9 @@ class FolderStore(ObjectStore):
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
                 os.replace(path, target)  # atomic; then the directory entry made durable
-                _fsync_dir(target.parent)
+                fsync_dir(target.parent)
                 return
-            with open(path, "rb") as src, _atomic_file(target) as out:
+            with open(path, "rb") as src, atomic_file(target, suffix=_TEMP_SUFFIX) as out:
                 _copy(src, out)
         except OSError as e:
             raise self._failure("store", key, e) from e
@@ -209,7 +182,7 @@ class FolderStore(ObjectStore):
         except OSError as e:
             raise self._failure("read", key, e) from e
         try:
-            with src, _atomic_file(Path(dest)) as out:
+            with src, atomic_file(Path(dest), suffix=_TEMP_SUFFIX) as out:
                 shutil.copyfileobj(src, out, _CHUNK)
         except OSError as e:
             raise self._failure("read", key, e) from e
@@ -299,7 +272,7 @@ class S3Store(ObjectStore):
 
     def get_file(self, key: str, dest: Path) -> None:
         name = self._name(key)
-        with self._translated(key), _atomic_file(Path(dest)) as out:
+        with self._translated(key), atomic_file(Path(dest), suffix=_TEMP_SUFFIX) as out:
             self._client.download_fileobj(self.bucket, name, out)
 
     def exists(self, key: str) -> bool:

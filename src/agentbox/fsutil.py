@@ -1,0 +1,55 @@
+"""Small filesystem primitives several modules need exactly alike: durable renames, atomic
+whole-file writes, and an exclusive lock held on a file."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable: the entry lives in the directory, not the file."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_file(target: Path, mode: int = 0o600, suffix: str = "") -> Iterator[IO[bytes]]:
+    """A temp file beside ``target`` that replaces it on success, fsynced first so that a
+    crash leaves the old content or the new, never a part; removed on failure."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=suffix)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as out:
+            yield out
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(target.parent)
+
+
+@contextlib.contextmanager
+def locked(path: Path, remove: bool = False) -> Iterator[None]:
+    """An exclusive flock on ``path`` (created 0600, never through a symlink) for the block;
+    ``remove``: delete the file before letting go (a lock that marks work in progress)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if remove:
+            path.unlink(missing_ok=True)
+        os.close(fd)
