@@ -94,7 +94,7 @@ USER_UID = 1000
 USER_NAME = "user"
 
 _STORE_FORMAT = 1
-_DEFAULT_FORMAT = 1  # bump when the synthesis changes shape
+_DEFAULT_FORMAT = 2  # bump when the synthesis changes shape
 _RECIPE_FORMAT = 1  # bump when the build or finishing steps change what a recipe makes
 _VARIANT = "apt"
 _CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -633,7 +633,7 @@ def _stat_key(path: Path) -> tuple[int, int, int] | None:
 
 def _default_entries() -> list[_Entry]:
     """The default rootfs as data; its hash is the default template's digest."""
-    dirs = ["usr", "proc", "dev", "tmp", "run", "home", "var", "var/tmp", "etc"]
+    dirs = ["usr", "proc", "dev", "tmp", "run", "home", "var", "var/tmp", "etc", ".agentbox"]
     out = [_Entry(d, "dir") for d in dirs]
     # Mount points and the read-only base of $HOME: the sandbox's own disk makes them writable.
     out += [
@@ -652,6 +652,9 @@ def _default_entries() -> list[_Entry]:
         "etc/os-release": _OS_RELEASE,
         "etc/profile": _PROFILE,
     }
+    # Where the sandbox's init is bind-mounted (runtime.host.INIT_PATH): in the template,
+    # a create need not write it into each sandbox's upper layer.
+    out.append(_Entry(".agentbox/init", "file", 0o644, data=b""))
     out += [_Entry(p, "file", 0o644, data=text.encode()) for p, text in files.items()]
     if _CA_BUNDLE.is_file():  # public data; without it nothing can verify https
         out += [_Entry("etc/ssl", "dir"), _Entry("etc/ssl/certs", "dir")]
