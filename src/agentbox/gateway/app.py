@@ -280,6 +280,9 @@ def create_app(
         max_request_body_size=settings.gateway.max_body_bytes,
     )
 
+    gateway.metrics.observe_state(
+        runtime.store.count_by_state, lambda: len(approvals.list("pending"))
+    )
     egress_ingest = EgressIngest(egress_audit_path(home), audit, gateway.metrics)
     lifecycle_ingest = LifecycleIngest(
         runtime.store, audit, gateway.metrics, settings.lifecycle.webhooks

@@ -12,6 +12,7 @@ import asyncio
 import functools
 import json
 import tempfile
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Literal
 
@@ -204,7 +205,10 @@ def build_router(
         p.require_operator("creating a sandbox")
         requested = {k: v for k, v in body.model_dump().items() if v is not None}
         spec = gateway.sandbox_spec(requested)
+        started, started_wall = time.monotonic(), time.time()
         record = await asyncio.to_thread(gateway.runtime.create, spec, actor=p.actor)
+        claimed = record.created_at < started_wall  # a warm one, made before this request
+        gateway.metrics.sandbox_created("pool" if claimed else "cold", time.monotonic() - started)
         await gateway.audit_event(p, "sandbox_created", sandbox=record.id, template=record.template)
         gateway.lifecycle_changed()
         return record.to_dict()
@@ -264,7 +268,9 @@ def build_router(
         """A new sandbox with a copy-on-write copy of this one's files at this instant
         (its own id, identity and tokens; no processes)."""
         p.require_operator("forking a sandbox")
+        started = time.monotonic()
         record = await asyncio.to_thread(gateway.runtime.fork, sandbox_id, actor=p.actor)
+        gateway.metrics.sandbox_created("fork", time.monotonic() - started)
         await gateway.audit_event(
             p, "sandbox_created", sandbox=record.id, template=record.template,
             forked_from=sandbox_id,
@@ -328,7 +334,9 @@ def build_router(
     async def restore_snapshot(snapshot_id: str, p: Principal = auth) -> dict[str, Any]:
         """A new sandbox with the snapshot's files (same template, by digest)."""
         p.require_operator("restoring a snapshot")
+        started = time.monotonic()
         record = await asyncio.to_thread(snapshots().restore, snapshot_id, actor=p.actor)
+        gateway.metrics.sandbox_created("restore", time.monotonic() - started)
         await gateway.audit_event(p, "sandbox_created", sandbox=record.id,
                                   template=record.template, snapshot=snapshot_id)  # fmt: skip
         gateway.lifecycle_changed()

@@ -306,6 +306,10 @@ class Store:
         rows = self._conn().execute(query + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
         return [{**dict(r), "details": json.loads(r["details"])} for r in rows]
 
+    def count_by_state(self) -> dict[str, int]:
+        rows = self._conn().execute("SELECT state, COUNT(*) FROM sandboxes GROUP BY state")
+        return {str(state): int(n) for state, n in rows}
+
     def last_event_id(self) -> int:
         row = self._conn().execute("SELECT MAX(id) FROM events").fetchone()
         return int(row[0] or 0)
