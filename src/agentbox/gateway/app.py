@@ -31,6 +31,7 @@ from agentbox.errors import AgentboxError, InvalidRequest, Unauthenticated
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.auth import Principal, TokenStore
+from agentbox.gateway.console import mount_console
 from agentbox.gateway.egress_ingest import EgressIngest
 from agentbox.gateway.lifecycle_events import LifecycleIngest
 from agentbox.gateway.mcp_server import build_mcp_server
@@ -382,6 +383,7 @@ def create_app(
 
     call_tool = tool_endpoint(gateway, principal_of)
     app.include_router(build_router(gateway, authenticate, call_tool))
+    mount_console(app)  # GET / and /console/*: static, no data, no token
     # An ASGI endpoint (not a Mount, which would redirect POST /mcp to /mcp/).
     mcp_endpoint: Any = StreamableHTTPASGIApp(session_manager)
     app.router.add_route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"])

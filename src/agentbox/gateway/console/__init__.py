@@ -1,0 +1,63 @@
+"""The web console: one static page served at ``/``, its script and style under ``/console/``.
+
+The page carries no data, so these routes need no token. The operator pastes the operator
+token into the page, which keeps it in a JavaScript variable only (never storage, cookies
+or URLs) and reads everything from the authenticated ``/v1`` API with it.
+
+Every response here carries a strict Content-Security-Policy: scripts, styles and fetches
+from this origin only, no inline code, no framing. The script inserts server data with
+``textContent`` only, since audit records and command summaries are attacker-influenced.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import Response
+
+from agentbox.errors import NotFound
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self'; object-src 'none'; form-action 'none'; frame-ancestors 'none'; "
+    "base-uri 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    # Revalidate on every load, so a gateway upgrade never pairs a new page with old code.
+    "Cache-Control": "no-cache",
+}
+ASSETS = {
+    "console.js": "text/javascript; charset=utf-8",
+    "console.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
+PAGE = "index.html"
+
+
+def console_router() -> APIRouter:
+    """``GET /`` (the page) and ``GET /console/{asset}``; the files are read once, here."""
+    files = resources.files(__name__)
+    page = files.joinpath(PAGE).read_bytes()
+    assets = {name: files.joinpath(name).read_bytes() for name in ASSETS}
+    router = APIRouter(include_in_schema=False)
+
+    @router.get("/")
+    async def console_page() -> Response:
+        return Response(page, media_type="text/html; charset=utf-8", headers=SECURITY_HEADERS)
+
+    @router.get("/console/{name}")
+    async def console_asset(name: str) -> Response:
+        if name not in assets:
+            raise NotFound(f"no console file {name!r}")
+        return Response(assets[name], media_type=ASSETS[name], headers=SECURITY_HEADERS)
+
+    return router
+
+
+def mount_console(app: FastAPI) -> None:
+    app.include_router(console_router())
