@@ -1,8 +1,9 @@
 """``create_app(settings, ...)``: the gateway as an ASGI app (no module globals).
 
 Routes: ``/healthz``, ``/readyz``, ``/openapi.json``, ``/docs``, the REST API under
-``/v1`` and MCP (Streamable HTTP) at ``/mcp``. Every route but the health checks needs a
-bearer token. Requests whose Host or Origin is not this gateway are refused (DNS
+``/v1``, MCP (Streamable HTTP) at ``/mcp`` and the web console at ``/`` (static files; its
+data comes from the API). Every route but the health checks and the console's files needs
+a bearer token. Requests whose Host or Origin is not this gateway are refused (DNS
 rebinding), and request bodies are capped.
 """
 
