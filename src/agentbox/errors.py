@@ -25,12 +25,22 @@
     ├── LimitExceeded                  limit_exceeded        quota, size cap, too many sandboxes
     │   ├── RateLimited                rate_limited          too many calls for this token (429)
     │   ├── QuotaExceeded              quota_exceeded        a project's sandbox quota is used (429)
-    │   └── CapacityExceeded           capacity_exceeded     no room on the host (503)
+    │   ├── CapacityExceeded           capacity_exceeded     no room on the host (503)
+    │   └── BudgetExceeded             budget_exceeded       a daily model budget is spent (429)
     ├── CommandTimeout                 command_timeout       (raised only by wait(); run() reports)
     ├── HostUnsupported                host_unsupported      the host lacks a kernel feature/tool
+    ├── ProviderError                  provider_error        a model provider call failed (502)
+    │   ├── ProviderRejected           provider_rejected     the request itself was refused (400)
+    │   ├── ProviderStreamBroken       provider_stream_broken  stream cut after its first token
+    │   └── AllProvidersFailed         all_providers_failed  no provider could answer (503)
     └── SandboxError                   sandbox_error         isolation failed (bug or host fault)
 
 Every message says what happened *and* what to do next.
+
+Provider failures are classified (``agentbox.providers.types.Category``) as
+``rate_limited | server_error | timeout | connection | auth | bad_request | malformed``;
+the category travels in ``details`` (``AllProvidersFailed.details["providers"]`` holds one
+``{provider, status, category, message}`` per provider tried or skipped).
 """
 
 from __future__ import annotations
@@ -178,6 +188,14 @@ class CapacityExceeded(LimitExceeded):
     http_status = 503
 
 
+class BudgetExceeded(LimitExceeded):
+    """A project spent its daily token or USD budget; ``retry_after`` seconds until the
+    next UTC day, when it starts afresh."""
+
+    code = "budget_exceeded"
+    http_status = 429
+
+
 class CommandTimeout(AgentboxError):
     code = "command_timeout"
     http_status = 408
@@ -185,6 +203,37 @@ class CommandTimeout(AgentboxError):
 
 class HostUnsupported(AgentboxError):
     code = "host_unsupported"
+    http_status = 503
+
+
+class ProviderError(AgentboxError):
+    """A model provider call failed; ``details`` name the provider and the category."""
+
+    code = "provider_error"
+    http_status = 502
+
+
+class ProviderRejected(ProviderError):
+    """The provider refused the request as wrong (400/404/422): another provider or a
+    retry would refuse it too, so it is not retried."""
+
+    code = "provider_rejected"
+    http_status = 400
+
+
+class ProviderStreamBroken(ProviderError):
+    """A stream was cut after tokens had reached the caller: failing over would repeat
+    them, so the caller decides (retry the whole request, or keep the partial answer)."""
+
+    code = "provider_stream_broken"
+    http_status = 502
+
+
+class AllProvidersFailed(ProviderError):
+    """Every eligible provider failed or was skipped (circuit open); ``details["providers"]``
+    lists what each one answered."""
+
+    code = "all_providers_failed"
     http_status = 503
 
 

@@ -243,12 +243,39 @@ class AuditSettings(Strict):
     _rotate = field_validator("rotate_bytes", mode="before")(classmethod(lambda c, v: _size(v)))
 
 
+class ModelPrice(Strict):
+    """What a model costs, in USD per million tokens (the unit of providers' price pages)."""
+
+    input_per_mtok: float = Field(ge=0)
+    output_per_mtok: float = Field(ge=0)
+
+
 class ProviderSettings(Strict):
+    """One model service of the pool (see ``agentbox.providers``).
+
+    ``base_url`` defaults to the vendor's API (https://api.openai.com/v1,
+    https://api.anthropic.com); a local model is an ``openai`` provider with a loopback
+    ``base_url``. ``models`` are the models it serves (a request naming another model goes
+    elsewhere; empty: any); the first is used when a request names none.
+    ``timeout_seconds`` bounds each network step (connect, each read of a stream).
+    ``prices`` are per provider, because the same model costs differently (or nothing)
+    depending on who serves it::
+
+        prices:
+          claude-sonnet-4: {input_per_mtok: 3, output_per_mtok: 15}
+
+    A model missing from ``prices`` costs 0 USD (its tokens still count against token
+    budgets, and the usage summary reports them as unpriced). A dated name such as
+    ``claude-sonnet-4-20250514`` takes the price of ``claude-sonnet-4``.
+    """
+
     name: str
     kind: Literal["anthropic", "openai"]
     base_url: str | None = None
     api_key_env: str | None = None
     models: list[str] = Field(default_factory=list)
+    timeout_seconds: float = Field(default=60.0, gt=0)
+    prices: dict[str, ModelPrice] = Field(default_factory=dict)
 
 
 class RetrySettings(Strict):
@@ -307,6 +334,23 @@ class GatewaySettings(Strict):
     providers: list[ProviderSettings] = Field(default_factory=list)
     retry: RetrySettings = RetrySettings()
     budgets: list[BudgetSettings] = Field(default_factory=list)
+
+    @field_validator("providers")
+    @classmethod
+    def _unique_providers(cls, value: list[ProviderSettings]) -> list[ProviderSettings]:
+        # Health, circuit state and usage are kept per provider name.
+        names = [p.name for p in value]
+        if len(names) != len(set(names)):
+            raise ValueError(f"provider names must be unique, got {names}")
+        return value
+
+    @field_validator("budgets")
+    @classmethod
+    def _unique_budgets(cls, value: list[BudgetSettings]) -> list[BudgetSettings]:
+        projects = [b.project for b in value]
+        if len(projects) != len(set(projects)):
+            raise ValueError(f"one budget per project, got {projects}")
+        return value
 
     def tool(self, name: str) -> Any:
         """The settings of tool ``name`` ("terminal.run", ...), or None when not configured."""

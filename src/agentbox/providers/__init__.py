@@ -1,0 +1,40 @@
+"""Model providers behind one interface: adapters, a health-ordered pool, budgets.
+
+types.py      ChatRequest / ChatResponse / StreamEvent, failure categories
+adapter.py    shared HTTP plumbing and failure classification
+openai.py     OpenAI chat completions (and compatible local servers)
+anthropic.py  Anthropic messages
+health.py     fail score, circuit breaker, Retry-After per provider
+pool.py       routing, retries, failover, outbound redaction
+budget.py     per-project daily tokens and USD, budgets and alerts (SQLite)
+"""
+
+from agentbox.providers.budget import Alert, BudgetLedger
+from agentbox.providers.health import BreakerSettings
+from agentbox.providers.pool import ProviderPool, adapter_for
+from agentbox.providers.types import (
+    Category,
+    ChatRequest,
+    ChatResponse,
+    Message,
+    StreamEvent,
+    Tool,
+    ToolCall,
+    Usage,
+)
+
+__all__ = [
+    "Alert",
+    "BreakerSettings",
+    "BudgetLedger",
+    "Category",
+    "ChatRequest",
+    "ChatResponse",
+    "Message",
+    "ProviderPool",
+    "StreamEvent",
+    "Tool",
+    "ToolCall",
+    "Usage",
+    "adapter_for",
+]

@@ -1,0 +1,144 @@
+"""Anthropic messages API.
+
+``POST {base_url}/v1/messages`` with ``x-api-key`` and ``anthropic-version``. Streams are
+SSE events: ``message_start`` (input tokens), ``content_block_delta`` (``text_delta``),
+``message_delta`` (stop reason, cumulative output tokens), ``message_stop``; ``ping`` and
+block start/stop carry nothing we need; ``error`` can arrive mid-stream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+
+from agentbox.providers.adapter import Adapter
+from agentbox.providers.types import (
+    Category,
+    ChatRequest,
+    ChatResponse,
+    ProviderFailure,
+    StreamEvent,
+    ToolCall,
+    Usage,
+)
+
+API_VERSION = "2023-06-01"
+# Anthropic's stop reasons in OpenAI's words, so callers see one vocabulary.
+_FINISH = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "tool_use": "tool_calls",
+}
+_ERROR_CATEGORY = {
+    "rate_limit_error": Category.RATE_LIMITED,
+    "overloaded_error": Category.SERVER_ERROR,
+    "api_error": Category.SERVER_ERROR,
+    "authentication_error": Category.AUTH,
+    "permission_error": Category.AUTH,
+    "invalid_request_error": Category.BAD_REQUEST,
+}
+
+
+def _finish(reason: Any) -> str | None:
+    return _FINISH.get(reason, reason) if reason else None
+
+
+def _error(data: Any) -> ProviderFailure:
+    error = data.get("error") or {}
+    category = _ERROR_CATEGORY.get(str(error.get("type")), Category.SERVER_ERROR)
+    return ProviderFailure(category, f"{error.get('type')}: {error.get('message')}"[:300])
+
+
+class AnthropicAdapter(Adapter):
+    kind = "anthropic"
+    default_base_url = "https://api.anthropic.com"
+
+    def url(self) -> str:
+        return f"{self.base_url}/v1/messages"
+
+    def headers(self) -> dict[str, str]:
+        headers = {"anthropic-version": API_VERSION}
+        if self._api_key:
+            headers["x-api-key"] = self._api_key
+        return headers
+
+    def payload(self, request: ChatRequest, stream: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model_of(request),
+            "max_tokens": request.max_tokens,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+        }
+        if request.system:
+            body["system"] = request.system
+        if request.temperature is not None:
+            # Anthropic refuses more than 1 (OpenAI's scale goes to 2): clamp, not fail.
+            body["temperature"] = min(request.temperature, 1.0)
+        if request.tools:
+            body["tools"] = [
+                {"name": t.name, "description": t.description, "input_schema": t.parameters}
+                for t in request.tools
+            ]
+        if stream:
+            body["stream"] = True
+        return body
+
+    def parse(self, data: Any, request: ChatRequest) -> ChatResponse:
+        if data.get("type") == "error":
+            raise _error(data)
+        blocks = data["content"]
+        usage = data.get("usage") or {}
+        return ChatResponse(
+            text="".join(b["text"] for b in blocks if b.get("type") == "text"),
+            model=data.get("model") or self.model_of(request),
+            provider=self.name,
+            usage=Usage(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)),
+            finish_reason=_finish(data.get("stop_reason")),
+            tool_calls=[
+                ToolCall(b["id"], b["name"], json.dumps(b.get("input") or {}))
+                for b in blocks
+                if b.get("type") == "tool_use"
+            ],
+            raw=data,
+        )
+
+    async def events(
+        self, source: AsyncIterator[httpx2.ServerSentEvent], request: ChatRequest
+    ) -> AsyncIterator[StreamEvent]:
+        model = self.model_of(request)
+        input_tokens = output_tokens = 0
+        finish: str | None = None
+        async for event in source:
+            data = json.loads(event.data) if event.data else {}
+            kind = data.get("type") or event.event
+            if kind == "message_start":
+                message = data["message"]
+                model = message.get("model") or model
+                usage = message.get("usage") or {}
+                input_tokens = int(usage.get("input_tokens") or 0)
+                output_tokens = int(usage.get("output_tokens") or 0)
+            elif kind == "content_block_delta":
+                delta = data["delta"]
+                if delta.get("type") == "text_delta" and delta.get("text"):
+                    yield StreamEvent("text", text=delta["text"])
+            elif kind == "message_delta":
+                finish = _finish((data.get("delta") or {}).get("stop_reason")) or finish
+                usage = data.get("usage") or {}
+                # Cumulative counts: the last one wins.
+                output_tokens = int(usage.get("output_tokens") or output_tokens)
+                input_tokens = int(usage.get("input_tokens") or input_tokens)
+            elif kind == "message_stop":
+                yield StreamEvent(
+                    "done",
+                    usage=Usage(input_tokens, output_tokens),
+                    finish_reason=finish,
+                    model=model,
+                    provider=self.name,
+                )
+                return
+            elif kind == "error":
+                raise _error(data)
+        raise ProviderFailure(Category.CONNECTION, "the stream ended before message_stop")

@@ -1,0 +1,125 @@
+"""OpenAI chat completions (and every server that speaks them: vLLM, Ollama, llama.cpp …).
+
+``POST {base_url}/chat/completions`` with ``Authorization: Bearer``. Streams are SSE
+``data: {chunk}`` lines ending with ``data: [DONE]``; with
+``stream_options.include_usage`` the last chunk before it carries the usage.
+``max_tokens`` (not ``max_completion_tokens``) because local servers only know that one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx2
+
+from agentbox.providers.adapter import Adapter
+from agentbox.providers.types import (
+    Category,
+    ChatRequest,
+    ChatResponse,
+    ProviderFailure,
+    StreamEvent,
+    ToolCall,
+    Usage,
+)
+
+
+def _usage(data: Any) -> Usage:
+    return Usage(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0))
+
+
+def _error_in_body(data: Any) -> ProviderFailure | None:
+    # Some compatible servers answer 200 (or end a stream) with an error object.
+    if isinstance(data, dict) and data.get("error"):
+        error = data["error"]
+        message = error.get("message") if isinstance(error, dict) else error
+        return ProviderFailure(Category.SERVER_ERROR, f"error in the answer: {message}"[:300])
+    return None
+
+
+class OpenAIAdapter(Adapter):
+    kind = "openai"
+    default_base_url = "https://api.openai.com/v1"
+
+    def url(self) -> str:
+        return f"{self.base_url}/chat/completions"
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+
+    def payload(self, request: ChatRequest, stream: bool) -> dict[str, Any]:
+        messages = [{"role": "system", "content": request.system}] if request.system else []
+        messages += [{"role": m.role, "content": m.content} for m in request.messages]
+        body: dict[str, Any] = {
+            "model": self.model_of(request),
+            "messages": messages,
+            "max_tokens": request.max_tokens,
+        }
+        if request.temperature is not None:
+            body["temperature"] = request.temperature
+        if request.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.parameters,
+                    },
+                }
+                for t in request.tools
+            ]
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return body
+
+    def parse(self, data: Any, request: ChatRequest) -> ChatResponse:
+        if failure := _error_in_body(data):
+            raise failure
+        choice = data["choices"][0]
+        message = choice["message"]
+        calls = [
+            ToolCall(c["id"], c["function"]["name"], c["function"].get("arguments") or "{}")
+            for c in message.get("tool_calls") or []
+        ]
+        return ChatResponse(
+            text=message.get("content") or "",
+            model=data.get("model") or self.model_of(request),
+            provider=self.name,
+            usage=_usage(data.get("usage") or {}),
+            finish_reason=choice.get("finish_reason"),
+            tool_calls=calls,
+            raw=data,
+        )
+
+    async def events(
+        self, source: AsyncIterator[httpx2.ServerSentEvent], request: ChatRequest
+    ) -> AsyncIterator[StreamEvent]:
+        model = self.model_of(request)
+        usage: Usage | None = None
+        finish: str | None = None
+        async for event in source:
+            if event.data.strip() == "[DONE]":
+                yield StreamEvent(
+                    "done",
+                    usage=usage or Usage(),
+                    finish_reason=finish,
+                    model=model,
+                    provider=self.name,
+                )
+                return
+            chunk = json.loads(event.data)
+            if failure := _error_in_body(chunk):
+                raise failure
+            model = chunk.get("model") or model
+            for choice in chunk.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content")
+                if text:
+                    yield StreamEvent("text", text=text)
+                finish = choice.get("finish_reason") or finish
+            if chunk.get("usage"):
+                usage = _usage(chunk["usage"])
+        raise ProviderFailure(Category.CONNECTION, "the stream ended before data: [DONE]")

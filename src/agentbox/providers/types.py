@@ -1,0 +1,147 @@
+"""The neutral model request and answer every adapter translates to and from.
+
+Requests are pydantic models (they arrive from agents and are validated); answers are
+frozen dataclasses (built by adapters from already-parsed JSON).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Message(_Strict):
+    """One turn of the conversation; system prompts go in ``ChatRequest.system``, because
+    Anthropic accepts them nowhere else."""
+
+    role: Literal["user", "assistant"]
+    content: str
+
+
+class Tool(_Strict):
+    """A function the model may call; ``parameters`` is its arguments' JSON Schema."""
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+
+
+class ChatRequest(_Strict):
+    """A chat completion, independent of the vendor.
+
+    ``model`` None means each provider's default (the first of its configured ``models``).
+    ``stream`` records what the caller asked for; ``ProviderPool.complete`` and
+    ``ProviderPool.stream`` decide the wire mode. ``tools`` are offered on non-streaming
+    requests only (tool calls come back in ``ChatResponse.tool_calls``).
+    """
+
+    model: str | None = None
+    messages: list[Message] = Field(min_length=1)
+    system: str | None = None
+    max_tokens: int = Field(default=1024, gt=0)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    stream: bool = False
+    tools: list[Tool] | None = None
+
+    def redacted(self, redact: Callable[[str], str]) -> ChatRequest:
+        """A copy whose every text passed ``redact`` (what leaves the host)."""
+        messages = [m.model_copy(update={"content": redact(m.content)}) for m in self.messages]
+        system = None if self.system is None else redact(self.system)
+        return self.model_copy(update={"messages": messages, "system": system})
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens as the provider counted them (a server that reports none gives zeros)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it (it may be invalid JSON)
+
+
+@dataclass(frozen=True)
+class ChatResponse:
+    """``finish_reason`` is normalised to OpenAI's words: stop, length, tool_calls, …;
+    ``raw`` is the provider's JSON, for debugging and fields not modelled here."""
+
+    text: str
+    model: str
+    provider: str
+    usage: Usage
+    finish_reason: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """``text``: the next piece of the answer (never empty). ``done``: the last event, with
+    the usage, the finish reason and who answered."""
+
+    kind: Literal["text", "done"]
+    text: str = ""
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    model: str | None = None
+    provider: str | None = None
+
+
+class Category(StrEnum):
+    """What a failed provider call means for what the pool does next."""
+
+    RATE_LIMITED = "rate_limited"  # retry after Retry-After, then fail over
+    SERVER_ERROR = "server_error"  # retry with backoff, then fail over
+    TIMEOUT = "timeout"
+    CONNECTION = "connection"  # refused, reset, or a stream cut short
+    MALFORMED = "malformed"  # an answer that does not follow the protocol
+    AUTH = "auth"  # bad or missing key, account unusable: demote at once
+    BAD_REQUEST = "bad_request"  # the request is wrong: raise, never retry
+
+    @property
+    def retryable(self) -> bool:
+        return self not in (Category.AUTH, Category.BAD_REQUEST)
+
+
+class ProviderFailure(Exception):
+    """Raised by adapters, handled by the pool (never seen by callers)."""
+
+    def __init__(
+        self,
+        category: Category,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.category = category
+        self.message = message
+        self.status = status
+        self.retry_after = retry_after  # seconds, from the provider's Retry-After
+
+    def answer(self, provider: str) -> dict[str, Any]:
+        """How ``AllProvidersFailed`` reports it."""
+        return {
+            "provider": provider,
+            "status": self.status,
+            "category": self.category.value,
+            "message": self.message,
+        }

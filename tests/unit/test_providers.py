@@ -1,0 +1,788 @@
+"""The model provider pool: wire formats, retries, failover, circuits, streaming, outbound
+redaction, budgets. Every upstream is a fake on 127.0.0.1 (tests/fakeproviders.py); time
+is a fake clock whose sleep records each delay, so no test waits on backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import subprocess
+import sys
+import textwrap
+from collections.abc import Awaitable, Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from agentbox.errors import (
+    AllProvidersFailed,
+    BudgetExceeded,
+    InvalidConfig,
+    InvalidRequest,
+    ProviderRejected,
+    ProviderStreamBroken,
+)
+from agentbox.gateway.redaction import Redactor
+from agentbox.gateway.settings import (
+    BudgetSettings,
+    ModelPrice,
+    ProviderSettings,
+    RetrySettings,
+    load_settings,
+    parse_settings,
+)
+from agentbox.providers import (
+    BreakerSettings,
+    BudgetLedger,
+    ChatRequest,
+    Message,
+    ProviderPool,
+    StreamEvent,
+    Tool,
+    Usage,
+    adapter_for,
+)
+from agentbox.providers.adapter import retry_after_seconds
+from fakeproviders import FakeProvider, Reply, closed_port_url
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway.example.yaml"
+T = TypeVar("T")
+
+
+class FakeTime:
+    """The pool's clock and sleep: sleeping records the delay and moves the clock on."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.delays: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.delays.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def openai() -> Iterator[FakeProvider]:
+    with FakeProvider("openai") as fake:
+        yield fake
+
+
+@pytest.fixture
+def anthropic() -> Iterator[FakeProvider]:
+    with FakeProvider("anthropic") as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake_time() -> FakeTime:
+    return FakeTime()
+
+
+def make_pool(
+    *providers: ProviderSettings,
+    time: FakeTime,
+    retry: RetrySettings | None = None,
+    breaker: BreakerSettings | None = None,
+    redact: Callable[[str], str] = lambda s: s,
+    env: dict[str, str] | None = None,
+    seed: int = 7,
+) -> ProviderPool:
+    return ProviderPool(
+        list(providers),
+        retry or RetrySettings(max_attempts=3, base_seconds=1, max_seconds=30),
+        redact=redact,
+        env=env or {},
+        breaker=breaker,
+        clock=time.clock,
+        sleep=time.sleep,
+        rng=random.Random(seed),
+    )
+
+
+def run(pool: ProviderPool, scenario: Callable[[ProviderPool], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async with pool:
+            return await scenario(pool)
+
+    return asyncio.run(main())
+
+
+def ask(text: str = "hi", **fields: Any) -> ChatRequest:
+    return ChatRequest(messages=[Message(role="user", content=text)], **fields)
+
+
+async def collect(pool: ProviderPool, request: ChatRequest) -> list[StreamEvent]:
+    return [event async for event in pool.stream(request)]
+
+
+def text_of(events: list[StreamEvent]) -> str:
+    return "".join(e.text for e in events if e.kind == "text")
+
+
+# Wire formats ---------------------------------------------------------------------------
+def test_openai_wire_format_both_ways(openai: FakeProvider, fake_time: FakeTime) -> None:
+    openai.script(Reply(tool_call=("lookup", {"q": "x"}), input_tokens=21, output_tokens=4))
+    settings = openai.settings("oai", api_key_env="OAI_KEY")
+    pool = make_pool(settings, time=fake_time, env={"OAI_KEY": "sk-test-openai"})
+    tool = Tool(name="lookup", description="find", parameters={"type": "object"})
+    request = ask("find x", system="be brief", max_tokens=50, temperature=0.2, tools=[tool])
+
+    response = run(pool, lambda p: p.complete(request))
+
+    sent = openai.requests[0]
+    assert sent.path == "/v1/chat/completions"
+    assert sent.headers["authorization"] == "Bearer sk-test-openai"
+    assert sent.json() == {
+        "model": "fake-model",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "find x"},
+        ],
+        "max_tokens": 50,
+        "temperature": 0.2,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "lookup",
+                    "description": "find",
+                    "parameters": {"type": "object"},
+                },
+            }
+        ],
+    }
+    assert response.provider == "oai" and response.model == "fake-model"
+    assert response.usage == Usage(21, 4)
+    assert response.finish_reason == "tool_calls"
+    assert [(c.name, json.loads(c.arguments)) for c in response.tool_calls] == [
+        ("lookup", {"q": "x"})
+    ]
+    assert response.raw["id"] == "chatcmpl-fake"
+
+
+def test_anthropic_wire_format_both_ways(anthropic: FakeProvider, fake_time: FakeTime) -> None:
+    anthropic.script(Reply(text="Sure.", tool_call=("lookup", {"q": "y"})))
+    settings = anthropic.settings("claude", api_key_env="ANT_KEY")
+    pool = make_pool(settings, time=fake_time, env={"ANT_KEY": "sk-ant-test"})
+    tool = Tool(name="lookup", parameters={"type": "object", "properties": {}})
+    request = ask("find y", system="be brief", max_tokens=64, temperature=1.5, tools=[tool])
+
+    response = run(pool, lambda p: p.complete(request))
+
+    sent = anthropic.requests[0]
+    assert sent.path == "/v1/messages"
+    assert sent.headers["x-api-key"] == "sk-ant-test"
+    assert sent.headers["anthropic-version"] == "2023-06-01"
+    assert "authorization" not in sent.headers
+    assert sent.json() == {
+        "model": "fake-model",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "find y"}],
+        "system": "be brief",
+        "temperature": 1.0,  # Anthropic's maximum
+        "tools": [
+            {
+                "name": "lookup",
+                "description": "",
+                "input_schema": {"type": "object", "properties": {}},
+            }
+        ],
+    }
+    assert response.text == "Sure." and response.provider == "claude"
+    assert response.usage == Usage(11, 7)
+    assert response.finish_reason == "tool_calls"  # tool_use, in the one vocabulary
+    assert [(c.id, c.name, json.loads(c.arguments)) for c in response.tool_calls] == [
+        ("toolu_1", "lookup", {"q": "y"})
+    ]
+
+
+def test_default_base_urls_and_bad_ones() -> None:
+    async def urls() -> list[str]:
+        adapters = [
+            adapter_for(ProviderSettings(name="a", kind="openai"), {}),
+            adapter_for(ProviderSettings(name="b", kind="anthropic"), {}),
+        ]
+        for adapter in adapters:
+            await adapter.aclose()
+        return [a.url() for a in adapters]
+
+    assert asyncio.run(urls()) == [
+        "https://api.openai.com/v1/chat/completions",
+        "https://api.anthropic.com/v1/messages",
+    ]
+    with pytest.raises(InvalidConfig, match="not an http"):
+        adapter_for(ProviderSettings(name="c", kind="openai", base_url="ftp://x"), {})
+    with pytest.raises(InvalidConfig, match="no model providers"):
+        ProviderPool([], redact=str)
+
+
+def test_routing_by_model(
+    openai: FakeProvider, anthropic: FakeProvider, fake_time: FakeTime
+) -> None:
+    pool = make_pool(
+        openai.settings("oai", models=["gpt-x"]),
+        anthropic.settings("claude", models=["claude-x", "claude-y"]),
+        time=fake_time,
+    )
+
+    async def scenario(pool: ProviderPool) -> None:
+        assert (await pool.complete(ask(model="claude-y"))).provider == "claude"
+        assert (await pool.complete(ask())).provider == "oai"  # the first default
+        with pytest.raises(InvalidRequest, match="no configured provider serves model 'nope'"):
+            await pool.complete(ask(model="nope"))
+
+    run(pool, scenario)
+    assert [r.json()["model"] for r in anthropic.requests] == ["claude-y"]
+    assert [r.json()["model"] for r in openai.requests] == ["gpt-x"]
+
+
+# Retries and failover -------------------------------------------------------------------
+def test_failover_order_follows_health_then_configuration(
+    openai: FakeProvider, anthropic: FakeProvider, fake_time: FakeTime
+) -> None:
+    with FakeProvider("openai") as third:
+        openai.script(*[Reply(status=500)] * 3)
+        pool = make_pool(
+            openai.settings("first"),
+            anthropic.settings("second"),
+            third.settings("third"),
+            time=fake_time,
+        )
+
+        async def scenario(pool: ProviderPool) -> list[str]:
+            answered = [(await pool.complete(ask())).provider]  # first fails 3 times
+            answered.append((await pool.complete(ask())).provider)  # first is now sickest
+            fake_time.now += 200  # its fail score decays below the healthy mark
+            answered.append((await pool.complete(ask())).provider)
+            return answered
+
+        assert run(pool, scenario) == ["second", "second", "first"]
+        assert len(openai.requests) == 4 and len(anthropic.requests) == 2
+        assert third.requests == []
+        assert len(fake_time.delays) == 2  # between the three attempts on "first"
+
+
+def test_retry_delays_use_full_jitter_within_the_cap(openai: FakeProvider) -> None:
+    retry = RetrySettings(max_attempts=5, base_seconds=1, max_seconds=4, jitter="full")
+    caps = [1, 2, 4, 4]  # min(max_seconds, base * 2**n)
+    seen: list[float] = []
+    for seed in range(5):
+        time = FakeTime()
+        openai.script(*[Reply(status=503)] * 4)
+        pool = make_pool(openai.settings("p"), time=time, retry=retry, seed=seed)
+        assert run(pool, lambda p: p.complete(ask())).text
+        assert len(time.delays) == 4
+        for delay, cap in zip(time.delays, caps, strict=True):
+            assert 0 <= delay <= cap
+        seen += time.delays
+    assert len(set(seen)) == len(seen)  # jittered, not the fixed schedule
+
+    time = FakeTime()
+    openai.script(*[Reply(status=503)] * 4)
+    pool = make_pool(
+        openai.settings("p"), time=time, retry=retry.model_copy(update={"jitter": "none"})
+    )
+    run(pool, lambda p: p.complete(ask()))
+    assert time.delays == caps
+
+
+def test_retry_after_is_never_undercut(openai: FakeProvider, fake_time: FakeTime) -> None:
+    openai.script(Reply(status=429, retry_after="3"), Reply(status=503, retry_after="2"))
+    retry = RetrySettings(max_attempts=3, base_seconds=0.1, max_seconds=30)
+    pool = make_pool(openai.settings("p"), time=fake_time, retry=retry)
+
+    assert run(pool, lambda p: p.complete(ask())).provider == "p"
+    first, second = fake_time.delays
+    assert 3 <= first <= 30 and 2 <= second <= 30
+    assert len(openai.requests) == 3
+
+
+def test_a_long_retry_after_fails_over_and_keeps_the_provider_aside(
+    openai: FakeProvider, fake_time: FakeTime
+) -> None:
+    openai.script(Reply(status=429, retry_after="120", error="slow down"))
+    pool = make_pool(openai.settings("p"), time=fake_time)  # max_seconds 30 < 120
+
+    async def scenario(pool: ProviderPool) -> None:
+        with pytest.raises(AllProvidersFailed) as first:
+            await pool.complete(ask())
+        assert first.value.details["retry_after"] == 120
+        assert first.value.details["providers"][0]["category"] == "rate_limited"
+        fake_time.now += 60
+        with pytest.raises(AllProvidersFailed, match="asked to wait 60 more s"):
+            await pool.complete(ask())
+        fake_time.now += 60
+        assert (await pool.complete(ask())).provider == "p"
+
+    run(pool, scenario)
+    assert fake_time.delays == []  # nobody slept: the next provider (none here) was asked
+    assert len(openai.requests) == 2  # none while it had asked to be left alone
+
+
+def test_retry_after_header_forms() -> None:
+    assert retry_after_seconds("7") == 7.0
+    assert retry_after_seconds("1.5") == 1.5
+    later = datetime.fromtimestamp(datetime.now(UTC).timestamp() + 100, UTC)
+    from_date = retry_after_seconds(later.strftime("%a, %d %b %Y %H:%M:%S GMT"))
+    assert from_date is not None and 95 <= from_date <= 100
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+    for junk in (None, "", "soon", "inf", "nan"):
+        assert retry_after_seconds(junk) is None
+
+
+def test_auth_failure_demotes_at_once(
+    openai: FakeProvider, anthropic: FakeProvider, fake_time: FakeTime
+) -> None:
+    openai.script(Reply(status=401, error="invalid api key"))
+    pool = make_pool(openai.settings("first"), anthropic.settings("second"), time=fake_time)
+
+    async def scenario(pool: ProviderPool) -> None:
+        assert (await pool.complete(ask())).provider == "second"
+        assert (await pool.complete(ask())).provider == "second"
+        first = pool.health()[0]
+        assert first["state"] == "open" and first["last_error"] == "auth"
+        assert first["last_status"] == 401 and first["fail_score"] >= 100
+        fake_time.now += 3600  # the auth cooldown: one probe (the key may have been rotated)
+        assert (await pool.complete(ask())).provider == "first"
+        assert pool.health()[0]["state"] == "closed"
+
+    run(pool, scenario)
+    assert len(openai.requests) == 2  # the 401 (not retried), then the probe an hour later
+    assert fake_time.delays == []
+
+
+def test_missing_key_fails_as_auth_without_a_request(
+    openai: FakeProvider, fake_time: FakeTime
+) -> None:
+    pool = make_pool(openai.settings("p", api_key_env="UNSET_PROVIDER_KEY"), time=fake_time)
+    with pytest.raises(AllProvidersFailed, match="UNSET_PROVIDER_KEY is not set") as err:
+        run(pool, lambda p: p.complete(ask()))
+    assert err.value.details["providers"][0]["category"] == "auth"
+    assert openai.requests == []
+
+
+def test_bad_request_is_raised_at_once_not_retried(
+    openai: FakeProvider, anthropic: FakeProvider, fake_time: FakeTime
+) -> None:
+    openai.script(Reply(status=400, error="max_tokens is too large"))
+    pool = make_pool(openai.settings("first"), anthropic.settings("second"), time=fake_time)
+    with pytest.raises(ProviderRejected, match="max_tokens is too large") as err:
+        run(pool, lambda p: p.complete(ask()))
+    assert err.value.http_status == 400 and err.value.details["status"] == 400
+    assert len(openai.requests) == 1 and anthropic.requests == []
+    assert fake_time.delays == []
+
+
+def test_all_providers_failed_lists_each_answer(
+    openai: FakeProvider, anthropic: FakeProvider, fake_time: FakeTime
+) -> None:
+    with FakeProvider("openai") as garbled:
+        openai.script(*[Reply(status=500, error="upstream exploded")] * 2)
+        anthropic.script(Reply(status=403, error="key revoked"))
+        garbled.script(*[Reply(malformed=True)] * 2)
+        pool = make_pool(
+            openai.settings("flaky"),
+            anthropic.settings("revoked"),
+            ProviderSettings(name="down", kind="openai", base_url=closed_port_url(), models=["m"]),
+            garbled.settings("garbled"),
+            time=fake_time,
+            retry=RetrySettings(max_attempts=2, base_seconds=0.5, max_seconds=1),
+        )
+        with pytest.raises(AllProvidersFailed) as err:
+            run(pool, lambda p: p.complete(ask()))
+
+    answers = {a["provider"]: a for a in err.value.details["providers"]}
+    assert {n: (a["status"], a["category"], a["attempts"]) for n, a in answers.items()} == {
+        "flaky": (500, "server_error", 2),
+        "revoked": (403, "auth", 1),
+        "down": (None, "connection", 2),
+        "garbled": (None, "malformed", 2),
+    }
+    message = err.value.message
+    for expected in (
+        "flaky: HTTP 500: upstream exploded",
+        "revoked: HTTP 403: key revoked",
+        "down: ConnectError",
+        "garbled: the answer does not follow",
+    ):
+        assert expected in message
+    assert err.value.http_status == 503 and err.value.code == "all_providers_failed"
+
+
+def test_a_timeout_is_classified_and_fails_over(
+    openai: FakeProvider, anthropic: FakeProvider, fake_time: FakeTime
+) -> None:
+    anthropic.script(Reply(delay=30))  # released when the fake stops
+    pool = make_pool(
+        anthropic.settings("slow", timeout_seconds=0.3),
+        openai.settings("fast"),
+        time=fake_time,
+        retry=RetrySettings(max_attempts=1),
+    )
+    assert run(pool, lambda p: p.complete(ask())).provider == "fast"
+    assert pool.health()[0]["last_error"] == "timeout"
+
+
+# Circuit breaker -------------------------------------------------------------------------
+def test_circuit_opens_then_half_open_probe_then_closes(
+    openai: FakeProvider, fake_time: FakeTime
+) -> None:
+    openai.script(*[Reply(status=500)] * 3)
+    breaker = BreakerSettings(failures=2, cooldown_seconds=30)
+    pool = make_pool(
+        openai.settings("p"), time=fake_time, breaker=breaker, retry=RetrySettings(max_attempts=1)
+    )
+
+    async def scenario(pool: ProviderPool) -> list[str]:
+        states = []
+        for _ in range(2):
+            with pytest.raises(AllProvidersFailed):
+                await pool.complete(ask())
+            states.append(pool.health()[0]["state"])
+        with pytest.raises(AllProvidersFailed, match="circuit open for 30 more s"):
+            await pool.complete(ask())  # not sent
+        fake_time.now += 30
+        states.append(pool.health()[0]["state"])
+        with pytest.raises(AllProvidersFailed):
+            await pool.complete(ask())  # the probe fails: open again
+        states.append(pool.health()[0]["state"])
+        fake_time.now += 30
+        assert (await pool.complete(ask())).provider == "p"  # this probe succeeds
+        states.append(pool.health()[0]["state"])
+        return states
+
+    assert run(pool, scenario) == ["closed", "open", "half_open", "open", "closed"]
+    assert len(openai.requests) == 4
+    health = pool.health()[0]
+    assert health["consecutive_failures"] == 0 and health["last_error"] == "server_error"
+    assert set(health) >= {"name", "state", "fail_score", "last_error"}
+
+
+def test_half_open_lets_exactly_one_probe_through(
+    openai: FakeProvider, fake_time: FakeTime
+) -> None:
+    openai.script(Reply(status=500))
+    breaker = BreakerSettings(failures=1, cooldown_seconds=10)
+    pool = make_pool(
+        openai.settings("p"), time=fake_time, breaker=breaker, retry=RetrySettings(max_attempts=1)
+    )
+
+    async def scenario(pool: ProviderPool) -> list[Any]:
+        with pytest.raises(AllProvidersFailed):
+            await pool.complete(ask())
+        fake_time.now += 10
+        return await asyncio.gather(
+            pool.complete(ask()), pool.complete(ask()), return_exceptions=True
+        )
+
+    probe, other = run(pool, scenario)
+    assert probe.provider == "p"
+    assert isinstance(other, AllProvidersFailed) and "probe call is in flight" in other.message
+    assert len(openai.requests) == 2
+
+
+# Streaming -------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_streaming_in_both_formats(kind: Any, fake_time: FakeTime) -> None:
+    with FakeProvider(kind) as fake:
+        fake.script(Reply(text="one two three", input_tokens=30, output_tokens=3))
+        pool = make_pool(fake.settings("p", api_key_env="K"), time=fake_time, env={"K": "key"})
+        events = run(pool, lambda p: collect(p, ask(stream=True)))
+
+    assert [e.text for e in events if e.kind == "text"] == ["one ", "two ", "three"]
+    done = events[-1]
+    assert done.kind == "done" and [e.kind for e in events].count("done") == 1
+    assert (done.usage, done.provider, done.model, done.finish_reason) == (
+        Usage(30, 3),
+        "p",
+        "fake-model",
+        "stop",
+    )
+    body = fake.requests[0].json()
+    assert body["stream"] is True
+    if kind == "openai":
+        assert body["stream_options"] == {"include_usage": True}
+
+
+@pytest.mark.parametrize(("first", "second"), [("openai", "anthropic"), ("anthropic", "openai")])
+def test_a_stream_cut_before_its_first_token_fails_over(
+    first: Any, second: Any, fake_time: FakeTime
+) -> None:
+    with FakeProvider(first) as broken, FakeProvider(second) as good:
+        broken.script(Reply(cut_after=0), Reply(malformed=True))
+        good.script(Reply(text="from the second"))
+        pool = make_pool(
+            broken.settings("broken"),
+            good.settings("good"),
+            time=fake_time,
+            retry=RetrySettings(max_attempts=2, base_seconds=0, max_seconds=0),
+        )
+        events = run(pool, lambda p: collect(p, ask()))
+
+    assert text_of(events) == "from the second" and events[-1].provider == "good"
+    assert len(broken.requests) == 2
+    assert pool.health()[0]["last_error"] == "malformed"  # the second attempt's answer
+
+
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+@pytest.mark.parametrize(
+    "script", [Reply(text="a b c d", cut_after=2), Reply(text="a b", end_early=True)]
+)
+def test_a_stream_cut_after_its_first_token_is_not_replayed(
+    kind: Any, script: Reply, fake_time: FakeTime
+) -> None:
+    with FakeProvider(kind) as broken, FakeProvider("openai") as spare:
+        broken.script(script)
+        pool = make_pool(broken.settings("broken"), spare.settings("spare"), time=fake_time)
+        received: list[StreamEvent] = []
+
+        async def scenario(pool: ProviderPool) -> None:
+            with pytest.raises(ProviderStreamBroken) as err:
+                async for event in pool.stream(ask()):
+                    received.append(event)
+            assert err.value.details["provider"] == "broken"
+            assert err.value.details["category"] == "connection"
+            assert "retry the whole request" in err.value.message
+
+        run(pool, scenario)
+
+    assert text_of(received) == ("a b " if script.cut_after else "a b")
+    assert all(e.kind == "text" for e in received)
+    assert len(broken.requests) == 1 and spare.requests == []
+    assert pool.health()[0]["consecutive_failures"] == 1
+
+
+def test_streaming_refuses_tools(openai: FakeProvider, fake_time: FakeTime) -> None:
+    pool = make_pool(openai.settings("p"), time=fake_time)
+    with pytest.raises(InvalidRequest, match="non-streaming"):
+        run(pool, lambda p: collect(p, ask(tools=[Tool(name="t")])))
+
+
+# Outbound redaction ----------------------------------------------------------------------
+def test_a_planted_secret_never_reaches_the_upstream(
+    openai: FakeProvider, anthropic: FakeProvider, fake_time: FakeTime
+) -> None:
+    literal = "planted-literal-secret-9f8e7d"
+    github = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+    redactor = Redactor({"OPENAI_API_KEY": literal})
+    request = ChatRequest(
+        system=f"the key is {literal}",
+        messages=[
+            Message(role="user", content=f"use {github} please"),
+            Message(role="assistant", content=f"ok, {literal}"),
+            Message(role="user", content="go"),
+        ],
+    )
+    pool = make_pool(
+        openai.settings("oai"),
+        anthropic.settings("claude"),
+        time=fake_time,
+        redact=redactor.redact,
+    )
+
+    async def scenario(pool: ProviderPool) -> list[str]:
+        served = [(await collect(pool, request))[-1].provider or ""]
+        served.append((await pool.complete(request)).provider)
+        openai.script(*[Reply(status=500)] * 3)  # the rest goes to the other format
+        served.append((await pool.complete(request)).provider)
+        served.append((await collect(pool, request))[-1].provider or "")
+        return served
+
+    assert run(pool, scenario) == ["oai", "oai", "claude", "claude"]
+    for fake in (openai, anthropic):
+        sent = fake.sent_bytes()
+        assert literal.encode() not in sent and github.encode() not in sent
+        assert sent.count(b"[REDACTED:OPENAI_API_KEY]") == 2 * len(fake.requests)
+        assert sent.count(b"[REDACTED:github-token]") == len(fake.requests)
+    assert literal in request.system  # the caller's request itself is left alone
+
+
+# Budgets ---------------------------------------------------------------------------------
+class WallClock:
+    def __init__(self, iso: str) -> None:
+        self.now = datetime.fromisoformat(iso).timestamp()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+PRICES = {
+    "claude": {
+        "claude-sonnet-4": ModelPrice(input_per_mtok=3, output_per_mtok=15),
+        "claude-haiku": ModelPrice(input_per_mtok=0.8, output_per_mtok=4),
+    },
+    "oai": {"gpt-small": ModelPrice(input_per_mtok=0.15, output_per_mtok=0.6)},
+}
+
+
+def test_tokens_and_cost_are_exact_to_the_cent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = BudgetLedger(
+        tmp_path / "usage.db", prices=PRICES, clock=WallClock("2025-03-01T12:00:00+00:00")
+    )
+    # A dated name takes its base model's price: 3.703701 + 1.33518 USD.
+    ledger.record(
+        "web", "sb1", "t1", "claude", "claude-sonnet-4-20250514", Usage(1_234_567, 89_012)
+    )
+    for _ in range(10):  # 10 x (0.000015 + 0.000006): float sums would drift here
+        ledger.record("web", "sb1", "t2", "oai", "gpt-small", Usage(100, 10))
+    with caplog.at_level(logging.WARNING, logger="agentbox.providers.budget"):
+        ledger.record("web", "sb2", None, "local", "llama3", Usage(5_000, 1_000))
+        ledger.record("web", "sb2", None, "local", "llama3", Usage(5_000, 1_000))
+    [warning] = [r for r in caplog.records if r.name == "agentbox.providers.budget"]
+    assert "no price for model 'llama3'" in warning.getMessage()
+
+    [web] = ledger.usage()
+    assert web["usd"] == 5.039091  # 5.038881 + 0.00021
+    assert round(web["usd"], 2) == 5.04
+    assert web["input_tokens"] == 1_234_567 + 1_000 + 10_000
+    assert web["output_tokens"] == 89_012 + 100 + 2_000
+    assert web["tokens"] == web["input_tokens"] + web["output_tokens"]
+    assert web["unpriced_tokens"] == 12_000 and web["requests"] == 13
+    models = {(m["provider"], m["model"]): m for m in web["models"]}
+    assert models["claude", "claude-sonnet-4-20250514"]["usd"] == 5.038881
+    assert models["oai", "gpt-small"]["usd"] == 0.00021
+    assert models["local", "llama3"]["usd"] == 0 and not models["local", "llama3"]["priced"]
+    assert web["spent_fraction"] is None  # no budget for "web"
+
+
+def test_budget_alerts_fire_once_per_threshold_and_refuse_when_spent(tmp_path: Path) -> None:
+    clock = WallClock("2025-03-01T23:00:00+00:00")
+    budget = BudgetSettings(
+        project="p", tokens_per_day=1000, alert_at=[0.5, 0.8, 1.0], alert_webhook_env="HOOK"
+    )
+    ledger = BudgetLedger(tmp_path / "usage.db", [budget], PRICES, clock=clock)
+
+    def spend(tokens: int) -> list[float]:
+        alerts = ledger.record("p", None, None, "x", "m", Usage(tokens, 0))
+        return [a.threshold for a in alerts]
+
+    assert spend(400) == []
+    assert spend(100) == [0.5]  # exactly half
+    assert spend(100) == []
+    alerts = ledger.record("p", None, None, "x", "m", Usage(250, 0))
+    assert [a.threshold for a in alerts] == [0.8]
+    assert alerts[0].webhook_env == "HOOK" and alerts[0].tokens == 850
+    assert "85% of its daily model budget" in alerts[0].message
+    ledger.check("p")  # 850 of 1000: still allowed
+    assert spend(500) == [1.0]  # one call may overshoot; the next is refused
+    with pytest.raises(BudgetExceeded) as err:
+        ledger.check("p")
+    assert err.value.details["retry_after"] == 3600  # until 00:00 UTC
+    assert err.value.details["tokens"] == 1350 and err.value.http_status == 429
+    assert "1350 of 1000 tokens" in err.value.message
+    assert spend(10) == []  # no repeated alerts the same day
+
+    clock.now += 3600  # a new UTC day
+    ledger.check("p")
+    [today] = ledger.usage("p")
+    assert today["day"] == "2025-03-02" and today["tokens"] == 0
+    assert today["spent_fraction"] == 0 and today["tokens_per_day"] == 1000
+    assert spend(600) == [0.5]
+    assert ledger.usage("p", day="2025-03-01")[0]["tokens"] == 1360
+
+
+def test_usd_budget_is_refused_once_spent(tmp_path: Path) -> None:
+    budget = BudgetSettings(project="p", usd_per_day=1.5, alert_at=[0.5, 1.0])
+    prices = {"claude": {"claude-haiku": ModelPrice(input_per_mtok=0.8, output_per_mtok=4)}}
+    ledger = BudgetLedger(
+        tmp_path / "u.db", [budget], prices, clock=WallClock("2025-03-01T00:00:00+00:00")
+    )
+    usage = Usage(250_000, 137_500)  # 0.2 + 0.55 = 0.75 USD: exactly half
+    assert [
+        a.threshold for a in ledger.record("p", None, None, "claude", "claude-haiku", usage)
+    ] == [0.5]
+    ledger.check("p")
+    assert [
+        a.threshold for a in ledger.record("p", None, None, "claude", "claude-haiku", usage)
+    ] == [1.0]
+    with pytest.raises(BudgetExceeded, match=r"\$1.50 of \$1.50"):
+        ledger.check("p")
+    ledger.check("other")  # no budget: never refused
+    assert [s["project"] for s in ledger.usage()] == ["p"]
+
+
+def test_budget_accounting_is_shared_across_processes(tmp_path: Path) -> None:
+    path = tmp_path / "usage.db"
+    script = textwrap.dedent(
+        """
+        import json, sys
+        from pathlib import Path
+        from agentbox.gateway.settings import BudgetSettings
+        from agentbox.providers import BudgetLedger, Usage
+        budget = BudgetSettings(project="p", tokens_per_day=1000, alert_at=[0.25, 0.5, 0.75, 1.0])
+        ledger = BudgetLedger(Path(sys.argv[1]), [budget])
+        crossed = []
+        for _ in range(25):
+            crossed += [a.threshold for a in ledger.record("p", None, None, "x", "m", Usage(6, 4))]
+        print(json.dumps(crossed))
+        """
+    )
+    BudgetLedger(path)  # the schema, before four writers race
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(4)
+    ]
+    crossed: list[float] = []
+    for worker in workers:
+        out, _ = worker.communicate(timeout=120)
+        assert worker.returncode == 0
+        crossed += json.loads(out)
+    assert sorted(crossed) == [0.25, 0.5, 0.75, 1.0]  # each crossed once, by one process
+    ledger = BudgetLedger(path, [BudgetSettings(project="p", tokens_per_day=1000)])
+    assert ledger.usage("p")[0]["tokens"] == 1000 and ledger.usage("p")[0]["requests"] == 100
+
+
+# Settings --------------------------------------------------------------------------------
+def test_the_example_config_still_parses_and_builds_a_pool() -> None:
+    settings = load_settings(EXAMPLE)
+    assert [p.timeout_seconds for p in settings.providers] == [60, 60, 60]
+    assert all(p.prices == {} for p in settings.providers)
+    assert settings.retry == RetrySettings(max_attempts=3, base_seconds=1, max_seconds=30)
+
+    async def health() -> list[dict[str, Any]]:
+        async with ProviderPool(settings.providers, settings.retry, redact=str, env={}) as pool:
+            return pool.health()
+
+    assert [(h["name"], h["state"]) for h in asyncio.run(health())] == [
+        ("primary", "closed"),
+        ("secondary", "closed"),
+        ("local", "closed"),
+    ]
+
+
+def test_provider_prices_and_timeout_settings() -> None:
+    text = textwrap.dedent(
+        """
+        providers:
+          - name: claude
+            kind: anthropic
+            timeout_seconds: 20
+            prices:
+              claude-sonnet-4: {input_per_mtok: 3, output_per_mtok: 15}
+        """
+    )
+    [claude] = parse_settings(text).providers
+    assert claude.timeout_seconds == 20
+    assert claude.prices["claude-sonnet-4"] == ModelPrice(input_per_mtok=3, output_per_mtok=15)
+
+    with pytest.raises(
+        InvalidConfig, match=r"providers\.0\.prices\.claude-sonnet-4\.cached.*unknown key"
+    ):
+        parse_settings(text.replace("output_per_mtok: 15}", "output_per_mtok: 15, cached: 1}"))
+    with pytest.raises(InvalidConfig, match="input_per_mtok"):
+        parse_settings(text.replace("input_per_mtok: 3", "input_per_mtok: -3"))
+    with pytest.raises(InvalidConfig, match="provider names must be unique"):
+        parse_settings(text + text.split("providers:\n", 1)[1])
+    with pytest.raises(InvalidConfig, match="one budget per project"):
+        parse_settings("budgets:\n  - project: a\n  - project: a\n")
