@@ -407,9 +407,10 @@ def _register_groups() -> None:
     from agentbox.cli.audit_commands import audit
     from agentbox.cli.gateway_commands import approvals, mcp_stdio, serve, token
     from agentbox.cli.snapshot_commands import snapshot
+    from agentbox.cli.task_commands import task
     from agentbox.cli.template_commands import template
 
-    for command in (template, snapshot, serve, mcp_stdio, token, approvals, audit):
+    for command in (template, snapshot, task, serve, mcp_stdio, token, approvals, audit):
         cli.add_command(command)
 
 

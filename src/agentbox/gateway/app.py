@@ -37,6 +37,8 @@ from agentbox.gateway.egress_ingest import EgressIngest
 from agentbox.gateway.lifecycle_events import LifecycleIngest
 from agentbox.gateway.mcp_server import build_mcp_server
 from agentbox.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from agentbox.gateway.model_routes import build_model_router
+from agentbox.gateway.models import Attribution, ModelService
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.rest import (
     TOOL_ROUTE_PREFIX,
@@ -47,11 +49,16 @@ from agentbox.gateway.rest import (
 )
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.settings import GatewaySettings
+from agentbox.gateway.task_routes import build_task_router
+from agentbox.gateway.tools import TOOLS
 from agentbox.network.egressd import audit_path as egress_audit_path
+from agentbox.providers.types import ChatRequest, ChatResponse
 from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.recovery import recover
 from agentbox.runtime.runtime import Runtime, spec_from
 from agentbox.runtime.warmpool import Pool, PoolKeeper
+from agentbox.tasks.store import Task, TaskStore
+from agentbox.tasks.worker import TaskWorkers
 
 log = logging.getLogger(__name__)
 INTERNAL_ERROR = {
@@ -223,6 +230,33 @@ def _end_sandboxes(runtime: Runtime, how: str) -> None:
                 runtime.stop(record.id, actor="gateway-shutdown")
 
 
+def task_workers(
+    gateway: Gateway, models: ModelService, tasks: TaskStore, settings: GatewaySettings
+) -> TaskWorkers:
+    """Workers that run batch tasks with the gateway's tools and model service."""
+
+    async def model(task: Task, request: ChatRequest) -> ChatResponse:
+        request = request.model_copy(update={"model": request.model or settings.tasks.model})
+        return await models.complete(
+            request, Attribution(task.project, task.sandbox, task.id, f"task:{task.id}")
+        )
+
+    tools = [
+        {"name": t.name, "description": t.description, "input_schema": t.input_schema}
+        for t in TOOLS
+    ]
+    return TaskWorkers(
+        tasks,
+        gateway.runtime,
+        model,
+        gateway.call_tool,
+        tools,
+        lambda task: gateway.sandbox_spec({"template": task.template, "project": task.project}),
+        lambda task, r: models.cost(r.provider, r.model, r.usage),
+        workers=settings.tasks.workers,
+    )
+
+
 def open_audit(settings: GatewaySettings, home: Path, redactor: Redactor) -> AuditLog:
     """The audit log of ``settings`` (default file: ``HOME/audit/audit.jsonl``)."""
     audit_settings = settings.audit
@@ -301,6 +335,9 @@ def create_app(
     ]
     keeper = PoolKeeper(runtime, pools)
     gateway.pool_keeper = keeper
+    models = ModelService(settings, home, audit, gateway.metrics, redactor.redact)
+    tasks = TaskStore(home / "tasks.db")
+    workers = task_workers(gateway, models, tasks, settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -313,10 +350,13 @@ def create_app(
         lifecycle_ingest.start()
         idle_watcher.start()
         keeper.start()
+        workers.start()
         async with session_manager.run():
             try:
                 yield
             finally:
+                await workers.stop()  # a running task's lease runs out: the next start resumes it
+                await models.aclose()
                 keeper.stop()
                 idle_watcher.stop()
                 await asyncio.to_thread(gateway.browsers.close_all)
@@ -384,6 +424,8 @@ def create_app(
 
     call_tool = tool_endpoint(gateway, principal_of)
     app.include_router(build_router(gateway, authenticate, call_tool))
+    app.include_router(build_model_router(models, runtime, principal_of))
+    app.include_router(build_task_router(tasks, authenticate, workers.wake))
     mount_console(app)  # GET / and /console/*: static, no data, no token
     # An ASGI endpoint (not a Mount, which would redirect POST /mcp to /mcp/).
     mcp_endpoint: Any = StreamableHTTPASGIApp(session_manager)

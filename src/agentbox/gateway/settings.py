@@ -323,11 +323,19 @@ class SnapshotSettings(Strict):
     )
 
 
+class TaskSettings(Strict):
+    """Batch-task workers of the gateway (see agentbox.tasks)."""
+
+    workers: int = Field(default=1, ge=0, le=64)
+    model: str | None = None  # the model the reference loop asks for (default: each provider's)
+
+
 class GatewaySettings(Strict):
     gateway: GatewaySection = GatewaySection()
     sandbox: SandboxSection = SandboxSection()
     lifecycle: LifecycleSettings = LifecycleSettings()
     snapshots: SnapshotSettings = SnapshotSettings()
+    tasks: TaskSettings = TaskSettings()
     tools: list[ToolSettings] = Field(default_factory=list)
     redaction: RedactionSettings = RedactionSettings()
     audit: AuditSettings = AuditSettings()

@@ -461,7 +461,7 @@ function renderData(container, data) {
   container.replaceChildren(...parts);
 }
 
-async function refreshOptional(name, path, what) {
+async function refreshOptional(name, path, what, empty) {
   const status = $(`${name}-status`);
   const body = $(`${name}-body`);
   let data;
@@ -475,6 +475,11 @@ async function refreshOptional(name, path, what) {
     }
     throw e;
   }
+  if (Array.isArray(data) && data.length === 0) {
+    body.replaceChildren();
+    status.textContent = empty;
+    return;
+  }
   status.textContent = "";
   renderData(body, data);
 }
@@ -485,8 +490,10 @@ const SECTIONS = {
   sandboxes: refreshSandboxes,
   approvals: refreshApprovals,
   audit: refreshAudit,
-  usage: () => refreshOptional("usage", "/v1/usage", "usage and budgets"),
-  providers: () => refreshOptional("providers", "/v1/providers", "provider health"),
+  usage: () => refreshOptional("usage", "/v1/usage", "usage and budgets",
+    "No model usage today (UTC) and no budgets configured."),
+  providers: () => refreshOptional("providers", "/v1/providers", "provider health",
+    "No model providers configured (the providers section of the gateway config)."),
 };
 
 function handleAuthError(e) {

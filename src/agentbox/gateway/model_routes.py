@@ -1,0 +1,280 @@
+"""The model endpoint: OpenAI-compatible ``POST /v1/chat/completions`` and
+Anthropic-compatible ``POST /v1/messages`` (JSON and SSE streaming), so any agent can send
+its model calls through agentbox; plus ``GET /v1/usage`` and ``GET /v1/providers``.
+
+Authentication is the gateway's: a session token (as ``Authorization: Bearer`` or, for
+Anthropic clients, ``x-api-key``) attributes the call to its sandbox and that sandbox's
+project; the operator token may name a project (``X-Agentbox-Project``). A batch task's
+calls carry ``X-Agentbox-Task``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from agentbox.errors import AgentboxError, InvalidRequest
+from agentbox.gateway.auth import Principal
+from agentbox.gateway.models import Attribution, ModelService
+from agentbox.providers.types import ChatRequest, ChatResponse, Message, StreamEvent
+from agentbox.runtime.runtime import Runtime
+
+_FINISH_OPENAI = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
+_FINISH_ANTHROPIC = {"stop": "end_turn", "length": "max_tokens"}
+
+
+def _openai_finish(reason: str | None) -> str:
+    return _FINISH_OPENAI.get(reason or "", reason or "stop")
+
+
+def _anthropic_stop(reason: str | None) -> str:
+    return _FINISH_ANTHROPIC.get(reason or "", reason or "end_turn")
+
+
+def build_model_router(
+    service: ModelService, runtime: Runtime, principal_of: Callable[[str | None], Principal]
+) -> APIRouter:
+    api = APIRouter(prefix="/v1", tags=["models"])
+
+    async def caller(request: Request) -> Attribution:
+        authorization = request.headers.get("authorization")
+        if authorization is None and request.headers.get("x-api-key"):
+            authorization = f"Bearer {request.headers['x-api-key']}"
+        principal = principal_of(authorization)
+        task = request.headers.get("x-agentbox-task")
+        if principal.sandbox_id is not None:
+            record = await asyncio.to_thread(runtime.get, principal.sandbox_id)
+            project = str(record.spec.get("project") or "default")
+            return Attribution(project, principal.sandbox_id, task, principal.actor)
+        project = request.headers.get("x-agentbox-project") or "default"
+        return Attribution(project, None, task, principal.actor)
+
+    async def body_of(request: Request) -> dict[str, Any]:
+        try:
+            body = json.loads(await request.body())
+        except ValueError as e:
+            raise InvalidRequest(f"the body is not valid JSON: {e}") from None
+        if not isinstance(body, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        return body
+
+    @api.post("/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        """OpenAI chat-completions, answered by the provider pool."""
+        who = await caller(request)
+        body = await body_of(request)
+        chat = _from_openai(body)
+        if chat.stream:
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            events = service.stream(chat, who)
+            first = await _first(events)
+            return StreamingResponse(_openai_sse(first, events, usage),
+                                     media_type="text/event-stream")  # fmt: skip
+        return _openai_json(await service.complete(chat, who))
+
+    @api.post("/messages")
+    async def messages(request: Request) -> Any:
+        """Anthropic messages, answered by the provider pool."""
+        who = await caller(request)
+        body = await body_of(request)
+        chat = _from_anthropic(body)
+        if chat.stream:
+            events = service.stream(chat, who)
+            first = await _first(events)
+            return StreamingResponse(_anthropic_sse(first, events, chat),
+                                     media_type="text/event-stream")  # fmt: skip
+        return _anthropic_json(await service.complete(chat, who))
+
+    @api.get("/usage")
+    async def usage(request: Request, project: str | None = None) -> list[dict[str, Any]]:
+        """Today's model usage per project (UTC day): tokens, USD, share of the budget."""
+        principal_of(request.headers.get("authorization")).require_operator("reading usage")
+        return await asyncio.to_thread(service.ledger.usage, project)
+
+    @api.get("/providers")
+    async def providers(request: Request) -> list[dict[str, Any]]:
+        """Each provider's health: circuit state, fail score, last error."""
+        principal_of(request.headers.get("authorization")).require_operator("reading providers")
+        return service.health()
+
+    return api
+
+
+async def _first(events: AsyncIterator[StreamEvent]) -> StreamEvent:
+    """The first event before the response starts: a failure before any text is still a
+    clean HTTP error, not a broken stream."""
+    try:
+        return await events.__anext__()
+    except StopAsyncIteration:
+        raise InvalidRequest("the provider sent an empty stream") from None
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise InvalidRequest("only text content is supported (no images or files)")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise InvalidRequest("message content must be a string or a list of text parts")
+
+
+def _from_openai(body: dict[str, Any]) -> ChatRequest:
+    system, turns = [], []
+    for m in body.get("messages") or []:
+        role = m.get("role") if isinstance(m, dict) else None
+        if role in ("system", "developer"):
+            system.append(_text_of(m.get("content")))
+        elif role in ("user", "assistant"):
+            turns.append(Message(role=role, content=_text_of(m.get("content"))))
+        else:
+            raise InvalidRequest(
+                f"message role {role!r} is not supported (system, user, assistant)"
+            )
+    return _request(body, turns, "\n\n".join(system) or None,
+                    body.get("max_completion_tokens") or body.get("max_tokens"))  # fmt: skip
+
+
+def _from_anthropic(body: dict[str, Any]) -> ChatRequest:
+    turns = []
+    for m in body.get("messages") or []:
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("user", "assistant"):
+            raise InvalidRequest(f"message role {role!r} is not supported (user, assistant)")
+        turns.append(Message(role=role, content=_text_of(m.get("content"))))
+    system = body.get("system")
+    return _request(body, turns, _text_of(system) if system else None, body.get("max_tokens"))
+
+
+def _request(body: dict[str, Any], turns: list[Message], system: str | None, max_tokens: Any
+             ) -> ChatRequest:  # fmt: skip
+    try:
+        return ChatRequest(
+            model=body.get("model"),
+            messages=turns,
+            system=system,
+            max_tokens=int(max_tokens or 1024),
+            temperature=body.get("temperature"),
+            stream=bool(body.get("stream")),
+        )
+    except (ValueError, TypeError) as e:
+        raise InvalidRequest(f"invalid request: {e}") from None
+
+
+def _openai_json(r: ChatResponse) -> JSONResponse:
+    return JSONResponse(
+        {
+            "id": "chatcmpl-" + secrets.token_hex(12),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": r.model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": r.text},
+                "finish_reason": _openai_finish(r.finish_reason),
+            }],
+            "usage": {
+                "prompt_tokens": r.usage.input_tokens,
+                "completion_tokens": r.usage.output_tokens,
+                "total_tokens": r.usage.total,
+            },
+        },
+        headers={"X-Agentbox-Provider": r.provider},
+    )  # fmt: skip
+
+
+def _anthropic_json(r: ChatResponse) -> JSONResponse:
+    return JSONResponse(
+        {
+            "id": "msg_" + secrets.token_hex(12),
+            "type": "message",
+            "role": "assistant",
+            "model": r.model,
+            "content": [{"type": "text", "text": r.text}],
+            "stop_reason": _anthropic_stop(r.finish_reason),
+            "stop_sequence": None,
+            "usage": {"input_tokens": r.usage.input_tokens, "output_tokens": r.usage.output_tokens},
+        },
+        headers={"X-Agentbox-Provider": r.provider},
+    )  # fmt: skip
+
+
+async def _all(first: StreamEvent, rest: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
+    yield first
+    async for event in rest:
+        yield event
+
+
+async def _openai_sse(first: StreamEvent, rest: AsyncIterator[StreamEvent], usage: bool
+                      ) -> AsyncIterator[bytes]:  # fmt: skip
+    ident, created = "chatcmpl-" + secrets.token_hex(12), int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None, model: str, **extra: Any) -> bytes:
+        data = {"id": ident, "object": "chat.completion.chunk", "created": created,
+                "model": model, "choices": [{"index": 0, "delta": delta,
+                                             "finish_reason": finish}], **extra}  # fmt: skip
+        return f"data: {json.dumps(data)}\n\n".encode()
+
+    model = first.model or ""
+    yield chunk({"role": "assistant", "content": ""}, None, model)
+    try:
+        async for event in _all(first, rest):
+            if event.kind == "text":
+                yield chunk({"content": event.text}, None, model)
+            else:
+                finish = _FINISH_OPENAI.get(
+                    event.finish_reason or "", event.finish_reason or "stop"
+                )
+                yield chunk({}, finish, event.model or model)
+                if usage and event.usage is not None:
+                    u = event.usage
+                    data = {"id": ident, "object": "chat.completion.chunk", "created": created,
+                            "model": event.model or model, "choices": [],
+                            "usage": {"prompt_tokens": u.input_tokens,
+                                      "completion_tokens": u.output_tokens,
+                                      "total_tokens": u.total}}  # fmt: skip
+                    yield f"data: {json.dumps(data)}\n\n".encode()
+    except AgentboxError as e:  # after the first byte only a stream event can say it
+        yield f"data: {json.dumps({'error': e.to_dict()})}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+async def _anthropic_sse(first: StreamEvent, rest: AsyncIterator[StreamEvent], chat: ChatRequest
+                         ) -> AsyncIterator[bytes]:  # fmt: skip
+    def sse(event: str, data: dict[str, Any]) -> bytes:
+        return f"event: {event}\ndata: {json.dumps({'type': event, **data})}\n\n".encode()
+
+    model = first.model or chat.model or ""
+    yield sse("message_start", {"message": {
+        "id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant",
+        "model": model, "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 0, "output_tokens": 0}}})  # fmt: skip
+    yield sse("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+    try:
+        async for event in _all(first, rest):
+            if event.kind == "text":
+                delta = {"type": "text_delta", "text": event.text}
+                yield sse("content_block_delta", {"index": 0, "delta": delta})
+            else:
+                yield sse("content_block_stop", {"index": 0})
+                u = event.usage
+                stop = _FINISH_ANTHROPIC.get(
+                    event.finish_reason or "", event.finish_reason or "end_turn"
+                )
+                yield sse("message_delta", {
+                    "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": {"input_tokens": u.input_tokens if u else 0,
+                              "output_tokens": u.output_tokens if u else 0}})  # fmt: skip
+                yield sse("message_stop", {})
+    except AgentboxError as e:
+        yield sse("error", {"error": {"type": e.code, "message": e.message}})

@@ -1,0 +1,182 @@
+"""Model calls through the gateway: the provider pool plus budgets, accounting, alerts,
+metrics and audit, in one place for the model endpoint and the batch-task workers.
+
+A call: the project's budget is checked (a spent hard budget refuses it), the pool sends
+the redacted request with retries and failover, then the usage is recorded (tokens, USD
+from the price table) against project, sandbox and task; thresholds crossed become an
+audit record, a metric and a webhook POST. The audit record carries provider, model,
+tokens and cost, never the prompt or the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+
+from agentbox.errors import AllProvidersFailed, ProviderError
+from agentbox.gateway.audit import AuditLog
+from agentbox.gateway.metrics import Metrics
+from agentbox.gateway.settings import GatewaySettings
+from agentbox.providers.budget import Alert, BudgetLedger
+from agentbox.providers.pool import ProviderPool
+from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent, Usage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """Who a model call is for: usage and budgets are per project; the sandbox and task
+    say which agent spent it."""
+
+    project: str
+    sandbox: str | None = None
+    task: str | None = None
+    actor: str = "operator"
+
+
+class ModelService:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        home: Path,
+        audit: AuditLog,
+        metrics: Metrics,
+        redact: Any,
+    ) -> None:
+        self.pool = (
+            ProviderPool(settings.providers, settings.retry, redact=redact)
+            if settings.providers
+            else None
+        )
+        self.ledger = BudgetLedger.from_settings(home / "usage.db", settings)
+        self.audit = audit
+        self.metrics = metrics
+        self.budgets = {b.project: b for b in settings.budgets}
+
+    async def aclose(self) -> None:
+        if self.pool is not None:
+            await self.pool.aclose()
+
+    def health(self) -> list[dict[str, Any]]:
+        return [] if self.pool is None else self.pool.health()
+
+    def _pool(self) -> ProviderPool:
+        if self.pool is None:
+            raise AllProvidersFailed(
+                "no model providers are configured; add a `providers` section to the gateway "
+                "config (an OpenAI-compatible or Anthropic service, or a local model)",
+                providers=[],
+            )
+        return self.pool
+
+    def cost(self, provider: str, model: str, usage: Usage) -> float:
+        price = self.ledger.price_of(provider, model)
+        if price is None:
+            return 0.0
+        return (
+            usage.input_tokens * price.input_per_mtok + usage.output_tokens * price.output_per_mtok
+        ) / 1e6
+
+    async def complete(self, request: ChatRequest, who: Attribution) -> ChatResponse:
+        await asyncio.to_thread(self.ledger.check, who.project)
+        started = time.monotonic()
+        try:
+            response = await self._pool().complete(request)
+        except ProviderError as e:
+            self._failed(request, e, who)
+            raise
+        await self._account(response.provider, response.model, response.usage, who, started)
+        return response
+
+    async def stream(
+        self, request: ChatRequest, who: Attribution
+    ) -> AsyncGenerator[StreamEvent, None]:
+        await asyncio.to_thread(self.ledger.check, who.project)
+        started = time.monotonic()
+        try:
+            async for event in self._pool().stream(request):
+                if event.kind == "done":
+                    usage = event.usage or Usage(0, 0)  # a server that reports none: zero
+                    await self._account(
+                        event.provider or "", event.model or "", usage, who, started
+                    )
+                yield event
+        except ProviderError as e:
+            self._failed(request, e, who)
+            raise
+
+    async def _account(
+        self, provider: str, model: str, usage: Usage, who: Attribution, started: float
+    ) -> None:
+        seconds = time.monotonic() - started
+        cost = self.cost(provider, model, usage)
+        alerts = await asyncio.to_thread(
+            self.ledger.record, who.project, who.sandbox, who.task, provider, model, usage
+        )
+        self.metrics.provider_request(provider, model, "ok", seconds)
+        self.metrics.usage(provider, model, who.project, usage.input_tokens,
+                           usage.output_tokens, cost)  # fmt: skip
+        self._budget_gauges(who.project)
+        self.audit.append(
+            decision="model_call",
+            actor=who.actor,
+            sandbox=who.sandbox,
+            tool="model",
+            duration_ms=round(seconds * 1000, 3),
+            extra={"provider": provider, "model": model, "project": who.project,
+                   "task": who.task, "tokens_in": usage.input_tokens,
+                   "tokens_out": usage.output_tokens, "cost_usd": round(cost, 9)},
+        )  # fmt: skip
+        for alert in alerts:
+            await self._alert(alert)
+
+    def _failed(self, request: ChatRequest, error: ProviderError, who: Attribution) -> None:
+        for answer in error.details.get("providers", []) or [error.details]:
+            self.metrics.provider_request(
+                str(answer.get("provider", "unknown")),
+                request.model or "default",
+                str(answer.get("category", "error")),
+                0.0,
+            )
+        self.audit.append(
+            decision="model_call_failed",
+            actor=who.actor,
+            sandbox=who.sandbox,
+            tool="model",
+            error=f"{error.code}: {error.message}"[:2000],
+            extra={"project": who.project, "task": who.task},
+        )
+
+    def _budget_gauges(self, project: str) -> None:
+        budget = self.budgets.get(project)
+        if budget is None:
+            return
+        for row in self.ledger.usage(project):
+            if budget.tokens_per_day:
+                self.metrics.budget(project, "tokens", row.get("tokens", 0) / budget.tokens_per_day)
+            if budget.usd_per_day:
+                self.metrics.budget(project, "usd", row.get("usd", 0.0) / budget.usd_per_day)
+
+    async def _alert(self, alert: Alert) -> None:
+        data = alert.to_dict()
+        for kind in ("tokens", "usd"):
+            self.metrics.budget_alert(alert.project, kind, alert.threshold)
+        self.audit.append(decision="budget_alert", actor="agentbox", tool="model", extra=data)
+        url = os.environ.get(alert.webhook_env) if alert.webhook_env else None
+        if url:
+            try:
+                async with httpx2.AsyncClient(timeout=10) as client:
+                    await client.post(url, content=json.dumps(data),
+                                      headers={"Content-Type": "application/json"})  # fmt: skip
+            except httpx2.HTTPError as e:
+                log.error("budget alert webhook failed: %s", e)

@@ -1,0 +1,1 @@
+"""Batch tasks: a persistent queue, workers running a reference agent loop."""

@@ -1,0 +1,188 @@
+"""The gateway's model endpoint against fake providers on loopback: OpenAI- and
+Anthropic-compatible requests (JSON and SSE) answered through the pool, attributed to the
+session token's sandbox and project, accounted exactly, failed over, refused once a
+budget is spent, and never carrying a planted secret upstream."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fakeproviders import FakeProvider, Reply
+from gateway_harness import RunningGateway, running_gateway
+
+SECRET = "sk-planted-0123456789abcdef0123"
+
+
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[tuple[FakeProvider, FakeProvider]]:
+    with FakeProvider("openai") as primary, FakeProvider("anthropic") as secondary:
+        yield primary, secondary
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path, host_ready: None,
+       fakes: tuple[FakeProvider, FakeProvider]) -> Iterator[RunningGateway]:  # fmt: skip
+    primary, secondary = fakes
+    extra = f"""
+providers:
+  - name: primary
+    kind: openai
+    base_url: {primary.base_url}
+    api_key_env: FAKE_OPENAI_KEY
+    models: [fake-model]
+    prices: {{fake-model: {{input_per_mtok: 3, output_per_mtok: 15}}}}
+  - name: secondary
+    kind: anthropic
+    base_url: {secondary.base_url}
+    api_key_env: FAKE_ANTHROPIC_KEY
+    models: [fake-model]
+    prices: {{fake-model: {{input_per_mtok: 1, output_per_mtok: 5}}}}
+retry: {{max_attempts: 2, base_seconds: 0.01, max_seconds: 0.05, jitter: full}}
+budgets:
+  - project: tight
+    tokens_per_day: 100
+    alert_at: [0.5]
+"""
+    env = {"FAKE_OPENAI_KEY": "k1", "FAKE_ANTHROPIC_KEY": "k2",
+           "AGENTBOX_TEST_PLANTED_SECRET": SECRET}  # fmt: skip
+    with running_gateway(agentbox_home, tmp_path_factory.mktemp("gwmodel"), extra_yaml=extra,
+                         env=env) as running:  # fmt: skip
+        yield running
+
+
+@pytest.fixture(scope="module")
+def session(gw: RunningGateway) -> Iterator[tuple[str, str]]:
+    with gw.operator() as op:
+        sid = op.post("/v1/sandboxes", json={"memory": "64MiB", "disk": "32MiB",
+                                             "network": "none", "project": "team-a"}).json()["id"]  # fmt: skip
+        token = op.post("/v1/tokens", json={"sandbox": sid}).json()["token"]
+        yield sid, token
+        op.delete(f"/v1/sandboxes/{sid}")
+
+
+def chat(gw: RunningGateway, token: str, **body: Any) -> Any:
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], **body}
+    with gw.client(token) as c:
+        return c.post("/v1/chat/completions", json=body)
+
+
+def test_openai_json_is_answered_and_accounted(
+    gw: RunningGateway, session: tuple[str, str], fakes: tuple[FakeProvider, FakeProvider]
+) -> None:
+    sid, token = session
+    fakes[0].script(Reply(text="four", input_tokens=1000, output_tokens=200))
+    r = chat(gw, token, messages=[{"role": "system", "content": "be brief"},
+                                  {"role": "user", "content": "2+2?"}])  # fmt: skip
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert data["object"] == "chat.completion"
+    assert data["choices"][0]["message"] == {"role": "assistant", "content": "four"}
+    assert data["usage"] == {"prompt_tokens": 1000, "completion_tokens": 200, "total_tokens": 1200}
+    assert r.headers["X-Agentbox-Provider"] == "primary"
+    upstream = fakes[0].requests[-1].json()
+    assert upstream["messages"][0] == {"role": "system", "content": "be brief"}
+    with gw.operator() as op:
+        usage = {u["project"]: u for u in op.get("/v1/usage").json()}
+        records = op.get("/v1/audit", params={"decision": "model_call"}).json()
+    # 1000 * $3/M + 200 * $15/M = $0.006, attributed to the sandbox's project
+    assert usage["team-a"]["usd"] == pytest.approx(0.006, abs=1e-12)
+    assert usage["team-a"]["tokens"] >= 1200
+    last = records[-1]
+    assert last["sandbox"] == sid and last["project"] == "team-a"
+    assert last["tokens_in"] == 1000 and last["cost_usd"] == pytest.approx(0.006)
+    assert "2+2" not in json.dumps(records)  # no prompt in the trail
+
+
+def test_openai_stream(gw: RunningGateway, session: tuple[str, str],
+                       fakes: tuple[FakeProvider, FakeProvider]) -> None:  # fmt: skip
+    _, token = session
+    fakes[0].script(Reply(text="one two three", input_tokens=5, output_tokens=3))
+    body = {"model": "fake-model", "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": "count"}]}  # fmt: skip
+    with gw.client(token) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [x for x in r.iter_lines() if x.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(x[6:]) for x in lines[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == "one two three"
+    assert chunks[-1]["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+
+
+def test_anthropic_messages_with_x_api_key(
+    gw: RunningGateway, session: tuple[str, str], fakes: tuple[FakeProvider, FakeProvider]
+) -> None:
+    _, token = session
+    fakes[0].script(Reply(text="bonjour", input_tokens=4, output_tokens=2))
+    body = {"model": "fake-model", "max_tokens": 50, "system": "French only",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hello"}]}]}  # fmt: skip
+    with gw.client(None, headers={"x-api-key": token}) as c:
+        r = c.post("/v1/messages", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["content"] == [{"type": "text", "text": "bonjour"}]
+        assert r.json()["usage"] == {"input_tokens": 4, "output_tokens": 2}
+        fakes[0].script(Reply(text="un deux"))
+        with c.stream("POST", "/v1/messages", json={**body, "stream": True}) as s:
+            events = [x[7:] for x in s.iter_lines() if x.startswith("event: ")]
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert "content_block_delta" in events and "message_delta" in events
+
+
+def test_failover_and_a_planted_secret_never_leaves(
+    gw: RunningGateway, session: tuple[str, str], fakes: tuple[FakeProvider, FakeProvider]
+) -> None:
+    _, token = session
+    primary, secondary = fakes
+    primary.script(Reply(status=500), Reply(status=500))  # both attempts fail
+    secondary.script(Reply(text="from the fallback"))
+    r = chat(gw, token, messages=[{"role": "user", "content": f"my key is {SECRET}"}])
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "from the fallback"
+    assert r.headers["X-Agentbox-Provider"] == "secondary"
+    assert SECRET.encode() not in primary.sent_bytes() + secondary.sent_bytes()
+    assert b"[REDACTED" in secondary.requests[-1].body
+    with gw.operator() as op:
+        health = {p["name"]: p for p in op.get("/v1/providers").json()}
+    assert set(health) == {"primary", "secondary"}
+
+
+def test_all_providers_failing_is_a_clear_503(
+    gw: RunningGateway, session: tuple[str, str], fakes: tuple[FakeProvider, FakeProvider]
+) -> None:
+    _, token = session
+    for fake in fakes:  # whichever the health order tries first
+        fake.script(Reply(status=400, error="bad field"))
+    sent = len(fakes[0].requests) + len(fakes[1].requests)
+    r = chat(gw, token)
+    assert r.status_code == 400 and "bad field" in r.text
+    assert len(fakes[0].requests) + len(fakes[1].requests) == sent + 1  # no retry, no failover
+    for fake in fakes:
+        fake.next_reply()  # drop the 400 the other one did not use
+    fakes[0].script(Reply(status=503), Reply(status=503))
+    fakes[1].script(Reply(status=503), Reply(status=503))
+    r = chat(gw, token)
+    assert r.status_code == 503, r.text
+    providers = r.json()["error"]["details"]["providers"]
+    assert {p["provider"] for p in providers} == {"primary", "secondary"}
+
+
+def test_a_spent_budget_refuses_and_alerts(gw: RunningGateway,
+                                          fakes: tuple[FakeProvider, FakeProvider]) -> None:  # fmt: skip
+    headers = {"X-Agentbox-Project": "tight"}
+    for fake in fakes:  # whichever provider answers, each call costs 60 tokens
+        fake.script(*[Reply(input_tokens=60, output_tokens=0)] * 2)
+    with gw.client(gw.operator_token, headers=headers) as c:
+        body = {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]}
+        assert c.post("/v1/chat/completions", json=body).status_code == 200
+        assert c.post("/v1/chat/completions", json=body).status_code == 200  # crosses 100
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "budget_exceeded"
+        assert int(r.headers["Retry-After"]) >= 1
+    with gw.operator() as op:
+        alerts = op.get("/v1/audit", params={"decision": "budget_alert"}).json()
+    assert any(a.get("project") == "tight" for a in alerts)
