@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +22,7 @@ import uvicorn
 from agentbox.gateway.app import create_app
 from agentbox.gateway.settings import parse_settings
 
+AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 POLICY_YAML = """
 gateway:
   listen: 127.0.0.1:{port}
@@ -127,3 +131,43 @@ def _serve(
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+class GatewayProcess:
+    """``agentbox serve`` as a real process (to be killed and restarted). ``config`` is a
+    YAML template with ``{port}`` and ``{home}`` (``{{``/``}}`` for braces); the operator
+    token is read from ``GATEWAY_PROCESS_TOKEN``."""
+
+    def __init__(self, home: Path, config: str, env: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        self.config = home / "gateway.yaml"
+        self.config.write_text(config.format(port=self.port, home=home))
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, **self.env, "AGENTBOX_HOME": str(self.home),
+               "GATEWAY_PROCESS_TOKEN": self.token}  # fmt: skip
+        env.pop("AGENTBOX_URL", None)
+        self.proc = subprocess.Popen([AGENTBOX, "serve", "--config", str(self.config)], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "the gateway exited at start"
+            with contextlib.suppress(httpx2.TransportError):
+                if httpx2.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise AssertionError("the gateway did not start in 60 s")
+
+    def client(self) -> httpx2.Client:
+        return httpx2.Client(base_url=self.url, timeout=60,
+                             headers={"Authorization": f"Bearer {self.token}"})  # fmt: skip
+
+    def kill(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(60)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -26,13 +25,13 @@ import pytest
 from agentbox.isolation import diskpool
 from agentbox.network import egressd, plane
 from agentbox.runtime.runtime import Runtime
-from gateway_harness import free_port
+from gateway_harness import GatewayProcess
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 CONFIG = """
 gateway:
   listen: 127.0.0.1:{port}
-  auth: {{operator_token_env: CRASH_OPERATOR_TOKEN, rate_limit_per_minute: 1000000}}
+  auth: {{operator_token_env: GATEWAY_PROCESS_TOKEN, rate_limit_per_minute: 1000000}}
 tools:
   - name: terminal.run
     allow: [echo, "true"]
@@ -54,40 +53,11 @@ def home(host_ready: None) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-class Gateway:
+class Gateway(GatewayProcess):
     def __init__(self, home: Path, on_shutdown: str = "keep") -> None:
-        self.home = home
-        self.port = free_port()
-        self.token = secrets.token_hex(16)
-        self.config = home / "gateway.yaml"
-        text = CONFIG.format(port=self.port, home=home)
-        text = text.replace("gateway:\n", f"gateway:\n  on_shutdown: {on_shutdown}\n", 1)
-        self.config.write_text(text)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "AGENTBOX_HOME": str(self.home), "CRASH_OPERATOR_TOKEN": self.token}
-        env.pop("AGENTBOX_URL", None)
-        self.proc = subprocess.Popen([AGENTBOX, "serve", "--config", str(self.config)], env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, "the gateway exited at start"
-            with contextlib.suppress(httpx2.TransportError):
-                if httpx2.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            time.sleep(0.1)
-        raise AssertionError("the gateway did not start in 60 s")
-
-    def client(self) -> httpx2.Client:
-        return httpx2.Client(base_url=self.url, timeout=60,
-                             headers={"Authorization": f"Bearer {self.token}"})  # fmt: skip
-
-    def kill(self, sig: int) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        self.proc.wait(60)
+        super().__init__(
+            home, CONFIG.replace("gateway:\n", f"gateway:\n  on_shutdown: {on_shutdown}\n", 1)
+        )
 
 
 def host_resources(home: Path) -> dict[str, Any]:

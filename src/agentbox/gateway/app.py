@@ -254,6 +254,7 @@ def task_workers(
         lambda task: gateway.sandbox_spec({"template": task.template, "project": task.project}),
         lambda task, r: models.cost(r.provider, r.model, r.usage),
         workers=settings.tasks.workers,
+        lease_s=settings.tasks.lease_seconds,
     )
 
 

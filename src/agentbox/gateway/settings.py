@@ -328,6 +328,9 @@ class TaskSettings(Strict):
 
     workers: int = Field(default=1, ge=0, le=64)
     model: str | None = None  # the model the reference loop asks for (default: each provider's)
+    # A running task's worker renews its lease this often x3; a dead gateway's task is
+    # queued again (and resumes after its last step) once the lease has run out.
+    lease_seconds: float = Field(default=30.0, gt=0)
 
 
 class GatewaySettings(Strict):

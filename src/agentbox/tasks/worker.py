@@ -39,6 +39,7 @@ class TaskWorkers:
         account: Callable[[Task, ChatResponse], float],
         workers: int = 1,
         poll_s: float = 0.5,
+        lease_s: float = LEASE_S,
         on_finish: Callable[[Task], Any] | None = None,
     ) -> None:
         self.store = store
@@ -50,6 +51,7 @@ class TaskWorkers:
         self.account = account
         self.workers = workers
         self.poll_s = poll_s
+        self.lease_s = lease_s
         self.on_finish = on_finish
         self.id = "worker-" + secrets.token_hex(4)
         self._wake = asyncio.Event()
@@ -71,7 +73,7 @@ class TaskWorkers:
     async def _loop(self) -> None:
         while True:
             await asyncio.to_thread(self.store.requeue_expired)
-            task = await asyncio.to_thread(self.store.claim, self.id, LEASE_S)
+            task = await asyncio.to_thread(self.store.claim, self.id, self.lease_s)
             if task is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_s)
@@ -142,8 +144,8 @@ class TaskWorkers:
 
     async def _renew(self, task: Task) -> None:
         while True:
-            await asyncio.sleep(LEASE_S / 3)
-            await asyncio.to_thread(self.store.renew, task.id, self.id, LEASE_S)
+            await asyncio.sleep(self.lease_s / 3)
+            await asyncio.to_thread(self.store.renew, task.id, self.id, self.lease_s)
 
 
 class _Bound:
