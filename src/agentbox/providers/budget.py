@@ -16,8 +16,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing, contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
@@ -27,6 +26,7 @@ from typing import Any
 from agentbox.errors import BudgetExceeded
 from agentbox.gateway.settings import BudgetSettings, GatewaySettings, ModelPrice
 from agentbox.providers.types import Usage
+from agentbox.sqlitedb import SqliteDB
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class Alert:
         return asdict(self) | {"message": self.message}
 
 
-class BudgetLedger:
+class BudgetLedger(SqliteDB):
     """``path`` is the SQLite file (e.g. ``$AGENTBOX_HOME/usage.db``); ``clock`` gives wall
     time (seconds since the epoch), which decides the UTC day."""
 
@@ -134,15 +134,12 @@ class BudgetLedger:
         clock: Callable[[], float] = time.time,
         keep_days: int = 400,
     ) -> None:
-        self.path = path
         self._budgets = {b.project: b for b in budgets}
         self._prices = prices or {}
         self._clock = clock
         self._unpriced_warned: set[tuple[str, str]] = set()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(self._connect()) as db:
-            db.execute("PRAGMA journal_mode=WAL")  # persistent: set once per file
-            db.executescript(_SCHEMA)
+        super().__init__(path, _SCHEMA)
+        with self._tx() as db:
             oldest = _day(self._clock() - keep_days * 86400)
             db.execute("DELETE FROM usage WHERE day < ?", (oldest,))
             db.execute("DELETE FROM budget_alerts WHERE day < ?", (oldest,))
@@ -151,22 +148,6 @@ class BudgetLedger:
     def from_settings(cls, path: Path, settings: GatewaySettings) -> BudgetLedger:
         prices = {p.name: p.prices for p in settings.providers}
         return cls(path, settings.budgets, prices)
-
-    def _connect(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        db.execute("PRAGMA synchronous=NORMAL")
-        return db
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with closing(self._connect()) as db:
-            db.execute("BEGIN IMMEDIATE")  # one writer at a time, across processes
-            try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
 
     def price_of(self, provider: str, model: str) -> ModelPrice | None:
         """The configured price; a dated name (``gpt-4o-2024-08-06``) takes its base's."""
@@ -192,7 +173,7 @@ class BudgetLedger:
             return
         now = self._clock()
         day = _day(now)
-        with closing(self._connect()) as db:
+        with self._read() as db:
             tokens, nanos = self._spent(db, day, project)
         spent = []
         if budget.tokens_per_day and tokens >= budget.tokens_per_day:
@@ -300,7 +281,7 @@ class BudgetLedger:
             query += " AND project = ?"
             args += (project,)
         query += " GROUP BY project, provider, model ORDER BY project, provider, model"
-        with closing(self._connect()) as db:
+        with self._read() as db:
             rows = db.execute(query, args).fetchall()
         budgeted = {p for p in self._budgets if project is None or p == project}
         names = sorted({r[0] for r in rows} | budgeted)

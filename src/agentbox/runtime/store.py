@@ -9,16 +9,14 @@ from __future__ import annotations
 import builtins
 import json
 import sqlite3
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agentbox.config import Admission
 from agentbox.errors import CapacityExceeded, QuotaExceeded
+from agentbox.sqlitedb import SqliteDB
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -123,39 +121,9 @@ def _admit(db: sqlite3.Connection, admission: Admission, spec: dict[str, Any]) -
             )
 
 
-class Store:
+class Store(SqliteDB):
     def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._local = threading.local()
-        self._conn().executescript(_SCHEMA)  # idempotent; executescript commits itself
-
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.row_factory = sqlite3.Row
-            self._local.conn = conn
-        return conn
-
-    def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        super().__init__(path, _SCHEMA)
 
     @staticmethod
     def _record(row: sqlite3.Row) -> SandboxRecord:

@@ -12,16 +12,13 @@ from __future__ import annotations
 import builtins
 import json
 import secrets
-import sqlite3
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from agentbox.errors import Conflict, NotFound
+from agentbox.sqlitedb import SqliteDB
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -117,33 +114,9 @@ class Step:
         return asdict(self)
 
 
-class TaskStore:
+class TaskStore(SqliteDB):
     def __init__(self, path: Path) -> None:
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._local = threading.local()
-        self._conn().executescript(_SCHEMA)
-
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.row_factory = sqlite3.Row
-            self._local.conn = conn
-        return conn
-
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        db = self._conn()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+        super().__init__(path, _SCHEMA)
 
     # the queue ----------------------------------------------------------------------------
     def submit(self, goal: str, template: str, project: str, max_steps: int) -> Task:
