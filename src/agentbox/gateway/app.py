@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,14 +148,25 @@ class ToolFastPath:
     outside FastAPI: the hottest route skips routing, FastAPI's middleware and DI.
     """
 
-    def __init__(self, app: ASGIApp, endpoint: ToolEndpoint) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        endpoint: ToolEndpoint,
+        exact: dict[str, Callable[[Request], Awaitable[Response]]] | None = None,
+    ) -> None:
         self.app = app
         self.endpoint = endpoint
+        # POST routes answered the same way (the model endpoint): path -> handler(request).
+        self.exact = exact or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         name = _tool_name(scope)
         if name is None:
-            await self.app(scope, receive, send)
+            handler = self.exact.get(scope["path"]) if _is_post(scope) else None
+            if handler is None:
+                await self.app(scope, receive, send)
+            else:
+                await self._exact(handler, scope, receive, send)
             return
         chunks = []
         while True:
@@ -178,9 +189,29 @@ class ToolFastPath:
             response = JSONResponse(INTERNAL_ERROR, status_code=500)
         await response(scope, receive, send)
 
+    async def _exact(
+        self,
+        handler: Callable[[Request], Awaitable[Response]],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        try:
+            response = await handler(Request(scope, receive))
+        except AgentboxError as e:
+            response = error_response(e)
+        except Exception:
+            log.exception("%s failed", scope["path"])
+            response = JSONResponse(INTERNAL_ERROR, status_code=500)
+        await response(scope, receive, send)
+
+
+def _is_post(scope: Scope) -> bool:
+    return bool(scope["type"] == "http" and scope["method"] == "POST")
+
 
 def _tool_name(scope: Scope) -> str | None:
-    if scope["type"] != "http" or scope["method"] != "POST":
+    if not _is_post(scope):
         return None
     path: str = scope["path"]
     if not path.startswith(TOOL_ROUTE_PREFIX):
@@ -425,14 +456,15 @@ def create_app(
 
     call_tool = tool_endpoint(gateway, principal_of)
     app.include_router(build_router(gateway, authenticate, call_tool))
-    app.include_router(build_model_router(models, runtime, principal_of))
+    model_router, model_handlers = build_model_router(models, runtime, principal_of)
+    app.include_router(model_router)
     app.include_router(build_task_router(tasks, authenticate, workers.wake))
     mount_console(app)  # GET / and /console/*: static, no data, no token
     # An ASGI endpoint (not a Mount, which would redirect POST /mcp to /mcp/).
     mcp_endpoint: Any = StreamableHTTPASGIApp(session_manager)
     app.router.add_route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"])
     app.front = HostAndSizeGuard(
-        ToolFastPath(app.serve_routes, call_tool),
+        ToolFastPath(app.serve_routes, call_tool, model_handlers),
         hosts=hosts,
         origins=origins,
         max_body=settings.gateway.max_body_bytes,

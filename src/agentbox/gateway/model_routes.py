@@ -14,11 +14,12 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
 
 from agentbox.errors import AgentboxError, InvalidRequest
 from agentbox.gateway.auth import Principal
@@ -40,7 +41,9 @@ def _anthropic_stop(reason: str | None) -> str:
 
 def build_model_router(
     service: ModelService, runtime: Runtime, principal_of: Callable[[str | None], Principal]
-) -> APIRouter:
+) -> tuple[APIRouter, dict[str, Callable[[Request], Awaitable[Response]]]]:
+    """The routes (for the schema), and the two POST handlers by path, which the app's
+    front door calls without FastAPI's routing (what a model call adds must stay small)."""
     api = APIRouter(prefix="/v1", tags=["models"])
 
     async def caller(request: Request) -> Attribution:
@@ -75,8 +78,7 @@ def build_model_router(
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             events = service.stream(chat, who)
             first = await _first(events)
-            return StreamingResponse(_openai_sse(first, events, usage),
-                                     media_type="text/event-stream")  # fmt: skip
+            return EventStream(_openai_sse(first, events, usage))
         return _openai_json(await service.complete(chat, who))
 
     @api.post("/messages")
@@ -88,8 +90,7 @@ def build_model_router(
         if chat.stream:
             events = service.stream(chat, who)
             first = await _first(events)
-            return StreamingResponse(_anthropic_sse(first, events, chat),
-                                     media_type="text/event-stream")  # fmt: skip
+            return EventStream(_anthropic_sse(first, events, chat))
         return _anthropic_json(await service.complete(chat, who))
 
     @api.get("/usage")
@@ -104,7 +105,30 @@ def build_model_router(
         principal_of(request.headers.get("authorization")).require_operator("reading providers")
         return service.health()
 
-    return api
+    return api, {"/v1/chat/completions": chat_completions, "/v1/messages": messages}
+
+
+class EventStream(Response):
+    """Server-sent events, each chunk sent as it comes: no background task watching for a
+    disconnect (Starlette's StreamingResponse runs one, ~1 ms before the first byte); a
+    client that went away makes the next send fail, which ends the stream."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        super().__init__(headers={"Cache-Control": "no-store"})
+        # Response sets Content-Length: 0 for its empty body; a stream has none.
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self.chunks = chunks
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        try:
+            async for chunk in self.chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except OSError:
+            return  # the client is gone
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def _first(events: AsyncIterator[StreamEvent]) -> StreamEvent:
@@ -226,24 +250,25 @@ async def _openai_sse(first: StreamEvent, rest: AsyncIterator[StreamEvent], usag
         return f"data: {json.dumps(data)}\n\n".encode()
 
     model = first.model or ""
-    yield chunk({"role": "assistant", "content": ""}, None, model)
+    preamble = chunk({"role": "assistant", "content": ""}, None, model)
     try:
         async for event in _all(first, rest):
             if event.kind == "text":
-                yield chunk({"content": event.text}, None, model)
+                # The role chunk leaves with the first text: one write to the first token.
+                yield preamble + chunk({"content": event.text}, None, model)
             else:
-                finish = _FINISH_OPENAI.get(
-                    event.finish_reason or "", event.finish_reason or "stop"
+                yield preamble + chunk(
+                    {}, _openai_finish(event.finish_reason), event.model or model
                 )
-                yield chunk({}, finish, event.model or model)
-                if usage and event.usage is not None:
-                    u = event.usage
-                    data = {"id": ident, "object": "chat.completion.chunk", "created": created,
-                            "model": event.model or model, "choices": [],
-                            "usage": {"prompt_tokens": u.input_tokens,
-                                      "completion_tokens": u.output_tokens,
-                                      "total_tokens": u.total}}  # fmt: skip
-                    yield f"data: {json.dumps(data)}\n\n".encode()
+            preamble = b""
+            if event.kind == "done" and usage and event.usage is not None:
+                u = event.usage
+                data = {"id": ident, "object": "chat.completion.chunk", "created": created,
+                        "model": event.model or model, "choices": [],
+                        "usage": {"prompt_tokens": u.input_tokens,
+                                  "completion_tokens": u.output_tokens,
+                                  "total_tokens": u.total}}  # fmt: skip
+                yield f"data: {json.dumps(data)}\n\n".encode()
     except AgentboxError as e:  # after the first byte only a stream event can say it
         yield f"data: {json.dumps({'error': e.to_dict()})}\n\n".encode()
     yield b"data: [DONE]\n\n"
@@ -255,22 +280,23 @@ async def _anthropic_sse(first: StreamEvent, rest: AsyncIterator[StreamEvent], c
         return f"event: {event}\ndata: {json.dumps({'type': event, **data})}\n\n".encode()
 
     model = first.model or chat.model or ""
-    yield sse("message_start", {"message": {
+    preamble = sse("message_start", {"message": {
         "id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant",
         "model": model, "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": 0, "output_tokens": 0}}})  # fmt: skip
-    yield sse("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+    preamble += sse("content_block_start",
+                    {"index": 0, "content_block": {"type": "text", "text": ""}})  # fmt: skip
     try:
         async for event in _all(first, rest):
-            if event.kind == "text":
+            if event.kind == "text":  # the preamble leaves with the first text
                 delta = {"type": "text_delta", "text": event.text}
-                yield sse("content_block_delta", {"index": 0, "delta": delta})
+                yield preamble + sse("content_block_delta", {"index": 0, "delta": delta})
+                preamble = b""
             else:
-                yield sse("content_block_stop", {"index": 0})
+                yield preamble + sse("content_block_stop", {"index": 0})
+                preamble = b""
                 u = event.usage
-                stop = _FINISH_ANTHROPIC.get(
-                    event.finish_reason or "", event.finish_reason or "end_turn"
-                )
+                stop = _anthropic_stop(event.finish_reason)
                 yield sse("message_delta", {
                     "delta": {"stop_reason": stop, "stop_sequence": None},
                     "usage": {"input_tokens": u.input_tokens if u else 0,
