@@ -269,6 +269,7 @@ def test_operator_approves_a_command_and_manages_a_sandbox(
     expect(row).to_be_visible()
     expect(row).to_contain_text("running")
     expect(row).to_contain_text("256 MiB")
+    expect(row).to_contain_text(re.compile(r"\d.* memory, \d+\.\d s CPU"))  # resource use
     expect(page.locator("#usage-status")).to_contain_text("No model usage today")
     expect(page.locator("#providers-status")).to_contain_text("No model providers configured")
     audit_rows = page.locator("#audit-rows tr")

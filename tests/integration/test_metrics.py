@@ -82,6 +82,8 @@ def test_the_numbers_follow_what_happened(gw: RunningGateway) -> None:
         try:
             r = op.post(f"/v1/sandboxes/{sid}/commands", json={"command": "echo hi"})
             assert r.status_code == 200
+            usage = op.get(f"/v1/sandboxes/{sid}").json()["usage"]  # what it uses right now
+            assert usage["memory_bytes"] > 0 and usage["cpu_seconds"] >= 0
             after = scrape(gw)
             assert value(after, "agentbox_sandboxes", state="running") == running_before + 1
             created = value(

@@ -27,6 +27,7 @@ from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
 from agentbox.network import ports
 from agentbox.runtime.snapshots import Snapshots
+from agentbox.runtime.store import SandboxRecord
 
 
 class Body(BaseModel):
@@ -213,15 +214,28 @@ def build_router(
         gateway.lifecycle_changed()
         return record.to_dict()
 
+    def with_usage(record: SandboxRecord) -> dict[str, Any]:
+        """The record, plus what its processes use now (memory, CPU time) if it runs."""
+        data = record.to_dict()
+        if record.state in ("running", "paused"):
+            cgroup = gateway.runtime.layout.sandbox(record.id)
+            data["usage"] = {
+                "memory_bytes": cgroup.memory_current(),
+                "cpu_seconds": round(cgroup.cpu_usage_us() / 1e6, 3),
+            }
+        return data
+
     @api.get("/sandboxes", tags=["sandboxes"])
     async def list_sandboxes(p: Principal = auth) -> list[dict[str, Any]]:
         records = await asyncio.to_thread(gateway.runtime.list)
-        return [r.to_dict() for r in records if p.is_operator or r.id == p.sandbox_id]
+        mine = [r for r in records if p.is_operator or r.id == p.sandbox_id]
+        return await asyncio.to_thread(lambda: [with_usage(r) for r in mine])
 
     @api.get("/sandboxes/{sandbox_id}", tags=["sandboxes"])
     async def get_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
         p.require_sandbox(sandbox_id)
-        return (await asyncio.to_thread(gateway.runtime.get, sandbox_id)).to_dict()
+        record = await asyncio.to_thread(gateway.runtime.get, sandbox_id)
+        return await asyncio.to_thread(with_usage, record)
 
     @api.delete("/sandboxes/{sandbox_id}", tags=["sandboxes"])
     async def destroy_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:

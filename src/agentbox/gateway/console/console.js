@@ -201,7 +201,7 @@ function buildSandboxRow(sandbox) {
   row.append(head);
   const state = el("td");
   state.append(el("span"));
-  row.append(state, el("td"), el("td"), el("td"), el("td"));
+  row.append(state, el("td"), el("td"), el("td"), el("td"), el("td"));
   const actions = el("td", null, "actions");
   for (const action of ACTIONS) {
     const button = el("button", action.label, action.name === "destroy" ? "danger" : "");
@@ -225,7 +225,11 @@ function updateSandboxRow(row, sandbox) {
   cells[3].textContent = plain(sandbox.project);
   cells[4].textContent = typeof sandbox.created_at === "number" ? ago(now - sandbox.created_at) : "—";
   cells[5].textContent = bytes(sandbox.memory);
-  for (const button of cells[6].querySelectorAll("button")) {
+  const usage = sandbox.usage;
+  cells[6].textContent = usage
+    ? `${bytes(usage.memory_bytes)} memory, ${Number(usage.cpu_seconds).toFixed(1)} s CPU`
+    : "—";
+  for (const button of cells[7].querySelectorAll("button")) {
     const action = ACTIONS.find((a) => a.name === button.dataset.action);
     const allowed = action.when === null || action.when.includes(sandbox.state);
     button.disabled = busy.has(sandbox.id) || !allowed;
