@@ -367,7 +367,9 @@ def create_app(
     ]
     keeper = PoolKeeper(runtime, pools)
     gateway.pool_keeper = keeper
-    models = ModelService(settings, home, audit, gateway.metrics, redactor.redact)
+    models = ModelService(
+        settings, home, audit, gateway.metrics, redactor.redact, gateway.telemetry
+    )
     tasks = TaskStore(home / "tasks.db")
     workers = task_workers(gateway, models, tasks, settings)
 
@@ -396,6 +398,7 @@ def create_app(
                     await asyncio.to_thread(_end_sandboxes, runtime, settings.gateway.on_shutdown)
                 lifecycle_ingest.stop()  # after: the shutdown's events reach the trail
                 egress_ingest.stop()
+                gateway.telemetry.shutdown()  # buffered spans are exported
                 audit.close()
 
     app = GatewayApp(

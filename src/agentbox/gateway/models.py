@@ -25,6 +25,7 @@ from agentbox.errors import AllProvidersFailed, ProviderError
 from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.metrics import Metrics
 from agentbox.gateway.settings import GatewaySettings
+from agentbox.gateway.telemetry import Telemetry
 from agentbox.providers.budget import Alert, BudgetLedger
 from agentbox.providers.pool import ProviderPool
 from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent, Usage
@@ -51,6 +52,7 @@ class ModelService:
         audit: AuditLog,
         metrics: Metrics,
         redact: Any,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.pool = (
             ProviderPool(settings.providers, settings.retry, redact=redact)
@@ -61,6 +63,7 @@ class ModelService:
         self.audit = audit
         self.metrics = metrics
         self.budgets = {b.project: b for b in settings.budgets}
+        self.telemetry = telemetry or Telemetry(settings)
 
     async def aclose(self) -> None:
         if self.pool is not None:
@@ -89,32 +92,36 @@ class ModelService:
     async def complete(self, request: ChatRequest, who: Attribution) -> ChatResponse:
         # The ledger's SQLite reads and writes run on the loop thread: ~0.1 ms each, less
         # than a hop to a worker thread and back (the same trade as small file reads).
-        self.ledger.check(who.project)
-        started = time.monotonic()
-        try:
-            response = await self._pool().complete(request)
-        except ProviderError as e:
-            self._failed(request, e, who)
-            raise
-        await self._account(response.provider, response.model, response.usage, who, started)
-        return response
+        with self.telemetry.model_span(request.model, who.project) as span:
+            self.ledger.check(who.project)
+            started = time.monotonic()
+            try:
+                response = await self._pool().complete(request)
+            except ProviderError as e:
+                self._failed(request, e, who)
+                raise
+            _describe(span, response.provider, response.model, response.usage)
+            await self._account(response.provider, response.model, response.usage, who, started)
+            return response
 
     async def stream(
         self, request: ChatRequest, who: Attribution
     ) -> AsyncGenerator[StreamEvent, None]:
-        self.ledger.check(who.project)
-        started = time.monotonic()
-        try:
-            async for event in self._pool().stream(request):
-                if event.kind == "done":
-                    usage = event.usage or Usage(0, 0)  # a server that reports none: zero
-                    await self._account(
-                        event.provider or "", event.model or "", usage, who, started
-                    )
-                yield event
-        except ProviderError as e:
-            self._failed(request, e, who)
-            raise
+        with self.telemetry.model_span(request.model, who.project) as span:
+            self.ledger.check(who.project)
+            started = time.monotonic()
+            try:
+                async for event in self._pool().stream(request):
+                    if event.kind == "done":
+                        usage = event.usage or Usage(0, 0)  # a server that reports none: zero
+                        _describe(span, event.provider or "", event.model or "", usage)
+                        await self._account(
+                            event.provider or "", event.model or "", usage, who, started
+                        )
+                    yield event
+            except ProviderError as e:
+                self._failed(request, e, who)
+                raise
 
     async def _account(
         self, provider: str, model: str, usage: Usage, who: Attribution, started: float
@@ -179,3 +186,13 @@ class ModelService:
                                       headers={"Content-Type": "application/json"})  # fmt: skip
             except httpx2.HTTPError as e:
                 log.error("budget alert webhook failed: %s", e)
+
+
+def _describe(span: Any, provider: str, model: str, usage: Usage) -> None:
+    """GenAI attributes of a finished call (span is None when tracing is off)."""
+    if span is None:
+        return
+    span.set_attribute("gen_ai.provider.name", provider)
+    span.set_attribute("gen_ai.response.model", model)
+    span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+    span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)

@@ -36,6 +36,7 @@ from agentbox.gateway.metrics import Metrics
 from agentbox.gateway.policy import CommandPolicy, Decision, FilePolicy, diff_summary
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
+from agentbox.gateway.telemetry import Telemetry
 from agentbox.gateway.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec
 from agentbox.network.names import domain_matches, normalize_host
 from agentbox.runtime.output import OutputCallback
@@ -80,6 +81,7 @@ class Gateway:
         self.audit = audit
         self.redactor = redactor
         self.metrics = Metrics()
+        self.telemetry = Telemetry(settings)  # traces, only when configured
         self.lifecycle: LifecycleIngest | None = None  # set by create_app
         self.pool_keeper: PoolKeeper | None = None  # set by create_app
         self.state_key = sealed.load_key(runtime.home)  # seals MCP requestState
@@ -152,6 +154,21 @@ class Gateway:
         approval_mode: ApprovalMode = "wait",
         approval_id: str | None = None,
         output_listener: OutputCallback | None = None,
+    ) -> Outcome:
+        sandbox_id = str((arguments or {}).get("sandbox_id") or principal.sandbox_id or "")
+        with self.telemetry.tool_span(name, sandbox_id or None):
+            return await self._call_tool(
+                principal, name, arguments, approval_mode, approval_id, output_listener
+            )
+
+    async def _call_tool(
+        self,
+        principal: Principal,
+        name: str,
+        arguments: dict[str, Any] | None,
+        approval_mode: ApprovalMode,
+        approval_id: str | None,
+        output_listener: OutputCallback | None,
     ) -> Outcome:
         started = time.monotonic()
         args = dict(arguments or {})

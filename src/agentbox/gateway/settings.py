@@ -333,12 +333,21 @@ class TaskSettings(Strict):
     lease_seconds: float = Field(default=30.0, gt=0)
 
 
+class TelemetrySettings(Strict):
+    """OpenTelemetry traces over OTLP/HTTP, off unless an endpoint is given (here or in
+    OTEL_EXPORTER_OTLP_ENDPOINT), e.g. http://127.0.0.1:4318."""
+
+    otlp_endpoint: str | None = Field(default=None, pattern=r"^https?://")
+    service_name: str = "agentbox"
+
+
 class GatewaySettings(Strict):
     gateway: GatewaySection = GatewaySection()
     sandbox: SandboxSection = SandboxSection()
     lifecycle: LifecycleSettings = LifecycleSettings()
     snapshots: SnapshotSettings = SnapshotSettings()
     tasks: TaskSettings = TaskSettings()
+    telemetry: TelemetrySettings = TelemetrySettings()
     tools: list[ToolSettings] = Field(default_factory=list)
     redaction: RedactionSettings = RedactionSettings()
     audit: AuditSettings = AuditSettings()
