@@ -52,6 +52,7 @@ class Received:
     path: str
     headers: dict[str, str]  # lower-case names
     body: bytes
+    client_port: int = 0  # the same port again: the client reused its connection
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -94,7 +95,8 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         fake = self.server.fake
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        fake.record(Received(self.path, {k.lower(): v for k, v in self.headers.items()}, raw))
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        fake.record(Received(self.path, headers, raw, self.client_address[1]))
         if self.path != _PATHS[fake.kind]:
             self._json(404, fake.error_body(404, f"no route {self.path}"))
             return

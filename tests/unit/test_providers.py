@@ -511,6 +511,24 @@ def test_streaming_in_both_formats(kind: Any, fake_time: FakeTime) -> None:
         assert body["stream_options"] == {"include_usage": True}
 
 
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_streams_reuse_their_connection(kind: Any, fake_time: FakeTime) -> None:
+    """A stream read to its end hands the connection back: the next request (stream or
+    not) does not pay a new TCP (or, against a real API, TLS) handshake."""
+    with FakeProvider(kind) as fake:
+        pool = make_pool(fake.settings("p", api_key_env="K"), time=fake_time, env={"K": "key"})
+
+        async def three(p: ProviderPool) -> None:
+            for stream in (True, True, False):
+                if stream:
+                    await collect(p, ask(stream=True))
+                else:
+                    await p.complete(ask())
+
+        run(pool, three)
+    assert len({r.client_port for r in fake.requests}) == 1, [r.client_port for r in fake.requests]
+
+
 @pytest.mark.parametrize(("first", "second"), [("openai", "anthropic"), ("anthropic", "openai")])
 def test_a_stream_cut_before_its_first_token_fails_over(
     first: Any, second: Any, fake_time: FakeTime

@@ -173,8 +173,11 @@ class Adapter(ABC):
                 if not response.is_success:
                     await response.aread()
                     raise failure_from_response(response)
-                async for event in self.events(aiter(httpx2.EventSource(response)), request):
+                source = aiter(httpx2.EventSource(response))
+                async for event in self.events(source, request):
                     yield event
+                async for _ in source:  # read the body to its end: the connection is
+                    pass  # then reused (else every stream pays a new TCP/TLS handshake)
         except httpx2.HTTPError as e:
             raise failure_from_exception(e) from e
         except _SHAPE_ERRORS as e:
