@@ -19,6 +19,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
 from agentbox.errors import AgentboxError, InvalidRequest
@@ -79,7 +80,8 @@ def build_model_router(
             events = service.stream(chat, who)
             first = await _first(events)
             return EventStream(_openai_sse(first, events, usage))
-        return _openai_json(await service.complete(chat, who))
+        response, settle = await service.complete_deferred(chat, who)
+        return _openai_json(response, BackgroundTask(settle))
 
     @api.post("/messages")
     async def messages(request: Request) -> Any:
@@ -91,7 +93,8 @@ def build_model_router(
             events = service.stream(chat, who)
             first = await _first(events)
             return EventStream(_anthropic_sse(first, events, chat))
-        return _anthropic_json(await service.complete(chat, who))
+        response, settle = await service.complete_deferred(chat, who)
+        return _anthropic_json(response, BackgroundTask(settle))
 
     @api.get("/usage")
     async def usage(request: Request, project: str | None = None) -> list[dict[str, Any]]:
@@ -195,7 +198,7 @@ def _request(body: dict[str, Any], turns: list[Message], system: str | None, max
         raise InvalidRequest(f"invalid request: {e}") from None
 
 
-def _openai_json(r: ChatResponse) -> JSONResponse:
+def _openai_json(r: ChatResponse, background: BackgroundTask) -> JSONResponse:
     return JSONResponse(
         {
             "id": "chatcmpl-" + secrets.token_hex(12),
@@ -214,10 +217,11 @@ def _openai_json(r: ChatResponse) -> JSONResponse:
             },
         },
         headers={"X-Agentbox-Provider": r.provider},
+        background=background,
     )  # fmt: skip
 
 
-def _anthropic_json(r: ChatResponse) -> JSONResponse:
+def _anthropic_json(r: ChatResponse, background: BackgroundTask) -> JSONResponse:
     return JSONResponse(
         {
             "id": "msg_" + secrets.token_hex(12),
@@ -230,6 +234,7 @@ def _anthropic_json(r: ChatResponse) -> JSONResponse:
             "usage": {"input_tokens": r.usage.input_tokens, "output_tokens": r.usage.output_tokens},
         },
         headers={"X-Agentbox-Provider": r.provider},
+        background=background,
     )  # fmt: skip
 
 

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,6 +90,16 @@ class ModelService:
         ) / 1e6
 
     async def complete(self, request: ChatRequest, who: Attribution) -> ChatResponse:
+        response, settle = await self.complete_deferred(request, who)
+        await settle()
+        return response
+
+    async def complete_deferred(
+        self, request: ChatRequest, who: Attribution
+    ) -> tuple[ChatResponse, Callable[[], Awaitable[None]]]:
+        """The answer, and the accounting to run once it has been sent (the endpoint runs
+        it right after the response's last byte: the caller does not wait for SQLite and
+        the audit record)."""
         # The ledger's SQLite reads and writes run on the loop thread: ~0.1 ms each, less
         # than a hop to a worker thread and back (the same trade as small file reads).
         with self.telemetry.model_span(request.model, who.project) as span:
@@ -101,8 +111,11 @@ class ModelService:
                 self._failed(request, e, who)
                 raise
             _describe(span, response.provider, response.model, response.usage)
+
+        async def settle() -> None:
             await self._account(response.provider, response.model, response.usage, who, started)
-            return response
+
+        return response, settle
 
     async def stream(
         self, request: ChatRequest, who: Attribution
