@@ -180,7 +180,12 @@ def test_failover_and_a_planted_secret_never_leaves(
     assert b"[REDACTED" in secondary.requests[-1].body
     with gw.operator() as op:
         health = {p["name"]: p for p in op.get("/v1/providers").json()}
+        metrics = op.get("/metrics").text
     assert set(health) == {"primary", "secondary"}
+    # every failed attempt counted by category, the retried ones too
+    line = next(x for x in metrics.splitlines() if x.startswith("agentbox_provider_requests_total")
+                and 'provider="primary"' in x and 'outcome="server_error"' in x)  # fmt: skip
+    assert float(line.rsplit(" ", 1)[1]) >= 2
 
 
 def test_all_providers_failing_is_a_clear_503(

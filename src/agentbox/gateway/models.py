@@ -55,7 +55,14 @@ class ModelService:
         telemetry: Telemetry | None = None,
     ) -> None:
         self.pool = (
-            ProviderPool(settings.providers, settings.retry, redact=redact)
+            ProviderPool(
+                settings.providers,
+                settings.retry,
+                redact=redact,
+                on_failure=lambda provider, category, model: metrics.provider_request(
+                    provider, model or "default", category, 0.0
+                ),
+            )
             if settings.providers
             else None
         )
@@ -160,13 +167,7 @@ class ModelService:
             await self._alert(alert)
 
     def _failed(self, request: ChatRequest, error: ProviderError, who: Attribution) -> None:
-        for answer in error.details.get("providers", []) or [error.details]:
-            self.metrics.provider_request(
-                str(answer.get("provider", "unknown")),
-                request.model or "default",
-                str(answer.get("category", "error")),
-                0.0,
-            )
+        # Each failed attempt was counted as it happened (the pool's on_failure).
         self.audit.append(
             decision="model_call_failed",
             actor=who.actor,

@@ -74,10 +74,14 @@ class ProviderPool:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
+        on_failure: Callable[[str, str, str | None], None] | None = None,
     ) -> None:
         if not providers:
             raise InvalidConfig("no model providers are configured (the providers section)")
         self.retry = retry or RetrySettings()
+        # Told of every failed attempt (provider, category, model): retried ones included,
+        # which the final answer alone would hide from the metrics.
+        self._on_failure = on_failure
         self._redact = redact
         self._clock = clock
         self._sleep = sleep
@@ -119,7 +123,7 @@ class ProviderPool:
                 try:
                     response = await adapter.complete(call)
                 except ProviderFailure as failure:
-                    delay = self._failed(health, failure, attempt, answers)
+                    delay = self._failed(health, failure, attempt, answers, call.model)
                     if delay is None:
                         break
                     await self._sleep(delay)
@@ -163,7 +167,7 @@ class ProviderPool:
                             category=failure.category.value,
                             sent_characters=sent,
                         ) from None
-                    delay = self._failed(health, failure, attempt, answers)
+                    delay = self._failed(health, failure, attempt, answers, call.model)
                     if delay is None:
                         break
                     await self._sleep(delay)
@@ -203,11 +207,14 @@ class ProviderPool:
         failure: ProviderFailure,
         attempt: int,
         answers: dict[str, dict[str, Any]],
+        model: str | None = None,
     ) -> float | None:
         """Record a failed attempt; the delay before retrying the same provider, or None
         to fail over."""
         now = self._clock()
         health.failed(failure, now)
+        if self._on_failure is not None:
+            self._on_failure(health.name, failure.category.value, model)
         answers[health.name] = failure.answer(health.name) | {"attempts": attempt + 1}
         log.warning(
             "provider %s attempt %d: %s: %s",
