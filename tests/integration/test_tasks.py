@@ -185,3 +185,23 @@ def test_a_task_resumes_after_its_last_step_when_the_gateway_is_killed(
         steps = op.get(f"/v1/tasks/{task_id}/steps").json()
     assert [s["n"] for s in steps] == [1, 2, 3, 4]
     assert steps[2]["result"]["stdout"] == "step\n"  # step 1 ran once: not from scratch
+
+
+def test_the_cli_queues_and_cancels_without_a_gateway(tmp_path: Path) -> None:
+    """In-process, the CLI writes to the home's queue (a gateway on it would run the task)."""
+    env = {**os.environ, "AGENTBOX_HOME": str(tmp_path)}
+    env.pop("AGENTBOX_URL", None)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([AGENTBOX, "task", *args], env=env, capture_output=True, text=True)
+
+    submitted = cli("submit", "--goal", "tidy the repo", "--project", "p9", "--json")
+    assert submitted.returncode == 0, submitted.stderr
+    task = json.loads(submitted.stdout)
+    assert task["state"] == "queued" and task["project"] == "p9"
+    assert task["id"] in cli("ls").stdout
+    assert cli("cancel", task["id"]).stdout.strip() == f"{task['id']} cancelled"
+    shown = json.loads(cli("show", task["id"]).stdout)
+    assert shown["state"] == "cancelled" and shown["failure"] == "cancelled"
+    again = cli("cancel", task["id"])
+    assert again.returncode == 1 and "already" in again.stderr
