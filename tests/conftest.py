@@ -29,7 +29,18 @@ def agentbox_home() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="agentbox-test-", dir="/var/tmp") as tmp:
         os.environ["AGENTBOX_HOME"] = tmp
         yield Path(tmp)
+        destroy_leftovers(Path(tmp))  # a failed test may have left a sandbox behind
         diskpool.release(Path(tmp))  # the disk pool's mount, before the files go
+
+
+def destroy_leftovers(home: Path) -> None:
+    """Destroy every sandbox still recorded in ``home`` (best effort, at session end)."""
+    runtime = Runtime(home)
+    for record in runtime.store.list():
+        try:
+            runtime.destroy(record.id)
+        except Exception as e:  # keep going: the rest must go too
+            print(f"could not destroy leftover sandbox {record.id}: {e}")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -41,6 +52,7 @@ def _release_disk_pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         mountpoint = line.split()[4]
         if mountpoint.startswith(base) and mountpoint.endswith("/disks"):
+            destroy_leftovers(Path(mountpoint).parent)
             diskpool.release(Path(mountpoint).parent)
 
 

@@ -89,7 +89,9 @@ VENV = "/workspace/.venv"
 
 
 def test_the_seed_chain_runs_as_a_task(
-    tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path, index: Path
+    tmp_path_factory: pytest.TempPathFactory,
+    agentbox_home: Path,
+    index: Path,
 ) -> None:
     with FakeProvider("openai") as model:
         sandbox = f"""sandbox:
@@ -140,14 +142,21 @@ tasks: {{workers: 1}}
                         break
                     time.sleep(0.5)
                 steps = op.get(f"/v1/tasks/{task_id}/steps").json()
-                detail = json.dumps(steps)[:3000]
-                assert task["state"] == "succeeded", (task, detail)
-                opened = steps[2]["result"]
-                assert "Latest version: 1.2.0" in json.dumps(opened), detail
-                install, tests = steps[4]["result"], steps[5]["result"]
-                assert install["exit_code"] == 0, install
-                assert tests["exit_code"] == 0 and "OK" in tests["stderr"], tests
-                manifest = op.get(f"/v1/sandboxes/{task['sandbox']}/files",
-                                  params={"path": "/workspace/requirements.txt"})  # fmt: skip
-                assert "demo==1.2.0" in manifest.text
-                op.delete(f"/v1/sandboxes/{task['sandbox']}")
+                try:
+                    check(op, task, steps)
+                finally:  # the task's sandbox goes, whatever the checks found
+                    if task.get("sandbox"):
+                        op.delete(f"/v1/sandboxes/{task['sandbox']}")
+
+
+def check(op: Any, task: dict[str, Any], steps: list[dict[str, Any]]) -> None:
+    detail = json.dumps(steps)[:3000]
+    assert task["state"] == "succeeded", (task, detail)
+    opened = steps[2]["result"]
+    assert "Latest version: 1.2.0" in json.dumps(opened), detail
+    install, tests = steps[4]["result"], steps[5]["result"]
+    assert install["exit_code"] == 0, install
+    assert tests["exit_code"] == 0 and "OK" in tests["stderr"], tests
+    manifest = op.get(f"/v1/sandboxes/{task['sandbox']}/files",
+                      params={"path": "/workspace/requirements.txt"})  # fmt: skip
+    assert "demo==1.2.0" in manifest.text
