@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx2
 
 from agentbox import Sandbox
-from common import remove_home, write_doc_section
+from common import remove_home, timed, write_doc_section
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 CONFIG = """
@@ -71,15 +71,6 @@ def gateway(home: Path, fsync: str) -> Iterator[tuple[str, str]]:
     finally:
         proc.terminate()
         proc.wait(30)
-
-
-def timed(fn: Callable[[], object], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        t = time.perf_counter_ns()
-        fn()
-        out.append((time.perf_counter_ns() - t) / 1e6)
-    return out
 
 
 WRK_SCRIPT = """

@@ -24,13 +24,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from agentbox import Sandbox  # noqa: E402
 from agentbox.runtime.recovery import recover  # noqa: E402
 from agentbox.runtime.runtime import Runtime, spec_from  # noqa: E402
-from common import bench_home, percentile, write_doc_section  # noqa: E402
-
-
-def timed_ms(fn: object) -> float:
-    start = time.perf_counter()
-    fn()  # type: ignore[operator]
-    return (time.perf_counter() - start) * 1000
+from common import bench_home, percentile, timed, write_doc_section  # noqa: E402
 
 
 def main() -> None:
@@ -48,11 +42,15 @@ def main() -> None:
             time.sleep(0.5)
             pauses, resumes, stops, conts = [], [], [], []
             for _ in range(n):
-                pauses.append(timed_ms(lambda: runtime.pause(sb.id)))
-                resumes.append(timed_ms(lambda: runtime.resume(sb.id)))
+                pauses.append(timed(lambda: runtime.pause(sb.id), 1)[0])
+                resumes.append(timed(lambda: runtime.resume(sb.id), 1)[0])
                 pids = cgroup.pids()
-                stops.append(timed_ms(lambda pids=pids: [os.kill(p, signal.SIGSTOP) for p in pids]))
-                conts.append(timed_ms(lambda pids=pids: [os.kill(p, signal.SIGCONT) for p in pids]))
+                stops.append(
+                    timed(lambda pids=pids: [os.kill(p, signal.SIGSTOP) for p in pids], 1)[0]
+                )
+                conts.append(
+                    timed(lambda pids=pids: [os.kill(p, signal.SIGCONT) for p in pids], 1)[0]
+                )
         finally:
             sb.kill()
         claims, colds = warm_pool(runtime, n // 2)

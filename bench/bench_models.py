@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx2
@@ -24,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from common import bench_home, percentile, write_doc_section  # noqa: E402
+from common import bench_home, percentile, timed, write_doc_section  # noqa: E402
 from fakeproviders import FakeProvider  # noqa: E402
 from gateway_harness import GatewayProcess  # noqa: E402
 
@@ -43,15 +42,6 @@ providers:
     models: [fake-model]
 """
 BODY = {"model": "fake-model", "messages": [{"role": "user", "content": "hello"}]}
-
-
-def timed(fn: Callable[[], object], n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - start) * 1000)
-    return out
 
 
 def first_token_ms(client: httpx2.Client, url: str) -> float:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +30,16 @@ MIB = 1 << 20
 
 def now_ns() -> int:
     return time.perf_counter_ns()
+
+
+def timed(fn: Callable[[], object], n: int) -> list[float]:
+    """Milliseconds of ``n`` calls of ``fn``, one by one (wall clock)."""
+    out = []
+    for _ in range(n):
+        start = time.perf_counter_ns()
+        fn()
+        out.append((time.perf_counter_ns() - start) / 1e6)
+    return out
 
 
 def progress(message: str) -> None:

@@ -270,7 +270,11 @@ def test_operator_approves_a_command_and_manages_a_sandbox(
     expect(row).to_contain_text("running")
     expect(row).to_contain_text("256 MiB")
     expect(row).to_contain_text(re.compile(r"\d.* memory, \d+\.\d s CPU"))  # resource use
-    expect(page.locator("#usage-status")).to_contain_text("No model usage today")
+    # today's usage in this home (other tests' gateways may have spent some), or none
+    expect(page.locator(
+        "#usage-body table, #usage-status:has-text('No model usage today')").first
+    ).to_be_visible()  # fmt: skip
+    expect(page.locator("#usage-status")).not_to_contain_text("Could not")
     expect(page.locator("#providers-status")).to_contain_text("No model providers configured")
     audit_rows = page.locator("#audit-rows tr")
     expect(audit_rows.first).to_be_visible()

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import http.server
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,48 +14,21 @@ from typing import Any
 import httpx2
 import pytest
 
-from gateway_harness import RunningGateway, free_port, running_gateway
+from gateway_harness import RunningGateway, running_gateway
+from httpsink import Sink
 
 WEBHOOK_SECRET = "whsec-test-0123456789"
 
 
-class Receiver:
-    """A webhook receiver: records each POST's headers and body."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.posts: list[tuple[dict[str, str], bytes]] = []
-        received = self.posts
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                received.append((dict(self.headers.items()), body))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def events(self) -> list[dict[str, Any]]:
-        return [json.loads(body) for _, body in self.posts]
-
-
 @pytest.fixture(scope="module")
-def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    r.thread.start()
-    yield r
-    r.server.shutdown()
-    r.server.server_close()
+def receiver() -> Iterator[Sink]:
+    with Sink() as sink:
+        yield sink
 
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path, host_ready: None,
-       receiver: Receiver) -> Iterator[RunningGateway]:  # fmt: skip
+       receiver: Sink) -> Iterator[RunningGateway]:  # fmt: skip
     extra = f"""
 lifecycle:
   check_interval: 0.5s
@@ -99,7 +70,7 @@ def read_sse(response: httpx2.Response, until: Any, timeout: float = 30.0) -> li
 
 
 def test_idle_sandbox_with_an_idle_open_stream_is_paused_and_told(
-    gw: RunningGateway, receiver: Receiver
+    gw: RunningGateway, receiver: Sink
 ) -> None:
     with gw.operator() as op:
         r = op.post("/v1/sandboxes", json={"memory": "256MiB", "disk": "128MiB",
@@ -129,10 +100,10 @@ def test_idle_sandbox_with_an_idle_open_stream_is_paused_and_told(
         finally:
             op.delete(f"/v1/sandboxes/{sid}")
     # the webhook got them, signed
-    hooked = wait_for(lambda: [e for e in receiver.events() if e["sandbox"] == sid
+    hooked = wait_for(lambda: [e for e in receiver.json_bodies() if e["sandbox"] == sid
                                and e["type"] == "destroyed"])  # fmt: skip
     assert hooked[0]["reason"] == "operator"
-    types = [(e["type"], e["reason"]) for e in receiver.events() if e["sandbox"] == sid]
+    types = [(e["type"], e["reason"]) for e in receiver.json_bodies() if e["sandbox"] == sid]
     assert types[:4] == [("created", "operator"), ("paused", "idle"),
                          ("resumed", "activity"), ("destroyed", "operator")]  # fmt: skip
     for headers, body in receiver.posts:

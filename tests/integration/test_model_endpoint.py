@@ -5,9 +5,7 @@ budget is spent, and never carrying a planted secret upstream."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +13,8 @@ from typing import Any
 import pytest
 
 from fakeproviders import FakeProvider, Reply
-from gateway_harness import RunningGateway, free_port, running_gateway
+from gateway_harness import RunningGateway, running_gateway
+from httpsink import Sink
 
 SECRET = "sk-planted-0123456789abcdef0123"
 
@@ -26,38 +25,15 @@ def fakes() -> Iterator[tuple[FakeProvider, FakeProvider]]:
         yield primary, secondary
 
 
-class Hook:
-    """A webhook receiver on loopback (budget alerts)."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        bodies = self.bodies
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-
 @pytest.fixture(scope="module")
-def hook() -> Iterator[Hook]:
-    h = Hook()
-    yield h
-    h.server.shutdown()
-    h.server.server_close()
+def hook() -> Iterator[Sink]:
+    with Sink() as sink:
+        yield sink
 
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path, host_ready: None,
-       fakes: tuple[FakeProvider, FakeProvider], hook: Hook) -> Iterator[RunningGateway]:  # fmt: skip
+       fakes: tuple[FakeProvider, FakeProvider], hook: Sink) -> Iterator[RunningGateway]:  # fmt: skip
     primary, secondary = fakes
     extra = f"""
 providers:
@@ -81,7 +57,7 @@ budgets:
     alert_webhook_env: AGENTBOX_TEST_BUDGET_HOOK
 """
     env = {"FAKE_OPENAI_KEY": "k1", "FAKE_ANTHROPIC_KEY": "k2",
-           "AGENTBOX_TEST_PLANTED_SECRET": SECRET, "AGENTBOX_TEST_BUDGET_HOOK": hook.url}  # fmt: skip
+           "AGENTBOX_TEST_PLANTED_SECRET": SECRET, "AGENTBOX_TEST_BUDGET_HOOK": hook.url + "/alerts"}  # fmt: skip
     with running_gateway(agentbox_home, tmp_path_factory.mktemp("gwmodel"), extra_yaml=extra,
                          env=env) as running:  # fmt: skip
         yield running
@@ -208,7 +184,7 @@ def test_all_providers_failing_is_a_clear_503(
     assert {p["provider"] for p in providers} == {"primary", "secondary"}
 
 
-def test_a_spent_budget_refuses_and_alerts(gw: RunningGateway, hook: Hook,
+def test_a_spent_budget_refuses_and_alerts(gw: RunningGateway, hook: Sink,
                                           fakes: tuple[FakeProvider, FakeProvider]) -> None:  # fmt: skip
     headers = {"X-Agentbox-Project": "tight"}
     for fake in fakes:  # whichever provider answers, each call costs 60 tokens
@@ -223,4 +199,4 @@ def test_a_spent_budget_refuses_and_alerts(gw: RunningGateway, hook: Hook,
     with gw.operator() as op:
         alerts = op.get("/v1/audit", params={"decision": "budget_alert"}).json()
     assert any(a.get("project") == "tight" for a in alerts)
-    assert [(b["project"], b["threshold"]) for b in hook.bodies] == [("tight", 0.5)]
+    assert [(b["project"], b["threshold"]) for b in hook.json_bodies()] == [("tight", 0.5)]

@@ -3,8 +3,6 @@ server decoding the protobuf request), with GenAI / MCP semantic-convention attr
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,42 +11,26 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from fakeproviders import FakeProvider, Reply
-from gateway_harness import free_port, running_gateway
-
-
-class Collector:
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.spans: list[Any] = []
-        received = self.spans
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                for resource in request.resource_spans:
-                    for scope in resource.scope_spans:
-                        received.extend(scope.spans)
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+from gateway_harness import running_gateway
+from httpsink import Sink
 
 
 @pytest.fixture
-def collector() -> Iterator[Collector]:
-    c = Collector()
-    c.thread.start()
-    yield c
-    c.server.shutdown()
-    c.server.server_close()
+def collector() -> Iterator[Sink]:
+    with Sink(status=200) as sink:  # an OTLP/HTTP collector: 200, no partial-success body
+        yield sink
+
+
+def spans(collector: Sink) -> list[Any]:
+    """The spans of every export request the collector received (OTLP protobuf)."""
+    out: list[Any] = []
+    for _, body in collector.posts:
+        request = ExportTraceServiceRequest()
+        request.ParseFromString(body)
+        for resource in request.resource_spans:
+            for scope in resource.scope_spans:
+                out.extend(scope.spans)
+    return out
 
 
 def attrs(span: Any) -> dict[str, Any]:
@@ -61,7 +43,7 @@ def attrs(span: Any) -> dict[str, Any]:
 
 def test_tool_and_model_calls_become_spans(
     tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path, host_ready: None,
-    collector: Collector,
+    collector: Sink,
 ) -> None:  # fmt: skip
     with FakeProvider("openai") as fake:
         extra = f"""
@@ -92,7 +74,8 @@ providers:
                 finally:
                     op.delete(f"/v1/sandboxes/{sid}")
         # the gateway's shutdown flushed the batch
-    by_name = {s.name: s for s in collector.spans}
+    received = spans(collector)
+    by_name = {s.name: s for s in received}
     tool = attrs(by_name["execute_tool fs_stat"])
     assert tool["gen_ai.operation.name"] == "execute_tool"
     assert tool["gen_ai.tool.name"] == "fs_stat" and tool["mcp.method.name"] == "tools/call"
@@ -102,5 +85,5 @@ providers:
     chat = attrs(by_name["chat fake-model"])
     assert chat["gen_ai.operation.name"] == "chat" and chat["gen_ai.provider.name"] == "fake"
     assert chat["gen_ai.usage.input_tokens"] == 21 and chat["gen_ai.usage.output_tokens"] == 8
-    flat = repr([attrs(s) for s in collector.spans])
+    flat = repr([attrs(s) for s in received])
     assert "curl" not in flat and "/workspace" not in flat  # names and numbers only

@@ -395,8 +395,8 @@ class RemoteRuntime:
     def resume(self, sandbox_id: str) -> SandboxRecord:
         return _record(self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/resume"))
 
-    def stop(self, sandbox_id: str) -> None:
-        self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/stop")
+    def stop(self, sandbox_id: str) -> SandboxRecord:
+        return _record(self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/stop"))
 
     def fork(self, sandbox_id: str) -> SandboxRecord:
         return _record(self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/fork"))

@@ -115,7 +115,7 @@ class ModelService:
             try:
                 response = await self._pool().complete(request)
             except ProviderError as e:
-                self._failed(request, e, who)
+                self._failed(e, who)
                 raise
             _describe(span, response.provider, response.model, response.usage)
 
@@ -140,7 +140,7 @@ class ModelService:
                         )
                     yield event
             except ProviderError as e:
-                self._failed(request, e, who)
+                self._failed(e, who)
                 raise
 
     async def _account(
@@ -166,7 +166,7 @@ class ModelService:
         for alert in alerts:
             await self._alert(alert)
 
-    def _failed(self, request: ChatRequest, error: ProviderError, who: Attribution) -> None:
+    def _failed(self, error: ProviderError, who: Attribution) -> None:
         # Each failed attempt was counted as it happened (the pool's on_failure).
         self.audit.append(
             decision="model_call_failed",

@@ -249,33 +249,38 @@ def build_router(
         gateway.lifecycle_changed()
         return {"id": sandbox_id, "destroyed": True, "tokens_revoked": revoked}
 
+    async def transition(
+        p: Principal, sandbox_id: str, what: str, change: Any, decision: str
+    ) -> dict[str, Any]:
+        """An operator's pause / resume / stop: made, audited, its event copied now."""
+        p.require_operator(what)
+        record = await asyncio.to_thread(change, sandbox_id, actor=p.actor)
+        await gateway.audit_event(p, decision, sandbox=sandbox_id, reason="operator")
+        gateway.lifecycle_changed()
+        return dict(record.to_dict())
+
     @api.post("/sandboxes/{sandbox_id}/pause", tags=["sandboxes"])
     async def pause_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
         """Freeze every process; any later call on the sandbox resumes it."""
-        p.require_operator("pausing a sandbox")
-        record = await asyncio.to_thread(gateway.runtime.pause, sandbox_id, actor=p.actor)
-        await gateway.audit_event(p, "sandbox_paused", sandbox=sandbox_id, reason="operator")
-        gateway.lifecycle_changed()
-        return record.to_dict()
+        return await transition(
+            p, sandbox_id, "pausing a sandbox", gateway.runtime.pause, "sandbox_paused"
+        )
 
     @api.post("/sandboxes/{sandbox_id}/resume", tags=["sandboxes"])
     async def resume_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
         """Continue a paused sandbox, or start a stopped one again on its kept disk."""
-        p.require_operator("resuming a sandbox")
-        record = await asyncio.to_thread(gateway.runtime.resume, sandbox_id, actor=p.actor)
-        await gateway.audit_event(p, "sandbox_resumed", sandbox=sandbox_id, reason="operator")
-        gateway.lifecycle_changed()
-        return record.to_dict()
+        return await transition(
+            p, sandbox_id, "resuming a sandbox", gateway.runtime.resume, "sandbox_resumed"
+        )
 
     @api.post("/sandboxes/{sandbox_id}/stop", tags=["sandboxes"])
     async def stop_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
         """End every process but keep the disk; resume starts it again."""
         p.require_operator("stopping a sandbox")
         await asyncio.to_thread(gateway.browsers.close_sandbox, sandbox_id)
-        await asyncio.to_thread(gateway.runtime.stop, sandbox_id, actor=p.actor)
-        await gateway.audit_event(p, "sandbox_stopped", sandbox=sandbox_id, reason="operator")
-        gateway.lifecycle_changed()
-        return (await asyncio.to_thread(gateway.runtime.get, sandbox_id)).to_dict()
+        return await transition(
+            p, sandbox_id, "stopping a sandbox", gateway.runtime.stop, "sandbox_stopped"
+        )
 
     @api.post("/sandboxes/{sandbox_id}/fork", status_code=201, tags=["sandboxes"])
     async def fork_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:

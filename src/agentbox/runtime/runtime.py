@@ -499,12 +499,14 @@ class Runtime:
             )
         return record
 
-    def stop(self, sandbox_id: str, *, reason: str = "operator", actor: str = "local") -> None:
+    def stop(
+        self, sandbox_id: str, *, reason: str = "operator", actor: str = "local"
+    ) -> SandboxRecord:
         """End every process but keep the sandbox's disk (files, installed packages);
         ``resume`` starts it again. Cheaper to keep than a paused sandbox: no memory."""
         record = self.get(sandbox_id)
         if record.state == "stopped":
-            return
+            return record
         self._live.forget(sandbox_id)
         host = SandboxHost(self.home, sandbox_id, record.slot)
         cgroup = self.layout.sandbox(sandbox_id)
@@ -518,6 +520,7 @@ class Runtime:
             host.paused_marker.unlink(missing_ok=True)
             self.store.set_state(sandbox_id, "stopped")
         self.event(sandbox_id, "stopped", reason, actor)
+        return self.get(sandbox_id)
 
     def _start(self, record: SandboxRecord, host: SandboxHost) -> None:
         spec = spec_from(record.spec)

@@ -187,6 +187,17 @@ class Store(SqliteDB):
         """Turn the oldest ``pooled`` sandbox of ``pool_key`` into a running one with
         ``spec`` (one transaction: two claimers never get the same), or None. It expires
         at ``lifetime`` from now, but never after its init's own end (created + max_age)."""
+        probe = (
+            self._conn()
+            .execute(
+                "SELECT 1 FROM sandboxes WHERE state='pooled' AND template_digest=?"
+                " AND json_extract(spec, '$.pool')=? LIMIT 1",
+                (template_digest, pool_key),
+            )
+            .fetchone()
+        )
+        if probe is None:  # no warm one: no write lock taken (every create asks)
+            return None
         with self._tx() as db:
             row = db.execute(
                 "SELECT * FROM sandboxes WHERE state='pooled' AND template_digest=?"
