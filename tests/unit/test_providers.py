@@ -5,12 +5,14 @@ is a fake clock whose sleep records each delay, so no test waits on backoff."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import logging
 import random
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,6 +50,7 @@ from agentbox.providers import (
 )
 from agentbox.providers.adapter import retry_after_seconds
 from fakeproviders import FakeProvider, Reply, closed_port_url
+from httpsink import Sink
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway.example.yaml"
 T = TypeVar("T")
@@ -221,6 +224,85 @@ def test_default_base_urls_and_bad_ones() -> None:
         adapter_for(ProviderSettings(name="c", kind="openai", base_url="ftp://x"), {})
     with pytest.raises(InvalidConfig, match="no model providers"):
         ProviderPool([], redact=str)
+
+
+def test_the_environment_proxy_is_honoured_and_no_proxy_bypasses_it(
+    openai: FakeProvider, fake_time: FakeTime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fake plays the proxy: it sees the absolute-form request line a proxy gets.
+    monkeypatch.setenv("HTTP_PROXY", openai.base_url.rsplit("/", 1)[0])
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    nobody = closed_port_url()  # reached only through the proxy
+    elsewhere = ProviderSettings(name="p", kind="openai", base_url=f"{nobody}/v1",
+                                 models=["fake-model"])  # fmt: skip
+    with pytest.raises(ProviderRejected):  # the "proxy" answers 404: no such route
+        run(make_pool(elsewhere, time=fake_time), lambda p: p.complete(ask()))
+    assert openai.requests[-1].path == f"{nobody}/v1/chat/completions"
+
+    # NO_PROXY: straight to the provider, while the proxy variable names a dead port.
+    monkeypatch.setenv("HTTP_PROXY", closed_port_url())
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    direct = run(make_pool(openai.settings("d"), time=fake_time), lambda p: p.complete(ask()))
+    assert direct.provider == "d" and openai.requests[-1].path == "/v1/chat/completions"
+
+
+class _Misbehaving(http.server.BaseHTTPRequestHandler):
+    """A provider that redirects elsewhere, or streams what is not SSE, or one huge event."""
+
+    answer: tuple[int, dict[str, str], bytes] = (200, {}, b"")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        status, headers, body = self.answer
+        self.send_response(status)
+        for name, value in {**headers, "Content-Length": str(len(body))}.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("answer", "stream", "category"),
+    [
+        ((307, {"Location": "SINK/v1/chat/completions"}, b""), False, "malformed"),
+        ((200, {"Content-Type": "application/json"}, b"{}"), True, "malformed"),
+        ((200, {"Content-Type": "text/event-stream"}, b"data: " + b"x" * (2 << 20)), True,
+         "malformed"),
+    ],
+    ids=["redirect-not-followed", "stream-not-sse", "sse-event-over-1-MiB"],
+)  # fmt: skip
+def test_a_provider_misbehaving_is_refused_and_its_key_goes_nowhere_else(
+    answer: tuple[int, dict[str, str], bytes], stream: bool, category: str, fake_time: FakeTime
+) -> None:
+    with Sink(status=200) as sink:
+        status, headers, body = answer
+        headers = {k: v.replace("SINK", sink.url) for k, v in headers.items()}
+        handler = type("H", (_Misbehaving,), {"answer": (status, headers, body)})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            settings = ProviderSettings(name="odd", kind="openai", api_key_env="K",
+                                        base_url=f"http://127.0.0.1:{server.server_port}/v1",
+                                        models=["fake-model"])  # fmt: skip
+            pool = make_pool(settings, time=fake_time, env={"K": "sk-must-stay"},
+                             retry=RetrySettings(max_attempts=1))  # fmt: skip
+
+            async def call(p: ProviderPool) -> Any:
+                if stream:
+                    return [e async for e in p.stream(ask(stream=True))]
+                return await p.complete(ask())
+
+            with pytest.raises(AllProvidersFailed) as err:
+                run(pool, call)
+        finally:
+            server.shutdown()
+            server.server_close()
+    assert [a["category"] for a in err.value.details["providers"]] == [category]
+    assert sink.posts == []  # the redirect was not followed: the key stayed
 
 
 def test_routing_by_model(
@@ -409,7 +491,7 @@ def test_all_providers_failed_lists_each_answer(
     for expected in (
         "flaky: HTTP 500: upstream exploded",
         "revoked: HTTP 403: key revoked",
-        "down: ConnectError",
+        "down: ClientConnectorError: Cannot connect to host",
         "garbled: the answer does not follow",
     ):
         assert expected in message

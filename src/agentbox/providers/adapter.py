@@ -3,19 +3,30 @@
 A subclass only knows its wire format (URL, headers, body, how to read an answer and a
 stream). Everything that can go wrong on the way is turned into a ``ProviderFailure`` with
 a ``Category`` here, so the pool sees one vocabulary whatever the vendor.
+
+The upstream client is aiohttp, not httpx2 (which the rest of agentbox uses): every model
+call through the gateway pays this leg, and aiohttp's asyncio-native client with its C
+HTTP parser costs ~1 ms less per request here (bench/bench_models.py). Server-sent events
+are decoded by httpx2's SSE parser (derived from httpx-sse): the one tested decoder we
+already depend on, fed with aiohttp's chunks.
 """
 
 from __future__ import annotations
 
+import codecs
 import email.utils
+import json
 import math
 import os
 import time
+import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any, ClassVar
 
-import httpx2
+import aiohttp
+import yarl
+from httpx2._sse import ServerSentEvent, SSEError, _SSEParser
 
 from agentbox.errors import InvalidConfig
 from agentbox.gateway.settings import ProviderSettings
@@ -48,10 +59,17 @@ def retry_after_seconds(value: str | None) -> float | None:
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
-def _detail(response: httpx2.Response) -> str:
+# What the transport raises when no complete answer arrived (aiohttp's timeouts are
+# TimeoutErrors; SSEError is an event over the size limit).
+TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, SSEError)
+_MAX_SSE_EVENT = 1 << 20  # bytes of one event: a provider cannot make us buffer more
+
+
+def _detail(body: bytes, reason: str) -> str:
     """The provider's own words: both vendors answer ``{"error": {"message": ...}}``."""
+    text = body.decode("utf-8", "replace")
     try:
-        data = response.json()
+        data = json.loads(text)
     except ValueError:
         data = None
     if isinstance(data, dict):
@@ -60,14 +78,15 @@ def _detail(response: httpx2.Response) -> str:
             return str(error["message"])[:_MAX_DETAIL]
         if isinstance(error, str) and error:
             return error[:_MAX_DETAIL]
-    return response.text.strip()[:_MAX_DETAIL] or response.reason_phrase
+    return text.strip()[:_MAX_DETAIL] or reason
 
 
-def failure_from_response(response: httpx2.Response) -> ProviderFailure:
-    """A non-2xx answer (its body already read), classified."""
-    status = response.status_code
-    detail = f"HTTP {status}: {_detail(response)}"
-    retry_after = retry_after_seconds(response.headers.get("retry-after"))
+def failure_from_response(
+    status: int, headers: Mapping[str, str], body: bytes, reason: str = ""
+) -> ProviderFailure:
+    """A non-2xx answer, classified."""
+    detail = f"HTTP {status}: {_detail(body, reason)}"
+    retry_after = retry_after_seconds(headers.get("retry-after"))
     if status == 429:
         return ProviderFailure(
             Category.RATE_LIMITED, detail, status=status, retry_after=retry_after
@@ -89,14 +108,36 @@ def failure_from_response(response: httpx2.Response) -> ProviderFailure:
     )
 
 
-def failure_from_exception(error: httpx2.HTTPError) -> ProviderFailure:
-    """A transport failure (no complete answer), classified."""
+def failure_from_exception(error: BaseException) -> ProviderFailure:
+    """A transport failure (no complete answer: one of ``TRANSPORT_ERRORS``), classified."""
     detail = f"{type(error).__name__}: {error}"[:_MAX_DETAIL]
-    if isinstance(error, httpx2.TimeoutException):
+    if isinstance(error, TimeoutError):
         return ProviderFailure(Category.TIMEOUT, detail)
-    if isinstance(error, httpx2.SSEError | httpx2.DecodingError):
+    if isinstance(error, SSEError | aiohttp.ContentTypeError):
         return ProviderFailure(Category.MALFORMED, detail)
     return ProviderFailure(Category.CONNECTION, detail)
+
+
+def _proxy_for(url: yarl.URL) -> str | None:
+    """The proxy the environment names for this URL (HTTPS_PROXY, HTTP_PROXY, NO_PROXY),
+    read once: aiohttp's trust_env would look it up in a worker thread on every call."""
+    if not url.host or urllib.request.proxy_bypass(url.host):
+        return None
+    return urllib.request.getproxies().get(url.scheme)
+
+
+async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[ServerSentEvent]:
+    """The server-sent events of a response, as its chunks arrive (UTF-8, as the SSE
+    standard fixes it)."""
+    if response.content_type != "text/event-stream":
+        raise SSEError(f"expected a text/event-stream answer, got {response.content_type!r}")
+    parser = _SSEParser(_MAX_SSE_EVENT)
+    text = codecs.getincrementaldecoder("utf-8")("replace")
+    async for chunk in response.content.iter_any():
+        for event in parser.decode(text.decode(chunk)):
+            yield event
+    for event in parser.flush():
+        yield event
 
 
 class Adapter(ABC):
@@ -114,10 +155,10 @@ class Adapter(ABC):
         self.name = settings.name
         self.base_url = (settings.base_url or self.default_base_url).rstrip("/")
         try:
-            scheme = httpx2.URL(self.base_url).scheme
-        except httpx2.InvalidURL:
-            scheme = ""
-        if scheme not in ("http", "https"):
+            url = yarl.URL(self.base_url)
+        except ValueError:
+            url = yarl.URL()
+        if url.scheme not in ("http", "https"):
             raise InvalidConfig(
                 f"provider {self.name!r}: base_url {self.base_url!r} is not an http(s) URL"
             )
@@ -126,7 +167,14 @@ class Adapter(ABC):
         # Read once at start, like every secret the gateway holds.
         self._api_key = env.get(key_env) if key_env else None
         self._missing_key = key_env if key_env and not self._api_key else None
-        self._client = httpx2.AsyncClient(timeout=settings.timeout_seconds, follow_redirects=False)
+        seconds = settings.timeout_seconds
+        # Each step bounded (connect, then every read), not the whole call: a long stream
+        # that keeps sending is alive.
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=seconds, sock_connect=seconds, sock_read=seconds
+        )
+        self._proxy = _proxy_for(url)
+        self._http: aiohttp.ClientSession | None = None  # made on first use, on the loop
 
     # The wire format -------------------------------------------------------------------
     @abstractmethod
@@ -143,48 +191,61 @@ class Adapter(ABC):
 
     @abstractmethod
     def events(
-        self, source: AsyncIterator[httpx2.ServerSentEvent], request: ChatRequest
+        self, source: AsyncIterator[ServerSentEvent], request: ChatRequest
     ) -> AsyncIterator[StreamEvent]:
         """Text events, then one ``done``; a stream that ends without the protocol's last
         event raises ``ProviderFailure(CONNECTION)``."""
 
     # Calls ---------------------------------------------------------------------------
+    def _post(self, request: ChatRequest, stream: bool) -> Any:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=self._timeout)
+        return self._http.post(
+            self.url(),
+            proxy=self._proxy,
+            data=json.dumps(self.payload(request, stream)).encode(),
+            headers={"Content-Type": "application/json", **self.headers()},
+            allow_redirects=False,  # a key must not travel to another host
+        )
+
     async def complete(self, request: ChatRequest) -> ChatResponse:
         self._check_key()
         try:
-            response = await self._client.post(
-                self.url(), json=self.payload(request, stream=False), headers=self.headers()
-            )
-        except httpx2.HTTPError as e:
+            async with self._post(request, stream=False) as response:
+                body = await response.read()
+        except TRANSPORT_ERRORS as e:
             raise failure_from_exception(e) from e
-        if not response.is_success:
-            raise failure_from_response(response)
+        if not 200 <= response.status < 300:
+            raise failure_from_response(
+                response.status, response.headers, body, response.reason or ""
+            )
         try:
-            return self.parse(response.json(), request)
+            return self.parse(json.loads(body), request)
         except _SHAPE_ERRORS as e:
             raise self._malformed(e) from e
 
     async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         self._check_key()
         try:
-            async with self._client.stream(
-                "POST", self.url(), json=self.payload(request, stream=True), headers=self.headers()
-            ) as response:
-                if not response.is_success:
-                    await response.aread()
-                    raise failure_from_response(response)
-                source = aiter(httpx2.EventSource(response))
+            async with self._post(request, stream=True) as response:
+                if not 200 <= response.status < 300:
+                    body = await response.read()
+                    raise failure_from_response(
+                        response.status, response.headers, body, response.reason or ""
+                    )
+                source = aiter(_events(response))
                 async for event in self.events(source, request):
                     yield event
                 async for _ in source:  # read the body to its end: the connection is
                     pass  # then reused (else every stream pays a new TCP/TLS handshake)
-        except httpx2.HTTPError as e:
+        except TRANSPORT_ERRORS as e:
             raise failure_from_exception(e) from e
         except _SHAPE_ERRORS as e:
             raise self._malformed(e) from e
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        if self._http is not None:
+            await self._http.close()
 
     def _check_key(self) -> None:
         if self._missing_key:

@@ -12,7 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx2
+from httpx2 import ServerSentEvent
 
 from agentbox.providers.adapter import Adapter
 from agentbox.providers.types import (
@@ -106,7 +106,7 @@ class AnthropicAdapter(Adapter):
         )
 
     async def events(
-        self, source: AsyncIterator[httpx2.ServerSentEvent], request: ChatRequest
+        self, source: AsyncIterator[ServerSentEvent], request: ChatRequest
     ) -> AsyncIterator[StreamEvent]:
         model = self.model_of(request)
         input_tokens = output_tokens = 0

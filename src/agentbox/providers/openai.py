@@ -12,7 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx2
+from httpx2 import ServerSentEvent
 
 from agentbox.providers.adapter import Adapter
 from agentbox.providers.types import (
@@ -96,7 +96,7 @@ class OpenAIAdapter(Adapter):
         )
 
     async def events(
-        self, source: AsyncIterator[httpx2.ServerSentEvent], request: ChatRequest
+        self, source: AsyncIterator[ServerSentEvent], request: ChatRequest
     ) -> AsyncIterator[StreamEvent]:
         model = self.model_of(request)
         usage: Usage | None = None
