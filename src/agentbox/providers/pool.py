@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -56,6 +57,16 @@ ADAPTERS: dict[str, type[Adapter]] = {"openai": OpenAIAdapter, "anthropic": Anth
 
 def adapter_for(settings: ProviderSettings, env: Mapping[str, str] | None = None) -> Adapter:
     return ADAPTERS[settings.kind](settings, env)
+
+
+@dataclass
+class _Attempt:
+    """One call to one provider; the caller sets ``failure`` when it failed."""
+
+    adapter: Adapter
+    call: ChatRequest
+    health: ProviderHealth
+    failure: ProviderFailure | None = None
 
 
 class ProviderPool:
@@ -112,68 +123,71 @@ class ProviderPool:
 
     # Calls ---------------------------------------------------------------------------
     async def complete(self, request: ChatRequest) -> ChatResponse:
-        request = request.redacted(self._redact)
-        answers: dict[str, dict[str, Any]] = {}
-        for adapter, call in self._route(request):
-            health = self._health[adapter.name]
-            for attempt in range(self.retry.max_attempts):
-                if not health.admit(self._clock()):
-                    answers.setdefault(adapter.name, health.skipped(self._clock()))
-                    break
+        async with aclosing(self._attempts(request.redacted(self._redact))) as attempts:
+            async for attempt in attempts:
                 try:
-                    response = await adapter.complete(call)
+                    response = await attempt.adapter.complete(attempt.call)
                 except ProviderFailure as failure:
-                    delay = self._failed(health, failure, attempt, answers, call.model)
-                    if delay is None:
-                        break
-                    await self._sleep(delay)
+                    attempt.failure = failure
+                    continue
                 except BaseException:
-                    health.release()  # cancelled: not the provider's fault
+                    attempt.health.release()  # cancelled: not the provider's fault
                     raise
-                else:
-                    health.succeeded(self._clock())
-                    return response
-        raise self._all_failed(answers)
+                attempt.health.succeeded(self._clock())
+                return response
+        raise AssertionError("unreachable: _attempts raises when nobody answered")
 
     async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         """Text events, then one ``done`` event naming the provider and the usage."""
         if request.tools:
             raise InvalidRequest("tools are supported on non-streaming requests only")
-        request = request.redacted(self._redact)
-        answers: dict[str, dict[str, Any]] = {}
-        for adapter, call in self._route(request):
-            health = self._health[adapter.name]
-            for attempt in range(self.retry.max_attempts):
-                if not health.admit(self._clock()):
-                    answers.setdefault(adapter.name, health.skipped(self._clock()))
-                    break
+        async with aclosing(self._attempts(request.redacted(self._redact))) as attempts:
+            async for attempt in attempts:
                 sent = 0  # characters the caller already has
                 try:
-                    async with aclosing(adapter.stream(call)) as events:
+                    async with aclosing(attempt.adapter.stream(attempt.call)) as events:
                         async for event in events:
                             if event.kind == "done":
-                                health.succeeded(self._clock())
+                                attempt.health.succeeded(self._clock())
                             sent += len(event.text)
                             yield event
                     return
                 except ProviderFailure as failure:
                     if sent:
-                        health.failed(failure, self._clock())
+                        attempt.health.failed(failure, self._clock())
                         raise ProviderStreamBroken(
-                            f"provider {adapter.name!r} cut the stream after {sent} characters "
-                            f"({failure.category.value}: {failure.message}); the text so far "
-                            "stands, retry the whole request for a complete answer",
-                            provider=adapter.name,
+                            f"provider {attempt.adapter.name!r} cut the stream after {sent} "
+                            f"characters ({failure.category.value}: {failure.message}); the "
+                            "text so far stands, retry the whole request for a complete answer",
+                            provider=attempt.adapter.name,
                             category=failure.category.value,
                             sent_characters=sent,
                         ) from None
-                    delay = self._failed(health, failure, attempt, answers, call.model)
-                    if delay is None:
-                        break
-                    await self._sleep(delay)
+                    attempt.failure = failure
                 except BaseException:
-                    health.release()  # the caller stopped reading, or was cancelled
+                    attempt.health.release()  # the caller stopped reading, or was cancelled
                     raise
+
+    async def _attempts(self, request: ChatRequest) -> AsyncGenerator[_Attempt, None]:
+        """The attempts to make, in order: each provider in health order, retried with
+        backoff while its failures are retryable. The caller makes the call and sets
+        ``failure`` on the attempt if it failed; a success ends the sequence. When nobody
+        answered, raises ``AllProvidersFailed``."""
+        answers: dict[str, dict[str, Any]] = {}
+        for adapter, call in self._route(request):
+            health = self._health[adapter.name]
+            for number in range(self.retry.max_attempts):
+                if not health.admit(self._clock()):
+                    answers.setdefault(adapter.name, health.skipped(self._clock()))
+                    break
+                attempt = _Attempt(adapter, call, health)
+                yield attempt
+                if attempt.failure is None:
+                    return
+                delay = self._failed(health, attempt.failure, number, answers, call.model)
+                if delay is None:
+                    break
+                await self._sleep(delay)
         raise self._all_failed(answers)
 
     # Decisions -----------------------------------------------------------------------
