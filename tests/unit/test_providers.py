@@ -450,6 +450,28 @@ def test_missing_key_fails_as_auth_without_a_request(
     assert openai.requests == []
 
 
+def test_the_chain_ends_in_a_keyless_local_model(
+    anthropic: FakeProvider, fake_time: FakeTime
+) -> None:
+    # The example config's chain: a cloud vendor, a second one, then a local server
+    # (Ollama, vLLM, llama.cpp: OpenAI-compatible, no key) that takes over when both fail.
+    with FakeProvider("openai") as cloud, FakeProvider("openai") as local:
+        anthropic.script(Reply(status=429, retry_after="3600"))  # longer than max_seconds
+        cloud.script(Reply(status=401, error="key revoked"))
+        pool = make_pool(
+            anthropic.settings("primary", api_key_env="A_KEY"),
+            cloud.settings("secondary", api_key_env="O_KEY"),
+            local.settings("local"),
+            time=fake_time,
+            env={"A_KEY": "sk-ant-a", "O_KEY": "sk-o"},
+        )
+        answer = run(pool, lambda p: p.complete(ask()))
+    assert answer.provider == "local"
+    assert [len(anthropic.requests), len(cloud.requests), len(local.requests)] == [1, 1, 1]
+    assert "authorization" not in local.requests[0].headers  # no key leaves for it
+    assert fake_time.delays == []  # neither failure was worth waiting for
+
+
 def test_bad_request_is_raised_at_once_not_retried(
     openai: FakeProvider, anthropic: FakeProvider, fake_time: FakeTime
 ) -> None:
