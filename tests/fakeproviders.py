@@ -62,6 +62,10 @@ def _pieces(text: str) -> list[str]:
     return re.findall(r"\S+\s*", text) or [text]
 
 
+def _halves(text: str) -> list[str]:
+    return [text[: len(text) // 2], text[len(text) // 2 :]]
+
+
 def closed_port_url() -> str:
     """A loopback URL nobody listens on (connection refused)."""
     with socket.socket() as s:
@@ -193,6 +197,10 @@ class FakeProvider:
         with self._lock:
             self._replies.extend(replies)
 
+    def clear_script(self) -> None:
+        with self._lock:
+            self._replies.clear()
+
     def next_reply(self) -> Reply:
         with self._lock:
             return self._replies.popleft() if self._replies else Reply()
@@ -284,7 +292,15 @@ class FakeProvider:
 
         events = [(False, chunk({"role": "assistant", "content": ""}))]
         events += [(True, chunk({"content": p})) for p in _pieces(reply.text)]
-        events.append((False, chunk({}, "stop")))
+        finish = "stop"
+        if reply.tool_call:  # a call in pieces, as OpenAI streams one
+            name, args = reply.tool_call
+            call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": ""}}
+            events.append((False, chunk({"tool_calls": [{"index": 0, **call}]})))
+            events += [(False, chunk({"tool_calls": [{"index": 0, "function": {"arguments": a}}]}))
+                       for a in _halves(json.dumps(args))]  # fmt: skip
+            finish = "tool_calls"
+        events.append((False, chunk({}, finish)))
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = {
                 "prompt_tokens": reply.input_tokens,
@@ -329,14 +345,25 @@ class FakeProvider:
             )
             for p in _pieces(reply.text)
         ]
+        events.append((False, event("content_block_stop", {"index": 0})))
+        stop = "end_turn"
+        if reply.tool_call:  # a tool_use block whose input arrives as JSON pieces
+            name, args = reply.tool_call
+            block = {"type": "tool_use", "id": "toolu_1", "name": name, "input": {}}
+            events.append(
+                (False, event("content_block_start", {"index": 1, "content_block": block}))
+            )
+            events += [(False, event("content_block_delta", {"index": 1, "delta": {
+                "type": "input_json_delta", "partial_json": a}})) for a in _halves(json.dumps(args))]  # fmt: skip
+            events.append((False, event("content_block_stop", {"index": 1})))
+            stop = "tool_use"
         events += [
-            (False, event("content_block_stop", {"index": 0})),
             (
                 False,
                 event(
                     "message_delta",
                     {
-                        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                        "delta": {"stop_reason": stop, "stop_sequence": None},
                         "usage": {"output_tokens": reply.output_tokens},
                     },
                 ),

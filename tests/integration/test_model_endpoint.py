@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
+import openai
 import pytest
 
 from fakeproviders import FakeProvider, Reply
@@ -139,6 +141,133 @@ def test_anthropic_messages_with_x_api_key(
             events = [x[7:] for x in s.iter_lines() if x.startswith("event: ")]
     assert events[0] == "message_start" and events[-1] == "message_stop"
     assert "content_block_delta" in events and "message_delta" in events
+
+
+# Tool calling through the official SDKs, across formats ---------------------------------
+LOOKUP = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
+OPENAI_TOOLS: Any = [{"type": "function", "function": {
+    "name": "lookup", "description": "find a value", "parameters": LOOKUP}}]  # fmt: skip
+ANTHROPIC_TOOLS: Any = [{"name": "lookup", "description": "find a value", "input_schema": LOOKUP}]
+
+
+@pytest.fixture
+def only(fakes: tuple[FakeProvider, FakeProvider]) -> Iterator[Any]:
+    """``only(kind, *replies)``: the ``kind`` provider answers; the other fails both of
+    its attempts if the health order tries it first. Scripts are cleared afterwards."""
+
+    def script(kind: str, *replies: Reply) -> FakeProvider:
+        for fake in fakes:
+            fake.clear_script()
+            fake.script(*(replies if fake.kind == kind else [Reply(status=500)] * 2))
+        return next(f for f in fakes if f.kind == kind)
+
+    yield script
+    for fake in fakes:
+        fake.clear_script()
+
+
+@pytest.mark.parametrize("provider_kind", ["openai", "anthropic"])
+def test_openai_sdk_tool_calls_round_trip(gw: RunningGateway, session: tuple[str, str],
+                                          only: Any, provider_kind: str) -> None:  # fmt: skip
+    _, token = session
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0)
+    only(provider_kind, Reply(text="", tool_call=("lookup", {"q": "x"})))
+    first = client.chat.completions.create(
+        model="fake-model", tools=OPENAI_TOOLS, messages=[{"role": "user", "content": "find x"}]
+    )
+    message = first.choices[0].message
+    assert first.choices[0].finish_reason == "tool_calls" and message.tool_calls
+    call = message.tool_calls[0]
+    assert call.type == "function" and call.function.name == "lookup"
+    assert json.loads(call.function.arguments) == {"q": "x"}
+
+    # The result goes back, and the next answer (a call again) is streamed.
+    fake = only(provider_kind, Reply(text="Again.", tool_call=("lookup", {"q": "y"})))
+    history: Any = [
+        {"role": "user", "content": "find x"},
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "x is 42"},
+    ]
+    text, pieces = "", {}
+    for chunk in client.chat.completions.create(
+        model="fake-model", tools=OPENAI_TOOLS, messages=history, stream=True
+    ):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        text += (delta.content or "") if delta else ""
+        for piece in (delta.tool_calls or []) if delta else []:
+            entry = pieces.setdefault(piece.index, {"name": "", "arguments": ""})
+            entry["name"] += (piece.function.name or "") if piece.function else ""
+            entry["arguments"] += (piece.function.arguments or "") if piece.function else ""
+    assert text == "Again."
+    assert [(p["name"], json.loads(p["arguments"])) for p in pieces.values()] == [
+        ("lookup", {"q": "y"})
+    ]
+    upstream = fake.requests[-1].json()
+    if provider_kind == "openai":
+        assert upstream["messages"][-1] == {"role": "tool", "tool_call_id": call.id,
+                                            "content": "x is 42"}  # fmt: skip
+        assert upstream["tools"][0]["function"]["parameters"] == LOOKUP
+    else:  # translated: the result in a user turn, the call as a tool_use block
+        assert upstream["messages"][-1] == {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": call.id, "content": "x is 42"}]}  # fmt: skip
+        assert upstream["messages"][-2]["content"] == [
+            {"type": "tool_use", "id": call.id, "name": "lookup", "input": {"q": "x"}}]  # fmt: skip
+        assert upstream["tools"] == ANTHROPIC_TOOLS
+
+
+@pytest.mark.parametrize("provider_kind", ["anthropic", "openai"])
+def test_anthropic_sdk_tool_use_round_trip(gw: RunningGateway, session: tuple[str, str],
+                                           only: Any, provider_kind: str) -> None:  # fmt: skip
+    # What Claude Code does: a streamed answer with a tool_use block, then a tool_result.
+    _, token = session
+    client = anthropic.Anthropic(base_url=gw.url, api_key=token, max_retries=0)
+    only(provider_kind, Reply(text="Let me look.", tool_call=("lookup", {"q": "x"})))
+    with client.messages.stream(
+        model="fake-model", max_tokens=100, tools=ANTHROPIC_TOOLS,
+        messages=[{"role": "user", "content": "find x"}],
+    ) as stream:  # fmt: skip
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    assert [b.type for b in final.content] == ["text", "tool_use"]
+    use = final.content[1]
+    assert use.type == "tool_use" and use.name == "lookup" and use.input == {"q": "x"}
+
+    fake = only(provider_kind, Reply(text="x is 42", input_tokens=9, output_tokens=4))
+    answer = client.messages.create(
+        model="fake-model", max_tokens=100, tools=ANTHROPIC_TOOLS,
+        messages=[
+            {"role": "user", "content": "find x"},
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True)
+                                              for b in final.content]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": use.id,
+                 "content": [{"type": "text", "text": "42"}]},
+                {"type": "text", "text": "and so?"}]},
+        ],
+    )  # fmt: skip
+    assert answer.content[0].type == "text" and answer.content[0].text == "x is 42"
+    assert answer.stop_reason == "end_turn" and answer.usage.output_tokens == 4
+    upstream = fake.requests[-1].json()
+    if provider_kind == "anthropic":
+        assert upstream["messages"][-1]["content"] == [
+            {"type": "tool_result", "tool_use_id": use.id, "content": "42"},
+            {"type": "text", "text": "and so?"}]  # fmt: skip
+    else:  # translated: the call in the assistant turn, the result as a tool message
+        assert upstream["messages"][-3]["tool_calls"][0]["function"]["name"] == "lookup"
+        assert upstream["messages"][-2:] == [
+            {"role": "tool", "tool_call_id": use.id, "content": "42"},
+            {"role": "user", "content": "and so?"}]  # fmt: skip
+        assert upstream["tools"] == OPENAI_TOOLS
+
+
+def test_unsupported_content_is_a_clear_400(gw: RunningGateway, session: tuple[str, str]
+                                            ) -> None:  # fmt: skip
+    _, token = session
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
+    with gw.client(None, headers={"x-api-key": token}) as c:
+        r = c.post("/v1/messages", json={"model": "fake-model", "max_tokens": 10,
+                                         "messages": [{"role": "user", "content": [image]}]})  # fmt: skip
+    assert r.status_code == 400 and "no images" in r.json()["error"]["message"]
 
 
 def test_failover_and_a_planted_secret_never_leaves(

@@ -45,6 +45,7 @@ from agentbox.providers import (
     ProviderPool,
     StreamEvent,
     Tool,
+    ToolCall,
     Usage,
     adapter_for,
 )
@@ -681,10 +682,59 @@ def test_a_stream_cut_after_its_first_token_is_not_replayed(
     assert pool.health()[0]["consecutive_failures"] == 1
 
 
-def test_streaming_refuses_tools(openai: FakeProvider, fake_time: FakeTime) -> None:
-    pool = make_pool(openai.settings("p"), time=fake_time)
-    with pytest.raises(InvalidRequest, match="non-streaming"):
-        run(pool, lambda p: collect(p, ask(tools=[Tool(name="t")])))
+@pytest.mark.parametrize("kind", ["openai", "anthropic"])
+def test_a_streamed_tool_call_is_gathered_from_its_pieces(kind: Any, fake_time: FakeTime) -> None:
+    with FakeProvider(kind) as fake:
+        fake.script(Reply(text="Looking.", tool_call=("lookup", {"q": "x", "n": 2})))
+        pool = make_pool(fake.settings("p"), time=fake_time)
+        tool = Tool(name="lookup", parameters={"type": "object"})
+        events = run(pool, lambda p: collect(p, ask(stream=True, tools=[tool])))
+        sent_tools = fake.requests[0].json()["tools"]
+
+    assert [e.kind for e in events] == ["text", "tool_call", "done"]
+    call = events[1].tool_call
+    assert call is not None and call.name == "lookup"
+    assert json.loads(call.arguments) == {"q": "x", "n": 2}  # the pieces, joined
+    assert call.id == ("call_1" if kind == "openai" else "toolu_1")
+    assert events[-1].finish_reason == "tool_calls"  # one vocabulary for both
+    assert len(sent_tools) == 1
+
+
+TOOL_HISTORY = [
+    Message(role="user", content="find x"),
+    Message(role="assistant", content="Looking.",
+            tool_calls=(ToolCall("call_9", "lookup", '{"q": "x"}'),)),
+    Message(role="tool", tool_call_id="call_9", content="x is 42"),
+    Message(role="user", content="thanks; and y?"),
+]  # fmt: skip
+
+
+def test_a_tool_history_in_openai_words(openai: FakeProvider, fake_time: FakeTime) -> None:
+    run(make_pool(openai.settings("p"), time=fake_time),
+        lambda p: p.complete(ChatRequest(messages=TOOL_HISTORY)))  # fmt: skip
+    assert openai.requests[0].json()["messages"] == [
+        {"role": "user", "content": "find x"},
+        {"role": "assistant", "content": "Looking.", "tool_calls": [
+            {"id": "call_9", "type": "function",
+             "function": {"name": "lookup", "arguments": '{"q": "x"}'}}]},
+        {"role": "tool", "tool_call_id": "call_9", "content": "x is 42"},
+        {"role": "user", "content": "thanks; and y?"},
+    ]  # fmt: skip
+
+
+def test_a_tool_history_in_anthropic_words(anthropic: FakeProvider, fake_time: FakeTime) -> None:
+    run(make_pool(anthropic.settings("p"), time=fake_time),
+        lambda p: p.complete(ChatRequest(messages=TOOL_HISTORY)))  # fmt: skip
+    # Results travel in a user turn, merged with the user's text that follows.
+    assert anthropic.requests[0].json()["messages"] == [
+        {"role": "user", "content": "find x"},
+        {"role": "assistant", "content": [
+            {"type": "text", "text": "Looking."},
+            {"type": "tool_use", "id": "call_9", "name": "lookup", "input": {"q": "x"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "call_9", "content": "x is 42"},
+            {"type": "text", "text": "thanks; and y?"}]},
+    ]  # fmt: skip
 
 
 # Outbound redaction ----------------------------------------------------------------------
@@ -700,6 +750,11 @@ def test_a_planted_secret_never_reaches_the_upstream(
             Message(role="user", content=f"use {github} please"),
             Message(role="assistant", content=f"ok, {literal}"),
             Message(role="user", content="go"),
+            Message(
+                role="assistant",
+                tool_calls=(ToolCall("c1", "run", json.dumps({"cmd": f"login {literal}"})),),
+            ),
+            Message(role="tool", tool_call_id="c1", content=f"token: {github}"),
         ],
     )
     pool = make_pool(
@@ -721,8 +776,8 @@ def test_a_planted_secret_never_reaches_the_upstream(
     for fake in (openai, anthropic):
         sent = fake.sent_bytes()
         assert literal.encode() not in sent and github.encode() not in sent
-        assert sent.count(b"[REDACTED:OPENAI_API_KEY]") == 2 * len(fake.requests)
-        assert sent.count(b"[REDACTED:github-token]") == len(fake.requests)
+        assert sent.count(b"[REDACTED:OPENAI_API_KEY]") == 3 * len(fake.requests)
+        assert sent.count(b"[REDACTED:github-token]") == 2 * len(fake.requests)
     assert literal in request.system  # the caller's request itself is left alone
 
 

@@ -25,11 +25,18 @@ from starlette.types import Receive, Scope, Send
 from agentbox.errors import AgentboxError, InvalidRequest
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.models import Attribution, ModelService
-from agentbox.providers.types import ChatRequest, ChatResponse, Message, StreamEvent
+from agentbox.providers.types import (
+    ChatRequest,
+    ChatResponse,
+    Message,
+    StreamEvent,
+    Tool,
+    ToolCall,
+)
 from agentbox.runtime.runtime import Runtime
 
 _FINISH_OPENAI = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
-_FINISH_ANTHROPIC = {"stop": "end_turn", "length": "max_tokens"}
+_FINISH_ANTHROPIC = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 
 def _openai_finish(reason: str | None) -> str:
@@ -143,48 +150,115 @@ async def _first(events: AsyncIterator[StreamEvent]) -> StreamEvent:
         raise InvalidRequest("the provider sent an empty stream") from None
 
 
+_SKIPPED_BLOCKS = ("thinking", "redacted_thinking")  # a client's own history: not resent
+
+
 def _text_of(content: Any) -> str:
+    if content is None:
+        return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         parts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text":
-                raise InvalidRequest("only text content is supported (no images or files)")
+                raise InvalidRequest("only text and tool content is supported (no images or files)")
             parts.append(str(part.get("text", "")))
         return "".join(parts)
     raise InvalidRequest("message content must be a string or a list of text parts")
 
 
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{what} must be a JSON object")
+    return value
+
+
+def _arguments(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value if value is not None else {})
+
+
+def _openai_tools(body: dict[str, Any]) -> list[Tool] | None:
+    tools = []
+    for entry in body.get("tools") or []:
+        function = _object(_object(entry, "a tool").get("function"), "a tool's function")
+        tools.append(Tool(name=str(function.get("name") or ""),
+                          description=str(function.get("description") or ""),
+                          parameters=function.get("parameters") or {"type": "object"}))  # fmt: skip
+    return tools or None
+
+
 def _from_openai(body: dict[str, Any]) -> ChatRequest:
     system, turns = [], []
     for m in body.get("messages") or []:
-        role = m.get("role") if isinstance(m, dict) else None
+        m = _object(m, "a message")
+        role = m.get("role")
         if role in ("system", "developer"):
             system.append(_text_of(m.get("content")))
+        elif role == "tool":
+            turns.append(Message(role="tool", content=_text_of(m.get("content")),
+                                 tool_call_id=str(m.get("tool_call_id") or "")))  # fmt: skip
         elif role in ("user", "assistant"):
-            turns.append(Message(role=role, content=_text_of(m.get("content"))))
+            calls = tuple(
+                ToolCall(str(c.get("id") or ""), str(f.get("name") or ""),
+                         _arguments(f.get("arguments")))
+                for c in m.get("tool_calls") or []
+                for f in [_object(_object(c, "a tool call").get("function"), "a function")]
+            )  # fmt: skip
+            turns.append(Message(role=role, content=_text_of(m.get("content")), tool_calls=calls))
         else:
             raise InvalidRequest(
-                f"message role {role!r} is not supported (system, user, assistant)"
+                f"message role {role!r} is not supported (system, user, assistant, tool)"
             )
     return _request(body, turns, "\n\n".join(system) or None,
-                    body.get("max_completion_tokens") or body.get("max_tokens"))  # fmt: skip
+                    body.get("max_completion_tokens") or body.get("max_tokens"),
+                    _openai_tools(body))  # fmt: skip
+
+
+def _anthropic_turns(m: dict[str, Any]) -> list[Message]:
+    """One Anthropic turn in the neutral form: tool results become ``tool`` turns (before
+    the text that came with them), tool uses the assistant's calls."""
+    role = m.get("role")
+    if role not in ("user", "assistant"):
+        raise InvalidRequest(f"message role {role!r} is not supported (user, assistant)")
+    content = m.get("content")
+    if not isinstance(content, list):
+        return [Message(role=role, content=_text_of(content))]
+    results, text, calls = [], [], []
+    for block in content:
+        kind = _object(block, "a content block").get("type")
+        if kind == "tool_result" and role == "user":
+            results.append(Message(role="tool", content=_text_of(block.get("content")),
+                                   tool_call_id=str(block.get("tool_use_id") or "")))  # fmt: skip
+        elif kind == "tool_use" and role == "assistant":
+            calls.append(ToolCall(str(block.get("id") or ""), str(block.get("name") or ""),
+                                  _arguments(block.get("input"))))  # fmt: skip
+        elif kind in _SKIPPED_BLOCKS:
+            continue
+        else:
+            text.append(_text_of([block]))
+    turns = results
+    if text or calls or not results:
+        turns.append(Message(role=role, content="".join(text), tool_calls=tuple(calls)))
+    return turns
 
 
 def _from_anthropic(body: dict[str, Any]) -> ChatRequest:
-    turns = []
-    for m in body.get("messages") or []:
-        role = m.get("role") if isinstance(m, dict) else None
-        if role not in ("user", "assistant"):
-            raise InvalidRequest(f"message role {role!r} is not supported (user, assistant)")
-        turns.append(Message(role=role, content=_text_of(m.get("content"))))
+    turns = [
+        t for m in body.get("messages") or [] for t in _anthropic_turns(_object(m, "a message"))
+    ]
     system = body.get("system")
-    return _request(body, turns, _text_of(system) if system else None, body.get("max_tokens"))
+    tools = [
+        Tool(name=str(t.get("name") or ""), description=str(t.get("description") or ""),
+             parameters=t.get("input_schema") or {"type": "object"})
+        for t in (_object(t, "a tool") for t in body.get("tools") or [])
+    ]  # fmt: skip
+    return _request(body, turns, _text_of(system) if system else None, body.get("max_tokens"),
+                    tools or None)  # fmt: skip
 
 
-def _request(body: dict[str, Any], turns: list[Message], system: str | None, max_tokens: Any
-             ) -> ChatRequest:  # fmt: skip
+def _request(body: dict[str, Any], turns: list[Message], system: str | None, max_tokens: Any,
+             tools: list[Tool] | None) -> ChatRequest:  # fmt: skip
     try:
         return ChatRequest(
             model=body.get("model"),
@@ -193,9 +267,37 @@ def _request(body: dict[str, Any], turns: list[Message], system: str | None, max
             max_tokens=int(max_tokens or 1024),
             temperature=body.get("temperature"),
             stream=bool(body.get("stream")),
+            tools=tools,
         )
     except (ValueError, TypeError) as e:
         raise InvalidRequest(f"invalid request: {e}") from None
+
+
+def _openai_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    named: dict[str, Any] = {"id": call.id, "type": "function",
+             "function": {"name": call.name, "arguments": call.arguments}}  # fmt: skip
+    return named if index is None else {"index": index, **named}
+
+
+def _openai_message(r: ChatResponse) -> dict[str, Any]:
+    if not r.tool_calls:
+        return {"role": "assistant", "content": r.text}
+    return {"role": "assistant", "content": r.text or None,
+            "tool_calls": [_openai_call(c) for c in r.tool_calls]}  # fmt: skip
+
+
+def _anthropic_input(arguments: str) -> Any:
+    try:
+        return json.loads(arguments or "{}")
+    except ValueError:
+        return {"arguments": arguments}  # a model's invalid JSON, kept whole
+
+
+def _anthropic_content(r: ChatResponse) -> list[dict[str, Any]]:
+    content = [{"type": "text", "text": r.text}] if r.text or not r.tool_calls else []
+    content += [{"type": "tool_use", "id": c.id, "name": c.name,
+                 "input": _anthropic_input(c.arguments)} for c in r.tool_calls]  # fmt: skip
+    return content
 
 
 def _openai_json(r: ChatResponse, background: BackgroundTask) -> JSONResponse:
@@ -207,7 +309,7 @@ def _openai_json(r: ChatResponse, background: BackgroundTask) -> JSONResponse:
             "model": r.model,
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": r.text},
+                "message": _openai_message(r),
                 "finish_reason": _openai_finish(r.finish_reason),
             }],
             "usage": {
@@ -228,7 +330,7 @@ def _anthropic_json(r: ChatResponse, background: BackgroundTask) -> JSONResponse
             "type": "message",
             "role": "assistant",
             "model": r.model,
-            "content": [{"type": "text", "text": r.text}],
+            "content": _anthropic_content(r),
             "stop_reason": _anthropic_stop(r.finish_reason),
             "stop_sequence": None,
             "usage": {"input_tokens": r.usage.input_tokens, "output_tokens": r.usage.output_tokens},
@@ -256,11 +358,16 @@ async def _openai_sse(first: StreamEvent, rest: AsyncIterator[StreamEvent], usag
 
     model = first.model or ""
     preamble = chunk({"role": "assistant", "content": ""}, None, model)
+    calls = 0  # tool calls sent, each with its index
     try:
         async for event in _all(first, rest):
+            # The role chunk leaves with the first event: one write to the first token.
             if event.kind == "text":
-                # The role chunk leaves with the first text: one write to the first token.
                 yield preamble + chunk({"content": event.text}, None, model)
+            elif event.kind == "tool_call" and event.tool_call is not None:
+                delta = {"tool_calls": [_openai_call(event.tool_call, calls)]}
+                yield preamble + chunk(delta, None, model)
+                calls += 1
             else:
                 yield preamble + chunk(
                     {}, _openai_finish(event.finish_reason), event.model or model
@@ -285,27 +392,40 @@ async def _anthropic_sse(first: StreamEvent, rest: AsyncIterator[StreamEvent], c
         return f"event: {event}\ndata: {json.dumps({'type': event, **data})}\n\n".encode()
 
     model = first.model or chat.model or ""
-    preamble = sse("message_start", {"message": {
+    head = sse("message_start", {"message": {
         "id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant",
         "model": model, "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": 0, "output_tokens": 0}}})  # fmt: skip
-    preamble += sse("content_block_start",
-                    {"index": 0, "content_block": {"type": "text", "text": ""}})  # fmt: skip
+    index, text_open = -1, False  # the last content block, and whether it is open text
     try:
         async for event in _all(first, rest):
-            if event.kind == "text":  # the preamble leaves with the first text
+            out = head  # message_start leaves with the first event
+            head = b""
+            if event.kind == "text":
+                if not text_open:
+                    index, text_open = index + 1, True
+                    text_block = {"type": "text", "text": ""}
+                    out += sse("content_block_start", {"index": index, "content_block": text_block})
                 delta = {"type": "text_delta", "text": event.text}
-                yield preamble + sse("content_block_delta", {"index": 0, "delta": delta})
-                preamble = b""
-            else:
-                yield preamble + sse("content_block_stop", {"index": 0})
-                preamble = b""
-                u = event.usage
-                stop = _anthropic_stop(event.finish_reason)
-                yield sse("message_delta", {
-                    "delta": {"stop_reason": stop, "stop_sequence": None},
-                    "usage": {"input_tokens": u.input_tokens if u else 0,
-                              "output_tokens": u.output_tokens if u else 0}})  # fmt: skip
-                yield sse("message_stop", {})
+                yield out + sse("content_block_delta", {"index": index, "delta": delta})
+                continue
+            if text_open:
+                out += sse("content_block_stop", {"index": index})
+                text_open = False
+            if event.kind == "tool_call" and event.tool_call is not None:
+                call, index = event.tool_call, index + 1
+                block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+                delta = {"type": "input_json_delta", "partial_json": call.arguments}
+                yield out + sse("content_block_start", {"index": index, "content_block": block}) \
+                    + sse("content_block_delta", {"index": index, "delta": delta}) \
+                    + sse("content_block_stop", {"index": index})  # fmt: skip
+                continue
+            u = event.usage
+            yield out + sse("message_delta", {
+                "delta": {"stop_reason": _anthropic_stop(event.finish_reason),
+                          "stop_sequence": None},
+                "usage": {"input_tokens": u.input_tokens if u else 0,
+                          "output_tokens": u.output_tokens if u else 0}})  # fmt: skip
+            yield sse("message_stop", {})
     except AgentboxError as e:
         yield sse("error", {"error": {"type": e.code, "message": e.message}})

@@ -19,6 +19,7 @@ from agentbox.providers.types import (
     Category,
     ChatRequest,
     ChatResponse,
+    Message,
     ProviderFailure,
     StreamEvent,
     ToolCall,
@@ -53,6 +54,44 @@ def _error(data: Any) -> ProviderFailure:
     return ProviderFailure(category, f"{error.get('type')}: {error.get('message')}"[:300])
 
 
+def _input(arguments: str) -> Any:
+    """A call's arguments as the JSON object Anthropic wants (a model may have written
+    invalid JSON: then the text, under one key, so nothing is lost)."""
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        return {"arguments": arguments}
+    return value if isinstance(value, dict) else {"arguments": value}
+
+
+def _blocks(m: Message) -> list[dict[str, Any]]:
+    if m.role == "tool":
+        return [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}]
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+    blocks += [
+        {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
+        for c in m.tool_calls
+    ]
+    return blocks
+
+
+def _messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """Anthropic's turns: tool results travel in a user turn, and consecutive turns of one
+    role become one (its content blocks in order); a plain text turn stays a string."""
+    turns: list[dict[str, Any]] = []
+    for m in messages:
+        role = "user" if m.role == "tool" else m.role
+        plain = m.role != "tool" and not m.tool_calls
+        if turns and turns[-1]["role"] == role:
+            previous = turns[-1]
+            if isinstance(previous["content"], str):
+                previous["content"] = [{"type": "text", "text": previous["content"]}]
+            previous["content"] += _blocks(m)
+        else:
+            turns.append({"role": role, "content": m.content if plain else _blocks(m)})
+    return turns
+
+
 class AnthropicAdapter(Adapter):
     kind = "anthropic"
     default_base_url = "https://api.anthropic.com"
@@ -70,7 +109,7 @@ class AnthropicAdapter(Adapter):
         body: dict[str, Any] = {
             "model": self.model_of(request),
             "max_tokens": request.max_tokens,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "messages": _messages(request.messages),
         }
         if request.system:
             body["system"] = request.system
@@ -111,10 +150,18 @@ class AnthropicAdapter(Adapter):
         model = self.model_of(request)
         input_tokens = output_tokens = 0
         finish: str | None = None
+        calls: dict[int, dict[str, str]] = {}  # tool_use blocks being received, by index
         async for event in source:
             data = json.loads(event.data) if event.data else {}
             kind = data.get("type") or event.event
-            if kind == "message_start":
+            if kind == "content_block_start" and data["content_block"].get("type") == "tool_use":
+                block = data["content_block"]
+                calls[data["index"]] = {"id": block["id"], "name": block["name"], "input": ""}
+            elif kind == "content_block_stop" and data.get("index") in calls:
+                call = calls.pop(data["index"])
+                yield StreamEvent("tool_call", tool_call=ToolCall(
+                    call["id"], call["name"], call["input"] or "{}"))  # fmt: skip
+            elif kind == "message_start":
                 message = data["message"]
                 model = message.get("model") or model
                 usage = message.get("usage") or {}
@@ -124,6 +171,8 @@ class AnthropicAdapter(Adapter):
                 delta = data["delta"]
                 if delta.get("type") == "text_delta" and delta.get("text"):
                     yield StreamEvent("text", text=delta["text"])
+                elif delta.get("type") == "input_json_delta" and data.get("index") in calls:
+                    calls[data["index"]]["input"] += delta.get("partial_json") or ""
             elif kind == "message_delta":
                 finish = _finish((data.get("delta") or {}).get("stop_reason")) or finish
                 usage = data.get("usage") or {}

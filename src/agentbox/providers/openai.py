@@ -19,6 +19,7 @@ from agentbox.providers.types import (
     Category,
     ChatRequest,
     ChatResponse,
+    Message,
     ProviderFailure,
     StreamEvent,
     ToolCall,
@@ -28,6 +29,22 @@ from agentbox.providers.types import (
 
 def _usage(data: Any) -> Usage:
     return Usage(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0))
+
+
+def _message(m: Message) -> dict[str, Any]:
+    if m.role == "tool":
+        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
+    if m.tool_calls:
+        return {
+            "role": m.role,
+            "content": m.content or None,
+            "tool_calls": [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}}
+                for c in m.tool_calls
+            ],
+        }  # fmt: skip
+    return {"role": m.role, "content": m.content}
 
 
 def _error_in_body(data: Any) -> ProviderFailure | None:
@@ -51,7 +68,7 @@ class OpenAIAdapter(Adapter):
 
     def payload(self, request: ChatRequest, stream: bool) -> dict[str, Any]:
         messages = [{"role": "system", "content": request.system}] if request.system else []
-        messages += [{"role": m.role, "content": m.content} for m in request.messages]
+        messages += [_message(m) for m in request.messages]
         body: dict[str, Any] = {
             "model": self.model_of(request),
             "messages": messages,
@@ -101,8 +118,13 @@ class OpenAIAdapter(Adapter):
         model = self.model_of(request)
         usage: Usage | None = None
         finish: str | None = None
+        calls: dict[int, dict[str, str]] = {}  # a call arrives in pieces, by index
         async for event in source:
             if event.data.strip() == "[DONE]":
+                for index in sorted(calls):
+                    call = calls[index]
+                    yield StreamEvent("tool_call", tool_call=ToolCall(
+                        call["id"], call["name"], call["arguments"] or "{}"))  # fmt: skip
                 yield StreamEvent(
                     "done",
                     usage=usage or Usage(),
@@ -116,9 +138,16 @@ class OpenAIAdapter(Adapter):
                 raise failure
             model = chunk.get("model") or model
             for choice in chunk.get("choices") or []:
-                text = (choice.get("delta") or {}).get("content")
-                if text:
+                delta = choice.get("delta") or {}
+                if text := delta.get("content"):
                     yield StreamEvent("text", text=text)
+                for piece in delta.get("tool_calls") or []:
+                    call = calls.setdefault(int(piece.get("index") or 0),
+                                            {"id": "", "name": "", "arguments": ""})  # fmt: skip
+                    function = piece.get("function") or {}
+                    call["id"] = piece.get("id") or call["id"]
+                    call["name"] = function.get("name") or call["name"]
+                    call["arguments"] += function.get("arguments") or ""
                 finish = choice.get("finish_reason") or finish
             if chunk.get("usage"):
                 usage = _usage(chunk["usage"])

@@ -139,8 +139,6 @@ class ProviderPool:
 
     async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         """Text events, then one ``done`` event naming the provider and the usage."""
-        if request.tools:
-            raise InvalidRequest("tools are supported on non-streaming requests only")
         async with aclosing(self._attempts(request.redacted(self._redact))) as attempts:
             async for attempt in attempts:
                 sent = 0  # characters the caller already has

@@ -18,12 +18,22 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it (it may be invalid JSON)
+
+
 class Message(_Strict):
     """One turn of the conversation; system prompts go in ``ChatRequest.system``, because
-    Anthropic accepts them nowhere else."""
+    Anthropic accepts them nowhere else. An assistant turn may call tools
+    (``tool_calls``); each result comes back as a ``tool`` turn naming its call."""
 
-    role: Literal["user", "assistant"]
-    content: str
+    role: Literal["user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
 
 class Tool(_Strict):
@@ -39,8 +49,8 @@ class ChatRequest(_Strict):
 
     ``model`` None means each provider's default (the first of its configured ``models``).
     ``stream`` records what the caller asked for; ``ProviderPool.complete`` and
-    ``ProviderPool.stream`` decide the wire mode. ``tools`` are offered on non-streaming
-    requests only (tool calls come back in ``ChatResponse.tool_calls``).
+    ``ProviderPool.stream`` decide the wire mode. Calls of ``tools`` come back in
+    ``ChatResponse.tool_calls``, or as ``tool_call`` stream events.
     """
 
     model: str | None = None
@@ -53,7 +63,17 @@ class ChatRequest(_Strict):
 
     def redacted(self, redact: Callable[[str], str]) -> ChatRequest:
         """A copy whose every text passed ``redact`` (what leaves the host)."""
-        messages = [m.model_copy(update={"content": redact(m.content)}) for m in self.messages]
+        messages = [
+            m.model_copy(
+                update={
+                    "content": redact(m.content),
+                    "tool_calls": tuple(
+                        ToolCall(c.id, c.name, redact(c.arguments)) for c in m.tool_calls
+                    ),
+                }
+            )
+            for m in self.messages
+        ]
         system = None if self.system is None else redact(self.system)
         return self.model_copy(update={"messages": messages, "system": system})
 
@@ -68,13 +88,6 @@ class Usage:
     @property
     def total(self) -> int:
         return self.input_tokens + self.output_tokens
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str  # JSON text, as the model wrote it (it may be invalid JSON)
 
 
 @dataclass(frozen=True)
@@ -93,11 +106,13 @@ class ChatResponse:
 
 @dataclass(frozen=True)
 class StreamEvent:
-    """``text``: the next piece of the answer (never empty). ``done``: the last event, with
-    the usage, the finish reason and who answered."""
+    """``text``: the next piece of the answer (never empty). ``tool_call``: one complete
+    call (adapters gather a call's pieces). ``done``: the last event, with the usage, the
+    finish reason and who answered."""
 
-    kind: Literal["text", "done"]
+    kind: Literal["text", "tool_call", "done"]
     text: str = ""
+    tool_call: ToolCall | None = None
     usage: Usage | None = None
     finish_reason: str | None = None
     model: str | None = None
