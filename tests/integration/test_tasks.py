@@ -136,12 +136,38 @@ def test_a_task_runs_to_the_end_with_exact_accounting(
 def test_bad_model_output_and_tool_errors_are_categorised(
     gateway: GatewayProcess, model: FakeProvider
 ) -> None:
-    model.script(act("fs_read", path="/workspace/missing"), Reply(text="I think I am done?"))
+    model.script(act("fs_read", path="/workspace/missing"), Reply(text=""))
     with gateway.client() as op:
         task_id = op.post("/v1/tasks", json={"goal": "g"}).json()["id"]
     task = wait_state(gateway, task_id, ("succeeded", "failed"))
     assert task["state"] == "failed" and task["failure"] == "bad_model_output"
+    assert "answered nothing" in task["result"]
     assert task["tool_errors"] == 1 and task["tokens_in"] == 111  # the failed turn counts too
+
+
+def test_native_tool_calls_drive_the_loop_and_a_plain_answer_ends_it(
+    gateway: GatewayProcess, model: FakeProvider
+) -> None:
+    model.script(
+        Reply(tool_call=("fs_write", {"path": "/workspace/n.txt", "content": "native"})),
+        Reply(tool_call=("terminal_run", {"command": "cat /workspace/n.txt"})),
+        Reply(text="Wrote n.txt; it says native."),  # no call: done
+    )
+    with gateway.client() as op:
+        task_id = op.post("/v1/tasks", json={"goal": "write n.txt"}).json()["id"]
+    task = wait_state(gateway, task_id, ("succeeded", "failed"))
+    assert task["state"] == "succeeded", task
+    assert task["result"] == "Wrote n.txt; it says native."
+    assert (task["steps"], task["tool_calls"], task["tool_errors"]) == (3, 2, 0)
+    with gateway.client() as op:
+        steps = op.get(f"/v1/tasks/{task_id}/steps").json()
+    assert steps[1]["result"]["stdout"] == "native"
+    last = model.requests[-1].json()  # the turn after the second call
+    assert {"fs_write", "terminal_run"} <= {t["function"]["name"] for t in last["tools"]}
+    turns = last["messages"]
+    assert turns[-2]["tool_calls"][0]["function"]["name"] == "terminal_run"
+    assert turns[-1]["role"] == "tool" and turns[-1]["tool_call_id"] == "call_1"
+    assert json.loads(turns[-1]["content"])["stdout"] == "native"
 
 
 def test_cancel_interrupts_a_running_command(gateway: GatewayProcess, model: FakeProvider) -> None:
