@@ -26,6 +26,7 @@ import pytest
 from secprobe import HostSecret, run_python
 
 from agentbox import Sandbox
+from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime
 
 
@@ -117,9 +118,12 @@ def test_proc_root_links_point_inside(shared_sandbox: Sandbox) -> None:
 
 
 @pytest.fixture
-def protected_binaries(runtime: Runtime) -> Iterator[dict[Path, str]]:
+def protected_binaries(runtime: Runtime, shared_sandbox: Sandbox) -> Iterator[dict[Path, str]]:
+    record = runtime.get(shared_sandbox.id)
+    disk = SandboxHost(runtime.home, record.id, record.slot).disk
     paths = [
         runtime.paths.nsexec,
+        disk / runtime.paths.nsexec.name,  # the copy bound as /.agentbox/init
         Path("/usr/bin/true"),
         Path(os.path.realpath("/usr/bin/python3")),
     ]
@@ -307,3 +311,19 @@ def test_no_host_filesystem_is_mounted_writable(shared_sandbox: Sandbox) -> None
             f"a host filesystem is mounted writable inside: {line}"
         )
     assert any(" /.agentbox/init ro," in line for line in disk), "the launcher must be read-only"
+
+
+def test_the_mount_table_names_no_host_path(shared_sandbox: Sandbox, agentbox_home: Path,
+                                            runtime: Runtime) -> None:  # fmt: skip
+    """/proc/self/mountinfo and /proc/mounts show no path of the host's agentbox home
+    (where the overlay's layers and the launcher live), of the sandbox's own host-side
+    directory, or of the launcher binary's install location."""
+    record = runtime.get(shared_sandbox.id)
+    host_dir = SandboxHost(runtime.home, record.id, record.slot).dir
+    tables = shared_sandbox.commands.run(
+        "cat /proc/self/mountinfo /proc/mounts /proc/1/mountinfo"
+    ).stdout
+    assert "lowerdir=" in tables and "/.agentbox/init" in tables  # the tables were read
+    for leak in (str(agentbox_home), str(host_dir), str(runtime.paths.nsexec.parent),
+                 "/sandboxes/", "/templates/"):  # fmt: skip
+        assert leak not in tables, f"the sandbox's mount table shows {leak!r}:\n{tables}"

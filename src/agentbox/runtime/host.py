@@ -13,6 +13,7 @@ Directory layout under ``$AGENTBOX_HOME/sandboxes/ID``::
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import select
@@ -66,15 +67,31 @@ def process_start_time(pid: int) -> int | None:
 LAYOUT_KEY = "1"  # change with lay_out_disk: formatted images are cached per layout
 
 
-def lay_out_disk(root: Path) -> None:
+def lay_out_disk(root: Path, init: Path | None = None) -> None:
     """A sandbox disk's directories and modes (owners are set per sandbox): the overlay's
-    upper and work, /workspace, /tmp, /var/tmp, the agent's home in the upper layer, and
-    procs/ (host-only records of background processes)."""
+    upper and work, /workspace, /tmp, /var/tmp, the agent's home in the upper layer,
+    procs/ (host-only records of background processes), and the init binary."""
     for name, mode in (("upper", 0o755), ("work", 0o755), ("workspace", 0o755),
                        ("tmp", 0o1777), ("var-tmp", 0o1777), ("procs", 0o700)):  # fmt: skip
         (root / name).mkdir(exist_ok=True)
         (root / name).chmod(mode)
     (root / "upper" / "home" / "user").mkdir(parents=True, exist_ok=True)
+    if init is not None:
+        place_init(root, init)
+
+
+def place_init(disk_root: Path, init: Path) -> Path:
+    """The sandbox's init (``agentbox-nsexec``, named by its digest) on the sandbox's own
+    disk, from where it is bind-mounted read-only as INIT_PATH: a bind from the host's
+    filesystem would show the host's path in the sandbox's /proc/self/mountinfo. At the
+    disk's root, root-owned, which no directory the sandbox can write contains."""
+    target = disk_root / init.name
+    if not target.is_file():
+        staging = disk_root / f".{init.name}.{os.getpid()}"
+        shutil.copyfile(init, staging)
+        staging.chmod(0o755)
+        staging.replace(target)
+    return target
 
 
 @dataclass(frozen=True)
@@ -110,16 +127,20 @@ class SandboxHost:
         trust: Mapping[str, bytes] | None = None,
         clone_of: SandboxHost | None = None,
         populate: Callable[[Path], None] | None = None,
+        init: Path | None = None,
     ) -> None:
-        """Disk image, its layout, and the overlay root. Undone by ``teardown``.
+        """Disk image, its layout (with ``init``, the launcher binary), and the overlay
+        root. Undone by ``teardown``.
 
         ``trust``: files for the sandbox's ``/etc/agentbox/`` (the egress CA certificate
         and bundle of a sandbox with credentials), written into the fresh upper layer
         before the overlay exists, so nothing in the template can redirect them."""
         self.dir.mkdir(parents=True, exist_ok=False)
         self.dir.chmod(0o711)  # bwrap runs as the sandbox uid: it may traverse, not list
+        layout = functools.partial(lay_out_disk, init=init)
         if clone_of is None:
-            disk.make_filesystem(self.image, disk_bytes, disk_cache, lay_out_disk, LAYOUT_KEY)
+            key = f"{LAYOUT_KEY}|{init.name if init else ''}"
+            disk.make_filesystem(self.image, disk_bytes, disk_cache, layout, key)
         else:
             with diskpool.frozen(clone_of.disk):  # a consistent instant of the source
                 disk.clone_file(clone_of.image, self.image)
@@ -130,7 +151,7 @@ class SandboxHost:
         if populate is not None:  # a restore: the disk's files, before anything uses them
             populate(self.disk)
         if clone_of is not None or populate is not None or disk_cache is None:
-            lay_out_disk(self.disk)  # a fresh image from the cache has it all already
+            layout(self.disk)  # a fresh image from the cache has it all already
         # What the agent may write: its workspace, /tmp, and its home (in the upper layer).
         home = self.disk / "upper" / "home" / "user"
         for path in (self.workspace, self.disk / "tmp", self.disk / "var-tmp", home):
@@ -138,19 +159,25 @@ class SandboxHost:
         if trust:
             self._write_trust(trust)
         self.root.mkdir()
-        options = (
-            f"lowerdir={template_root},upperdir={self.disk / 'upper'},workdir={self.disk / 'work'}"
-        )
+        # The layers by descriptor: the options show in the sandbox's mountinfo, and host
+        # paths there would tell the agent where the home is (and commas or colons in a
+        # path would break the option string).
+        layers = [os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                  for path in (template_root, self.disk / "upper", self.disk / "work")]  # fmt: skip
+        lower, upper, work = (f"/proc/self/fd/{fd}" for fd in layers)
         try:
             syscalls.mount(
                 "agentbox",
                 str(self.root),
                 "overlay",
                 syscalls.MS_NOSUID | syscalls.MS_NODEV,
-                options,
+                f"lowerdir={lower},upperdir={upper},workdir={work}",
             )
         except OSError as e:
             raise SandboxError(f"could not mount the sandbox root overlay: {e}") from e
+        finally:
+            for fd in layers:
+                os.close(fd)
         # Mount points: bwrap runs unprivileged and cannot create them in a root-owned
         # tree, and an imported image may lack them (they land in the upper layer). Looked
         # up in the template first: a mkdir through the overlay costs ~50 µs even when
@@ -218,7 +245,7 @@ class SandboxHost:
             ("--bind", str(self.disk / "tmp"), "/tmp"),
             ("--bind", str(self.disk / "var-tmp"), "/var/tmp"),
             ("--bind", str(self.workspace), "/workspace"),
-            ("--ro-bind", str(nsexec), INIT_PATH),
+            ("--ro-bind", str(self.disk / nsexec.name), INIT_PATH),  # see place_init
         ]
         return [
             "bwrap",
@@ -242,6 +269,7 @@ class SandboxHost:
         lifetime_s: float,
     ) -> tuple[int, int]:
         """Start the sandbox's first process; return its host pid and start time."""
+        place_init(self.disk, paths.nsexec)  # a disk from before it carried one, or a restore
         seccomp_fd = os.open(paths.seccomp, os.O_RDONLY)
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
