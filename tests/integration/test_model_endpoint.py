@@ -260,6 +260,16 @@ def test_anthropic_sdk_tool_use_round_trip(gw: RunningGateway, session: tuple[st
         assert upstream["tools"] == OPENAI_TOOLS
 
 
+def test_both_sdks_list_the_models(gw: RunningGateway, session: tuple[str, str]) -> None:
+    _, token = session
+    listed = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token).models.list()
+    assert [(m.id, m.owned_by) for m in listed] == [("fake-model", "primary")]
+    page = anthropic.Anthropic(base_url=gw.url, api_key=token).models.list()
+    assert [m.id for m in page] == ["fake-model"]
+    with gw.client("not-a-token") as c:
+        assert c.get("/v1/models").status_code == 401
+
+
 def test_unsupported_content_is_a_clear_400(gw: RunningGateway, session: tuple[str, str]
                                             ) -> None:  # fmt: skip
     _, token = session

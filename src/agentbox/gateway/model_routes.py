@@ -103,6 +103,21 @@ def build_model_router(
         response, settle = await service.complete_deferred(chat, who)
         return _anthropic_json(response, BackgroundTask(settle))
 
+    @api.get("/models")
+    async def models(request: Request) -> dict[str, Any]:
+        """The models the providers serve, in OpenAI's list format, or Anthropic's when
+        the request carries ``anthropic-version`` (both SDKs call this path)."""
+        await caller(request)  # any valid token: the list is what a client may ask for
+        served = service.models()
+        if request.headers.get("anthropic-version"):
+            data = [{"type": "model", "id": m, "display_name": m,
+                     "created_at": "1970-01-01T00:00:00Z"} for m, _ in served]  # fmt: skip
+            return {"data": data, "has_more": False,
+                    "first_id": data[0]["id"] if data else None,
+                    "last_id": data[-1]["id"] if data else None}  # fmt: skip
+        listed = [{"id": m, "object": "model", "created": 0, "owned_by": p} for m, p in served]
+        return {"object": "list", "data": listed}
+
     @api.get("/usage")
     async def usage(request: Request, project: str | None = None) -> list[dict[str, Any]]:
         """Today's model usage per project (UTC day): tokens, USD, share of the budget."""

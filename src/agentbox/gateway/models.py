@@ -66,6 +66,7 @@ class ModelService:
             if settings.providers
             else None
         )
+        self.settings = settings
         self.ledger = BudgetLedger.from_settings(home / "usage.db", settings)
         self.audit = audit
         self.metrics = metrics
@@ -75,6 +76,15 @@ class ModelService:
     async def aclose(self) -> None:
         if self.pool is not None:
             await self.pool.aclose()
+
+    def models(self) -> list[tuple[str, str]]:
+        """(model, provider) for every configured model, each model once, in the order
+        the providers are configured."""
+        seen: dict[str, str] = {}
+        for provider in self.settings.providers:
+            for model in provider.models:
+                seen.setdefault(model, provider.name)
+        return list(seen.items())
 
     def health(self) -> list[dict[str, Any]]:
         return [] if self.pool is None else self.pool.health()
