@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentbox import Sandbox
-from agentbox.isolation import diskpool
 from agentbox.isolation.cgroups import CgroupLayout
+from agentbox.runtime.host import release_home_mounts
 
 NS_PER_MS = 1_000_000
 MIB = 1 << 20
@@ -195,7 +195,7 @@ def mounts_under(path: Path) -> list[str]:
 
 def remove_home(home: Path) -> None:
     """Delete the home unless something is still mounted in it (never delete through one)."""
-    diskpool.release(home)
+    release_home_mounts(home)
     left = mounts_under(home)
     if left:
         progress(f"NOT removing {home}: still mounted: {left[:3]}")

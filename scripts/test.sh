@@ -20,9 +20,9 @@ fi
 status=0
 .venv/bin/pytest "$@" || status=$?
 if [ -n "$throwaway" ]; then
-  # The disk pool (an XFS mount in the home) goes first; --one-file-system: never descend
-  # into a mount a leaked sandbox may have left.
-  umount "$AGENTBOX_HOME/disks" 2>/dev/null || true
+  # The disk pool (an XFS mount in the home) and the init tmpfs go first;
+  # --one-file-system: never descend into a mount a leaked sandbox may have left.
+  umount "$AGENTBOX_HOME/disks" "$AGENTBOX_HOME/initfs" 2>/dev/null || true
   rm -rf --one-file-system "$AGENTBOX_HOME" 2>/dev/null || true
 fi
 exit "$status"

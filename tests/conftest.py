@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentbox import Sandbox
-from agentbox.isolation import diskpool
+from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime
 
 pytest_plugins = ["s3kit"]  # the moto S3 server fixtures: moto_endpoint, s3_env, bucket
@@ -30,7 +30,7 @@ def agentbox_home() -> Iterator[Path]:
         os.environ["AGENTBOX_HOME"] = tmp
         yield Path(tmp)
         destroy_leftovers(Path(tmp))  # a failed test may have left a sandbox behind
-        diskpool.release(Path(tmp))  # the disk pool's mount, before the files go
+        release_home_mounts(Path(tmp))  # the disk pool's mount, before the files go
 
 
 def destroy_leftovers(home: Path) -> None:
@@ -53,7 +53,7 @@ def _release_disk_pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         mountpoint = line.split()[4]
         if mountpoint.startswith(base) and mountpoint.endswith("/disks"):
             destroy_leftovers(Path(mountpoint).parent)
-            diskpool.release(Path(mountpoint).parent)
+            release_home_mounts(Path(mountpoint).parent)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """Small filesystem primitives several modules need exactly alike: durable renames, atomic
-whole-file writes, and an exclusive lock held on a file."""
+whole-file writes, an exclusive lock held on a file, and whether a path is a mount."""
 
 from __future__ import annotations
 
@@ -53,3 +53,11 @@ def locked(path: Path, remove: bool = False) -> Iterator[None]:
         if remove:
             path.unlink(missing_ok=True)
         os.close(fd)
+
+
+def is_mountpoint(path: Path) -> bool:
+    """Whether something is mounted at ``path`` (a device change from its parent)."""
+    try:
+        return path.stat().st_dev != path.parent.stat().st_dev
+    except FileNotFoundError:
+        return False

@@ -24,6 +24,7 @@ import pytest
 
 from agentbox.isolation import diskpool
 from agentbox.network import egressd, plane
+from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import GatewayProcess
 
@@ -49,7 +50,7 @@ def home(host_ready: None) -> Iterator[Path]:
     finally:
         with contextlib.suppress(OSError, ValueError):
             os.kill(int((path / egressd.PID_FILE).read_text()), signal.SIGTERM)
-        diskpool.release(path)
+        release_home_mounts(path)
         shutil.rmtree(path, ignore_errors=True)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from agentbox.isolation import diskpool
+from agentbox.runtime.host import release_home_mounts
 from fakeproviders import FakeProvider, Reply
 from gateway_harness import GatewayProcess
 
@@ -81,7 +81,7 @@ def gateway(host_ready: None, model: FakeProvider) -> Iterator[GatewayProcess]:
             runtime = Runtime(home)
             for record in runtime.store.list():
                 runtime.destroy(record.id)
-        diskpool.release(home)
+        release_home_mounts(home)
         shutil.rmtree(home, ignore_errors=True)
 
 

@@ -28,8 +28,8 @@ import pytest
 
 from agentbox import Sandbox
 from agentbox.gateway.audit import read_records, verify
-from agentbox.isolation import diskpool
 from agentbox.network import egressca, egressd, plane
+from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
 from testpki import Pki, make_pki
@@ -181,7 +181,7 @@ def home(host_ready: None, pki: Pki, secret: str) -> Iterator[Path]:
             yield path
         finally:
             _stop_daemon(path)
-            diskpool.release(path)
+            release_home_mounts(path)
             shutil.rmtree(path, ignore_errors=True)
 
 

@@ -26,6 +26,7 @@ import pytest
 from secprobe import HostSecret, run_python
 
 from agentbox import Sandbox
+from agentbox.isolation import initfs
 from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime
 
@@ -119,11 +120,9 @@ def test_proc_root_links_point_inside(shared_sandbox: Sandbox) -> None:
 
 @pytest.fixture
 def protected_binaries(runtime: Runtime, shared_sandbox: Sandbox) -> Iterator[dict[Path, str]]:
-    record = runtime.get(shared_sandbox.id)
-    disk = SandboxHost(runtime.home, record.id, record.slot).disk
     paths = [
         runtime.paths.nsexec,
-        disk / runtime.paths.nsexec.name,  # the copy bound as /.agentbox/init
+        initfs.ensure(runtime.home, runtime.paths.nsexec),  # the copy bound as /.agentbox/init
         Path("/usr/bin/true"),
         Path(os.path.realpath("/usr/bin/python3")),
     ]

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from agentbox.errors import HostUnsupported, SandboxError
-from agentbox.fsutil import locked
+from agentbox.fsutil import is_mountpoint, locked
 from agentbox.isolation import disk
 
 FIFREEZE = 0xC0045877
@@ -38,10 +38,10 @@ def ensure(home: Path) -> Path:
     """The home's disk directory, able to clone (mounting the XFS pool if need be)."""
     directory = pool_dir(home)
     directory.mkdir(mode=0o711, exist_ok=True)
-    if _is_mountpoint(directory) or can_clone(directory):
+    if is_mountpoint(directory) or can_clone(directory):
         return directory
     with locked(home / "lib" / "disk-pool.lock"):
-        if _is_mountpoint(directory):
+        if is_mountpoint(directory):
             return directory
         image = home / "lib" / "disk-pool.img"
         if not image.exists():
@@ -61,7 +61,7 @@ def release(home: Path) -> None:
     """Unmount the home's pool (its loop device goes with it). For throwing a home away:
     sandboxes still on it lose their disks."""
     directory = pool_dir(home)
-    if _is_mountpoint(directory):
+    if is_mountpoint(directory):
         disk.unmount(directory)
 
 
@@ -116,10 +116,3 @@ def _format(image: Path) -> None:
         staging.unlink(missing_ok=True)
         raise SandboxError(f"could not format the disk pool: {result.stderr.strip()}")
     staging.replace(image)
-
-
-def _is_mountpoint(path: Path) -> bool:
-    try:
-        return path.stat().st_dev != path.parent.stat().st_dev
-    except FileNotFoundError:
-        return False

@@ -13,7 +13,6 @@ Directory layout under ``$AGENTBOX_HOME/sandboxes/ID``::
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import select
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentbox.errors import SandboxError
-from agentbox.isolation import disk, diskpool, syscalls
+from agentbox.isolation import disk, diskpool, initfs, syscalls
 from agentbox.isolation.cgroups import SandboxCgroup
 
 # Ids inside the sandbox: the agent is an ordinary user, never root.
@@ -67,31 +66,22 @@ def process_start_time(pid: int) -> int | None:
 LAYOUT_KEY = "1"  # change with lay_out_disk: formatted images are cached per layout
 
 
-def lay_out_disk(root: Path, init: Path | None = None) -> None:
+def lay_out_disk(root: Path) -> None:
     """A sandbox disk's directories and modes (owners are set per sandbox): the overlay's
-    upper and work, /workspace, /tmp, /var/tmp, the agent's home in the upper layer,
-    procs/ (host-only records of background processes), and the init binary."""
+    upper and work, /workspace, /tmp, /var/tmp, the agent's home in the upper layer, and
+    procs/ (host-only records of background processes)."""
     for name, mode in (("upper", 0o755), ("work", 0o755), ("workspace", 0o755),
                        ("tmp", 0o1777), ("var-tmp", 0o1777), ("procs", 0o700)):  # fmt: skip
         (root / name).mkdir(exist_ok=True)
         (root / name).chmod(mode)
     (root / "upper" / "home" / "user").mkdir(parents=True, exist_ok=True)
-    if init is not None:
-        place_init(root, init)
 
 
-def place_init(disk_root: Path, init: Path) -> Path:
-    """The sandbox's init (``agentbox-nsexec``, named by its digest) on the sandbox's own
-    disk, from where it is bind-mounted read-only as INIT_PATH: a bind from the host's
-    filesystem would show the host's path in the sandbox's /proc/self/mountinfo. At the
-    disk's root, root-owned, which no directory the sandbox can write contains."""
-    target = disk_root / init.name
-    if not target.is_file():
-        staging = disk_root / f".{init.name}.{os.getpid()}"
-        shutil.copyfile(init, staging)
-        staging.chmod(0o755)
-        staging.replace(target)
-    return target
+def release_home_mounts(home: Path) -> None:
+    """Unmount what a home keeps mounted on the host beside its sandboxes: the disk pool
+    and the init tmpfs. For throwing a home away: sandboxes still in it lose their disks."""
+    diskpool.release(home)
+    initfs.release(home)
 
 
 @dataclass(frozen=True)
@@ -104,6 +94,7 @@ class SandboxHost:
     def __init__(self, home: Path, sandbox_id: str, slot: int) -> None:
         self.id = sandbox_id
         self.slot = slot
+        self.home = home
         self.dir = home / "sandboxes" / sandbox_id
         legacy = self.dir / "disk.img"  # sandboxes created before the disk pool
         self.image = legacy if legacy.exists() else diskpool.pool_dir(home) / f"{sandbox_id}.img"
@@ -127,20 +118,16 @@ class SandboxHost:
         trust: Mapping[str, bytes] | None = None,
         clone_of: SandboxHost | None = None,
         populate: Callable[[Path], None] | None = None,
-        init: Path | None = None,
     ) -> None:
-        """Disk image, its layout (with ``init``, the launcher binary), and the overlay
-        root. Undone by ``teardown``.
+        """Disk image, its layout, and the overlay root. Undone by ``teardown``.
 
         ``trust``: files for the sandbox's ``/etc/agentbox/`` (the egress CA certificate
         and bundle of a sandbox with credentials), written into the fresh upper layer
         before the overlay exists, so nothing in the template can redirect them."""
         self.dir.mkdir(parents=True, exist_ok=False)
         self.dir.chmod(0o711)  # bwrap runs as the sandbox uid: it may traverse, not list
-        layout = functools.partial(lay_out_disk, init=init)
         if clone_of is None:
-            key = f"{LAYOUT_KEY}|{init.name if init else ''}"
-            disk.make_filesystem(self.image, disk_bytes, disk_cache, layout, key)
+            disk.make_filesystem(self.image, disk_bytes, disk_cache, lay_out_disk, LAYOUT_KEY)
         else:
             with diskpool.frozen(clone_of.disk):  # a consistent instant of the source
                 disk.clone_file(clone_of.image, self.image)
@@ -151,7 +138,7 @@ class SandboxHost:
         if populate is not None:  # a restore: the disk's files, before anything uses them
             populate(self.disk)
         if clone_of is not None or populate is not None or disk_cache is None:
-            layout(self.disk)  # a fresh image from the cache has it all already
+            lay_out_disk(self.disk)  # a fresh image from the cache has it all already
         # What the agent may write: its workspace, /tmp, and its home (in the upper layer).
         home = self.disk / "upper" / "home" / "user"
         for path in (self.workspace, self.disk / "tmp", self.disk / "var-tmp", home):
@@ -225,7 +212,7 @@ class SandboxHost:
             os.chmod(target / name, 0o644)
 
     def bwrap_argv(
-        self, host_usr: bool, seccomp_fd: int, info_fd: int, shm_bytes: int, nsexec: Path
+        self, host_usr: bool, seccomp_fd: int, info_fd: int, shm_bytes: int, init: Path
     ) -> list[str]:
         namespaces = ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
         namespaces += ["--unshare-uts", "--unshare-cgroup"]
@@ -245,7 +232,7 @@ class SandboxHost:
             ("--bind", str(self.disk / "tmp"), "/tmp"),
             ("--bind", str(self.disk / "var-tmp"), "/var/tmp"),
             ("--bind", str(self.workspace), "/workspace"),
-            ("--ro-bind", str(self.disk / nsexec.name), INIT_PATH),  # see place_init
+            ("--ro-bind", str(init), INIT_PATH),  # from the init tmpfs (isolation/initfs)
         ]
         return [
             "bwrap",
@@ -269,12 +256,12 @@ class SandboxHost:
         lifetime_s: float,
     ) -> tuple[int, int]:
         """Start the sandbox's first process; return its host pid and start time."""
-        place_init(self.disk, paths.nsexec)  # a disk from before it carried one, or a restore
+        init = initfs.ensure(self.home, paths.nsexec)  # a stat, once it is there
         seccomp_fd = os.open(paths.seccomp, os.O_RDONLY)
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
         shm = max(memory_bytes // 2, 1 << 20)
-        argv = self.bwrap_argv(host_usr, seccomp_fd, info_w, shm, paths.nsexec)
+        argv = self.bwrap_argv(host_usr, seccomp_fd, info_w, shm, init)
         argv += ["--", INIT_PATH, "init", str(ready_w), str(int(lifetime_s))]
         launcher = [
             str(paths.nsexec),

@@ -323,7 +323,6 @@ class Runtime:
                 trust=trust,
                 clone_of=clone_of,
                 populate=None if populate is None else lambda disk: populate(host, disk),
-                init=paths.nsexec,
             )
             cgroup.create(Limits(spec.memory, spec.pids, spec.cpus))
             pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
