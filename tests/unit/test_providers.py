@@ -273,8 +273,11 @@ class _Misbehaving(http.server.BaseHTTPRequestHandler):
         ((200, {"Content-Type": "application/json"}, b"{}"), True, "malformed"),
         ((200, {"Content-Type": "text/event-stream"}, b"data: " + b"x" * (2 << 20)), True,
          "malformed"),
+        ((200, {"Content-Type": "application/json"}, json.dumps({"choices": [{"message": {
+            "role": "assistant", "content": "y" * (33 << 20)}, "finish_reason": "stop"}]}).encode()),
+         False, "malformed"),  # a valid answer, only too big
     ],
-    ids=["redirect-not-followed", "stream-not-sse", "sse-event-over-1-MiB"],
+    ids=["redirect-not-followed", "stream-not-sse", "sse-event-over-1-MiB", "answer-over-32-MiB"],
 )  # fmt: skip
 def test_a_provider_misbehaving_is_refused_and_its_key_goes_nowhere_else(
     answer: tuple[int, dict[str, str], bytes], stream: bool, category: str, fake_time: FakeTime

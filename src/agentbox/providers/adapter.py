@@ -63,6 +63,25 @@ def retry_after_seconds(value: str | None) -> float | None:
 # TimeoutErrors; SSEError is an event over the size limit).
 TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, SSEError)
 _MAX_SSE_EVENT = 1 << 20  # bytes of one event: a provider cannot make us buffer more
+MAX_ANSWER_BYTES = 32 << 20  # of a whole JSON answer (or error body), for the same reason
+
+
+class _TooLarge(aiohttp.ClientPayloadError):
+    """An answer over MAX_ANSWER_BYTES (classified as malformed)."""
+
+
+async def _read_capped(response: aiohttp.ClientResponse) -> bytes:
+    """The body, refused past MAX_ANSWER_BYTES instead of buffered whole."""
+    limit = MAX_ANSWER_BYTES
+    if (response.content_length or 0) > limit:
+        raise _TooLarge(f"the answer is {response.content_length} bytes, over {limit}")
+    parts, size = [], 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge(f"the answer is over {limit} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def _detail(body: bytes, reason: str) -> str:
@@ -113,7 +132,7 @@ def failure_from_exception(error: BaseException) -> ProviderFailure:
     detail = f"{type(error).__name__}: {error}"[:_MAX_DETAIL]
     if isinstance(error, TimeoutError):
         return ProviderFailure(Category.TIMEOUT, detail)
-    if isinstance(error, SSEError | aiohttp.ContentTypeError):
+    if isinstance(error, SSEError | aiohttp.ContentTypeError | _TooLarge):
         return ProviderFailure(Category.MALFORMED, detail)
     return ProviderFailure(Category.CONNECTION, detail)
 
@@ -212,7 +231,7 @@ class Adapter(ABC):
         self._check_key()
         try:
             async with self._post(request, stream=False) as response:
-                body = await response.read()
+                body = await _read_capped(response)
         except TRANSPORT_ERRORS as e:
             raise failure_from_exception(e) from e
         if not 200 <= response.status < 300:
@@ -229,7 +248,7 @@ class Adapter(ABC):
         try:
             async with self._post(request, stream=True) as response:
                 if not 200 <= response.status < 300:
-                    body = await response.read()
+                    body = await _read_capped(response)
                     raise failure_from_response(
                         response.status, response.headers, body, response.reason or ""
                     )
