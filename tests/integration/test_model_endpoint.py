@@ -5,6 +5,7 @@ budget is spent, and never carrying a planted secret upstream."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,7 +144,70 @@ def test_anthropic_messages_with_x_api_key(
     assert "content_block_delta" in events and "message_delta" in events
 
 
-# Tool calling through the official SDKs, across formats ---------------------------------
+def test_failover_and_a_planted_secret_never_leaves(
+    gw: RunningGateway, session: tuple[str, str], fakes: tuple[FakeProvider, FakeProvider]
+) -> None:
+    _, token = session
+    primary, secondary = fakes
+    primary.script(Reply(status=500), Reply(status=500))  # both attempts fail
+    secondary.script(Reply(text="from the fallback"))
+    r = chat(gw, token, messages=[{"role": "user", "content": f"my key is {SECRET}"}])
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == "from the fallback"
+    assert r.headers["X-Agentbox-Provider"] == "secondary"
+    assert SECRET.encode() not in primary.sent_bytes() + secondary.sent_bytes()
+    assert b"[REDACTED" in secondary.requests[-1].body
+    with gw.operator() as op:
+        health = {p["name"]: p for p in op.get("/v1/providers").json()}
+        metrics = op.get("/metrics").text
+    assert set(health) == {"primary", "secondary"}
+    # every failed attempt counted by category, the retried ones too
+    line = next(x for x in metrics.splitlines() if x.startswith("agentbox_provider_requests_total")
+                and 'provider="primary"' in x and 'outcome="server_error"' in x)  # fmt: skip
+    assert float(line.rsplit(" ", 1)[1]) >= 2
+
+
+def test_all_providers_failing_is_a_clear_503(
+    gw: RunningGateway, session: tuple[str, str], fakes: tuple[FakeProvider, FakeProvider]
+) -> None:
+    _, token = session
+    for fake in fakes:  # whichever the health order tries first
+        fake.script(Reply(status=400, error="bad field"))
+    sent = len(fakes[0].requests) + len(fakes[1].requests)
+    r = chat(gw, token)
+    assert r.status_code == 400 and "bad field" in r.text
+    assert len(fakes[0].requests) + len(fakes[1].requests) == sent + 1  # no retry, no failover
+    for fake in fakes:
+        fake.next_reply()  # drop the 400 the other one did not use
+    fakes[0].script(Reply(status=503), Reply(status=503))
+    fakes[1].script(Reply(status=503), Reply(status=503))
+    r = chat(gw, token)
+    assert r.status_code == 503, r.text
+    providers = r.json()["error"]["details"]["providers"]
+    assert {p["provider"] for p in providers} == {"primary", "secondary"}
+
+
+def test_a_spent_budget_refuses_and_alerts(gw: RunningGateway, hook: Sink,
+                                          fakes: tuple[FakeProvider, FakeProvider]) -> None:  # fmt: skip
+    headers = {"X-Agentbox-Project": "tight"}
+    for fake in fakes:  # whichever provider answers, each call costs 60 tokens
+        fake.script(*[Reply(input_tokens=60, output_tokens=0)] * 2)
+    with gw.client(gw.operator_token, headers=headers) as c:
+        body = {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]}
+        assert c.post("/v1/chat/completions", json=body).status_code == 200
+        assert c.post("/v1/chat/completions", json=body).status_code == 200  # crosses 100
+        r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "budget_exceeded"
+        assert int(r.headers["Retry-After"]) >= 1
+    with gw.operator() as op:
+        alerts = op.get("/v1/audit", params={"decision": "budget_alert"}).json()
+    assert any(a.get("project") == "tight" for a in alerts)
+    assert [(b["project"], b["threshold"]) for b in hook.json_bodies()] == [("tight", 0.5)]
+
+
+# Tool calling and images through the official SDKs, across formats ----------------------
+# Last in the module: ``only`` fails one provider on purpose, which moves it down the
+# health order the tests above rely on.
 LOOKUP = {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}
 OPENAI_TOOLS: Any = [{"type": "function", "function": {
     "name": "lookup", "description": "find a value", "parameters": LOOKUP}}]  # fmt: skip
@@ -270,72 +334,63 @@ def test_both_sdks_list_the_models(gw: RunningGateway, session: tuple[str, str])
         assert c.get("/v1/models").status_code == 401
 
 
+PNG_B64 = base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 32).decode()
+
+
+@pytest.mark.parametrize("provider_kind", ["openai", "anthropic"])
+def test_a_screenshot_in_a_tool_result_reaches_the_model(
+    gw: RunningGateway, session: tuple[str, str], only: Any, provider_kind: str
+) -> None:
+    # Claude Code after a tool returned a screenshot (the browser tool makes them).
+    _, token = session
+    client = anthropic.Anthropic(base_url=gw.url, api_key=token, max_retries=0)
+    fake = only(provider_kind, Reply(text="a login form"))
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": PNG_B64}}  # fmt: skip
+    answer = client.messages.create(
+        model="fake-model", max_tokens=100, tools=ANTHROPIC_TOOLS,
+        messages=[
+            {"role": "user", "content": "what does the page show?"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_9", "name": "lookup", "input": {"q": "shot"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_9",
+                                          "content": [{"type": "text", "text": "screenshot"},
+                                                      image]}]},
+        ],
+    )  # fmt: skip
+    assert answer.content[0].type == "text" and answer.content[0].text == "a login form"
+    upstream = fake.requests[-1].json()["messages"]
+    if provider_kind == "anthropic":
+        assert upstream[-1]["content"][0]["content"] == [
+            {"type": "text", "text": "screenshot"}, image]  # fmt: skip
+    else:
+        assert upstream[-2] == {"role": "tool", "tool_call_id": "toolu_9", "content": "screenshot"}
+        assert upstream[-1]["content"][1] == {
+            "type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG_B64}"}}  # fmt: skip
+
+
+def test_an_openai_image_reaches_an_anthropic_provider(
+    gw: RunningGateway, session: tuple[str, str], only: Any
+) -> None:
+    _, token = session
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0)
+    fake = only("anthropic", Reply(text="a cat"))
+    answer = client.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG_B64}"}}]}])  # fmt: skip
+    assert answer.choices[0].message.content == "a cat"
+    assert fake.requests[-1].json()["messages"][-1]["content"] == [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": PNG_B64}}]  # fmt: skip
+
+
 def test_unsupported_content_is_a_clear_400(gw: RunningGateway, session: tuple[str, str]
                                             ) -> None:  # fmt: skip
     _, token = session
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
+    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain",
+                                               "data": "x"}}  # fmt: skip
     with gw.client(None, headers={"x-api-key": token}) as c:
         r = c.post("/v1/messages", json={"model": "fake-model", "max_tokens": 10,
-                                         "messages": [{"role": "user", "content": [image]}]})  # fmt: skip
-    assert r.status_code == 400 and "no images" in r.json()["error"]["message"]
-
-
-def test_failover_and_a_planted_secret_never_leaves(
-    gw: RunningGateway, session: tuple[str, str], fakes: tuple[FakeProvider, FakeProvider]
-) -> None:
-    _, token = session
-    primary, secondary = fakes
-    primary.script(Reply(status=500), Reply(status=500))  # both attempts fail
-    secondary.script(Reply(text="from the fallback"))
-    r = chat(gw, token, messages=[{"role": "user", "content": f"my key is {SECRET}"}])
-    assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["message"]["content"] == "from the fallback"
-    assert r.headers["X-Agentbox-Provider"] == "secondary"
-    assert SECRET.encode() not in primary.sent_bytes() + secondary.sent_bytes()
-    assert b"[REDACTED" in secondary.requests[-1].body
-    with gw.operator() as op:
-        health = {p["name"]: p for p in op.get("/v1/providers").json()}
-        metrics = op.get("/metrics").text
-    assert set(health) == {"primary", "secondary"}
-    # every failed attempt counted by category, the retried ones too
-    line = next(x for x in metrics.splitlines() if x.startswith("agentbox_provider_requests_total")
-                and 'provider="primary"' in x and 'outcome="server_error"' in x)  # fmt: skip
-    assert float(line.rsplit(" ", 1)[1]) >= 2
-
-
-def test_all_providers_failing_is_a_clear_503(
-    gw: RunningGateway, session: tuple[str, str], fakes: tuple[FakeProvider, FakeProvider]
-) -> None:
-    _, token = session
-    for fake in fakes:  # whichever the health order tries first
-        fake.script(Reply(status=400, error="bad field"))
-    sent = len(fakes[0].requests) + len(fakes[1].requests)
-    r = chat(gw, token)
-    assert r.status_code == 400 and "bad field" in r.text
-    assert len(fakes[0].requests) + len(fakes[1].requests) == sent + 1  # no retry, no failover
-    for fake in fakes:
-        fake.next_reply()  # drop the 400 the other one did not use
-    fakes[0].script(Reply(status=503), Reply(status=503))
-    fakes[1].script(Reply(status=503), Reply(status=503))
-    r = chat(gw, token)
-    assert r.status_code == 503, r.text
-    providers = r.json()["error"]["details"]["providers"]
-    assert {p["provider"] for p in providers} == {"primary", "secondary"}
-
-
-def test_a_spent_budget_refuses_and_alerts(gw: RunningGateway, hook: Sink,
-                                          fakes: tuple[FakeProvider, FakeProvider]) -> None:  # fmt: skip
-    headers = {"X-Agentbox-Project": "tight"}
-    for fake in fakes:  # whichever provider answers, each call costs 60 tokens
-        fake.script(*[Reply(input_tokens=60, output_tokens=0)] * 2)
-    with gw.client(gw.operator_token, headers=headers) as c:
-        body = {"model": "fake-model", "messages": [{"role": "user", "content": "x"}]}
-        assert c.post("/v1/chat/completions", json=body).status_code == 200
-        assert c.post("/v1/chat/completions", json=body).status_code == 200  # crosses 100
-        r = c.post("/v1/chat/completions", json=body)
-        assert r.status_code == 429 and r.json()["error"]["code"] == "budget_exceeded"
-        assert int(r.headers["Retry-After"]) >= 1
-    with gw.operator() as op:
-        alerts = op.get("/v1/audit", params={"decision": "budget_alert"}).json()
-    assert any(a.get("project") == "tight" for a in alerts)
-    assert [(b["project"], b["threshold"]) for b in hook.json_bodies()] == [("tight", 0.5)]
+                                         "messages": [{"role": "user", "content": [document]}]})  # fmt: skip
+    assert r.status_code == 400 and "'document' is not supported" in r.json()["error"]["message"]

@@ -41,6 +41,7 @@ from agentbox.providers import (
     BreakerSettings,
     BudgetLedger,
     ChatRequest,
+    Image,
     Message,
     ProviderPool,
     StreamEvent,
@@ -738,6 +739,45 @@ def test_a_tool_history_in_anthropic_words(anthropic: FakeProvider, fake_time: F
             {"type": "tool_result", "tool_use_id": "call_9", "content": "x is 42"},
             {"type": "text", "text": "thanks; and y?"}]},
     ]  # fmt: skip
+
+
+PNG = Image(media_type="image/png", data="iVBORw0KGgo=")
+IMAGE_HISTORY = [
+    Message(role="user", content="what is on screen?", images=(PNG,)),
+    Message(role="assistant", tool_calls=(ToolCall("c1", "shot", "{}"), ToolCall("c2", "ls", "{}"))),
+    Message(role="tool", tool_call_id="c1", content="a screenshot", images=(PNG,)),
+    Message(role="tool", tool_call_id="c2", content="a.txt"),
+]  # fmt: skip
+
+
+def test_images_in_openai_words(openai: FakeProvider, fake_time: FakeTime) -> None:
+    run(make_pool(openai.settings("p"), time=fake_time),
+        lambda p: p.complete(ChatRequest(messages=IMAGE_HISTORY)))  # fmt: skip
+    url = "data:image/png;base64,iVBORw0KGgo="
+    messages = openai.requests[0].json()["messages"]
+    assert messages[0] == {"role": "user", "content": [
+        {"type": "text", "text": "what is on screen?"},
+        {"type": "image_url", "image_url": {"url": url}}]}  # fmt: skip
+    # Tool turns hold no images, and both results must follow the call: the image comes
+    # after them, in a user turn.
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "tool", "user"]
+    assert messages[2]["content"] == "a screenshot"
+    assert messages[4]["content"] == [
+        {"type": "text", "text": "Images of the result of c1:"},
+        {"type": "image_url", "image_url": {"url": url}}]  # fmt: skip
+
+
+def test_images_in_anthropic_words(anthropic: FakeProvider, fake_time: FakeTime) -> None:
+    run(make_pool(anthropic.settings("p"), time=fake_time),
+        lambda p: p.complete(ChatRequest(messages=IMAGE_HISTORY)))  # fmt: skip
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": "iVBORw0KGgo="}}  # fmt: skip
+    messages = anthropic.requests[0].json()["messages"]
+    assert messages[0]["content"] == [{"type": "text", "text": "what is on screen?"}, image]
+    assert messages[2] == {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "c1",
+         "content": [{"type": "text", "text": "a screenshot"}, image]},
+        {"type": "tool_result", "tool_use_id": "c2", "content": "a.txt"}]}  # fmt: skip
 
 
 # Outbound redaction ----------------------------------------------------------------------

@@ -28,6 +28,7 @@ from agentbox.gateway.models import Attribution, ModelService
 from agentbox.providers.types import (
     ChatRequest,
     ChatResponse,
+    Image,
     Message,
     StreamEvent,
     Tool,
@@ -168,19 +169,52 @@ async def _first(events: AsyncIterator[StreamEvent]) -> StreamEvent:
 _SKIPPED_BLOCKS = ("thinking", "redacted_thinking")  # a client's own history: not resent
 
 
-def _text_of(content: Any) -> str:
+def _image(part: dict[str, Any]) -> Image | None:
+    """An image part in either format (OpenAI ``image_url``, Anthropic ``image``), else
+    None."""
+    if part.get("type") == "image_url":
+        url = _object(part.get("image_url"), "an image_url").get("url")
+        if not isinstance(url, str) or not url:
+            raise InvalidRequest("an image_url part needs a url")
+        return Image(url=url)
+    if part.get("type") == "image":
+        source = _object(part.get("source"), "an image's source")
+        if source.get("type") == "base64":
+            return Image(media_type=str(source.get("media_type") or ""),
+                         data=str(source.get("data") or ""))  # fmt: skip
+        if source.get("type") == "url":
+            return Image(url=str(source.get("url") or ""))
+        raise InvalidRequest(f"image source {source.get('type')!r} is not supported")
+    return None
+
+
+def _parts_of(content: Any, images_allowed: bool = True) -> tuple[str, tuple[Image, ...]]:
+    """The text and the images of a message's content (a string or a list of parts)."""
     if content is None:
-        return ""
+        return "", ()
     if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise InvalidRequest("only text and tool content is supported (no images or files)")
-            parts.append(str(part.get("text", "")))
-        return "".join(parts)
-    raise InvalidRequest("message content must be a string or a list of text parts")
+        return content, ()
+    if not isinstance(content, list):
+        raise InvalidRequest("message content must be a string or a list of parts")
+    texts: list[str] = []
+    images: list[Image] = []
+    for part in content:
+        part = _object(part, "a content part")
+        image = _image(part)
+        if image is not None and images_allowed:
+            images.append(image)
+        elif part.get("type") == "text":
+            texts.append(str(part.get("text", "")))
+        else:
+            raise InvalidRequest(
+                f"content of type {part.get('type')!r} is not supported here (text, images "
+                "in user turns and tool results, and tool calls are; no files or audio)"
+            )
+    return "".join(texts), tuple(images)
+
+
+def _text_of(content: Any) -> str:
+    return _parts_of(content, images_allowed=False)[0]
 
 
 def _object(value: Any, what: str) -> dict[str, Any]:
@@ -211,16 +245,21 @@ def _from_openai(body: dict[str, Any]) -> ChatRequest:
         if role in ("system", "developer"):
             system.append(_text_of(m.get("content")))
         elif role == "tool":
-            turns.append(Message(role="tool", content=_text_of(m.get("content")),
+            text, images = _parts_of(m.get("content"))
+            turns.append(Message(role="tool", content=text, images=images,
                                  tool_call_id=str(m.get("tool_call_id") or "")))  # fmt: skip
-        elif role in ("user", "assistant"):
+        elif role == "user":
+            text, images = _parts_of(m.get("content"))
+            turns.append(Message(role="user", content=text, images=images))
+        elif role == "assistant":
             calls = tuple(
                 ToolCall(str(c.get("id") or ""), str(f.get("name") or ""),
                          _arguments(f.get("arguments")))
                 for c in m.get("tool_calls") or []
                 for f in [_object(_object(c, "a tool call").get("function"), "a function")]
             )  # fmt: skip
-            turns.append(Message(role=role, content=_text_of(m.get("content")), tool_calls=calls))
+            turns.append(Message(role="assistant", content=_text_of(m.get("content")),
+                                 tool_calls=calls))  # fmt: skip
         else:
             raise InvalidRequest(
                 f"message role {role!r} is not supported (system, user, assistant, tool)"
@@ -240,10 +279,12 @@ def _anthropic_turns(m: dict[str, Any]) -> list[Message]:
     if not isinstance(content, list):
         return [Message(role=role, content=_text_of(content))]
     results, text, calls = [], [], []
+    images: list[Image] = []
     for block in content:
         kind = _object(block, "a content block").get("type")
         if kind == "tool_result" and role == "user":
-            results.append(Message(role="tool", content=_text_of(block.get("content")),
+            result_text, result_images = _parts_of(block.get("content"))
+            results.append(Message(role="tool", content=result_text, images=result_images,
                                    tool_call_id=str(block.get("tool_use_id") or "")))  # fmt: skip
         elif kind == "tool_use" and role == "assistant":
             calls.append(ToolCall(str(block.get("id") or ""), str(block.get("name") or ""),
@@ -251,10 +292,13 @@ def _anthropic_turns(m: dict[str, Any]) -> list[Message]:
         elif kind in _SKIPPED_BLOCKS:
             continue
         else:
-            text.append(_text_of([block]))
+            block_text, block_images = _parts_of([block], images_allowed=role == "user")
+            text.append(block_text)
+            images += block_images
     turns = results
-    if text or calls or not results:
-        turns.append(Message(role=role, content="".join(text), tool_calls=tuple(calls)))
+    if text or images or calls or not results:
+        turns.append(Message(role=role, content="".join(text), tool_calls=tuple(calls),
+                             images=tuple(images)))  # fmt: skip
     return turns
 
 

@@ -19,6 +19,7 @@ from agentbox.providers.types import (
     Category,
     ChatRequest,
     ChatResponse,
+    Image,
     Message,
     ProviderFailure,
     StreamEvent,
@@ -64,15 +65,30 @@ def _input(arguments: str) -> Any:
     return value if isinstance(value, dict) else {"arguments": value}
 
 
+def _image(image: Image) -> dict[str, Any]:
+    if image.url and not image.url.startswith("data:"):
+        return {"type": "image", "source": {"type": "url", "url": image.url}}
+    media_type, data = image.media_type, image.data
+    if image.url:  # a data: URL
+        head, _, data = image.url.partition(",")
+        media_type = head.removeprefix("data:").split(";")[0]
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
 def _blocks(m: Message) -> list[dict[str, Any]]:
+    text: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+    images = [_image(i) for i in m.images]
     if m.role == "tool":
-        return [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": m.content}]
-    blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
-    blocks += [
-        {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
-        for c in m.tool_calls
-    ]
-    return blocks
+        content: Any = text + images if images else m.content
+        return [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": content}]
+    return (
+        text
+        + images
+        + [
+            {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
+            for c in m.tool_calls
+        ]
+    )
 
 
 def _messages(messages: list[Message]) -> list[dict[str, Any]]:
@@ -81,7 +97,7 @@ def _messages(messages: list[Message]) -> list[dict[str, Any]]:
     turns: list[dict[str, Any]] = []
     for m in messages:
         role = "user" if m.role == "tool" else m.role
-        plain = m.role != "tool" and not m.tool_calls
+        plain = m.role != "tool" and not m.tool_calls and not m.images
         if turns and turns[-1]["role"] == role:
             previous = turns[-1]
             if isinstance(previous["content"], str):

@@ -31,8 +31,15 @@ def _usage(data: Any) -> Usage:
     return Usage(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0))
 
 
+def _content(m: Message) -> Any:
+    if not m.images:
+        return m.content
+    parts: list[dict[str, Any]] = [{"type": "text", "text": m.content}] if m.content else []
+    return parts + [{"type": "image_url", "image_url": {"url": i.data_url()}} for i in m.images]
+
+
 def _message(m: Message) -> dict[str, Any]:
-    if m.role == "tool":
+    if m.role == "tool":  # images of a result travel in a user turn after the results
         return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
     if m.tool_calls:
         return {
@@ -44,7 +51,32 @@ def _message(m: Message) -> dict[str, Any]:
                 for c in m.tool_calls
             ],
         }  # fmt: skip
-    return {"role": m.role, "content": m.content}
+    return {"role": m.role, "content": _content(m)}
+
+
+def _messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """OpenAI's turns. A tool turn cannot hold images, and the results of one assistant
+    turn must follow it directly: their images go in one user turn after the last."""
+    out: list[dict[str, Any]] = []
+    pending: list[Message] = []  # tool turns with images, since the last non-tool turn
+    for m in messages:
+        if m.role != "tool" and pending:
+            out.append(_result_images(pending))
+            pending = []
+        out.append(_message(m))
+        if m.role == "tool" and m.images:
+            pending.append(m)
+    if pending:
+        out.append(_result_images(pending))
+    return out
+
+
+def _result_images(results: list[Message]) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = []
+    for m in results:
+        parts.append({"type": "text", "text": f"Images of the result of {m.tool_call_id}:"})
+        parts += [{"type": "image_url", "image_url": {"url": i.data_url()}} for i in m.images]
+    return {"role": "user", "content": parts}
 
 
 def _error_in_body(data: Any) -> ProviderFailure | None:
@@ -68,7 +100,7 @@ class OpenAIAdapter(Adapter):
 
     def payload(self, request: ChatRequest, stream: bool) -> dict[str, Any]:
         messages = [{"role": "system", "content": request.system}] if request.system else []
-        messages += [_message(m) for m in request.messages]
+        messages += _messages(request.messages)
         body: dict[str, Any] = {
             "model": self.model_of(request),
             "messages": messages,

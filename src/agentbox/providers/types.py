@@ -25,15 +25,30 @@ class ToolCall:
     arguments: str  # JSON text, as the model wrote it (it may be invalid JSON)
 
 
+@dataclass(frozen=True)
+class Image:
+    """An image a user turn or a tool result carries: base64 ``data`` of ``media_type``,
+    or a ``url`` the provider fetches. Images are not redacted (they are not text)."""
+
+    media_type: str = ""
+    data: str = ""
+    url: str = ""
+
+    def data_url(self) -> str:
+        return self.url or f"data:{self.media_type};base64,{self.data}"
+
+
 class Message(_Strict):
     """One turn of the conversation; system prompts go in ``ChatRequest.system``, because
     Anthropic accepts them nowhere else. An assistant turn may call tools
-    (``tool_calls``); each result comes back as a ``tool`` turn naming its call."""
+    (``tool_calls``); each result comes back as a ``tool`` turn naming its call. User
+    and tool turns may carry images after their text."""
 
     role: Literal["user", "assistant", "tool"]
     content: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
+    images: tuple[Image, ...] = ()
 
 
 class Tool(_Strict):
