@@ -394,3 +394,22 @@ def test_unsupported_content_is_a_clear_400(gw: RunningGateway, session: tuple[s
         r = c.post("/v1/messages", json={"model": "fake-model", "max_tokens": 10,
                                          "messages": [{"role": "user", "content": [document]}]})  # fmt: skip
     assert r.status_code == 400 and "'document' is not supported" in r.json()["error"]["message"]
+
+
+def test_tool_choice_and_stop_cross_formats(gw: RunningGateway, session: tuple[str, str],
+                                            only: Any) -> None:  # fmt: skip
+    _, token = session
+    fake = only("anthropic", Reply(text="ok"))
+    openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0).chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "x"}], tools=OPENAI_TOOLS,
+        tool_choice={"type": "function", "function": {"name": "lookup"}}, stop="END", top_p=0.3)  # fmt: skip
+    sent = fake.requests[-1].json()
+    assert sent["tool_choice"] == {"type": "tool", "name": "lookup"}
+    assert (sent["stop_sequences"], sent["top_p"]) == (["END"], 0.3)
+
+    fake = only("openai", Reply(text="ok"))
+    anthropic.Anthropic(base_url=gw.url, api_key=token, max_retries=0).messages.create(
+        model="fake-model", max_tokens=10, messages=[{"role": "user", "content": "x"}],
+        tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, stop_sequences=["END", "STOP"])  # fmt: skip
+    sent = fake.requests[-1].json()
+    assert (sent["tool_choice"], sent["stop"]) == ("required", ["END", "STOP"])

@@ -741,6 +741,26 @@ def test_a_tool_history_in_anthropic_words(anthropic: FakeProvider, fake_time: F
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("kind", "choice", "wire"),
+    [
+        ("openai", "required", "required"),
+        ("openai", "lookup", {"type": "function", "function": {"name": "lookup"}}),
+        ("anthropic", "required", {"type": "any"}),
+        ("anthropic", "lookup", {"type": "tool", "name": "lookup"}),
+    ],
+)
+def test_stop_top_p_and_tool_choice_in_each_format(
+    kind: Any, choice: str, wire: Any, fake_time: FakeTime
+) -> None:
+    request = ask(top_p=0.5, stop=["END"], tools=[Tool(name="lookup")], tool_choice=choice)
+    with FakeProvider(kind) as fake:
+        run(make_pool(fake.settings("p"), time=fake_time), lambda p: p.complete(request))
+        body = fake.requests[0].json()
+    assert body["top_p"] == 0.5 and body["tool_choice"] == wire
+    assert body["stop" if kind == "openai" else "stop_sequences"] == ["END"]
+
+
 PNG = Image(media_type="image/png", data="iVBORw0KGgo=")
 IMAGE_HISTORY = [
     Message(role="user", content="what is on screen?", images=(PNG,)),

@@ -266,7 +266,8 @@ def _from_openai(body: dict[str, Any]) -> ChatRequest:
             )
     return _request(body, turns, "\n\n".join(system) or None,
                     body.get("max_completion_tokens") or body.get("max_tokens"),
-                    _openai_tools(body))  # fmt: skip
+                    _openai_tools(body), body.get("stop"),
+                    _openai_choice(body.get("tool_choice")))  # fmt: skip
 
 
 def _anthropic_turns(m: dict[str, Any]) -> list[Message]:
@@ -313,11 +314,19 @@ def _from_anthropic(body: dict[str, Any]) -> ChatRequest:
         for t in (_object(t, "a tool") for t in body.get("tools") or [])
     ]  # fmt: skip
     return _request(body, turns, _text_of(system) if system else None, body.get("max_tokens"),
-                    tools or None)  # fmt: skip
+                    tools or None, body.get("stop_sequences"),
+                    _anthropic_choice(body.get("tool_choice")))  # fmt: skip
 
 
-def _request(body: dict[str, Any], turns: list[Message], system: str | None, max_tokens: Any,
-             tools: list[Tool] | None) -> ChatRequest:  # fmt: skip
+def _request(
+    body: dict[str, Any],
+    turns: list[Message],
+    system: str | None,
+    max_tokens: Any,
+    tools: list[Tool] | None,
+    stop: Any,
+    tool_choice: str | None,
+) -> ChatRequest:
     try:
         return ChatRequest(
             model=body.get("model"),
@@ -325,11 +334,32 @@ def _request(body: dict[str, Any], turns: list[Message], system: str | None, max
             system=system,
             max_tokens=int(max_tokens or 1024),
             temperature=body.get("temperature"),
+            top_p=body.get("top_p"),
+            stop=[stop] if isinstance(stop, str) else stop or None,
             stream=bool(body.get("stream")),
             tools=tools,
+            tool_choice=tool_choice,
         )
     except (ValueError, TypeError) as e:
         raise InvalidRequest(f"invalid request: {e}") from None
+
+
+def _openai_choice(value: Any) -> str | None:
+    """OpenAI's tool_choice in the neutral words: auto, required, none, or a tool's name."""
+    if value is None or isinstance(value, str):
+        return value
+    function = _object(_object(value, "tool_choice").get("function"), "tool_choice's function")
+    return str(function.get("name") or "") or None
+
+
+def _anthropic_choice(value: Any) -> str | None:
+    if value is None:
+        return None
+    choice = _object(value, "tool_choice")
+    kind = choice.get("type")
+    if kind == "tool":
+        return str(choice.get("name") or "") or None
+    return {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
 
 
 def _openai_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:

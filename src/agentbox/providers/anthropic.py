@@ -35,6 +35,7 @@ _FINISH = {
     "max_tokens": "length",
     "tool_use": "tool_calls",
 }
+_CHOICE = {"auto": {"type": "auto"}, "required": {"type": "any"}, "none": {"type": "none"}}
 _ERROR_CATEGORY = {
     "rate_limit_error": Category.RATE_LIMITED,
     "overloaded_error": Category.SERVER_ERROR,
@@ -132,6 +133,15 @@ class AnthropicAdapter(Adapter):
         if request.temperature is not None:
             # Anthropic refuses more than 1 (OpenAI's scale goes to 2): clamp, not fail.
             body["temperature"] = min(request.temperature, 1.0)
+        if request.top_p is not None:
+            body["top_p"] = request.top_p
+        if request.stop:
+            body["stop_sequences"] = request.stop
+        if request.tools and request.tool_choice:
+            body["tool_choice"] = _CHOICE.get(request.tool_choice) or {
+                "type": "tool",
+                "name": request.tool_choice,
+            }
         if request.tools:
             body["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": t.parameters}

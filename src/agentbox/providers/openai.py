@@ -108,6 +108,17 @@ class OpenAIAdapter(Adapter):
         }
         if request.temperature is not None:
             body["temperature"] = request.temperature
+        if request.top_p is not None:
+            body["top_p"] = request.top_p
+        if request.stop:
+            body["stop"] = request.stop
+        if request.tools and request.tool_choice:
+            named = request.tool_choice not in ("auto", "required", "none")
+            body["tool_choice"] = (
+                {"type": "function", "function": {"name": request.tool_choice}}
+                if named
+                else request.tool_choice
+            )
         if request.tools:
             body["tools"] = [
                 {

@@ -73,8 +73,12 @@ class ChatRequest(_Strict):
     system: str | None = None
     max_tokens: int = Field(default=1024, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    stop: list[str] | None = None  # sequences that end the answer
     stream: bool = False
     tools: list[Tool] | None = None
+    # auto (the default), required (some tool), none, or one tool's name (that tool)
+    tool_choice: str | None = None
 
     def redacted(self, redact: Callable[[str], str]) -> ChatRequest:
         """A copy whose every text passed ``redact`` (what leaves the host)."""
