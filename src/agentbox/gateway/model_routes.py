@@ -12,40 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import secrets
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
-from agentbox.errors import AgentboxError, InvalidRequest
+from agentbox.errors import InvalidRequest
+from agentbox.gateway import model_wire as wire
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.models import Attribution, ModelService
-from agentbox.providers.types import (
-    ChatRequest,
-    ChatResponse,
-    Image,
-    Message,
-    StreamEvent,
-    Tool,
-    ToolCall,
-)
+from agentbox.providers.types import StreamEvent
 from agentbox.runtime.runtime import Runtime
-
-_FINISH_OPENAI = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
-_FINISH_ANTHROPIC = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
-
-
-def _openai_finish(reason: str | None) -> str:
-    return _FINISH_OPENAI.get(reason or "", reason or "stop")
-
-
-def _anthropic_stop(reason: str | None) -> str:
-    return _FINISH_ANTHROPIC.get(reason or "", reason or "end_turn")
 
 
 def build_model_router(
@@ -82,27 +62,27 @@ def build_model_router(
         """OpenAI chat-completions, answered by the provider pool."""
         who = await caller(request)
         body = await body_of(request)
-        chat = _from_openai(body)
+        chat = wire.from_openai(body)
         if chat.stream:
             usage = bool((body.get("stream_options") or {}).get("include_usage"))
             events = service.stream(chat, who)
             first = await _first(events)
-            return EventStream(_openai_sse(first, events, usage))
+            return EventStream(wire.openai_sse(first, events, usage))
         response, settle = await service.complete_deferred(chat, who)
-        return _openai_json(response, BackgroundTask(settle))
+        return wire.openai_json(response, BackgroundTask(settle))
 
     @api.post("/messages")
     async def messages(request: Request) -> Any:
         """Anthropic messages, answered by the provider pool."""
         who = await caller(request)
         body = await body_of(request)
-        chat = _from_anthropic(body)
+        chat = wire.from_anthropic(body)
         if chat.stream:
             events = service.stream(chat, who)
             first = await _first(events)
-            return EventStream(_anthropic_sse(first, events, chat))
+            return EventStream(wire.anthropic_sse(first, events, chat))
         response, settle = await service.complete_deferred(chat, who)
-        return _anthropic_json(response, BackgroundTask(settle))
+        return wire.anthropic_json(response, BackgroundTask(settle))
 
     @api.get("/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -164,357 +144,3 @@ async def _first(events: AsyncIterator[StreamEvent]) -> StreamEvent:
         return await events.__anext__()
     except StopAsyncIteration:
         raise InvalidRequest("the provider sent an empty stream") from None
-
-
-_SKIPPED_BLOCKS = ("thinking", "redacted_thinking")  # a client's own history: not resent
-
-
-def _image(part: dict[str, Any]) -> Image | None:
-    """An image part in either format (OpenAI ``image_url``, Anthropic ``image``), else
-    None."""
-    if part.get("type") == "image_url":
-        url = _object(part.get("image_url"), "an image_url").get("url")
-        if not isinstance(url, str) or not url:
-            raise InvalidRequest("an image_url part needs a url")
-        return Image(url=url)
-    if part.get("type") == "image":
-        source = _object(part.get("source"), "an image's source")
-        if source.get("type") == "base64":
-            return Image(media_type=str(source.get("media_type") or ""),
-                         data=str(source.get("data") or ""))  # fmt: skip
-        if source.get("type") == "url":
-            return Image(url=str(source.get("url") or ""))
-        raise InvalidRequest(f"image source {source.get('type')!r} is not supported")
-    return None
-
-
-def _parts_of(content: Any, images_allowed: bool = True) -> tuple[str, tuple[Image, ...]]:
-    """The text and the images of a message's content (a string or a list of parts)."""
-    if content is None:
-        return "", ()
-    if isinstance(content, str):
-        return content, ()
-    if not isinstance(content, list):
-        raise InvalidRequest("message content must be a string or a list of parts")
-    texts: list[str] = []
-    images: list[Image] = []
-    for part in content:
-        part = _object(part, "a content part")
-        image = _image(part)
-        if image is not None and images_allowed:
-            images.append(image)
-        elif part.get("type") == "text":
-            texts.append(str(part.get("text", "")))
-        else:
-            raise InvalidRequest(
-                f"content of type {part.get('type')!r} is not supported here (text, images "
-                "in user turns and tool results, and tool calls are; no files or audio)"
-            )
-    return "".join(texts), tuple(images)
-
-
-def _text_of(content: Any) -> str:
-    return _parts_of(content, images_allowed=False)[0]
-
-
-def _object(value: Any, what: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise InvalidRequest(f"{what} must be a JSON object")
-    return value
-
-
-def _arguments(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value if value is not None else {})
-
-
-def _openai_tools(body: dict[str, Any]) -> list[Tool] | None:
-    tools = []
-    for entry in body.get("tools") or []:
-        function = _object(_object(entry, "a tool").get("function"), "a tool's function")
-        tools.append(Tool(name=str(function.get("name") or ""),
-                          description=str(function.get("description") or ""),
-                          parameters=function.get("parameters") or {"type": "object"}))  # fmt: skip
-    return tools or None
-
-
-def _from_openai(body: dict[str, Any]) -> ChatRequest:
-    system, turns = [], []
-    for m in body.get("messages") or []:
-        m = _object(m, "a message")
-        role = m.get("role")
-        if role in ("system", "developer"):
-            system.append(_text_of(m.get("content")))
-        elif role == "tool":
-            text, images = _parts_of(m.get("content"))
-            turns.append(Message(role="tool", content=text, images=images,
-                                 tool_call_id=str(m.get("tool_call_id") or "")))  # fmt: skip
-        elif role == "user":
-            text, images = _parts_of(m.get("content"))
-            turns.append(Message(role="user", content=text, images=images))
-        elif role == "assistant":
-            calls = tuple(
-                ToolCall(str(c.get("id") or ""), str(f.get("name") or ""),
-                         _arguments(f.get("arguments")))
-                for c in m.get("tool_calls") or []
-                for f in [_object(_object(c, "a tool call").get("function"), "a function")]
-            )  # fmt: skip
-            turns.append(Message(role="assistant", content=_text_of(m.get("content")),
-                                 tool_calls=calls))  # fmt: skip
-        else:
-            raise InvalidRequest(
-                f"message role {role!r} is not supported (system, user, assistant, tool)"
-            )
-    return _request(body, turns, "\n\n".join(system) or None,
-                    body.get("max_completion_tokens") or body.get("max_tokens"),
-                    _openai_tools(body), body.get("stop"),
-                    _openai_choice(body.get("tool_choice")))  # fmt: skip
-
-
-def _anthropic_turns(m: dict[str, Any]) -> list[Message]:
-    """One Anthropic turn in the neutral form: tool results become ``tool`` turns (before
-    the text that came with them), tool uses the assistant's calls."""
-    role = m.get("role")
-    if role not in ("user", "assistant"):
-        raise InvalidRequest(f"message role {role!r} is not supported (user, assistant)")
-    content = m.get("content")
-    if not isinstance(content, list):
-        return [Message(role=role, content=_text_of(content))]
-    results, text, calls = [], [], []
-    images: list[Image] = []
-    for block in content:
-        kind = _object(block, "a content block").get("type")
-        if kind == "tool_result" and role == "user":
-            result_text, result_images = _parts_of(block.get("content"))
-            results.append(Message(role="tool", content=result_text, images=result_images,
-                                   tool_call_id=str(block.get("tool_use_id") or "")))  # fmt: skip
-        elif kind == "tool_use" and role == "assistant":
-            calls.append(ToolCall(str(block.get("id") or ""), str(block.get("name") or ""),
-                                  _arguments(block.get("input"))))  # fmt: skip
-        elif kind in _SKIPPED_BLOCKS:
-            continue
-        else:
-            block_text, block_images = _parts_of([block], images_allowed=role == "user")
-            text.append(block_text)
-            images += block_images
-    turns = results
-    if text or images or calls or not results:
-        turns.append(Message(role=role, content="".join(text), tool_calls=tuple(calls),
-                             images=tuple(images)))  # fmt: skip
-    return turns
-
-
-def _from_anthropic(body: dict[str, Any]) -> ChatRequest:
-    turns = [
-        t for m in body.get("messages") or [] for t in _anthropic_turns(_object(m, "a message"))
-    ]
-    system = body.get("system")
-    tools = [
-        Tool(name=str(t.get("name") or ""), description=str(t.get("description") or ""),
-             parameters=t.get("input_schema") or {"type": "object"})
-        for t in (_object(t, "a tool") for t in body.get("tools") or [])
-    ]  # fmt: skip
-    return _request(body, turns, _text_of(system) if system else None, body.get("max_tokens"),
-                    tools or None, body.get("stop_sequences"),
-                    _anthropic_choice(body.get("tool_choice")))  # fmt: skip
-
-
-def _request(
-    body: dict[str, Any],
-    turns: list[Message],
-    system: str | None,
-    max_tokens: Any,
-    tools: list[Tool] | None,
-    stop: Any,
-    tool_choice: str | None,
-) -> ChatRequest:
-    try:
-        return ChatRequest(
-            model=body.get("model"),
-            messages=turns,
-            system=system,
-            max_tokens=int(max_tokens or 1024),
-            temperature=body.get("temperature"),
-            top_p=body.get("top_p"),
-            stop=[stop] if isinstance(stop, str) else stop or None,
-            stream=bool(body.get("stream")),
-            tools=tools,
-            tool_choice=tool_choice,
-        )
-    except (ValueError, TypeError) as e:
-        raise InvalidRequest(f"invalid request: {e}") from None
-
-
-def _openai_choice(value: Any) -> str | None:
-    """OpenAI's tool_choice in the neutral words: auto, required, none, or a tool's name."""
-    if value is None or isinstance(value, str):
-        return value
-    function = _object(_object(value, "tool_choice").get("function"), "tool_choice's function")
-    return str(function.get("name") or "") or None
-
-
-def _anthropic_choice(value: Any) -> str | None:
-    if value is None:
-        return None
-    choice = _object(value, "tool_choice")
-    kind = choice.get("type")
-    if kind == "tool":
-        return str(choice.get("name") or "") or None
-    return {"auto": "auto", "any": "required", "none": "none"}.get(str(kind))
-
-
-def _openai_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
-    named: dict[str, Any] = {"id": call.id, "type": "function",
-             "function": {"name": call.name, "arguments": call.arguments}}  # fmt: skip
-    return named if index is None else {"index": index, **named}
-
-
-def _openai_message(r: ChatResponse) -> dict[str, Any]:
-    if not r.tool_calls:
-        return {"role": "assistant", "content": r.text}
-    return {"role": "assistant", "content": r.text or None,
-            "tool_calls": [_openai_call(c) for c in r.tool_calls]}  # fmt: skip
-
-
-def _anthropic_input(arguments: str) -> Any:
-    try:
-        return json.loads(arguments or "{}")
-    except ValueError:
-        return {"arguments": arguments}  # a model's invalid JSON, kept whole
-
-
-def _anthropic_content(r: ChatResponse) -> list[dict[str, Any]]:
-    content = [{"type": "text", "text": r.text}] if r.text or not r.tool_calls else []
-    content += [{"type": "tool_use", "id": c.id, "name": c.name,
-                 "input": _anthropic_input(c.arguments)} for c in r.tool_calls]  # fmt: skip
-    return content
-
-
-def _openai_json(r: ChatResponse, background: BackgroundTask) -> JSONResponse:
-    return JSONResponse(
-        {
-            "id": "chatcmpl-" + secrets.token_hex(12),
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": r.model,
-            "choices": [{
-                "index": 0,
-                "message": _openai_message(r),
-                "finish_reason": _openai_finish(r.finish_reason),
-            }],
-            "usage": {
-                "prompt_tokens": r.usage.input_tokens,
-                "completion_tokens": r.usage.output_tokens,
-                "total_tokens": r.usage.total,
-            },
-        },
-        headers={"X-Agentbox-Provider": r.provider},
-        background=background,
-    )  # fmt: skip
-
-
-def _anthropic_json(r: ChatResponse, background: BackgroundTask) -> JSONResponse:
-    return JSONResponse(
-        {
-            "id": "msg_" + secrets.token_hex(12),
-            "type": "message",
-            "role": "assistant",
-            "model": r.model,
-            "content": _anthropic_content(r),
-            "stop_reason": _anthropic_stop(r.finish_reason),
-            "stop_sequence": None,
-            "usage": {"input_tokens": r.usage.input_tokens, "output_tokens": r.usage.output_tokens},
-        },
-        headers={"X-Agentbox-Provider": r.provider},
-        background=background,
-    )  # fmt: skip
-
-
-async def _all(first: StreamEvent, rest: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
-    yield first
-    async for event in rest:
-        yield event
-
-
-async def _openai_sse(first: StreamEvent, rest: AsyncIterator[StreamEvent], usage: bool
-                      ) -> AsyncIterator[bytes]:  # fmt: skip
-    ident, created = "chatcmpl-" + secrets.token_hex(12), int(time.time())
-
-    def chunk(delta: dict[str, Any], finish: str | None, model: str, **extra: Any) -> bytes:
-        data = {"id": ident, "object": "chat.completion.chunk", "created": created,
-                "model": model, "choices": [{"index": 0, "delta": delta,
-                                             "finish_reason": finish}], **extra}  # fmt: skip
-        return f"data: {json.dumps(data)}\n\n".encode()
-
-    model = first.model or ""
-    preamble = chunk({"role": "assistant", "content": ""}, None, model)
-    calls = 0  # tool calls sent, each with its index
-    try:
-        async for event in _all(first, rest):
-            # The role chunk leaves with the first event: one write to the first token.
-            if event.kind == "text":
-                yield preamble + chunk({"content": event.text}, None, model)
-            elif event.kind == "tool_call" and event.tool_call is not None:
-                delta = {"tool_calls": [_openai_call(event.tool_call, calls)]}
-                yield preamble + chunk(delta, None, model)
-                calls += 1
-            else:
-                yield preamble + chunk(
-                    {}, _openai_finish(event.finish_reason), event.model or model
-                )
-            preamble = b""
-            if event.kind == "done" and usage and event.usage is not None:
-                u = event.usage
-                data = {"id": ident, "object": "chat.completion.chunk", "created": created,
-                        "model": event.model or model, "choices": [],
-                        "usage": {"prompt_tokens": u.input_tokens,
-                                  "completion_tokens": u.output_tokens,
-                                  "total_tokens": u.total}}  # fmt: skip
-                yield f"data: {json.dumps(data)}\n\n".encode()
-    except AgentboxError as e:  # after the first byte only a stream event can say it
-        yield f"data: {json.dumps({'error': e.to_dict()})}\n\n".encode()
-    yield b"data: [DONE]\n\n"
-
-
-async def _anthropic_sse(first: StreamEvent, rest: AsyncIterator[StreamEvent], chat: ChatRequest
-                         ) -> AsyncIterator[bytes]:  # fmt: skip
-    def sse(event: str, data: dict[str, Any]) -> bytes:
-        return f"event: {event}\ndata: {json.dumps({'type': event, **data})}\n\n".encode()
-
-    model = first.model or chat.model or ""
-    head = sse("message_start", {"message": {
-        "id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant",
-        "model": model, "content": [], "stop_reason": None, "stop_sequence": None,
-        "usage": {"input_tokens": 0, "output_tokens": 0}}})  # fmt: skip
-    index, text_open = -1, False  # the last content block, and whether it is open text
-    try:
-        async for event in _all(first, rest):
-            out = head  # message_start leaves with the first event
-            head = b""
-            if event.kind == "text":
-                if not text_open:
-                    index, text_open = index + 1, True
-                    text_block = {"type": "text", "text": ""}
-                    out += sse("content_block_start", {"index": index, "content_block": text_block})
-                delta = {"type": "text_delta", "text": event.text}
-                yield out + sse("content_block_delta", {"index": index, "delta": delta})
-                continue
-            if text_open:
-                out += sse("content_block_stop", {"index": index})
-                text_open = False
-            if event.kind == "tool_call" and event.tool_call is not None:
-                call, index = event.tool_call, index + 1
-                block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
-                delta = {"type": "input_json_delta", "partial_json": call.arguments}
-                yield out + sse("content_block_start", {"index": index, "content_block": block}) \
-                    + sse("content_block_delta", {"index": index, "delta": delta}) \
-                    + sse("content_block_stop", {"index": index})  # fmt: skip
-                continue
-            u = event.usage
-            yield out + sse("message_delta", {
-                "delta": {"stop_reason": _anthropic_stop(event.finish_reason),
-                          "stop_sequence": None},
-                "usage": {"input_tokens": u.input_tokens if u else 0,
-                          "output_tokens": u.output_tokens if u else 0}})  # fmt: skip
-            yield sse("message_stop", {})
-    except AgentboxError as e:
-        yield sse("error", {"error": {"type": e.code, "message": e.message}})

@@ -56,7 +56,7 @@ def _error(data: Any) -> ProviderFailure:
     return ProviderFailure(category, f"{error.get('type')}: {error.get('message')}"[:300])
 
 
-def _input(arguments: str) -> Any:
+def tool_input(arguments: str) -> Any:
     """A call's arguments as the JSON object Anthropic wants (a model may have written
     invalid JSON: then the text, under one key, so nothing is lost)."""
     try:
@@ -86,7 +86,7 @@ def _blocks(m: Message) -> list[dict[str, Any]]:
         text
         + images
         + [
-            {"type": "tool_use", "id": c.id, "name": c.name, "input": _input(c.arguments)}
+            {"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input(c.arguments)}
             for c in m.tool_calls
         ]
     )
