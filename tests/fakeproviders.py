@@ -42,6 +42,7 @@ class Reply:
     error: str = "scripted failure"
     delay: float = 0.0  # seconds before answering (longer than the client's timeout: a timeout)
     cut_after: int | None = None  # stream: drop the connection after this many text pieces
+    piece_delay: float = 0.0  # stream: seconds between text pieces (a model still writing)
     end_early: bool = False  # stream: end cleanly, but without the protocol's last event
     malformed: bool = False  # a body (or the first stream event) that is not JSON
     tool_call: tuple[str, dict[str, Any]] | None = None  # answer with a call of this tool
@@ -120,6 +121,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._json(200, fake.answer(reply, body))
         except (BrokenPipeError, ConnectionResetError):
+            fake.clients_left += 1  # the client closed before the answer's end
             self.close_connection = True
 
     def _send(
@@ -138,6 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _stream(self, events: list[tuple[bool, str]], reply: Reply) -> None:
         """``events``: (is a text piece, SSE text); chunked, one event per chunk."""
+        fake = self.server.fake
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream; charset=utf-8")
         self.send_header("Cache-Control", "no-cache")
@@ -150,6 +153,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(b"400\r\ndata: {")
                 self.wfile.flush()
                 self.close_connection = True
+                return
+            if is_text and pieces and reply.piece_delay and fake.stopping.wait(reply.piece_delay):
                 return
             pieces += is_text
             data = event.encode()
@@ -164,6 +169,7 @@ class FakeProvider:
     def __init__(self, kind: Kind) -> None:
         self.kind = kind
         self.requests: list[Received] = []
+        self.clients_left = 0  # answers a client stopped reading (the connection closed)
         self.stopping = threading.Event()
         self._replies: deque[Reply] = deque()
         self._lock = threading.Lock()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -413,3 +414,32 @@ def test_tool_choice_and_stop_cross_formats(gw: RunningGateway, session: tuple[s
         tools=ANTHROPIC_TOOLS, tool_choice={"type": "any"}, stop_sequences=["END", "STOP"])  # fmt: skip
     sent = fake.requests[-1].json()
     assert (sent["tool_choice"], sent["stop"]) == ("required", ["END", "STOP"])
+
+
+def test_a_client_leaving_a_stream_stops_it_and_is_still_billed(
+    gw: RunningGateway, session: tuple[str, str], only: Any
+) -> None:
+    sid, token = session
+    words = " ".join(f"word{i}" for i in range(40))
+    fake = only("openai", Reply(text=words, piece_delay=0.2))  # ~8 s to write it all
+    body = {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    with gw.operator() as op:
+        before = len(op.get("/v1/audit", params={"decision": "model_call"}).json())
+    with gw.client(token) as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+        for line in r.iter_lines():
+            if '"content": "word0' in line:
+                break  # the first word: leave
+    deadline = time.monotonic() + 15
+    records: list[Any] = []
+    with gw.operator() as op:
+        while time.monotonic() < deadline and len(records) <= before:
+            records = op.get("/v1/audit", params={"decision": "model_call"}).json()
+            time.sleep(0.1)
+    assert len(records) > before, "the abandoned stream was never accounted"
+    last = records[-1]
+    assert last["estimated"] is True and last["sandbox"] == sid
+    assert 1 <= last["tokens_out"] < len(words) // 4  # what was produced, not the whole answer
+    # The gateway closed the provider's stream: its writes failed before the answer's end.
+    while time.monotonic() < deadline and not fake.clients_left:
+        time.sleep(0.1)
+    assert fake.clients_left == 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -115,26 +115,37 @@ def build_model_router(
 
 
 class EventStream(Response):
-    """Server-sent events, each chunk sent as it comes: no background task watching for a
-    disconnect (Starlette's StreamingResponse runs one, ~1 ms before the first byte); a
-    client that went away makes the next send fail, which ends the stream."""
+    """Server-sent events, each chunk sent as it comes. A client that leaves ends the
+    stream at the next chunk: uvicorn drops writes to a closed connection silently, so
+    the disconnect is watched (``receive``), from the first byte on, not before (a
+    watcher task before it would delay the first token). Ending closes ``chunks`` at once,
+    which closes the provider's stream and accounts what it produced."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+    def __init__(self, chunks: AsyncGenerator[bytes, None]) -> None:
         super().__init__(headers={"Cache-Control": "no-store"})
         # Response sets Content-Length: 0 for its empty body; a stream has none.
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.chunks = chunks
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        gone: asyncio.Future[Any] | None = None
         try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             async for chunk in self.chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                if gone is None:
+                    gone = asyncio.ensure_future(receive())  # http.disconnect, when it comes
+                elif gone.done():
+                    return  # the client left: stop reading the provider
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
         except OSError:
             return  # the client is gone
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            if gone is not None:
+                gone.cancel()
+            await self.chunks.aclose()
 
 
 async def _first(events: AsyncIterator[StreamEvent]) -> StreamEvent:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -298,14 +299,20 @@ def anthropic_json(r: ChatResponse, background: BackgroundTask) -> JSONResponse:
     )  # fmt: skip
 
 
-async def _all(first: StreamEvent, rest: AsyncIterator[StreamEvent]) -> AsyncIterator[StreamEvent]:
-    yield first
-    async for event in rest:
-        yield event
+async def _all(first: StreamEvent, rest: AsyncGenerator[StreamEvent, None]
+               ) -> AsyncGenerator[StreamEvent, None]:  # fmt: skip
+    """``first`` then ``rest``; closed early (the client left), it closes ``rest`` at once:
+    the provider's stream ends and what it produced is accounted (ModelService.stream)."""
+    try:
+        yield first
+        async for event in rest:
+            yield event
+    finally:
+        await rest.aclose()
 
 
-async def openai_sse(first: StreamEvent, rest: AsyncIterator[StreamEvent], usage: bool
-                      ) -> AsyncIterator[bytes]:  # fmt: skip
+async def openai_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, None], usage: bool
+                      ) -> AsyncGenerator[bytes, None]:  # fmt: skip
     ident, created = "chatcmpl-" + secrets.token_hex(12), int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None, model: str, **extra: Any) -> bytes:
@@ -318,34 +325,36 @@ async def openai_sse(first: StreamEvent, rest: AsyncIterator[StreamEvent], usage
     preamble = chunk({"role": "assistant", "content": ""}, None, model)
     calls = 0  # tool calls sent, each with its index
     try:
-        async for event in _all(first, rest):
-            # The role chunk leaves with the first event: one write to the first token.
-            if event.kind == "text":
-                yield preamble + chunk({"content": event.text}, None, model)
-            elif event.kind == "tool_call" and event.tool_call is not None:
-                delta = {"tool_calls": [_openai_call(event.tool_call, calls)]}
-                yield preamble + chunk(delta, None, model)
-                calls += 1
-            else:
-                yield preamble + chunk(
-                    {}, _openai_finish(event.finish_reason), event.model or model
-                )
-            preamble = b""
-            if event.kind == "done" and usage and event.usage is not None:
-                u = event.usage
-                data = {"id": ident, "object": "chat.completion.chunk", "created": created,
-                        "model": event.model or model, "choices": [],
-                        "usage": {"prompt_tokens": u.input_tokens,
-                                  "completion_tokens": u.output_tokens,
-                                  "total_tokens": u.total}}  # fmt: skip
-                yield f"data: {json.dumps(data)}\n\n".encode()
+        async with aclosing(_all(first, rest)) as events:
+            async for event in events:
+                # The role chunk leaves with the first event: one write to the first token.
+                if event.kind == "text":
+                    yield preamble + chunk({"content": event.text}, None, model)
+                elif event.kind == "tool_call" and event.tool_call is not None:
+                    delta = {"tool_calls": [_openai_call(event.tool_call, calls)]}
+                    yield preamble + chunk(delta, None, model)
+                    calls += 1
+                else:
+                    yield preamble + chunk(
+                        {}, _openai_finish(event.finish_reason), event.model or model
+                    )
+                preamble = b""
+                if event.kind == "done" and usage and event.usage is not None:
+                    u = event.usage
+                    data = {"id": ident, "object": "chat.completion.chunk", "created": created,
+                            "model": event.model or model, "choices": [],
+                            "usage": {"prompt_tokens": u.input_tokens,
+                                      "completion_tokens": u.output_tokens,
+                                      "total_tokens": u.total}}  # fmt: skip
+                    yield f"data: {json.dumps(data)}\n\n".encode()
     except AgentboxError as e:  # after the first byte only a stream event can say it
         yield f"data: {json.dumps({'error': e.to_dict()})}\n\n".encode()
     yield b"data: [DONE]\n\n"
 
 
-async def anthropic_sse(first: StreamEvent, rest: AsyncIterator[StreamEvent], chat: ChatRequest
-                         ) -> AsyncIterator[bytes]:  # fmt: skip
+async def anthropic_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, None],
+                        chat: ChatRequest
+                         ) -> AsyncGenerator[bytes, None]:  # fmt: skip
     def sse(event: str, data: dict[str, Any]) -> bytes:
         return f"event: {event}\ndata: {json.dumps({'type': event, **data})}\n\n".encode()
 
@@ -356,34 +365,40 @@ async def anthropic_sse(first: StreamEvent, rest: AsyncIterator[StreamEvent], ch
         "usage": {"input_tokens": 0, "output_tokens": 0}}})  # fmt: skip
     index, text_open = -1, False  # the last content block, and whether it is open text
     try:
-        async for event in _all(first, rest):
-            out = head  # message_start leaves with the first event
-            head = b""
-            if event.kind == "text":
-                if not text_open:
-                    index, text_open = index + 1, True
-                    text_block = {"type": "text", "text": ""}
-                    out += sse("content_block_start", {"index": index, "content_block": text_block})
-                delta = {"type": "text_delta", "text": event.text}
-                yield out + sse("content_block_delta", {"index": index, "delta": delta})
-                continue
-            if text_open:
-                out += sse("content_block_stop", {"index": index})
-                text_open = False
-            if event.kind == "tool_call" and event.tool_call is not None:
-                call, index = event.tool_call, index + 1
-                block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
-                delta = {"type": "input_json_delta", "partial_json": call.arguments}
-                yield out + sse("content_block_start", {"index": index, "content_block": block}) \
-                    + sse("content_block_delta", {"index": index, "delta": delta}) \
-                    + sse("content_block_stop", {"index": index})  # fmt: skip
-                continue
-            u = event.usage
-            yield out + sse("message_delta", {
-                "delta": {"stop_reason": _anthropic_stop(event.finish_reason),
-                          "stop_sequence": None},
-                "usage": {"input_tokens": u.input_tokens if u else 0,
-                          "output_tokens": u.output_tokens if u else 0}})  # fmt: skip
-            yield sse("message_stop", {})
+        async with aclosing(_all(first, rest)) as events:
+            async for event in events:
+                out = head  # message_start leaves with the first event
+                head = b""
+                if event.kind == "text":
+                    if not text_open:
+                        index, text_open = index + 1, True
+                        text_block = {"type": "text", "text": ""}
+                        out += sse(
+                            "content_block_start", {"index": index, "content_block": text_block}
+                        )
+                    delta = {"type": "text_delta", "text": event.text}
+                    yield out + sse("content_block_delta", {"index": index, "delta": delta})
+                    continue
+                if text_open:
+                    out += sse("content_block_stop", {"index": index})
+                    text_open = False
+                if event.kind == "tool_call" and event.tool_call is not None:
+                    call, index = event.tool_call, index + 1
+                    block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+                    delta = {"type": "input_json_delta", "partial_json": call.arguments}
+                    yield b"".join((
+                        out,
+                        sse("content_block_start", {"index": index, "content_block": block}),
+                        sse("content_block_delta", {"index": index, "delta": delta}),
+                        sse("content_block_stop", {"index": index}),
+                    ))  # fmt: skip
+                    continue
+                u = event.usage
+                yield out + sse("message_delta", {
+                    "delta": {"stop_reason": _anthropic_stop(event.finish_reason),
+                              "stop_sequence": None},
+                    "usage": {"input_tokens": u.input_tokens if u else 0,
+                              "output_tokens": u.output_tokens if u else 0}})  # fmt: skip
+                yield sse("message_stop", {})
     except AgentboxError as e:
         yield sse("error", {"error": {"type": e.code, "message": e.message}})

@@ -137,9 +137,14 @@ class ModelService:
     async def stream(
         self, request: ChatRequest, who: Attribution
     ) -> AsyncGenerator[StreamEvent, None]:
+        """The pool's stream, accounted at its ``done``. A stream that ends before (the
+        client left, or the provider cut it after its first token) is accounted too, by
+        estimate: the provider produced, and will bill, what was sent so far."""
         with self.telemetry.model_span(request.model, who.project) as span:
             self.ledger.check(who.project)
             started = time.monotonic()
+            answering: StreamEvent | None = None  # the last event: who answers
+            produced = 0  # characters of text and tool calls so far
             try:
                 async for event in self._pool().stream(request):
                     if event.kind == "done":
@@ -148,18 +153,35 @@ class ModelService:
                         await self._account(
                             event.provider or "", event.model or "", usage, who, started
                         )
+                        answering = None
+                    else:
+                        answering = event
+                        produced += len(event.text) + len(_call_text(event))
                     yield event
             except ProviderError as e:
                 self._failed(e, who)
                 raise
+            finally:
+                if answering is not None:
+                    usage = Usage(_tokens(_request_chars(request)), _tokens(produced))
+                    await self._account(answering.provider or "", answering.model or "", usage,
+                                        who, started, outcome="cut_short")  # fmt: skip
 
     async def _account(
-        self, provider: str, model: str, usage: Usage, who: Attribution, started: float
+        self,
+        provider: str,
+        model: str,
+        usage: Usage,
+        who: Attribution,
+        started: float,
+        outcome: str = "ok",
     ) -> None:
+        """Record a call's usage; ``outcome`` cut_short: a stream that ended before the
+        provider's usage report, its tokens estimated (~4 characters each)."""
         seconds = time.monotonic() - started
         cost = self.cost(provider, model, usage)
         alerts = self.ledger.record(who.project, who.sandbox, who.task, provider, model, usage)
-        self.metrics.provider_request(provider, model, "ok", seconds)
+        self.metrics.provider_request(provider, model, outcome, seconds)
         self.metrics.usage(provider, model, who.project, usage.input_tokens,
                            usage.output_tokens, cost)  # fmt: skip
         self._budget_gauges(who.project)
@@ -171,7 +193,8 @@ class ModelService:
             duration_ms=round(seconds * 1000, 3),
             extra={"provider": provider, "model": model, "project": who.project,
                    "task": who.task, "tokens_in": usage.input_tokens,
-                   "tokens_out": usage.output_tokens, "cost_usd": round(cost, 9)},
+                   "tokens_out": usage.output_tokens, "cost_usd": round(cost, 9),
+                   **({"estimated": True} if outcome == "cut_short" else {})},
         )  # fmt: skip
         for alert in alerts:
             await self._alert(alert)
@@ -220,3 +243,22 @@ def _describe(span: Any, provider: str, model: str, usage: Usage) -> None:
     span.set_attribute("gen_ai.response.model", model)
     span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
     span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+
+
+def _call_text(event: StreamEvent) -> str:
+    call = event.tool_call
+    return "" if call is None else call.name + call.arguments
+
+
+def _request_chars(request: ChatRequest) -> int:
+    texts = [request.system or ""]
+    for m in request.messages:
+        texts.append(m.content)
+        texts += [c.name + c.arguments for c in m.tool_calls]
+    return sum(map(len, texts))
+
+
+def _tokens(chars: int) -> int:
+    """A token estimate for text nobody counted: ~4 characters per token (English prose
+    and code with the vendors' tokenizers), rounded up."""
+    return -(-chars // 4)

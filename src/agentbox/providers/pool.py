@@ -26,7 +26,7 @@ import random
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
@@ -147,6 +147,9 @@ class ProviderPool:
                         async for event in events:
                             if event.kind == "done":
                                 attempt.health.succeeded(self._clock())
+                            else:  # who is answering, known before the end (accounting)
+                                event = replace(event, provider=attempt.adapter.name,
+                                                model=attempt.call.model)  # fmt: skip
                             sent += len(event.text)
                             yield event
                     return
