@@ -443,3 +443,31 @@ def test_a_client_leaving_a_stream_stops_it_and_is_still_billed(
     while time.monotonic() < deadline and not fake.clients_left:
         time.sleep(0.1)
     assert fake.clients_left == 1
+
+
+@pytest.mark.parametrize("provider_kind", ["openai", "anthropic"])
+def test_vendor_fields_travel_within_their_format(gw: RunningGateway, session: tuple[str, str],
+                                                  only: Any, provider_kind: str) -> None:  # fmt: skip
+    _, token = session
+    fake = only(provider_kind, Reply(text="{}"))
+    openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0).chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "json please"}],
+        response_format={"type": "json_object"}, seed=3, n=2)  # fmt: skip
+    sent = fake.requests[-1].json()
+    if provider_kind == "openai":
+        assert (sent["response_format"], sent["seed"]) == ({"type": "json_object"}, 3)
+    else:
+        assert "response_format" not in sent and "seed" not in sent
+    assert "n" not in sent  # several answers, one returned: never asked for
+
+    fake = only(provider_kind, Reply(text="ok"))
+    anthropic.Anthropic(base_url=gw.url, api_key=token, max_retries=0).messages.create(
+        model="fake-model", max_tokens=2000, messages=[{"role": "user", "content": "x"}],
+        metadata={"user_id": "u-1"}, extra_body={"top_k": 5},
+        thinking={"type": "enabled", "budget_tokens": 1024})  # fmt: skip
+    sent = fake.requests[-1].json()
+    if provider_kind == "anthropic":
+        assert (sent["metadata"], sent["top_k"]) == ({"user_id": "u-1"}, 5)
+    else:
+        assert "metadata" not in sent and "top_k" not in sent
+    assert "thinking" not in sent  # its blocks could not come back in the next turn

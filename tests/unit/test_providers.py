@@ -761,6 +761,26 @@ def test_stop_top_p_and_tool_choice_in_each_format(
     assert body["stop" if kind == "openai" else "stop_sequences"] == ["END"]
 
 
+def test_other_fields_reach_a_provider_of_the_same_format_only(
+    openai: FakeProvider, anthropic: FakeProvider, fake_time: FakeTime
+) -> None:
+    secret = "planted-literal-secret-in-metadata"
+    extra = {"response_format": {"type": "json_object"}, "seed": 7,
+             "metadata": {"note": f"key {secret}"}, "max_tokens": 99999}  # fmt: skip
+    request = ask(max_tokens=50, extra=extra, extra_kind="openai")
+    redact = Redactor({"K": secret}).redact
+    run(make_pool(openai.settings("o"), time=fake_time, redact=redact),
+        lambda p: p.complete(request))  # fmt: skip
+    run(make_pool(anthropic.settings("a"), time=fake_time, redact=redact),
+        lambda p: p.complete(request))  # fmt: skip
+    sent = openai.requests[0].json()
+    assert sent["response_format"] == {"type": "json_object"} and sent["seed"] == 7
+    assert sent["metadata"] == {"note": "key [REDACTED:K]"}  # redacted like any text
+    assert sent["max_tokens"] == 50  # what the neutral request says wins
+    other = anthropic.requests[0].json()
+    assert not {"response_format", "seed", "metadata"} & set(other)  # never translated
+
+
 PNG = Image(media_type="image/png", data="iVBORw0KGgo=")
 IMAGE_HISTORY = [
     Message(role="user", content="what is on screen?", images=(PNG,)),

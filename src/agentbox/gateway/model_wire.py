@@ -3,8 +3,9 @@ Anthropic messages request body to the neutral ``ChatRequest``, and a ``ChatResp
 a stream of ``StreamEvent`` back to the client's format (JSON, or SSE chunks).
 
 Text, tool calls and results, images, ``top_p``, stop sequences and the tool choice
-translate; other vendor-specific fields are not carried. Anything else refused is an
-``InvalidRequest`` that says what is supported.
+translate; the client's other top-level fields (``response_format``, ``metadata``, …)
+travel untranslated to a provider of the client's own format only. Content that cannot be
+represented is refused with an ``InvalidRequest`` that says what is supported.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import secrets
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
@@ -44,6 +45,16 @@ def _anthropic_stop(reason: str | None) -> str:
 
 
 _SKIPPED_BLOCKS = ("thinking", "redacted_thinking")  # a client's own history: not resent
+# Top-level fields translated (or deliberately dropped) per format; the rest travel as
+# ChatRequest.extra to a provider of the same format. Dropped: ``n`` (several answers,
+# one returned), ``thinking`` (its blocks would have to come back in the next turn's
+# history, which is not resent), ``stream_options`` (set per provider).
+_COMMON = {"model", "messages", "max_tokens", "temperature", "top_p", "stream", "tools",
+           "tool_choice"}  # fmt: skip
+_TRANSLATED = {
+    "openai": _COMMON | {"max_completion_tokens", "stop", "stream_options", "n"},
+    "anthropic": _COMMON | {"system", "stop_sequences", "thinking"},
+}
 
 
 def _image(part: dict[str, Any]) -> Image | None:
@@ -144,7 +155,7 @@ def from_openai(body: dict[str, Any]) -> ChatRequest:
     return _request(body, turns, "\n\n".join(system) or None,
                     body.get("max_completion_tokens") or body.get("max_tokens"),
                     _openai_tools(body), body.get("stop"),
-                    _openai_choice(body.get("tool_choice")))  # fmt: skip
+                    _openai_choice(body.get("tool_choice")), "openai")  # fmt: skip
 
 
 def _anthropic_turns(m: dict[str, Any]) -> list[Message]:
@@ -192,7 +203,7 @@ def from_anthropic(body: dict[str, Any]) -> ChatRequest:
     ]  # fmt: skip
     return _request(body, turns, _text_of(system) if system else None, body.get("max_tokens"),
                     tools or None, body.get("stop_sequences"),
-                    _anthropic_choice(body.get("tool_choice")))  # fmt: skip
+                    _anthropic_choice(body.get("tool_choice")), "anthropic")  # fmt: skip
 
 
 def _request(
@@ -203,7 +214,9 @@ def _request(
     tools: list[Tool] | None,
     stop: Any,
     tool_choice: str | None,
+    kind: Literal["openai", "anthropic"],
 ) -> ChatRequest:
+    extra = {k: v for k, v in body.items() if k not in _TRANSLATED[kind]}
     try:
         return ChatRequest(
             model=body.get("model"),
@@ -216,6 +229,8 @@ def _request(
             stream=bool(body.get("stream")),
             tools=tools,
             tool_choice=tool_choice,
+            extra=extra or None,
+            extra_kind=kind,
         )
     except (ValueError, TypeError) as e:
         raise InvalidRequest(f"invalid request: {e}") from None

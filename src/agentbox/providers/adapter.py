@@ -219,10 +219,13 @@ class Adapter(ABC):
     def _post(self, request: ChatRequest, stream: bool) -> Any:
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(timeout=self._timeout)
+        body = self.payload(request, stream)
+        if request.extra and request.extra_kind == self.kind:
+            body = {**request.extra, **body}  # what we set wins
         return self._http.post(
             self.url(),
             proxy=self._proxy,
-            data=json.dumps(self.payload(request, stream)).encode(),
+            data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json", **self.headers()},
             allow_redirects=False,  # a key must not travel to another host
         )

@@ -79,6 +79,10 @@ class ChatRequest(_Strict):
     tools: list[Tool] | None = None
     # auto (the default), required (some tool), none, or one tool's name (that tool)
     tool_choice: str | None = None
+    # The client's other top-level fields (response_format, metadata, seed, …), in its
+    # own format: sent only to a provider of that kind, never translated.
+    extra: dict[str, Any] | None = None
+    extra_kind: Literal["openai", "anthropic"] | None = None
 
     def redacted(self, redact: Callable[[str], str]) -> ChatRequest:
         """A copy whose every text passed ``redact`` (what leaves the host)."""
@@ -94,7 +98,19 @@ class ChatRequest(_Strict):
             for m in self.messages
         ]
         system = None if self.system is None else redact(self.system)
-        return self.model_copy(update={"messages": messages, "system": system})
+        extra = None if self.extra is None else _redact_strings(self.extra, redact)
+        return self.model_copy(update={"messages": messages, "system": system, "extra": extra})
+
+
+def _redact_strings(value: Any, redact: Callable[[str], str]) -> Any:
+    """``value`` (parsed JSON) with every string, keys excepted, passed through ``redact``."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {k: _redact_strings(v, redact) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redact_strings(v, redact) for v in value]
+    return value
 
 
 @dataclass(frozen=True)
