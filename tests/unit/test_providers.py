@@ -686,6 +686,24 @@ def test_a_stream_cut_after_its_first_token_is_not_replayed(
     assert pool.health()[0]["consecutive_failures"] == 1
 
 
+def test_a_stream_cut_after_a_tool_call_is_not_replayed(fake_time: FakeTime) -> None:
+    # Anthropic sends a call at its block's end, before message_stop: a cut after it must
+    # not make the pool ask again (the client would get the call twice and run it twice).
+    with FakeProvider("anthropic") as broken, FakeProvider("openai") as spare:
+        broken.script(Reply(text="", tool_call=("lookup", {"q": "x"}), end_early=True))
+        pool = make_pool(broken.settings("broken"), spare.settings("spare"), time=fake_time)
+        received: list[StreamEvent] = []
+
+        async def scenario(pool: ProviderPool) -> None:
+            with pytest.raises(ProviderStreamBroken):
+                async for event in pool.stream(ask(tools=[Tool(name="lookup")])):
+                    received.append(event)
+
+        run(pool, scenario)
+    assert [e.kind for e in received] == ["tool_call"]
+    assert len(broken.requests) == 1 and spare.requests == []
+
+
 @pytest.mark.parametrize("kind", ["openai", "anthropic"])
 def test_a_streamed_tool_call_is_gathered_from_its_pieces(kind: Any, fake_time: FakeTime) -> None:
     with FakeProvider(kind) as fake:

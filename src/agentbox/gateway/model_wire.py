@@ -400,7 +400,9 @@ async def anthropic_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, No
                 if event.kind == "tool_call" and event.tool_call is not None:
                     call, index = event.tool_call, index + 1
                     block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
-                    delta = {"type": "input_json_delta", "partial_json": call.arguments}
+                    # An object, whatever the model wrote (as the JSON answer's input).
+                    partial = json.dumps(tool_input(call.arguments))
+                    delta = {"type": "input_json_delta", "partial_json": partial}
                     yield b"".join((
                         out,
                         sse("content_block_start", {"index": index, "content_block": block}),

@@ -14,6 +14,7 @@ already depend on, fed with aiohttp's chunks.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import email.utils
 import json
 import math
@@ -184,7 +185,8 @@ class Adapter(ABC):
         env = os.environ if env is None else env
         key_env = settings.api_key_env
         # Read once at start, like every secret the gateway holds.
-        self._api_key = env.get(key_env) if key_env else None
+        # Stripped: a key file's trailing newline would make every request's header invalid.
+        self._api_key = ((env.get(key_env) or "").strip() or None) if key_env else None
         self._missing_key = key_env if key_env and not self._api_key else None
         seconds = settings.timeout_seconds
         # Each step bounded (connect, then every read), not the whole call: a long stream
@@ -258,8 +260,12 @@ class Adapter(ABC):
                 source = aiter(_events(response))
                 async for event in self.events(source, request):
                     yield event
-                async for _ in source:  # read the body to its end: the connection is
-                    pass  # then reused (else every stream pays a new TCP/TLS handshake)
+                # The answer is complete (events() ended at the protocol's last event):
+                # read the body to its end so the connection is reused (else every stream
+                # pays a new TCP/TLS handshake); a failure now loses nothing.
+                with contextlib.suppress(*TRANSPORT_ERRORS):
+                    async for _ in source:
+                        pass
         except TRANSPORT_ERRORS as e:
             raise failure_from_exception(e) from e
         except _SHAPE_ERRORS as e:

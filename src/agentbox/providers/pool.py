@@ -142,6 +142,7 @@ class ProviderPool:
         async with aclosing(self._attempts(request.redacted(self._redact))) as attempts:
             async for attempt in attempts:
                 sent = 0  # characters the caller already has
+                events_sent = 0  # text, tool calls: once one left, a retry would repeat it
                 try:
                     async with aclosing(attempt.adapter.stream(attempt.call)) as events:
                         async for event in events:
@@ -151,10 +152,11 @@ class ProviderPool:
                                 event = replace(event, provider=attempt.adapter.name,
                                                 model=attempt.call.model)  # fmt: skip
                             sent += len(event.text)
+                            events_sent += 1
                             yield event
                     return
                 except ProviderFailure as failure:
-                    if sent:
+                    if events_sent:
                         attempt.health.failed(failure, self._clock())
                         raise ProviderStreamBroken(
                             f"provider {attempt.adapter.name!r} cut the stream after {sent} "
