@@ -386,15 +386,34 @@ def test_an_openai_image_reaches_an_anthropic_provider(
                                      "data": PNG_B64}}]  # fmt: skip
 
 
-def test_unsupported_content_is_a_clear_400(gw: RunningGateway, session: tuple[str, str]
+@pytest.mark.parametrize(
+    ("path", "body", "says"),
+    [
+        ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "document",
+         "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}]},
+         "'document' is not supported"),
+        ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "image",
+         "source": {"type": "url", "url": "https://example.test/p.png?d=secret"}}]}]},
+         "images must be sent inline"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url",
+         "image_url": {"url": "https://example.test/p.png"}}]}]}, "images must be sent inline"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+         "tools": [{"type": "function", "function": {"parameters": {}}}]}, "invalid tool"),
+        ("/v1/messages", {"messages": [{"role": "user", "content": "x"}],
+         "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+         "'web_search_20250305' is not supported"),
+    ],
+    ids=["document", "anthropic-image-url", "openai-image-url", "tool-without-name",
+         "server-tool"],
+)  # fmt: skip
+def test_unsupported_content_is_a_clear_400(gw: RunningGateway, session: tuple[str, str],
+                                            path: str, body: dict[str, Any], says: str
                                             ) -> None:  # fmt: skip
     _, token = session
-    document = {"type": "document", "source": {"type": "text", "media_type": "text/plain",
-                                               "data": "x"}}  # fmt: skip
     with gw.client(None, headers={"x-api-key": token}) as c:
-        r = c.post("/v1/messages", json={"model": "fake-model", "max_tokens": 10,
-                                         "messages": [{"role": "user", "content": [document]}]})  # fmt: skip
-    assert r.status_code == 400 and "'document' is not supported" in r.json()["error"]["message"]
+        r = c.post(path, json={"model": "fake-model", "max_tokens": 10, **body})
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]["message"]
 
 
 def test_tool_choice_and_stop_cross_formats(gw: RunningGateway, session: tuple[str, str],

@@ -784,7 +784,7 @@ def test_other_fields_reach_a_provider_of_the_same_format_only(
 ) -> None:
     secret = "planted-literal-secret-in-metadata"
     extra = {"response_format": {"type": "json_object"}, "seed": 7,
-             "metadata": {"note": f"key {secret}"}, "max_tokens": 99999}  # fmt: skip
+             "metadata": {"note": f"key {secret}", secret: 1}, "max_tokens": 99999}  # fmt: skip
     request = ask(max_tokens=50, extra=extra, extra_kind="openai")
     redact = Redactor({"K": secret}).redact
     run(make_pool(openai.settings("o"), time=fake_time, redact=redact),
@@ -793,7 +793,7 @@ def test_other_fields_reach_a_provider_of_the_same_format_only(
         lambda p: p.complete(request))  # fmt: skip
     sent = openai.requests[0].json()
     assert sent["response_format"] == {"type": "json_object"} and sent["seed"] == 7
-    assert sent["metadata"] == {"note": "key [REDACTED:K]"}  # redacted like any text
+    assert sent["metadata"] == {"note": "key [REDACTED:K]", "[REDACTED:K]": 1}  # keys too
     assert sent["max_tokens"] == 50  # what the neutral request says wins
     other = anthropic.requests[0].json()
     assert not {"response_format", "seed", "metadata"} & set(other)  # never translated

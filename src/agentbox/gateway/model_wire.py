@@ -62,18 +62,22 @@ def _image(part: dict[str, Any]) -> Image | None:
     None."""
     if part.get("type") == "image_url":
         url = _object(part.get("image_url"), "an image_url").get("url")
-        if not isinstance(url, str) or not url:
-            raise InvalidRequest("an image_url part needs a url")
+        if not isinstance(url, str) or not url.startswith("data:"):
+            raise InvalidRequest(_INLINE_ONLY)
         return Image(url=url)
     if part.get("type") == "image":
         source = _object(part.get("source"), "an image's source")
         if source.get("type") == "base64":
             return Image(media_type=str(source.get("media_type") or ""),
                          data=str(source.get("data") or ""))  # fmt: skip
-        if source.get("type") == "url":
-            return Image(url=str(source.get("url") or ""))
-        raise InvalidRequest(f"image source {source.get('type')!r} is not supported")
+        raise InvalidRequest(_INLINE_ONLY)
     return None
+
+
+# A URL would be fetched by the provider, from its servers: outside the sandbox's egress
+# policy, and a channel for data (in the URL) that redaction cannot see.
+_INLINE_ONLY = ("images must be sent inline (base64 / a data: URL): an image URL would be "
+                "fetched by the provider, outside the sandbox's network policy")  # fmt: skip
 
 
 def _parts_of(content: Any, images_allowed: bool = True) -> tuple[str, tuple[Image, ...]]:
@@ -115,13 +119,37 @@ def _arguments(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value if value is not None else {})
 
 
+def _tool(name: Any, description: Any, parameters: Any) -> Tool:
+    try:
+        return Tool(name=str(name or ""), description=str(description or ""),
+                    parameters=parameters or {"type": "object"})  # fmt: skip
+    except ValueError as e:
+        raise InvalidRequest(f"invalid tool {name!r}: {e}") from None
+
+
 def _openai_tools(body: dict[str, Any]) -> list[Tool] | None:
     tools = []
     for entry in body.get("tools") or []:
-        function = _object(_object(entry, "a tool").get("function"), "a tool's function")
-        tools.append(Tool(name=str(function.get("name") or ""),
-                          description=str(function.get("description") or ""),
-                          parameters=function.get("parameters") or {"type": "object"}))  # fmt: skip
+        entry = _object(entry, "a tool")
+        if entry.get("type", "function") != "function":
+            raise InvalidRequest(f"tool type {entry.get('type')!r} is not supported (function)")
+        function = _object(entry.get("function"), "a tool's function")
+        tools.append(_tool(function.get("name"), function.get("description"),
+                           function.get("parameters")))  # fmt: skip
+    return tools or None
+
+
+def _anthropic_tools(body: dict[str, Any]) -> list[Tool] | None:
+    tools = []
+    for entry in body.get("tools") or []:
+        entry = _object(entry, "a tool")
+        if entry.get("type", "custom") != "custom":  # a server tool (web search, …)
+            raise InvalidRequest(
+                f"tool type {entry.get('type')!r} is not supported (custom tools with an "
+                "input_schema; the provider's own server tools are not)"
+            )
+        tools.append(_tool(entry.get("name"), entry.get("description"),
+                           entry.get("input_schema")))  # fmt: skip
     return tools or None
 
 
@@ -196,13 +224,8 @@ def from_anthropic(body: dict[str, Any]) -> ChatRequest:
         t for m in body.get("messages") or [] for t in _anthropic_turns(_object(m, "a message"))
     ]
     system = body.get("system")
-    tools = [
-        Tool(name=str(t.get("name") or ""), description=str(t.get("description") or ""),
-             parameters=t.get("input_schema") or {"type": "object"})
-        for t in (_object(t, "a tool") for t in body.get("tools") or [])
-    ]  # fmt: skip
     return _request(body, turns, _text_of(system) if system else None, body.get("max_tokens"),
-                    tools or None, body.get("stop_sequences"),
+                    _anthropic_tools(body), body.get("stop_sequences"),
                     _anthropic_choice(body.get("tool_choice")), "anthropic")  # fmt: skip
 
 

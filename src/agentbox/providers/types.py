@@ -103,11 +103,11 @@ class ChatRequest(_Strict):
 
 
 def _redact_strings(value: Any, redact: Callable[[str], str]) -> Any:
-    """``value`` (parsed JSON) with every string, keys excepted, passed through ``redact``."""
+    """``value`` (parsed JSON) with every string, keys too, passed through ``redact``."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {k: _redact_strings(v, redact) for k, v in value.items()}
+        return {redact(k): _redact_strings(v, redact) for k, v in value.items()}
     if isinstance(value, list):
         return [_redact_strings(v, redact) for v in value]
     return value
