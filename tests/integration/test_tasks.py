@@ -145,6 +145,23 @@ def test_bad_model_output_and_tool_errors_are_categorised(
     assert task["tool_errors"] == 1 and task["tokens_in"] == 111  # the failed turn counts too
 
 
+def test_a_model_that_refuses_tools_falls_back_to_the_json_protocol(
+    gateway: GatewayProcess, model: FakeProvider
+) -> None:
+    model.script(
+        Reply(status=400, error="this model does not support tools"),
+        act("terminal_run", command="echo fallback"),
+        finish("done without native tools"),
+    )
+    with gateway.client() as op:
+        task_id = op.post("/v1/tasks", json={"goal": "echo"}).json()["id"]
+    task = wait_state(gateway, task_id, ("succeeded", "failed"))
+    assert task["state"] == "succeeded", task
+    assert task["steps"] == 2 and task["tool_calls"] == 1
+    sent = [r.json() for r in model.requests[-3:]]
+    assert "tools" in sent[0] and "tools" not in sent[1] and "tools" not in sent[2]
+
+
 def test_native_tool_calls_drive_the_loop_and_a_plain_answer_ends_it(
     gateway: GatewayProcess, model: FakeProvider
 ) -> None:

@@ -799,6 +799,46 @@ def test_other_fields_reach_a_provider_of_the_same_format_only(
     assert not {"response_format", "seed", "metadata"} & set(other)  # never translated
 
 
+def test_anthropic_gets_temperature_or_top_p_not_both(
+    anthropic: FakeProvider, fake_time: FakeTime
+) -> None:
+    run(make_pool(anthropic.settings("p"), time=fake_time),
+        lambda p: p.complete(ask(temperature=0.5, top_p=0.9)))  # fmt: skip
+    sent = anthropic.requests[0].json()
+    assert sent["temperature"] == 0.5 and "top_p" not in sent
+
+
+def test_openai_tool_calls_without_an_index_stay_apart(fake_time: FakeTime) -> None:
+    # Some compatible servers send each whole call in one chunk, with no index.
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return f"data: {json.dumps({'model': 'm', 'choices': [choice]})}\n\n"
+
+    calls = [
+        {
+            "id": f"c{i}",
+            "type": "function",
+            "function": {"name": "lookup", "arguments": json.dumps({"q": i})},
+        }
+        for i in (1, 2)
+    ]
+    body = "".join([*(chunk({"tool_calls": [c]}) for c in calls), chunk({}, "tool_calls"),
+                    "data: [DONE]\n\n"]).encode()  # fmt: skip
+    handler = type("H", (_Misbehaving,), {"answer": (200, {"Content-Type": "text/event-stream"},
+                                                     body)})  # fmt: skip
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        settings = ProviderSettings(name="p", kind="openai", models=["m"],
+                                    base_url=f"http://127.0.0.1:{server.server_port}/v1")  # fmt: skip
+        events = run(make_pool(settings, time=fake_time), lambda p: collect(p, ask(stream=True)))
+    finally:
+        server.shutdown()
+        server.server_close()
+    got = [(e.tool_call.id, json.loads(e.tool_call.arguments)) for e in events if e.tool_call]
+    assert got == [("c1", {"q": 1}), ("c2", {"q": 2})]
+
+
 PNG = Image(media_type="image/png", data="iVBORw0KGgo=")
 IMAGE_HISTORY = [
     Message(role="user", content="what is on screen?", images=(PNG,)),

@@ -11,10 +11,12 @@ home is thrown away.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
 
+from agentbox.errors import SandboxError
 from agentbox.fsutil import is_mountpoint, locked
 from agentbox.isolation import disk, syscalls
 
@@ -27,26 +29,42 @@ def initfs_dir(home: Path) -> Path:
 
 def ensure(home: Path, binary: Path) -> Path:
     """``binary``'s copy on the home's init tmpfs (mounted if need be). Its name carries
-    the binary's digest, so a copy is never changed in place; older ones are removed
-    (sandboxes running them keep theirs: a bind holds the file, not its name)."""
+    the binary's digest, so a copy is never changed in place, and other versions stay (a
+    process of another agentbox version may be about to bind one); only when the tmpfs
+    is full are they cleared (running sandboxes keep theirs: a bind holds the file)."""
     root = initfs_dir(home)
     target = root / binary.name
     if target.is_file():
         return target
     with locked(home / "lib" / "initfs.lock"):
         root.mkdir(mode=0o755, exist_ok=True)
-        if not is_mountpoint(root):
-            syscalls.mount("agentbox-init", str(root), "tmpfs",
-                           syscalls.MS_NOSUID | syscalls.MS_NODEV,
-                           f"size={SIZE_BYTES},mode=0755")  # fmt: skip
-        if not target.is_file():
-            for old in root.iterdir():
-                old.unlink()
-            staging = root / f".{binary.name}.{os.getpid()}"
-            shutil.copyfile(binary, staging)
-            staging.chmod(0o755)
-            staging.replace(target)
+        try:
+            if not is_mountpoint(root):
+                syscalls.mount("agentbox-init", str(root), "tmpfs",
+                               syscalls.MS_NOSUID | syscalls.MS_NODEV,
+                               f"size={SIZE_BYTES},mode=0755")  # fmt: skip
+            if not target.is_file():
+                try:
+                    _install(binary, target)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    for other in root.iterdir():
+                        other.unlink()
+                    _install(binary, target)
+        except OSError as e:
+            raise SandboxError(f"could not set up the sandbox init at {root}: {e}") from e
     return target
+
+
+def _install(binary: Path, target: Path) -> None:
+    staging = target.with_name(f".{target.name}.{os.getpid()}")
+    try:
+        shutil.copyfile(binary, staging)
+        staging.chmod(0o755)
+        staging.replace(target)
+    finally:
+        staging.unlink(missing_ok=True)
 
 
 def release(home: Path) -> None:

@@ -133,7 +133,8 @@ class AnthropicAdapter(Adapter):
         if request.temperature is not None:
             # Anthropic refuses more than 1 (OpenAI's scale goes to 2): clamp, not fail.
             body["temperature"] = min(request.temperature, 1.0)
-        if request.top_p is not None:
+        if request.top_p is not None and request.temperature is None:
+            # Recent Claude models refuse both at once; OpenAI clients often send both.
             body["top_p"] = request.top_p
         if request.stop:
             body["stop_sequences"] = request.stop

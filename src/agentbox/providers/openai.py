@@ -185,8 +185,12 @@ class OpenAIAdapter(Adapter):
                 if text := delta.get("content"):
                     yield StreamEvent("text", text=text)
                 for piece in delta.get("tool_calls") or []:
-                    call = calls.setdefault(int(piece.get("index") or 0),
-                                            {"id": "", "name": "", "arguments": ""})  # fmt: skip
+                    index = piece.get("index")
+                    if index is None:  # some servers send whole calls without an index
+                        last = calls.get(len(calls) - 1)
+                        fresh = last is None or (piece.get("id") and piece["id"] != last["id"])
+                        index = len(calls) if fresh else len(calls) - 1
+                    call = calls.setdefault(int(index), {"id": "", "name": "", "arguments": ""})
                     function = piece.get("function") or {}
                     call["id"] = piece.get("id") or call["id"]
                     call["name"] = function.get("name") or call["name"]

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agentbox.errors import AgentboxError
+from agentbox.errors import AgentboxError, ProviderRejected
 from agentbox.gateway.auth import Principal
 from agentbox.providers.types import ChatRequest, ChatResponse, Message, Tool, ToolCall
 from agentbox.tasks.store import Step, Task, TaskStore
@@ -139,15 +139,24 @@ async def run_task(
     principal = Principal(kind="session", token_id=task.id, sandbox_id=task.sandbox)
     steps = store.steps(task.id)
     system = system_prompt(tools)
+    native = offered(tools) or None  # None once the model refused them: the JSON protocol
     while True:
         if await cancelled():
             raise TaskEnd("cancelled", "cancelled")
         n = len(steps) + 1
         if n > task.max_steps:
             raise TaskEnd("failed", "max_steps", f"no finish after {task.max_steps} steps")
-        request = ChatRequest(model=model_name, system=system, tools=offered(tools) or None,
+        request = ChatRequest(model=model_name, system=system, tools=native,
                               messages=transcript(task, steps))  # fmt: skip
-        response = await model.complete(request)
+        try:
+            response = await model.complete(request)
+        except ProviderRejected:
+            if native is None:
+                raise
+            # A server without tool calling (Ollama models, vLLM without its tool parser)
+            # refuses the tools: the same turn again, the JSON protocol in the text.
+            native = None
+            continue
         cost = account(response)
         tokens = (response.usage.input_tokens, response.usage.output_tokens)
         try:
