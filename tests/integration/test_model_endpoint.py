@@ -490,3 +490,19 @@ def test_vendor_fields_travel_within_their_format(gw: RunningGateway, session: t
     else:
         assert "metadata" not in sent and "top_k" not in sent
     assert "thinking" not in sent  # its blocks could not come back in the next turn
+
+
+def test_a_failed_tool_result_keeps_its_flag(gw: RunningGateway, session: tuple[str, str],
+                                             only: Any) -> None:  # fmt: skip
+    _, token = session
+    fake = only("openai", Reply(text="I will try another key"))
+    anthropic.Anthropic(base_url=gw.url, api_key=token, max_retries=0).messages.create(
+        model="fake-model", max_tokens=50, tools=ANTHROPIC_TOOLS, messages=[
+            {"role": "user", "content": "find x"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_e", "name": "lookup", "input": {"q": "x"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_e",
+                                          "content": "no such key", "is_error": True}]},
+        ])  # fmt: skip
+    assert fake.requests[-1].json()["messages"][-1] == {
+        "role": "tool", "tool_call_id": "toolu_e", "content": "Error: no such key"}  # fmt: skip

@@ -839,6 +839,20 @@ def test_openai_tool_calls_without_an_index_stay_apart(fake_time: FakeTime) -> N
     assert got == [("c1", {"q": 1}), ("c2", {"q": 2})]
 
 
+def test_a_failed_tool_result_says_so_in_both_formats(
+    openai: FakeProvider, anthropic: FakeProvider, fake_time: FakeTime
+) -> None:
+    history = [*TOOL_HISTORY[:2],
+               Message(role="tool", tool_call_id="call_9", content="no such key", is_error=True)]  # fmt: skip
+    for fake in (openai, anthropic):
+        run(make_pool(fake.settings("p"), time=fake_time),
+            lambda p: p.complete(ChatRequest(messages=history)))  # fmt: skip
+    assert openai.requests[0].json()["messages"][-1]["content"] == "Error: no such key"
+    assert anthropic.requests[0].json()["messages"][-1]["content"] == [
+        {"type": "tool_result", "tool_use_id": "call_9", "content": "no such key",
+         "is_error": True}]  # fmt: skip
+
+
 PNG = Image(media_type="image/png", data="iVBORw0KGgo=")
 IMAGE_HISTORY = [
     Message(role="user", content="what is on screen?", images=(PNG,)),

@@ -202,7 +202,8 @@ def _anthropic_turns(m: dict[str, Any]) -> list[Message]:
         if kind == "tool_result" and role == "user":
             result_text, result_images = _parts_of(block.get("content"))
             results.append(Message(role="tool", content=result_text, images=result_images,
-                                   tool_call_id=str(block.get("tool_use_id") or "")))  # fmt: skip
+                                   tool_call_id=str(block.get("tool_use_id") or ""),
+                                   is_error=bool(block.get("is_error"))))  # fmt: skip
         elif kind == "tool_use" and role == "assistant":
             calls.append(ToolCall(str(block.get("id") or ""), str(block.get("name") or ""),
                                   _arguments(block.get("input"))))  # fmt: skip

@@ -81,7 +81,8 @@ def _blocks(m: Message) -> list[dict[str, Any]]:
     images = [_image(i) for i in m.images]
     if m.role == "tool":
         content: Any = text + images if images else m.content
-        return [{"type": "tool_result", "tool_use_id": m.tool_call_id, "content": content}]
+        result = {"type": "tool_result", "tool_use_id": m.tool_call_id, "content": content}
+        return [{**result, "is_error": True} if m.is_error else result]
     return (
         text
         + images

@@ -40,7 +40,9 @@ def _content(m: Message) -> Any:
 
 def _message(m: Message) -> dict[str, Any]:
     if m.role == "tool":  # images of a result travel in a user turn after the results
-        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
+        # OpenAI has no error flag on a result: the text says it.
+        content = f"Error: {m.content}" if m.is_error else m.content
+        return {"role": "tool", "tool_call_id": m.tool_call_id, "content": content}
     if m.tool_calls:
         return {
             "role": m.role,

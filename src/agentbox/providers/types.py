@@ -49,6 +49,7 @@ class Message(_Strict):
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     images: tuple[Image, ...] = ()
+    is_error: bool = False  # a tool turn whose tool failed
 
 
 class Tool(_Strict):
