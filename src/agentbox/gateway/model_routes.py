@@ -24,7 +24,7 @@ from agentbox.errors import InvalidRequest
 from agentbox.gateway import model_wire as wire
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.models import Attribution, ModelService
-from agentbox.providers.types import StreamEvent
+from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent
 from agentbox.runtime.runtime import Runtime
 
 
@@ -35,18 +35,21 @@ def build_model_router(
     front door calls without FastAPI's routing (what a model call adds must stay small)."""
     api = APIRouter(prefix="/v1", tags=["models"])
 
-    async def caller(request: Request) -> Attribution:
+    def principal(request: Request) -> Principal:
         authorization = request.headers.get("authorization")
         if authorization is None and request.headers.get("x-api-key"):
-            authorization = f"Bearer {request.headers['x-api-key']}"
-        principal = principal_of(authorization)
+            authorization = f"Bearer {request.headers['x-api-key']}"  # Anthropic clients
+        return principal_of(authorization)
+
+    async def caller(request: Request) -> Attribution:
+        who = principal(request)
         task = request.headers.get("x-agentbox-task")
-        if principal.sandbox_id is not None:
-            record = await asyncio.to_thread(runtime.get, principal.sandbox_id)
+        if who.sandbox_id is not None:
+            record = await asyncio.to_thread(runtime.get, who.sandbox_id)
             project = str(record.spec.get("project") or "default")
-            return Attribution(project, principal.sandbox_id, task, principal.actor)
+            return Attribution(project, who.sandbox_id, task, who.actor)
         project = request.headers.get("x-agentbox-project") or "default"
-        return Attribution(project, None, task, principal.actor)
+        return Attribution(project, None, task, who.actor)
 
     async def body_of(request: Request) -> dict[str, Any]:
         try:
@@ -57,38 +60,56 @@ def build_model_router(
             raise InvalidRequest("the body must be a JSON object")
         return body
 
-    @api.post("/chat/completions")
-    async def chat_completions(request: Request) -> Any:
-        """OpenAI chat-completions, answered by the provider pool."""
-        who = await caller(request)
-        body = await body_of(request)
-        chat = wire.from_openai(body)
-        if chat.stream:
-            usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            events = service.stream(chat, who)
-            first = await _first(events)
-            return EventStream(wire.openai_sse(first, events, usage))
-        response, settle = await service.complete_deferred(chat, who)
-        return wire.openai_json(response, BackgroundTask(settle))
+    def endpoint(
+        name: str,
+        doc: str,
+        parse: Callable[[dict[str, Any]], ChatRequest],
+        sse: Callable[
+            [StreamEvent, AsyncGenerator[StreamEvent, None], dict[str, Any], ChatRequest],
+            AsyncGenerator[bytes, None],
+        ],
+        answer: Callable[[ChatResponse, BackgroundTask], Response],
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """One wire format's handler: parse, then a stream or a JSON answer."""
 
-    @api.post("/messages")
-    async def messages(request: Request) -> Any:
-        """Anthropic messages, answered by the provider pool."""
-        who = await caller(request)
-        body = await body_of(request)
-        chat = wire.from_anthropic(body)
-        if chat.stream:
-            events = service.stream(chat, who)
-            first = await _first(events)
-            return EventStream(wire.anthropic_sse(first, events, chat))
-        response, settle = await service.complete_deferred(chat, who)
-        return wire.anthropic_json(response, BackgroundTask(settle))
+        async def handle(request: Request) -> Response:
+            who = await caller(request)
+            body = await body_of(request)
+            chat = parse(body)
+            if chat.stream:
+                events = service.stream(chat, who)
+                first = await _first(events)
+                return EventStream(sse(first, events, body, chat))
+            response, settle = await service.complete_deferred(chat, who)
+            return answer(response, BackgroundTask(settle))
+
+        handle.__name__, handle.__doc__ = name, doc  # the schema's operation and summary
+        return handle
+
+    chat_completions = endpoint(
+        "chat_completions",
+        "OpenAI chat-completions, answered by the provider pool.",
+        wire.from_openai,
+        lambda first, rest, body, _: wire.openai_sse(
+            first, rest, bool((body.get("stream_options") or {}).get("include_usage"))
+        ),
+        wire.openai_json,
+    )
+    messages = endpoint(
+        "messages",
+        "Anthropic messages, answered by the provider pool.",
+        wire.from_anthropic,
+        lambda first, rest, _, chat: wire.anthropic_sse(first, rest, chat),
+        wire.anthropic_json,
+    )
+    api.post("/chat/completions")(chat_completions)
+    api.post("/messages")(messages)
 
     @api.get("/models")
     async def models(request: Request) -> dict[str, Any]:
         """The models the providers serve, in OpenAI's list format, or Anthropic's when
         the request carries ``anthropic-version`` (both SDKs call this path)."""
-        await caller(request)  # any valid token: the list is what a client may ask for
+        principal(request)  # any valid token: the list is what a client may ask for
         served = service.models()
         if request.headers.get("anthropic-version"):
             data = [{"type": "model", "id": m, "display_name": m,

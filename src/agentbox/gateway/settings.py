@@ -359,17 +359,13 @@ class GatewaySettings(Strict):
     @classmethod
     def _unique_providers(cls, value: list[ProviderSettings]) -> list[ProviderSettings]:
         # Health, circuit state and usage are kept per provider name.
-        names = [p.name for p in value]
-        if len(names) != len(set(names)):
-            raise ValueError(f"provider names must be unique, got {names}")
+        _unique([p.name for p in value], "provider names must be unique")
         return value
 
     @field_validator("budgets")
     @classmethod
     def _unique_budgets(cls, value: list[BudgetSettings]) -> list[BudgetSettings]:
-        projects = [b.project for b in value]
-        if len(projects) != len(set(projects)):
-            raise ValueError(f"one budget per project, got {projects}")
+        _unique([b.project for b in value], "one budget per project")
         return value
 
     def tool(self, name: str) -> Any:
@@ -450,3 +446,8 @@ def load_settings(path: Path | None) -> GatewaySettings:
     except OSError as e:
         raise InvalidConfig(f"{path}: cannot read the configuration: {e.strerror}") from None
     return parse_settings(text, str(path))
+
+
+def _unique(keys: list[str], rule: str) -> None:
+    if len(keys) != len(set(keys)):
+        raise ValueError(f"{rule}, got {keys}")
