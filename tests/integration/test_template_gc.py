@@ -15,8 +15,9 @@ import pytest
 
 from agentbox import Sandbox
 from agentbox.runtime import templates
-from agentbox.runtime.runtime import Runtime
+from agentbox.runtime.runtime import Runtime, pool_key, spec_from
 from agentbox.runtime.templates import TemplateStore
+from agentbox.runtime.warmpool import Pool, PoolKeeper
 from imagekit import docker_save, static_binary
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
@@ -65,6 +66,12 @@ def test_a_new_default_leaves_running_sandboxes_their_root(
     made: list[Sandbox], agentbox_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = TemplateStore(agentbox_home)
+    # The default is made from host files, the CA bundle among them: a copy of it with a
+    # line of our own gives a default digest no other test's snapshot or sandbox uses.
+    real = templates._CA_BUNDLE.read_bytes()
+    bundle = tmp_path / "ca-certificates.crt"
+    bundle.write_bytes(real + b"# installed\n")
+    monkeypatch.setattr(templates, "_CA_BUNDLE", bundle)
     old = new(made, agentbox_home)
     old_digest = old.info().template_digest
     old_tree = store.exact("default", old_digest).rootfs
@@ -73,9 +80,9 @@ def test_a_new_default_leaves_running_sandboxes_their_root(
     sleeper = old.commands.start(["sleep", "600"])
 
     # The host's CA bundle changes (an upgrade of ca-certificates): a new default digest.
-    bundle = tmp_path / "ca-certificates.crt"
-    bundle.write_bytes(templates._CA_BUNDLE.read_bytes() + b"# rotated by the test\n")
-    monkeypatch.setattr(templates, "_CA_BUNDLE", bundle)
+    rotated = tmp_path / "rotated.crt"
+    rotated.write_bytes(real + b"# rotated by the test\n")
+    monkeypatch.setattr(templates, "_CA_BUNDLE", rotated)
     fresh = new(made, agentbox_home)
     assert fresh.info().template_digest != old_digest
     assert fresh.commands.run("tail -n 1 /etc/ssl/certs/ca-certificates.crt").stdout == (
@@ -156,3 +163,28 @@ def test_template_rm_of_a_name_in_use_keeps_it_for_its_stopped_sandbox(
     assert sb.commands.run(["/bin/which"]).stdout == "one\n"
     sb.kill()
     assert not tree.exists()
+
+
+def test_a_warm_sandbox_keeps_its_tree_until_the_keeper_replaces_it(
+    runtime: Runtime, agentbox_home: Path, images: tuple[Path, Path]
+) -> None:
+    store = TemplateStore(agentbox_home)
+    first = store.import_image("gc-pool", images[0])
+    spec = spec_from({"template": "gc-pool", "memory": "64MiB", "disk": "32MiB",
+                      "network": "none", "idle_timeout": 0})  # fmt: skip
+    keeper = PoolKeeper(runtime, [Pool(spec, 1)])
+    try:
+        assert keeper.refill_once(keeper.pools[0])
+        (warm,) = runtime.store.pooled(pool_key(spec))
+        store.import_image("gc-pool", images[1])
+        assert first.rootfs.is_dir()  # a pooled sandbox overlays it
+        assert keeper.refill_once(keeper.pools[0])  # stale: replaced
+        assert runtime.store.get(warm.id) is None
+        assert not first.rootfs.exists()
+        claimed = runtime.create(spec)
+        assert runtime.commands(claimed.id).run(["/bin/which"]).stdout == "two\n"
+        runtime.destroy(claimed.id)
+    finally:
+        for record in runtime.store.pooled(pool_key(spec)):
+            runtime.recycle(record.id)
+        store.remove("gc-pool")

@@ -573,6 +573,13 @@ def test_a_tree_stays_while_a_sandbox_record_or_a_snapshot_pin_uses_it(
         store.exact("x", old.digest)
 
 
+def test_unreadable_sandbox_records_keep_every_tree(store: TemplateStore, tmp_path: Path) -> None:
+    t = store.import_image("x", docker_save(tmp_path / "1.tar", [tar_bytes([f("v", b"1")])]))
+    (store.root.parent / "state.db").write_bytes(b"not a database, " * 512)
+    store.remove("x")  # maybe a sandbox's root: nothing is deleted blind
+    assert t.rootfs.is_dir()
+
+
 def test_a_reservation_on_a_collected_tree_is_refused(store: TemplateStore, tmp_path: Path) -> None:
     t = store.import_image("x", docker_save(tmp_path / "1.tar", [tar_bytes([f("v", b"1")])]))
     store.remove("x")  # between a create's get and its record

@@ -63,6 +63,7 @@ import fcntl
 import hashlib
 import io
 import json
+import logging
 import os
 import platform
 import posixpath
@@ -71,6 +72,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import sqlite3
 import stat
 import subprocess
 import tarfile
@@ -93,6 +95,7 @@ from agentbox.isolation import syscalls
 from agentbox.runtime.store import Store
 
 Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 DEFAULT_NAME = "default"
 DEFAULT_SUITE = "bookworm"
@@ -494,7 +497,12 @@ class TemplateStore:
         with self._locked():
             if not self._digests.is_dir():
                 return
-            in_use = self._in_use()
+            try:
+                in_use = self._in_use()
+            except sqlite3.Error as exc:
+                # Without the records any tree may be a sandbox's root: keep them all.
+                log.warning("template collection skipped: cannot read %s: %s", self._state_db, exc)
+                return
             for entry in self._digests.iterdir():
                 if f"sha256:{entry.name}" in in_use:
                     continue
