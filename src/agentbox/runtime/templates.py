@@ -183,8 +183,9 @@ class TemplateStore:
         if not self._has_digest(digest):
             raise TemplateNotFound(
                 f"template {name!r} at {digest}, which this sandbox or snapshot was made "
-                "from, is no longer on this host (it was replaced and nothing here used it); "
-                "building the same recipe or importing the same image brings it back",
+                "from, is no longer on this host (it was replaced and nothing here used it "
+                "any more); for a built or imported one, building the same recipe or importing "
+                "the same image again brings it back",
                 name=name,
             )
         return self._template(name, digest)
