@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import io
-import json
-import subprocess
-import tarfile
 from pathlib import Path
 
 from agentbox import Sandbox
 from agentbox.runtime.templates import TemplateStore
+from imagekit import docker_save, static_binary
 
 HELLO_C = r"""
 #include <stdio.h>
@@ -18,32 +15,9 @@ int main(void) { printf("hello from uid %d\n", getuid()); return 3; }
 """
 
 
-def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode = len(data), mode
-    tar.addfile(info, io.BytesIO(data))
-
-
-def _docker_save(path: Path, files: dict[str, tuple[bytes, int]]) -> None:
-    layer = io.BytesIO()
-    with tarfile.open(fileobj=layer, mode="w") as t:
-        for name, (data, mode) in files.items():
-            _add(t, name, data, mode)
-    config = json.dumps({"config": {}, "rootfs": {"type": "layers"}}).encode()
-    manifest = [{"Config": "config.json", "RepoTags": ["t:1"], "Layers": ["l1/layer.tar"]}]
-    with tarfile.open(path, "w") as out:
-        _add(out, "config.json", config)
-        _add(out, "l1/layer.tar", layer.getvalue())
-        _add(out, "manifest.json", json.dumps(manifest).encode())
-
-
 def test_libc_free_image_runs(tmp_path: Path, agentbox_home: Path, host_ready: None) -> None:
-    source = tmp_path / "hello.c"
-    source.write_text(HELLO_C)
-    binary = tmp_path / "hello"
-    subprocess.run(["cc", "-static", "-O2", "-o", str(binary), str(source)], check=True)
-    image = tmp_path / "image.tar"
-    _docker_save(image, {"bin/hello": (binary.read_bytes(), 0o755)})
+    binary = static_binary(tmp_path, "hello", HELLO_C)
+    image = docker_save(tmp_path / "image.tar", {"bin/hello": (binary, 0o755)})
 
     TemplateStore(agentbox_home).import_image("static-hello", image)
     with Sandbox.create("static-hello", memory="64MiB", disk="32MiB", home=agentbox_home) as sb:

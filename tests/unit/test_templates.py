@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import stat
-import subprocess
 import tarfile
 import textwrap
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from click.testing import CliRunner
 from agentbox.cli.template_commands import template as template_cli
 from agentbox.errors import HostUnsupported, InvalidRequest, SandboxError, TemplateNotFound
 from agentbox.runtime import templates
+from agentbox.runtime.store import Store
 from agentbox.runtime.templates import Template, TemplateStore, host_debian_sources
 
 AS_ROOT = os.geteuid() == 0
@@ -549,26 +549,42 @@ def test_renaming_a_name_to_new_content_frees_the_old_tree(
     assert (store.get("x").rootfs / "v").read_bytes() == b"2"
 
 
-@needs_root
-def test_a_tree_under_a_mounted_overlay_survives_removal(
+def test_a_tree_stays_while_a_sandbox_record_or_a_snapshot_pin_uses_it(
     store: TemplateStore, tmp_path: Path
 ) -> None:
-    t = store.import_image("x", docker_save(tmp_path / "1.tar", [tar_bytes([f("v", b"1")])]))
-    merged, upper, work = (tmp_path / n for n in ("merged", "upper", "work"))
-    for path in (merged, upper, work):
-        path.mkdir()
-    options = f"lowerdir={t.rootfs},upperdir={upper},workdir={work}"
-    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], check=True)
-    try:
-        store.remove("x")  # a live sandbox still overlays it
-        assert (merged / "v").read_bytes() == b"1"
-        assert t.rootfs.is_dir()
-    finally:
-        subprocess.run(["umount", str(merged)], check=True)
-    store.import_image("y", docker_save(tmp_path / "2.tar", [tar_bytes([f("v", b"2")])]))
-    store.remove("y")  # the next collection finds the old tree unused
-    assert not t.rootfs.exists()
+    old = store.import_image("x", docker_save(tmp_path / "1.tar", [tar_bytes([f("v", b"1")])]))
+    records = Store(store.root.parent / "state.db")
+    records.reserve("sb-1", "x", old.digest, {}, None, 8)
+    new = store.import_image("x", docker_save(tmp_path / "2.tar", [tar_bytes([f("v", b"2")])]))
+    assert new.digest != old.digest
+    assert (old.rootfs / "v").read_bytes() == b"1"  # re-pointed, still the sandbox's root
+    assert store.exact("x", old.digest) == Template(
+        "x", old.digest, old.rootfs, False, old.created_at, old.size_bytes
+    )
+    store.pin("snap-1", old.digest)
+    records.delete("sb-1")
+    store.release(old.digest)
+    assert old.rootfs.is_dir()  # the snapshot restores onto it
+    store.remove("x")  # no name, no record, still pinned
+    assert old.rootfs.is_dir() and not new.rootfs.exists()
+    store.unpin("snap-1")
     assert list((store.root / "sha256").iterdir()) == []
+    with pytest.raises(TemplateNotFound, match="no longer on this host"):
+        store.exact("x", old.digest)
+
+
+def test_unreadable_sandbox_records_keep_every_tree(store: TemplateStore, tmp_path: Path) -> None:
+    t = store.import_image("x", docker_save(tmp_path / "1.tar", [tar_bytes([f("v", b"1")])]))
+    (store.root.parent / "state.db").write_bytes(b"not a database, " * 512)
+    store.remove("x")  # maybe a sandbox's root: nothing is deleted blind
+    assert t.rootfs.is_dir()
+
+
+def test_a_reservation_on_a_collected_tree_is_refused(store: TemplateStore, tmp_path: Path) -> None:
+    t = store.import_image("x", docker_save(tmp_path / "1.tar", [tar_bytes([f("v", b"1")])]))
+    store.remove("x")  # between a create's get and its record
+    with pytest.raises(TemplateNotFound, match="create the sandbox again"), store.reserving(t):
+        raise AssertionError("a record must not be written on a deleted tree")
 
 
 def test_stale_staging_from_a_crash_is_swept(store: TemplateStore, tmp_path: Path) -> None:

@@ -154,7 +154,7 @@ def import_template(name: str, image: Path, as_json: bool) -> None:
 @click.argument("name")
 @_reports_errors
 def remove_template(name: str) -> None:
-    """Remove template NAME (its files go unless another name shares them).
+    """Remove template NAME (its files go once no other name, sandbox or snapshot uses them).
 
     \b
     Example:

@@ -153,7 +153,7 @@ class Runtime:
             path.chmod(0o711)
         _check_traversable(self.home)
         self.store = Store(self.home / "state.db")
-        self.templates = TemplateStore(self.home)
+        self.templates = TemplateStore(self.home, self.store)
         self._layout: CgroupLayout | None = None
         self._paths: LaunchPaths | None = None
         self._lock = threading.Lock()
@@ -214,6 +214,7 @@ class Runtime:
             SandboxHost(self.home, sandbox_id, record.slot),
             self.layout.sandbox(sandbox_id),
             network_of(record.spec).mode != "none",
+            record.template_digest,
         )
         self.event(sandbox_id, "destroyed", "pool", "agentbox")
         return True
@@ -296,15 +297,16 @@ class Runtime:
         if pool is not None:
             stored["pool"] = pool
             expires_at = time.time() + POOL_MAX_AGE  # then replaced by a fresh one
-        record = self.store.reserve(
-            sandbox_id,
-            template.name,
-            template.digest,
-            stored,
-            expires_at,
-            MAX_SANDBOXES,
-            self.admission,
-        )
+        with self.templates.reserving(template):  # from here on the record keeps the tree
+            record = self.store.reserve(
+                sandbox_id,
+                template.name,
+                template.digest,
+                stored,
+                expires_at,
+                MAX_SANDBOXES,
+                self.admission,
+            )
         host = SandboxHost(self.home, sandbox_id, record.slot)
         cgroup = self.layout.sandbox(sandbox_id)
         networked = spec.network.mode != "none"
@@ -332,7 +334,7 @@ class Runtime:
             state = "running" if pool is None else "pooled"
             self.store.mark_running(sandbox_id, pid, start, state)
         except BaseException:
-            self._release(sandbox_id, host, cgroup, networked)
+            self._release(sandbox_id, host, cgroup, networked, template.digest)
             raise
         record.state, record.init_pid, record.init_start_time = state, pid, start
         return record
@@ -391,6 +393,7 @@ class Runtime:
             SandboxHost(self.home, sandbox_id, record.slot),
             self.layout.sandbox(sandbox_id),
             network_of(record.spec).mode != "none",
+            record.template_digest,
         )
         self.event(sandbox_id, "destroyed", reason, actor)
 
@@ -425,9 +428,15 @@ class Runtime:
         return "error"
 
     def _release(
-        self, sandbox_id: str, host: SandboxHost, cgroup: SandboxCgroup, networked: bool
+        self,
+        sandbox_id: str,
+        host: SandboxHost,
+        cgroup: SandboxCgroup,
+        networked: bool,
+        template_digest: str,
     ) -> None:
-        """Kill every process, then remove mounts, cgroups, links, directories, the record."""
+        """Kill every process, then remove mounts, cgroups, links, directories, the record,
+        and the template's tree if this sandbox was its last user."""
         errors: list[str] = []
         steps: list[Callable[[], None]] = [cgroup.remove, host.teardown]
         if networked:
@@ -446,6 +455,10 @@ class Runtime:
                 "run `agentbox sandbox rm` again"
             )
         self.store.delete(sandbox_id)
+        try:
+            self.templates.release(template_digest)
+        except (OSError, AgentboxError) as e:  # the sandbox is gone; a later collection retries
+            log.warning("could not collect template %s: %s", template_digest, e)
 
     def alive(self, record: SandboxRecord) -> bool:
         """Whether the sandbox's init still runs (pid and start time both match)."""
@@ -524,7 +537,8 @@ class Runtime:
 
     def _start(self, record: SandboxRecord, host: SandboxHost) -> None:
         spec = spec_from(record.spec)
-        template = self.templates.get(record.template)
+        # Its overlay is on the digest it was made from, whatever the name means now.
+        template = self.templates.exact(record.template, record.template_digest)
         cgroup = self.layout.sandbox(record.id)
         remaining = (record.expires_at or time.time() + spec.lifetime) - time.time()
         if remaining <= 1:

@@ -19,7 +19,10 @@ scanned and archived from there while the sandbox carries on.
   objects per snapshot: ``snapshots/<id>.tar.zst`` and ``snapshots/<id>.json`` (metadata).
 * **Restore** builds a new sandbox from the same template (by digest) and extracts the
   archive into its fresh disk with tarfile's ``tar`` filter (no absolute paths, nothing
-  resolving outside the disk) before anything runs on it.
+  resolving outside the disk) before anything runs on it. The home a snapshot was taken
+  in keeps that template (a pin in ``templates/pins/``) until the snapshot is deleted
+  through it, even when its name is rebuilt or removed meanwhile; another home restores
+  it only if it has the same digest.
 """
 
 from __future__ import annotations
@@ -130,6 +133,8 @@ class Snapshots:
                 if not self.store.exists(data_key(info.id)):  # same content: stored once
                     self.store.put_file(data_key(info.id), staging, move=True)
                 self._put_meta(info)
+                # Its restore needs this very tree: kept here while the snapshot exists.
+                self.runtime.templates.pin(info.id, info.template_digest)
             finally:
                 staging.unlink(missing_ok=True)
         return info
@@ -279,6 +284,7 @@ class Snapshots:
         self.get(snapshot_id)  # a clear error for an unknown id
         self.store.delete(meta_key(snapshot_id))
         self.store.delete(data_key(snapshot_id))
+        self.runtime.templates.unpin(snapshot_id)
 
     def apply_retention(self, max_count: int | None, max_age: float | None) -> builtins.list[str]:
         """Delete the oldest snapshots beyond ``max_count`` and any older than ``max_age``

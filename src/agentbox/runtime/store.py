@@ -293,6 +293,12 @@ class Store(SqliteDB):
         row = self._conn().execute("SELECT MAX(id) FROM events").fetchone()
         return int(row[0] or 0)
 
+    def template_digests(self) -> set[str]:
+        """The template digests of every record, whatever its state: each one's tree is
+        in use (overlaid, or needed to start, fork or finish removing it)."""
+        rows = self._conn().execute("SELECT DISTINCT template_digest FROM sandboxes")
+        return {str(r[0]) for r in rows}
+
     def list(self) -> list[SandboxRecord]:
         rows = self._conn().execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
         return [self._record(r) for r in rows]

@@ -33,18 +33,24 @@ Storage layout (all under ``HOME/templates``)::
 
     names.json                 {"format": 1, "names": {"NAME": "sha256:HEX", ...}}
                                replaced atomically (temp file + rename) under .lock
-    .lock                      flock(2) serialising names.json and digest commits
+    .lock                      flock(2) serialising names.json, digest commits, pins,
+                               collection, and sandbox reservations (``reserving``)
     sha256/HEX/template.json   metadata: digest, kind, recipe/source, created_at, size_bytes
     sha256/HEX/rootfs/         the overlay lower directory (never modified once here)
     tmp/                       staging (0711: apt's _apt user may traverse, nobody may list):
                                builds land here and are renamed into sha256/ in one step;
                                a crashed build is swept later
+    pins/SNAPSHOT-ID           the digest a snapshot taken here restores onto
 
-A name points at a digest; several names may share one. When a name is removed or
-re-pointed (a rebuild with a new recipe, a new default), every tree no name refers to is
-deleted, except a tree that a mounted overlay still uses as its lower directory (a live
-sandbox): a later collection deletes it. (A sandbox being created in the instant between
-``get`` and its overlay mount is not protected.)
+A name points at a digest; several names may share one. A tree is in use while a name, a
+sandbox record or a snapshot pin refers to its digest. Records come from the home's state
+store (``runtime.store``), in every state: a running, paused, pooled or stopped sandbox
+overlays the tree, and a fork or restore is made on its source's digest, not on what the
+name means now. When a name is removed or re-pointed (a rebuild or re-import with new
+content, a new default after the host's CA bundle or ``ld.so.cache`` changed) and when a
+sandbox or snapshot goes, every tree nothing refers to is deleted. A create writes its
+record under the store's lock after checking its tree is still there (``reserving``), so
+a collection sees either the record or no user of the tree, never a create in between.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ import fcntl
 import hashlib
 import io
 import json
+import logging
 import os
 import platform
 import posixpath
@@ -65,6 +72,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import sqlite3
 import stat
 import subprocess
 import tarfile
@@ -84,8 +92,10 @@ from agentbox.errors import (
     TemplateNotFound,
 )
 from agentbox.isolation import syscalls
+from agentbox.runtime.store import Store
 
 Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 DEFAULT_NAME = "default"
 DEFAULT_SUITE = "bookworm"
@@ -142,12 +152,15 @@ def _quiet(_: str) -> None:
 class TemplateStore:
     """Names → content-addressed root filesystems under ``home / "templates"``."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, sandboxes: Store | None = None) -> None:
         self.root = Path(home) / "templates"
         self._names_file = self.root / "names.json"
         self._lock_file = self.root / ".lock"
         self._digests = self.root / "sha256"
         self._staging = self.root / "tmp"
+        self._pins = self.root / "pins"
+        self._state_db = Path(home) / "state.db"
+        self._sandboxes = sandboxes  # the home's sandbox records; opened when first needed
 
     # ---- queries ---------------------------------------------------------------------------
 
@@ -167,6 +180,14 @@ class TemplateStore:
             current = self._ensure_default()
             if current.digest == digest:
                 return current
+        if not self._has_digest(digest):
+            raise TemplateNotFound(
+                f"template {name!r} at {digest}, which this sandbox or snapshot was made "
+                "from, is no longer on this host (it was replaced and nothing here used it "
+                "any more); for a built or imported one, building the same recipe or importing "
+                "the same image again brings it back",
+                name=name,
+            )
         return self._template(name, digest)
 
     def list(self) -> list[Template]:
@@ -297,11 +318,8 @@ class TemplateStore:
         return self._template(name, digest)
 
     def remove(self, name: str) -> None:
-        """Forget ``name``; its root filesystem goes too unless another name shares it.
-
-        A tree that a mounted overlay still uses (a live sandbox) is kept until a later
-        removal finds it unused.
-        """
+        """Forget ``name``; its root filesystem goes too unless another name, a sandbox
+        or a snapshot still uses it (then it goes with the last of them)."""
         if name != DEFAULT_NAME:
             _check_name(name)
         with self._locked():
@@ -311,6 +329,55 @@ class TemplateStore:
             del names[name]
             self._write_names(names)
         self._collect_garbage()
+
+    # ---- users: sandboxes and snapshots ------------------------------------------------------
+
+    @contextlib.contextmanager
+    def reserving(self, template: Template) -> Iterator[None]:
+        """Hold the store's lock while the caller writes a sandbox record on ``template``.
+
+        Between resolving a name and writing its record a create is a user no collection
+        can see: the tree is checked again under the lock that collection takes.
+        """
+        with self._locked():
+            if not self._has_digest(template.digest):
+                raise TemplateNotFound(
+                    f"template {template.name!r} ({template.digest}) was replaced and deleted "
+                    "while a sandbox was being created from it; create the sandbox again",
+                    name=template.name,
+                )
+            yield
+
+    def pin(self, key: str, digest: str) -> None:
+        """Keep ``digest`` while ``key`` (a snapshot id taken here) may be restored."""
+        if not _NAME_RE.match(key):
+            raise InvalidRequest(f"{key!r} cannot name a template pin")
+        with self._locked():
+            self._pins.mkdir(mode=0o755, exist_ok=True)
+            tmp = self._pins / f".{key}.{secrets.token_hex(6)}.tmp"
+            tmp.write_text(digest)
+            tmp.replace(self._pins / key)
+
+    def unpin(self, key: str) -> None:
+        """``key`` no longer needs its template; collect it if nothing else does."""
+        with self._locked():
+            (self._pins / key).unlink(missing_ok=True)
+        self._collect_garbage()
+
+    def release(self, digest: str) -> None:
+        """A sandbox on ``digest`` is gone: collect the tree if that was its last user."""
+        if digest not in self._read_names().values():
+            self._collect_garbage()
+
+    def _in_use(self) -> set[str]:
+        """Digests that names, sandbox records and snapshot pins refer to (under the lock)."""
+        if self._sandboxes is None:
+            self._sandboxes = Store(self._state_db)
+        used = set(self._read_names().values()) | self._sandboxes.template_digests()
+        if self._pins.is_dir():
+            pins = (p for p in self._pins.iterdir() if not p.name.startswith("."))
+            used.update(p.read_text().strip() for p in pins)
+        return used
 
     # ---- the default template ---------------------------------------------------------------
 
@@ -425,20 +492,20 @@ class TemplateStore:
         return old is not None
 
     def _collect_garbage(self) -> None:
-        """Delete trees no name refers to, unless a mounted overlay still uses them.
-
-        Deleting the lower layer of a live sandbox's overlay would make its files vanish:
-        such a tree stays until a later collection finds it unused.
-        """
+        """Delete the trees nothing uses (``_in_use``): deleting the lower layer of a
+        sandbox's overlay would empty its ``/``."""
         doomed = []
         with self._locked():
             if not self._digests.is_dir():
                 return
-            referenced = set(self._read_names().values())
-            in_use = _overlay_lower_dirs()
+            try:
+                in_use = self._in_use()
+            except sqlite3.Error as exc:
+                # Without the records any tree may be a sandbox's root: keep them all.
+                log.warning("template collection skipped: cannot read %s: %s", self._state_db, exc)
+                return
             for entry in self._digests.iterdir():
-                digest = f"sha256:{entry.name}"
-                if digest in referenced or str(entry / "rootfs") in in_use:
+                if f"sha256:{entry.name}" in in_use:
                     continue
                 # Renamed away under the lock so no reader sees a half-deleted tree.
                 self._staging.mkdir(mode=0o711, exist_ok=True)
@@ -1391,17 +1458,6 @@ def _harden(rootfs: Path, say: Progress) -> int:
 def _mount_points() -> list[str]:
     with open("/proc/self/mountinfo") as f:
         return [_unescape(line.split()[4]) for line in f if line.strip()]
-
-
-def _overlay_lower_dirs() -> set[str]:
-    """Lower directories of the overlays mounted in this mount namespace."""
-    out: set[str] = set()
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            for option in line.rsplit(" - ", 1)[-1].split()[-1].split(","):
-                if option.startswith("lowerdir="):
-                    out.update(_unescape(p) for p in option[len("lowerdir=") :].split(":"))
-    return out
 
 
 def _unescape(path: str) -> str:
