@@ -192,12 +192,12 @@ echo x > src/hooks/useThing.ts; echo '{}' > sub/.mcp.json; echo x > .bashrc
 echo x > tool; chmod 4755 tool
 ln -s . m; ln -s m/m/../../../../../etc/passwd esc; ln -s /etc/passwd abs
 ln -s ../../../../etc/shadow up; ln -s conf/settings.json ok; ln -s ../other/conf sub/ok
-ln -s x/../../y sub/down-up
+ln -s x/../../y sub/down-up; echo x > '.git\hooks\pre-commit'
 """
 OTHER_WITHHELD = {
     ".cursor", ".gemini", ".devcontainer", ".hg", ".npmrc", ".yarnrc.yml", ".envrc",
     ".VSCode", ".Git/hooks", ".idea", ".vscode", ".Claude", "hooks", "sub/.mcp.json",
-    ".bashrc", "tool", "esc", "abs", "up", "sub/down-up",
+    ".bashrc", "tool", "esc", "abs", "up", "sub/down-up", ".git\\hooks\\pre-commit",
 }  # fmt: skip
 OTHER_KEPT = {"conf/settings.json", "src/hooks/useThing.ts", "ok", "sub/ok", "m"}
 
@@ -380,6 +380,7 @@ def test_names_as_a_case_insensitive_host_sees_them() -> None:
     assert withhold_reason("p/x/Hooks", link, "../h") is not None
     assert withhold_reason("p/gd/config", link, "../c", in_git_dir=True) is not None
     assert withhold_reason("p/notgit/config", link, "../c") is None
+    assert withhold_reason("p/.git\\hooks\\pre-commit", reg) is not None
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,8 @@ default a download withholds them and reports each one (path and reason; never c
   ...) is thereby withheld, and ``.gitattributes`` can only name drivers that are not
   defined. A ``.git`` that is a symlink, a gitfile or ``commondir`` that points out of the
   tree, and a ``hooks`` symlink anywhere are withheld too;
-- setuid/setgid files, and symlinks that can resolve out of the tree.
+- setuid/setgid files, symlinks that can resolve out of the tree, and names with a
+  backslash (a separator to Windows).
 
 Names are compared as a case-insensitive host sees them (macOS, Windows): case folded,
 the code points HFS+ ignores dropped, NTFS trailing dots/spaces and stream suffixes cut.
@@ -131,6 +132,8 @@ def withhold_reason(
     for part in parts[:-1]:
         if host_name(part) in TRUSTED_DIRS:
             return f"inside {part}/ ({TRUSTED_DIRS[host_name(part)]})"
+    if "\\" in parts[-1]:  # Windows extracts `.git\hooks\x` as .git/hooks/x
+        return "a name with a backslash (a path separator on Windows)"
     name = host_name(parts[-1])
     if name in TRUSTED_DIRS:
         return TRUSTED_DIRS[name]
