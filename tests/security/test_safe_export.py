@@ -318,6 +318,32 @@ def test_rest_download_runs_nothing_on_the_host(
     assert _names(buf.getvalue()) == _names(r.content)
 
 
+def test_a_long_withheld_list_is_capped_and_counted(
+    box: Sandbox, gw: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent can plant thousands of withheld names: the header stays readable (below
+    32 KiB) and says how many there were; the SDK reports the rest as one entry."""
+    long = "d" * 200
+    r = box.commands.run(f"for i in $(seq 400); do mkdir -p /workspace/many/{long}$i && "
+                         f"echo x > /workspace/many/{long}$i/.envrc; done")  # fmt: skip
+    assert r.exit_code == 0, r.stderr
+    with gw.operator() as client:
+        r = client.get(f"/v1/sandboxes/{box.id}/files/download",
+                       params={"path": "/workspace/many"})  # fmt: skip
+    shown = json.loads(r.headers["x-agentbox-withheld"])
+    assert len(r.headers["x-agentbox-withheld"]) <= 32 << 10 and 0 < len(shown) < 400
+    assert r.headers["x-agentbox-withheld-count"] == "400"
+    monkeypatch.setenv("AGENTBOX_URL", gw.url)
+    monkeypatch.setenv("AGENTBOX_TOKEN", gw.operator_token)
+    withheld: list[tuple[str, str]] = []
+    Sandbox.connect(box.id).files.download_tar("/workspace/many", io.BytesIO(), withheld=withheld)
+    assert withheld[:-1] == [tuple(x) for x in shown]
+    assert withheld[-1] == (
+        "",
+        f"{400 - len(shown)} more entries were withheld (the list is capped)",
+    )
+
+
 def _names(data: bytes) -> set[str]:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         return set(tar.getnames())

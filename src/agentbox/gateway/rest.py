@@ -537,12 +537,13 @@ def build_router(
                 while chunk := spool.read(1 << 20):
                     yield chunk
 
-        report = json.dumps(withheld[:200])  # ASCII (escaped): a valid header value
         return StreamingResponse(
             chunks(),
             media_type="application/x-tar",
-            headers={"X-Agentbox-Entries": str(entries), "X-Agentbox-Withheld": report},
-        )
+            headers={"X-Agentbox-Entries": str(entries),
+                     "X-Agentbox-Withheld": _withheld_header(withheld),
+                     "X-Agentbox-Withheld-Count": str(len(withheld))},
+        )  # fmt: skip
 
     @api.post("/sandboxes/{sandbox_id}/files/upload", tags=["files"])
     async def upload_tar(
@@ -706,6 +707,23 @@ _EVENTS_KEEPALIVE_S = 15.0
 
 def _sse(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+MAX_WITHHELD_HEADER = 32 << 10
+
+
+def _withheld_header(withheld: list[tuple[str, str]]) -> str:
+    """The withheld list as JSON (ASCII, escaped: a valid header value), cut to whole
+    entries below 32 KiB so that any client reads it (an agent can make it long);
+    X-Agentbox-Withheld-Count says how many there were."""
+    shown: list[tuple[str, str]] = []
+    size = 2
+    for entry in withheld:
+        size += len(json.dumps(entry)) + 2
+        if size > MAX_WITHHELD_HEADER:
+            break
+        shown.append(entry)
+    return json.dumps(shown)
 
 
 def _port_routes(api: APIRouter, gateway: Gateway, auth: Any) -> None:
