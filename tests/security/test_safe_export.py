@@ -193,11 +193,13 @@ echo x > tool; chmod 4755 tool
 ln -s . m; ln -s m/m/../../../../../etc/passwd esc; ln -s /etc/passwd abs
 ln -s ../../../../etc/shadow up; ln -s conf/settings.json ok; ln -s ../other/conf sub/ok
 ln -s x/../../y sub/down-up; echo x > '.git\hooks\pre-commit'
+mkdir -p .jj/repo; echo x > .jj/repo/config.toml; echo x > .Rprofile; echo x > .gdbinit
 """
 OTHER_WITHHELD = {
     ".cursor", ".gemini", ".devcontainer", ".hg", ".npmrc", ".yarnrc.yml", ".envrc",
     ".VSCode", ".Git/hooks", ".idea", ".vscode", ".Claude", "hooks", "sub/.mcp.json",
     ".bashrc", "tool", "esc", "abs", "up", "sub/down-up", ".git\\hooks\\pre-commit",
+    ".jj", ".Rprofile", ".gdbinit",
 }  # fmt: skip
 OTHER_KEPT = {"conf/settings.json", "src/hooks/useThing.ts", "ok", "sub/ok", "m"}
 
