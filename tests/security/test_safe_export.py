@@ -23,7 +23,13 @@ from pathlib import Path
 import pytest
 
 from agentbox import Sandbox
-from agentbox.runtime.export_safety import git_config_reason, host_name, withhold_reason
+from agentbox.runtime.export_safety import (
+    content_reason,
+    git_config_reason,
+    host_name,
+    vets_content,
+    withhold_reason,
+)
 from gateway_harness import RunningGateway, running_gateway
 
 GIT_ENV = {"PATH": os.environ["PATH"], "GIT_CONFIG_NOSYSTEM": "1", "TERM": "xterm",
@@ -428,6 +434,28 @@ def test_names_as_a_case_insensitive_host_sees_them() -> None:
 )
 def test_symlinks_judged_component_by_component(arcname: str, target: str, leaves: bool) -> None:
     assert (withhold_reason(arcname, 0o120777, target) is not None) is leaves
+
+
+@pytest.mark.parametrize(
+    ("arcname", "content", "withheld"),
+    [
+        ("p/.git", b"gitdir: gd\n", False),
+        ("p/sub/.GIT", b"gitdir: ../.git/modules/sub\n", False),
+        ("p/.git", b"gitdir: /home/someone/repo/.git\n", True),
+        ("p/.git", b"gitdir: ../elsewhere\n", True),
+        ("p/a/b/.git", b"gitdir: ../../..\0", True),  # git stops at the NUL: 3 levels up
+        ("p/.git", b"gitdir: gd\n[core]\n", True),
+        ("p/wt/commondir", b"../cd\n", False),
+        ("p/wt/commondir", b"/srv/other.git\n", True),
+        ("p/wt/commondir", b"x/../../..\n", True),
+        ("p/.git/config", b"[core]\n\tbare = false\n", False),
+        ("p/.git/config.worktree", b"[core]\n\tfsmonitor = x\n", True),
+        ("p/.git/config", b"[core]\n\tbare = false\n" + b"#" * (1 << 20), True),
+    ],
+)
+def test_vetted_git_files(arcname: str, content: bytes, withheld: bool) -> None:
+    assert vets_content(arcname, in_git_dir=True)
+    assert (content_reason(arcname, content) is not None) is withheld
 
 
 def test_include_unsafe_gives_everything(box: Sandbox) -> None:

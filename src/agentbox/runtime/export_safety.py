@@ -233,8 +233,10 @@ def _leaves_tree(arcname: str, target: str) -> bool:
     """
     parts = arcname.split("/")
     depth = len(parts) - 2  # directories below the top that ``..`` may climb
-    if depth < 0 or not target or target.startswith("/") or "\\" in target or ":" in target:
-        return True  # absolute, or a Windows drive, stream or separator
+    if depth < 0 or not target or target.startswith("/") or _CONTROL.search(target):
+        return True  # absolute; git reads a NUL in a gitfile as the end of the path
+    if "\\" in target or ":" in target:
+        return True  # a Windows separator, drive or stream
     ups, named = 0, False
     for part in target.split("/"):
         if part in ("", "."):
