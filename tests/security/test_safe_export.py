@@ -113,6 +113,18 @@ def case_commondir(d: Path, cmd: str, home: Path) -> None:
     _append(d / "cd" / "config", f"[core]\n\tfsmonitor = {cmd}\n")
 
 
+def case_worktree(d: Path, cmd: str, home: Path) -> None:
+    """A linked worktree (its gitfile made relative, as an agent may): its own git dir
+    under worktrees/ holds config.worktree."""
+    main = _repo(d / "main", home)
+    assert git(main, "worktree", "add", "-q", "../wt", home=home) == 0
+    _append(main / ".git" / "config", "[core]\n\trepositoryformatversion = 1\n"
+                                      "[extensions]\n\tworktreeConfig = true\n")  # fmt: skip
+    (main / ".git/worktrees/wt/config.worktree").write_text(f"[core]\n\tfsmonitor = {cmd}\n")
+    (d / "wt" / ".git").write_text("gitdir: ../main/.git/worktrees/wt\n")
+    (d / "wt" / "a.txt").write_text("three\n")
+
+
 def case_config_worktree(d: Path, cmd: str, home: Path) -> None:
     gd = _repo(d, home) / ".git"
     _append(gd / "config", "[core]\n\trepositoryformatversion = 1\n"
@@ -173,6 +185,7 @@ CASES: dict[str, tuple[Builder, str, set[str]]] = {
     "git_symlink": (case_git_symlink, ".", {".git", "gd/config"}),
     "common_dir": (case_commondir, ".", {"cd/config"}),
     "config_worktree": (case_config_worktree, ".", {".git/config.worktree"}),
+    "worktree": (case_worktree, "wt", {"main/.git/worktrees/wt/config.worktree"}),
     "bom": (case_bom, ".", {".git/config"}),
     "pager": (case_pager, ".", {".git/config"}),
     "diff_command": (case_diff_command, ".", {".git/config"}),
