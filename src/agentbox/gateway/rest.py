@@ -507,12 +507,14 @@ def build_router(
         p: Principal = auth,
         include_unsafe: bool = Query(
             False,
-            description="Also include what the host would run or trust (git hooks, "
-            "editor/agent settings, rc files, setuid bits, symlinks out of the tree)",
+            description="Also include what the host would run or trust (git hooks and "
+            "config, editor/agent/tool settings, rc files, setuid bits, symlinks that may "
+            "leave the tree)",
         ),
     ) -> StreamingResponse:
         """A tar of ``path`` (file or directory); symlinks stored, never followed. What was
-        withheld is listed in the ``X-Agentbox-Withheld`` header (JSON: [path, reason])."""
+        withheld is listed in the ``X-Agentbox-Withheld`` header (JSON: [path, reason],
+        cut below 32 KiB) and counted in ``X-Agentbox-Withheld-Count``."""
         await gateway.check_transfer(p, sandbox_id, path, write=False)
         spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the stream below
         withheld: list[tuple[str, str]] = []

@@ -922,10 +922,11 @@ class SandboxFiles:
         recreates ``dir/proj``. Symlinks are stored as symlinks, never followed; fifos,
         sockets and devices are skipped. Returns the number of entries.
 
-        Safe export: entries the host would run or trust (git hooks and run-a-program git
-        config, editor/agent settings, shell rc files, setuid bits, symlinks leaving the
-        tree: see ``export_safety``) are left out unless ``include_unsafe``; each one is
-        appended to ``withheld`` as (path in the tar, reason).
+        Safe export: entries the host would run or trust (git hooks and any git config
+        that is not allowlisted, editor/agent/tool settings, shell rc files, setuid bits,
+        symlinks that may leave the tree: see ``export_safety``) are left out unless
+        ``include_unsafe``; each one is appended to ``withheld`` as (path in the tar,
+        reason).
         """
         spath = self._sandbox_path(path)
         guard = _ExportGuard(not include_unsafe, withheld if withheld is not None else [])
