@@ -413,9 +413,7 @@ def test_git_config_allowlist(config: str, flagged: bool) -> None:
 
 
 def test_names_as_a_case_insensitive_host_sees_them() -> None:
-    assert {host_name(n) for n in (".Git", ".git.", ".g\u200cit", "GIT~1", ".git::$DATA")} == {
-        ".git"
-    }
+    assert {host_name(n) for n in (".Git", ".git.", ".g\u200cit", ".git::$DATA")} == {".git"}
     reg, link = 0o100644, 0o120777
     assert withhold_reason("a/b/.ENVRC", reg) is not None
     assert withhold_reason("a/.VScode/x/y.json", reg) is not None
@@ -428,6 +426,8 @@ def test_names_as_a_case_insensitive_host_sees_them() -> None:
     assert withhold_reason("p/gd/config", link, "../c", in_git_dir=True) is not None
     assert withhold_reason("p/notgit/config", link, "../c") is None
     assert withhold_reason("p/.git\\hooks\\pre-commit", reg) is not None
+    assert withhold_reason("p/GIT~1", 0o40755) is not None
+    assert withhold_reason("p/VSCODE~2", 0o40755) is not None
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,8 @@ default a download withholds them and reports each one (path and reason; never c
   backslash (a separator to Windows).
 
 Names are compared as a case-insensitive host sees them (macOS, Windows): case folded,
-the code points HFS+ ignores dropped, NTFS trailing dots/spaces and stream suffixes cut.
+the code points HFS+ ignores dropped, NTFS trailing dots/spaces and stream suffixes cut;
+names shaped like Windows 8.3 short names (``GIT~1``) are withheld.
 """
 
 from __future__ import annotations
@@ -111,15 +112,15 @@ _COMMENT = re.compile(r"[ \t]*([#;].*)?")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 # A URL git would hand to a program: `ext::cmd`, `<helper>::...`, or `-option` injection.
 _URL_RUNS = re.compile(r"::|(^|[/@:])-")
+# What Windows may take for the 8.3 short name of an existing .git or .vscode (GIT~1).
+_SHORT_NAME = re.compile(r"[^~.]{1,6}~[0-9]+(\.[^.]{0,3})?")
 _HFS_IGNORED = re.compile("[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]")
 
 
 def host_name(name: str) -> str:
     """The name a case-insensitive host may take ``name`` for (HFS+ drops some code
-    points; NTFS drops trailing dots and spaces, a ``::$DATA``-style stream suffix, and
-    knows ``.git`` as ``git~1``)."""
-    folded = _HFS_IGNORED.sub("", name).lower().split(":", 1)[0].rstrip(". ")
-    return ".git" if folded == "git~1" else folded
+    points; NTFS drops trailing dots and spaces and a ``::$DATA``-style stream suffix)."""
+    return _HFS_IGNORED.sub("", name).lower().split(":", 1)[0].rstrip(". ")
 
 
 def is_git_dir(name: str, children: list[str]) -> bool:
@@ -148,6 +149,8 @@ def withhold_reason(
             return f"inside {part}/ ({TRUSTED_DIRS[host_name(part)]})"
     if "\\" in parts[-1]:  # Windows extracts `.git\hooks\x` as .git/hooks/x
         return "a name with a backslash (a path separator on Windows)"
+    if _SHORT_NAME.fullmatch(parts[-1]):
+        return "a Windows short name (it may stand for .git or a trusted directory there)"
     name = host_name(parts[-1])
     if name in TRUSTED_DIRS:
         return TRUSTED_DIRS[name]
