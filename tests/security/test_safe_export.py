@@ -17,6 +17,7 @@ import os
 import pty
 import subprocess
 import tarfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -33,29 +34,38 @@ from agentbox.runtime.export_safety import (
 from gateway_harness import RunningGateway, running_gateway
 
 GIT_ENV = {"PATH": os.environ["PATH"], "GIT_CONFIG_NOSYSTEM": "1", "TERM": "xterm",
+           "PAGER": "cat",  # no pager unless the tree's git config names one
            "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.test",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.test"}  # fmt: skip
 GIT_COMMANDS = (["status"], ["diff"], ["add", "-A"], ["commit", "-qm", "x"], ["log", "-p"])
 
 
 def git(cwd: Path, *args: str, home: Path, ceiling: Path | None = None) -> int:
-    """Real git, its stdout a terminal (git only starts a pager for one)."""
+    """Real git, its stdout a terminal (git only starts a pager for one), drained as it
+    writes so that git never blocks on a full terminal."""
     env = {**GIT_ENV, "HOME": str(home)}
     if ceiling is not None:
         env["GIT_CEILING_DIRECTORIES"] = str(ceiling)
     leader, follower = pty.openpty()
+    drain = threading.Thread(target=_drain, args=(leader,), daemon=True)
+    drain.start()
     try:
         done = subprocess.run(["git", *args], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                               stdout=follower, stderr=subprocess.DEVNULL, timeout=60)  # fmt: skip
     finally:
         os.close(follower)
-        try:
-            while os.read(leader, 1 << 16):
-                pass
-        except OSError:  # EIO: the terminal's other side is closed
-            pass
-        os.close(leader)
+        drain.join(60)
     return done.returncode
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 1 << 16):
+            pass
+    except OSError:  # EIO: the terminal's other side is closed
+        pass
+    finally:
+        os.close(fd)
 
 
 Builder = Callable[[Path, str, Path], None]  # (case dir, payload command, git home)
