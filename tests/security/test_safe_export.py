@@ -206,8 +206,9 @@ CASES: dict[str, tuple[Builder, str, set[str]]] = {
     "bare": (case_bare, "store", {"store/config"}),
 }
 
-# Planted by the agent (setuid bits do not survive an upload) next to the git cases: host
-# trusted names (in other cases, as symlinks to in-tree directories) and symlinks out.
+# Planted by the agent (setuid bits do not survive an upload) next to the git cases:
+# host-trusted names (in other letter cases, and as symlinks to an in-tree directory),
+# symlinks that leave the tree, and names that only Windows reads as paths.
 PLANT = r"""
 set -e
 mkdir -p /workspace/cases/other && cd /workspace/cases/other
