@@ -83,6 +83,11 @@ class GatewayClient:
                 if withheld is not None:
                     report = json.loads(response.headers.get("x-agentbox-withheld", "[]"))
                     withheld.extend((str(p), str(why)) for p, why in report)
+                    unlisted = int(response.headers.get("x-agentbox-withheld-count", "0"))
+                    unlisted -= len(report)
+                    if unlisted > 0:  # "": a path no tar entry has
+                        why = f"{unlisted} more entries were withheld (the list is capped)"
+                        withheld.append(("", why))
                 return int(response.headers.get("x-agentbox-entries", "0"))
         except httpx2.TransportError as e:
             raise AgentboxError(f"lost the gateway at {self.url}: {e}") from None

@@ -237,9 +237,10 @@ class Files:
         include_unsafe: bool = False,
         withheld: builtins.list[tuple[str, str]] | None = None,
     ) -> int:
-        """A tar of ``path``; what the host would run or trust (git hooks, editor and
-        agent settings, rc files, setuid bits, symlinks out of the tree) is left out and
-        listed in ``withheld`` unless ``include_unsafe``."""
+        """A tar of ``path``; what the host would run or trust (git hooks and config,
+        editor, agent and tool settings, rc files, setuid bits, symlinks that may leave
+        the tree: see ``agentbox.runtime.export_safety``) is left out and listed in
+        ``withheld`` unless ``include_unsafe``."""
         return self._rt.files(self._id).download_tar(
             path, fileobj, include_unsafe=include_unsafe, withheld=withheld
         )

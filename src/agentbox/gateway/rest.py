@@ -507,12 +507,14 @@ def build_router(
         p: Principal = auth,
         include_unsafe: bool = Query(
             False,
-            description="Also include what the host would run or trust (git hooks, "
-            "editor/agent settings, rc files, setuid bits, symlinks out of the tree)",
+            description="Also include what the host would run or trust (git hooks and "
+            "config, editor/agent/tool settings, rc files, setuid bits, symlinks that may "
+            "leave the tree)",
         ),
     ) -> StreamingResponse:
         """A tar of ``path`` (file or directory); symlinks stored, never followed. What was
-        withheld is listed in the ``X-Agentbox-Withheld`` header (JSON: [path, reason])."""
+        withheld is listed in the ``X-Agentbox-Withheld`` header (JSON: [path, reason],
+        cut below 32 KiB) and counted in ``X-Agentbox-Withheld-Count``."""
         await gateway.check_transfer(p, sandbox_id, path, write=False)
         spool = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the stream below
         withheld: list[tuple[str, str]] = []
@@ -537,12 +539,13 @@ def build_router(
                 while chunk := spool.read(1 << 20):
                     yield chunk
 
-        report = json.dumps(withheld[:200])  # ASCII (escaped): a valid header value
         return StreamingResponse(
             chunks(),
             media_type="application/x-tar",
-            headers={"X-Agentbox-Entries": str(entries), "X-Agentbox-Withheld": report},
-        )
+            headers={"X-Agentbox-Entries": str(entries),
+                     "X-Agentbox-Withheld": _withheld_header(withheld),
+                     "X-Agentbox-Withheld-Count": str(len(withheld))},
+        )  # fmt: skip
 
     @api.post("/sandboxes/{sandbox_id}/files/upload", tags=["files"])
     async def upload_tar(
@@ -706,6 +709,23 @@ _EVENTS_KEEPALIVE_S = 15.0
 
 def _sse(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+MAX_WITHHELD_HEADER = 32 << 10
+
+
+def _withheld_header(withheld: list[tuple[str, str]]) -> str:
+    """The withheld list as JSON (ASCII, escaped: a valid header value), cut to whole
+    entries below 32 KiB so that any client reads it (an agent can make it long);
+    X-Agentbox-Withheld-Count says how many there were."""
+    shown: list[tuple[str, str]] = []
+    size = 2
+    for entry in withheld:
+        size += len(json.dumps(entry)) + 2
+        if size > MAX_WITHHELD_HEADER:
+            break
+        shown.append(entry)
+    return json.dumps(shown)
 
 
 def _port_routes(api: APIRouter, gateway: Gateway, auth: Any) -> None:

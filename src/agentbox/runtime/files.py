@@ -286,6 +286,29 @@ def _parent_of(rootfd: int, spath: str) -> Iterator[tuple[int, str]]:
         os.close(fd)
 
 
+def _parent_is_git_dir(rootfd: int, spath: str) -> bool:
+    """Whether the directory holding the downloaded entry may be a git directory (so
+    that downloading ``.git/hooks`` or ``.git/config`` alone is judged like a tree)."""
+    parent = posixpath.dirname(spath)
+    try:
+        fd = _open_in_root(rootfd, parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return True  # unreadable: assume the worst, only vetting follows from it
+    try:
+        return export_safety.is_git_dir(posixpath.basename(parent), os.listdir(fd))
+    finally:
+        os.close(fd)
+
+
+def _read_upto(fd: int, limit: int) -> bytes:
+    chunks: builtins.list[bytes] = []
+    size = 0
+    while size < limit and (chunk := os.pread(fd, min(_IO_CHUNK, limit - size), size)):
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     view = memoryview(data).cast("B")
     while view:
@@ -899,10 +922,11 @@ class SandboxFiles:
         recreates ``dir/proj``. Symlinks are stored as symlinks, never followed; fifos,
         sockets and devices are skipped. Returns the number of entries.
 
-        Safe export: entries the host would run or trust (git hooks and run-a-program git
-        config, editor/agent settings, shell rc files, setuid bits, symlinks leaving the
-        tree: see ``export_safety``) are left out unless ``include_unsafe``; each one is
-        appended to ``withheld`` as (path in the tar, reason).
+        Safe export: entries the host would run or trust (git hooks and any git config
+        that is not allowlisted, editor/agent/tool settings, shell rc files, setuid bits,
+        symlinks that may leave the tree: see ``export_safety``) are left out unless
+        ``include_unsafe``; each one is appended to ``withheld`` as (path in the tar,
+        reason).
         """
         spath = self._sandbox_path(path)
         guard = _ExportGuard(not include_unsafe, withheld if withheld is not None else [])
@@ -914,8 +938,9 @@ class SandboxFiles:
                     return self._add_dir(tar, fd, ".", spath, 1, guard)
                 finally:
                     os.close(fd)
+            in_git_dir = guard.active and _parent_is_git_dir(rootfd, spath)
             with _parent_of(rootfd, spath) as (pfd, name):
-                return self._add_entry(tar, pfd, name, name, spath, 1, guard)
+                return self._add_entry(tar, pfd, name, name, spath, 1, guard, in_git_dir)
 
     def _add_entry(
         self,
@@ -926,6 +951,7 @@ class SandboxFiles:
         spath: str,
         depth: int,
         guard: _ExportGuard,
+        in_git_dir: bool,
     ) -> int:
         with self._mapped("archive", spath):
             try:
@@ -934,7 +960,7 @@ class SandboxFiles:
                 if depth == 1:
                     raise
                 return 0  # removed while we walked
-            if guard.withholds(arcname, st.st_mode, target):
+            if guard.withholds(arcname, st.st_mode, target, in_git_dir):
                 return 0
             if stat.S_ISLNK(st.st_mode):
                 tar.addfile(archive.symlink_entry(arcname, st, target or ""))
@@ -945,10 +971,16 @@ class SandboxFiles:
                     st = os.fstat(fd)  # the object we actually read
                     if not stat.S_ISREG(st.st_mode):
                         return 0
-                    if guard.active and export_safety.is_git_config(arcname):
-                        content = os.pread(fd, export_safety.MAX_GIT_CONFIG + 1, 0)
-                        if guard.withhold_config(arcname, content):
+                    if guard.active and export_safety.vets_content(arcname, in_git_dir):
+                        # The bytes judged are the bytes sent: the agent may rewrite the
+                        # file between a check and a second read.
+                        content = _read_upto(fd, export_safety.MAX_VETTED + 1)
+                        if guard.withholds_content(arcname, content):
                             return 0
+                        info = archive.regular_entry(arcname, st)
+                        info.size = len(content)
+                        tar.addfile(info, io.BytesIO(content))
+                        return 1
                     tar.addfile(archive.regular_entry(arcname, st), _SizedReader(fd, st.st_size))
                 finally:
                     os.close(fd)
@@ -978,10 +1010,16 @@ class SandboxFiles:
             )
         tar.addfile(archive.dir_entry(arcname, os.fstat(fd)))
         count = 1
-        for child in sorted(os.listdir(fd)):
+        # Judged on this one listing: only names in it are sent, so the host sees no
+        # git-directory sign this did not.
+        children = sorted(os.listdir(fd))
+        in_git_dir = guard.active and export_safety.is_git_dir(
+            posixpath.basename(arcname), children
+        )
+        for child in children:
             count += self._add_entry(
                 tar, fd, child, f"{arcname}/{child}", posixpath.join(spath, child), depth + 1,
-                guard,
+                guard, in_git_dir,
             )  # fmt: skip
         return count
 
@@ -993,14 +1031,18 @@ class _ExportGuard:
     active: bool
     withheld: builtins.list[tuple[str, str]]
 
-    def withholds(self, arcname: str, mode: int, target: str | None) -> bool:
-        reason = export_safety.withhold_reason(arcname, mode, target) if self.active else None
+    def withholds(self, arcname: str, mode: int, target: str | None, in_git_dir: bool) -> bool:
+        reason = (
+            export_safety.withhold_reason(arcname, mode, target, in_git_dir)
+            if self.active
+            else None
+        )
         if reason is not None:
             self.withheld.append((arcname, reason))
         return reason is not None
 
-    def withhold_config(self, arcname: str, content: bytes) -> bool:
-        reason = export_safety.git_config_reason(content)
+    def withholds_content(self, arcname: str, content: bytes) -> bool:
+        reason = export_safety.content_reason(arcname, content)
         if reason is not None:
             self.withheld.append((arcname, reason))
         return reason is not None
