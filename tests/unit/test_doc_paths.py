@@ -15,12 +15,14 @@ _CITED = re.compile(r"[`(]([A-Za-z0-9_./-]+\.(?:py|json|yaml|yml|c|md|sh|toml))[
 # Where a short path is read from: the checkout, the package, the test tree.
 _BASES = [ROOT, ROOT / "src", ROOT / "src" / "agentbox", ROOT / "tests"]
 # Paths that name things outside this checkout on purpose.
-_ELSEWHERE = {"gateway.yaml", "config.toml", "mcp.json", ".mcp.json", "SKILL.md", "CLAUDE.md"}
+_ELSEWHERE = {"gateway.yaml", "config.toml", "mcp.json", "SKILL.md", "CLAUDE.md"}
 
 
 def cited_paths(doc: str) -> list[str]:
     text = (ROOT / doc).read_text()
-    return sorted({m for m in _CITED.findall(text) if Path(m).name not in _ELSEWHERE})
+    # A dotfile name (`.npmrc`) is a kind of file the docs talk about, not one of ours.
+    found = {m for m in _CITED.findall(text) if not re.match(r"\.[^./]", m)}
+    return sorted(m for m in found if Path(m).name not in _ELSEWHERE)
 
 
 def exists(cited: str) -> bool:
