@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EVENT_TYPES = ("created", "pooled", "paused", "resumed", "stopped", "started", "destroyed", "oom")
-REASONS = ("operator", "idle", "lifetime", "oom", "error", "activity", "pool")
+REASONS = ("operator", "idle", "lifetime", "oom", "error", "activity", "pool", "task")
 DEFAULT_CPU_FLOOR = 0.05  # of one core
 _DEFAULT_IDLE = SandboxSpec.model_fields["idle_timeout"].default
 _DEFAULT_ON_IDLE = SandboxSpec.model_fields["on_idle"].default
