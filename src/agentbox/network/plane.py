@@ -158,16 +158,19 @@ def use_lock(index: int) -> Path:
     return REGISTRY.parent / f"net-{index}.lock"
 
 
-def _locked(path: Path) -> bool:
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+def flock_held(path: Path) -> bool:
+    """Whether some process holds a flock on ``path``, as ``/proc/locks`` says: probing by
+    taking the lock would make a daemon that takes it (non-blocking) that instant fail."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    # "1: FLOCK  ADVISORY  WRITE 26917 fe:00:2155525 0 EOF"; waiters ("1: -> FLOCK") hold none
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == key:
+            return True
     return False
 
 
@@ -180,7 +183,7 @@ def _idle(index: int) -> bool:
     """Nobody uses number ``index``: no process has it, no egress daemon serves it, no
     sandbox has a link of it. Only meaningful under the registry lock (a process takes
     the use lock under it, before it can make a link or start a daemon)."""
-    return not (_locked(use_lock(index)) or _locked(number_lock(index)) or _has_links(index))
+    return not (flock_held(use_lock(index)) or flock_held(number_lock(index)) or _has_links(index))
 
 
 def _hold(index: int, key: str) -> None:
