@@ -88,7 +88,10 @@ class TaskWorkers:
             except Exception:
                 log.exception("task %s: the worker failed", task.id)
                 self.store.finish(task.id, "failed", "error", "internal error; see the log")
-            await asyncio.to_thread(self._end_sandbox, task.id)
+            try:
+                await asyncio.to_thread(self._end_sandbox, task.id)
+            except Exception:  # the worker must carry on; the sandbox's lifetime still ends it
+                log.exception("task %s: its sandbox could not be ended", task.id)
 
     async def _run(self, task: Task) -> None:
         renewer = asyncio.create_task(self._renew(task))
@@ -125,13 +128,10 @@ class TaskWorkers:
         sandbox = self.store.get(task_id).sandbox
         if sandbox is None or not self.runtime.exists(sandbox):
             return
-        try:
-            if self.on_end == "destroy":
-                self.runtime.destroy(sandbox, reason="task", actor=f"task:{task_id}")
-            else:
-                self.runtime.stop(sandbox, reason="task", actor=f"task:{task_id}")
-        except AgentboxError as e:
-            log.warning("task %s: its sandbox %s could not be ended: %s", task_id, sandbox, e)
+        if self.on_end == "destroy":
+            self.runtime.destroy(sandbox, reason="task", actor=f"task:{task_id}")
+        else:
+            self.runtime.stop(sandbox, reason="task", actor=f"task:{task_id}")
 
     async def _with_sandbox(self, task: Task) -> Task:
         if task.sandbox is not None and self.runtime.exists(task.sandbox):
