@@ -111,9 +111,26 @@ def test_homes_of_older_agentboxes_are_reclaimed_last(registry: Path) -> None:
     numbers = {h: plane.home_net(h).index for h in homes[: plane.MAX_HOMES]}
     _end_process()
     older = [h for h in homes[: plane.MAX_HOMES] if numbers[h] != 9]
-    for h in older:  # registered by a version without use locks: unknown whether in use
+    # registered by a version without use locks: unknown whether in use. Its number's
+    # lock file is missing, or names the home that had the number before.
+    for h in older[::2]:
         plane.use_lock(numbers[h]).unlink()
+    for h in older[1::2]:
+        plane.use_lock(numbers[h]).write_text(str(registry / "an-earlier-home"))
+    os.utime(plane.use_lock(9), (0, 0))  # the others' lock files look used more recently
     assert plane.home_net(homes[-1]).index == 9
+
+
+def test_the_home_used_longest_ago_is_reclaimed_first(registry: Path) -> None:
+    homes = [registry / f"home{i}" for i in range(plane.MAX_HOMES + 1)]
+    for home in homes:
+        home.mkdir()
+    numbers = [plane.home_net(h).index for h in homes[: plane.MAX_HOMES]]
+    _end_process()
+    for age, number in enumerate(numbers):
+        os.utime(plane.use_lock(number), (1000 + age, 1000 + age))
+    os.utime(plane.use_lock(numbers[17]), (10, 10))
+    assert plane.home_net(homes[-1]).index == numbers[17]
 
 
 def test_the_ruleset_is_valid_nft_with_every_homes_rules() -> None:
