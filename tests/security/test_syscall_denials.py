@@ -358,6 +358,8 @@ COMPAT_CALLS = {
     "i386-personality": ("i386", 136, (0xFFFFFFFF, 0, 0)),
     "x32-keyctl": ("x32", 250, (0, -3, 0)),
     "x32-unshare-newuser": ("x32", 272, (0x10000000, 0, 0)),
+    "i386-socket-vsock": ("i386", 359, (40, 1, 0)),  # AF_VSOCK, SOCK_STREAM
+    "x32-socket-vsock": ("x32", 41, (40, 1, 0)),
 }
 
 
