@@ -22,8 +22,9 @@ notices sandboxes that ended on their own (lifetime, OOM, crash) and OOM kills i
 the CLI reaches a gateway's stream): ``created``, ``paused``, ``resumed``, ``stopped``,
 ``started``, ``destroyed``, and ``oom`` (a process was OOM-killed; no transition). Each
 has a reason: ``operator`` (someone asked), ``idle``, ``lifetime``, ``oom``, ``error``
-(it ended without being asked), ``activity`` (a call resumed a paused sandbox), or
-``pool`` (the warm pool made or replaced one; a claim is a ``created`` with ``from_pool``).
+(it ended without being asked), ``activity`` (a call resumed a paused sandbox),
+``pool`` (the warm pool made or replaced one; a claim is a ``created`` with ``from_pool``),
+or ``task`` (the batch task it ran ended: ``tasks.on_end``).
 """
 
 from __future__ import annotations
