@@ -126,6 +126,12 @@ class EditMismatch(Conflict):
     code = "edit_mismatch"
 
 
+class TasksNotConfigured(Conflict):
+    """A task was submitted to a gateway that could not run it."""
+
+    code = "tasks_not_configured"
+
+
 class PermissionDenied(AgentboxError):
     code = "permission_denied"
     http_status = 403

@@ -64,9 +64,16 @@ def model() -> Iterator[FakeProvider]:
 
 @pytest.fixture
 def gateway(host_ready: None, model: FakeProvider) -> Iterator[GatewayProcess]:
+    with running(CONFIG.replace("BASE_URL", model.base_url)) as gw:
+        yield gw
+
+
+@contextlib.contextmanager
+def running(config: str) -> Iterator[GatewayProcess]:
+    """A gateway on a home of its own, everything of it gone afterwards."""
     home = Path(tempfile.mkdtemp(prefix="agentbox-tasks-", dir="/var/tmp"))
     home.chmod(0o711)
-    gw = GatewayProcess(home, CONFIG.replace("BASE_URL", model.base_url), {"FAKE_KEY": "k"})
+    gw = GatewayProcess(home, config, {"FAKE_KEY": "k"})
     gw.start()
     try:
         yield gw
@@ -248,3 +255,68 @@ def test_the_cli_queues_and_cancels_without_a_gateway(tmp_path: Path) -> None:
     assert shown["state"] == "cancelled" and shown["failure"] == "cancelled"
     again = cli("cancel", task["id"])
     assert again.returncode == 1 and "already" in again.stderr
+
+
+def wait_sandbox(gw: GatewayProcess, sandbox_id: str, gone_or_state: str) -> str:
+    """The sandbox's state once it is ``gone_or_state`` ("gone": destroyed), or the last
+    one seen when that does not happen within a minute."""
+    deadline = time.monotonic() + 60
+    with gw.client() as op:
+        while True:
+            r = op.get(f"/v1/sandboxes/{sandbox_id}")
+            state = "gone" if r.status_code == 404 else str(r.json()["state"])
+            if state == gone_or_state or time.monotonic() > deadline:
+                return state
+            time.sleep(0.1)
+
+
+def test_a_failed_task_ends_its_sandbox_and_its_logs_say_why(
+    gateway: GatewayProcess, model: FakeProvider
+) -> None:
+    model.script(act("terminal_run", command="echo working"), Reply(text=""))
+    with gateway.client() as op:
+        task_id = op.post("/v1/tasks", json={"goal": "g"}).json()["id"]
+    task = wait_state(gateway, task_id, ("succeeded", "failed"))
+    assert task["state"] == "failed" and task["failure"] == "bad_model_output", task
+    assert wait_sandbox(gateway, task["sandbox"], "gone") == "gone"  # tasks.on_end: destroy
+    env = {**os.environ, "AGENTBOX_URL": gateway.url, "AGENTBOX_TOKEN": gateway.token}
+    logs = subprocess.run([AGENTBOX, "task", "logs", task_id], env=env, capture_output=True,
+                          text=True)  # fmt: skip
+    assert logs.returncode == 0, logs.stderr
+    assert "[1] terminal_run" in logs.stdout and "working" in logs.stdout
+    assert f"failed (bad_model_output) after {task['steps']} steps: {task['result']}" in (
+        logs.stdout
+    )
+
+
+def test_tasks_on_end_stop_keeps_the_disk(host_ready: None, model: FakeProvider) -> None:
+    config = CONFIG.replace("BASE_URL", model.base_url).replace(
+        "tasks: {{workers: 1,", "tasks: {{on_end: stop, workers: 1,"
+    )
+    model.script(act("fs_write", path="/workspace/kept.txt", content="kept"), finish("done"))
+    with running(config) as gw:
+        with gw.client() as op:
+            task_id = op.post("/v1/tasks", json={"goal": "g"}).json()["id"]
+        task = wait_state(gw, task_id, ("succeeded", "failed"))
+        assert task["state"] == "succeeded", task
+        assert wait_sandbox(gw, task["sandbox"], "stopped") == "stopped"
+        with gw.client() as op:
+            sandbox = f"/v1/sandboxes/{task['sandbox']}"
+            assert op.post(f"{sandbox}/resume").status_code == 200
+            r = op.post(f"{sandbox}/commands", json={"command": "cat /workspace/kept.txt"})
+        assert r.status_code == 200 and r.json()["stdout"] == "kept", r.text
+
+
+def test_submit_is_refused_when_no_provider_is_configured(host_ready: None) -> None:
+    config = CONFIG[: CONFIG.index("providers:")] + "tasks: {{workers: 1}}\n"
+    with running(config) as gw:
+        with gw.client() as op:
+            r = op.post("/v1/tasks", json={"goal": "g"})
+            assert r.status_code == 409, r.text
+            error = r.json()["error"]
+            assert error["code"] == "tasks_not_configured" and "`providers:`" in error["message"]
+            assert op.get("/v1/tasks").json() == []  # nothing was queued
+        env = {**os.environ, "AGENTBOX_URL": gw.url, "AGENTBOX_TOKEN": gw.token}
+        cli = subprocess.run([AGENTBOX, "task", "submit", "--goal", "g"], env=env,
+                             capture_output=True, text=True)  # fmt: skip
+        assert cli.returncode != 0 and "providers:" in cli.stderr, cli.stderr

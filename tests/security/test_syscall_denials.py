@@ -6,7 +6,9 @@ nested user namespaces refused (``unshare -U``, ``unshare -r``, libc ``unshare``
 ``ptrace`` of another sandbox process; TIOCSTI/TIOCLINUX injection on the sandbox's own
 controlling pty, including the 64-bit request ``0x100005412`` that the kernel truncates to
 TIOCSTI; and every syscall of the profile's deny list (io_uring, bpf, keyctl,
-perf_event_open, userfaultfd, process_vm_readv/writev, setns, open_by_handle_at, ...).
+perf_event_open, userfaultfd, process_vm_readv/writev, setns, open_by_handle_at, ...);
+socket()/socketpair() address families outside the allowlist (AF_VSOCK reaches the host
+even with network none) and netlink protocols other than NETLINK_ROUTE.
 
 Wherever possible a probe is chosen so that it would *succeed* without the seccomp filter
 (``name_to_handle_at`` on a file, ``process_vm_readv`` of itself, ``keyctl`` on its own
@@ -221,6 +223,22 @@ def test_libc_unshare_newuser_fails(shared_sandbox: Sandbox) -> None:
     assert result == [-1, 1], f"unshare(CLONE_NEWUSER) returned {result}"
 
 
+def run_without_seccomp(
+    runtime: Runtime, sb: Sandbox, tmp_path: Path, *argv: str
+) -> subprocess.CompletedProcess[str]:
+    """Enter ``sb`` exactly as a command does, but with an allow-everything filter."""
+    allow_all = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    filter_file = tmp_path / "allow-all.bpf"
+    with filter_file.open("wb") as f:
+        allow_all.export_bpf(f)
+    runner = runtime.commands(sb.id)
+    runner.paths = LaunchPaths(runner.paths.nsexec, filter_file)
+    launcher = runner.launcher_argv(list(argv), runner.new_leaf(), None)
+    return subprocess.run(
+        launcher, env=runner.environment(None), capture_output=True, text=True, timeout=30
+    )
+
+
 def test_nested_user_namespaces_refused_even_without_seccomp(
     runtime: Runtime, shared_sandbox: Sandbox, tmp_path: Path
 ) -> None:
@@ -229,19 +247,9 @@ def test_nested_user_namespaces_refused_even_without_seccomp(
     We enter the sandbox exactly as a command does, but with an allow-everything filter,
     and try to create a user namespace: the sandbox's user namespace limit must refuse it.
     """
-    allow_all = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
-    filter_file = tmp_path / "allow-all.bpf"
-    with filter_file.open("wb") as f:
-        allow_all.export_bpf(f)
-    runner = runtime.commands(shared_sandbox.id)
-    runner.paths = LaunchPaths(runner.paths.nsexec, filter_file)
-    env = runner.environment(None)
-
-    def enter(*argv: str) -> subprocess.CompletedProcess[str]:
-        launcher = runner.launcher_argv(list(argv), runner.new_leaf(), None)
-        return subprocess.run(launcher, env=env, capture_output=True, text=True, timeout=30)
-
-    control = enter("python3", "-c", UNSHARE_USERNS)
+    control = run_without_seccomp(
+        runtime, shared_sandbox, tmp_path, "python3", "-c", UNSHARE_USERNS
+    )
     assert control.returncode == 0, control.stderr
     result = json.loads(control.stdout)
     assert result["seccomp_filters"] == "1", "the launcher should still load our (empty) filter"
@@ -350,6 +358,8 @@ COMPAT_CALLS = {
     "i386-personality": ("i386", 136, (0xFFFFFFFF, 0, 0)),
     "x32-keyctl": ("x32", 250, (0, -3, 0)),
     "x32-unshare-newuser": ("x32", 272, (0x10000000, 0, 0)),
+    "i386-socket-vsock": ("i386", 359, (40, 1, 0)),  # AF_VSOCK, SOCK_STREAM
+    "x32-socket-vsock": ("x32", 41, (40, 1, 0)),
 }
 
 
@@ -363,3 +373,103 @@ def test_foreign_abi_syscalls_are_blocked(shared_sandbox: Sandbox, call: str) ->
     outcome = r.stdout.strip() or f"signal {r.signal}"
     assert outcome != "ok", f"{call} got past the seccomp filter"
     assert r.signal == 31 or outcome in ("EPERM", "ENOSYS"), f"{call}: {outcome} {r.stderr}"
+
+
+# Every address family the kernel knows (and beyond), each with every common socket type,
+# plus netlink protocols and 64-bit spellings the kernel would truncate to an int.
+SOCKET_PROBE = r"""
+import ctypes, errno, json, socket
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+def sc(nr, family, kind, proto):
+    ctypes.set_errno(0)
+    fds = (ctypes.c_int * 2)()
+    r = libc.syscall(ctypes.c_long(nr), ctypes.c_long(family), ctypes.c_long(kind),
+                     ctypes.c_long(proto), fds)
+    if r < 0:
+        return errno.errorcode.get(ctypes.get_errno(), "?")
+    libc.close(r if nr == 41 else fds[0])
+    return "ok"
+
+def first_ok(nr, family, proto=0):
+    # "ok" if any type works, else the errno of the last one
+    out = "?"
+    for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET, socket.SOCK_RAW):
+        out = sc(nr, family, kind, proto)
+        if out == "ok":
+            break
+    return out
+
+res = {"socket": {}, "socketpair": {}, "netlink": {}, "wide": {}}
+for family in range(64):
+    res["socket"][family] = first_ok(41, family)
+    res["socketpair"][family] = first_ok(53, family)
+for proto in range(32):
+    res["netlink"][proto] = sc(41, 16, socket.SOCK_RAW, proto)
+res["wide"]["vsock"] = first_ok(41, (1 << 32) | 40)
+res["wide"]["unix"] = first_ok(41, (1 << 32) | 1)
+res["wide"]["netlink_uevent"] = sc(41, 16, socket.SOCK_RAW, (1 << 32) | 15)
+res["wide"]["netlink_route_upper"] = sc(41, 16 | (1 << 63), socket.SOCK_RAW, 0)
+res["ifaddrs"] = len(socket.if_nameindex())
+print(json.dumps(res))
+"""
+
+ALLOWED_FAMILIES = {1, 2, 10, 16}  # AF_UNIX, AF_INET, AF_INET6, AF_NETLINK
+AF_VSOCK, NETLINK_KOBJECT_UEVENT = 40, 15
+
+
+@pytest.fixture(scope="module")
+def socket_results(shared_sandbox: Sandbox) -> dict[str, Any]:
+    results: dict[str, Any] = run_python(shared_sandbox, SOCKET_PROBE)
+    return results
+
+
+def test_socket_families_outside_the_allowlist_are_refused(
+    socket_results: dict[str, Any],
+) -> None:
+    for call in ("socket", "socketpair"):
+        refused = {
+            int(f): e for f, e in socket_results[call].items() if int(f) not in ALLOWED_FAMILIES
+        }
+        wrong = {f: e for f, e in refused.items() if e != "EAFNOSUPPORT"}
+        assert not wrong, f"{call}() of these families got past the filter: {wrong}"
+
+
+def test_allowed_socket_families_still_work(socket_results: dict[str, Any]) -> None:
+    for family in ALLOWED_FAMILIES:
+        assert socket_results["socket"][str(family)] == "ok", (family, socket_results)
+    assert socket_results["socketpair"]["1"] == "ok"  # AF_UNIX, what programs use it for
+    assert socket_results["netlink"]["0"] == "ok"  # NETLINK_ROUTE
+    assert socket_results["ifaddrs"] >= 1  # if_nameindex() talks NETLINK_ROUTE
+
+
+def test_netlink_protocols_other_than_route_are_refused(socket_results: dict[str, Any]) -> None:
+    wrong = {
+        p: e for p, e in socket_results["netlink"].items() if p != "0" and e != "EPROTONOSUPPORT"
+    }
+    assert not wrong, f"netlink protocols got past the filter: {wrong}"
+
+
+def test_64_bit_spellings_of_families_and_protocols_are_refused(
+    socket_results: dict[str, Any],
+) -> None:
+    wide = socket_results["wide"]
+    assert wide == {
+        "vsock": "EAFNOSUPPORT",
+        "unix": "EAFNOSUPPORT",
+        "netlink_uevent": "EPROTONOSUPPORT",
+        "netlink_route_upper": "EAFNOSUPPORT",
+    }, wide
+
+
+def test_refused_families_are_the_filters_doing(
+    runtime: Runtime, shared_sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """AF_VSOCK (not namespaced: the hypervisor and host listeners) and netlink uevents work
+    in the same sandbox without the filter, so the refusals above are not this kernel's."""
+    r = run_without_seccomp(runtime, shared_sandbox, tmp_path, "python3", "-c", SOCKET_PROBE)
+    assert r.returncode == 0, r.stderr
+    unfiltered = json.loads(r.stdout.strip().splitlines()[-1])
+    assert unfiltered["socket"][str(AF_VSOCK)] == "ok", unfiltered["socket"]
+    assert unfiltered["netlink"][str(NETLINK_KOBJECT_UEVENT)] == "ok", unfiltered["netlink"]

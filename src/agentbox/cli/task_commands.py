@@ -112,8 +112,10 @@ def task_show(task_id: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the steps as JSON.")
 @handle_errors()
 def task_logs(task_id: str, as_json: bool) -> None:
-    """Every completed step: what the model chose and what came back."""
-    steps = _Tasks().steps(task_id)
+    """Every completed step: what the model chose and what came back; then how a task
+    that is over ended (a failed one: why)."""
+    tasks = _Tasks()
+    steps = tasks.steps(task_id)
     if as_json:
         print_json(steps)
         return
@@ -127,6 +129,9 @@ def task_logs(task_id: str, as_json: bool) -> None:
         click.echo(f"[{s['n']}] {what}")
         if "finish" not in action:
             click.echo(f"    -> {str(s['result'])[:300]}")
+    t = tasks.show(task_id)
+    if t["state"] in ("failed", "cancelled"):
+        click.echo(f"{t['state']} ({t['failure']}) after {t['steps']} steps: {t['result']}")
 
 
 @task.command("cancel")

@@ -286,6 +286,7 @@ def task_workers(
         lambda task, r: models.cost(r.provider, r.model, r.usage),
         workers=settings.tasks.workers,
         lease_s=settings.tasks.lease_seconds,
+        on_end=settings.tasks.on_end,
     )
 
 
@@ -461,7 +462,9 @@ def create_app(
     app.include_router(build_router(gateway, authenticate, call_tool))
     model_router, model_handlers = build_model_router(models, runtime, principal_of)
     app.include_router(model_router)
-    app.include_router(build_task_router(tasks, authenticate, workers.wake))
+    app.include_router(
+        build_task_router(tasks, authenticate, workers.wake, bool(settings.providers))
+    )
     mount_console(app)  # GET / and /console/*: static, no data, no token
     # An ASGI endpoint (not a Mount, which would redirect POST /mcp to /mcp/).
     mcp_endpoint: Any = StreamableHTTPASGIApp(session_manager)

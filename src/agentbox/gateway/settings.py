@@ -331,6 +331,9 @@ class TaskSettings(Strict):
     # A running task's worker renews its lease this often x3; a dead gateway's task is
     # queued again (and resumes after its last step) once the lease has run out.
     lease_seconds: float = Field(default=30.0, gt=0)
+    # What happens to a task's sandbox when the task ends (succeeded, failed, cancelled):
+    # destroyed, or stopped with its disk kept (to look at, or `agentbox start` again).
+    on_end: Literal["destroy", "stop"] = "destroy"
 
 
 class TelemetrySettings(Strict):

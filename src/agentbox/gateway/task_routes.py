@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentbox.errors import TasksNotConfigured
 from agentbox.gateway.auth import Principal
 from agentbox.tasks.store import TaskStore
 
@@ -21,7 +22,9 @@ class SubmitTask(BaseModel):
     max_steps: int = Field(default=50, ge=1, le=1000)
 
 
-def build_task_router(store: TaskStore, authenticate: Any, wake: Any) -> APIRouter:
+def build_task_router(
+    store: TaskStore, authenticate: Any, wake: Any, has_providers: bool
+) -> APIRouter:
     api = APIRouter(prefix="/v1/tasks", tags=["tasks"])
     auth = Depends(authenticate)
 
@@ -29,6 +32,11 @@ def build_task_router(store: TaskStore, authenticate: Any, wake: Any) -> APIRout
     async def submit(body: SubmitTask, p: Principal = auth) -> dict[str, Any]:
         """Queue a task; a worker gives it a sandbox and runs the reference agent loop."""
         p.require_operator("submitting a task")
+        if not has_providers:  # it would be claimed, get a sandbox and fail at its first step
+            raise TasksNotConfigured(
+                "this gateway has no model providers, so no task can run: add a `providers:` "
+                "section to its config (see gateway.example.yaml) and restart it"
+            )
         task = await asyncio.to_thread(
             store.submit, body.goal, body.template, body.project, body.max_steps
         )

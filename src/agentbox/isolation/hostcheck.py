@@ -7,6 +7,7 @@ machine lacks something instead of skipping.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -103,11 +104,14 @@ def check_cgroups() -> Check:
         layout = CgroupLayout.detect()
     except AgentboxError as e:
         return Check("cgroups", False, e.message, "boot with cgroup v2 (unified) enabled")
-    kill = (layout.unified / "cgroup.kill").exists() or any(
-        (p / "cgroup.kill").exists() for p in layout.unified.iterdir() if p.is_dir()
-    )
     detail = f"{layout.mode} (v2 at {layout.unified}"
     detail += f", v1: {', '.join(sorted(layout.v1))})" if layout.v1 else ")"
+    try:
+        kill = cgroup_kill_supported(layout.unified)
+    except OSError as e:
+        return Check(
+            "cgroups", False, f"{detail}; cannot create a cgroup: {e}", "run agentbox as root"
+        )
     if not kill:
         return Check(
             "cgroups",
@@ -116,6 +120,18 @@ def check_cgroups() -> Check:
             "a kernel >= 5.14 is needed for cgroup.kill",
         )
     return Check("cgroups", True, detail, "")
+
+
+def cgroup_kill_supported(parent: Path) -> bool:
+    """Whether a child of ``parent`` gets ``cgroup.kill``, asked of one made for the
+    purpose (and removed): the root cgroup never has the file, and a fresh host may
+    have no child cgroup to look at yet."""
+    probe = parent / f"agentbox-probe-{os.getpid()}-{secrets.token_hex(4)}"
+    probe.mkdir()
+    try:
+        return (probe / "cgroup.kill").exists()
+    finally:
+        probe.rmdir()
 
 
 def check_seccomp() -> Check:

@@ -52,24 +52,44 @@ def _action(rule: dict[str, Any]) -> Any:
     raise ValueError(f"unknown seccomp action {kind!r}")
 
 
+def _arg(a: dict[str, Any]) -> Any:
+    if a["op"] == "masked_eq":
+        return pyseccomp.Arg(a["index"], _OPS[a["op"]], a["mask"], a["value"])
+    return pyseccomp.Arg(a["index"], _OPS[a["op"]], a["value"])
+
+
+def _conditions(rule: dict[str, Any]) -> list[list[Any]]:
+    """The rule as alternatives (ORed), each a list of comparisons (ANDed).
+
+    ``arg_not_in`` (an allowlist of one argument's values) needs more than one rule:
+    libseccomp refuses two comparisons on the same argument in one rule, so the
+    complement becomes one ``eq`` per refused value below the largest allowed one plus
+    ``gt`` that value. The comparisons are on all 64 bits, so a value with upper bits set
+    (which the kernel might truncate to an allowed int) is refused too.
+    """
+    args = [_arg(a) for a in rule.get("args", [])]
+    not_in = rule.get("arg_not_in")
+    if not_in is None:
+        return [args]
+    index, allowed = not_in["index"], set(not_in["values"])
+    top = max(allowed)
+    refused = [pyseccomp.Arg(index, pyseccomp.EQ, v) for v in range(top) if v not in allowed]
+    return [[*args, c] for c in [*refused, pyseccomp.Arg(index, pyseccomp.GT, top)]]
+
+
 def compile_profile(profile: dict[str, Any]) -> bytes:
     """Return the BPF program for ``profile`` for this machine's architecture."""
     default = profile.get("default_action", "allow")
     filt = pyseccomp.SyscallFilter(_action({"action": default}))
     for rule in profile["rules"]:
         action = _action(rule)
-        args = [
-            pyseccomp.Arg(a["index"], _OPS[a["op"]], a["mask"], a["value"])
-            if a["op"] == "masked_eq"
-            else pyseccomp.Arg(a["index"], _OPS[a["op"]], a["value"])
-            for a in rule.get("args", [])
-        ]
         for name in rule["syscalls"]:
             try:
                 pyseccomp.resolve_syscall(pyseccomp.system_arch(), name)
             except Exception:  # noqa: S112 - a syscall this architecture lacks needs no rule
                 continue
-            filt.add_rule(action, name, *args)
+            for args in _conditions(rule):
+                filt.add_rule(action, name, *args)
     with tempfile.TemporaryFile() as out:
         filt.export_bpf(out)
         out.seek(0)

@@ -3,17 +3,21 @@
 Topology (IPv4 only; every IPv6 packet from a sandbox is dropped), for home number k::
 
     sandbox netns                        host
-    eth0 <subnet_k>+4s+2/30 ──veth── abh<k>x<s> <subnet_k>+4s+1/30
-    default via +1                       lo: 10.204.0.<k+1>/32 = the home's egress proxy
+    eth0 <subnet_k>+2s+1/31 ──veth── abh<k>x<s> <subnet_k>+2s/31
+    default via 2s                       lo: 10.204.0.<k+1>/32 = the home's egress proxy
                                              :3128 explicit HTTP proxy (HTTP(S)_PROXY)
                                              :3129 transparent (nft redirects other TCP)
 
-Several homes (AGENTBOX_HOME) on one host each get a number k (0..15) from a host-wide
-registry (``/run/agentbox/net-homes.json``), a /18 of 10.200.0.0/14 for their sandboxes
-(slot s owns a /30) and their own proxy address; their egress daemons are independent.
+Several homes (AGENTBOX_HOME) on one host each get a number k (0..31) from a host-wide
+registry (``/run/agentbox/net-homes.json``), a /19 of 10.200.0.0/14 for their sandboxes
+(slot s owns a point-to-point /31, RFC 3021: 4096 slots need 8192 addresses) and their
+own proxy address; their egress daemons are independent. A number is in use while a
+process holds its use lock (shared, from the first lookup to the process's end), its
+egress daemon holds ``egress-<k>.lock``, or an ``abh<k>x*`` link exists (a live
+sandbox); one that is none of these is reclaimed when the numbers run out.
 
 The sandbox's only reachable peer is its home's proxy. nftables (table ``inet agentbox``,
-the same for every home: all 16 are written out) does the rest, keyed on the interface
+the same for every home: all 32 are written out) does the rest, keyed on the interface
 name and loaded *before* any veth exists:
 
 * a filter chain at prerouting priority -150 drops, from any ``abh*`` interface: IPv6, a
@@ -46,17 +50,20 @@ from agentbox.errors import HostUnsupported, SandboxError
 from agentbox.network.addresses import DENIED_NETWORKS
 
 TABLE = "agentbox"
-SUBNETS = ipaddress.IPv4Network("10.200.0.0/14")  # 16 homes x a /18 each
+SUBNETS = ipaddress.IPv4Network("10.200.0.0/14")  # 32 homes x a /19 each
 PROXIES = ipaddress.IPv4Network("10.204.0.0/24")  # home k's proxy: .k+1
 EXPLICIT_PORT = 3128
 TRANSPARENT_PORT = 3129
 MAX_SLOTS = 4096
-MAX_HOMES = 16
+MAX_HOMES = 32
+_HOME_BITS = 13  # a /19: MAX_SLOTS point-to-point /31 links
 REGISTRY = Path("/run/agentbox/net-homes.json")
+NET_DEVICES = Path("/sys/class/net")
 _IFNAME_PREFIX = "abh"
 _setup_lock = threading.Lock()
 _set_up: set[int] = set()  # per process: checking costs two subprocesses (~5 ms)
 _homes: dict[str, HomeNet] = {}
+_held: dict[Path, int] = {}  # use lock -> its fd, shared-locked for this process's life
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,8 @@ class HomeNet:
 
     @property
     def subnet(self) -> ipaddress.IPv4Network:
-        return ipaddress.IPv4Network((int(SUBNETS.network_address) + (self.index << 14), 18))
+        base = int(SUBNETS.network_address) + (self.index << _HOME_BITS)
+        return ipaddress.IPv4Network((base, 32 - _HOME_BITS))
 
     @property
     def ifname_prefix(self) -> str:
@@ -107,11 +115,11 @@ class Link:
 
     @property
     def host_address(self) -> str:
-        return str(self.home.subnet.network_address + 4 * self.slot + 1)
+        return str(self.home.subnet.network_address + 2 * self.slot)
 
     @property
     def sandbox_address(self) -> str:
-        return str(self.home.subnet.network_address + 4 * self.slot + 2)
+        return str(self.home.subnet.network_address + 2 * self.slot + 1)
 
 
 def link_for_address(address: str) -> Link | None:
@@ -123,10 +131,10 @@ def link_for_address(address: str) -> Link | None:
     if ip not in SUBNETS:
         return None
     offset = int(ip) - int(SUBNETS.network_address)
-    home, rest = divmod(offset, 1 << 14)
-    if rest % 4 != 2:
+    home, rest = divmod(offset, 1 << _HOME_BITS)
+    if rest % 2 != 1:
         return None
-    return Link(HomeNet(home), rest // 4)
+    return Link(HomeNet(home), rest // 2)
 
 
 @contextlib.contextmanager
@@ -145,18 +153,58 @@ def number_lock(index: int) -> Path:
     return REGISTRY.parent / f"egress-{index}.lock"
 
 
-def number_in_use(index: int) -> bool:
-    path = number_lock(index)
-    if not path.exists():
-        return False
-    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+def use_lock(index: int) -> Path:
+    """Shared-locked by every process that may use number ``index`` (it caches it)."""
+    return REGISTRY.parent / f"net-{index}.lock"
+
+
+def flock_held(path: Path) -> bool:
+    """Whether some process holds a flock on ``path``, as ``/proc/locks`` says: probing by
+    taking the lock would make a daemon that takes it (non-blocking) that instant fail."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
+        st = path.stat()
+    except FileNotFoundError:
+        return False
+    key = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    # "1: FLOCK  ADVISORY  WRITE 26917 fe:00:2155525 0 EOF"; waiters ("1: -> FLOCK") hold none
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == key:
+            return True
     return False
+
+
+def _has_links(index: int) -> bool:
+    prefix = HomeNet(index).ifname_prefix
+    return any(name.startswith(prefix) for name in os.listdir(NET_DEVICES))
+
+
+def _idle(index: int) -> bool:
+    """Nobody uses number ``index``: no process has it, no egress daemon serves it, no
+    sandbox has a link of it. Only meaningful under the registry lock (a process takes
+    the use lock under it, before it can make a link or start a daemon)."""
+    return not (flock_held(use_lock(index)) or flock_held(number_lock(index)) or _has_links(index))
+
+
+def _hold(index: int, key: str) -> None:
+    """Take number ``index``'s use lock for the rest of this process (registry locked).
+    The file names the home it was taken for, and its mtime says when it last was."""
+    path = use_lock(index)
+    if path not in _held:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        _held[path] = fd
+        if _lock_owner(index) != key:
+            os.truncate(fd, 0)
+            os.pwrite(fd, key.encode(), 0)
+        os.utime(fd)
+
+
+def _lock_owner(index: int) -> str | None:
+    try:
+        return use_lock(index).read_text()
+    except OSError:
+        return None
 
 
 def registered_home_net(home: Path) -> HomeNet | None:
@@ -165,8 +213,9 @@ def registered_home_net(home: Path) -> HomeNet | None:
     if key not in _homes:
         with _registry_locked():
             number = _read_registry().get(key)
-        if number is None:
-            return None
+            if number is None:
+                return None
+            _hold(number, key)
         _homes[key] = HomeNet(number)
     return _homes[key]
 
@@ -180,8 +229,10 @@ def _read_registry() -> dict[str, int]:
 
 
 def home_net(home: Path) -> HomeNet:
-    """This home's number on this host, allocated on first use. Numbers of homes whose
-    directory is gone are reused; /run is emptied at boot, with every sandbox."""
+    """This home's number on this host, allocated on first use and held by this process
+    from then on. Numbers of homes whose directory is gone are reused, and when none is
+    free, the number of a home nobody uses (see ``_idle``) is reclaimed: that home gets a
+    new number when it is next used. /run is emptied at boot, with every sandbox."""
     key = str(home.resolve())
     if key in _homes:
         return _homes[key]
@@ -189,20 +240,40 @@ def home_net(home: Path) -> HomeNet:
         homes = _read_registry()
         if key not in homes:
             homes = {h: k for h, k in homes.items() if Path(h).is_dir()}
-            # A gone home's number is free once its egress daemon (which may outlive the
-            # directory for a moment) has let go of its address.
-            free = [k for k in range(MAX_HOMES) if k not in homes.values() and not number_in_use(k)]
-            if not free:
-                raise HostUnsupported(
-                    f"{MAX_HOMES} AGENTBOX_HOMEs on this host already have networking "
-                    f"(see {REGISTRY}); remove unused homes or use network none"
-                )
-            homes[key] = free[0]
+            # A gone home's number is free once nothing uses it any more (its egress
+            # daemon may outlive the directory for a moment).
+            free = (k for k in range(MAX_HOMES) if k not in homes.values() and _idle(k))
+            number = next(free, None)
+            if number is None:
+                number = _reclaim(homes)
+            homes[key] = number
             tmp = REGISTRY.with_suffix(".tmp")
             tmp.write_text(json.dumps(homes, indent=1))
             os.replace(tmp, REGISTRY)
+        _hold(homes[key], key)
     _homes[key] = HomeNet(homes[key])
     return _homes[key]
+
+
+def _reclaim(homes: dict[str, int]) -> int:
+    """Take the number of a registered home nobody uses, the one used longest ago
+    (registry locked, ``homes`` updated). A home registered by an agentbox without use
+    locks (its number's ``net-<k>.lock`` names no home or another one) may have a
+    process that still holds its number: those are reclaimed last."""
+
+    def order(home: str) -> tuple[bool, float]:
+        if _lock_owner(homes[home]) != home:
+            return (True, 0.0)
+        return (False, use_lock(homes[home]).stat().st_mtime)
+
+    idle = sorted((order(h), h) for h, k in homes.items() if _idle(k))
+    if not idle:
+        raise HostUnsupported(
+            f"{MAX_HOMES} AGENTBOX_HOMEs on this host already have networking in use "
+            f"(see {REGISTRY}): destroy their sandboxes and stop their gateways, "
+            "or use network none"
+        )
+    return homes.pop(idle[0][1])
 
 
 # Where a sandbox that holds credentials finds the egress CA (written at create, in its
@@ -320,7 +391,7 @@ def attach(link: Link, init_pid: int) -> None:
     _run(
         ["ip", "-batch", "-"],
         f"link add {link.host_ifname} type veth peer name eth0 netns {init_pid}\n"
-        f"addr add {link.host_address}/30 dev {link.host_ifname}\n"
+        f"addr add {link.host_address}/31 dev {link.host_ifname}\n"
         f"link set {link.host_ifname} up\n",
     )
     # Defence in depth, before the sandbox end comes up (no packet can flow until then):
@@ -334,7 +405,7 @@ def attach(link: Link, init_pid: int) -> None:
         ipv6.write_text("1")
     _run(
         ["nsenter", f"--net=/proc/{init_pid}/ns/net", "ip", "-batch", "-"],
-        f"addr add {link.sandbox_address}/30 dev eth0\n"
+        f"addr add {link.sandbox_address}/31 dev eth0\n"
         "link set eth0 up\n"
         f"route add default via {link.host_address}\n",
     )

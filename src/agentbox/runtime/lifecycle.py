@@ -22,8 +22,9 @@ notices sandboxes that ended on their own (lifetime, OOM, crash) and OOM kills i
 the CLI reaches a gateway's stream): ``created``, ``paused``, ``resumed``, ``stopped``,
 ``started``, ``destroyed``, and ``oom`` (a process was OOM-killed; no transition). Each
 has a reason: ``operator`` (someone asked), ``idle``, ``lifetime``, ``oom``, ``error``
-(it ended without being asked), ``activity`` (a call resumed a paused sandbox), or
-``pool`` (the warm pool made or replaced one; a claim is a ``created`` with ``from_pool``).
+(it ended without being asked), ``activity`` (a call resumed a paused sandbox),
+``pool`` (the warm pool made or replaced one; a claim is a ``created`` with ``from_pool``),
+or ``task`` (the batch task it ran ended: ``tasks.on_end``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EVENT_TYPES = ("created", "pooled", "paused", "resumed", "stopped", "started", "destroyed", "oom")
-REASONS = ("operator", "idle", "lifetime", "oom", "error", "activity", "pool")
+REASONS = ("operator", "idle", "lifetime", "oom", "error", "activity", "pool", "task")
 DEFAULT_CPU_FLOOR = 0.05  # of one core
 _DEFAULT_IDLE = SandboxSpec.model_fields["idle_timeout"].default
 _DEFAULT_ON_IDLE = SandboxSpec.model_fields["on_idle"].default

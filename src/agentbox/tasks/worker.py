@@ -13,7 +13,7 @@ import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 from agentbox.errors import AgentboxError, BudgetExceeded, ProviderError
 from agentbox.gateway.auth import Principal
@@ -41,6 +41,7 @@ class TaskWorkers:
         poll_s: float = 0.5,
         lease_s: float = LEASE_S,
         on_finish: Callable[[Task], Any] | None = None,
+        on_end: Literal["destroy", "stop"] = "destroy",
     ) -> None:
         self.store = store
         self.runtime = runtime
@@ -53,6 +54,7 @@ class TaskWorkers:
         self.poll_s = poll_s
         self.lease_s = lease_s
         self.on_finish = on_finish
+        self.on_end = on_end
         self.id = "worker-" + secrets.token_hex(4)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -86,6 +88,10 @@ class TaskWorkers:
             except Exception:
                 log.exception("task %s: the worker failed", task.id)
                 self.store.finish(task.id, "failed", "error", "internal error; see the log")
+            try:
+                await asyncio.to_thread(self._end_sandbox, task.id)
+            except Exception:  # the worker must carry on; the sandbox's lifetime still ends it
+                log.exception("task %s: its sandbox could not be ended", task.id)
 
     async def _run(self, task: Task) -> None:
         renewer = asyncio.create_task(self._renew(task))
@@ -116,6 +122,16 @@ class TaskWorkers:
             renewer.cancel()
         if self.on_finish is not None:
             self.on_finish(self.store.get(task.id))
+
+    def _end_sandbox(self, task_id: str) -> None:
+        """The task is over (whichever way): its sandbox goes as ``tasks.on_end`` says."""
+        sandbox = self.store.get(task_id).sandbox
+        if sandbox is None or not self.runtime.exists(sandbox):
+            return
+        if self.on_end == "destroy":
+            self.runtime.destroy(sandbox, reason="task", actor=f"task:{task_id}")
+        else:
+            self.runtime.stop(sandbox, reason="task", actor=f"task:{task_id}")
 
     async def _with_sandbox(self, task: Task) -> Task:
         if task.sandbox is not None and self.runtime.exists(task.sandbox):
