@@ -74,6 +74,12 @@ def normalise_program(name: str) -> str:
     return name.rstrip("/").rsplit("/", 1)[-1] if "/" in name else name
 
 
+def _lexical(path: str) -> str:
+    """``posixpath.normpath``, and a leading ``//`` is ``/`` (as on Linux)."""
+    path = posixpath.normpath(path)
+    return "/" + path.lstrip("/") if path.startswith("//") else path
+
+
 def system_path(name: str) -> bool:
     """Is ``name`` (containing a ``/``) a path under :data:`SYSTEM_DIRS`, lexically?"""
     if not name.startswith("/"):
@@ -81,7 +87,7 @@ def system_path(name: str) -> bool:
     path = name
     while (m := _PROC_ROOT.match(path)) is not None:
         path = path[m.end() :] or "/"
-    path = posixpath.normpath(path)
+    path = _lexical(path)
     return any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS)
 
 
@@ -182,7 +188,7 @@ def script_input(word: Word) -> ProgramInput:
     """Where a script operand (``bash FILE``, ``source FILE``) makes the program come from."""
     if word.dynamic or word.unsafe:
         return "descriptor" if word.raw.startswith(("<(", ">(")) else "dynamic"
-    path = posixpath.normpath(word.text) if word.text.startswith("/") else word.text
+    path = _lexical(word.text) if word.text.startswith("/") else word.text
     if word.text == "-" or _STDIN_PATHS.fullmatch(path):
         return "stdin"
     return "descriptor" if _FD_PATHS.fullmatch(path) else "elsewhere"

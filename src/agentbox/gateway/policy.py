@@ -324,16 +324,18 @@ class CommandPolicy:
             return Decision(False, False, exc.rule, exc.message, tuple(exc.programs)), False
         analysis.path_changed = analysis.path_changed or path_env
         unknown, resolved, used_sandbox = _identities(analysis, resolve)
-        programs = tuple(dict.fromkeys([*analysis.programs, *resolved]))
-        return self._decide_analysed(command, analysis, programs, unknown), used_sandbox
+        decision = self._decide_analysed(command, analysis, resolved, unknown)
+        return decision, used_sandbox
 
     def _decide_analysed(
         self,
         command: str | list[str],
         analysis: CommandAnalysis,
-        programs: tuple[str, ...],
+        resolved: list[str],
         unknown: list[str],
     ) -> Decision:
+        # a resolved path is its target; the deny list also sees its basename (./rm)
+        programs = tuple(dict.fromkeys([*analysis.programs, *resolved]))
         denied = self._denied_decision(programs)
         if denied is not None:
             return denied
@@ -361,7 +363,7 @@ class CommandPolicy:
                 programs,
             )
         if self.allow is not None:
-            for program in programs:
+            for program in dict.fromkeys(resolved):
                 if program not in self.allow and program not in SHELL_BUILTINS:
                     listed = ", ".join(sorted(self.allow)) or "(none)"
                     return Decision(
@@ -438,13 +440,14 @@ _UNKNOWN_WHY = (
 def _identities(
     analysis: CommandAnalysis, resolve: Callable[[str], str | None] | None
 ) -> tuple[list[str], list[str], bool]:
-    """Program words of unknown identity, names that paths resolved to, whether ``resolve``
-    was asked. Builtins never look at PATH; a relative path is resolved only if the command
-    does not change directory first."""
+    """Program words of unknown identity; every program's name, a resolved path's being its
+    target's; whether ``resolve`` was asked. Builtins never look at PATH; a relative path is
+    resolved only if the command does not change directory first."""
     unknown: list[str] = []
-    resolved: list[str] = []
+    names: list[str] = []
     asked = False
     for name, word in zip(analysis.programs, analysis.program_words, strict=True):
+        names.append(name)
         if "/" not in word and (name in SHELL_BUILTINS or name == "source"):
             continue
         if known_identity(word, path_changed=analysis.path_changed):
@@ -456,8 +459,8 @@ def _identities(
         if target is None:
             unknown.append(word)
         else:
-            resolved.append(normalise_program(target))
-    return unknown, resolved, asked
+            names[-1] = normalise_program(target)
+    return unknown, names, asked
 
 
 class _Targets:
