@@ -261,6 +261,13 @@ NEEDS_APPROVAL: list[tuple[str, str]] = [
     ("find . -exec rm -fr {} +", "rm -rf *"),
     ("xargs rm -fr < list", "rm -rf *"),
     (["rm", "-fr", "x"], "rm -rf *"),
+    # a word known only at run time could be the option
+    ("f=-rf; rm $f x", "rm -rf *"),
+    ('rm "$opts" x', "rm -rf *"),
+    ('git push origin "$ref"', "git push --force*"),
+    # an alias defined on the command line
+    ("git -c alias.p='push --force' p origin", "git push --force*"),
+    ("git -c alias.p='push' p -f", "git push --force*"),
 ]
 
 
@@ -321,6 +328,29 @@ def test_normal_argv() -> None:
     assert CommandPattern("git  push   --force*").text == "git push --force*"
 
 
+@pytest.mark.parametrize(
+    ("command", "rule"),
+    [
+        ("git -c core.pager='rm x' log", "tools.terminal.run.deny: rm"),
+        ("git -c Core.Pager='rm x' log", "tools.terminal.run.deny: rm"),
+        ("git -c alias.x='!rm x' x", "tools.terminal.run.deny: rm"),
+        ("git -c core.sshCommand='rm x' fetch", "tools.terminal.run.deny: rm"),
+        ("git -c diff.bin.textconv='rm' diff", "tools.terminal.run.deny: rm"),
+        ("git -c credential.helper='!rm x' push", "tools.terminal.run.deny: rm"),
+        ("git -C . -c core.editor='rm x' commit", "tools.terminal.run.deny: rm"),
+        ("git -c core.hooksPath=/tmp/h commit", RULE_DYNAMIC_CODE),
+        ("git -c include.path=/tmp/cfg status", RULE_DYNAMIC_CODE),
+        ("git -c protocol.ext.allow=always clone ext::x", RULE_DYNAMIC_CODE),
+        ('git -c core.pager="$P" log', RULE_DYNAMIC_CODE),
+        ("git $OPTS push", RULE_DYNAMIC_CODE),
+        ('git "$sub" -f', RULE_DYNAMIC_CODE),
+    ],
+)
+def test_git_settings_that_run_code_are_analysed(command: str, rule: str) -> None:
+    decision = CommandPolicy(None, ["rm"], []).check(command)
+    assert not decision.allowed and decision.rule == rule, decision
+
+
 # --------------------------------------------------------------------------- still allowed
 
 STILL_ALLOWED: list[tuple[str, tuple[str, ...]]] = [
@@ -350,6 +380,10 @@ STILL_ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("/usr/bin/git push origin main", ("git",)),
     ("git push origin main", ("git",)),
     ("git -C sub status", ("git",)),
+    ('git -C "$dir" status', ("git",)),
+    ("git -c user.name=a -c user.email=b commit -m m", ("git",)),
+    ('git commit -m "$msg"', ("git",)),
+    ("git -c core.pager=cat log", ("git", "cat")),
     ("rm -r build", ("rm",)),
     ("rm -f x", ("rm",)),
     ("ls | grep x | sort", ("ls", "grep", "sort")),
@@ -398,9 +432,7 @@ DIFFERENTIAL: list[tuple[list[str], str]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("argv", "code"), DIFFERENTIAL, ids=[" ".join(a) for a, _ in DIFFERENTIAL]
-)
+@pytest.mark.parametrize(("argv", "code"), DIFFERENTIAL, ids=[" ".join(a) for a, _ in DIFFERENTIAL])
 def test_program_input_agrees_with_the_real_program(
     argv: list[str], code: str, tmp_path: Path
 ) -> None:
@@ -465,9 +497,7 @@ def test_the_gateway_resolves_program_paths_in_the_sandbox(gw: RunningGateway) -
                 assert r.status_code == 403, r.text
                 assert r.json()["error"]["details"]["rule"] == RULE_UNKNOWN_IDENTITY
                 # code on the tool's stdin is code the policy never saw
-                r = c.post(
-                    f"/v1/sandboxes/{sid}/commands", json={"command": "bash", "stdin": "id"}
-                )
+                r = c.post(f"/v1/sandboxes/{sid}/commands", json={"command": "bash", "stdin": "id"})
                 assert r.status_code == 403, r.text
                 assert r.json()["error"]["details"]["rule"] == RULE_DYNAMIC_CODE
         finally:

@@ -343,13 +343,16 @@ class NormalArgv:
     options: frozenset[str]
     """Canonical options, ``--name`` or ``--name=value``; unknown short flags stay ``-x``."""
     operands: tuple[str, ...]
+    dynamic: bool = False
+    """A word is known only at run time (``rm "$f" x``): it could be any option or operand."""
 
     def render(self) -> str:
         return " ".join([self.program, *self.subcommand, *sorted(self.options), *self.operands])
 
 
-def normalise(argv: Sequence[str]) -> NormalArgv:
-    """Canonical form of ``argv`` (``argv[0]`` a normalised program name)."""
+def normalise(argv: Sequence[str], *, dynamic: bool = False) -> NormalArgv:
+    """Canonical form of ``argv`` (``argv[0]`` a normalised program name); ``dynamic``: some
+    word's value is known only at run time."""
     program, args = argv[0], list(argv[1:])
     sub: tuple[str, ...] = ()
     if program == "git":
@@ -361,18 +364,54 @@ def normalise(argv: Sequence[str]) -> NormalArgv:
     if spec is _GIT_PUSH:
         operands, implied = _push_refspecs(operands)
         options |= implied
-    return NormalArgv(program, sub, frozenset(options), tuple(operands))
+    return NormalArgv(program, sub, frozenset(options), tuple(operands), dynamic)
 
 
-def _strip_git_globals(args: list[str]) -> list[str]:
-    """Drop git's options before the subcommand (``git -C . -c x=y --no-pager push``)."""
+def git_globals(args: Sequence[str]) -> tuple[list[tuple[str, str]], int]:
+    """git's ``-c KEY=VALUE`` settings before the subcommand, and the subcommand's index."""
+    settings: list[tuple[str, str]] = []
     i = 0
     while i < len(args) and args[i].startswith("-"):
         opt = args[i].partition("=")[0]
         if opt in _GIT_NO_SUBCOMMAND:
-            return args[i:]
+            return settings, len(args)
+        if opt == "-c" and i + 1 < len(args):
+            key, _, value = args[i + 1].partition("=")
+            settings.append((key.lower(), value))
         i += 2 if opt in _GIT_GLOBAL_VALUE and "=" not in args[i] else 1
-    return args[i:]
+    return settings, i
+
+
+_GIT_CODE_KEYS = re.compile(
+    r"core\.(?:pager|editor|sshcommand|askpass|fsmonitor|gitproxy)|sequence\.editor|pager\..+"
+    r"|diff\.external|diff\..+\.(?:textconv|command)|merge\..+\.driver"
+    r"|filter\..+\.(?:clean|smudge|process)|credential(?:\..+)?\.helper|gpg(?:\..+)?\.program"
+    r"|remote\..+\.(?:uploadpack|receivepack)|uploadpack\.packobjectshook|web\.browser"
+    r"|(?:browser|difftool|mergetool|man)\..+\.(?:cmd|path)|alias\..+"
+)
+"""git settings whose value is a command git runs (``alias.*``: when it starts with ``!``)."""
+_GIT_FILE_KEYS = re.compile(r"core\.hookspath|include\.path|includeif\..+|protocol\..+\.allow")
+"""git settings that make git read or run files or URLs the policy cannot see."""
+
+
+def git_setting_runs(key: str, value: str) -> Literal["code", "files", None]:
+    """Does ``git -c KEY=VALUE`` make git run ``value`` as a command, or run unseen files?"""
+    if _GIT_FILE_KEYS.fullmatch(key):
+        return "files"
+    if _GIT_CODE_KEYS.fullmatch(key) and (not key.startswith("alias.") or value[:1] == "!"):
+        return "code"
+    return None
+
+
+def _strip_git_globals(args: list[str]) -> list[str]:
+    """Drop git's options before the subcommand (``git -C . -c x=y --no-pager push``); a
+    ``-c alias.NAME=…`` for the subcommand is expanded (``-c alias.p='push -f' p``)."""
+    settings, i = git_globals(args)
+    rest = args[i:]
+    aliases = {key[len("alias.") :]: value for key, value in settings if key.startswith("alias.")}
+    if rest and rest[0] in aliases and not aliases[rest[0]].startswith("!"):
+        return [*aliases[rest[0]].split(), *rest[1:]]
+    return rest
 
 
 def _long_name(spec: _Spec | None, opt: str) -> str:
@@ -484,6 +523,8 @@ class _Segment:
             return fnmatchcase(cmd.render(), self.text)
         if (cmd.program, cmd.subcommand) != (self.program, self.subcommand):
             return False
+        if cmd.dynamic:
+            return True  # `f=-rf; rm $f x`: what the pattern names may be in the unknown word
         if not self.options <= cmd.options:
             return False
         if not all(any(fnmatchcase(o, g) for o in cmd.options) for g in self.option_globs):
@@ -500,6 +541,9 @@ class _Segment:
 
 class CommandPattern:
     """An ``approval:`` (or argument-carrying ``deny:``) entry, matched on normal argv.
+
+    A command with a word known only at run time matches any pattern for its program (and
+    git subcommand): ``rm "$f" x`` could be ``rm -rf x``.
 
     The pattern is split into words at whitespace (no quoting) and, when it holds `` | ``,
     into pipeline segments. A segment whose program word is a literal name is compiled with

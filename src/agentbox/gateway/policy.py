@@ -87,7 +87,9 @@ normalised the same way (:class:`~agentbox.gateway.command_rules.CommandPattern`
 long option spellings, combined short flags and abbreviations are one canonical option;
 git's global options are ignored; implied options are added; options may come in any
 order, and options the pattern does not name do not matter; the operands must match the
-pattern's operand words (a last word ending in ``*`` allows more). So ``rm -rf *`` matches
+pattern's operand words (a last word ending in ``*`` allows more); a command with a word
+known only at run time matches every pattern for its program (``rm "$f" x``: ``$f`` may be
+``-rf``). So ``rm -rf *`` matches
 ``rm -fr x``, ``rm -r -f x``, ``rm -R --force x`` and ``rm --rec --force x``; ``git push
 --force*`` matches ``git push -f``, ``git -C . push --force``, ``git push origin +main``,
 ``git push --mirror`` and ``--force-with-lease``; ``git push --delete*`` matches ``git push
@@ -472,8 +474,13 @@ class _Targets:
             *(" | ".join(_collapse(" ".join(seg)) for seg in p) for p in analysis.pipelines),
             *(_collapse(" ".join(argv)) for argv in analysis.commands),
         ]
-        self.commands = [normalise(argv) for argv in dict.fromkeys(analysis.commands)]
-        self.pipelines = [tuple(normalise(seg) for seg in p) for p in analysis.pipelines]
+        dynamic = analysis.dynamic_argvs
+        self.commands = [
+            normalise(argv, dynamic=argv in dynamic) for argv in dict.fromkeys(analysis.commands)
+        ]
+        self.pipelines = [
+            tuple(normalise(seg, dynamic=seg in dynamic) for seg in p) for p in analysis.pipelines
+        ]
 
     def match(self, pattern: CommandPattern) -> str | None:
         """The first target (as text) the pattern matches, or None."""

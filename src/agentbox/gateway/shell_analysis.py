@@ -72,6 +72,8 @@ from agentbox.gateway.command_rules import (
     OTHER_SHELLS,
     POSIX_SHELLS,
     Word,
+    git_globals,
+    git_setting_runs,
     normalise_program,
     program_input,
     reads_code,
@@ -131,6 +133,8 @@ class CommandAnalysis:
     """Each simple command's argv: normalised program name, then the words after quote
     removal; assignments and redirections dropped. A wrapper adds one argv for itself and one
     for the command it runs."""
+    dynamic_argvs: set[tuple[str, ...]] = field(default_factory=set)
+    """The argvs of :attr:`commands` with a word known only at run time (``rm "$f" x``)."""
     pipelines: list[tuple[tuple[str, ...], ...]] = field(default_factory=list)
     """Each pipeline of two or more commands, as its segments' argvs; once with the outer
     command of each segment and once with the innermost (unwrapped) command."""
@@ -1097,6 +1101,8 @@ class _Analyser:
         self.out.program_words.append(words[0].text)
         argv = (name, *(w.text for w in args))
         self.out.commands.append(argv)
+        if any(w.dynamic or w.unsafe for w in args):
+            self.out.dynamic_argvs.add(argv)
         if name in ("cd", "pushd", "popd") or (
             name in ("env", "sudo", "unshare")
             and any(w.text.startswith(("-C", "-D", "--chdir", "--wd")) for w in args)
@@ -1377,6 +1383,27 @@ class _Analyser:
                 return self.argv(args[res.index :], depth)
         return []
 
+    def h_git(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
+        """``git -c core.pager='…' log``, ``-c alias.x='!…' x``: git runs the value as code."""
+        settings, end = git_globals([w.text for w in args])
+        after_c = {i + 1 for i, w in enumerate(args[:end]) if w.text in ("-c", "--config-env")}
+        if any(
+            w.unsafe or (w.dynamic and (i == end or i in after_c))
+            for i, w in enumerate(args[: end + 1])
+        ):
+            raise _dynamic_code("the options of `git` (before the subcommand)")
+        for key, value in settings:
+            runs = git_setting_runs(key, value)
+            if runs == "files":
+                raise _reject(
+                    f"`git -c {key}=…` makes git read or run files the policy cannot see; "
+                    "run git without it",
+                    RULE_DYNAMIC_CODE,
+                )
+            if runs == "code":
+                self.code_string(f"`git -c {key}`", Word.literal(value.removeprefix("!")), depth)
+        return []
+
     def h_watch(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         res = _parse_options(name, args, _Opts("nq", frozenset({"--interval", "--equexit"})))
         if res.index is None:
@@ -1406,6 +1433,7 @@ _HANDLERS: dict[str, _Handler] = {
     "script": _Analyser.h_string_cmd,
     "flock": _Analyser.h_string_cmd,
     "watch": _Analyser.h_watch,
+    "git": _Analyser.h_git,
     **{s: _Analyser.h_shell for s in POSIX_SHELLS | OTHER_SHELLS},
 }
 _WRAPPER_NAMES = frozenset(_SIMPLE_WRAPPERS) | frozenset(_HANDLERS)
