@@ -361,7 +361,8 @@ class CommandPolicy:
                 RULE_UNKNOWN_IDENTITY,
                 f"`{unknown[0]}` {_UNKNOWN_WHY}, so it is not the program of that name on the "
                 f"allow list of {self.tool}. Run the program by its name from the system PATH "
-                "(without changing PATH), or ask the operator.",
+                "(without changing PATH); a link to a system program (a virtualenv's python) "
+                "counts as that program once it exists: create it in an earlier call.",
                 programs,
             )
         if self.allow is not None:
