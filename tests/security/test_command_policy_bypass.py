@@ -221,9 +221,11 @@ def test_resolution_in_the_sandbox_decides_a_path(tmp_path: Path) -> None:
     assert policy.check("cd /tmp && .venv/bin/python3 x.py", resolve=resolve).rule == (
         RULE_UNKNOWN_IDENTITY
     )
-    # PATH from the tool's `env` argument counts like PATH in the command
-    assert policy.check("ls", env=["PATH"]).rule == RULE_UNKNOWN_IDENTITY
+    # PATH from the tool's `env` argument counts like PATH in the command (also once `ls`
+    # alone was decided and remembered)
     assert policy.check("ls").may_run_now
+    assert policy.check("ls", env=["PATH"]).rule == RULE_UNKNOWN_IDENTITY
+    assert policy.check("ls", env=["HOME"]).may_run_now
 
 
 # --------------------------------------------------------------------------- spellings

@@ -280,7 +280,7 @@ class CommandPolicy:
         )
         self.deny_patterns = tuple(CommandPattern(d) for d in entries if len(d.split()) > 1)
         self.approval = tuple(CommandPattern(p) for p in approval if p.strip())
-        self._decided: dict[str | tuple[str, ...], Decision] = {}
+        self._decided: dict[tuple[str | tuple[str, ...], bool], Decision] = {}
 
     def check(
         self,
@@ -299,11 +299,11 @@ class CommandPolicy:
         A decision that depends only on the command text and these fixed lists is
         remembered: agents repeat commands, and parsing costs 0.2-0.5 ms.
         """
-        key = command if isinstance(command, str) else tuple(command)
-        decision = self._decided.get(key)
+        path_env = bool(IDENTITY_VARIABLES.intersection(env))
+        key = (command if isinstance(command, str) else tuple(command), resolve is None)
+        decision = None if path_env else self._decided.get(key)
         if decision is not None:
             return decision
-        path_env = bool(IDENTITY_VARIABLES.intersection(env))
         decision, used_sandbox = self._decide(command, resolve, path_env)
         if not used_sandbox and not path_env:
             if len(self._decided) >= _DECISION_CACHE_SIZE:
