@@ -1276,7 +1276,7 @@ class _Analyser:
                 continue
             break
         if not command_mode:
-            return []  # a script file or stdin: not analysed (see the policy limitations)
+            return []  # a script file (not analysed) or stdin (see argv() and settle_stdin())
         if name in OTHER_SHELLS:
             raise _reject(f"`{name} -c` code is not POSIX shell, so it cannot be analysed")
         self.code_string(f"`{name} -c`", args[i] if i < len(args) else None, depth)
