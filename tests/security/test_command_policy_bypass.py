@@ -158,6 +158,8 @@ UNKNOWN_IDENTITY = [
     "sudo ./ls",
     "env ./ls",
     "alias l=./ls",
+    "GIT_CONFIG_GLOBAL=/tmp/cfg git log",
+    "NODE_OPTIONS='--require /tmp/x.js' node app.js",
 ]
 
 
@@ -225,6 +227,7 @@ def test_resolution_in_the_sandbox_decides_a_path(tmp_path: Path) -> None:
     # alone was decided and remembered)
     assert policy.check("ls").may_run_now
     assert policy.check("ls", env=["PATH"]).rule == RULE_UNKNOWN_IDENTITY
+    assert policy.check("ls", env=["GIT_PAGER"]).rule == RULE_UNKNOWN_IDENTITY
     assert policy.check("ls", env=["HOME"]).may_run_now
 
 
@@ -346,6 +349,12 @@ def test_normal_argv() -> None:
         ('git -c core.pager="$P" log', RULE_DYNAMIC_CODE),
         ("git $OPTS push", RULE_DYNAMIC_CODE),
         ('git "$sub" -f', RULE_DYNAMIC_CODE),
+        # the same settings through the environment
+        ("GIT_PAGER='rm x' git log", "tools.terminal.run.deny: rm"),
+        ("export EDITOR='rm x'; git commit", "tools.terminal.run.deny: rm"),
+        ("env GIT_SSH_COMMAND='rm x' git fetch", "tools.terminal.run.deny: rm"),
+        ("sudo PAGER='rm x' man ls", "tools.terminal.run.deny: rm"),
+        ('GIT_PAGER="$P" git log', RULE_DYNAMIC_CODE),
     ],
 )
 def test_git_settings_that_run_code_are_analysed(command: str, rule: str) -> None:
@@ -386,6 +395,8 @@ STILL_ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("git -c user.name=a -c user.email=b commit -m m", ("git",)),
     ('git commit -m "$msg"', ("git",)),
     ("git -c core.pager=cat log", ("git", "cat")),
+    ("GIT_PAGER=cat git log", ("cat", "git")),
+    ("PYTHONPATH=src python3 -m pytest", ("python3",)),
     ("rm -r build", ("rm",)),
     ("rm -f x", ("rm",)),
     ("ls | grep x | sort", ("ls", "grep", "sort")),

@@ -61,8 +61,20 @@ SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32")
 """Directories the sandbox user cannot write (host ``/usr`` read-only in the default template,
 root-owned in built ones): a program named by a path under them is that program."""
 
-IDENTITY_VARIABLES = frozenset({"PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV"})
-"""Setting one of these changes which file a bare program name runs (or what it loads)."""
+IDENTITY_VARIABLES = frozenset(
+    {"PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "BASH_ENV", "ENV", "GIT_EXEC_PATH",
+     "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_PARAMETERS", "GIT_CONFIG_COUNT",
+     "GIT_TEMPLATE_DIR", "NODE_OPTIONS", "PERL5OPT", "RUBYOPT"}
+)  # fmt: skip
+"""Setting one of these changes which file a bare program name runs, or makes it load files
+(a git config, a module) that may run anything."""
+
+CODE_VARIABLES = frozenset(
+    {"GIT_PAGER", "GIT_EDITOR", "GIT_SEQUENCE_EDITOR", "GIT_SSH_COMMAND", "GIT_SSH",
+     "GIT_EXTERNAL_DIFF", "GIT_ASKPASS", "SSH_ASKPASS", "GIT_PROXY_COMMAND", "PAGER",
+     "MANPAGER", "EDITOR", "VISUAL", "LESSOPEN", "LESSCLOSE"}
+)  # fmt: skip
+"""Variables whose value a program runs as a shell command (``GIT_PAGER='…' git log``)."""
 
 _PROC_ROOT = re.compile(r"^/proc/(?:self|thread-self|[0-9]+)/root(?=/|$)")
 

@@ -48,9 +48,13 @@ sandbox's ``PATH`` (system directories only) finds; a path under ``/usr``, ``/bi
 ``/sbin``, ``/lib*`` (also via ``/proc/self/root``) is that system program. Any other path
 (``./ls``, ``bin/x``, ``/workspace/ls``, ``~/bin/x``, ``/tmp/x``) names a file the agent may
 have written, copied or linked (``ln -s /usr/bin/rm ./ls``), and so does every bare name in a
-command that sets ``PATH``, ``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``LD_AUDIT`` or ``BASH_ENV``
-(as an assignment, ``export``/``declare``/``read``/``env``, or the ``env`` argument of the
-tool), uses ``hash -p``, or ``source``s a file: their identity is *unknown*. The deny list
+command that sets ``PATH``, ``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``LD_AUDIT``, ``BASH_ENV``,
+``ENV``, ``GIT_CONFIG_*``, ``GIT_EXEC_PATH``, ``NODE_OPTIONS``, … (``IDENTITY_VARIABLES``; as an
+assignment, ``export``/``declare``/``read``/``env``, or the ``env`` argument of the tool),
+uses ``hash -p``, or ``source``s a file: their identity is *unknown*. Variables whose value
+a program runs as a command (``GIT_PAGER``, ``GIT_SSH_COMMAND``, ``EDITOR``, ``PAGER``, …:
+``CODE_VARIABLES``) are analysed as shell code when set in the command; set through the
+tool's ``env`` argument they make every program's identity unknown. The deny list
 still matches their basename (``./rm`` is denied). The gateway resolves such a path in the
 sandbox when it can (through the sandbox root, symlink by symlink, relative paths against the
 tool's ``cwd`` unless the command changes directory): a link chain that reaches a system path
@@ -164,6 +168,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from agentbox.gateway.command_rules import (
+    CODE_VARIABLES,
     IDENTITY_VARIABLES,
     CommandPattern,
     known_identity,
@@ -299,7 +304,7 @@ class CommandPolicy:
         A decision that depends only on the command text and these fixed lists is
         remembered: agents repeat commands, and parsing costs 0.2-0.5 ms.
         """
-        path_env = bool(IDENTITY_VARIABLES.intersection(env))
+        path_env = not _UNSEEN_ENV.isdisjoint(env)
         key = (command if isinstance(command, str) else tuple(command), resolve is None)
         decision = None if path_env else self._decided.get(key)
         if decision is not None:
@@ -433,6 +438,10 @@ class CommandPolicy:
                 )
         return Decision(True, False, None, f"allowed (runs: {', '.join(programs)})", programs)
 
+
+_UNSEEN_ENV = IDENTITY_VARIABLES | CODE_VARIABLES
+"""Variables in the tool's ``env`` argument make every program's identity unknown: the
+policy does not analyse their values."""
 
 _UNKNOWN_WHY = (
     "is run by a path outside the system directories (or after the command changed PATH): "

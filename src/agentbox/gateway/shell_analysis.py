@@ -68,6 +68,7 @@ import bashlex.errors
 
 from agentbox.errors import InvalidRequest
 from agentbox.gateway.command_rules import (
+    CODE_VARIABLES,
     IDENTITY_VARIABLES,
     OTHER_SHELLS,
     POSIX_SHELLS,
@@ -496,6 +497,7 @@ _EXPANSIONS = _SUBSTITUTIONS | {"parameter"}
 _METACHARS = frozenset(" \t\n;&|()<>")
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _IDENTITY_ASSIGNMENT = re.compile(rf"(?:{'|'.join(sorted(IDENTITY_VARIABLES))})\+?=")
+_CODE_ASSIGNMENT = re.compile(rf"(?:{'|'.join(sorted(CODE_VARIABLES))})\+?=")
 _IDENTITY_NAME = re.compile(rf"(?<![A-Za-z0-9_])(?:{'|'.join(sorted(IDENTITY_VARIABLES))})\b")
 _VARIABLE_BUILTINS = frozenset(
     {"export", "declare", "typeset", "local", "readonly", "unset", "read", "printf", "mapfile",
@@ -840,9 +842,9 @@ class _Analyser:
         for part in node.parts:
             if part.kind == "word":
                 words.append(self.word(part, src, depth))
+            elif part.kind == "assignment":
+                self.assignment(self.word(part, src, depth), depth)
             else:
-                if part.kind == "assignment" and _IDENTITY_ASSIGNMENT.match(part.word):
-                    self.out.path_changed = True
                 self.walk(part, src, depth)
         if not words:
             return []
@@ -851,6 +853,15 @@ class _Analyser:
         self.settle_stdin(node.parts, src, depth)
         self.stdin_readers = outer | self.stdin_readers
         return argvs
+
+    def assignment(self, word: Word, depth: int) -> None:
+        """``NAME=value`` (before a command, or for ``export``/``env``/``sudo``/…)."""
+        if _IDENTITY_ASSIGNMENT.match(word.text):
+            self.out.path_changed = True
+        if _CODE_ASSIGNMENT.match(word.text):
+            name, _, value = word.text.partition("=")
+            code = None if word.dynamic or word.unsafe else Word.literal(value)
+            self.code_string(f"`{name.rstrip('+')}=`", code, depth)
 
     def settle_stdin(self, parts: Sequence[Any], src: str, depth: int) -> None:
         """Decide on programs that read their program from stdin, given these redirections.
@@ -1108,6 +1119,9 @@ class _Analyser:
             and any(w.text.startswith(("-C", "-D", "--chdir", "--wd")) for w in args)
         ):
             self.out.changes_dir = True
+        if name in _VARIABLE_BUILTINS or name == "sudo":
+            for w in args:
+                self.assignment(w, depth)
         if name == "source" or (
             name in _VARIABLE_BUILTINS
             and any(_IDENTITY_NAME.search(w.text) for w in args)
