@@ -509,6 +509,17 @@ def test_the_gateway_resolves_program_paths_in_the_sandbox(gw: RunningGateway) -
                 r = _run(c, sid, "./cat /etc/hostname")
                 assert r.status_code == 403, r.text
                 assert r.json()["error"]["details"]["rule"] == RULE_UNKNOWN_IDENTITY
+                # a shell session's cwd is where earlier calls left it: only absolute paths
+                r = c.post(f"/v1/sandboxes/{sid}/sessions", json={})
+                assert r.status_code == 201, r.text
+                session = f"/v1/sandboxes/{sid}/sessions/{r.json()['session_id']}/run"
+                r = c.post(session, json={"command": "cd /tmp"})
+                assert r.status_code == 200, r.text
+                r = c.post(session, json={"command": "./py -c 'print(1)'"})
+                assert r.status_code == 403, r.text
+                assert r.json()["error"]["details"]["rule"] == RULE_UNKNOWN_IDENTITY
+                r = c.post(session, json={"command": "/workspace/py -c 'print(6*7)'"})
+                assert r.status_code == 200 and r.json()["stdout"].strip() == "42", r.text
                 # code on the tool's stdin is code the policy never saw
                 r = c.post(f"/v1/sandboxes/{sid}/commands", json={"command": "bash", "stdin": "id"})
                 assert r.status_code == 403, r.text

@@ -261,7 +261,11 @@ class Gateway:
         if spec.policy == "command":
             decision = self.commands.check(
                 args["command"],
-                resolve=self._program_resolver(sandbox, args.get("cwd") or WORKSPACE),
+                # a shell session's cwd is wherever earlier calls left it: relative program
+                # paths are resolved only for a fresh command (cwd from the call, or the default)
+                resolve=self._program_resolver(
+                    sandbox, None if "session_id" in args else args.get("cwd") or WORKSPACE
+                ),
                 env=args.get("env") or (),
             )
         elif spec.policy == "fs_read":
@@ -275,8 +279,9 @@ class Gateway:
             raise PolicyDenied(decision.reason, rule=decision.rule, tool=spec.name)
         return decision
 
-    def _program_resolver(self, sandbox: str, cwd: str) -> Callable[[str], str | None]:
-        """Where a program path in a command leads in the sandbox (see resolve_to_system)."""
+    def _program_resolver(self, sandbox: str, cwd: str | None) -> Callable[[str], str | None]:
+        """Where a program path in a command leads in the sandbox (see resolve_to_system);
+        with ``cwd`` None only absolute paths are resolved."""
 
         def readlink(path: str) -> str | None:
             try:  # only asked for a program path; a sandbox that is not running knows none
@@ -285,8 +290,13 @@ class Gateway:
                 return None
             return info.symlink_target if info.type == "symlink" else None
 
+        if cwd is not None and not cwd.startswith("/"):
+            cwd = None  # the launcher refuses it anyway
+
         def resolve(word: str) -> str | None:
-            return resolve_to_system(posixpath.join(cwd, word), readlink)
+            if cwd is None and not word.startswith("/"):
+                return None
+            return resolve_to_system(posixpath.join(cwd or "/", word), readlink)
 
         return resolve
 
