@@ -116,11 +116,14 @@ tasks: {{workers: 1}}
             act(
                 "fs_edit", path="/workspace/requirements.txt", old="demo==1.0.0", new="demo==1.2.0"
             ),
+            # the venv is used in a later call: a program path is resolved in the sandbox
+            # when the command is checked, and before this call the venv does not exist yet
+            act("terminal_run", timeout_ms=120000, command=f"python3 -m venv {VENV}"),
             act(
                 "terminal_run",
                 timeout_ms=120000,
                 command=(
-                    f"python3 -m venv {VENV} && {VENV}/bin/python3 -m pip install -q"
+                    f"{VENV}/bin/python3 -m pip install -q"
                     " --disable-pip-version-check"
                     f" --index-url {INDEX}/simple --trusted-host pkg.test"
                     " -r /workspace/requirements.txt"
@@ -154,7 +157,7 @@ def check(op: Any, task: dict[str, Any], steps: list[dict[str, Any]]) -> None:
     assert task["state"] == "succeeded", (task, detail)
     opened = steps[2]["result"]
     assert "Latest version: 1.2.0" in json.dumps(opened), detail
-    install, tests = steps[4]["result"], steps[5]["result"]
+    install, tests = steps[5]["result"], steps[6]["result"]
     assert install["exit_code"] == 0, install
     assert tests["exit_code"] == 0 and "OK" in tests["stderr"], tests
     manifest = op.get(f"/v1/sandboxes/{task['sandbox']}/files",

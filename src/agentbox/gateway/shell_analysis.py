@@ -16,6 +16,13 @@ program a shell string would execute. This module finds it with a real shell par
   ``alias`` values, ``watch``/``su -c`` (parsed recursively, depth-limited), and code fed to
   such a shell on stdin by a heredoc or here-string (``bash <<'EOF'``, ``sh <<< '…'``).
 
+A shell or interpreter that reads its program from stdin is followed to whatever provides
+that stdin - its own redirections, an enclosing group's, the command holding a ``bash -c``
+string - and refused as dynamic code when it is a pipe, a descriptor, a substitution or the
+caller's stdin (:meth:`_Analyser.settle_stdin`; which programs read stdin is decided in
+:mod:`agentbox.gateway.command_rules`, on plain words, as are program identity and option
+normalisation, so the parser can be replaced).
+
 bashlex 0.18 is used defensively, because it is wrong in ways that would hide commands:
 its quote removal is redone here from the source text (it turns ``'r''m'`` into ``r''m``);
 substitutions it truncates (multi-line ``$(…)``, a ``#`` before the ``)``) are detected by
@@ -25,7 +32,8 @@ is patched and every parse runs under a node budget; leftovers it silently skips
 
 Program names are normalised: quoting is removed (``r''m``, ``"rm"``, ``\\rm`` → ``rm``),
 paths are reduced to their basename (``/usr/bin/rm``, ``./rm``,
-``/proc/self/root/usr/bin/rm`` → ``rm``), and ``.`` is reported as ``source``.
+``/proc/self/root/usr/bin/rm`` → ``rm``), and ``.`` is reported as ``source``; the words as
+written are kept too (:attr:`CommandAnalysis.program_words`), for their identity.
 
 Everything that cannot be decided statically fails closed with :class:`UnparseableCommand`:
 
@@ -50,14 +58,28 @@ import re
 import secrets
 import shlex
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import bashlex
 import bashlex.errors
 
 from agentbox.errors import InvalidRequest
+from agentbox.gateway.command_rules import (
+    CODE_VARIABLES,
+    IDENTITY_VARIABLES,
+    OTHER_SHELLS,
+    POSIX_SHELLS,
+    Word,
+    git_globals,
+    git_setting_runs,
+    normalise_program,
+    program_input,
+    reads_code,
+    script_input,
+)
 
 MAX_DEPTH = 8
 """Maximum nesting of code-in-a-string (``bash -c "eval '…'"``, substitutions in heredocs)."""
@@ -94,38 +116,29 @@ class _SuspectParse(Exception):
     """bashlex's tree for a word does not match the source text."""
 
 
-@dataclass(frozen=True)
-class Word:
-    """One shell word after quote removal, with what the parser could tell about it.
-
-    ``dynamic``: contains ``$x``/``${x}``/``$(…)``/backticks/``<(…)``/``$'…'``: its run-time
-    value is unknown. ``unsafe``: may turn into zero or several words or into other text at run
-    time (an unquoted expansion, glob or brace expansion), so positions after it are unknown.
-    """
-
-    text: str
-    raw: str
-    dynamic: bool = False
-    unsafe: bool = False
-
-    @staticmethod
-    def literal(text: str) -> Word:
-        return Word(text=text, raw=text)
-
-
 @dataclass
 class CommandAnalysis:
     """Everything the analysis found in one command (in source order, depth first)."""
 
     programs: list[str] = field(default_factory=list)
     """Normalised names of every program that would run (wrappers and what they wrap)."""
-    commands: list[str] = field(default_factory=list)
-    """Each simple command rendered canonically: normalised program name, then the words
-    after quote removal, single-space separated; assignments and redirections dropped. A
-    wrapper adds one rendering for itself and one for the command it runs."""
-    pipelines: list[str] = field(default_factory=list)
-    """Each pipeline of two or more commands, segments joined by `` | ``; rendered once with the
-    outer command of each segment and once with the innermost (unwrapped) command."""
+    program_words: list[str] = field(default_factory=list)
+    """The same programs as written (``./ls``, ``/usr/bin/rm``), for their identity."""
+    path_changed: bool = False
+    """The command sets ``PATH`` (or another of ``IDENTITY_VARIABLES``), sources a file that
+    may, or re-points a name with ``hash -p``: bare names may run other files."""
+    changes_dir: bool = False
+    """The command changes directory (``cd``, ``env -C``, …): relative program paths are not
+    relative to the tool's working directory."""
+    commands: list[tuple[str, ...]] = field(default_factory=list)
+    """Each simple command's argv: normalised program name, then the words after quote
+    removal; assignments and redirections dropped. A wrapper adds one argv for itself and one
+    for the command it runs."""
+    dynamic_argvs: set[tuple[str, ...]] = field(default_factory=set)
+    """The argvs of :attr:`commands` with a word known only at run time (``rm "$f" x``)."""
+    pipelines: list[tuple[tuple[str, ...], ...]] = field(default_factory=list)
+    """Each pipeline of two or more commands, as its segments' argvs; once with the outer
+    command of each segment and once with the innermost (unwrapped) command."""
     privileged: list[str] = field(default_factory=list)
     """Privilege-escalation wrappers seen (``sudo``, ``doas``)."""
 
@@ -146,6 +159,8 @@ def analyse_command(command: str | Sequence[str]) -> CommandAnalysis:
         try:
             _analyse(analyser, command)
             analyser.heredocs.check_all_consumed()
+            if analyser.stdin_readers:
+                raise _stdin_code("the caller's stdin", analyser.stdin_readers)
         except RecursionError:
             raise _reject("the command is nested too deeply to analyse", RULE_TOO_DEEP) from None
     except UnparseableCommand as exc:
@@ -181,13 +196,6 @@ def programs_in(command: str) -> list[str]:
     Raises :class:`UnparseableCommand` if the command cannot be analysed statically.
     """
     return analyse_command(command).unique_programs()
-
-
-def normalise_program(name: str) -> str:
-    """``/usr/bin/rm`` → ``rm``; ``./rm`` → ``rm``; ``.`` → ``source``; ``rm`` → ``rm``."""
-    if name == ".":
-        return "source"
-    return name.rstrip("/").rsplit("/", 1)[-1] if "/" in name else name
 
 
 def _check_text(text: str) -> None:
@@ -488,6 +496,14 @@ _SUBSTITUTIONS = frozenset({"commandsubstitution", "processsubstitution"})
 _EXPANSIONS = _SUBSTITUTIONS | {"parameter"}
 _METACHARS = frozenset(" \t\n;&|()<>")
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_IDENTITY_ASSIGNMENT = re.compile(rf"(?:{'|'.join(sorted(IDENTITY_VARIABLES))})\+?=")
+_CODE_ASSIGNMENT = re.compile(rf"(?:{'|'.join(sorted(CODE_VARIABLES))})\+?=")
+_IDENTITY_NAME = re.compile(rf"(?<![A-Za-z0-9_])(?:{'|'.join(sorted(IDENTITY_VARIABLES))})\b")
+_VARIABLE_BUILTINS = frozenset(
+    {"export", "declare", "typeset", "local", "readonly", "unset", "read", "printf", "mapfile",
+     "readarray", "getopts", "env"}
+)  # fmt: skip
+"""Programs that can set a variable named in their arguments (``export PATH=…``)."""
 
 
 def _make_word(node: Any, src: str) -> Word:
@@ -655,8 +671,6 @@ _SUDO = _Opts(
     ),
     no_program=frozenset({"-e", "--edit", "-V", "--version", "-K", "--remove-timestamp"}),
 )
-_POSIX_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "rbash", "posh"})
-_OTHER_SHELLS = frozenset({"fish", "csh", "tcsh", "nu", "elvish", "xonsh"})
 _FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
 _FIND_ARG_PRIMARIES = (
     "-name -iname -path -ipath -wholename -iwholename -regex -iregex -lname -ilname -perm "
@@ -679,6 +693,15 @@ class _OptResult:
 
 def _is_option(text: str) -> bool:
     return text.startswith("-") and text != "-"
+
+
+def _stdin_code(where: str, readers: Iterable[str]) -> UnparseableCommand:
+    program = "`" + "`, `".join(dict.fromkeys(readers)) + "`"
+    return _reject(
+        f"{program} would read its program from {where}: code the policy cannot see. Pass the "
+        "code in the command (`bash -c '…'`, a quoted heredoc), or run a script file",
+        RULE_DYNAMIC_CODE,
+    )
 
 
 def _dynamic_code(what: str) -> UnparseableCommand:
@@ -756,30 +779,6 @@ def _option_argument(name: str, args: Sequence[Word], i: int) -> str:
     return args[i].text
 
 
-def _shell_reads_stdin(args: Sequence[Word]) -> bool:
-    """Would ``sh ARGS`` read its commands from stdin (no ``-c``, no script operand)?"""
-    i = 0
-    while i < len(args):
-        t = args[i].text
-        if args[i].dynamic or args[i].unsafe:
-            return False
-        if t in ("--", "-"):
-            return i + 1 >= len(args)
-        if t.startswith("--"):
-            i += 2 if t in ("--rcfile", "--init-file") else 1
-            continue
-        if len(t) > 1 and t[0] in "-+":
-            letters = t[1:]
-            if t[0] == "-" and "c" in letters:
-                return False
-            if t[0] == "-" and "s" in letters:
-                return True
-            i += 1 + letters.count("o") + letters.count("O")
-            continue
-        return False
-    return True
-
-
 # --------------------------------------------------------------------------- analyser
 
 
@@ -787,8 +786,10 @@ class _Analyser:
     def __init__(self) -> None:
         self.out = CommandAnalysis()
         self.heredocs = _HeredocTable()
-        self.stdin_shell = False
-        """Set when a POSIX shell that reads its code from stdin was found (see command())."""
+        self.stdin_readers: dict[str, str] = {}
+        """Programs found that read their program from stdin, whose stdin is not settled yet
+        (see :meth:`settle_stdin`): name → ``shell`` (POSIX), ``foreign`` (other shells) or
+        ``interpreter``."""
         self.placeholders: tuple[str, ...] = ()
         """Text that ``xargs -I``/``find -exec`` replace with run-time input, in scope."""
 
@@ -812,8 +813,8 @@ class _Analyser:
 
     # ---- tree walking
 
-    def walk(self, node: Any, src: str, depth: int) -> list[str]:
-        """Analyse one node; returns the renderings of a simple command (else [])."""
+    def walk(self, node: Any, src: str, depth: int) -> list[tuple[str, ...]]:
+        """Analyse one node; returns the argvs of a simple command (else [])."""
         kind = node.kind
         if kind == "command":
             return self.command(node, src, depth)
@@ -824,7 +825,7 @@ class _Analyser:
         elif kind in ("word", "assignment"):
             self.word(node, src, depth)
         elif kind in _SUBSTITUTIONS:
-            self.walk(node.command, src, depth)
+            self.substitution(partial(self.walk, node.command, src, depth))
         elif kind == "parameter":
             self.text_substitutions(str(getattr(node, "value", "")), depth, "${…}")
         elif kind == "redirect":
@@ -836,55 +837,116 @@ class _Analyser:
                 self.walk(child, src, depth)
         return []
 
-    def command(self, node: Any, src: str, depth: int) -> list[str]:
+    def command(self, node: Any, src: str, depth: int) -> list[tuple[str, ...]]:
         words: list[Word] = []
         for part in node.parts:
             if part.kind == "word":
                 words.append(self.word(part, src, depth))
+            elif part.kind == "assignment":
+                self.assignment(self.word(part, src, depth), depth)
             else:
                 self.walk(part, src, depth)
         if not words:
             return []
-        outer, self.stdin_shell = self.stdin_shell, False
-        renderings = self.argv(words, depth)
-        if self.stdin_shell:  # a shell (maybe wrapped, maybe in `bash -c`) reads stdin
-            self.stdin_code(node, src, depth)
-        self.stdin_shell = outer or self.stdin_shell
-        return renderings
+        outer, self.stdin_readers = self.stdin_readers, {}
+        argvs = self.argv(words, depth)
+        self.settle_stdin(node.parts, src, depth)
+        self.stdin_readers = outer | self.stdin_readers
+        return argvs
 
-    def stdin_code(self, node: Any, src: str, depth: int) -> None:
-        """``bash <<'EOF' … EOF`` / ``sh <<< 'code'``: the redirected text is shell code."""
-        for part in node.parts:
-            if part.kind != "redirect":
-                continue
-            heredoc = getattr(part, "heredoc", None)
-            if heredoc is not None:
-                body = getattr(part, "agentbox_body", None)
-                if body is None:  # unquoted: drop the terminator line
-                    body = "\n".join(str(heredoc.value).split("\n")[:-1])
-                self.shell(body, depth + 1)
-            elif part.type == "<<<" and isinstance(part.output, bashlex.ast.node):
-                word = self.word(part.output, src, depth)
-                if word.dynamic or word.unsafe:
-                    raise _dynamic_code("the code fed to the shell on stdin")
-                self.shell(word.text, depth + 1)
+    def assignment(self, word: Word, depth: int) -> None:
+        """``NAME=value`` (before a command, or for ``export``/``env``/``sudo``/…)."""
+        if _IDENTITY_ASSIGNMENT.match(word.text):
+            self.out.path_changed = True
+        if _CODE_ASSIGNMENT.match(word.text):
+            name, _, value = word.text.partition("=")
+            code = None if word.dynamic or word.unsafe else Word.literal(value)
+            self.code_string(f"`{name.rstrip('+')}=`", code, depth)
+
+    def settle_stdin(self, parts: Sequence[Any], src: str, depth: int) -> None:
+        """Decide on programs that read their program from stdin, given these redirections.
+
+        A literal heredoc or here-string is code in the command text: analysed when a POSIX
+        shell reads it. A regular file is a script file (like ``bash FILE``). The caller's
+        stdin (no redirection, ``< /dev/stdin``, ``<&0``) is decided by the enclosing
+        command, compound or pipeline (:meth:`pipeline`, :func:`analyse_command`). Any other
+        descriptor is code the policy cannot see.
+        """
+        if not self.stdin_readers:
+            return
+        redirect = next(
+            (
+                p
+                for p in reversed(parts)
+                if p.kind == "redirect"
+                and p.type.startswith("<")
+                and getattr(p, "input", 0) in (None, 0)
+            ),
+            None,
+        )
+        if redirect is None:
+            return
+        heredoc = getattr(redirect, "heredoc", None)
+        if heredoc is not None:
+            body = getattr(redirect, "agentbox_body", None)
+            if body is None:  # unquoted: drop the terminator line
+                body = "\n".join(str(heredoc.value).split("\n")[:-1])
+            self.stdin_text(body, depth)
+        elif redirect.type == "<<<" and isinstance(redirect.output, bashlex.ast.node):
+            word = self.word(redirect.output, src, depth)
+            if word.dynamic or word.unsafe:
+                raise _dynamic_code("the code fed to the program on stdin")
+            self.stdin_text(word.text, depth)
+        elif redirect.type == "<&":
+            target = getattr(redirect, "output", 0)
+            if target == 0:
+                return  # the same stdin
+            if target != "-":
+                raise _stdin_code("a duplicated file descriptor", self.stdin_readers)
+        elif isinstance(getattr(redirect, "output", None), bashlex.ast.node):
+            source = script_input(self.word(redirect.output, src, depth))
+            if source == "stdin":
+                return
+            if source != "elsewhere":
+                raise _stdin_code("a pipe or descriptor", self.stdin_readers)
+        self.stdin_readers = {}
+
+    def stdin_text(self, code: str, depth: int) -> None:
+        if "foreign" in self.stdin_readers.values():
+            raise _reject("code fed to a non-POSIX shell cannot be analysed; use bash or sh")
+        if "shell" in self.stdin_readers.values():
+            self.shell(code, depth + 1)
+        # an interpreter's code in the command text is not analysed, like `python3 -c CODE`
+
+    def substitution(self, run: Callable[[], object]) -> None:
+        """Run an analysis of ``$(…)``/``<(…)`` code: its stdin is the caller's, unseen."""
+        outer, self.stdin_readers = self.stdin_readers, {}
+        run()
+        if self.stdin_readers:
+            raise _stdin_code("the caller's stdin (inside a substitution)", self.stdin_readers)
+        self.stdin_readers = outer
 
     def pipeline(self, node: Any, src: str, depth: int) -> None:
-        outer: list[str] = []
-        inner: list[str] = []
+        outer: list[tuple[str, ...]] = []
+        inner: list[tuple[str, ...]] = []
+        readers = self.stdin_readers
         for part in node.parts:
             if part.kind in ("pipe", "reservedword"):
                 continue
-            renderings = self.walk(part, src, depth)
-            if not renderings:
-                text = " ".join(src[part.pos[0] : part.pos[1]].split())
-                renderings = [text]
-            outer.append(renderings[0])
-            inner.append(renderings[-1])
+            self.stdin_readers = {}
+            argvs = self.walk(part, src, depth)
+            if self.stdin_readers and outer:
+                raise _stdin_code("a pipe", self.stdin_readers)
+            readers = readers | self.stdin_readers
+            if not argvs:
+                argvs = [tuple(src[part.pos[0] : part.pos[1]].split())]
+            outer.append(argvs[0])
+            inner.append(argvs[-1])
+        self.stdin_readers = readers
         if len(outer) > 1:
-            self.out.pipelines.append(" | ".join(outer))
+            self.out.pipelines.append(tuple(outer))
             if inner != outer:
-                self.out.pipelines.append(" | ".join(inner))
+                self.out.pipelines.append(tuple(inner))
 
     def compound(self, node: Any, src: str, depth: int) -> None:
         items = list(getattr(node, "list", []))
@@ -902,8 +964,11 @@ class _Analyser:
                 "cannot analyse this command: the arithmetic command `(( … ))` is not supported; "
                 "use `[ … ]` or `test`"
             )
+        outer, self.stdin_readers = self.stdin_readers, {}
         for child in _children(node):
             self.walk(child, src, depth)
+        self.settle_stdin(getattr(node, "redirects", []), src, depth)  # `{ sh; } <<< code`
+        self.stdin_readers = outer | self.stdin_readers
 
     def expansions(self, node: Any, src: str, depth: int) -> None:
         for part in getattr(node, "parts", []):
@@ -948,10 +1013,11 @@ class _Analyser:
         if quoted:
             body = body[1:-1]
         if body[:2] in ("$(", "<(", ">(") and body.endswith(")"):
-            self.shell(body[2:-1], depth + 1)
+            self.substitution(partial(self.shell, body[2:-1], depth + 1))
             return Word(text=raw, raw=raw, dynamic=True, unsafe=not quoted)
         if len(body) >= 2 and body[0] == "`" and body[-1] == "`" and "`" not in body[1:-1]:
-            self.shell(re.sub(r"\\([$`\\])", r"\1", body[1:-1]), depth + 1)
+            code = re.sub(r"\\([$`\\])", r"\1", body[1:-1])
+            self.substitution(partial(self.shell, code, depth + 1))
             return Word(text=raw, raw=raw, dynamic=True, unsafe=not quoted)
         raise _reject(
             f"the parser's view of this command disagrees with its text (near {raw[:40]!r}); "
@@ -985,7 +1051,7 @@ class _Analyser:
                     j += 1
                 if j >= len(text):
                     raise _reject(f"unterminated backquote inside {where}")
-                self.shell("".join(buf), depth + 1)
+                self.substitution(partial(self.shell, "".join(buf), depth + 1))
                 i = j + 1
                 continue
             if text.startswith("$(", i):
@@ -1017,7 +1083,8 @@ class _Analyser:
                 and node.parts[1].kind == "word"
                 and node.parts[1].pos[1] == len(candidate)
             ):
-                self.shell(text[i + 2 : j], depth + 1)
+                code = text[i + 2 : j]
+                self.substitution(partial(self.shell, code, depth + 1))
                 return j + 1
         raise _reject(f"a $(…) inside {where} could not be parsed; simplify it")
 
@@ -1037,19 +1104,43 @@ class _Analyser:
             raise _reject(f"{word.raw!r} is not a valid program name", RULE_INVALID)
         return name
 
-    def argv(self, words: Sequence[Word], depth: int) -> list[str]:
-        """Record the program of an argv (and what it wraps); return its renderings."""
+    def argv(self, words: Sequence[Word], depth: int) -> list[tuple[str, ...]]:
+        """Record the program of an argv (and what it wraps); return their argvs."""
         name = self.program_name(words[0])
         args = list(words[1:])
         self.out.programs.append(name)
-        rendering = " ".join(" ".join([name, *(w.text for w in args)]).split())
-        self.out.commands.append(rendering)
-        if name in _POSIX_SHELLS and _shell_reads_stdin(args):
-            self.stdin_shell = True
+        self.out.program_words.append(words[0].text)
+        argv = (name, *(w.text for w in args))
+        self.out.commands.append(argv)
+        if any(w.dynamic or w.unsafe for w in args):
+            self.out.dynamic_argvs.add(argv)
+        if name in ("cd", "pushd", "popd") or (
+            name in ("env", "sudo", "unshare")
+            and any(w.text.startswith(("-C", "-D", "--chdir", "--wd")) for w in args)
+        ):
+            self.out.changes_dir = True
+        if name in _VARIABLE_BUILTINS or name == "sudo":
+            for w in args:
+                self.assignment(w, depth)
+        if name == "source" or (
+            name in _VARIABLE_BUILTINS
+            and any(_IDENTITY_NAME.search(w.text) for w in args)
+            and (name != "printf" or (args and args[0].text == "-v"))
+        ):
+            self.out.path_changed = True
+        if reads_code(name):
+            source = program_input(name, args)
+            if source == "stdin":
+                kind = "shell" if name in POSIX_SHELLS or name == "source" else "interpreter"
+                self.stdin_readers[name] = "foreign" if name in OTHER_SHELLS else kind
+            elif source != "elsewhere":
+                raise _stdin_code(
+                    "a file descriptor, a pipe or a path known only at run time", [name]
+                )
         inner = self.wrapped(name, args, depth)
-        return [rendering, *inner]
+        return [argv, *inner]
 
-    def wrapped(self, name: str, args: list[Word], depth: int) -> list[str]:
+    def wrapped(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         printf_v = name == "printf" and len(args) > 1 and args[0].text == "-v"
         if name in _EVAL_TEXT_BUILTINS or printf_v:
             for w in args[1:2] if printf_v else args:
@@ -1082,7 +1173,7 @@ class _Analyser:
 
     def with_placeholders(
         self, placeholders: tuple[str, ...], argv: Sequence[Word], depth: int
-    ) -> list[str]:
+    ) -> list[tuple[str, ...]]:
         saved = self.placeholders
         self.placeholders = (*saved, *placeholders)
         try:
@@ -1108,7 +1199,7 @@ class _Analyser:
 
     # ---- special wrappers
 
-    def h_env(self, name: str, args: list[Word], depth: int) -> list[str]:
+    def h_env(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         words = list(args)
         i, options_done = 0, False
         while i < len(words):
@@ -1169,7 +1260,7 @@ class _Analyser:
             break
         return self.argv(words[i:], depth) if i < len(words) else []
 
-    def h_sudo(self, name: str, args: list[Word], depth: int) -> list[str]:
+    def h_sudo(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         self.out.privileged.append(name)
         spec = _SUDO if name == "sudo" else _SIMPLE_WRAPPERS["doas"]
 
@@ -1179,7 +1270,7 @@ class _Analyser:
         res = _parse_options(name, args, spec, assignment if name == "sudo" else None)
         return self.argv(args[res.index :], depth) if res.index is not None else []
 
-    def h_shell(self, name: str, args: list[Word], depth: int) -> list[str]:
+    def h_shell(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         i, command_mode = 0, False
         while i < len(args):
             w = args[i]
@@ -1199,19 +1290,19 @@ class _Analyser:
                 continue
             break
         if not command_mode:
-            return []  # a script file or stdin: not analysed (see the policy limitations)
-        if name in _OTHER_SHELLS:
+            return []  # a script file (not analysed) or stdin (see argv() and settle_stdin())
+        if name in OTHER_SHELLS:
             raise _reject(f"`{name} -c` code is not POSIX shell, so it cannot be analysed")
         self.code_string(f"`{name} -c`", args[i] if i < len(args) else None, depth)
         return []
 
-    def h_eval(self, name: str, args: list[Word], depth: int) -> list[str]:
+    def h_eval(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         if any(w.dynamic or w.unsafe for w in args):
             raise _dynamic_code("the code given to `eval`")
         self.code_string("`eval`", Word.literal(" ".join(w.text for w in args)), depth)
         return []
 
-    def h_trap(self, name: str, args: list[Word], depth: int) -> list[str]:
+    def h_trap(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         operands = [w for w in args if w.text not in ("-l", "-p", "-lp", "-pl", "--")]
         if any(w.text in ("-l", "-p") for w in args) or len(operands) < 2:
             return []
@@ -1223,7 +1314,7 @@ class _Analyser:
         self.code_string("`trap`", action, depth)
         return []
 
-    def h_alias(self, name: str, args: list[Word], depth: int) -> list[str]:
+    def h_alias(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         for w in args:
             if w.dynamic or w.unsafe:
                 raise _dynamic_code("an `alias` definition")
@@ -1231,19 +1322,21 @@ class _Analyser:
                 self.code_string("`alias`", Word.literal(w.text.split("=", 1)[1]), depth)
         return []
 
-    def h_hash(self, name: str, args: list[Word], depth: int) -> list[str]:
+    def h_hash(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         for i, w in enumerate(args):
             if w.text.startswith("-") and "p" in w.text[1:] and i + 1 < len(args):
                 self.out.programs.append(self.program_name(args[i + 1], " (hash -p)"))
+                self.out.program_words.append(args[i + 1].text)
+                self.out.path_changed = True
         return []
 
-    def h_busybox(self, name: str, args: list[Word], depth: int) -> list[str]:
+    def h_busybox(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         if not args or _is_option(args[0].text):
             return []
         return self.argv(args, depth)
 
-    def h_find(self, name: str, args: list[Word], depth: int) -> list[str]:
-        inner: list[str] = []
+    def h_find(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
+        inner: list[tuple[str, ...]] = []
         i, expect_arg = 0, 0
         while i < len(args):
             w = args[i]
@@ -1280,7 +1373,7 @@ class _Analyser:
             i += 1
         return inner
 
-    def h_string_cmd(self, name: str, args: list[Word], depth: int) -> list[str]:
+    def h_string_cmd(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         """``su``/``runuser``/``script``: ``-c STRING`` is shell code; ``flock`` also runs argv."""
         for i, w in enumerate(args):
             t = w.text
@@ -1304,7 +1397,28 @@ class _Analyser:
                 return self.argv(args[res.index :], depth)
         return []
 
-    def h_watch(self, name: str, args: list[Word], depth: int) -> list[str]:
+    def h_git(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
+        """``git -c core.pager='…' log``, ``-c alias.x='!…' x``: git runs the value as code."""
+        settings, end = git_globals([w.text for w in args])
+        after_c = {i + 1 for i, w in enumerate(args[:end]) if w.text in ("-c", "--config-env")}
+        if any(
+            w.unsafe or (w.dynamic and (i == end or i in after_c))
+            for i, w in enumerate(args[: end + 1])
+        ):
+            raise _dynamic_code("the options of `git` (before the subcommand)")
+        for key, value in settings:
+            runs = git_setting_runs(key, value)
+            if runs == "files":
+                raise _reject(
+                    f"`git -c {key}=…` makes git read or run files the policy cannot see; "
+                    "run git without it",
+                    RULE_DYNAMIC_CODE,
+                )
+            if runs == "code":
+                self.code_string(f"`git -c {key}`", Word.literal(value.removeprefix("!")), depth)
+        return []
+
+    def h_watch(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         res = _parse_options(name, args, _Opts("nq", frozenset({"--interval", "--equexit"})))
         if res.index is None:
             return []
@@ -1317,7 +1431,7 @@ class _Analyser:
         return []
 
 
-_Handler = Callable[[_Analyser, str, list[Word], int], list[str]]
+_Handler = Callable[[_Analyser, str, list[Word], int], list[tuple[str, ...]]]
 _HANDLERS: dict[str, _Handler] = {
     "env": _Analyser.h_env,
     "sudo": _Analyser.h_sudo,
@@ -1333,7 +1447,8 @@ _HANDLERS: dict[str, _Handler] = {
     "script": _Analyser.h_string_cmd,
     "flock": _Analyser.h_string_cmd,
     "watch": _Analyser.h_watch,
-    **{s: _Analyser.h_shell for s in _POSIX_SHELLS | _OTHER_SHELLS},
+    "git": _Analyser.h_git,
+    **{s: _Analyser.h_shell for s in POSIX_SHELLS | OTHER_SHELLS},
 }
 _WRAPPER_NAMES = frozenset(_SIMPLE_WRAPPERS) | frozenset(_HANDLERS)
 """Programs whose arguments the analyser looks into."""
