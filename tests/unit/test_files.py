@@ -9,8 +9,10 @@ ever resolved outside the root: so every attack test fails if its protection is 
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import os
+import posixpath
 import shutil
 import stat
 import tarfile
@@ -65,8 +67,33 @@ def _own(path: Path, mode: int, uid: int = SANDBOX_UID, gid: int = SANDBOX_GID) 
         path.chmod(mode)
 
 
-@pytest.fixture
-def env() -> Iterator[Env]:
+class _Guarded:
+    """SandboxFiles with an allow-all guard on every call that takes one, so that every
+    test also runs through the walk that names paths for the gateway's file policy: it
+    must resolve (and stay inside the root) exactly as the kernel does. Records each
+    judged path: each must be a canonical sandbox path."""
+
+    def __init__(self, files: SandboxFiles) -> None:
+        self._files = files
+        self.judged: list[tuple[str, str]] = []
+
+    def _guard(self, path: str, access: str) -> None:
+        assert path.startswith("/") and posixpath.normpath(path) == path, path
+        self.judged.append((path, access))
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._files, name)
+        if name in GUARDED_CALLS:
+            return functools.partial(attr, guard=self._guard)
+        return attr
+
+
+GUARDED_CALLS = ("read", "read_sized", "write", "edit", "list", "stat", "move", "remove", "mkdir",
+                 "upload_tar", "download_tar")  # fmt: skip
+
+
+@pytest.fixture(params=["kernel", "guarded"])
+def env(request: pytest.FixtureRequest) -> Iterator[Env]:
     # Not tmp_path: pytest's base dir is 0700 root, which would stop an escaped path by
     # plain DAC and hide a missing protection. This one is traversable by the sandbox uid.
     base = Path(tempfile.mkdtemp(prefix="agentbox-files-"))
@@ -89,7 +116,10 @@ def env() -> Iterator[Env]:
         secret = host_dir / "secret.txt"
         secret.write_bytes(SECRET)
         _own(secret, 0o666)
-        yield Env(base, root, host_dir, secret, SandboxFiles(str(root), SANDBOX_UID, SANDBOX_GID))
+        files = SandboxFiles(str(root), SANDBOX_UID, SANDBOX_GID)
+        if request.param == "guarded":
+            files = cast(SandboxFiles, _Guarded(files))
+        yield Env(base, root, host_dir, secret, files)
     finally:
         shutil.rmtree(base)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -39,6 +40,7 @@ from agentbox.gateway.settings import BrowserOpenTool, GatewaySettings, Terminal
 from agentbox.gateway.telemetry import Telemetry
 from agentbox.gateway.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec
 from agentbox.network.names import domain_matches, normalize_host
+from agentbox.runtime.files import Access, Guard
 from agentbox.runtime.output import OutputCallback
 from agentbox.runtime.runtime import Runtime
 
@@ -195,6 +197,7 @@ class Gateway:
                 *self._limits(spec, args),
                 output_listener,
                 browsers=self.browsers,
+                guard=self.path_guard(spec.policy, spec.name),
             )
             before = await self._diff_base(spec, call)
             if spec.inline and _read_bound(call) <= INLINE_MAX_BYTES:
@@ -267,6 +270,26 @@ class Gateway:
         if not decision.allowed:
             raise PolicyDenied(decision.reason, rule=decision.rule, tool=spec.name)
         return decision
+
+    def path_guard(self, policy: str, tool: str) -> Guard | None:
+        """The file policy as the file layer applies it, to the path it resolves and acts on
+        (the check above saw only the requested text). None when it could refuse nothing."""
+        if policy == "fs_read":
+            read = self.read_policy
+            if read.root == "/":  # every path resolved inside the sandbox is under it
+                return None
+            return _guard(tool, lambda path, _access: read.check_read(path))
+        if policy == "fs_write":
+            write = self.write_policy
+            if write.root == "/" and not write.protected:
+                return None
+            return _guard(
+                tool,
+                lambda path, access: write.check_write(
+                    path, whole=access not in ("create_dir", "link_to")
+                ),
+            )
+        return None
 
     def _check_url(self, spec: ToolSpec, url: str) -> None:
         """An early, clear denial for a top-level URL on ``block_domains``. Not the control:
@@ -407,7 +430,9 @@ class Gateway:
         self.rate.check(principal.actor)
         principal.require_sandbox(sandbox)
         policy = self.write_policy if write else self.read_policy
-        decision = policy.check_write(path) if write else policy.check_read(path)
+        # An upload's destination is only the directory extracted into (by its name): each
+        # entry is judged where it resolves, by the guard the route passes to the file layer.
+        decision = policy.check_write(path, whole=False) if write else policy.check_read(path)
         if not decision.allowed:
             await self.audit_event(principal, "denied", sandbox=sandbox, tool=tool,
                                    args={"path": path}, rule=decision.rule)  # fmt: skip
@@ -432,6 +457,20 @@ class Gateway:
             error=None,
             extra=extra or None,
         )
+
+
+def _guard(tool: str, check: Callable[[str, Access], Decision]) -> Guard:
+    def guard(path: str, access: Access) -> None:
+        decision = check(path, access)
+        if not decision.allowed:
+            raise PolicyDenied(
+                f"resolved inside the sandbox (through its symlinks): {decision.reason}",
+                rule=decision.rule,
+                tool=tool,
+                path=path,
+            )
+
+    return guard
 
 
 def _matches(name: str, pattern: str) -> bool:
