@@ -29,6 +29,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from agentbox import Sandbox
+from agentbox.gateway.policy import FilePolicy
 from gateway_harness import RunningGateway, running_gateway
 
 HOOKS = "tools.fs.write.protected: .git/hooks/**"
@@ -53,6 +54,8 @@ ln -s /workspace/.git/config sub/abs-cfg
 ln -s ../.git/hooks sub/shell-hooks
 ln -s ../docs sub/docs
 ln .git/config hardlinked-config
+ln -s /etc/hostname sub/outside
+ln -s /etc sub/etc
 """
 PROTECTED_FILES = {
     "/workspace/.git/config": "original-config\n",
@@ -315,6 +318,22 @@ def test_a_symlink_flipped_during_writes_never_redirects_one(
     assert "flipped" not in hooks, hooks
     assert min(outcomes.values()) >= 25, f"the link did not flip during the writes: {outcomes}"
     shell(box, "rm -rf /workspace/flip")
+
+
+def test_read_root_is_judged_at_the_resolved_path(
+    gw: RunningGateway, fs_only: httpx2.Client, box: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With fs.read's root at /workspace, a link out of it reads nothing outside."""
+    gateway = gw.app.state.parts.gateway
+    monkeypatch.setattr(gateway, "read_policy", FilePolicy(root="/workspace", read_tool="fs.read"))
+    rule = "tools.fs.read.root: /workspace"
+    url = f"/v1/sandboxes/{box.id}/files"
+    assert_denied(fs_only.get(url, params={"path": "sub/outside"}), rule, "/etc/hostname")
+    assert_denied(fs_only.get(url, params={"path": "sub/etc/passwd"}), rule, "/etc/passwd")
+    download = fs_only.get(f"{url}/download", params={"path": "sub/etc/passwd"})
+    assert_denied(download, rule, "/etc/passwd")
+    ok = fs_only.get(url, params={"path": "sub/docs/readme.txt"})
+    assert ok.status_code == 200 and ok.json()["content"] == "doc\n", ok.text
 
 
 # -- what still works ----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from agentbox.errors import (
     AgentboxError,
     ApprovalDenied,
     ApprovalPending,
+    FileNotFound,
     InsufficientScope,
     InvalidRequest,
     NotFound,
@@ -38,7 +39,7 @@ from agentbox.gateway.policy import CommandPolicy, Decision, FilePolicy, diff_su
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.gateway.telemetry import Telemetry
-from agentbox.gateway.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec
+from agentbox.gateway.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, payload
 from agentbox.network.names import domain_matches, normalize_host
 from agentbox.runtime.files import Access, Guard
 from agentbox.runtime.output import OutputCallback
@@ -205,7 +206,7 @@ class Gateway:
             else:
                 result = await asyncio.to_thread(spec.handler, call)
             if before is not None:
-                result["diff"] = await self._diff(call, before)
+                result["diff"] = self._diff(spec, call, before, result)
             result = self._redact(result)
         except AgentboxError as e:
             duration = (time.monotonic() - started) * 1000
@@ -375,13 +376,23 @@ class Gateway:
         if spec.name not in ("fs_write", "fs_edit") or not self.write_policy.require_diff_summary:
             return None
         files = self.runtime.files(call.sandbox_id)
-        path = call.args["path"]
-        exists = await asyncio.to_thread(files.exists, path)
-        return await asyncio.to_thread(files.read, path) if exists else b""
+        try:
+            return await asyncio.to_thread(files.read, call.args["path"])
+        except FileNotFound:  # a new file (or a dangling symlink to one)
+            return b""
 
-    async def _diff(self, call: ToolCall, before: bytes) -> str:
-        after = await asyncio.to_thread(self.runtime.files(call.sandbox_id).read, call.args["path"])
-        return self.redactor.redact(diff_summary(call.args["path"], before or None, after))
+    def _diff(self, spec: ToolSpec, call: ToolCall, before: bytes, result: dict[str, Any]) -> str:
+        # The content after, from the content before and what the call did: reading the path
+        # again would be a second lookup, which a symlink changed meanwhile could redirect.
+        args = call.args
+        if spec.name == "fs_write":
+            data = payload(args)
+            after = before + data if args.get("mode") == "append" else data
+        elif result["replacements"]:
+            after = before.decode().replace(args["old"], args["new"]).encode()
+        else:
+            after = before
+        return self.redactor.redact(diff_summary(args["path"], before or None, after))
 
     def _redact(self, result: dict[str, Any]) -> dict[str, Any]:
         for key in _REDACTED_FIELDS:

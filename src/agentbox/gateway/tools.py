@@ -220,7 +220,8 @@ def fs_read(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def _payload(args: dict[str, Any]) -> bytes:
+def payload(args: dict[str, Any]) -> bytes:
+    """The bytes fs_write writes."""
     if args.get("encoding") == "base64":
         return base64.b64decode(args["content"], validate=True)
     return str(args["content"]).encode()
@@ -229,7 +230,7 @@ def _payload(args: dict[str, Any]) -> bytes:
 def fs_write(call: ToolCall) -> dict[str, Any]:
     info = call.runtime.files(call.sandbox_id).write(
         call.args["path"],
-        _payload(call.args),
+        payload(call.args),
         mode=call.args.get("mode", "overwrite"),
         guard=call.guard,
     )

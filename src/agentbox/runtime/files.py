@@ -301,12 +301,19 @@ def _walk(rootfd: int, spath: str, follow: bool, rest_ok: bool = False) -> tuple
     ``follow``: follow a symlink in the final component too (the final name is then not a
     symlink, or does not exist); the final name is ``"."`` when the path ends at a
     directory reached through ``..`` or a symlink. ``rest_ok``: when a directory on the
-    way is missing, return the unresolved rest as the "name" (``a/b``) instead of failing.
+    way is missing (or not a directory, or the links loop), return the unresolved rest as
+    the "name" (``a/b``) instead of failing.
     """
     todo = [c for c in reversed(spath.split("/")) if c not in ("", ".")]
     names: builtins.list[str] = []
     fd = os.dup(rootfd)
     links = 0
+
+    def unresolved(error: int) -> tuple[int, str, str]:
+        if not rest_ok:
+            raise OSError(error, os.strerror(error))
+        return fd, _dir_path(names), "/".join([comp, *reversed(todo)])
+
     try:
         while todo:
             comp = todo.pop()
@@ -324,9 +331,9 @@ def _walk(rootfd: int, spath: str, follow: bool, rest_ok: bool = False) -> tuple
             try:
                 child = _open_child(fd, comp, os.O_PATH)
             except FileNotFoundError:
-                if todo and not rest_ok:
-                    raise
-                return fd, _dir_path(names), "/".join([comp, *reversed(todo)])
+                if not todo:
+                    return fd, _dir_path(names), comp  # a new entry
+                return unresolved(errno.ENOENT)
             mode = os.fstat(child).st_mode
             if stat.S_ISLNK(mode):
                 try:
@@ -335,10 +342,7 @@ def _walk(rootfd: int, spath: str, follow: bool, rest_ok: bool = False) -> tuple
                     os.close(child)
                 links += 1
                 if links > _MAX_SYMLINKS or not target:
-                    if rest_ok:
-                        return fd, _dir_path(names), "/".join([comp, *reversed(todo)])
-                    code = errno.ELOOP if target else errno.ENOENT
-                    raise OSError(code, os.strerror(code))
+                    return unresolved(errno.ELOOP if target else errno.ENOENT)
                 if target.startswith("/"):
                     names.clear()
                     os.close(fd)
@@ -350,9 +354,7 @@ def _walk(rootfd: int, spath: str, follow: bool, rest_ok: bool = False) -> tuple
                 return fd, _dir_path(names), comp
             if not stat.S_ISDIR(mode):
                 os.close(child)
-                if rest_ok:
-                    return fd, _dir_path(names), "/".join([comp, *reversed(todo)])
-                raise OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+                return unresolved(errno.ENOTDIR)
             names.append(comp)
             os.close(fd)
             fd = child
