@@ -29,7 +29,9 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from agentbox import Sandbox
+from agentbox.errors import InvalidRequest
 from agentbox.gateway.policy import FilePolicy
+from agentbox.runtime.runtime import Runtime
 from gateway_harness import RunningGateway, running_gateway
 
 HOOKS = "tools.fs.write.protected: .git/hooks/**"
@@ -56,6 +58,11 @@ ln -s ../docs sub/docs
 ln .git/config hardlinked-config
 ln -s /etc/hostname sub/outside
 ln -s /etc sub/etc
+ln -s /proc/1/root/workspace/.git/config sub/magic
+ln -s /proc/self/cwd/.git/config sub/magic-cwd
+ln -s /proc/1/cwd sub/magic-dir
+ln -s /tmp sub/tmp
+echo outside > /tmp/outside.txt
 """
 PROTECTED_FILES = {
     "/workspace/.git/config": "original-config\n",
@@ -219,6 +226,9 @@ def test_writes_through_an_uploaded_directory_symlink_are_judged_where_they_land
         ((("hl2", "hardlink", "sub/abs-cfg"),), CONFIG, ".git/config"),
         # replacing a protected file by a symlink is a write of it
         (((".mcp.json", "symlink", "docs/readme.txt"),), MCP_JSON, ".mcp.json"),
+        # a hard link to a file outside the write root would make it writable
+        ((("hl3", "hardlink", "sub/tmp/outside.txt"),), "tools.fs.write.root: /workspace",
+         "/tmp/outside.txt"),
     ],
 )  # fmt: skip
 def test_upload_entries_are_judged_where_they_resolve(
@@ -228,7 +238,8 @@ def test_upload_entries_are_judged_where_they_resolve(
     rule: str,
     resolved: str,
 ) -> None:
-    assert_denied(upload(fs_only, box, tar_of(*entries)), rule, f"/workspace/{resolved}")
+    resolved = resolved if resolved.startswith("/") else f"/workspace/{resolved}"
+    assert_denied(upload(fs_only, box, tar_of(*entries)), rule, resolved)
 
 
 @pytest.mark.usefixtures("unchanged")
@@ -267,6 +278,23 @@ def test_fs_write_is_judged_at_the_resolved_path(
 
 
 @pytest.mark.usefixtures("unchanged")
+@pytest.mark.usefixtures("unchanged")
+@pytest.mark.parametrize("path", ["sub/magic", "sub/magic-cwd", "sub/magic-dir/x"])
+def test_magic_links_are_never_followed(
+    fs_only: httpx2.Client, box: Sandbox, agentbox_home: Path, path: str
+) -> None:
+    """/proc links are refused (ELOOP) by the kernel's walk and by the policy's walk alike:
+    neither follows one to the object it names, nor by its text."""
+    r = write(fs_only, box, path)
+    assert r.status_code == 400 and r.json()["error"]["details"]["errno"] == "ELOOP", r.text
+    judged: list[str] = []
+    with pytest.raises(InvalidRequest, match="magic link"):
+        Runtime(agentbox_home).files(box.id).write(
+            path, b"x", guard=lambda p, _access: judged.append(p)
+        )
+    assert judged == []
+
+
 def test_other_file_tools_are_judged_at_the_resolved_path(
     files: httpx2.Client, box: Sandbox
 ) -> None:
@@ -349,9 +377,10 @@ def test_legitimate_writes_and_links_still_work(
         ("ok/top", "symlink", ".."),  # the root itself: writes through it are judged
         ("ok/copy", "hardlink", "ok/src/app.py"),
         ("ok/.git/HEAD", "file", "ref: refs/heads/main\n"),
+        ("ok/venv/bin/python", "symlink", "/usr/bin/python3"),  # out of the root: fine
     )
     r = upload(fs_only, box, data)
-    assert r.status_code == 200 and r.json()["entries"] == 6, r.text
+    assert r.status_code == 200 and r.json()["entries"] == 7, r.text
     assert write(fs_only, box, "ok/docs/new.txt", "new\n").status_code == 200
     assert write(fs_only, box, "ok/readme", "doc2\n").status_code == 200  # final symlink
     assert shell(box, "cat /workspace/docs/readme.txt /workspace/docs/new.txt") == "doc2\nnew\n"

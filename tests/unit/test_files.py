@@ -945,13 +945,13 @@ def test_guard_judges_upload_entries_links_and_their_targets(env: Env) -> None:
     assert judged == [
         ("/workspace/in", "create_dir"),
         ("/workspace/in/h", "write"),
-        ("/workspace/.git/hooks", "link_to"),
+        ("/workspace/.git/hooks", "symlink_to"),
         ("/workspace/.git/hooks/post", "write"),
         ("/workspace/in/n", "write"),
-        ("/workspace/.git/missing/dir/x", "link_to"),
+        ("/workspace/.git/missing/dir/x", "symlink_to"),
         ("/workspace/in/hl", "write"),
-        ("/workspace/sub/abs", "link_to"),
-        ("/workspace/.git/config", "link_to"),
+        ("/workspace/sub/abs", "hardlink_to"),
+        ("/workspace/.git/config", "symlink_to"),
     ]
 
 

@@ -453,6 +453,19 @@ def test_file_write_by_name_only() -> None:
         assert not FILES.check_write(path, whole=False).allowed, path
 
 
+def test_check_resolved_by_access() -> None:
+    assert not FILES.check_resolved("/workspace/.git", "write").allowed
+    assert FILES.check_resolved("/workspace/.git", "create_dir").allowed
+    assert not FILES.check_resolved("/workspace/.git/hooks/x", "create_dir").allowed
+    # a symlink may point out of the root (writes through it are judged there), not at a
+    # protected path; a hard link may do neither (it is the same file)
+    assert FILES.check_resolved("/usr/bin/python3", "symlink_to").allowed
+    assert not FILES.check_resolved("/workspace/.Mcp.json", "symlink_to").allowed
+    decision = FILES.check_resolved("/tmp/x", "hardlink_to")
+    assert decision.rule == "tools.fs.write.root: /workspace"
+    assert not FILES.check_resolved("/workspace/r/.git/config", "hardlink_to").allowed
+
+
 def test_anchored_patterns() -> None:
     policy = FilePolicy(protected=["/.git/hooks/**", "/.mcp.json"])
     assert not policy.check_write(".git/hooks/x").allowed

@@ -122,6 +122,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
 from agentbox.gateway.shell_analysis import (
     RULE_DYNAMIC_CODE,
@@ -136,6 +137,9 @@ from agentbox.gateway.shell_analysis import (
     normalise_program,
     programs_in,
 )
+
+if TYPE_CHECKING:
+    from agentbox.runtime.files import Access
 
 __all__ = [
     "RULE_DYNAMIC_CODE",
@@ -487,6 +491,16 @@ class FilePolicy:
                     " (or to link to it). Change a different file, or ask the operator.",
                 )
         return Decision(True, False, None, f"allowed: write {norm}")
+
+    def check_resolved(self, path: str, access: Access) -> Decision:
+        """The write check of a canonical path the file layer is about to act on, for
+        ``access`` (``agentbox.runtime.files.Access``): a directory it creates, or the source
+        of a hard link, is judged by name alone; the target of a symlink only against
+        ``protected`` (outside ``root`` is fine: a write through the link is judged where
+        it lands, so the root still holds)."""
+        if access == "symlink_to" and self._relative(self.resolve(path)) is None:
+            return Decision(True, False, None, f"allowed: link to {path}")
+        return self.check_write(path, whole=access == "write")
 
     def check_move(self, src: str, dst: str) -> Decision:
         """A move writes both ends: the first denial wins."""

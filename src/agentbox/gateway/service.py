@@ -284,12 +284,7 @@ class Gateway:
             write = self.write_policy
             if write.root == "/" and not write.protected:
                 return None
-            return _guard(
-                tool,
-                lambda path, access: write.check_write(
-                    path, whole=access not in ("create_dir", "link_to")
-                ),
-            )
+            return _guard(tool, write.check_resolved)
         return None
 
     def _check_url(self, spec: ToolSpec, url: str) -> None:

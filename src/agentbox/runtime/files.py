@@ -20,6 +20,18 @@ Resolution strategy
 * ``write`` follows a symlink in the final component, inside the root, because that is
   what the sandbox's shell does with ``echo > link``. Tar extraction instead replaces an
   existing entry (unlink, then ``O_CREAT|O_EXCL``), as ``tar`` does.
+* **Guards** (``guard=``; the gateway passes its file policy): the path must be judged
+  by its *canonical* name, which the kernel's walk does not report. Then the path is
+  resolved by :func:`_walk` instead: the same in-root semantics, one component at a time
+  through ``O_PATH`` fds (each opened with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``,
+  symlinks read from their own fd and spliced in, ``..`` back to the canonical parent),
+  so the names it returns are those of the directory fd it returns. The guard judges that
+  name; the call acts on that fd and final name without following anything more. A
+  symlink swapped in afterwards cannot redirect the call (it acts on the fd it judged, or
+  refuses a symlink that appeared at the final name). Writes and edits are judged at a
+  final symlink's target, name operations (remove, move, mkdir, stat) at the link itself;
+  upload entries where they land, a symlink entry also at where its target resolves, a
+  hard link entry at its source.
 
 Credentials
 -----------
@@ -66,10 +78,11 @@ from agentbox.runtime import archive, export_safety
 
 FileType = Literal["file", "dir", "symlink", "other"]
 WriteMode = Literal["overwrite", "append", "create"]
-Access = Literal["read", "write", "create_dir", "link_to"]
+Access = Literal["read", "write", "create_dir", "symlink_to", "hardlink_to"]
 """What a guarded call is about to do with a path: read it; write, edit, remove or move it
 (a move: both ends); create a directory there (judged by its name alone: it is empty); make
-a symlink or hard link point at it."""
+a symlink point at it (writes through the link are judged where they land); make a hard
+link to it (writes through that one are not: it is the same file)."""
 Guard = Callable[[str, Access], None]
 """Judges a canonical sandbox path (symlinks resolved inside the root) just before the file
 API acts on it, and raises to refuse. The file API knows no policy; the gateway passes one."""
@@ -295,8 +308,8 @@ def _walk(rootfd: int, spath: str, follow: bool, rest_ok: bool = False) -> tuple
     the rest of the path (absolute: from the root), ``..`` goes back to the parent by its
     canonical names, clamped at the root. So the walk cannot leave the root, and the names
     returned are those of the objects the fd was reached through: the caller judges the
-    name and acts on the fd, with no second lookup. A magic link is never followed to its
-    object: only its text, inside the root, like any symlink.
+    name and acts on the fd, with no second lookup. Symlinks on procfs (magic links) are
+    refused with ELOOP, as the kernel's walk refuses them.
 
     ``follow``: follow a symlink in the final component too (the final name is then not a
     symlink, or does not exist); the final name is ``"."`` when the path ends at a
@@ -337,12 +350,15 @@ def _walk(rootfd: int, spath: str, follow: bool, rest_ok: bool = False) -> tuple
             mode = os.fstat(child).st_mode
             if stat.S_ISLNK(mode):
                 try:
-                    target = os.readlink("", dir_fd=child)  # the link we hold, not a name
+                    # /proc links: refused, as by RESOLVE_NO_MAGICLINKS (those on procfs
+                    # that are not magic, like /proc/self, name nothing the daemon sees).
+                    magic = syscalls.fstatfs_type(child) == syscalls.PROC_SUPER_MAGIC
+                    target = "" if magic else os.readlink("", dir_fd=child)  # this link's
                 finally:
                     os.close(child)
                 links += 1
-                if links > _MAX_SYMLINKS or not target:
-                    return unresolved(errno.ELOOP if target else errno.ENOENT)
+                if magic or links > _MAX_SYMLINKS or not target:
+                    return unresolved(errno.ELOOP if magic or target else errno.ENOENT)
                 if target.startswith("/"):
                     names.clear()
                     os.close(fd)
@@ -1038,7 +1054,7 @@ class SandboxFiles:
         if member.issym():
             with _parent_of(rootfd, target, guard) as (pfd, name, path):
                 if guard is not None:
-                    guard(_link_target(rootfd, path, member.linkname), "link_to")
+                    guard(_link_target(rootfd, path, member.linkname), "symlink_to")
                 _unlink_if_not_dir(pfd, name)
                 os.symlink(member.linkname, name, dir_fd=pfd)
         elif member.islnk():
@@ -1050,12 +1066,13 @@ class SandboxFiles:
             # followed, so the link can only ever point at an inode inside the sandbox.
             with contextlib.ExitStack() as stack:
                 dfd, dname, path = stack.enter_context(_parent_of(rootfd, target, guard))
-                sfd, sname, _ = stack.enter_context(_parent_of(rootfd, source, guard, "link_to"))
+                source_entry = _parent_of(rootfd, source, guard, "hardlink_to")
+                sfd, sname, _ = stack.enter_context(source_entry)
                 st = os.stat(sname, dir_fd=sfd, follow_symlinks=False)
                 if guard is not None and stat.S_ISLNK(st.st_mode):
                     # A hard link to a symlink is a symlink here: judged like one.
                     link = os.readlink(sname, dir_fd=sfd)
-                    guard(_link_target(rootfd, path, link), "link_to")
+                    guard(_link_target(rootfd, path, link), "symlink_to")
                 _unlink_if_not_dir(dfd, dname)
                 os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
         else:
