@@ -269,6 +269,7 @@ def test_upload_dest_through_a_symlink_is_judged(fs_only: httpx2.Client, box: Sa
         ("docs/.MCP.JSON", MCP_JSON),
         ("sub/../.git/./hooks//pre-commit", HOOKS),
         ("/workspace/docs/../.git/config", CONFIG),
+        ("sub/tmp/outside.txt", "tools.fs.write.root: /workspace"),  # out of the root
     ],
 )
 def test_fs_write_is_judged_at_the_resolved_path(
@@ -311,6 +312,13 @@ def test_other_file_tools_are_judged_at_the_resolved_path(
     assert_denied(files.post(f"{url}/move", json=body), HOOKS)
     body = {"path": "sub/shell-hooks/pre-commit", "destination": "stolen"}  # the source end
     assert_denied(files.post(f"{url}/move", json=body), HOOKS)
+    # A relative symlink moved leads somewhere else: lvl/h -> ../hooks/pre-commit is
+    # harmless in lvl/, but in .git/info/ it leads into .git/hooks. Judged at its new target.
+    shell(box, "mkdir -p /workspace/lvl /workspace/.git/info")
+    shell(box, "ln -s ../hooks/pre-commit /workspace/lvl/h")
+    body = {"path": "lvl/h", "destination": ".git/info/h"}
+    r = files.post(f"{url}/move", json=body)
+    assert_denied(r, HOOKS, "/workspace/.git/hooks/pre-commit")
     assert_denied(files.post(f"{url}/remove", json={"path": "sub/shell-hooks/pre-commit"}), HOOKS)
     assert_denied(files.post(f"{url}/mkdir", json={"path": "sub/shell-hooks/newdir"}), HOOKS)
     assert_denied(files.post(f"{url}/mkdir", json={"path": "sub/shell-hooks/a/b"}), HOOKS)

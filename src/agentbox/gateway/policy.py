@@ -70,9 +70,10 @@ itself) is denied too. ``size`` above ``max_bytes`` → denied.
 The gateway checks the requested path here first (an early, clear denial), then the file
 layer judges the path it will actually act on: resolved inside the sandbox root, through
 every symlink, in the same walk that then acts on it (see ``SandboxFiles`` and its
-``guard``). Writes through a final symlink are judged at the symlink's target; a symlink or
-hard link may not be made to point at a protected path (:meth:`FilePolicy.check_write` with
-``whole=False``), and a directory created on the way is judged by its own name only.
+``guard``, and :meth:`FilePolicy.check_resolved`). Writes through a final symlink are judged
+at the symlink's target; a symlink may not be made (uploaded, moved, hard-linked) to point
+at a protected path, a hard link not to any file the write policy refuses; a directory
+created on the way is judged by its own name only.
 
 Limitations - what a determined agent can still do
 --------------------------------------------------

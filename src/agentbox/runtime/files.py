@@ -393,6 +393,15 @@ def _link_target(rootfd: int, link: str, target: str) -> str:
     return _normalize(_entry_path(directory, rest), "/")
 
 
+def _judge_new_name(rootfd: int, guard: Guard | None, dirfd: int, name: str, path: str) -> None:
+    """The entry ``name`` of ``dirfd`` is about to get the new name ``path`` (a hard link,
+    a move). A symlink's relative target then leads somewhere else: judge where."""
+    if guard is None:
+        return
+    if stat.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode):
+        guard(_link_target(rootfd, path, os.readlink(name, dir_fd=dirfd)), "symlink_to")
+
+
 @contextlib.contextmanager
 def _parent_of(
     rootfd: int, spath: str, guard: Guard | None = None, access: Access = "write"
@@ -924,9 +933,10 @@ class SandboxFiles:
             self._session("move", s) as rootfd,
             _parent_of(rootfd, s, guard) as (sfd, sname, _),
             self._mapped("move to", d),
-            _parent_of(rootfd, d, guard) as (dfd, dname, _),
+            _parent_of(rootfd, d, guard) as (dfd, dname, dpath),
         ):
             try:
+                _judge_new_name(rootfd, guard, sfd, sname, dpath)
                 if overwrite:
                     os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
                 else:
@@ -1068,11 +1078,7 @@ class SandboxFiles:
                 dfd, dname, path = stack.enter_context(_parent_of(rootfd, target, guard))
                 source_entry = _parent_of(rootfd, source, guard, "hardlink_to")
                 sfd, sname, _ = stack.enter_context(source_entry)
-                st = os.stat(sname, dir_fd=sfd, follow_symlinks=False)
-                if guard is not None and stat.S_ISLNK(st.st_mode):
-                    # A hard link to a symlink is a symlink here: judged like one.
-                    link = os.readlink(sname, dir_fd=sfd)
-                    guard(_link_target(rootfd, path, link), "symlink_to")
+                _judge_new_name(rootfd, guard, sfd, sname, path)
                 _unlink_if_not_dir(dfd, dname)
                 os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
         else:
