@@ -50,7 +50,7 @@ tools:
   - name: fs.write
     root: /workspace
     require_diff_summary: true
-    protected: [".git/hooks/**", ".mcp.json", ".envrc"]
+    protected: [".git/hooks/**", ".git/config", ".mcp.json", ".envrc"]
 redaction:
   detectors: default
   literals_from_env: [AGENTBOX_TEST_PLANTED_SECRET]

@@ -9,8 +9,10 @@ ever resolved outside the root: so every attack test fails if its protection is 
 from __future__ import annotations
 
 import errno
+import functools
 import io
 import os
+import posixpath
 import shutil
 import stat
 import tarfile
@@ -65,8 +67,33 @@ def _own(path: Path, mode: int, uid: int = SANDBOX_UID, gid: int = SANDBOX_GID) 
         path.chmod(mode)
 
 
-@pytest.fixture
-def env() -> Iterator[Env]:
+class _Guarded:
+    """SandboxFiles with an allow-all guard on every call that takes one, so that every
+    test also runs through the walk that names paths for the gateway's file policy: it
+    must resolve (and stay inside the root) exactly as the kernel does. Records each
+    judged path: each must be a canonical sandbox path."""
+
+    def __init__(self, files: SandboxFiles) -> None:
+        self._files = files
+        self.judged: list[tuple[str, str]] = []
+
+    def _guard(self, path: str, access: str) -> None:
+        assert path.startswith("/") and posixpath.normpath(path) == path, path
+        self.judged.append((path, access))
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._files, name)
+        if name in GUARDED_CALLS:
+            return functools.partial(attr, guard=self._guard)
+        return attr
+
+
+GUARDED_CALLS = ("read", "read_sized", "write", "edit", "list", "stat", "move", "remove", "mkdir",
+                 "upload_tar", "download_tar")  # fmt: skip
+
+
+@pytest.fixture(params=["kernel", "guarded"])
+def env(request: pytest.FixtureRequest) -> Iterator[Env]:
     # Not tmp_path: pytest's base dir is 0700 root, which would stop an escaped path by
     # plain DAC and hide a missing protection. This one is traversable by the sandbox uid.
     base = Path(tempfile.mkdtemp(prefix="agentbox-files-"))
@@ -89,7 +116,10 @@ def env() -> Iterator[Env]:
         secret = host_dir / "secret.txt"
         secret.write_bytes(SECRET)
         _own(secret, 0o666)
-        yield Env(base, root, host_dir, secret, SandboxFiles(str(root), SANDBOX_UID, SANDBOX_GID))
+        files = SandboxFiles(str(root), SANDBOX_UID, SANDBOX_GID)
+        if request.param == "guarded":
+            files = cast(SandboxFiles, _Guarded(files))
+        yield Env(base, root, host_dir, secret, files)
     finally:
         shutil.rmtree(base)
 
@@ -834,3 +864,133 @@ def test_errno_mapping_covers_quota(env: Env) -> None:
     assert isinstance(err, LimitExceeded) and "/workspace/x" in err.message
     err = env.files._error(OSError(errno.EROFS, "ro"), "write", "/usr/x")
     assert isinstance(err, PermissionDenied) and "read-only" in err.message
+
+
+# -- guards: the canonical path judged is the one acted on --------------------------------
+
+
+class Refused(Exception):
+    pass
+
+
+def _repo(env: Env) -> SandboxFiles:
+    """A repository and links into it; a SandboxFiles with no guard of its own."""
+    files = SandboxFiles(str(env.root), SANDBOX_UID, SANDBOX_GID)
+    files.write("/workspace/.git/config", b"cfg")
+    files.write("/workspace/.git/hooks/pre-commit", b"hook")
+    files.write("/workspace/docs/a.txt", b"a")
+    files.mkdir("/workspace/sub")
+    for name, target in [
+        ("g", "../.git"),
+        ("abs", "/workspace/.git/config"),
+        ("up", ".."),
+        ("loop", "loop"),
+        ("docs", "../docs"),
+        ("far", "../../../../etc"),
+    ]:
+        os.symlink(target, env.ws / "sub" / name)
+        os.chown(env.ws / "sub" / name, SANDBOX_UID, SANDBOX_GID, follow_symlinks=False)
+    return files
+
+
+def test_guard_sees_the_canonical_path_of_every_call(env: Env) -> None:
+    files = _repo(env)
+    judged: list[tuple[str, str]] = []
+
+    def guard(path: str, access: str) -> None:
+        judged.append((path, access))
+
+    files.write("sub/g/hooks/pre-commit", b"x", guard=guard)
+    files.write("sub/abs", b"x", guard=guard)  # a final symlink: its target
+    files.write("sub/up/.git/config", b"x", guard=guard)  # a link to ".."
+    files.edit("sub/g/config", "x", "y", guard=guard)
+    files.read("sub/far/passwd", guard=guard)  # clamped at the root, as RESOLVE_IN_ROOT
+    files.move("sub/docs/a.txt", "sub/g/hooks/a", guard=guard)
+    files.remove("sub/g/hooks/a", guard=guard)
+    files.mkdir("sub/g/hooks/x/y", guard=guard)
+    files.stat("sub/g", guard=guard)  # the link itself
+    files.list("sub/up/docs", guard=guard)
+    assert judged == [
+        ("/workspace/.git/hooks/pre-commit", "write"),
+        ("/workspace/.git/config", "write"),
+        ("/workspace/.git/config", "write"),
+        ("/workspace/.git/config", "write"),
+        ("/etc/passwd", "read"),
+        ("/workspace/docs/a.txt", "write"),
+        ("/workspace/.git/hooks/a", "write"),
+        ("/workspace/.git/hooks/a", "write"),
+        ("/workspace/.git/hooks/x", "create_dir"),
+        ("/workspace/.git/hooks/x/y", "write"),
+        ("/workspace/sub/g", "read"),
+        ("/workspace/docs", "read"),
+    ]
+    with pytest.raises(InvalidRequest, match="symbolic links"):
+        files.write("sub/loop", b"x", guard=guard)
+
+
+def test_guard_judges_upload_entries_links_and_their_targets(env: Env) -> None:
+    files = _repo(env)
+    judged: list[tuple[str, str]] = []
+
+    def guard(path: str, access: str) -> None:
+        judged.append((path, access))
+
+    data = _tar(
+        ("in/h", tarfile.SYMTYPE, "../sub/g/hooks", 0o777),  # a link: its target now
+        ("in/h/post", tarfile.REGTYPE, b"x", 0o644),  # written through the link above
+        ("in/n", tarfile.SYMTYPE, "../sub/g/missing/dir/x", 0o777),  # as far as it exists
+        ("in/hl", tarfile.LNKTYPE, "sub/abs", 0o644),  # a hard link to a symlink
+    )
+    assert files.upload_tar("/workspace", data, guard=guard) == 4
+    assert judged == [
+        ("/workspace/in", "create_dir"),
+        ("/workspace/in/h", "write"),
+        ("/workspace/.git/hooks", "symlink_to"),
+        ("/workspace/.git/hooks/post", "write"),
+        ("/workspace/in/n", "write"),
+        ("/workspace/.git/missing/dir/x", "symlink_to"),
+        ("/workspace/in/hl", "write"),
+        ("/workspace/sub/abs", "hardlink_to"),
+        ("/workspace/.git/config", "symlink_to"),
+    ]
+
+
+def test_a_refusing_guard_changes_nothing(env: Env) -> None:
+    files = _repo(env)
+
+    def guard(path: str, access: str) -> None:
+        if path.startswith("/workspace/.git/"):
+            raise Refused(path)
+
+    before = sorted(str(p) for p in env.ws.rglob("*"))
+    for call in (
+        lambda: files.write("sub/g/hooks/new/deeper/x", b"x", guard=guard),
+        lambda: files.write("sub/abs", b"x", guard=guard),
+        lambda: files.move("sub/g/config", "stolen", guard=guard),
+        lambda: files.upload_tar("/workspace/sub/g/hooks", _tar(("x", tarfile.REGTYPE, b"x", 0o644)),
+                                 guard=guard),
+        lambda: files.upload_tar("/workspace", _tar(("l", tarfile.SYMTYPE, "sub/abs", 0o777)),
+                                 guard=guard),
+    ):  # fmt: skip
+        with pytest.raises(Refused):
+            call()
+    assert sorted(str(p) for p in env.ws.rglob("*")) == before
+    assert (env.ws / ".git" / "config").read_bytes() == b"cfg"
+
+
+def test_a_link_swapped_after_the_judgement_does_not_redirect_the_call(env: Env) -> None:
+    """The worst race, made deterministic: the guard itself swaps the link it just judged
+    the path through. The call still acts on what was judged (the walk's fd)."""
+    files = _repo(env)
+    judged: list[str] = []
+
+    def swap(path: str, access: str) -> None:
+        judged.append(path)
+        flipped = env.ws / "sub" / "flipped"
+        flipped.symlink_to("../.git/hooks")
+        os.rename(flipped, env.ws / "sub" / "docs")  # atomic, as a racing shell would
+
+    files.write("sub/docs/f", b"x", guard=swap)
+    assert judged == ["/workspace/docs/f"]
+    assert (env.ws / "docs" / "f").read_bytes() == b"x"
+    assert not (env.ws / ".git" / "hooks" / "f").exists()

@@ -414,6 +414,16 @@ FILES = FilePolicy(max_bytes=1000, protected=PROTECTED, require_diff_summary=Tru
         ("pkg/.mcp.json", "tools.fs.write.protected: .mcp.json"),
         (".envrc", "tools.fs.write.protected: .envrc"),
         ("sub/dir/.envrc", "tools.fs.write.protected: .envrc"),
+        ("r/.git/hooks/pre-commit", "tools.fs.write.protected: .git/hooks/**"),
+        ("a/b/.git/config", "tools.fs.write.protected: .git/config"),
+        (".GIT/hooks/pre-commit", "tools.fs.write.protected: .git/hooks/**"),
+        ("R/.Git/Hooks", "tools.fs.write.protected: .git/hooks/**"),
+        ("r/.git", "tools.fs.write.protected: .git/hooks/**"),
+        (".Mcp.json", "tools.fs.write.protected: .mcp.json"),
+        ("x\n/.git/hooks/a", "tools.fs.write.protected: .git/hooks/**"),
+        (".vscode", "tools.fs.write.protected: .vscode/**"),
+        ("r/.git/objects/ab", None),
+        ("r/git/hooks/x", None),
         ("", "invalid path"),
         ("a\x00b", "invalid path"),
     ],
@@ -439,6 +449,38 @@ def test_file_size_limit() -> None:
     assert FilePolicy().check_write("a.txt", size=10**12).allowed
 
 
+def test_file_write_by_name_only() -> None:
+    """A new empty directory or a link target is judged by its own name, not by what a
+    directory of that name could contain."""
+    for path in ("/workspace", ".git", "r/.git", ".git/hooksx", "r/.vscodex"):
+        assert FILES.check_write(path, whole=False).allowed, path
+    for path in (".git/hooks", "r/.git/hooks/x", ".vscode", ".Mcp.json", ".git/config"):
+        assert not FILES.check_write(path, whole=False).allowed, path
+
+
+def test_check_resolved_by_access() -> None:
+    assert not FILES.check_resolved("/workspace/.git", "write").allowed
+    assert FILES.check_resolved("/workspace/.git", "create_dir").allowed
+    assert not FILES.check_resolved("/workspace/.git/hooks/x", "create_dir").allowed
+    # a symlink may point out of the root (writes through it are judged there), not at a
+    # protected path; a hard link may do neither (it is the same file)
+    assert FILES.check_resolved("/usr/bin/python3", "symlink_to").allowed
+    assert not FILES.check_resolved("/workspace/.Mcp.json", "symlink_to").allowed
+    decision = FILES.check_resolved("/tmp/x", "hardlink_to")
+    assert decision.rule == "tools.fs.write.root: /workspace"
+    assert not FILES.check_resolved("/workspace/r/.git/config", "hardlink_to").allowed
+
+
+def test_anchored_patterns() -> None:
+    policy = FilePolicy(protected=["/.git/hooks/**", "/.mcp.json"])
+    assert not policy.check_write(".git/hooks/x").allowed
+    assert not policy.check_write(".GIT/HOOKS/x").allowed
+    assert not policy.check_write(".git").allowed
+    assert policy.check_write("r/.git/hooks/x").allowed
+    assert policy.check_write("r/.git").allowed
+    assert policy.check_write("r/.mcp.json").allowed
+
+
 def test_file_move_checks_both_ends() -> None:
     assert FILES.check_move("a.txt", "b.txt").allowed
     assert not FILES.check_move("a.txt", ".git/hooks/pre-push").allowed
@@ -448,8 +490,9 @@ def test_file_move_checks_both_ends() -> None:
 
 def test_file_glob_semantics() -> None:
     policy = FilePolicy(protected=["/top.txt", "docs/*.md", "**/keys/*.pem", "[!a]bc", "out/"])
-    denied = ["top.txt", "docs/a.md", "keys/k.pem", "a/b/keys/k.pem", "xbc", "out/x", "s/out"]
-    allowed = ["sub/top.txt", "docs/sub/a.md", "x/docs/a.md", "keys/sub/k.pem", "abc", "outx"]
+    denied = ["top.txt", "docs/a.md", "keys/k.pem", "a/b/keys/k.pem", "xbc", "out/x", "s/out",
+              "x/docs/a.md", "DOCS/A.MD", "Top.txt"]  # fmt: skip
+    allowed = ["sub/top.txt", "docs/sub/a.md", "keys/sub/k.pem", "abc", "outx"]
     for path in denied:
         assert not policy.check_write(path).allowed, path
     for path in allowed:

@@ -105,14 +105,22 @@ Files (:class:`FilePolicy`)
 ---------------------------
 Paths are sandbox paths, absolute or relative to ``/workspace``, normalised lexically with
 :func:`posixpath.normpath` (``..`` collapsed, repeated ``/`` squeezed). Outside ``root`` →
-denied. ``protected`` patterns (writes only) are gitignore-like and relative to ``root``:
-a pattern with a ``/`` before its end is anchored at ``root`` (``.git/hooks/**``,
-``/.mcp.json``), a pattern without one matches at any depth (``.envrc`` protects
-``sub/.envrc`` too - direnv reads both); ``*`` and ``?`` stay within one path segment,
-``**/`` matches any number of directories, a trailing ``/**`` everything inside; a pattern
-matching a directory protects everything in it. Writing, removing or moving a directory that
-*contains* an anchored protected path (``.git``, ``.git/hooks``, the root itself) is denied
-too. ``size`` above ``max_bytes`` → denied.
+denied. ``protected`` patterns (writes only) are gitignore-like globs relative to ``root``,
+matched **case-insensitively** and **at any depth** unless anchored with a leading ``/``:
+``.git/hooks/**`` protects ``r/.git/hooks/x`` and ``.GIT/hooks/x`` too, ``/.mcp.json`` only
+the one at the root; ``*`` and ``?`` stay within one path segment, ``**/`` matches any number
+of directories, a trailing ``/**`` the directory and everything inside; a pattern matching a
+directory protects everything in it. Writing, removing or moving a directory that by its
+name *contains* a protected path (``.git`` at any depth for ``.git/hooks/**``, the root
+itself) is denied too. ``size`` above ``max_bytes`` → denied.
+
+The gateway checks the requested path here first (an early, clear denial), then the file
+layer judges the path it will actually act on: resolved inside the sandbox root, through
+every symlink, in the same walk that then acts on it (see ``SandboxFiles`` and its
+``guard``, and :meth:`FilePolicy.check_resolved`). Writes through a final symlink are judged
+at the symlink's target; a symlink may not be made (uploaded, moved, hard-linked) to point
+at a protected path, a hard link not to any file the write policy refuses; a directory
+created on the way is judged by its own name only.
 
 Limitations - what a determined agent can still do
 --------------------------------------------------
@@ -141,9 +149,12 @@ Limitations - what a determined agent can still do
   variable whose *value* is ``a[$(cmd)]`` runs ``cmd`` in ``$((x))``, ``[[ $x -eq 1 ]]``,
   ``read``/``printf -v`` targets, etc. Literal occurrences are refused; values arriving at
   run time cannot be seen.
-* **Symlinks.** File checks are lexical. A symlink created inside the sandbox
-  (``ln -s .git/hooks h``) can point a permitted path at a protected one; the file layer
-  must resolve paths inside the sandbox (``openat2(RESOLVE_IN_ROOT)``) and re-check.
+* **Hard links made outside the file tools.** A hard link is a second name for the same
+  file: one made by the sandbox's shell (``ln .git/config cfg``) is an ordinary file to the
+  file tools, and writing ``cfg`` changes ``.git/config``. The file tools refuse to *make*
+  one to a protected file (tar hard-link entries), but cannot tell where an existing one's
+  other names are. Nor do they see what the shell, ``git`` or a build does: a token that may
+  run commands can write protected paths directly.
 
 * **Parser robustness.** bashlex 0.18 has bugs the analyser works around (it re-does quote
   removal, re-parses substitutions bashlex truncates, rewrites quoted heredocs, and caps the
@@ -166,6 +177,7 @@ import posixpath
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from agentbox.gateway.command_rules import (
     CODE_VARIABLES,
@@ -187,6 +199,9 @@ from agentbox.gateway.shell_analysis import (
     analyse_command,
     programs_in,
 )
+
+if TYPE_CHECKING:
+    from agentbox.runtime.files import Access
 
 __all__ = [
     "RULE_DYNAMIC_CODE",
@@ -551,29 +566,35 @@ def _glob_regex(body: str) -> str:
 class _Protected:
     pattern: str
     regex: re.Pattern[str]
-    ancestors: frozenset[str]  # directories that contain what the pattern protects
+    ancestors: re.Pattern[str]  # directories that by name contain what the pattern protects
 
     @staticmethod
     def compile(pattern: str) -> _Protected:
         text = pattern.strip()
         body = text.strip("/")
-        anchored = text.startswith("/") or "/" in text.rstrip("/")
-        prefix = "" if anchored else "(?:.*/)?"
-        regex = re.compile(prefix + _glob_regex(body) + "(?:/.*)?")
-        ancestors = {""}
-        if anchored:
-            literal: list[str] = []
-            for seg in body.split("/"):
-                if any(ch in seg for ch in "*?[\\"):
-                    break
-                literal.append(seg)
-            ancestors.update("/".join(literal[:n]) for n in range(1, len(literal) + 1))
-            if len(literal) == len(body.split("/")):
-                ancestors.discard(body)  # the exact path is matched by the regex
-        return _Protected(pattern, regex, frozenset(ancestors))
+        if body.endswith("/**"):  # the directory itself too: a link to it is one into it
+            body = body[:-3]
+        prefix = "" if text.startswith("/") else "(?:.*/)?"
+        regex = re.compile(prefix + _glob_regex(body) + "(?:/.*)?", re.IGNORECASE | re.DOTALL)
+        segments = body.split("/")
+        literal: list[str] = []
+        for seg in segments:
+            if any(ch in seg for ch in "*?[\\"):
+                break
+            literal.append(seg)
+        if len(literal) == len(segments):
+            literal.pop()  # the exact path is matched by the regex
+        # "" (the root) and each literal leading directory: a/b/c.txt -> "", a, a/b.
+        nested = ""
+        for seg in reversed(literal):
+            nested = f"{re.escape(seg)}(?:/{nested})?" if nested else re.escape(seg)
+        ancestors = f"(?:{prefix}{nested})?" if nested else ""
+        return _Protected(pattern, regex, re.compile(ancestors, re.IGNORECASE | re.DOTALL))
 
-    def matches(self, rel: str) -> bool:
-        return rel in self.ancestors or (rel != "" and self.regex.fullmatch(rel) is not None)
+    def matches(self, rel: str, whole: bool = True) -> bool:
+        if rel != "" and self.regex.fullmatch(rel) is not None:
+            return True
+        return whole and self.ancestors.fullmatch(rel) is not None
 
 
 class FilePolicy:
@@ -652,24 +673,38 @@ class FilePolicy:
         denied, norm = self._common(path, size, self.read_tool)
         return denied or Decision(True, False, None, f"allowed: read {norm}")
 
-    def check_write(self, path: str, size: int | None = None) -> Decision:
-        """May the file tool write/edit/remove ``path`` (new size ``size``, if known)?"""
+    def check_write(self, path: str, size: int | None = None, *, whole: bool = True) -> Decision:
+        """May the file tool write/edit/remove ``path`` (new size ``size``, if known)?
+
+        ``whole=False`` judges the name alone, not what a directory of that name contains:
+        for a directory created empty, or the target a new link points at (writes through
+        the link are judged where they land)."""
         denied, norm = self._common(path, size, self.write_tool)
         if denied is not None:
             return denied
         rel = self._relative(norm)
         assert rel is not None  # checked by _common
         for prot in self.protected:
-            if prot.matches(rel):
+            if prot.matches(rel, whole):
                 what = "is protected" if prot.regex.fullmatch(rel) else "contains protected paths"
                 return Decision(
                     False,
                     False,
                     f"tools.{self.write_tool}.protected: {prot.pattern}",
-                    f"{norm} {what} ({prot.pattern!r}); {self.write_tool} refuses to change it. "
-                    "Change a different file, or ask the operator.",
+                    f"{norm} {what} ({prot.pattern!r}); {self.write_tool} refuses to change it"
+                    " (or to link to it). Change a different file, or ask the operator.",
                 )
         return Decision(True, False, None, f"allowed: write {norm}")
+
+    def check_resolved(self, path: str, access: Access) -> Decision:
+        """The write check of a canonical path the file layer is about to act on, for
+        ``access`` (``agentbox.runtime.files.Access``): a directory it creates, or the source
+        of a hard link, is judged by name alone; the target of a symlink only against
+        ``protected`` (outside ``root`` is fine: a write through the link is judged where
+        it lands, so the root still holds)."""
+        if access == "symlink_to" and self._relative(self.resolve(path)) is None:
+            return Decision(True, False, None, f"allowed: link to {path}")
+        return self.check_write(path, whole=access == "write")
 
     def check_move(self, src: str, dst: str) -> Decision:
         """A move writes both ends: the first denial wins."""

@@ -20,7 +20,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from agentbox.errors import AgentboxError, InsufficientScope, InvalidRequest, SecretsFound
+from agentbox.errors import (
+    AgentboxError,
+    InsufficientScope,
+    InvalidRequest,
+    PolicyDenied,
+    SecretsFound,
+)
 from agentbox.gateway import port_forward as port_forward_http
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.lifecycle_events import public_event
@@ -523,7 +529,7 @@ def build_router(
             entries = await asyncio.to_thread(
                 functools.partial(
                     files.download_tar, path, spool, include_unsafe=include_unsafe,
-                    withheld=withheld,
+                    withheld=withheld, guard=gateway.path_guard("fs_read", "fs_read"),
                 )
             )  # fmt: skip
         except BaseException:
@@ -558,7 +564,16 @@ def build_router(
                 spool.write(chunk)
             spool.seek(0)
             files = gateway.runtime.files(sandbox_id)
-            entries = await asyncio.to_thread(files.upload_tar, dest, spool)
+            guard = gateway.path_guard("fs_write", "fs_write")
+            try:
+                entries = await asyncio.to_thread(
+                    functools.partial(files.upload_tar, dest, spool, guard=guard)
+                )
+            except PolicyDenied as e:  # an entry, judged where it resolves
+                await gateway.audit_event(p, "denied", sandbox=sandbox_id, tool="fs_upload",
+                                          args={"dest": dest}, rule=e.details.get("rule"),
+                                          path=e.details.get("path"))  # fmt: skip
+                raise
         await gateway.audit_event(p, "allowed", sandbox=sandbox_id, tool="fs_upload",
                                   args={"dest": dest}, entries=entries)  # fmt: skip
         return {"dest": dest, "entries": entries}

@@ -24,6 +24,7 @@ from agentbox.errors import (
     AgentboxError,
     ApprovalDenied,
     ApprovalPending,
+    FileNotFound,
     InsufficientScope,
     InvalidRequest,
     NotFound,
@@ -40,8 +41,9 @@ from agentbox.gateway.policy import WORKSPACE, CommandPolicy, Decision, FilePoli
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.gateway.telemetry import Telemetry
-from agentbox.gateway.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec
+from agentbox.gateway.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, payload
 from agentbox.network.names import domain_matches, normalize_host
+from agentbox.runtime.files import Access, Guard
 from agentbox.runtime.output import OutputCallback
 from agentbox.runtime.runtime import Runtime
 
@@ -198,6 +200,7 @@ class Gateway:
                 *self._limits(spec, args),
                 output_listener,
                 browsers=self.browsers,
+                guard=self.path_guard(spec.policy, spec.name),
             )
             before = await self._diff_base(spec, call)
             if spec.inline and _read_bound(call) <= INLINE_MAX_BYTES:
@@ -205,7 +208,7 @@ class Gateway:
             else:
                 result = await asyncio.to_thread(spec.handler, call)
             if before is not None:
-                result["diff"] = await self._diff(call, before)
+                result["diff"] = self._diff(spec, call, before, result)
             result = self._redact(result)
         except AgentboxError as e:
             duration = (time.monotonic() - started) * 1000
@@ -300,6 +303,21 @@ class Gateway:
 
         return resolve
 
+    def path_guard(self, policy: str, tool: str) -> Guard | None:
+        """The file policy as the file layer applies it, to the path it resolves and acts on
+        (the check above saw only the requested text). None when it could refuse nothing."""
+        if policy == "fs_read":
+            read = self.read_policy
+            if read.root == "/":  # every path resolved inside the sandbox is under it
+                return None
+            return _guard(tool, lambda path, _access: read.check_read(path))
+        if policy == "fs_write":
+            write = self.write_policy
+            if write.root == "/" and not write.protected:
+                return None
+            return _guard(tool, write.check_resolved)
+        return None
+
     def _check_url(self, spec: ToolSpec, url: str) -> None:
         """An early, clear denial for a top-level URL on ``block_domains``. Not the control:
         the sandbox's egress path refuses those names for every request and redirect."""
@@ -384,13 +402,23 @@ class Gateway:
         if spec.name not in ("fs_write", "fs_edit") or not self.write_policy.require_diff_summary:
             return None
         files = self.runtime.files(call.sandbox_id)
-        path = call.args["path"]
-        exists = await asyncio.to_thread(files.exists, path)
-        return await asyncio.to_thread(files.read, path) if exists else b""
+        try:
+            return await asyncio.to_thread(files.read, call.args["path"])
+        except FileNotFound:  # a new file (or a dangling symlink to one)
+            return b""
 
-    async def _diff(self, call: ToolCall, before: bytes) -> str:
-        after = await asyncio.to_thread(self.runtime.files(call.sandbox_id).read, call.args["path"])
-        return self.redactor.redact(diff_summary(call.args["path"], before or None, after))
+    def _diff(self, spec: ToolSpec, call: ToolCall, before: bytes, result: dict[str, Any]) -> str:
+        # The content after, from the content before and what the call did: reading the path
+        # again would be a second lookup, which a symlink changed meanwhile could redirect.
+        args = call.args
+        if spec.name == "fs_write":
+            data = payload(args)
+            after = before + data if args.get("mode") == "append" else data
+        elif result["replacements"]:
+            after = before.decode().replace(args["old"], args["new"]).encode()
+        else:
+            after = before
+        return self.redactor.redact(diff_summary(args["path"], before or None, after))
 
     def _redact(self, result: dict[str, Any]) -> dict[str, Any]:
         for key in _REDACTED_FIELDS:
@@ -439,7 +467,9 @@ class Gateway:
         self.rate.check(principal.actor)
         principal.require_sandbox(sandbox)
         policy = self.write_policy if write else self.read_policy
-        decision = policy.check_write(path) if write else policy.check_read(path)
+        # An upload's destination is only the directory extracted into (by its name): each
+        # entry is judged where it resolves, by the guard the route passes to the file layer.
+        decision = policy.check_write(path, whole=False) if write else policy.check_read(path)
         if not decision.allowed:
             await self.audit_event(principal, "denied", sandbox=sandbox, tool=tool,
                                    args={"path": path}, rule=decision.rule)  # fmt: skip
@@ -464,6 +494,20 @@ class Gateway:
             error=None,
             extra=extra or None,
         )
+
+
+def _guard(tool: str, check: Callable[[str, Access], Decision]) -> Guard:
+    def guard(path: str, access: Access) -> None:
+        decision = check(path, access)
+        if not decision.allowed:
+            raise PolicyDenied(
+                f"resolved inside the sandbox (through its symlinks): {decision.reason}",
+                rule=decision.rule,
+                tool=tool,
+                path=path,
+            )
+
+    return guard
 
 
 def _matches(name: str, pattern: str) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from agentbox.browser.manager import BrowserManager
 from agentbox.errors import HostUnsupported
+from agentbox.runtime.files import Guard
 from agentbox.runtime.output import CommandResult, OutputCallback
 from agentbox.runtime.runtime import Runtime
 
@@ -33,6 +34,8 @@ class ToolCall:
     max_output_bytes: int
     on_output: OutputCallback | None = None
     browsers: BrowserManager | None = None
+    guard: Guard | None = None
+    """File tools: the file policy, judged by the file layer at the resolved path."""
 
 
 @dataclass(frozen=True)
@@ -201,7 +204,9 @@ def fs_read(call: ToolCall) -> dict[str, Any]:
     length = call.args.get("length")
     cap = call.max_output_bytes
     length = cap if length is None else min(int(length), cap)
-    data, size = files.read_sized(call.args["path"], int(call.args.get("offset", 0)), length)
+    data, size = files.read_sized(
+        call.args["path"], int(call.args.get("offset", 0)), length, guard=call.guard
+    )
     try:
         content, encoding = data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
@@ -215,7 +220,8 @@ def fs_read(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def _payload(args: dict[str, Any]) -> bytes:
+def payload(args: dict[str, Any]) -> bytes:
+    """The bytes fs_write writes."""
     if args.get("encoding") == "base64":
         return base64.b64decode(args["content"], validate=True)
     return str(args["content"]).encode()
@@ -223,7 +229,10 @@ def _payload(args: dict[str, Any]) -> bytes:
 
 def fs_write(call: ToolCall) -> dict[str, Any]:
     info = call.runtime.files(call.sandbox_id).write(
-        call.args["path"], _payload(call.args), mode=call.args.get("mode", "overwrite")
+        call.args["path"],
+        payload(call.args),
+        mode=call.args.get("mode", "overwrite"),
+        guard=call.guard,
     )
     return {"path": info.path, "size": info.size}
 
@@ -231,38 +240,41 @@ def fs_write(call: ToolCall) -> dict[str, Any]:
 def fs_edit(call: ToolCall) -> dict[str, Any]:
     count = call.args.get("count", 1)
     n = call.runtime.files(call.sandbox_id).edit(
-        call.args["path"], call.args["old"], call.args["new"], count
+        call.args["path"], call.args["old"], call.args["new"], count, guard=call.guard
     )
     return {"path": call.args["path"], "replacements": n}
 
 
 def fs_list(call: ToolCall) -> dict[str, Any]:
     entries = call.runtime.files(call.sandbox_id).list(
-        call.args.get("path", "/workspace"), int(call.args.get("depth", 1))
+        call.args.get("path", "/workspace"), int(call.args.get("depth", 1)), guard=call.guard
     )
     return {"entries": [e.to_dict() for e in entries]}
 
 
 def fs_stat(call: ToolCall) -> dict[str, Any]:
-    return call.runtime.files(call.sandbox_id).stat(call.args["path"]).to_dict()
+    return call.runtime.files(call.sandbox_id).stat(call.args["path"], guard=call.guard).to_dict()
 
 
 def fs_remove(call: ToolCall) -> dict[str, Any]:
     call.runtime.files(call.sandbox_id).remove(
-        call.args["path"], recursive=bool(call.args.get("recursive"))
+        call.args["path"], recursive=bool(call.args.get("recursive")), guard=call.guard
     )
     return {"path": call.args["path"], "removed": True}
 
 
 def fs_move(call: ToolCall) -> dict[str, Any]:
     info = call.runtime.files(call.sandbox_id).move(
-        call.args["path"], call.args["destination"], overwrite=bool(call.args.get("overwrite"))
+        call.args["path"],
+        call.args["destination"],
+        overwrite=bool(call.args.get("overwrite")),
+        guard=call.guard,
     )
     return info.to_dict()
 
 
 def fs_mkdir(call: ToolCall) -> dict[str, Any]:
-    return call.runtime.files(call.sandbox_id).mkdir(call.args["path"]).to_dict()
+    return call.runtime.files(call.sandbox_id).mkdir(call.args["path"], guard=call.guard).to_dict()
 
 
 # browser ----------------------------------------------------------------------------------

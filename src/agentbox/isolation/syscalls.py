@@ -55,6 +55,16 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) 
     return _check(fd, f"openat2 {path!r}")
 
 
+PROC_SUPER_MAGIC = 0x9FA0
+
+
+def fstatfs_type(fd: int) -> int:
+    """fstatfs(2)'s ``f_type`` (which filesystem ``fd`` is on); works on O_PATH fds."""
+    buf = ctypes.create_string_buffer(256)  # struct statfs: 120 bytes on 64-bit Linux
+    _check(_libc.fstatfs(ctypes.c_int(fd), buf), "fstatfs")
+    return int(struct.unpack_from("=q", buf)[0])
+
+
 def mount(source: str, target: str, fstype: str, flags: int = 0, data: str = "") -> None:
     _check(
         _libc.mount(

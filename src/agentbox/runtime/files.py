@@ -20,6 +20,18 @@ Resolution strategy
 * ``write`` follows a symlink in the final component, inside the root, because that is
   what the sandbox's shell does with ``echo > link``. Tar extraction instead replaces an
   existing entry (unlink, then ``O_CREAT|O_EXCL``), as ``tar`` does.
+* **Guards** (``guard=``; the gateway passes its file policy): the path must be judged
+  by its *canonical* name, which the kernel's walk does not report. Then the path is
+  resolved by :func:`_walk` instead: the same in-root semantics, one component at a time
+  through ``O_PATH`` fds (each opened with ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``,
+  symlinks read from their own fd and spliced in, ``..`` back to the canonical parent),
+  so the names it returns are those of the directory fd it returns. The guard judges that
+  name; the call acts on that fd and final name without following anything more. A
+  symlink swapped in afterwards cannot redirect the call (it acts on the fd it judged, or
+  refuses a symlink that appeared at the final name). Writes and edits are judged at a
+  final symlink's target, name operations (remove, move, mkdir, stat) at the link itself;
+  upload entries where they land, a symlink entry also at where its target resolves, a
+  hard link entry at its source.
 
 Credentials
 -----------
@@ -44,7 +56,7 @@ import posixpath
 import stat
 import sys
 import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Literal
 
@@ -66,6 +78,14 @@ from agentbox.runtime import archive, export_safety
 
 FileType = Literal["file", "dir", "symlink", "other"]
 WriteMode = Literal["overwrite", "append", "create"]
+Access = Literal["read", "write", "create_dir", "symlink_to", "hardlink_to"]
+"""What a guarded call is about to do with a path: read it; write, edit, remove or move it
+(a move: both ends); create a directory there (judged by its name alone: it is empty); make
+a symlink point at it (writes through the link are judged where they land); make a hard
+link to it (writes through that one are not: it is the same file)."""
+Guard = Callable[[str, Access], None]
+"""Judges a canonical sandbox path (symlinks resolved inside the root) just before the file
+API acts on it, and raises to refuse. The file API knows no policy; the gateway passes one."""
 
 DEFAULT_MAX_READ_BYTES = 64 * 1024 * 1024
 MAX_LIST_DEPTH = 64
@@ -75,6 +95,7 @@ MAX_WALK_DEPTH = 128
 _IO_CHUNK = 1 << 20
 # openat2 returns EAGAIN when a rename raced with ".." resolution; it is safe to retry.
 _EAGAIN_RETRIES = 32
+_MAX_SYMLINKS = 40  # as the kernel's path walk
 
 _IN_ROOT = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
 _CHILD = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_SYMLINKS | syscalls.RESOLVE_NO_MAGICLINKS
@@ -273,15 +294,157 @@ def _open_subdir(dirfd: int, name: str, spath: str) -> int:
     raise Conflict(f"{spath} changed while it was being walked (no longer a directory); retry")
 
 
+def _dir_path(names: builtins.list[str]) -> str:
+    return "/" + "/".join(names)
+
+
+def _walk(rootfd: int, spath: str, follow: bool, rest_ok: bool = False) -> tuple[int, str, str]:
+    """Resolve ``spath`` inside the root as ``RESOLVE_IN_ROOT`` does, one component at a
+    time, keeping the canonical names: (O_PATH fd of the directory that holds the final
+    entry, that directory's canonical sandbox path, the final name).
+
+    Each step opens one name of the directory fd in hand, never following anything
+    (``_open_child``); a symlink found is read from its own fd and its target spliced into
+    the rest of the path (absolute: from the root), ``..`` goes back to the parent by its
+    canonical names, clamped at the root. So the walk cannot leave the root, and the names
+    returned are those of the objects the fd was reached through: the caller judges the
+    name and acts on the fd, with no second lookup. Symlinks on procfs (magic links) are
+    refused with ELOOP, as the kernel's walk refuses them.
+
+    ``follow``: follow a symlink in the final component too (the final name is then not a
+    symlink, or does not exist); the final name is ``"."`` when the path ends at a
+    directory reached through ``..`` or a symlink. ``rest_ok``: when a directory on the
+    way is missing (or not a directory, or the links loop), return the unresolved rest as
+    the "name" (``a/b``) instead of failing.
+    """
+    todo = [c for c in reversed(spath.split("/")) if c not in ("", ".")]
+    names: builtins.list[str] = []
+    fd = os.dup(rootfd)
+    links = 0
+
+    def unresolved(error: int) -> tuple[int, str, str]:
+        if not rest_ok:
+            raise OSError(error, os.strerror(error))
+        return fd, _dir_path(names), "/".join([comp, *reversed(todo)])
+
+    try:
+        while todo:
+            comp = todo.pop()
+            if comp == "..":
+                if names:
+                    names.pop()
+                    up = syscalls.openat2(
+                        rootfd, "/".join(names) or ".", os.O_PATH | os.O_DIRECTORY, 0, _CHILD
+                    )
+                    os.close(fd)
+                    fd = up
+                continue
+            if not todo and not follow:
+                return fd, _dir_path(names), comp
+            try:
+                child = _open_child(fd, comp, os.O_PATH)
+            except FileNotFoundError:
+                if not todo:
+                    return fd, _dir_path(names), comp  # a new entry
+                return unresolved(errno.ENOENT)
+            mode = os.fstat(child).st_mode
+            if stat.S_ISLNK(mode):
+                try:
+                    # /proc links: refused, as by RESOLVE_NO_MAGICLINKS (those on procfs
+                    # that are not magic, like /proc/self, name nothing the daemon sees).
+                    magic = syscalls.fstatfs_type(child) == syscalls.PROC_SUPER_MAGIC
+                    target = "" if magic else os.readlink("", dir_fd=child)  # this link's
+                finally:
+                    os.close(child)
+                links += 1
+                if magic or links > _MAX_SYMLINKS or not target:
+                    return unresolved(errno.ELOOP if magic or target else errno.ENOENT)
+                if target.startswith("/"):
+                    names.clear()
+                    os.close(fd)
+                    fd = os.dup(rootfd)
+                todo.extend(c for c in reversed(target.split("/")) if c not in ("", "."))
+                continue
+            if not todo:
+                os.close(child)
+                return fd, _dir_path(names), comp
+            if not stat.S_ISDIR(mode):
+                os.close(child)
+                return unresolved(errno.ENOTDIR)
+            names.append(comp)
+            os.close(fd)
+            fd = child
+        return fd, _dir_path(names), "."
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _entry_path(directory: str, name: str) -> str:
+    return directory if name == "." else posixpath.join(directory, name)
+
+
+def _link_target(rootfd: int, link: str, target: str) -> str:
+    """The canonical sandbox path a symlink at ``link`` (canonical) with ``target`` leads
+    to now: resolved inside the root as far as it exists, the rest as written."""
+    fd, directory, rest = _walk(rootfd, posixpath.join(posixpath.dirname(link), target),
+                                follow=True, rest_ok=True)  # fmt: skip
+    os.close(fd)
+    return _normalize(_entry_path(directory, rest), "/")
+
+
+def _judge_new_name(rootfd: int, guard: Guard | None, dirfd: int, name: str, path: str) -> None:
+    """The entry ``name`` of ``dirfd`` is about to get the new name ``path`` (a hard link,
+    a move). A symlink's relative target then leads somewhere else: judge where."""
+    if guard is None:
+        return
+    if stat.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode):
+        guard(_link_target(rootfd, path, os.readlink(name, dir_fd=dirfd)), "symlink_to")
+
+
 @contextlib.contextmanager
-def _parent_of(rootfd: int, spath: str) -> Iterator[tuple[int, str]]:
-    """(O_PATH fd of the parent directory resolved in root, final name)."""
+def _parent_of(
+    rootfd: int, spath: str, guard: Guard | None = None, access: Access = "write"
+) -> Iterator[tuple[int, str, str]]:
+    """(O_PATH fd of the parent directory resolved in root, final name, the entry's path).
+
+    With a ``guard`` the parent is resolved by :func:`_walk`, the entry's canonical path
+    is judged before anything is done, and that is the path returned; without one the
+    kernel resolves the parent and the path is ``spath`` as given."""
     parent, name = posixpath.split(spath)
     if name in ("", ".", ".."):
         raise InvalidRequest(f"{spath} is the sandbox root, not an entry: name a path below it")
-    fd = _open_in_root(rootfd, parent, os.O_PATH | os.O_DIRECTORY)
+    if guard is None:
+        fd, path = _open_in_root(rootfd, parent, os.O_PATH | os.O_DIRECTORY), spath
+    else:
+        fd, directory, name = _walk(rootfd, spath, follow=False)
+        path = posixpath.join(directory, name)
     try:
-        yield fd, name
+        if guard is not None:
+            guard(path, access)
+        yield fd, name, path
+    finally:
+        os.close(fd)
+
+
+Opener = Callable[[int, int], int]
+"""Opens the resolved object: ``(flags, mode) -> fd``."""
+
+
+@contextlib.contextmanager
+def _opener(
+    rootfd: int, spath: str, guard: Guard | None, access: Access, follow: bool = True
+) -> Iterator[Opener]:
+    """How to open what ``spath`` names, symlinks followed inside the root: by the kernel's
+    ``RESOLVE_IN_ROOT``, or with a ``guard`` by :func:`_walk`, judged at its canonical path
+    and then opened without following anything more (a symlink swapped in since: ELOOP)."""
+    if guard is None:
+        yield lambda flags, mode: _open_in_root(rootfd, spath, flags, mode)
+        return
+    fd, directory, name = _walk(rootfd, spath, follow)
+    try:
+        guard(_entry_path(directory, name), access)
+        yield lambda flags, mode: _open_child(fd, name, flags, mode)
     finally:
         os.close(fd)
 
@@ -443,8 +606,8 @@ class SandboxFiles:
 
     # -- reading -----------------------------------------------------------------------
 
-    def _open_regular(self, rootfd: int, spath: str, flags: int) -> int:
-        fd = _open_in_root(rootfd, spath, flags | os.O_NONBLOCK | os.O_NOCTTY)
+    def _open_regular(self, open_: Opener, spath: str, flags: int) -> int:
+        fd = open_(flags | os.O_NONBLOCK | os.O_NOCTTY, 0)
         try:
             _set_regular_blocking(fd, spath)
         except BaseException:
@@ -477,19 +640,21 @@ class SandboxFiles:
             )
         return b"".join(parts)
 
-    def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+    def read(
+        self, path: str, offset: int = 0, length: int | None = None, *, guard: Guard | None = None
+    ) -> bytes:
         """Bytes of a regular file from ``offset``; ``length`` None reads to the end."""
-        return self.read_sized(path, offset, length)[0]
+        return self.read_sized(path, offset, length, guard=guard)[0]
 
     def read_sized(
-        self, path: str, offset: int = 0, length: int | None = None
+        self, path: str, offset: int = 0, length: int | None = None, *, guard: Guard | None = None
     ) -> tuple[bytes, int]:
         """:meth:`read` plus the file's size, from the same open (one lookup, no race)."""
         spath = self._sandbox_path(path)
         if offset < 0 or (length is not None and length < 0):
             raise InvalidRequest(f"offset and length must not be negative (reading {spath})")
-        with self._session("read", spath) as rootfd:
-            fd = self._open_regular(rootfd, spath, os.O_RDONLY)
+        with self._session("read", spath) as rootfd, _opener(rootfd, spath, guard, "read") as op:
+            fd = self._open_regular(op, spath, os.O_RDONLY)
             try:
                 return self._read_fd(fd, spath, offset, length), os.fstat(fd).st_size
             finally:
@@ -501,8 +666,8 @@ class SandboxFiles:
         spath = self._sandbox_path(path)
         if not 0 < chunk_size <= 64 * _IO_CHUNK:
             raise InvalidRequest(f"chunk_size must be between 1 byte and 64 MiB, got {chunk_size}")
-        with self._session("read", spath) as rootfd:
-            fd = self._open_regular(rootfd, spath, os.O_RDONLY)
+        with self._session("read", spath) as rootfd, _opener(rootfd, spath, None, "read") as op:
+            fd = self._open_regular(op, spath, os.O_RDONLY)
         # Wrapped in a file object so that an iterator dropped unstarted still closes (and
         # warns); the reads need no credentials, the open already checked access.
         return self._chunks(io.FileIO(fd, "rb", closefd=True), spath, chunk_size)
@@ -514,23 +679,23 @@ class SandboxFiles:
 
     # -- writing -----------------------------------------------------------------------
 
-    def _open_for_write(self, rootfd: int, spath: str, mode: WriteMode, perms: int) -> int:
+    def _open_for_write(self, open_: Opener, spath: str, mode: WriteMode, perms: int) -> int:
         base = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY
         created = True
         if mode == "create":
-            fd = _open_in_root(rootfd, spath, base | os.O_CREAT | os.O_EXCL, perms)
+            fd = open_(base | os.O_CREAT | os.O_EXCL, perms)
         else:
             base |= os.O_TRUNC if mode == "overwrite" else os.O_APPEND
             try:
-                fd = _open_in_root(rootfd, spath, base)
+                fd = open_(base, 0)
                 created = False
             except FileNotFoundError:
                 # O_EXCL tells us we created it, so perms apply to new files only.
                 try:
-                    fd = _open_in_root(rootfd, spath, base | os.O_CREAT | os.O_EXCL, perms)
+                    fd = open_(base | os.O_CREAT | os.O_EXCL, perms)
                 except FileExistsError:
                     # Appeared meanwhile, or a dangling symlink: create through it, in root.
-                    fd = _open_in_root(rootfd, spath, base | os.O_CREAT, perms)
+                    fd = open_(base | os.O_CREAT, perms)
                     created = False
         try:
             _set_regular_blocking(fd, spath)
@@ -548,6 +713,8 @@ class SandboxFiles:
         mode: WriteMode = "overwrite",
         perms: int = 0o644,
         make_parents: bool = True,
+        *,
+        guard: Guard | None = None,
     ) -> FileInfo:
         """Write ``data`` (bytes, or an iterable of bytes chunks streamed one at a time).
 
@@ -556,7 +723,8 @@ class SandboxFiles:
         at ``path`` is followed, inside the sandbox, like the shell's ``>``. Not atomic: a
         failing iterable leaves what was written so far. The iterable is consumed on this
         thread while it holds the sandbox user's file credentials: it must not open host
-        files itself.
+        files itself. With ``guard``, the path judged is where the data goes: a final
+        symlink's target (except in ``create`` mode, which never writes through one).
         """
         spath = self._sandbox_path(path)
         if mode not in ("overwrite", "append", "create"):
@@ -568,8 +736,9 @@ class SandboxFiles:
         chunks: Iterable[Any] = [data] if isinstance(data, bytes | bytearray | memoryview) else data
         with self._session("write", spath) as rootfd:
             if make_parents:
-                self._make_dirs(rootfd, posixpath.dirname(spath))
-            fd = self._open_for_write(rootfd, spath, mode, perms)
+                self._make_dirs(rootfd, posixpath.dirname(spath), guard=guard)
+            with _opener(rootfd, spath, guard, "write", follow=mode != "create") as op:
+                fd = self._open_for_write(op, spath, mode, perms)
             try:
                 for chunk in chunks:
                     if not isinstance(chunk, bytes | bytearray | memoryview):
@@ -583,7 +752,9 @@ class SandboxFiles:
                 os.close(fd)
         return _file_info(spath, st)
 
-    def edit(self, path: str, old: str, new: str, count: int | None = 1) -> int:
+    def edit(
+        self, path: str, old: str, new: str, count: int | None = 1, *, guard: Guard | None = None
+    ) -> int:
         """Replace exact text ``old`` by ``new`` in a UTF-8 file; returns replacements made.
 
         With ``count`` given the file must hold exactly that many occurrences, otherwise
@@ -599,8 +770,8 @@ class SandboxFiles:
             new.encode()
         except UnicodeEncodeError:
             raise InvalidRequest("the new text is not valid Unicode") from None
-        with self._session("edit", spath) as rootfd:
-            fd = self._open_regular(rootfd, spath, os.O_RDWR)
+        with self._session("edit", spath) as rootfd, _opener(rootfd, spath, guard, "write") as op:
+            fd = self._open_regular(op, spath, os.O_RDWR)
             try:
                 try:
                     text = self._read_fd(fd, spath, 0, None).decode("utf-8")
@@ -635,9 +806,17 @@ class SandboxFiles:
 
     # -- directories -------------------------------------------------------------------
 
-    def _mkdir_one(self, rootfd: int, dpath: str, exist_ok: bool, perms: int = 0o755) -> bool:
+    def _mkdir_one(
+        self,
+        rootfd: int,
+        dpath: str,
+        exist_ok: bool,
+        perms: int = 0o755,
+        guard: Guard | None = None,
+        access: Access = "create_dir",
+    ) -> bool:
         """Create one directory; True if it was created (an existing one must be a dir)."""
-        with _parent_of(rootfd, dpath) as (pfd, name):
+        with _parent_of(rootfd, dpath, guard, access) as (pfd, name, _):
             try:
                 os.mkdir(name, perms, dir_fd=pfd)
             except FileExistsError:
@@ -655,7 +834,9 @@ class SandboxFiles:
                 os.close(fd)
             return True
 
-    def _make_dirs(self, rootfd: int, dpath: str, perms: int = 0o755) -> None:
+    def _make_dirs(
+        self, rootfd: int, dpath: str, perms: int = 0o755, guard: Guard | None = None
+    ) -> None:
         """mkdir -p: create ``dpath`` and missing ancestors (``perms`` for ``dpath`` only)."""
         missing: builtins.list[str] = []
         cur = dpath
@@ -668,30 +849,40 @@ class SandboxFiles:
                 cur = posixpath.dirname(cur)
         for d in reversed(missing):
             with self._mapped("create directory", d):
-                self._mkdir_one(rootfd, d, exist_ok=True, perms=perms if d == dpath else 0o755)
+                perm = perms if d == dpath else 0o755
+                self._mkdir_one(rootfd, d, exist_ok=True, perms=perm, guard=guard)
 
-    def mkdir(self, path: str, parents: bool = True, exist_ok: bool = True) -> FileInfo:
+    def mkdir(
+        self,
+        path: str,
+        parents: bool = True,
+        exist_ok: bool = True,
+        *,
+        guard: Guard | None = None,
+    ) -> FileInfo:
+        """With ``guard`` the directory is judged as a write (like the lexical check of a
+        directory that contains protected paths), the parents made on the way by name."""
         spath = self._sandbox_path(path)
         with self._session("create directory", spath) as rootfd:
             if spath != "/":
                 if parents:
-                    self._make_dirs(rootfd, posixpath.dirname(spath))
-                self._mkdir_one(rootfd, spath, exist_ok)
+                    self._make_dirs(rootfd, posixpath.dirname(spath), guard=guard)
+                self._mkdir_one(rootfd, spath, exist_ok, guard=guard, access="write")
             elif not exist_ok:
                 raise FileExistsError(errno.EEXIST, "the root exists")
             return self._stat(rootfd, spath)
 
-    def _stat(self, rootfd: int, spath: str) -> FileInfo:
+    def _stat(self, rootfd: int, spath: str, guard: Guard | None = None) -> FileInfo:
         if spath == "/":
             return _file_info(spath, os.fstat(rootfd))
-        with _parent_of(rootfd, spath) as (pfd, name):
+        with _parent_of(rootfd, spath, guard, "read") as (pfd, name, _):
             return _file_info(spath, *_lstat_at(pfd, name))
 
-    def stat(self, path: str) -> FileInfo:
+    def stat(self, path: str, *, guard: Guard | None = None) -> FileInfo:
         """The entry itself: a symlink is reported as a symlink, with its target."""
         spath = self._sandbox_path(path)
         with self._session("stat", spath) as rootfd:
-            return self._stat(rootfd, spath)
+            return self._stat(rootfd, spath, guard)
 
     def exists(self, path: str) -> bool:
         """True if the entry exists (a dangling symlink counts, as for ``stat``)."""
@@ -705,7 +896,9 @@ class SandboxFiles:
             raise
         return True
 
-    def list(self, path: str, depth: int = 1) -> builtins.list[FileInfo]:
+    def list(
+        self, path: str, depth: int = 1, *, guard: Guard | None = None
+    ) -> builtins.list[FileInfo]:
         """Entries below ``path`` down to ``depth`` levels, sorted by path, directories
         before their contents. Symlinks are listed, never descended into; unreadable
         subdirectories are listed but not descended into."""
@@ -713,8 +906,8 @@ class SandboxFiles:
         if isinstance(depth, bool) or not 1 <= depth <= MAX_LIST_DEPTH:
             raise InvalidRequest(f"depth must be between 1 and {MAX_LIST_DEPTH}, got {depth!r}")
         out: builtins.list[FileInfo] = []
-        with self._session("list", spath) as rootfd:
-            fd = _open_in_root(rootfd, spath, os.O_RDONLY | os.O_DIRECTORY)
+        with self._session("list", spath) as rootfd, _opener(rootfd, spath, guard, "read") as op:
+            fd = op(os.O_RDONLY | os.O_DIRECTORY, 0)
             try:
                 self._list_into(fd, spath, depth, out)
             finally:
@@ -747,7 +940,9 @@ class SandboxFiles:
 
     # -- moving and removing ------------------------------------------------------------
 
-    def move(self, src: str, dst: str, overwrite: bool = False) -> FileInfo:
+    def move(
+        self, src: str, dst: str, overwrite: bool = False, *, guard: Guard | None = None
+    ) -> FileInfo:
         """Rename ``src`` to exactly ``dst`` (not into it), within one filesystem.
 
         A symlink is moved itself. Without ``overwrite`` an existing ``dst`` is refused
@@ -759,11 +954,12 @@ class SandboxFiles:
             raise InvalidRequest("the sandbox root cannot be moved, nor replaced by a move")
         with (
             self._session("move", s) as rootfd,
-            _parent_of(rootfd, s) as (sfd, sname),
+            _parent_of(rootfd, s, guard) as (sfd, sname, _),
             self._mapped("move to", d),
-            _parent_of(rootfd, d) as (dfd, dname),
+            _parent_of(rootfd, d, guard) as (dfd, dname, dpath),
         ):
             try:
+                _judge_new_name(rootfd, guard, sfd, sname, dpath)
                 if overwrite:
                     os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
                 else:
@@ -791,11 +987,14 @@ class SandboxFiles:
                 return
             raise FileExistsError(errno.EEXIST, "destination exists") from None
 
-    def remove(self, path: str, recursive: bool = False) -> None:
+    def remove(self, path: str, recursive: bool = False, *, guard: Guard | None = None) -> None:
         """Remove a file, symlink (itself, not its target) or directory (``recursive`` for
         a non-empty one; symlinks inside are removed, never followed)."""
         spath = self._sandbox_path(path)
-        with self._session("remove", spath) as rootfd, _parent_of(rootfd, spath) as (pfd, name):
+        with (
+            self._session("remove", spath) as rootfd,
+            _parent_of(rootfd, spath, guard) as (pfd, name, _),
+        ):
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
             if not stat.S_ISDIR(st.st_mode):
                 os.unlink(name, dir_fd=pfd)
@@ -834,7 +1033,7 @@ class SandboxFiles:
 
     # -- tar ---------------------------------------------------------------------------
 
-    def upload_tar(self, dest_dir: str, fileobj: IO[bytes]) -> int:
+    def upload_tar(self, dest_dir: str, fileobj: IO[bytes], *, guard: Guard | None = None) -> int:
         """Extract a tar stream (plain, gz, bz2 or xz) into ``dest_dir``, created if missing.
 
         Entries are written one by one through the same in-root resolution, as the sandbox
@@ -842,13 +1041,17 @@ class SandboxFiles:
         they are resolved inside the sandbox when used) and hard links to entries inside the
         sandbox. Absolute names, ``..``, devices and fifos are refused; entries before a
         refused one stay written. Returns the number of entries written.
+
+        With ``guard`` every entry is judged at its canonical path (through symlinks that
+        earlier entries made), a symlink also at where its target resolves now, and a hard
+        link at its source: a link may not be made to point at a guarded path.
         """
         dest = self._sandbox_path(dest_dir)
         written = 0
         # Opened before switching credentials: compression modules may be imported here.
         tar = archive.open_reader(fileobj)
         with tar, self._session("extract into", dest) as rootfd:
-            self._make_dirs(rootfd, dest)
+            self._make_dirs(rootfd, dest, guard=guard)
             try:
                 for member in tar:
                     parts = archive.member_parts(member.name, f"tar entry {member.name!r}")
@@ -856,7 +1059,7 @@ class SandboxFiles:
                         continue
                     target = posixpath.join(dest, *parts)
                     with self._mapped("extract", target):
-                        self._extract(rootfd, tar, member, dest, target)
+                        self._extract(rootfd, tar, member, dest, target, guard)
                     written += 1
             except (tarfile.TarError, EOFError) as exc:
                 raise InvalidRequest(
@@ -867,16 +1070,24 @@ class SandboxFiles:
         return written
 
     def _extract(
-        self, rootfd: int, tar: tarfile.TarFile, member: tarfile.TarInfo, dest: str, target: str
+        self,
+        rootfd: int,
+        tar: tarfile.TarFile,
+        member: tarfile.TarInfo,
+        dest: str,
+        target: str,
+        guard: Guard | None,
     ) -> None:
         archive.check_member_type(member)
         mode = archive.member_mode(member)
         if member.isdir():
-            self._make_dirs(rootfd, target, perms=mode)
+            self._make_dirs(rootfd, target, perms=mode, guard=guard)
             return
-        self._make_dirs(rootfd, posixpath.dirname(target))
+        self._make_dirs(rootfd, posixpath.dirname(target), guard=guard)
         if member.issym():
-            with _parent_of(rootfd, target) as (pfd, name):
+            with _parent_of(rootfd, target, guard) as (pfd, name, path):
+                if guard is not None:
+                    guard(_link_target(rootfd, path, member.linkname), "symlink_to")
                 _unlink_if_not_dir(pfd, name)
                 os.symlink(member.linkname, name, dir_fd=pfd)
         elif member.islnk():
@@ -887,14 +1098,16 @@ class SandboxFiles:
             # The source's directory is resolved inside the root and its final name is not
             # followed, so the link can only ever point at an inode inside the sandbox.
             with contextlib.ExitStack() as stack:
-                dfd, dname = stack.enter_context(_parent_of(rootfd, target))
-                sfd, sname = stack.enter_context(_parent_of(rootfd, source))
+                dfd, dname, path = stack.enter_context(_parent_of(rootfd, target, guard))
+                source_entry = _parent_of(rootfd, source, guard, "hardlink_to")
+                sfd, sname, _ = stack.enter_context(source_entry)
+                _judge_new_name(rootfd, guard, sfd, sname, path)
                 _unlink_if_not_dir(dfd, dname)
                 os.link(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd, follow_symlinks=False)
         else:
             src = tar.extractfile(member)
             assert src is not None  # regular files always have data
-            with _parent_of(rootfd, target) as (pfd, name):
+            with _parent_of(rootfd, target, guard) as (pfd, name, _):
                 _unlink_if_not_dir(pfd, name)  # replace, never write through a symlink
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
                 fd = _open_child(pfd, name, flags, 0o600)
@@ -914,6 +1127,7 @@ class SandboxFiles:
         *,
         include_unsafe: bool = False,
         withheld: builtins.list[tuple[str, str]] | None = None,
+        guard: Guard | None = None,
     ) -> int:
         """Stream a tar of ``path`` (a file, symlink or directory tree) to ``fileobj``.
 
@@ -926,21 +1140,22 @@ class SandboxFiles:
         that is not allowlisted, editor/agent/tool settings, shell rc files, setuid bits,
         symlinks that may leave the tree: see ``export_safety``) are left out unless
         ``include_unsafe``; each one is appended to ``withheld`` as (path in the tar,
-        reason).
+        reason). ``guard`` judges ``path`` itself (with its directory's symlinks resolved);
+        the walk below follows none.
         """
         spath = self._sandbox_path(path)
-        guard = _ExportGuard(not include_unsafe, withheld if withheld is not None else [])
+        export = _ExportGuard(not include_unsafe, withheld if withheld is not None else [])
         tar = tarfile.open(fileobj=fileobj, mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115
         with tar, self._session("archive", spath) as rootfd:
             if spath == "/":
                 fd = _open_in_root(rootfd, "/", os.O_RDONLY | os.O_DIRECTORY)
                 try:
-                    return self._add_dir(tar, fd, ".", spath, 1, guard)
+                    return self._add_dir(tar, fd, ".", spath, 1, export)
                 finally:
                     os.close(fd)
-            in_git_dir = guard.active and _parent_is_git_dir(rootfd, spath)
-            with _parent_of(rootfd, spath) as (pfd, name):
-                return self._add_entry(tar, pfd, name, name, spath, 1, guard, in_git_dir)
+            in_git_dir = export.active and _parent_is_git_dir(rootfd, spath)
+            with _parent_of(rootfd, spath, guard, "read") as (pfd, name, _):
+                return self._add_entry(tar, pfd, name, name, spath, 1, export, in_git_dir)
 
     def _add_entry(
         self,
