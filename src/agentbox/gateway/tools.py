@@ -9,17 +9,29 @@ processes, shell sessions, browser pages) are explicit handles in arguments and 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+import secrets
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentbox.browser.manager import BrowserManager
 from agentbox.errors import HostUnsupported
-from agentbox.runtime.output import CommandResult, OutputCallback
+from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver
 from agentbox.runtime.runtime import Runtime
 
 PolicyKind = Literal["command", "fs_read", "fs_write", "browser", "none"]
 Handler = Callable[["ToolCall"], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class CommandOutput:
+    """How much of a command's output a result keeps: ``cap`` bytes per stream (head and
+    tail); a longer stream is saved whole (its first ``save_max_bytes``; 0: not saved)
+    under ``save_dir`` in the sandbox, where the agent can page it with fs_read."""
+
+    cap: int = 16_384
+    save_dir: str = "/tmp/agentbox-output"
+    save_max_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,9 @@ class ToolCall:
     max_output_bytes: int
     on_output: OutputCallback | None = None
     browsers: BrowserManager | None = None
+    output: CommandOutput = CommandOutput()
+    # Human-readable notes on limits that cut what the call asked for.
+    limits_applied: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +102,7 @@ PATH = {
     "minLength": 1,
     "description": "Path in the sandbox (relative: /workspace)",
 }
+NULL_STR = {"type": ["string", "null"]}
 RESULT_SCHEMA = _out(
     {
         "stdout": STR,
@@ -95,6 +111,15 @@ RESULT_SCHEMA = _out(
         "timed_out": BOOL,
         "truncated": BOOL,
         "duration_ms": {"type": "number"},
+        "stdout_bytes_total": INT,
+        "stderr_bytes_total": INT,
+        "stdout_file": NULL_STR | {"description": "Sandbox path of the full stdout when cut"},
+        "stderr_file": NULL_STR | {"description": "Sandbox path of the full stderr when cut"},
+        "limits_applied": {
+            "type": "array",
+            "items": STR,
+            "description": "Limits that cut what the call asked for (e.g. timeout_ms)",
+        },
     }
 )
 FILE_INFO = {
@@ -111,7 +136,7 @@ FILE_INFO = {
 }
 
 
-def result_dict(r: CommandResult) -> dict[str, Any]:
+def result_dict(r: CommandResult, call: ToolCall) -> dict[str, Any]:
     return {
         "stdout": r.stdout,
         "stderr": r.stderr,
@@ -119,7 +144,28 @@ def result_dict(r: CommandResult) -> dict[str, Any]:
         "timed_out": r.timed_out,
         "truncated": r.truncated,
         "duration_ms": round(r.duration_ms, 3),
+        "stdout_bytes_total": r.stdout_total,
+        "stderr_bytes_total": r.stderr_total,
+        "stdout_file": r.stdout_file,
+        "stderr_file": r.stderr_file,
+        "limits_applied": list(call.limits_applied),
     }
+
+
+def _saver(call: ToolCall) -> OutputSaver | None:
+    """Saves a cut stream through the file API, as the sandbox user: the sandbox's own
+    permissions and disk quota apply, and the agent reads it back with fs_read."""
+    if not call.output.save_max_bytes:
+        return None
+    files = call.runtime.files(call.sandbox_id)
+    name = "r-" + secrets.token_hex(6)
+
+    def save(stream: str, chunks: Iterable[bytes]) -> str:
+        path = f"{call.output.save_dir}/{name}.{stream}"
+        files.write(path, chunks, perms=0o600)
+        return path
+
+    return save
 
 
 # handlers -------------------------------------------------------------------------------
@@ -130,10 +176,12 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
         env=call.args.get("env"),
         stdin=call.args.get("stdin"),
         timeout=call.timeout_s,
-        max_output_bytes=call.max_output_bytes,
+        max_output_bytes=call.output.cap,
         on_output=call.on_output,
+        save=_saver(call),
+        save_max_bytes=call.output.save_max_bytes,
     )
-    return result_dict(result)
+    return result_dict(result, call)
 
 
 def process_start(call: ToolCall) -> dict[str, Any]:
@@ -186,9 +234,11 @@ def shell_run(call: ToolCall) -> dict[str, Any]:
         call.args["session_id"],
         call.args["command"],
         timeout=call.timeout_s,
-        max_output_bytes=call.max_output_bytes,
+        max_output_bytes=call.output.cap,
+        save=_saver(call),
+        save_max_bytes=call.output.save_max_bytes,
     )
-    return result_dict(result)
+    return result_dict(result, call)
 
 
 def shell_close(call: ToolCall) -> dict[str, Any]:
@@ -330,7 +380,19 @@ def browser_close(call: ToolCall) -> dict[str, Any]:
 
 
 COMMAND = {"type": "string", "minLength": 1, "description": "A bash command line"}
-TIMEOUT_MS = {"type": "integer", "minimum": 1, "description": "Wall-clock limit in milliseconds"}
+TIMEOUT_MS = {
+    "type": "integer",
+    "minimum": 1,
+    "description": "Wall-clock limit in milliseconds (cut to the gateway's maximum; "
+    "limits_applied then says so)",
+}
+MAX_OUTPUT = {
+    "type": "integer",
+    "minimum": 1,
+    "description": "Bytes of each stream the result keeps, head and tail (default 16 KiB; "
+    "cut to the gateway's maximum). Longer output is saved whole in the sandbox: the "
+    "result's stdout_file / stderr_file name it for fs_read.",
+}
 PROCESS_ID = {"type": "string", "description": "Handle returned by process_start"}
 SESSION_ID = {"type": "string", "description": "Handle returned by shell_create"}
 BROWSER_HANDLE = {
@@ -366,6 +428,7 @@ TOOLS: list[ToolSpec] = [
                 "command": COMMAND,
                 "cwd": PATH,
                 "timeout_ms": TIMEOUT_MS,
+                "max_output_bytes": MAX_OUTPUT,
                 "stdin": STR,
                 "env": {"type": "object", "additionalProperties": {"type": "string"}},
             },
@@ -471,7 +534,12 @@ TOOLS: list[ToolSpec] = [
         "Run in a shell session",
         "Run a bash command in a shell session (its cwd and environment persist).",
         _obj(
-            {"session_id": SESSION_ID, "command": COMMAND, "timeout_ms": TIMEOUT_MS},
+            {
+                "session_id": SESSION_ID,
+                "command": COMMAND,
+                "timeout_ms": TIMEOUT_MS,
+                "max_output_bytes": MAX_OUTPUT,
+            },
             ["session_id", "command"],
         ),
         RESULT_SCHEMA,

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import posixpath
 import secrets
 import selectors
 import struct
@@ -23,7 +24,7 @@ from typing import IO
 from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, SandboxError
 from agentbox.isolation.cgroups import SandboxCgroup
 from agentbox.runtime.host import SANDBOX_GID, SANDBOX_UID, LaunchPaths, SandboxHost, base_env
-from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallback
+from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallback, OutputSaver
 
 LAUNCH_FAILED = 125
 _TIOCSPTLCK = 0x40045431
@@ -32,6 +33,7 @@ _LAUNCH_PREFIX = b"agentbox-nsexec: "
 _DRAIN_AFTER_EXIT_S = 0.05
 FOREGROUND_LEAF = "c"  # leaves of commands someone waits on; "p": background processes
 DEFAULT_SHELL = "/bin/bash"
+WORKSPACE = "/workspace"
 
 
 def launch_error(e: OSError) -> AgentboxError:
@@ -106,6 +108,8 @@ class CommandRunner:
     ) -> list[str]:
         if cwd is not None and ("\0" in cwd or not cwd):
             raise InvalidRequest("cwd must be a non-empty path without NUL bytes")
+        if cwd is not None and not cwd.startswith("/"):  # relative: to /workspace, as files
+            cwd = posixpath.normpath(posixpath.join(WORKSPACE, cwd))
         out = [str(self.paths.nsexec), "enter", "--leaf", self.cgroup.leaf_dir(leaf)]
         for d in self.cgroup.v1_dirs():
             out += ["--cgroup", d]
@@ -119,7 +123,7 @@ class CommandRunner:
             "--seccomp",
             str(self.paths.seccomp),
             "--cwd",
-            cwd or "/workspace",
+            cwd or WORKSPACE,
         ]
         if exit_file:
             out += ["--exit-file", exit_file]
@@ -148,11 +152,15 @@ class CommandRunner:
         max_output_bytes: int = 1 << 20,
         pty: bool = False,
         on_output: OutputCallback | None = None,
+        save: OutputSaver | None = None,
+        save_max_bytes: int = 0,
     ) -> CommandResult:
         """Run to completion. On timeout the command's whole process tree is killed.
 
         ``on_output(stream, chunk)`` sees every chunk as it arrives ("stdout"/"stderr"),
         uncapped, for callers that stream (the CLI, SSE); the result stays capped.
+        With ``save``, a stream cut at the cap is saved whole (its first ``save_max_bytes``)
+        by ``save(stream, chunks)``, and the result and the cut's marker name the path.
         """
         argv = normalise_argv(command)
         if timeout is not None and timeout <= 0:
@@ -163,22 +171,27 @@ class CommandRunner:
         environment = self.environment(env)
         leaf = self.new_leaf()
         launcher = self.launcher_argv(argv, leaf, cwd, ctty=pty)
+        keep = save_max_bytes if save is not None else 0
+        out = BoundedCapture(max_output_bytes, "stdout", on_output, keep)
+        err = BoundedCapture(max_output_bytes, "stderr", on_output, keep)
         started = time.monotonic()
         try:
-            if pty:
-                result = self._run_pty(
-                    launcher, environment, stdin_bytes, timeout, max_output_bytes, on_output, leaf
-                )
-            else:
-                result = self._run_pipes(
-                    launcher, environment, stdin_bytes, timeout, max_output_bytes, on_output, leaf
-                )
-        except OSError as e:
-            self._finish_leaf(leaf, kill=True)
-            raise launch_error(e) from None
-        stdout, stderr, status, timed_out = result
-        self._finish_leaf(leaf, kill=timed_out)
-        return self._result(stdout, stderr, status, timed_out, time.monotonic() - started)
+            try:
+                if pty:
+                    status, timed_out = self._run_pty(launcher, environment, stdin_bytes,
+                                                      timeout, out, leaf)  # fmt: skip
+                else:
+                    status, timed_out = self._run_pipes(launcher, environment, stdin_bytes,
+                                                        timeout, out, err, leaf)  # fmt: skip
+            except OSError as e:
+                self._finish_leaf(leaf, kill=True)
+                raise launch_error(e) from None
+            self._finish_leaf(leaf, kill=timed_out)
+            elapsed = time.monotonic() - started
+            return self._result(out, err, status, timed_out, elapsed, save)
+        finally:
+            out.close()
+            err.close()
 
     def _run_pipes(
         self,
@@ -186,10 +199,10 @@ class CommandRunner:
         env: dict[str, str],
         stdin: bytes | None,
         timeout: float | None,
-        cap: int,
-        on_output: OutputCallback | None,
+        out: BoundedCapture,
+        err: BoundedCapture,
         leaf: str,
-    ) -> tuple[BoundedCapture, BoundedCapture, int, bool]:
+    ) -> tuple[int, bool]:
         proc = subprocess.Popen(
             launcher,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -199,13 +212,9 @@ class CommandRunner:
             close_fds=True,
         )
         assert proc.stdout is not None and proc.stderr is not None
-        out, err = (
-            BoundedCapture(cap, "stdout", on_output),
-            BoundedCapture(cap, "stderr", on_output),
-        )
         streams: dict[IO[bytes], BoundedCapture] = {proc.stdout: out, proc.stderr: err}
         timed_out = self._pump(proc, streams, stdin, timeout, leaf)
-        return out, err, proc.wait(), timed_out
+        return proc.wait(), timed_out
 
     def _run_pty(
         self,
@@ -213,10 +222,9 @@ class CommandRunner:
         env: dict[str, str],
         stdin: bytes | None,
         timeout: float | None,
-        cap: int,
-        on_output: OutputCallback | None,
+        out: BoundedCapture,
         leaf: str,
-    ) -> tuple[BoundedCapture, BoundedCapture, int, bool]:
+    ) -> tuple[int, bool]:
         master, slave = self.open_pty()
         try:
             proc = subprocess.Popen(
@@ -224,13 +232,12 @@ class CommandRunner:
             )
         finally:
             os.close(slave)
-        out = BoundedCapture(cap, "stdout", on_output)
         master_file = os.fdopen(master, "r+b", buffering=0)
         with master_file:
             if stdin:
                 master_file.write(stdin)
             timed_out = self._pump(proc, {master_file: out}, None, timeout, leaf)
-        return out, BoundedCapture(cap), proc.wait(), timed_out
+        return proc.wait(), timed_out
 
     def open_pty(self) -> tuple[int, int]:
         """A pty pair from the sandbox's own devpts, so ``tty`` and ``ttyname`` work inside."""
@@ -343,7 +350,12 @@ class CommandRunner:
 
     @staticmethod
     def _result(
-        out: BoundedCapture, err: BoundedCapture, status: int, timed_out: bool, elapsed: float
+        out: BoundedCapture,
+        err: BoundedCapture,
+        status: int,
+        timed_out: bool,
+        elapsed: float,
+        save: OutputSaver | None,
     ) -> CommandResult:
         stderr = err.value()
         if status == LAUNCH_FAILED and stderr.startswith(_LAUNCH_PREFIX):
@@ -355,8 +367,9 @@ class CommandRunner:
             raise SandboxError(f"could not start the command in the sandbox: {message}")
         signum = -status if status < 0 else None
         exit_code = 128 + signum if signum is not None else status
+        (stdout, stdout_file), (stderr, stderr_file) = _saved(out, save), _saved(err, save)
         return CommandResult(
-            stdout_bytes=out.value(),
+            stdout_bytes=stdout,
             stderr_bytes=stderr,
             exit_code=exit_code,
             timed_out=timed_out,
@@ -365,4 +378,21 @@ class CommandRunner:
             signal=signum,
             stdout_total=out.total,
             stderr_total=err.total,
+            stdout_file=stdout_file,
+            stderr_file=stderr_file,
         )
+
+
+def _saved(capture: BoundedCapture, save: OutputSaver | None) -> tuple[bytes, str | None]:
+    """The capture's kept bytes, and where its full stream was saved when it was cut."""
+    if save is None or not capture.truncated:
+        return capture.value(), None
+    try:
+        path = save(capture.name, capture.saved_chunks())
+    except AgentboxError as e:  # e.g. the sandbox's disk is full: the cut result stands
+        return capture.value(f"the full {capture.name} could not be saved: {e.message}"), None
+    if capture.saved_complete:
+        note = f"the full {capture.name} is in {path} (read it by offset and length)"
+    else:
+        note = f"its first {capture.keep} bytes are in {path} (the saving cap)"
+    return capture.value(note), path
