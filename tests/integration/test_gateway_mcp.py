@@ -257,3 +257,37 @@ def test_limits_applied_are_named_and_relative_cwd_is_workspace(
             assert read.structured_content["data"] == "/workspace/rel\n"
 
     anyio.run(main)
+
+
+def test_terminal_run_returns_when_the_command_waits_for_input(
+    gw: RunningGateway, sandbox_id: str
+) -> None:
+    token = issue(gw, sandbox_id)
+    ask = 'python3 -c \'print("deleted" if input("Delete 3 files? [y/N] ") == "y" else "kept")\''
+
+    async def main() -> None:
+        async with mcp_client(gw, token) as c:
+            r = await c.call_tool("terminal_run", {"command": ask, "timeout_ms": 25_000})
+            out = r.structured_content
+            assert not r.is_error and out["waiting_for_input"] and not out["timed_out"]
+            assert out["prompt"] == "Delete 3 files? [y/N]" and out["exit_code"] is None
+            pid = out["process_id"]
+            assert pid.startswith("p-") and pid in out["hint"] and "process_write" in out["hint"]
+            assert out["duration_ms"] < 20_000  # early: not at the timeout
+            read = await c.call_tool("process_read", {"process_id": pid})
+            assert read.structured_content["waiting_for_input"], read.structured_content
+            assert read.structured_content["prompt"] == "Delete 3 files? [y/N]"
+            w = await c.call_tool("process_write", {"process_id": pid, "data": "y\n"})
+            assert w.structured_content["written"] == 2
+            while (read := await c.call_tool("process_read", {"process_id": pid})
+                   ).structured_content["running"]:  # fmt: skip
+                await anyio.sleep(0.05)
+            assert read.structured_content["exit_code"] == 0
+            assert read.structured_content["data"].endswith("deleted\n")
+            assert not read.structured_content["waiting_for_input"]
+            # With the answer in stdin it just runs.
+            again = await c.call_tool("terminal_run", {"command": ask, "stdin": "n\n"})
+            assert again.structured_content["stdout"].endswith("kept\n")
+            assert not again.structured_content["waiting_for_input"]
+
+    anyio.run(main)

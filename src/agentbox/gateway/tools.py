@@ -103,11 +103,19 @@ PATH = {
     "description": "Path in the sandbox (relative: /workspace)",
 }
 NULL_STR = {"type": ["string", "null"]}
+WAITING = {
+    "waiting_for_input": BOOL,
+    "prompt": NULL_STR | {"description": "What it printed last, when waiting for input"},
+    "hint": {"type": "string", "description": "What to do next, when waiting for input"},
+}
 RESULT_SCHEMA = _out(
     {
         "stdout": STR,
         "stderr": STR,
-        "exit_code": INT,
+        "exit_code": {
+            "type": ["integer", "null"],
+            "description": "null while it runs on as process_id (it waited for input)",
+        },
         "timed_out": BOOL,
         "truncated": BOOL,
         "duration_ms": {"type": "number"},
@@ -120,7 +128,18 @@ RESULT_SCHEMA = _out(
             "items": STR,
             "description": "Limits that cut what the call asked for (e.g. timeout_ms)",
         },
-    }
+        **WAITING,
+        "process_id": NULL_STR
+        | {"description": "The command waits for input and runs on as this process"},
+    },
+    ["stdout", "stderr", "exit_code", "timed_out", "truncated", "duration_ms",
+     "waiting_for_input"],
+)  # fmt: skip
+# What an agent should do about a command blocked reading its stdin.
+ANSWER_HINT = (
+    'answer it with process_write (e.g. data "y\\n"; the process was started with '
+    "stdin=true), then process_read; or stop it with process_signal. Next time pass the "
+    "answer in stdin, or use a non-interactive flag (-y, --yes, --no-input, --batch)."
 )
 FILE_INFO = {
     "type": "object",
@@ -137,10 +156,10 @@ FILE_INFO = {
 
 
 def result_dict(r: CommandResult, call: ToolCall) -> dict[str, Any]:
-    return {
+    result = {
         "stdout": r.stdout,
         "stderr": r.stderr,
-        "exit_code": r.exit_code,
+        "exit_code": None if r.process_id else r.exit_code,
         "timed_out": r.timed_out,
         "truncated": r.truncated,
         "duration_ms": round(r.duration_ms, 3),
@@ -149,7 +168,17 @@ def result_dict(r: CommandResult, call: ToolCall) -> dict[str, Any]:
         "stdout_file": r.stdout_file,
         "stderr_file": r.stderr_file,
         "limits_applied": list(call.limits_applied),
+        "waiting_for_input": r.waiting_for_input,
     }
+    if r.waiting_for_input:
+        where = (
+            f"it runs on as background process {r.process_id}"
+            if r.process_id
+            else ("it was stopped")
+        )
+        result |= {"prompt": r.prompt, "process_id": r.process_id,
+                   "hint": f"The command is waiting for input; {where}: {ANSWER_HINT}"}  # fmt: skip
+    return result
 
 
 def _saver(call: ToolCall) -> OutputSaver | None:
@@ -180,6 +209,8 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
         on_output=call.on_output,
         save=_saver(call),
         save_max_bytes=call.output.save_max_bytes,
+        detect_input=True,
+        adopt=call.runtime.processes(call.sandbox_id).adopt,
     )
     return result_dict(result, call)
 
@@ -199,12 +230,16 @@ def process_read(call: ToolCall) -> dict[str, Any]:
         pid, call.args.get("stream", "stdout"), call.args.get("offset", 0), limit
     )
     info = table.get(pid)
-    return {
+    result = {
         "data": out.text,
         "next_offset": out.next_offset,
         "running": info.running,
         "exit_code": info.exit_code,
+        "waiting_for_input": info.waiting_for_input,
     }
+    if info.waiting_for_input:
+        result |= {"prompt": info.prompt, "hint": f"It is waiting for input: {ANSWER_HINT}"}
+    return result
 
 
 def process_write(call: ToolCall) -> dict[str, Any]:
@@ -422,7 +457,9 @@ TOOLS: list[ToolSpec] = [
         "terminal_run",
         "Run a command",
         "Run a bash command in the sandbox and wait for it. Returns stdout, stderr and the exit "
-        "code; the command's whole process tree is killed at the timeout.",
+        "code; the command's whole process tree is killed at the timeout. A command that "
+        "waits for input (a prompt, an editor) returns early with waiting_for_input=true and "
+        "runs on as a background process (process_id) that process_write can answer.",
         _obj(
             {
                 "command": COMMAND,
@@ -473,7 +510,9 @@ TOOLS: list[ToolSpec] = [
                 "next_offset": INT,
                 "running": BOOL,
                 "exit_code": {"type": ["integer", "null"]},
-            }
+                **WAITING,
+            },
+            ["data", "next_offset", "running", "exit_code", "waiting_for_input"],
         ),
         read_only=True,
         destructive=False,

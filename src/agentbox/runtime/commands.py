@@ -9,6 +9,7 @@ so the exit status we report comes from ``waitpid`` on the host.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
@@ -18,22 +19,46 @@ import selectors
 import struct
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import IO
 
 from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, SandboxError
 from agentbox.isolation.cgroups import SandboxCgroup
 from agentbox.runtime.host import SANDBOX_GID, SANDBOX_UID, LaunchPaths, SandboxHost, base_env
 from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallback, OutputSaver
+from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
 
 LAUNCH_FAILED = 125
 _TIOCSPTLCK = 0x40045431
 _TIOCGPTPEER = 0x5441
 _LAUNCH_PREFIX = b"agentbox-nsexec: "
 _DRAIN_AFTER_EXIT_S = 0.05
+# How a foreground command ended; RUNNING is the exit code of one still running (adopted).
+EXITED, TIMED_OUT, WAITING = "exited", "timed_out", "waiting"
+RUNNING = -1
+# A command is found waiting for input after this long without output, checked this often.
+INPUT_QUIET_S = 0.5
+INPUT_POLL_S = 0.2
+_RECENT_BYTES = 4096
 FOREGROUND_LEAF = "c"  # leaves of commands someone waits on; "p": background processes
 DEFAULT_SHELL = "/bin/bash"
 WORKSPACE = "/workspace"
+
+
+@dataclass(frozen=True)
+class LiveCommand:
+    """A foreground command still running, its pipes open, handed over to an adopter."""
+
+    proc: subprocess.Popen[bytes]
+    argv: list[str]
+    cwd: str | None
+    leaf: str
+    out: BoundedCapture
+    err: BoundedCapture
+
+
+Adopter = Callable[[LiveCommand], str]  # keeps the command running; returns its process id
 
 
 def launch_error(e: OSError) -> AgentboxError:
@@ -154,6 +179,8 @@ class CommandRunner:
         on_output: OutputCallback | None = None,
         save: OutputSaver | None = None,
         save_max_bytes: int = 0,
+        detect_input: bool = False,
+        adopt: Adopter | None = None,
     ) -> CommandResult:
         """Run to completion. On timeout the command's whole process tree is killed.
 
@@ -161,6 +188,9 @@ class CommandRunner:
         uncapped, for callers that stream (the CLI, SSE); the result stays capped.
         With ``save``, a stream cut at the cap is saved whole (its first ``save_max_bytes``)
         by ``save(stream, chunks)``, and the result and the cut's marker name the path.
+        With ``detect_input`` (pipes, no ``stdin``) the command's stdin is an open, empty
+        pipe, and a command found waiting on it returns early (``waiting_for_input``):
+        handed to ``adopt``, which keeps it running and returns its process id, or killed.
         """
         argv = normalise_argv(command)
         if timeout is not None and timeout <= 0:
@@ -178,20 +208,59 @@ class CommandRunner:
         try:
             try:
                 if pty:
-                    status, timed_out = self._run_pty(launcher, environment, stdin_bytes,
-                                                      timeout, out, leaf)  # fmt: skip
+                    status, outcome = self._run_pty(launcher, environment, stdin_bytes,
+                                                    timeout, out, leaf)  # fmt: skip
+                    recent, process_id = b"", None
                 else:
-                    status, timed_out = self._run_pipes(launcher, environment, stdin_bytes,
-                                                        timeout, out, err, leaf)  # fmt: skip
+                    watch = detect_input and not stdin_bytes
+                    proc, outcome, recent = self._run_pipes(
+                        launcher, environment, stdin_bytes, timeout, out, err, leaf, watch
+                    )
+                    status, process_id = self._settle(
+                        proc, outcome, adopt, argv, cwd, leaf, out, err
+                    )
             except OSError as e:
                 self._finish_leaf(leaf, kill=True)
                 raise launch_error(e) from None
-            self._finish_leaf(leaf, kill=timed_out)
+            if process_id is None:
+                self._finish_leaf(leaf, kill=outcome != EXITED)
             elapsed = time.monotonic() - started
-            return self._result(out, err, status, timed_out, elapsed, save)
+            result = self._result(out, err, status, outcome == TIMED_OUT, elapsed, save)
+            if outcome != WAITING:
+                return result
+            return dataclasses.replace(
+                result,
+                waiting_for_input=True,
+                prompt=prompt_text(recent),
+                process_id=process_id,
+                exit_code=RUNNING if process_id else result.exit_code,
+            )
         finally:
             out.close()
             err.close()
+
+    def _settle(
+        self,
+        proc: subprocess.Popen[bytes],
+        outcome: str,
+        adopt: Adopter | None,
+        argv: list[str],
+        cwd: str | None,
+        leaf: str,
+        out: BoundedCapture,
+        err: BoundedCapture,
+    ) -> tuple[int, str | None]:
+        """The launcher's status, or (a command waiting for input handed to ``adopt``) its
+        new process id; a waiting command nobody adopts is killed."""
+        if outcome == WAITING and adopt is not None:
+            return 0, adopt(LiveCommand(proc, argv, cwd, leaf, out, err))
+        if outcome == WAITING:
+            self.cgroup.kill_leaf(leaf)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        return proc.wait(), None
 
     def _run_pipes(
         self,
@@ -202,10 +271,11 @@ class CommandRunner:
         out: BoundedCapture,
         err: BoundedCapture,
         leaf: str,
-    ) -> tuple[int, bool]:
+        watch: bool,
+    ) -> tuple[subprocess.Popen[bytes], str, bytes]:
         proc = subprocess.Popen(
             launcher,
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin or watch else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
@@ -213,8 +283,9 @@ class CommandRunner:
         )
         assert proc.stdout is not None and proc.stderr is not None
         streams: dict[IO[bytes], BoundedCapture] = {proc.stdout: out, proc.stderr: err}
-        timed_out = self._pump(proc, streams, stdin, timeout, leaf)
-        return proc.wait(), timed_out
+        stdin_id = stream_id(proc.stdin.fileno()) if watch and proc.stdin is not None else None
+        outcome, recent = self._pump(proc, streams, stdin, timeout, leaf, stdin_id)
+        return proc, outcome, recent
 
     def _run_pty(
         self,
@@ -224,7 +295,7 @@ class CommandRunner:
         timeout: float | None,
         out: BoundedCapture,
         leaf: str,
-    ) -> tuple[int, bool]:
+    ) -> tuple[int, str]:
         master, slave = self.open_pty()
         try:
             proc = subprocess.Popen(
@@ -236,8 +307,8 @@ class CommandRunner:
         with master_file:
             if stdin:
                 master_file.write(stdin)
-            timed_out = self._pump(proc, {master_file: out}, None, timeout, leaf)
-        return proc.wait(), timed_out
+            outcome, _ = self._pump(proc, {master_file: out}, None, timeout, leaf, None)
+        return proc.wait(), outcome
 
     def open_pty(self) -> tuple[int, int]:
         """A pty pair from the sandbox's own devpts, so ``tty`` and ``ttyname`` work inside."""
@@ -263,18 +334,23 @@ class CommandRunner:
         stdin: bytes | None,
         timeout: float | None,
         leaf: str,
-    ) -> bool:
-        """Read output until the command exits (or times out). Returns whether it timed out.
+        stdin_id: StreamId | None,
+    ) -> tuple[str, bytes]:
+        """Read output until the command exits, times out, or (``stdin_id``: its stdin)
+        waits for input. Returns how it ended and the last output (for a prompt).
 
         A background child may keep a pipe open after the command ends, so we stop on the
         launcher's exit (pidfd), not on EOF, after draining what is already buffered.
+        A command waiting for input keeps its pipes open: the caller takes them over.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         pidfd = os.pidfd_open(proc.pid)
         sel = selectors.DefaultSelector()
         by_fd = {stream.fileno(): stream for stream in streams}
-        timed_out = False
+        outcome = EXITED
         exited_at: float | None = None
+        last_output = time.monotonic()
+        recent = bytearray()
         try:
             for fd in by_fd:
                 os.set_blocking(fd, False)
@@ -285,15 +361,24 @@ class CommandRunner:
             while True:
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
-                    timed_out = True
+                    outcome = TIMED_OUT
                     deadline = None
                     self.cgroup.kill_leaf(leaf)  # the tree, setsid daemons included
                 if exited_at is not None and (not by_fd or now - exited_at > _DRAIN_AFTER_EXIT_S):
                     break
+                check_at = None
+                if stdin_id is not None and exited_at is None and outcome == EXITED:
+                    check_at = max(last_output + INPUT_QUIET_S, now)
+                    if check_at == now and waiting_for_input(self.cgroup.unified / leaf, stdin_id):
+                        outcome = WAITING
+                        break
+                    if check_at == now:
+                        check_at = now + INPUT_POLL_S
                 if exited_at is not None:
                     wait: float | None = _DRAIN_AFTER_EXIT_S
                 else:
-                    wait = None if deadline is None else max(0.0, deadline - now)
+                    ends = [t for t in (deadline, check_at) if t is not None]
+                    wait = max(0.0, min(ends) - now) if ends else None
                 for key, _ in sel.select(wait):
                     fd = int(key.fd)
                     if fd == pidfd:
@@ -308,16 +393,20 @@ class CommandRunner:
                         chunk = b""
                     if chunk:
                         streams[by_fd[fd]].feed(chunk)
+                        last_output = time.monotonic()
+                        recent += chunk
+                        del recent[:-_RECENT_BYTES]
                     else:
                         sel.unregister(fd)
                         del by_fd[fd]
         finally:
             sel.close()
             os.close(pidfd)
-            for stream in streams:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        return timed_out
+            if outcome != WAITING:
+                for stream in streams:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+        return outcome, bytes(recent)
 
     @staticmethod
     def _feed_stdin(pipe: IO[bytes], data: bytes) -> None:

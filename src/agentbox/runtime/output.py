@@ -117,6 +117,11 @@ class CommandResult:
     # Sandbox paths holding the full streams when they were cut (and could be saved).
     stdout_file: str | None = None
     stderr_file: str | None = None
+    # The command blocked reading its stdin: what it last printed, and (when it was kept
+    # running as a background process) its id; exit_code is then -1.
+    waiting_for_input: bool = False
+    prompt: str | None = None
+    process_id: str | None = None
 
     @property
     def stdout(self) -> str:
@@ -143,4 +148,7 @@ class CommandResult:
             "stderr_bytes_total": self.stderr_total,
             "stdout_file": self.stdout_file,
             "stderr_file": self.stderr_file,
+            "waiting_for_input": self.waiting_for_input,
+            "prompt": self.prompt,
+            "process_id": self.process_id,
         }
