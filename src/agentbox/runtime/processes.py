@@ -38,6 +38,7 @@ from agentbox.runtime.commands import (
     launch_error,
     normalise_argv,
 )
+from agentbox.runtime.files import sandbox_credentials
 from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
 
 _SIGNALS = {s.name: s for s in signals.Signals}
@@ -205,9 +206,11 @@ class ProcessTable:
         meta = {"argv": live.argv, "started_at": time.time(), "leaf": leaf, "cwd": live.cwd,
                 "stdin_id": list(stream_id(live.proc.stdin.fileno())), "adopted": True}  # fmt: skip
         (pdir / "meta.json").write_text(json.dumps(meta))
+        ids = (self.runner.host.host_uid, self.runner.host.host_gid)
         relay = threading.Thread(
-            target=_relay, args=(live.proc, pdir, fifo), name=f"relay-{process_id}", daemon=True
-        )
+            target=_relay, args=(live.proc, pdir, fifo, ids), name=f"relay-{process_id}",
+            daemon=True,
+        )  # fmt: skip
         relay.start()
         return process_id
 
@@ -327,14 +330,28 @@ def _move_processes(unified: Path, old: str, new: str) -> None:
                 (unified / new / "cgroup.procs").write_text(pid)
 
 
-def _relay(proc: subprocess.Popen[bytes], pdir: Path, fifo: int) -> None:
+def _relay(proc: subprocess.Popen[bytes], pdir: Path, fifo: int, ids: tuple[int, int]) -> None:
     """Copy an adopted command's output to its files and the FIFO to its stdin until it
-    exits; then record its exit like the launcher does (128 + signal when killed)."""
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    sinks = {
+    exits; then record its exit like the launcher does (128 + signal when killed).
+
+    The copying runs with the sandbox user's credentials (``ids``), as the command's own
+    writes to a background process's files would: no capability lets it past the disk's
+    reserved blocks."""
+    assert proc.stdout is not None and proc.stderr is not None
+    sinks = {  # opened as root: the directory is the daemon's
         proc.stdout.fileno(): os.open(pdir / "stdout", os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC),
         proc.stderr.fileno(): os.open(pdir / "stderr", os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC),
     }
+    with sandbox_credentials(*ids):
+        _copy(proc, sinks, fifo)
+    status = proc.wait()
+    code = 128 - status if status < 0 else status
+    (pdir / "exit.tmp").write_text(f"{code}\n")
+    (pdir / "exit.tmp").rename(pdir / "exit")
+
+
+def _copy(proc: subprocess.Popen[bytes], sinks: dict[int, int], fifo: int) -> None:
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     stdin = proc.stdin.fileno()
     os.set_blocking(stdin, False)
     pending = b""
@@ -377,10 +394,6 @@ def _relay(proc: subprocess.Popen[bytes], pdir: Path, fifo: int) -> None:
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             with contextlib.suppress(OSError):
                 pipe.close()
-    status = proc.wait()
-    code = 128 - status if status < 0 else status
-    (pdir / "exit.tmp").write_text(f"{code}\n")
-    (pdir / "exit.tmp").rename(pdir / "exit")
 
 
 def _push(fd: int, data: bytes) -> bytes:
