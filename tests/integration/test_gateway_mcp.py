@@ -285,6 +285,9 @@ def test_terminal_run_returns_when_the_command_waits_for_input(
             assert read.structured_content["exit_code"] == 0
             assert read.structured_content["data"].endswith("deleted\n")
             assert not read.structured_content["waiting_for_input"]
+            late = await c.call_tool("process_signal", {"process_id": pid})
+            assert late.structured_content == {"process_id": pid, "signalled": False,
+                                               "running": False, "exit_code": 0}  # fmt: skip
             # With the answer in stdin it just runs.
             again = await c.call_tool("terminal_run", {"command": ask, "stdin": "n\n"})
             assert again.structured_content["stdout"].endswith("kept\n")

@@ -131,3 +131,25 @@ def test_a_background_process_reports_waiting_for_input(sandbox: Sandbox,
     assert table.wait(info.id, timeout=30).exit_code == 0
     assert not table.get(info.id).waiting_for_input
     assert table.read_output(info.id).text.endswith("answered y\n")
+
+
+def test_a_signal_right_after_start_reaches_the_command(sandbox: Sandbox,
+                                                        runtime: Runtime) -> None:  # fmt: skip
+    """start() returns once the command runs: a SIGKILL 0 ms later used to remove the leaf
+    under the launcher (exit 125, "agentbox failed"), a SIGTERM found no process at all."""
+    table = runtime.processes(sandbox.id)
+    for sig, code in (("SIGKILL", 137), ("SIGTERM", 143)):
+        for _ in range(5):
+            info = table.start("sleep 300")
+            assert table.signal(info.id, sig)
+            assert table.wait(info.id, timeout=30).exit_code == code, sig
+
+
+def test_signalling_an_ended_process_says_it_was_not_signalled(sandbox: Sandbox,
+                                                               runtime: Runtime) -> None:  # fmt: skip
+    table = runtime.processes(sandbox.id)
+    info = table.start("exit 3")
+    assert table.wait(info.id, timeout=30).exit_code == 3
+    assert table.signal(info.id, "SIGTERM") is False
+    assert table.signal(info.id, "SIGKILL") is False
+    assert table.get(info.id).exit_code == 3

@@ -251,8 +251,15 @@ def process_write(call: ToolCall) -> dict[str, Any]:
 
 def process_signal(call: ToolCall) -> dict[str, Any]:
     table = call.runtime.processes(call.sandbox_id)
-    table.signal(call.args["process_id"], call.args.get("signal", "SIGTERM"))
-    return {"process_id": call.args["process_id"], "signalled": True}
+    pid = call.args["process_id"]
+    delivered = table.signal(pid, call.args.get("signal", "SIGTERM"))
+    info = table.get(pid)
+    return {
+        "process_id": pid,
+        "signalled": delivered,
+        "running": info.running,
+        "exit_code": info.exit_code,
+    }
 
 
 def process_list(call: ToolCall) -> dict[str, Any]:
@@ -535,9 +542,17 @@ TOOLS: list[ToolSpec] = [
     ToolSpec(
         "process_signal",
         "Signal a background process",
-        "Send a signal (default SIGTERM; SIGKILL kills its whole tree).",
+        "Send a signal (default SIGTERM; SIGKILL kills its whole tree). signalled=false: "
+        "the process had already ended (exit_code says how).",
         _obj({"process_id": PROCESS_ID, "signal": STR}, ["process_id"]),
-        _out({"process_id": STR, "signalled": BOOL}),
+        _out(
+            {
+                "process_id": STR,
+                "signalled": BOOL,
+                "running": BOOL,
+                "exit_code": {"type": ["integer", "null"]},
+            }
+        ),
         read_only=False,
         destructive=True,
         idempotent=False,

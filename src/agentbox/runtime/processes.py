@@ -112,7 +112,25 @@ class ProcessTable:
             self.runner.cgroup.remove_leaf(leaf)
             shutil.rmtree(pdir, ignore_errors=True)
             raise launch_error(e) from None
+        self._wait_running(pdir, self.runner.cgroup.unified / leaf)
         return ProcessInfo(process_id, argv, started, True, None)
+
+    @staticmethod
+    def _wait_running(pdir: Path, leaf: Path, timeout: float = 10.0) -> None:
+        """Until the command runs as the sandbox user in its leaf (or has ended): the
+        launcher detaches first, and a signal sent before that would find no process
+        (SIGKILL then removed the leaf under the launcher: it reported 125)."""
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        while time.monotonic() < deadline and _read_exit(pdir / "exit") is None:
+            try:
+                pids = [int(p) for p in (leaf / "cgroup.procs").read_text().split()]
+            except FileNotFoundError:
+                return
+            if any(not _is_launcher(pid) for pid in pids):
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
 
     def _launch(
         self, pdir: Path, argv: list[str], environment: dict[str, str], leaf: str,
@@ -240,21 +258,26 @@ class ProcessTable:
         finally:
             os.close(fd)
 
-    def signal(self, process_id: str, sig: int | str = "SIGTERM") -> None:
-        """Signal the command (the launcher's child); SIGKILL takes its whole tree."""
+    def signal(self, process_id: str, sig: int | str = "SIGTERM") -> bool:
+        """Signal the command (the launcher's child); SIGKILL takes its whole tree.
+        Returns whether it was delivered (not when the process had already ended)."""
         pdir = self._dir(process_id)
         signum = _signal_number(sig)
         meta = json.loads((pdir / "meta.json").read_text())
+        if _read_exit(pdir / "exit") is not None:
+            return False
         if signum == signals.SIGKILL:
+            alive = self.runner.cgroup.populated(self.runner.cgroup.unified / meta["leaf"])
             self.runner.cgroup.remove_leaf(meta["leaf"])
-            return
+            return alive
         # The command is the one process of its leaf whose parent is outside the sandbox's
         # pid namespace (the launcher); signal the leaf's processes that are not launchers.
         leaf = self.runner.cgroup.unified / meta["leaf"]
         try:
             pids = [int(p) for p in (leaf / "cgroup.procs").read_text().split()]
         except FileNotFoundError:
-            return
+            return False
+        delivered = False
         for pid in pids:
             if _is_launcher(pid):
                 continue
@@ -262,6 +285,8 @@ class ProcessTable:
                 continue  # a descendant; the command itself gets the signal
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
+                delivered = True
+        return delivered
 
     def wait(self, process_id: str, timeout: float | None = None) -> ProcessInfo:
         pdir = self._dir(process_id)
