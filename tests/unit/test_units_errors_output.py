@@ -7,7 +7,7 @@ import pytest
 import agentbox
 from agentbox import errors
 from agentbox.runtime.output import BoundedCapture
-from agentbox.units import format_size, parse_duration, parse_size
+from agentbox.units import format_size, human_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(
@@ -37,6 +37,12 @@ def test_parse_duration() -> None:
     assert parse_duration(3) == 3.0
     with pytest.raises(errors.InvalidRequest):
         parse_duration("soon")
+
+
+def test_human_size() -> None:
+    assert human_size(128 * 1024**2) == "128MiB"
+    assert human_size(3 * 1024**3 // 2) == "1.5GiB"
+    assert human_size(900) == "900B" and human_size(2 * 1024**4) == "2TiB"
 
 
 def test_format_size() -> None:
