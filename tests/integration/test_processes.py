@@ -153,3 +153,26 @@ def test_signalling_an_ended_process_says_it_was_not_signalled(sandbox: Sandbox,
     assert table.signal(info.id, "SIGTERM") is False
     assert table.signal(info.id, "SIGKILL") is False
     assert table.get(info.id).exit_code == 3
+
+
+def test_an_adopted_command_whose_daemon_is_gone_ends(sandbox: Sandbox, runtime: Runtime) -> None:
+    """The relay lives in the daemon that adopted the command: when that process is gone,
+    the command's pipes close, it ends, and get() says so (with no exit code to report)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from agentbox.runtime.runtime import Runtime; rt = Runtime(); "
+        f"t = rt.processes({sandbox.id!r}); "
+        f'r = rt.commands({sandbox.id!r}).run("python3 -c \'input(\\"name? \\")\'", '
+        "timeout=60, detect_input=True, adopt=t.adopt); print(r.process_id, flush=True)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True)  # fmt: skip
+    process_id = done.stdout.strip()
+    table = runtime.processes(sandbox.id)
+    for _ in range(600):  # EOF ends it at once; 30 s at most
+        if not (info := table.get(process_id)).running:
+            break
+        table.wait(process_id, timeout=0.05)
+    assert not info.running and info.exit_code is None and not info.waiting_for_input

@@ -182,8 +182,12 @@ class ProcessTable:
         pdir = self._dir(process_id)
         meta = json.loads((pdir / "meta.json").read_text())
         code = _read_exit(pdir / "exit")
-        info = ProcessInfo(process_id, meta["argv"], meta["started_at"], code is None, code)
-        if code is None and self._waiting(pdir, meta):
+        running = code is None
+        if running and not _alive(meta.get("relay_pid")):
+            # Adopted by a daemon that is gone: its exit will never be recorded.
+            running = self.runner.cgroup.populated(self.runner.cgroup.unified / meta["leaf"])
+        info = ProcessInfo(process_id, meta["argv"], meta["started_at"], running, code)
+        if running and self._waiting(pdir, meta):
             recent = b"".join(_tail(pdir / name, 4096) for name in ("stderr", "stdout"))
             info = dataclasses.replace(info, waiting_for_input=True, prompt=prompt_text(recent))
         return info
@@ -221,8 +225,14 @@ class ProcessTable:
             os.utime(pdir / capture.name, (quiet_since, quiet_since))  # "last output" for get
         os.mkfifo(pdir / "stdin", 0o600)
         fifo = os.open(pdir / "stdin", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-        meta = {"argv": live.argv, "started_at": time.time(), "leaf": leaf, "cwd": live.cwd,
-                "stdin_id": list(stream_id(live.proc.stdin.fileno())), "adopted": True}  # fmt: skip
+        meta = {
+            "argv": live.argv,
+            "started_at": time.time(),
+            "leaf": leaf,
+            "cwd": live.cwd,
+            "stdin_id": list(stream_id(live.proc.stdin.fileno())),
+            "relay_pid": os.getpid(),
+        }
         (pdir / "meta.json").write_text(json.dumps(meta))
         ids = (self.runner.host.host_uid, self.runner.host.host_gid)
         relay = threading.Thread(
@@ -333,6 +343,17 @@ def _signal_number(sig: int | str) -> int:
     if name not in _SIGNALS:
         raise InvalidRequest(f"unknown signal {sig!r}; use a name like SIGTERM or a number")
     return int(_SIGNALS[name])
+
+
+def _alive(pid: object) -> bool:
+    """Whether the daemon relaying an adopted command still runs (true when none does)."""
+    if not isinstance(pid, int):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _tail(path: Path, size: int) -> bytes:
