@@ -464,9 +464,11 @@ TOOLS: list[ToolSpec] = [
         "terminal_run",
         "Run a command",
         "Run a bash command in the sandbox and wait for it. Returns stdout, stderr and the exit "
-        "code; the command's whole process tree is killed at the timeout. A command that "
-        "waits for input (a prompt, an editor) returns early with waiting_for_input=true and "
-        "runs on as a background process (process_id) that process_write can answer.",
+        "code; the command's whole process tree is killed at the timeout. Long output keeps "
+        "its head and tail; the whole of it is saved in the sandbox (stdout_file / "
+        "stderr_file) for fs_read. A command that waits for input (a prompt, an editor) "
+        "returns early with waiting_for_input=true and runs on as a background process "
+        "(process_id) that process_write can answer.",
         _obj(
             {
                 "command": COMMAND,
