@@ -50,7 +50,9 @@ ApprovalMode = Literal["wait", "handle"]
 # Compiled once: checking the schema itself on every call costs ~10 ms.
 _VALIDATORS = {t.name: jsonschema.Draft202012Validator(t.input_schema) for t in TOOLS}
 # Page text, titles and urls are tool output too; a screenshot (png_base64) is not text.
-_REDACTED_FIELDS = ("stdout", "stderr", "content", "data", "text", "snapshot", "title", "url")
+_REDACTED_FIELDS = (
+    "stdout", "stderr", "prompt", "content", "data", "text", "snapshot", "title", "url",
+)  # fmt: skip
 _DEFAULT_MAX_OUTPUT = 262_144
 # Reads up to this size run on the event loop thread (page-cache reads of a few µs; a
 # worker-thread hop costs ~180 µs of CPU). Larger ones and everything else use a thread.
