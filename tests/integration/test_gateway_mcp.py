@@ -294,3 +294,21 @@ def test_terminal_run_returns_when_the_command_waits_for_input(
             assert not again.structured_content["waiting_for_input"]
 
     anyio.run(main)
+
+
+def test_saved_outputs_do_not_pile_up(gw: RunningGateway, sandbox_id: str) -> None:
+    from agentbox.gateway.tools import SAVED_OUTPUTS_KEPT
+
+    token = issue(gw, sandbox_id)
+
+    async def main() -> None:
+        async with mcp_client(gw, token) as c:
+            paths = []
+            for _ in range(SAVED_OUTPUTS_KEPT + 5):
+                r = await c.call_tool("terminal_run", {"command": "seq 1 20000"})
+                paths.append(r.structured_content["stdout_file"])
+            listed = await c.call_tool("fs_list", {"path": "/tmp/agentbox-output"})
+            left = {e["path"] for e in listed.structured_content["entries"]}
+            assert left == set(paths[-SAVED_OUTPUTS_KEPT:])  # the newest, the last one too
+
+    anyio.run(main)

@@ -9,13 +9,15 @@ processes, shell sessions, browser pages) are explicit handles in arguments and 
 from __future__ import annotations
 
 import base64
+import contextlib
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentbox.browser.manager import BrowserManager
-from agentbox.errors import HostUnsupported
+from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported
+from agentbox.runtime.files import SandboxFiles
 from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver
 from agentbox.runtime.runtime import Runtime
 
@@ -181,20 +183,37 @@ def result_dict(r: CommandResult, call: ToolCall) -> dict[str, Any]:
     return result
 
 
+SAVED_OUTPUTS_KEPT = 20  # the newest files of save_dir; older ones go as new ones come
+
+
 def _saver(call: ToolCall) -> OutputSaver | None:
     """Saves a cut stream through the file API, as the sandbox user: the sandbox's own
-    permissions and disk quota apply, and the agent reads it back with fs_read."""
+    permissions and disk quota apply, and the agent reads it back with fs_read. Only the
+    newest SAVED_OUTPUTS_KEPT files stay, so forgotten ones do not fill the disk."""
     if not call.output.save_max_bytes:
         return None
     files = call.runtime.files(call.sandbox_id)
     name = "r-" + secrets.token_hex(6)
 
     def save(stream: str, chunks: Iterable[bytes]) -> str:
+        _prune_saved(files, call.output.save_dir)
         path = f"{call.output.save_dir}/{name}.{stream}"
         files.write(path, chunks, perms=0o600)
         return path
 
     return save
+
+
+def _prune_saved(files: SandboxFiles, directory: str) -> None:
+    try:
+        saved = [e for e in files.list(directory) if e.type == "file"
+                 and e.name.startswith("r-")]  # fmt: skip
+    except FileNotFound:
+        return
+    saved.sort(key=lambda e: e.mtime)
+    for old in saved[: max(0, len(saved) - SAVED_OUTPUTS_KEPT + 1)]:
+        with contextlib.suppress(AgentboxError):
+            files.remove(old.path)
 
 
 # handlers -------------------------------------------------------------------------------
