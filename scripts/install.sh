@@ -44,3 +44,15 @@ else
   .venv/bin/pip install -q --disable-pip-version-check -e .
 fi
 echo "==> installed: $(.venv/bin/agentbox --version)"
+
+# On PATH: /usr/local/bin/agentbox -> this checkout's. A development checkout (--dev) links
+# nothing (several checkouts may share a host); nor is a file we did not link replaced.
+LINK=/usr/local/bin/agentbox
+if [ "$DEV" = 0 ]; then
+  if [ ! -e "$LINK" ] || [ -L "$LINK" ]; then
+    ln -sfn "$PWD/.venv/bin/agentbox" "$LINK"
+    echo "==> $LINK -> $PWD/.venv/bin/agentbox"
+  else
+    echo "==> $LINK exists and is not a link: left alone; run $PWD/.venv/bin/agentbox" >&2
+  fi
+fi

@@ -70,3 +70,11 @@ def format_size(n: int) -> str:
         if n >= factor and n % factor == 0:
             return f"{n // factor}{unit}"
     return f"{n}B"
+
+
+def human_size(n: int) -> str:
+    """``n`` bytes for people: 256MiB, 1.5GiB, 900B (one decimal at most)."""
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= factor:
+            return f"{n / factor:.1f}".removesuffix(".0") + unit
+    return f"{n}B"

@@ -92,3 +92,38 @@ def test_doctor_json(agentbox_home: Path) -> None:
 def test_shell_runs_a_script_from_stdin(agentbox_home: Path, sandbox_id: str) -> None:
     r = run(agentbox_home, "sandbox", "shell", sandbox_id, stdin=b"cd /tmp\npwd\nid -u\nexit 4\n")
     assert (r.stdout, r.returncode) == (b"/tmp\n1000\n", 4)
+
+
+def test_a_mistyped_subcommand_gets_a_suggestion(agentbox_home: Path) -> None:
+    for args, near in ((["sandbx", "ls"], "'sandbox'"), (["sandbox", "lss"], "'ls'"),
+                       (["snapshot", "prun"], "'prune'"), (["tokn"], "'token'")):  # fmt: skip
+        r = run(agentbox_home, *args)
+        assert r.returncode == 2 and f"Did you mean {near}" in r.stderr.decode(), r.stderr
+    r = run(agentbox_home, "zzzzzz")
+    assert r.returncode == 2 and b"Did you mean" not in r.stderr
+
+
+def test_sandbox_ls_shows_memory_for_people(agentbox_home: Path, sandbox_id: str) -> None:
+    r = run(agentbox_home, "sandbox", "ls")
+    [row] = [line for line in r.stdout.decode().splitlines() if line.startswith(sandbox_id)]
+    assert row.split()[-1] == "128MiB", row
+
+
+def test_durations_are_parsed_alike_everywhere(agentbox_home: Path, sandbox_id: str,
+                                               tmp_path: Path) -> None:  # fmt: skip
+    from gateway_harness import running_gateway
+
+    r = run(agentbox_home, "sandbox", "exec", sandbox_id, "--timeout", "300ms", "--", "sleep", "9")
+    assert r.returncode == 124, r.stderr
+    bad = run(agentbox_home, "sandbox", "exec", sandbox_id, "--timeout", "8x", "--", "true")
+    assert bad.returncode == 2 and b"is not a duration" in bad.stderr
+    with running_gateway(agentbox_home, tmp_path) as gw:
+        env = {**os.environ, "AGENTBOX_HOME": str(agentbox_home), "AGENTBOX_URL": gw.url,
+               "AGENTBOX_TOKEN": gw.operator_token}  # fmt: skip
+        issued = subprocess.run([AGENTBOX, "token", "issue", "--sandbox", sandbox_id, "--ttl",
+                                 "8h"], capture_output=True, env=env, timeout=60, check=False)  # fmt: skip
+        assert issued.returncode == 0, issued.stderr
+        listed = subprocess.run([AGENTBOX, "token", "ls", "--sandbox", sandbox_id, "--json"], capture_output=True,
+                                env=env, timeout=60, check=True)  # fmt: skip
+        [mine] = json.loads(listed.stdout)
+        assert mine["expires_at"] - mine["created_at"] == 8 * 3600

@@ -26,6 +26,12 @@ def test_cwd_env_stdin(sandbox: Sandbox) -> None:
     assert r.stdout == "/tmp\nhi\nfrom stdin"
 
 
+def test_relative_cwd_is_below_workspace(sandbox: Sandbox) -> None:
+    sandbox.files.mkdir("/workspace/a/b")
+    assert sandbox.commands.run("pwd", cwd="a/b").stdout == "/workspace/a/b\n"
+    assert sandbox.commands.run("pwd", cwd="a/../a").stdout == "/workspace/a\n"
+
+
 def test_missing_cwd_is_a_clear_error(sandbox: Sandbox) -> None:
     from agentbox.errors import InvalidRequest
 
@@ -61,7 +67,7 @@ def test_output_is_capped_with_head_and_tail(sandbox: Sandbox) -> None:
     assert r.truncated
     assert r.stdout.startswith("1\n2\n3\n")
     assert r.stdout.rstrip().endswith("200000")
-    assert "bytes truncated" in r.stdout
+    assert "lines) of stdout cut here" in r.stdout
     assert r.stdout_total == len("\n".join(str(i) for i in range(1, 200001))) + 1
 
 

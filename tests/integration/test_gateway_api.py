@@ -142,6 +142,23 @@ def test_command_file_and_redaction(gw: RunningGateway, sandbox_id: str) -> None
                      params={"path": "notes.txt"}).json()["content"] == "one\ntwo\n"  # fmt: skip
 
 
+def test_prompts_and_saved_output_are_redacted(gw: RunningGateway, sandbox_id: str) -> None:
+    token = session_token(gw, sandbox_id)
+    asks = run(gw, token, sandbox_id, f"python3 -c 'input(\"key {SECRET}? \")'").json()
+    assert asks["waiting_for_input"], asks
+    assert asks["prompt"] == "key [REDACTED:AGENTBOX_TEST_PLANTED_SECRET]?"
+    assert SECRET not in json.dumps(asks)
+    with gw.client(token) as c:
+        c.post(f"/v1/sandboxes/{sandbox_id}/processes/{asks['process_id']}/signal",
+               json={"signal": "SIGKILL"})  # fmt: skip
+    long = run(gw, token, sandbox_id, f"seq 1 9999; echo {SECRET}; seq 1 9999").json()
+    assert long["truncated"] and SECRET not in json.dumps(long)
+    with gw.client(token) as c:
+        saved = c.get(f"/v1/sandboxes/{sandbox_id}/files", params={"path": long["stdout_file"]})
+    assert "[REDACTED:AGENTBOX_TEST_PLANTED_SECRET]" in saved.json()["content"]
+    assert SECRET not in saved.text
+
+
 def test_streaming_output_over_sse(gw: RunningGateway, sandbox_id: str) -> None:
     token = session_token(gw, sandbox_id)
     events = []

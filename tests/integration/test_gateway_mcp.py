@@ -166,3 +166,149 @@ def test_stdio_server(agentbox_home: Path, host_ready: None) -> None:
     anyio.run(main)
     # The sandboxes the stdio servers created died with them.
     assert {r.id for r in Runtime(agentbox_home).list()} == before
+
+
+def test_output_is_sized_for_a_context_and_saved_whole(gw: RunningGateway, sandbox_id: str) -> None:
+    """`seq 1 200000` is 1.3 MB: the result keeps 16 KiB of it (head and tail, cut marked,
+    naming the file), and the whole of it is in the sandbox for fs_read to page."""
+    token = issue(gw, sandbox_id)
+    full = "".join(f"{i}\n" for i in range(1, 200001)).encode()
+
+    async def main() -> None:
+        async with mcp_client(gw, token) as c:
+            r = await c.call_tool("terminal_run", {"command": "seq 1 200000"})
+            out = r.structured_content
+            assert not r.is_error and out["truncated"] and out["exit_code"] == 0
+            assert out["stdout_bytes_total"] == len(full)
+            assert len(out["stdout"].encode()) < 17_000  # the 16 KiB default and its marker
+            assert sum(len(b.text) for b in r.content if b.type == "text") < 40_000
+            assert out["stdout"].startswith("1\n2\n3\n") and out["stdout"].endswith("200000\n")
+            path = out["stdout_file"]
+            assert path.startswith("/tmp/agentbox-output/") and path.endswith(".stdout")
+            assert f"of stdout cut here; the full stdout is in {path}" in out["stdout"]
+            assert out["stderr_file"] is None and out["limits_applied"] == []
+            got = b""
+            while len(got) < len(full):  # paged with fs_read, as an agent would
+                page = await c.call_tool("fs_read", {"path": path, "offset": len(got),
+                                                     "length": 500_000})  # fmt: skip
+                assert not page.is_error, page.content
+                got += page.structured_content["content"].encode()
+            assert got == full
+            owner = await c.call_tool("terminal_run", {"command": f"ls -ln {path}"})
+            assert owner.structured_content["stdout"].split()[:4] == ["-rw-------", "1", "1000",
+                                                                      "1000"]  # fmt: skip
+
+            # The cap is per call, within the configured maximum (65536 in this config).
+            more = await c.call_tool(
+                "terminal_run", {"command": "seq 1 200000", "max_output_bytes": 40_000}
+            )
+            assert 40_000 <= len(more.structured_content["stdout"]) < 41_000
+            assert more.structured_content["limits_applied"] == []
+            most = await c.call_tool(
+                "terminal_run", {"command": "seq 1 200000", "max_output_bytes": 10**6}
+            )
+            assert 65_536 <= len(most.structured_content["stdout"]) < 66_600
+            [note] = most.structured_content["limits_applied"]
+            assert "max_output_bytes 1000000 was cut to the maximum 65536" in note
+            small = await c.call_tool("terminal_run", {"command": "echo hi"})
+            assert small.structured_content["stdout_file"] is None
+
+            # Saving is charged to the sandbox's disk: when it is full, the result says so.
+            fill = "rm -f /tmp/agentbox-output/*; head -c 200000000 /dev/zero > /workspace/fill"
+            await c.call_tool("terminal_run", {"command": fill})
+            try:
+                r = await c.call_tool("terminal_run", {"command": "seq 1 200000"})
+                out = r.structured_content
+                assert out["truncated"] and out["stdout_file"] is None
+                assert "the full stdout could not be saved: " in out["stdout"]
+                assert "disk space or quota is used up" in out["stdout"] and out["stdout"].endswith(
+                    "200000\n"
+                )
+            finally:
+                await c.call_tool("terminal_run", {"command": "rm -f /workspace/fill"})
+
+    anyio.run(main)
+
+
+def test_limits_applied_are_named_and_relative_cwd_is_workspace(
+    gw: RunningGateway, sandbox_id: str
+) -> None:
+    token = issue(gw, sandbox_id)
+
+    async def main() -> None:
+        async with mcp_client(gw, token) as c:
+            r = await c.call_tool("terminal_run", {"command": "true", "timeout_ms": 300_000})
+            [note] = r.structured_content["limits_applied"]
+            assert "timeout_ms 300000 was cut to the maximum 30000" in note
+            assert "tools[terminal.run].timeout_ms" in note
+            ok = await c.call_tool("terminal_run", {"command": "true", "timeout_ms": 20_000})
+            assert ok.structured_content["limits_applied"] == []
+            made = await c.call_tool("fs_mkdir", {"path": "rel/sub"})
+            assert not made.is_error, made.content
+            here = await c.call_tool("terminal_run", {"command": "pwd", "cwd": "rel/sub"})
+            assert here.structured_content["stdout"] == "/workspace/rel/sub\n", here.content
+            up = await c.call_tool("process_start", {"command": "pwd", "cwd": "rel/../rel"})
+            pid = up.structured_content["process_id"]
+            for _ in range(200):
+                read = await c.call_tool("process_read", {"process_id": pid})
+                if not read.structured_content["running"]:
+                    break
+                await anyio.sleep(0.05)
+            assert read.structured_content["data"] == "/workspace/rel\n"
+
+    anyio.run(main)
+
+
+def test_terminal_run_returns_when_the_command_waits_for_input(
+    gw: RunningGateway, sandbox_id: str
+) -> None:
+    token = issue(gw, sandbox_id)
+    ask = 'python3 -c \'print("deleted" if input("Delete 3 files? [y/N] ") == "y" else "kept")\''
+
+    async def main() -> None:
+        async with mcp_client(gw, token) as c:
+            r = await c.call_tool("terminal_run", {"command": ask, "timeout_ms": 25_000})
+            out = r.structured_content
+            assert not r.is_error and out["waiting_for_input"] and not out["timed_out"]
+            assert out["prompt"] == "Delete 3 files? [y/N]" and out["exit_code"] is None
+            pid = out["process_id"]
+            assert pid.startswith("p-") and pid in out["hint"] and "process_write" in out["hint"]
+            assert out["duration_ms"] < 20_000  # early: not at the timeout
+            read = await c.call_tool("process_read", {"process_id": pid})
+            assert read.structured_content["waiting_for_input"], read.structured_content
+            assert read.structured_content["prompt"] == "Delete 3 files? [y/N]"
+            w = await c.call_tool("process_write", {"process_id": pid, "data": "y\n"})
+            assert w.structured_content["written"] == 2
+            while (read := await c.call_tool("process_read", {"process_id": pid})
+                   ).structured_content["running"]:  # fmt: skip
+                await anyio.sleep(0.05)
+            assert read.structured_content["exit_code"] == 0
+            assert read.structured_content["data"].endswith("deleted\n")
+            assert not read.structured_content["waiting_for_input"]
+            late = await c.call_tool("process_signal", {"process_id": pid})
+            assert late.structured_content == {"process_id": pid, "signalled": False,
+                                               "running": False, "exit_code": 0}  # fmt: skip
+            # With the answer in stdin it just runs.
+            again = await c.call_tool("terminal_run", {"command": ask, "stdin": "n\n"})
+            assert again.structured_content["stdout"].endswith("kept\n")
+            assert not again.structured_content["waiting_for_input"]
+
+    anyio.run(main)
+
+
+def test_saved_outputs_do_not_pile_up(gw: RunningGateway, sandbox_id: str) -> None:
+    from agentbox.gateway.tools import SAVED_OUTPUTS_KEPT
+
+    token = issue(gw, sandbox_id)
+
+    async def main() -> None:
+        async with mcp_client(gw, token) as c:
+            paths = []
+            for _ in range(SAVED_OUTPUTS_KEPT + 5):
+                r = await c.call_tool("terminal_run", {"command": "seq 1 20000"})
+                paths.append(r.structured_content["stdout_file"])
+            listed = await c.call_tool("fs_list", {"path": "/tmp/agentbox-output"})
+            left = {e["path"] for e in listed.structured_content["entries"]}
+            assert left == set(paths[-SAVED_OUTPUTS_KEPT:])  # the newest, the last one too
+
+    anyio.run(main)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from agentbox import Sandbox
+from agentbox.runtime.commands import FOREGROUND_LEAF
+from agentbox.runtime.runtime import Runtime
 
 
 def test_background_process_output_offsets_and_exit(sandbox: Sandbox) -> None:
@@ -65,3 +67,112 @@ def test_shell_session_keeps_cwd_and_env(sandbox: Sandbox) -> None:
     assert shell.run("pwd").stdout == "/tmp/d\n"  # state survived the failures
     other = sandbox.shell()
     assert other.run("pwd; echo ${FOO:-unset}").stdout == "/workspace\nunset\n"
+
+
+# Commands that wait for input (issue 13 item 6): each prompt kind the template has.
+PROMPTS = {
+    "read -p": ('read -p "Name? " n; echo "hi $n"', "", "bob\n", "hi bob\n"),
+    "read -s": ('read -s -p "Secret: " s; echo "got $s"', "", "pw\n", "got pw\n"),
+    "input()": ("python3 -c 'print(\"ok:\" + input(\"Continue? [Y/n] \"))'", "Continue? [Y/n]",
+                "y\n", "Continue? [Y/n] ok:y\n"),
+    "getpass": ("python3 -c 'import getpass; print(\"pw:\" + getpass.getpass(\"Password: \"))'",
+                "Password:", "s3cret\n", "pw:s3cret\n"),
+    "editor": ("vi /workspace/edited.txt", "", "ihello\x1b:wq\n", None),
+}  # fmt: skip
+
+
+def test_a_command_waiting_for_input_returns_early_and_runs_on(
+    sandbox: Sandbox, runtime: Runtime
+) -> None:
+    commands, table = runtime.commands(sandbox.id), runtime.processes(sandbox.id)
+    for kind, (command, prompt, answer, output) in PROMPTS.items():
+        r = commands.run(command, timeout=60, detect_input=True, adopt=table.adopt)
+        assert r.waiting_for_input and not r.timed_out, kind
+        assert r.prompt is not None and r.prompt.endswith(prompt), (kind, r.prompt)
+        assert r.process_id is not None and r.exit_code == -1, kind
+        info = table.get(r.process_id)
+        assert info.running and info.waiting_for_input, kind  # process_read's view too
+        assert table.write_stdin(r.process_id, answer) == len(answer.encode())
+        info = table.wait(r.process_id, timeout=30)
+        assert not info.running and info.exit_code == 0, (kind, info)
+        if output is not None:
+            assert table.read_output(r.process_id).text.endswith(output), kind
+    assert sandbox.files.read("/workspace/edited.txt") == "hello\n"  # vi saved it
+    # No longer a foreground command: the idle watcher and task cancel ignore it.
+    assert not runtime.layout.sandbox(sandbox.id).populated_leaves(FOREGROUND_LEAF)
+
+
+def test_waiting_without_an_adopter_is_killed_and_says_so(sandbox: Sandbox,
+                                                          runtime: Runtime) -> None:  # fmt: skip
+    r = runtime.commands(sandbox.id).run("echo -n 'Proceed? [Y/n] '; read a", timeout=60,
+                                         detect_input=True)  # fmt: skip
+    assert r.waiting_for_input and r.prompt == "Proceed? [Y/n]" and r.process_id is None
+    assert r.signal == 9 and r.exit_code == 137 and not r.timed_out
+
+
+def test_busy_commands_are_not_waiting_for_input(sandbox: Sandbox, runtime: Runtime) -> None:
+    commands = runtime.commands(sandbox.id)
+    # Quiet but not reading stdin; reading another pipe; reading stdin that was given.
+    for command, stdin in (("sleep 1.5; echo done", None), ("sleep 1.5 | cat; echo done", None),
+                           ("read a; sleep 1; echo done $a", "x\n")):  # fmt: skip
+        r = commands.run(command, stdin=stdin, timeout=60, detect_input=True)
+        assert not r.waiting_for_input and r.exit_code == 0, command
+        assert r.stdout.startswith("done"), command
+
+
+def test_a_background_process_reports_waiting_for_input(sandbox: Sandbox,
+                                                        runtime: Runtime) -> None:  # fmt: skip
+    table = runtime.processes(sandbox.id)
+    info = table.start("echo 'Overwrite? [y/N]'; read a; echo answered $a", stdin=True)
+    while not table.get(info.id).waiting_for_input:  # bounded by the wait below
+        assert table.wait(info.id, timeout=0.05).running
+    assert table.get(info.id).prompt == "Overwrite? [y/N]"
+    table.write_stdin(info.id, "y\n")
+    assert table.wait(info.id, timeout=30).exit_code == 0
+    assert not table.get(info.id).waiting_for_input
+    assert table.read_output(info.id).text.endswith("answered y\n")
+
+
+def test_a_signal_right_after_start_reaches_the_command(sandbox: Sandbox,
+                                                        runtime: Runtime) -> None:  # fmt: skip
+    """start() returns once the command runs: a SIGKILL 0 ms later used to remove the leaf
+    under the launcher (exit 125, "agentbox failed"), a SIGTERM found no process at all."""
+    table = runtime.processes(sandbox.id)
+    for sig, code in (("SIGKILL", 137), ("SIGTERM", 143)):
+        for _ in range(5):
+            info = table.start("sleep 300")
+            assert table.signal(info.id, sig)
+            assert table.wait(info.id, timeout=30).exit_code == code, sig
+
+
+def test_signalling_an_ended_process_says_it_was_not_signalled(sandbox: Sandbox,
+                                                               runtime: Runtime) -> None:  # fmt: skip
+    table = runtime.processes(sandbox.id)
+    info = table.start("exit 3")
+    assert table.wait(info.id, timeout=30).exit_code == 3
+    assert table.signal(info.id, "SIGTERM") is False
+    assert table.signal(info.id, "SIGKILL") is False
+    assert table.get(info.id).exit_code == 3
+
+
+def test_an_adopted_command_whose_daemon_is_gone_ends(sandbox: Sandbox, runtime: Runtime) -> None:
+    """The relay lives in the daemon that adopted the command: when that process is gone,
+    the command's pipes close, it ends, and get() says so (with no exit code to report)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from agentbox.runtime.runtime import Runtime; rt = Runtime(); "
+        f"t = rt.processes({sandbox.id!r}); "
+        f'r = rt.commands({sandbox.id!r}).run("python3 -c \'input(\\"name? \\")\'", '
+        "timeout=60, detect_input=True, adopt=t.adopt); print(r.process_id, flush=True)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, check=True)  # fmt: skip
+    process_id = done.stdout.strip()
+    table = runtime.processes(sandbox.id)
+    for _ in range(600):  # EOF ends it at once; 30 s at most
+        if not (info := table.get(process_id)).running:
+            break
+        table.wait(process_id, timeout=0.05)
+    assert not info.running and info.exit_code is None and not info.waiting_for_input

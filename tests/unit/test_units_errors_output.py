@@ -7,7 +7,7 @@ import pytest
 import agentbox
 from agentbox import errors
 from agentbox.runtime.output import BoundedCapture
-from agentbox.units import format_size, parse_duration, parse_size
+from agentbox.units import format_size, human_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(
@@ -37,6 +37,12 @@ def test_parse_duration() -> None:
     assert parse_duration(3) == 3.0
     with pytest.raises(errors.InvalidRequest):
         parse_duration("soon")
+
+
+def test_human_size() -> None:
+    assert human_size(128 * 1024**2) == "128MiB"
+    assert human_size(3 * 1024**3 // 2) == "1.5GiB"
+    assert human_size(900) == "900B" and human_size(2 * 1024**4) == "2TiB"
 
 
 def test_format_size() -> None:
@@ -79,7 +85,35 @@ def test_capture_keeps_head_and_tail_and_marks_the_cut() -> None:
     assert cap.truncated and cap.total == 7000
     assert value.startswith(b"0000011111"[:5])
     assert value.endswith(b"9" * 5)
-    assert b"[agentbox: 6990 bytes truncated]" in value
+    assert b"[agentbox: 6990 bytes (0 lines) of output cut here]" in value
+
+
+def test_capture_cuts_at_line_ends_and_counts_lines() -> None:
+    cap = BoundedCapture(40, "stdout")
+    cap.feed(b"".join(b"%d\n" % i for i in range(1, 1001)))
+    value = cap.value("see /tmp/x")
+    head, marker, tail = value.split(b"\n[", 1)[0], *value.split(b"\n[", 1)[1].split(b"]\n")
+    assert head.endswith(b"\n") is False and head.split(b"\n")[0] == b"1"
+    assert tail.endswith(b"1000\n") and not tail.startswith(b"\n")
+    assert all(line.isdigit() for line in (head + b"\n" + tail).split())  # whole lines only
+    kept_lines = (head + b"\n" + tail).count(b"\n")
+    assert marker == b"agentbox: %d bytes (%d lines) of stdout cut here; see /tmp/x" % (
+        cap.total - len(head) - 1 - len(tail),
+        1000 - kept_lines,
+    )
+
+
+def test_capture_spools_the_whole_stream_up_to_keep() -> None:
+    data = bytes(range(256)) * 40_000  # 10 MB: the spool goes to a temp file past 1 MiB
+    cap = BoundedCapture(100, "stdout", keep=len(data))
+    for i in range(0, len(data), 65536):
+        cap.feed(data[i : i + 65536])
+    assert cap.saved_complete and b"".join(cap.saved_chunks()) == data
+    small = BoundedCapture(100, "stdout", keep=1000)
+    small.feed(data[:5000])
+    assert not small.saved_complete and b"".join(small.saved_chunks()) == data[:1000]
+    cap.close()
+    small.close()
 
 
 def test_capture_listener_sees_everything() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from agentbox.cli.params import SuggestingGroup
 from agentbox.gateway.audit import (
     canonical_json,
     default_audit_path,
@@ -27,7 +28,7 @@ _PATH = click.argument(
 )
 
 
-@click.group("audit")
+@click.group("audit", cls=SuggestingGroup)
 def audit() -> None:
     """Check and read the gateway's tamper-evident audit trail.
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
 import secrets
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 
 import click
 
+from agentbox.cli.params import DURATION, SuggestingGroup
 from agentbox.client.remote import GatewayClient
 from agentbox.config import agentbox_home
 from agentbox.errors import AgentboxError, InvalidConfig, InvalidRequest
@@ -142,24 +144,26 @@ def mcp_stdio(sandbox_id: str | None, template: str, config_path: Path | None) -
         _fail(e)
 
 
-@click.group()
+@click.group(cls=SuggestingGroup)
 def token() -> None:
     """Issue, list and revoke session tokens (talks to the gateway)."""
 
 
 @token.command("issue")
 @click.option("--sandbox", "sandbox_id", required=True, help="The sandbox the token is bound to.")
-@click.option("--ttl", type=int, help="Lifetime in seconds (default from the gateway config).")
+@click.option(
+    "--ttl", type=DURATION, help="Lifetime: 8h, 30m, 3600 (seconds); default from the config."
+)
 @click.option("--tools", help="Comma-separated tools it may use (default: all).")
-def token_issue(sandbox_id: str, ttl: int | None, tools: str | None) -> None:
+def token_issue(sandbox_id: str, ttl: float | None, tools: str | None) -> None:
     """Print a new session token (and nothing else) on stdout.
 
     \b
     Example:
       export AGENTBOX_TOKEN=$(cat $AGENTBOX_HOME/operator.token)
-      agentbox token issue --sandbox sb-123 --ttl 3600 --tools terminal_run,fs_read
+      agentbox token issue --sandbox sb-123 --ttl 8h --tools terminal_run,fs_read
     """
-    body: dict[str, Any] = {"sandbox": sandbox_id, "ttl": ttl}
+    body: dict[str, Any] = {"sandbox": sandbox_id, "ttl": None if ttl is None else math.ceil(ttl)}
     if tools:
         body["tools"] = [t.strip() for t in tools.split(",") if t.strip()]
     try:
@@ -198,7 +202,7 @@ def token_revoke(token_id: str) -> None:
         _fail(e)
 
 
-@click.group()
+@click.group(cls=SuggestingGroup)
 def approvals() -> None:
     """List and decide commands waiting for a person's approval (operator token)."""
 

@@ -16,10 +16,12 @@ from typing import Any, TypeVar
 
 import click
 
+from agentbox.cli.params import DURATION, SuggestingGroup
 from agentbox.client.sandbox import Backend
 from agentbox.client.sandbox import _runtime as backend_for
 from agentbox.errors import AgentboxError, InvalidRequest
 from agentbox.runtime.commands import CommandRunner
+from agentbox.units import human_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXEC_FAILED = 125
@@ -62,7 +64,7 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=SuggestingGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="agentbox")
 def cli() -> None:
     """agentbox: disposable, least-privileged Linux sandboxes for AI coding agents.
@@ -177,7 +179,9 @@ def sandbox_ls(as_json: bool) -> None:
         return
     click.echo(f"{'ID':<18} {'STATE':<10} {'TEMPLATE':<14} {'MEMORY':>10}")
     for r in records:
-        click.echo(f"{r.id:<18} {r.state:<10} {r.template:<14} {r.spec.get('memory', ''):>10}")
+        memory = r.spec.get("memory")
+        shown = human_size(memory) if isinstance(memory, int) else ""
+        click.echo(f"{r.id:<18} {r.state:<10} {r.template:<14} {shown:>10}")
 
 
 @sandbox.command("get")
@@ -248,7 +252,9 @@ def sandbox_stop(sandbox_id: str) -> None:
 @sandbox.command("exec", context_settings={"ignore_unknown_options": True})
 @click.argument("sandbox_id")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
-@click.option("--timeout", type=float, default=None, help="Seconds before the command is killed.")
+@click.option(
+    "--timeout", type=DURATION, default=None, help="Time before the command is killed: 90s, 5m, 2h."
+)
 @click.option("--cwd", help="Working directory inside the sandbox (default /workspace).")
 @click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
 @handle_errors(EXEC_FAILED)

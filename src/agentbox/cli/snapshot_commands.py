@@ -9,12 +9,13 @@ import click
 
 from agentbox.cli.main import _print_json as print_json
 from agentbox.cli.main import _runtime, handle_errors
+from agentbox.cli.params import SuggestingGroup
 from agentbox.errors import SecretsFound
 from agentbox.runtime.snapshots import beyond_retention
 from agentbox.units import parse_duration
 
 
-@click.group()
+@click.group(cls=SuggestingGroup)
 def snapshot() -> None:
     """Snapshots: a sandbox's writable layer and /workspace, scanned for secrets and kept
     (zstd, content-addressed) in the snapshot store.

@@ -13,6 +13,7 @@ import click
 
 from agentbox.cli.main import _print_json as print_json
 from agentbox.cli.main import handle_errors
+from agentbox.cli.params import SuggestingGroup
 from agentbox.config import agentbox_home
 from agentbox.tasks.store import TaskStore
 
@@ -58,7 +59,7 @@ class _Tasks:
         return dict(self.client.request("POST", f"/v1/tasks/{task_id}/cancel"))
 
 
-@click.group()
+@click.group(cls=SuggestingGroup)
 def task() -> None:
     """Batch tasks: a goal, run by the reference agent loop in a fresh sandbox.
 

@@ -16,6 +16,7 @@ from typing import ParamSpec
 
 import click
 
+from agentbox.cli.params import SuggestingGroup
 from agentbox.config import agentbox_home
 from agentbox.errors import AgentboxError
 from agentbox.runtime.templates import DEFAULT_SUITE, Template, TemplateStore
@@ -59,7 +60,7 @@ def _print_result(t: Template, as_json: bool) -> None:
         click.echo(f"{t.name} {t.digest}")
 
 
-@click.group("template")
+@click.group("template", cls=SuggestingGroup)
 def template() -> None:
     """Manage sandbox templates: the read-only root filesystems sandboxes start from.
 

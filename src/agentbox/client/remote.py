@@ -150,8 +150,10 @@ def _result(data: dict[str, Any]) -> CommandResult:
         timed_out=data["timed_out"],
         truncated=data["truncated"],
         duration_ms=data["duration_ms"],
-        stdout_total=len(stdout),
-        stderr_total=len(stderr),
+        stdout_total=data.get("stdout_bytes_total", len(stdout)),
+        stderr_total=data.get("stderr_bytes_total", len(stderr)),
+        stdout_file=data.get("stdout_file"),
+        stderr_file=data.get("stderr_file"),
     )
 
 

@@ -41,7 +41,7 @@ from agentbox.gateway.policy import WORKSPACE, CommandPolicy, Decision, FilePoli
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.gateway.telemetry import Telemetry
-from agentbox.gateway.tools import TOOLS, TOOLS_BY_NAME, ToolCall, ToolSpec, payload
+from agentbox.gateway.tools import TOOLS, TOOLS_BY_NAME, CommandOutput, ToolCall, ToolSpec, payload
 from agentbox.network.names import domain_matches, normalize_host
 from agentbox.runtime.files import Access, Guard
 from agentbox.runtime.output import OutputCallback
@@ -55,9 +55,10 @@ ApprovalMode = Literal["wait", "handle"]
 # Compiled once: checking the schema itself on every call costs ~10 ms.
 _VALIDATORS = {t.name: jsonschema.Draft202012Validator(t.input_schema) for t in TOOLS}
 # Page text, titles and urls are tool output too; a screenshot (png_base64) is not text.
-_REDACTED_FIELDS = ("stdout", "stderr", "content", "data", "text", "snapshot", "title", "url")
+_REDACTED_FIELDS = (
+    "stdout", "stderr", "prompt", "content", "data", "text", "snapshot", "title", "url",
+)  # fmt: skip
 _DEFAULT_MAX_OUTPUT = 262_144
-_DEFAULT_TIMEOUT_MS = 120_000
 # Reads up to this size run on the event loop thread (page-cache reads of a few µs; a
 # worker-thread hop costs ~180 µs of CPU). Larger ones and everything else use a thread.
 INLINE_MAX_BYTES = 262_144
@@ -193,14 +194,18 @@ class Gateway:
                 await self._approve(
                     principal, spec, sandbox, args, decision, record, approval_mode, approval_id
                 )
+            timeout_s, max_bytes, output, applied = self._limits(spec, args)
             call = ToolCall(
                 self.runtime,
                 sandbox,
                 args,
-                *self._limits(spec, args),
+                timeout_s,
+                max_bytes,
                 output_listener,
                 browsers=self.browsers,
                 guard=self.path_guard(spec.policy, spec.name),
+                output=output,
+                limits_applied=applied,
             )
             before = await self._diff_base(spec, call)
             if spec.inline and _read_bound(call) <= INLINE_MAX_BYTES:
@@ -391,12 +396,22 @@ class Gateway:
             extra={"approval": approval.id, "by": approval.decided_by},
         )
 
-    def _limits(self, spec: ToolSpec, args: dict[str, Any]) -> tuple[float, int]:
-        ceiling = self.terminal.timeout_ms or _DEFAULT_TIMEOUT_MS
-        timeout_ms = min(int(args.get("timeout_ms", ceiling)), ceiling)
+    def _limits(
+        self, spec: ToolSpec, args: dict[str, Any]
+    ) -> tuple[float, int, CommandOutput, tuple[str, ...]]:
+        """Timeout, byte cap and command output of a call, each within the configured
+        maximum; a request above one is cut to it and noted (the result says which)."""
+        applied: list[str] = []
+        run = self.terminal
+        timeout_ms = _within(args, "timeout_ms", run.timeout_ms, run.timeout_ms, applied)
         if spec.policy == "fs_read":
-            return timeout_ms / 1000, self.read_policy.max_bytes or _DEFAULT_MAX_OUTPUT
-        return timeout_ms / 1000, self.terminal.max_output_bytes or _DEFAULT_MAX_OUTPUT
+            max_bytes = self.read_policy.max_bytes or _DEFAULT_MAX_OUTPUT
+            return timeout_ms / 1000, max_bytes, CommandOutput(), ()
+        max_bytes = run.max_output_bytes
+        default = min(run.output_bytes, max_bytes)
+        cap = _within(args, "max_output_bytes", default, max_bytes, applied)
+        output = CommandOutput(cap, run.output_dir, run.max_saved_output_bytes)
+        return timeout_ms / 1000, max_bytes, output, tuple(applied)
 
     async def _diff_base(self, spec: ToolSpec, call: ToolCall) -> bytes | None:
         if spec.name not in ("fs_write", "fs_edit") or not self.write_policy.require_diff_summary:
@@ -515,6 +530,18 @@ def _matches(name: str, pattern: str) -> bool:
         return domain_matches(name, pattern)
     except AgentboxError:
         return False  # a pattern the egress path would refuse too
+
+
+def _within(args: dict[str, Any], key: str, default: int, maximum: int,
+            applied: list[str]) -> int:  # fmt: skip
+    asked = int(args.get(key, default))
+    if asked <= maximum:
+        return asked
+    applied.append(
+        f"{key} {asked} was cut to the maximum {maximum} "
+        f"(gateway config: tools[terminal.run].{key})"
+    )
+    return maximum
 
 
 def _read_bound(call: ToolCall) -> int:

@@ -158,16 +158,37 @@ class SandboxSection(Strict):
 class TerminalRunTool(Strict):
     name: Literal["terminal.run"]
     cwd: str = "/workspace"
+    # The longest a terminal_run / shell_run may ask for, and what it gets when it asks
+    # for nothing; a longer request is cut to it and the result says so.
     timeout_ms: int = Field(default=120_000, gt=0)
     allow: list[str] | None = None
     deny: list[str] = Field(default_factory=list)
+    # Output kept in a result, per stream (head + tail): output_bytes unless the call asks
+    # for more (max_output_bytes at most). A longer stream is saved whole (its first
+    # max_saved_output_bytes) in output_dir in the sandbox, charged to its disk.
+    output_bytes: int = Field(default=16_384, gt=0)
     max_output_bytes: int = Field(default=262_144, gt=0)
+    max_saved_output_bytes: int = Field(default=64 * 1024**2, ge=0)
+    output_dir: str = "/tmp/agentbox-output"
     approval: list[str] = Field(default_factory=list)
     approval_timeout: float = 300.0
 
     _timeout = field_validator("approval_timeout", mode="before")(
         classmethod(lambda c, v: _seconds(v))
     )
+    _sizes = field_validator("output_bytes", "max_output_bytes", mode="before")(
+        classmethod(lambda c, v: _size(v))
+    )
+    _saved = field_validator("max_saved_output_bytes", mode="before")(  # 0: never saved
+        classmethod(lambda c, v: 0 if v in (0, "0") else _size(v))
+    )
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir(cls, value: str) -> str:
+        if not value.startswith("/") or "\0" in value:
+            raise ValueError("expected an absolute path in the sandbox, e.g. /tmp/agentbox-output")
+        return value
 
 
 class BrowserOpenTool(Strict):

@@ -9,18 +9,31 @@ processes, shell sessions, browser pages) are explicit handles in arguments and 
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+import contextlib
+import secrets
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentbox.browser.manager import BrowserManager
-from agentbox.errors import HostUnsupported
-from agentbox.runtime.files import Guard
-from agentbox.runtime.output import CommandResult, OutputCallback
+from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported
+from agentbox.runtime.files import Guard, SandboxFiles
+from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver
 from agentbox.runtime.runtime import Runtime
 
 PolicyKind = Literal["command", "fs_read", "fs_write", "browser", "none"]
 Handler = Callable[["ToolCall"], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class CommandOutput:
+    """How much of a command's output a result keeps: ``cap`` bytes per stream (head and
+    tail); a longer stream is saved whole (its first ``save_max_bytes``; 0: not saved)
+    under ``save_dir`` in the sandbox, where the agent can page it with fs_read."""
+
+    cap: int = 16_384
+    save_dir: str = "/tmp/agentbox-output"
+    save_max_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -36,6 +49,9 @@ class ToolCall:
     browsers: BrowserManager | None = None
     guard: Guard | None = None
     """File tools: the file policy, judged by the file layer at the resolved path."""
+    output: CommandOutput = CommandOutput()
+    # Human-readable notes on limits that cut what the call asked for.
+    limits_applied: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,15 +106,44 @@ PATH = {
     "minLength": 1,
     "description": "Path in the sandbox (relative: /workspace)",
 }
+NULL_STR = {"type": ["string", "null"]}
+WAITING = {
+    "waiting_for_input": BOOL,
+    "prompt": NULL_STR | {"description": "What it printed last, when waiting for input"},
+    "hint": {"type": "string", "description": "What to do next, when waiting for input"},
+}
 RESULT_SCHEMA = _out(
     {
         "stdout": STR,
         "stderr": STR,
-        "exit_code": INT,
+        "exit_code": {
+            "type": ["integer", "null"],
+            "description": "null while it runs on as process_id (it waited for input)",
+        },
         "timed_out": BOOL,
         "truncated": BOOL,
         "duration_ms": {"type": "number"},
-    }
+        "stdout_bytes_total": INT,
+        "stderr_bytes_total": INT,
+        "stdout_file": NULL_STR | {"description": "Sandbox path of the full stdout when cut"},
+        "stderr_file": NULL_STR | {"description": "Sandbox path of the full stderr when cut"},
+        "limits_applied": {
+            "type": "array",
+            "items": STR,
+            "description": "Limits that cut what the call asked for (e.g. timeout_ms)",
+        },
+        **WAITING,
+        "process_id": NULL_STR
+        | {"description": "The command waits for input and runs on as this process"},
+    },
+    ["stdout", "stderr", "exit_code", "timed_out", "truncated", "duration_ms",
+     "waiting_for_input"],
+)  # fmt: skip
+# What an agent should do about a command blocked reading its stdin.
+ANSWER_HINT = (
+    'answer it with process_write (e.g. data "y\\n"; the process was started with '
+    "stdin=true), then process_read; or stop it with process_signal. Next time pass the "
+    "answer in stdin, or use a non-interactive flag (-y, --yes, --no-input, --batch)."
 )
 FILE_INFO = {
     "type": "object",
@@ -114,15 +159,63 @@ FILE_INFO = {
 }
 
 
-def result_dict(r: CommandResult) -> dict[str, Any]:
-    return {
+def result_dict(r: CommandResult, call: ToolCall) -> dict[str, Any]:
+    result = {
         "stdout": r.stdout,
         "stderr": r.stderr,
-        "exit_code": r.exit_code,
+        "exit_code": None if r.process_id else r.exit_code,
         "timed_out": r.timed_out,
         "truncated": r.truncated,
         "duration_ms": round(r.duration_ms, 3),
+        "stdout_bytes_total": r.stdout_total,
+        "stderr_bytes_total": r.stderr_total,
+        "stdout_file": r.stdout_file,
+        "stderr_file": r.stderr_file,
+        "limits_applied": list(call.limits_applied),
+        "waiting_for_input": r.waiting_for_input,
     }
+    if r.waiting_for_input:
+        where = (
+            f"it runs on as background process {r.process_id}"
+            if r.process_id
+            else ("it was stopped")
+        )
+        result |= {"prompt": r.prompt, "process_id": r.process_id,
+                   "hint": f"The command is waiting for input; {where}: {ANSWER_HINT}"}  # fmt: skip
+    return result
+
+
+SAVED_OUTPUTS_KEPT = 20  # the newest files of save_dir; older ones go as new ones come
+
+
+def _saver(call: ToolCall) -> OutputSaver | None:
+    """Saves a cut stream through the file API, as the sandbox user: the sandbox's own
+    permissions and disk quota apply, and the agent reads it back with fs_read. Only the
+    newest SAVED_OUTPUTS_KEPT files stay, so forgotten ones do not fill the disk."""
+    if not call.output.save_max_bytes:
+        return None
+    files = call.runtime.files(call.sandbox_id)
+    name = "r-" + secrets.token_hex(6)
+
+    def save(stream: str, chunks: Iterable[bytes]) -> str:
+        _prune_saved(files, call.output.save_dir)
+        path = f"{call.output.save_dir}/{name}.{stream}"
+        files.write(path, chunks, perms=0o600)
+        return path
+
+    return save
+
+
+def _prune_saved(files: SandboxFiles, directory: str) -> None:
+    try:
+        saved = [e for e in files.list(directory) if e.type == "file"
+                 and e.name.startswith("r-")]  # fmt: skip
+    except FileNotFound:
+        return
+    saved.sort(key=lambda e: e.mtime)
+    for old in saved[: max(0, len(saved) - SAVED_OUTPUTS_KEPT + 1)]:
+        with contextlib.suppress(AgentboxError):
+            files.remove(old.path)
 
 
 # handlers -------------------------------------------------------------------------------
@@ -133,10 +226,14 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
         env=call.args.get("env"),
         stdin=call.args.get("stdin"),
         timeout=call.timeout_s,
-        max_output_bytes=call.max_output_bytes,
+        max_output_bytes=call.output.cap,
         on_output=call.on_output,
+        save=_saver(call),
+        save_max_bytes=call.output.save_max_bytes,
+        detect_input=True,
+        adopt=call.runtime.processes(call.sandbox_id).adopt,
     )
-    return result_dict(result)
+    return result_dict(result, call)
 
 
 def process_start(call: ToolCall) -> dict[str, Any]:
@@ -154,12 +251,16 @@ def process_read(call: ToolCall) -> dict[str, Any]:
         pid, call.args.get("stream", "stdout"), call.args.get("offset", 0), limit
     )
     info = table.get(pid)
-    return {
+    result = {
         "data": out.text,
         "next_offset": out.next_offset,
         "running": info.running,
         "exit_code": info.exit_code,
+        "waiting_for_input": info.waiting_for_input,
     }
+    if info.waiting_for_input:
+        result |= {"prompt": info.prompt, "hint": f"It is waiting for input: {ANSWER_HINT}"}
+    return result
 
 
 def process_write(call: ToolCall) -> dict[str, Any]:
@@ -171,8 +272,15 @@ def process_write(call: ToolCall) -> dict[str, Any]:
 
 def process_signal(call: ToolCall) -> dict[str, Any]:
     table = call.runtime.processes(call.sandbox_id)
-    table.signal(call.args["process_id"], call.args.get("signal", "SIGTERM"))
-    return {"process_id": call.args["process_id"], "signalled": True}
+    pid = call.args["process_id"]
+    delivered = table.signal(pid, call.args.get("signal", "SIGTERM"))
+    info = table.get(pid)
+    return {
+        "process_id": pid,
+        "signalled": delivered,
+        "running": info.running,
+        "exit_code": info.exit_code,
+    }
 
 
 def process_list(call: ToolCall) -> dict[str, Any]:
@@ -189,9 +297,11 @@ def shell_run(call: ToolCall) -> dict[str, Any]:
         call.args["session_id"],
         call.args["command"],
         timeout=call.timeout_s,
-        max_output_bytes=call.max_output_bytes,
+        max_output_bytes=call.output.cap,
+        save=_saver(call),
+        save_max_bytes=call.output.save_max_bytes,
     )
-    return result_dict(result)
+    return result_dict(result, call)
 
 
 def shell_close(call: ToolCall) -> dict[str, Any]:
@@ -342,7 +452,19 @@ def browser_close(call: ToolCall) -> dict[str, Any]:
 
 
 COMMAND = {"type": "string", "minLength": 1, "description": "A bash command line"}
-TIMEOUT_MS = {"type": "integer", "minimum": 1, "description": "Wall-clock limit in milliseconds"}
+TIMEOUT_MS = {
+    "type": "integer",
+    "minimum": 1,
+    "description": "Wall-clock limit in milliseconds (cut to the gateway's maximum; "
+    "limits_applied then says so)",
+}
+MAX_OUTPUT = {
+    "type": "integer",
+    "minimum": 1,
+    "description": "Bytes of each stream the result keeps, head and tail (default 16 KiB; "
+    "cut to the gateway's maximum). Longer output is saved whole in the sandbox: the "
+    "result's stdout_file / stderr_file name it for fs_read.",
+}
 PROCESS_ID = {"type": "string", "description": "Handle returned by process_start"}
 SESSION_ID = {"type": "string", "description": "Handle returned by shell_create"}
 BROWSER_HANDLE = {
@@ -372,12 +494,17 @@ TOOLS: list[ToolSpec] = [
         "terminal_run",
         "Run a command",
         "Run a bash command in the sandbox and wait for it. Returns stdout, stderr and the exit "
-        "code; the command's whole process tree is killed at the timeout.",
+        "code; the command's whole process tree is killed at the timeout. Long output keeps "
+        "its head and tail; the whole of it is saved in the sandbox (stdout_file / "
+        "stderr_file) for fs_read. A command that waits for input (a prompt, an editor) "
+        "returns early with waiting_for_input=true and runs on as a background process "
+        "(process_id) that process_write can answer.",
         _obj(
             {
                 "command": COMMAND,
                 "cwd": PATH,
                 "timeout_ms": TIMEOUT_MS,
+                "max_output_bytes": MAX_OUTPUT,
                 "stdin": STR,
                 "env": {"type": "object", "additionalProperties": {"type": "string"}},
             },
@@ -422,7 +549,9 @@ TOOLS: list[ToolSpec] = [
                 "next_offset": INT,
                 "running": BOOL,
                 "exit_code": {"type": ["integer", "null"]},
-            }
+                **WAITING,
+            },
+            ["data", "next_offset", "running", "exit_code", "waiting_for_input"],
         ),
         read_only=True,
         destructive=False,
@@ -445,9 +574,17 @@ TOOLS: list[ToolSpec] = [
     ToolSpec(
         "process_signal",
         "Signal a background process",
-        "Send a signal (default SIGTERM; SIGKILL kills its whole tree).",
+        "Send a signal (default SIGTERM; SIGKILL kills its whole tree). signalled=false: "
+        "the process had already ended (exit_code says how).",
         _obj({"process_id": PROCESS_ID, "signal": STR}, ["process_id"]),
-        _out({"process_id": STR, "signalled": BOOL}),
+        _out(
+            {
+                "process_id": STR,
+                "signalled": BOOL,
+                "running": BOOL,
+                "exit_code": {"type": ["integer", "null"]},
+            }
+        ),
         read_only=False,
         destructive=True,
         idempotent=False,
@@ -483,7 +620,12 @@ TOOLS: list[ToolSpec] = [
         "Run in a shell session",
         "Run a bash command in a shell session (its cwd and environment persist).",
         _obj(
-            {"session_id": SESSION_ID, "command": COMMAND, "timeout_ms": TIMEOUT_MS},
+            {
+                "session_id": SESSION_ID,
+                "command": COMMAND,
+                "timeout_ms": TIMEOUT_MS,
+                "max_output_bytes": MAX_OUTPUT,
+            },
             ["session_id", "command"],
         ),
         RESULT_SCHEMA,

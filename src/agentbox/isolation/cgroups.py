@@ -170,6 +170,11 @@ class SandboxCgroup:
         self.kill_leaf(name)
         self._rmdir_when_empty(self.unified / name)
 
+    def remove_leaf_dir(self, name: str) -> None:
+        """Remove a leaf whose processes were moved out (kept while some remain)."""
+        with contextlib.suppress(OSError):
+            (self.unified / name).rmdir()
+
     # state --------------------------------------------------------------------------
     def populated(self, node: Path | None = None) -> bool:
         events = (node or self.unified) / "cgroup.events"

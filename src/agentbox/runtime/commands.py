@@ -9,29 +9,56 @@ so the exit status we report comes from ``waitpid`` on the host.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
+import posixpath
 import secrets
 import selectors
 import struct
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import IO
 
 from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, SandboxError
 from agentbox.isolation.cgroups import SandboxCgroup
 from agentbox.runtime.host import SANDBOX_GID, SANDBOX_UID, LaunchPaths, SandboxHost, base_env
-from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallback
+from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallback, OutputSaver
+from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
 
 LAUNCH_FAILED = 125
 _TIOCSPTLCK = 0x40045431
 _TIOCGPTPEER = 0x5441
 _LAUNCH_PREFIX = b"agentbox-nsexec: "
 _DRAIN_AFTER_EXIT_S = 0.05
+# How a foreground command ended; RUNNING is the exit code of one still running (adopted).
+EXITED, TIMED_OUT, WAITING = "exited", "timed_out", "waiting"
+RUNNING = -1
+# A command is found waiting for input after this long without output, checked this often.
+INPUT_QUIET_S = 0.5
+INPUT_POLL_S = 0.2
+_RECENT_BYTES = 4096
 FOREGROUND_LEAF = "c"  # leaves of commands someone waits on; "p": background processes
 DEFAULT_SHELL = "/bin/bash"
+WORKSPACE = "/workspace"
+
+
+@dataclass(frozen=True)
+class LiveCommand:
+    """A foreground command still running, its pipes open, handed over to an adopter."""
+
+    proc: subprocess.Popen[bytes]
+    argv: list[str]
+    cwd: str | None
+    leaf: str
+    out: BoundedCapture
+    err: BoundedCapture
+
+
+Adopter = Callable[[LiveCommand], str]  # keeps the command running; returns its process id
 
 
 def launch_error(e: OSError) -> AgentboxError:
@@ -106,6 +133,8 @@ class CommandRunner:
     ) -> list[str]:
         if cwd is not None and ("\0" in cwd or not cwd):
             raise InvalidRequest("cwd must be a non-empty path without NUL bytes")
+        if cwd is not None and not cwd.startswith("/"):  # relative: to /workspace, as files
+            cwd = posixpath.normpath(posixpath.join(WORKSPACE, cwd))
         out = [str(self.paths.nsexec), "enter", "--leaf", self.cgroup.leaf_dir(leaf)]
         for d in self.cgroup.v1_dirs():
             out += ["--cgroup", d]
@@ -119,7 +148,7 @@ class CommandRunner:
             "--seccomp",
             str(self.paths.seccomp),
             "--cwd",
-            cwd or "/workspace",
+            cwd or WORKSPACE,
         ]
         if exit_file:
             out += ["--exit-file", exit_file]
@@ -148,11 +177,20 @@ class CommandRunner:
         max_output_bytes: int = 1 << 20,
         pty: bool = False,
         on_output: OutputCallback | None = None,
+        save: OutputSaver | None = None,
+        save_max_bytes: int = 0,
+        detect_input: bool = False,
+        adopt: Adopter | None = None,
     ) -> CommandResult:
         """Run to completion. On timeout the command's whole process tree is killed.
 
         ``on_output(stream, chunk)`` sees every chunk as it arrives ("stdout"/"stderr"),
         uncapped, for callers that stream (the CLI, SSE); the result stays capped.
+        With ``save``, a stream cut at the cap is saved whole (its first ``save_max_bytes``)
+        by ``save(stream, chunks)``, and the result and the cut's marker name the path.
+        With ``detect_input`` (pipes, no ``stdin``) the command's stdin is an open, empty
+        pipe, and a command found waiting on it returns early (``waiting_for_input``):
+        handed to ``adopt``, which keeps it running and returns its process id, or killed.
         """
         argv = normalise_argv(command)
         if timeout is not None and timeout <= 0:
@@ -163,22 +201,66 @@ class CommandRunner:
         environment = self.environment(env)
         leaf = self.new_leaf()
         launcher = self.launcher_argv(argv, leaf, cwd, ctty=pty)
+        keep = save_max_bytes if save is not None else 0
+        out = BoundedCapture(max_output_bytes, "stdout", on_output, keep)
+        err = BoundedCapture(max_output_bytes, "stderr", on_output, keep)
         started = time.monotonic()
         try:
-            if pty:
-                result = self._run_pty(
-                    launcher, environment, stdin_bytes, timeout, max_output_bytes, on_output, leaf
-                )
-            else:
-                result = self._run_pipes(
-                    launcher, environment, stdin_bytes, timeout, max_output_bytes, on_output, leaf
-                )
-        except OSError as e:
-            self._finish_leaf(leaf, kill=True)
-            raise launch_error(e) from None
-        stdout, stderr, status, timed_out = result
-        self._finish_leaf(leaf, kill=timed_out)
-        return self._result(stdout, stderr, status, timed_out, time.monotonic() - started)
+            try:
+                if pty:
+                    status, outcome = self._run_pty(launcher, environment, stdin_bytes,
+                                                    timeout, out, leaf)  # fmt: skip
+                    recent, process_id = b"", None
+                else:
+                    watch = detect_input and not stdin_bytes
+                    proc, outcome, recent = self._run_pipes(
+                        launcher, environment, stdin_bytes, timeout, out, err, leaf, watch
+                    )
+                    status, process_id = self._settle(
+                        proc, outcome, adopt, argv, cwd, leaf, out, err
+                    )
+            except OSError as e:
+                self._finish_leaf(leaf, kill=True)
+                raise launch_error(e) from None
+            if process_id is None:
+                self._finish_leaf(leaf, kill=outcome != EXITED)
+            elapsed = time.monotonic() - started
+            result = self._result(out, err, status, outcome == TIMED_OUT, elapsed, save)
+            if outcome != WAITING:
+                return result
+            return dataclasses.replace(
+                result,
+                waiting_for_input=True,
+                prompt=prompt_text(recent),
+                process_id=process_id,
+                exit_code=RUNNING if process_id else result.exit_code,
+            )
+        finally:
+            out.close()
+            err.close()
+
+    def _settle(
+        self,
+        proc: subprocess.Popen[bytes],
+        outcome: str,
+        adopt: Adopter | None,
+        argv: list[str],
+        cwd: str | None,
+        leaf: str,
+        out: BoundedCapture,
+        err: BoundedCapture,
+    ) -> tuple[int, str | None]:
+        """The launcher's status, or (a command waiting for input handed to ``adopt``) its
+        new process id; a waiting command nobody adopts is killed."""
+        if outcome == WAITING and adopt is not None:
+            return 0, adopt(LiveCommand(proc, argv, cwd, leaf, out, err))
+        if outcome == WAITING:
+            self.cgroup.kill_leaf(leaf)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        return proc.wait(), None
 
     def _run_pipes(
         self,
@@ -186,26 +268,24 @@ class CommandRunner:
         env: dict[str, str],
         stdin: bytes | None,
         timeout: float | None,
-        cap: int,
-        on_output: OutputCallback | None,
+        out: BoundedCapture,
+        err: BoundedCapture,
         leaf: str,
-    ) -> tuple[BoundedCapture, BoundedCapture, int, bool]:
+        watch: bool,
+    ) -> tuple[subprocess.Popen[bytes], str, bytes]:
         proc = subprocess.Popen(
             launcher,
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin or watch else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
             close_fds=True,
         )
         assert proc.stdout is not None and proc.stderr is not None
-        out, err = (
-            BoundedCapture(cap, "stdout", on_output),
-            BoundedCapture(cap, "stderr", on_output),
-        )
         streams: dict[IO[bytes], BoundedCapture] = {proc.stdout: out, proc.stderr: err}
-        timed_out = self._pump(proc, streams, stdin, timeout, leaf)
-        return out, err, proc.wait(), timed_out
+        stdin_id = stream_id(proc.stdin.fileno()) if watch and proc.stdin is not None else None
+        outcome, recent = self._pump(proc, streams, stdin, timeout, leaf, stdin_id)
+        return proc, outcome, recent
 
     def _run_pty(
         self,
@@ -213,10 +293,9 @@ class CommandRunner:
         env: dict[str, str],
         stdin: bytes | None,
         timeout: float | None,
-        cap: int,
-        on_output: OutputCallback | None,
+        out: BoundedCapture,
         leaf: str,
-    ) -> tuple[BoundedCapture, BoundedCapture, int, bool]:
+    ) -> tuple[int, str]:
         master, slave = self.open_pty()
         try:
             proc = subprocess.Popen(
@@ -224,13 +303,12 @@ class CommandRunner:
             )
         finally:
             os.close(slave)
-        out = BoundedCapture(cap, "stdout", on_output)
         master_file = os.fdopen(master, "r+b", buffering=0)
         with master_file:
             if stdin:
                 master_file.write(stdin)
-            timed_out = self._pump(proc, {master_file: out}, None, timeout, leaf)
-        return out, BoundedCapture(cap), proc.wait(), timed_out
+            outcome, _ = self._pump(proc, {master_file: out}, None, timeout, leaf, None)
+        return proc.wait(), outcome
 
     def open_pty(self) -> tuple[int, int]:
         """A pty pair from the sandbox's own devpts, so ``tty`` and ``ttyname`` work inside."""
@@ -256,18 +334,23 @@ class CommandRunner:
         stdin: bytes | None,
         timeout: float | None,
         leaf: str,
-    ) -> bool:
-        """Read output until the command exits (or times out). Returns whether it timed out.
+        stdin_id: StreamId | None,
+    ) -> tuple[str, bytes]:
+        """Read output until the command exits, times out, or (``stdin_id``: its stdin)
+        waits for input. Returns how it ended and the last output (for a prompt).
 
         A background child may keep a pipe open after the command ends, so we stop on the
         launcher's exit (pidfd), not on EOF, after draining what is already buffered.
+        A command waiting for input keeps its pipes open: the caller takes them over.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         pidfd = os.pidfd_open(proc.pid)
         sel = selectors.DefaultSelector()
         by_fd = {stream.fileno(): stream for stream in streams}
-        timed_out = False
+        outcome = EXITED
         exited_at: float | None = None
+        last_output = time.monotonic()
+        recent = bytearray()
         try:
             for fd in by_fd:
                 os.set_blocking(fd, False)
@@ -278,15 +361,24 @@ class CommandRunner:
             while True:
                 now = time.monotonic()
                 if deadline is not None and now >= deadline:
-                    timed_out = True
+                    outcome = TIMED_OUT
                     deadline = None
                     self.cgroup.kill_leaf(leaf)  # the tree, setsid daemons included
                 if exited_at is not None and (not by_fd or now - exited_at > _DRAIN_AFTER_EXIT_S):
                     break
+                check_at = None
+                if stdin_id is not None and exited_at is None and outcome == EXITED:
+                    check_at = max(last_output + INPUT_QUIET_S, now)
+                    if check_at == now and waiting_for_input(self.cgroup.unified / leaf, stdin_id):
+                        outcome = WAITING
+                        break
+                    if check_at == now:
+                        check_at = now + INPUT_POLL_S
                 if exited_at is not None:
                     wait: float | None = _DRAIN_AFTER_EXIT_S
                 else:
-                    wait = None if deadline is None else max(0.0, deadline - now)
+                    ends = [t for t in (deadline, check_at) if t is not None]
+                    wait = max(0.0, min(ends) - now) if ends else None
                 for key, _ in sel.select(wait):
                     fd = int(key.fd)
                     if fd == pidfd:
@@ -301,16 +393,20 @@ class CommandRunner:
                         chunk = b""
                     if chunk:
                         streams[by_fd[fd]].feed(chunk)
+                        last_output = time.monotonic()
+                        recent += chunk
+                        del recent[:-_RECENT_BYTES]
                     else:
                         sel.unregister(fd)
                         del by_fd[fd]
         finally:
             sel.close()
             os.close(pidfd)
-            for stream in streams:
-                with contextlib.suppress(OSError):
-                    stream.close()
-        return timed_out
+            if outcome != WAITING:
+                for stream in streams:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+        return outcome, bytes(recent)
 
     @staticmethod
     def _feed_stdin(pipe: IO[bytes], data: bytes) -> None:
@@ -343,7 +439,12 @@ class CommandRunner:
 
     @staticmethod
     def _result(
-        out: BoundedCapture, err: BoundedCapture, status: int, timed_out: bool, elapsed: float
+        out: BoundedCapture,
+        err: BoundedCapture,
+        status: int,
+        timed_out: bool,
+        elapsed: float,
+        save: OutputSaver | None,
     ) -> CommandResult:
         stderr = err.value()
         if status == LAUNCH_FAILED and stderr.startswith(_LAUNCH_PREFIX):
@@ -355,8 +456,9 @@ class CommandRunner:
             raise SandboxError(f"could not start the command in the sandbox: {message}")
         signum = -status if status < 0 else None
         exit_code = 128 + signum if signum is not None else status
+        (stdout, stdout_file), (stderr, stderr_file) = _saved(out, save), _saved(err, save)
         return CommandResult(
-            stdout_bytes=out.value(),
+            stdout_bytes=stdout,
             stderr_bytes=stderr,
             exit_code=exit_code,
             timed_out=timed_out,
@@ -365,4 +467,21 @@ class CommandRunner:
             signal=signum,
             stdout_total=out.total,
             stderr_total=err.total,
+            stdout_file=stdout_file,
+            stderr_file=stderr_file,
         )
+
+
+def _saved(capture: BoundedCapture, save: OutputSaver | None) -> tuple[bytes, str | None]:
+    """The capture's kept bytes, and where its full stream was saved when it was cut."""
+    if save is None or not capture.truncated:
+        return capture.value(), None
+    try:
+        path = save(capture.name, capture.saved_chunks())
+    except AgentboxError as e:  # e.g. the sandbox's disk is full: the cut result stands
+        return capture.value(f"the full {capture.name} could not be saved: {e.message}"), None
+    if capture.saved_complete:
+        note = f"the full {capture.name} is in {path} (read it by offset and length)"
+    else:
+        note = f"its first {capture.keep} bytes are in {path} (the saving cap)"
+    return capture.value(note), path

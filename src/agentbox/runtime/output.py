@@ -1,17 +1,29 @@
-"""Bounded capture of a stream: the head and the tail are kept, the middle is counted."""
+"""Bounded capture of a stream: the head and the tail are kept, the middle is counted.
+
+A capture may also keep the whole stream (up to a hard maximum) in a spool, so that a
+caller can save it where the agent can page it when the kept part was cut.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 OutputCallback = Callable[[str, bytes], None]
+# (stream name, its chunks) -> the sandbox path the full stream was written to.
+OutputSaver = Callable[[str, Iterable[bytes]], str]
+_SPOOL_IN_MEMORY = 1 << 20  # beyond this the spool is a host temp file (bounded by keep)
 
 
 class BoundedCapture:
-    """Keeps at most ``limit`` bytes: the first half and the last half of what was fed."""
+    """Keeps at most ``limit`` bytes: the first half and the last half of what was fed,
+    cut at line ends when a line end is near. ``keep`` > 0 also spools the first ``keep``
+    bytes of the whole stream for :meth:`saved_chunks`."""
 
-    def __init__(self, limit: int, name: str = "", listener: OutputCallback | None = None) -> None:
+    def __init__(
+        self, limit: int, name: str = "", listener: OutputCallback | None = None, keep: int = 0
+    ) -> None:
         self.name = name
         self.listener = listener
         self.limit = max(limit, 0)
@@ -20,11 +32,22 @@ class BoundedCapture:
         self._head = bytearray()
         self._tail = bytearray()
         self.total = 0
+        self.lines = 0
+        self.keep = max(keep, 0)
+        self._spool: tempfile.SpooledTemporaryFile[bytes] | None = None
+        if self.keep:  # closed by close()
+            self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)  # noqa: SIM115
+        self._spooled = 0
 
     def feed(self, data: bytes) -> None:
         if self.listener is not None:
             self.listener(self.name, data)
         self.total += len(data)
+        self.lines += data.count(b"\n")
+        if self._spool is not None and self._spooled < self.keep:
+            part = data[: self.keep - self._spooled]
+            self._spool.write(part)
+            self._spooled += len(part)
         room = self._head_limit - len(self._head)
         if room > 0:
             self._head += data[:room]
@@ -38,14 +61,44 @@ class BoundedCapture:
     def truncated(self) -> bool:
         return self.total > self.limit
 
-    def value(self) -> bytes:
-        """The kept bytes; when truncated, a marker line says how many bytes were dropped."""
+    @property
+    def saved_complete(self) -> bool:
+        """Whether the spool holds the whole stream (else its first ``keep`` bytes)."""
+        return self.total <= self.keep
+
+    def saved_chunks(self) -> Iterator[bytes]:
+        """The spooled bytes, from the start, in chunks."""
+        if self._spool is None:
+            return
+        self._spool.seek(0)
+        while chunk := self._spool.read(1 << 20):
+            yield chunk
+
+    def close(self) -> None:
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
+
+    def value(self, note: str = "") -> bytes:
+        """The kept bytes; when truncated, a marker line says what was cut (and ``note``)."""
         tail = bytes(self._tail[-self._tail_limit :]) if self._tail_limit else b""
         if not self.truncated:
             return bytes(self._head) + tail
-        dropped = self.total - len(self._head) - len(tail)
-        marker = f"\n[agentbox: {dropped} bytes truncated]\n".encode()
-        return bytes(self._head) + marker + tail
+        head = bytes(self._head)
+        # Cut at line ends when one is in the outer half: whole lines read better.
+        end = head.rfind(b"\n")
+        if end >= len(head) // 2:
+            head = head[: end + 1]
+        start = tail.find(b"\n")
+        if 0 <= start < len(tail) // 2:
+            tail = tail[start + 1 :]
+        dropped = self.total - len(head) - len(tail)
+        dropped_lines = self.lines - head.count(b"\n") - tail.count(b"\n")
+        what = self.name or "output"
+        marker = f"[agentbox: {dropped} bytes ({dropped_lines} lines) of {what} cut here"
+        marker += f"; {note}]" if note else "]"
+        sep = b"" if head.endswith(b"\n") or not head else b"\n"
+        return head + sep + marker.encode() + b"\n" + tail
 
 
 @dataclass(frozen=True)
@@ -61,6 +114,14 @@ class CommandResult:
     signal: int | None = None
     stdout_total: int = 0
     stderr_total: int = 0
+    # Sandbox paths holding the full streams when they were cut (and could be saved).
+    stdout_file: str | None = None
+    stderr_file: str | None = None
+    # The command blocked reading its stdin: what it last printed, and (when it was kept
+    # running as a background process) its id; exit_code is then -1.
+    waiting_for_input: bool = False
+    prompt: str | None = None
+    process_id: str | None = None
 
     @property
     def stdout(self) -> str:
@@ -85,4 +146,9 @@ class CommandResult:
             "signal": self.signal,
             "stdout_bytes_total": self.stdout_total,
             "stderr_bytes_total": self.stderr_total,
+            "stdout_file": self.stdout_file,
+            "stderr_file": self.stderr_file,
+            "waiting_for_input": self.waiting_for_input,
+            "prompt": self.prompt,
+            "process_id": self.process_id,
         }

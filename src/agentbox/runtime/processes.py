@@ -4,26 +4,42 @@ Each process has a directory on the sandbox's disk, *outside* the sandbox's view
 (``disk/procs/ID``): ``stdout`` and ``stderr`` (the command writes them through inherited
 fds), ``stdin`` (a FIFO, only when asked for), ``meta.json`` and ``exit``, which the
 host-side launcher writes after ``waitpid`` — nothing in the sandbox can forge it.
+
+A foreground command found waiting for input can be *adopted*: it keeps running, a relay
+thread of this daemon copies its pipes to those files (and the FIFO to its stdin) and
+writes ``exit`` after ``waitpid``. The relay lives as long as this process: a daemon
+restart closes the command's pipes, so it ends (and its exit is not recorded).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
 import secrets
+import selectors
 import shutil
 import signal as signals
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from agentbox.errors import InvalidRequest, ProcessNotFound
-from agentbox.runtime.commands import CommandRunner, launch_error, normalise_argv
+from agentbox.runtime.commands import (
+    INPUT_QUIET_S,
+    CommandRunner,
+    LiveCommand,
+    launch_error,
+    normalise_argv,
+)
+from agentbox.runtime.files import sandbox_credentials
+from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
 
 _SIGNALS = {s.name: s for s in signals.Signals}
 
@@ -35,6 +51,9 @@ class ProcessInfo:
     started_at: float
     running: bool
     exit_code: int | None
+    # Blocked reading its stdin with no output for a while (and what it printed last).
+    waiting_for_input: bool = False
+    prompt: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -43,6 +62,8 @@ class ProcessInfo:
             "started_at": self.started_at,
             "running": self.running,
             "exit_code": self.exit_code,
+            "waiting_for_input": self.waiting_for_input,
+            "prompt": self.prompt,
         }
 
 
@@ -91,7 +112,25 @@ class ProcessTable:
             self.runner.cgroup.remove_leaf(leaf)
             shutil.rmtree(pdir, ignore_errors=True)
             raise launch_error(e) from None
+        self._wait_running(pdir, self.runner.cgroup.unified / leaf)
         return ProcessInfo(process_id, argv, started, True, None)
+
+    @staticmethod
+    def _wait_running(pdir: Path, leaf: Path, timeout: float = 10.0) -> None:
+        """Until the command runs as the sandbox user in its leaf (or has ended): the
+        launcher detaches first, and a signal sent before that would find no process
+        (SIGKILL then removed the leaf under the launcher: it reported 125)."""
+        deadline = time.monotonic() + timeout
+        delay = 0.0005
+        while time.monotonic() < deadline and _read_exit(pdir / "exit") is None:
+            try:
+                pids = [int(p) for p in (leaf / "cgroup.procs").read_text().split()]
+            except FileNotFoundError:
+                return
+            if any(not _is_launcher(pid) for pid in pids):
+                return
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
 
     def _launch(
         self, pdir: Path, argv: list[str], environment: dict[str, str], leaf: str,
@@ -143,7 +182,65 @@ class ProcessTable:
         pdir = self._dir(process_id)
         meta = json.loads((pdir / "meta.json").read_text())
         code = _read_exit(pdir / "exit")
-        return ProcessInfo(process_id, meta["argv"], meta["started_at"], code is None, code)
+        running = code is None
+        if running and not _alive(meta.get("relay_pid")):
+            # Adopted by a daemon that is gone: its exit will never be recorded.
+            running = self.runner.cgroup.populated(self.runner.cgroup.unified / meta["leaf"])
+        info = ProcessInfo(process_id, meta["argv"], meta["started_at"], running, code)
+        if running and self._waiting(pdir, meta):
+            recent = b"".join(_tail(pdir / name, 4096) for name in ("stderr", "stdout"))
+            info = dataclasses.replace(info, waiting_for_input=True, prompt=prompt_text(recent))
+        return info
+
+    def _waiting(self, pdir: Path, meta: dict[str, object]) -> bool:
+        """Blocked reading its stdin (the FIFO, or an adopted command's pipe), and quiet."""
+        known = meta.get("stdin_id")
+        fifo = pdir / "stdin"
+        if isinstance(known, list):
+            stdin: StreamId = (int(known[0]), int(known[1]))
+        elif fifo.exists():
+            st = fifo.stat()
+            stdin = (st.st_dev, st.st_ino)
+        else:
+            return False  # /dev/null: reads never block
+        outputs = [pdir / "stdout", pdir / "stderr"]
+        last = max((p.stat().st_mtime for p in outputs if p.exists()), default=0.0)
+        if time.time() - last < INPUT_QUIET_S:
+            return False
+        return waiting_for_input(self.runner.cgroup.unified / str(meta["leaf"]), stdin)
+
+    def adopt(self, live: LiveCommand) -> str:
+        """Keep a foreground command that waits for input running as a background process
+        (in a leaf of its own, so it no longer counts as a running command); returns its id."""
+        assert live.proc.stdin is not None
+        process_id = "p-" + secrets.token_hex(6)
+        pdir = self.root / process_id
+        pdir.mkdir(mode=0o700)
+        leaf = self.runner.new_leaf("p")
+        _move_processes(self.runner.cgroup.unified, live.leaf, leaf)
+        self.runner.cgroup.remove_leaf_dir(live.leaf)
+        quiet_since = time.time() - INPUT_QUIET_S  # it was found quiet that long
+        for capture in (live.out, live.err):
+            (pdir / capture.name).write_bytes(capture.value())
+            os.utime(pdir / capture.name, (quiet_since, quiet_since))  # "last output" for get
+        os.mkfifo(pdir / "stdin", 0o600)
+        fifo = os.open(pdir / "stdin", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        meta = {
+            "argv": live.argv,
+            "started_at": time.time(),
+            "leaf": leaf,
+            "cwd": live.cwd,
+            "stdin_id": list(stream_id(live.proc.stdin.fileno())),
+            "relay_pid": os.getpid(),
+        }
+        (pdir / "meta.json").write_text(json.dumps(meta))
+        ids = (self.runner.host.host_uid, self.runner.host.host_gid)
+        relay = threading.Thread(
+            target=_relay, args=(live.proc, pdir, fifo, ids), name=f"relay-{process_id}",
+            daemon=True,
+        )  # fmt: skip
+        relay.start()
+        return process_id
 
     def read_output(
         self, process_id: str, stream: str = "stdout", offset: int = 0, limit: int = 1 << 20
@@ -171,21 +268,26 @@ class ProcessTable:
         finally:
             os.close(fd)
 
-    def signal(self, process_id: str, sig: int | str = "SIGTERM") -> None:
-        """Signal the command (the launcher's child); SIGKILL takes its whole tree."""
+    def signal(self, process_id: str, sig: int | str = "SIGTERM") -> bool:
+        """Signal the command (the launcher's child); SIGKILL takes its whole tree.
+        Returns whether it was delivered (not when the process had already ended)."""
         pdir = self._dir(process_id)
         signum = _signal_number(sig)
         meta = json.loads((pdir / "meta.json").read_text())
+        if _read_exit(pdir / "exit") is not None:
+            return False
         if signum == signals.SIGKILL:
+            alive = self.runner.cgroup.populated(self.runner.cgroup.unified / meta["leaf"])
             self.runner.cgroup.remove_leaf(meta["leaf"])
-            return
+            return alive
         # The command is the one process of its leaf whose parent is outside the sandbox's
         # pid namespace (the launcher); signal the leaf's processes that are not launchers.
         leaf = self.runner.cgroup.unified / meta["leaf"]
         try:
             pids = [int(p) for p in (leaf / "cgroup.procs").read_text().split()]
         except FileNotFoundError:
-            return
+            return False
+        delivered = False
         for pid in pids:
             if _is_launcher(pid):
                 continue
@@ -193,6 +295,8 @@ class ProcessTable:
                 continue  # a descendant; the command itself gets the signal
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
+                delivered = True
+        return delivered
 
     def wait(self, process_id: str, timeout: float | None = None) -> ProcessInfo:
         pdir = self._dir(process_id)
@@ -239,3 +343,110 @@ def _signal_number(sig: int | str) -> int:
     if name not in _SIGNALS:
         raise InvalidRequest(f"unknown signal {sig!r}; use a name like SIGTERM or a number")
     return int(_SIGNALS[name])
+
+
+def _alive(pid: object) -> bool:
+    """Whether the daemon relaying an adopted command still runs (true when none does)."""
+    if not isinstance(pid, int):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _tail(path: Path, size: int) -> bytes:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
+def _move_processes(unified: Path, old: str, new: str) -> None:
+    """Move every process of cgroup leaf ``old`` to ``new`` (repeated: one may fork)."""
+    for _ in range(10):
+        pids = (unified / old / "cgroup.procs").read_text().split()
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                (unified / new / "cgroup.procs").write_text(pid)
+
+
+def _relay(proc: subprocess.Popen[bytes], pdir: Path, fifo: int, ids: tuple[int, int]) -> None:
+    """Copy an adopted command's output to its files and the FIFO to its stdin until it
+    exits; then record its exit like the launcher does (128 + signal when killed).
+
+    The copying runs with the sandbox user's credentials (``ids``), as the command's own
+    writes to a background process's files would: no capability lets it past the disk's
+    reserved blocks."""
+    assert proc.stdout is not None and proc.stderr is not None
+    sinks = {  # opened as root: the directory is the daemon's
+        proc.stdout.fileno(): os.open(pdir / "stdout", os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC),
+        proc.stderr.fileno(): os.open(pdir / "stderr", os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC),
+    }
+    with sandbox_credentials(*ids):
+        _copy(proc, sinks, fifo)
+    status = proc.wait()
+    code = 128 - status if status < 0 else status
+    (pdir / "exit.tmp").write_text(f"{code}\n")
+    (pdir / "exit.tmp").rename(pdir / "exit")
+
+
+def _copy(proc: subprocess.Popen[bytes], sinks: dict[int, int], fifo: int) -> None:
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    stdin = proc.stdin.fileno()
+    os.set_blocking(stdin, False)
+    pending = b""
+    pidfd = os.pidfd_open(proc.pid)
+    sel = selectors.DefaultSelector()
+    try:
+        for fd in (*sinks, fifo, pidfd):
+            sel.register(fd, selectors.EVENT_READ)
+        exited_at: float | None = None
+        while not (exited_at and (not sinks or time.monotonic() - exited_at > 0.05)):
+            for key, _ in sel.select(0.05 if exited_at else None):
+                fd = int(key.fd)
+                if fd == pidfd:
+                    sel.unregister(pidfd)
+                    exited_at = time.monotonic()
+                elif fd == stdin:  # room again in the command's stdin
+                    pending = _push(stdin, pending)
+                    if not pending:
+                        sel.unregister(stdin)
+                elif fd == fifo:
+                    with contextlib.suppress(BlockingIOError):
+                        had = bool(pending)
+                        pending = _push(stdin, pending + os.read(fifo, 65536))
+                        if pending and not had:
+                            sel.register(stdin, selectors.EVENT_WRITE)
+                else:
+                    try:
+                        chunk = os.read(fd, 65536)
+                    except BlockingIOError:
+                        continue
+                    if chunk:
+                        os.write(sinks[fd], chunk)
+                    else:
+                        sel.unregister(fd)
+                        os.close(sinks.pop(fd))
+    finally:
+        sel.close()
+        for fd in (pidfd, fifo, *sinks.values()):
+            os.close(fd)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+def _push(fd: int, data: bytes) -> bytes:
+    """Write what fits into a non-blocking pipe; returns the rest (dropped if it closed)."""
+    try:
+        return data[os.write(fd, data) :] if data else b""
+    except BlockingIOError:
+        return data
+    except BrokenPipeError:
+        return b""

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from agentbox.errors import InvalidRequest, SessionNotFound
 from agentbox.runtime.commands import CommandRunner
-from agentbox.runtime.output import CommandResult
+from agentbox.runtime.output import CommandResult, OutputSaver
 
 STATE_DIR = "/tmp/.agentbox-sessions"
 _ID = re.compile(r"^s-[0-9a-f]{12}$")
@@ -62,6 +62,8 @@ class ShellSessions:
         timeout: float | None = 60.0,
         stdin: bytes | str | None = None,
         max_output_bytes: int = 1 << 20,
+        save: OutputSaver | None = None,
+        save_max_bytes: int = 0,
     ) -> CommandResult:
         state = self._state_file(session_id)
         exists = self.runner.run(["/bin/test", "-f", state], timeout=10)
@@ -72,6 +74,8 @@ class ShellSessions:
             timeout=timeout,
             stdin=stdin,
             max_output_bytes=max_output_bytes,
+            save=save,
+            save_max_bytes=save_max_bytes,
         )
 
     def close(self, session_id: str) -> None:
