@@ -182,7 +182,11 @@ def ts_http(gw: RunningGateway, token: str, *call_args: str) -> Any:
 def test_typescript_client_sees_auth_failures(gw: RunningGateway, sandbox_id: str) -> None:
     expired, expired_id = issue(gw, sandbox_id)
     expire(gw, expired_id)
-    for token in ("-", "abx_forged", expired):
+    with gw.operator() as op:  # a token whose sandbox is gone
+        gone = op.post("/v1/sandboxes", json={"disk": "64MiB"}).json()["id"]
+        orphan, _ = issue(gw, gone)
+        op.delete(f"/v1/sandboxes/{gone}")
+    for token in ("-", "abx_forged", expired, orphan):
         out = ts_http(gw, token)
         assert not out["ok"] and out["stage"] == "connect", out
         assert out["error"]["name"] == "StreamableHTTPError" and out["error"]["status"] == 401
@@ -202,3 +206,17 @@ def test_typescript_client_with_a_valid_token(gw: RunningGateway, sandbox_id: st
     assert out["ok"], out
     assert "terminal_run" in out["tools"]
     assert out["result"]["structuredContent"]["stdout"] == "from-ts\n"
+
+
+def test_typescript_oauth_client_learns_there_is_no_authorization_server(
+    gw: RunningGateway, sandbox_id: str
+) -> None:
+    """A client with an OAuth provider: on 401 it discovers the metadata (no
+    authorization_servers), falls back to registering at the origin and is told there."""
+    out = run_ts_client("http-oauth", f"{gw.url}/mcp", "abx_forged")
+    assert not out["ok"] and out["stage"] == "connect", out
+    assert out["error"]["name"] == "InvalidClientMetadataError", out
+    assert "agentbox token issue" in out["error"]["message"]
+    token, _ = issue(gw, sandbox_id, tools=["fs_list"])
+    out = run_ts_client("http-oauth", f"{gw.url}/mcp", token, "fs_list", '{"path": "/"}')
+    assert out["ok"] and out["tools"] == ["fs_list"], out

@@ -1,6 +1,6 @@
 // The official MCP TypeScript SDK client against agentbox, as a real client uses it.
 //
-//   node mcp_client.mjs http URL TOKEN|- [TOOL ARGS_JSON]
+//   node mcp_client.mjs http|http-oauth URL TOKEN|- [TOOL ARGS_JSON]
 //   node mcp_client.mjs stdio COMMAND ARG... -- [TOOL ARGS_JSON]
 //
 // Connects, lists tools and, when TOOL is given, calls it. Prints one JSON line:
@@ -18,6 +18,24 @@ if (mode === "http") {
   const [url, token, ...more] = rest;
   const headers = token === "-" ? {} : { Authorization: `Bearer ${token}` };
   transport = new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } });
+  call = more;
+} else if (mode === "http-oauth") {
+  // A client with an OAuth provider holding a pre-issued bearer token: on a 401 the SDK
+  // runs discovery (RFC 9728, then RFC 8414 at the origin) and, finding no authorization
+  // server, must fail rather than loop.
+  const [url, token, ...more] = rest;
+  const authProvider = {
+    get redirectUrl() { return "http://127.0.0.1:1/callback"; },
+    get clientMetadata() { return { redirect_uris: ["http://127.0.0.1:1/callback"], client_name: "t" }; },
+    clientInformation: () => undefined,
+    saveClientInformation: () => {},
+    tokens: () => ({ access_token: token, token_type: "Bearer" }),
+    saveTokens: () => {},
+    redirectToAuthorization: () => { throw new Error("redirectToAuthorization"); },
+    saveCodeVerifier: () => {},
+    codeVerifier: () => "v",
+  };
+  transport = new StreamableHTTPClientTransport(new URL(url), { authProvider });
   call = more;
 } else if (mode === "stdio") {
   const end = rest.indexOf("--");

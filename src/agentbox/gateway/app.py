@@ -37,6 +37,8 @@ from agentbox.gateway.lifecycle_events import LifecycleIngest
 from agentbox.gateway.mcp_http import (
     MCP_PATH,
     METADATA_PATH,
+    NO_AUTHORIZATION_SERVER,
+    REGISTER_PATH,
     McpAuth,
     base_url,
     principal_from,
@@ -465,6 +467,11 @@ def create_app(
         """OAuth 2.0 Protected Resource Metadata (no token needed)."""
         suffix = request.url.path.removeprefix(METADATA_PATH)
         return resource_metadata(base_url(request.scope), suffix)
+
+    @app.post(REGISTER_PATH, tags=["auth"], status_code=400)
+    async def no_client_registration() -> dict[str, str]:
+        """Not an OAuth server: the RFC 7591 error says how to get a token instead."""
+        return NO_AUTHORIZATION_SERVER
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

@@ -10,8 +10,9 @@
 * RFC 9728 metadata at ``/.well-known/oauth-protected-resource`` (the gateway) and
   ``/.well-known/oauth-protected-resource/mcp`` (the MCP endpoint). agentbox runs no OAuth
   authorization server: tokens are issued by the operator (``agentbox token issue``), so
-  ``authorization_servers`` is absent and ``resource_documentation`` says where tokens
-  come from. Clients are configured with the header (see the README's connect snippets).
+  ``authorization_servers`` is absent and the metadata says where tokens come from.
+  Clients are configured with the header (see the README's connect snippets); an OAuth
+  client that falls back to registering at ``/register`` is told so in an RFC 7591 error.
 """
 
 from __future__ import annotations
@@ -61,6 +62,18 @@ def resource_metadata(base: str, resource_path: str) -> dict[str, Any]:
             "`Authorization: Bearer <token>`"
         ),
     }
+
+
+# What an OAuth client that found no authorization server tries next (MCP 2025-03-26's
+# fallback: the server's origin, dynamic client registration at /register) is told why.
+REGISTER_PATH = "/register"
+NO_AUTHORIZATION_SERVER = {
+    "error": "invalid_client_metadata",
+    "error_description": (
+        "agentbox runs no OAuth authorization server: configure this client with the header "
+        "`Authorization: Bearer <token>`, a token from the operator (`agentbox token issue`)"
+    ),
+}
 
 
 def principal_from(ctx: ServerRequestContext[Any, Any]) -> Principal:
