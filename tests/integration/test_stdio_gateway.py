@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import anyio
 import pytest
 from mcp import Client, StdioServerParameters
 
-from agentbox.gateway.presence import serving
+from agentbox.gateway.presence import Served, advertise, listening, serving
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import AGENTBOX, GatewayProcess
 from tsclient import run_ts_client
@@ -38,7 +40,53 @@ audit:
 ID_AND_PWD = ("terminal_run", '{"command": "id -u; pwd"}')
 
 
-@pytest.fixture
+def test_stdio_with_no_gateway(agentbox_home: Path, host_ready: None) -> None:
+    assert serving(agentbox_home) is None
+    before = {r.id for r in Runtime(agentbox_home).list()}
+    out = stdio(agentbox_home)
+    assert out["result"]["structuredContent"]["stdout"] == "1000\n/workspace\n"  # type: ignore[index]
+    assert {r.id for r in Runtime(agentbox_home).list()} == before
+
+
+def test_only_the_advertising_process_is_trusted_with_the_port(
+    agentbox_home: Path, host_ready: None
+) -> None:
+    """Another local process on the advertised port (the gateway has not bound it yet, or
+    failed to) is not the gateway: agentbox mcp sends it nothing."""
+    script = (
+        "import socket, sys; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); "
+        "print(s.getsockname()[1], flush=True); sys.stdin.read()"
+    )
+    with subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True) as impostor:  # fmt: skip
+        assert impostor.stdout is not None and impostor.stdin is not None
+        port = int(impostor.stdout.readline())
+        advert = advertise(agentbox_home, f"http://127.0.0.1:{port}")
+        assert advert is not None
+        try:
+            served = serving(agentbox_home)
+            assert served == Served(f"http://127.0.0.1:{port}", os.getpid())
+            assert not listening(served)  # the port is held, but not by the advertiser
+            with socket.socket() as own:
+                own.bind(("127.0.0.1", 0))
+                own.listen()
+                assert listening(Served(f"http://127.0.0.1:{own.getsockname()[1]}", os.getpid()))
+        finally:
+            advert.close()
+            impostor.stdin.close()  # the impostor exits
+        assert serving(agentbox_home) is None
+
+
+def test_a_stopped_gateway_is_no_longer_served(agentbox_home: Path, host_ready: None) -> None:
+    gw = GatewayProcess(agentbox_home, CONFIG)
+    gw.start()
+    assert (served := serving(agentbox_home)) is not None and served.url == gw.url
+    gw.kill(signal.SIGKILL)  # no clean withdrawal: the lock dies with the process
+    assert serving(agentbox_home) is None
+
+
+# One gateway for the tests below (the ones above need none running on the home).
+@pytest.fixture(scope="module")
 def gateway(agentbox_home: Path, host_ready: None) -> Iterator[GatewayProcess]:
     gw = GatewayProcess(agentbox_home, CONFIG)
     gw.start()
@@ -57,7 +105,7 @@ def stdio(home: Path, env: dict[str, str] | None = None) -> dict[str, object]:
 
 
 def test_stdio_beside_a_running_gateway(gateway: GatewayProcess, agentbox_home: Path) -> None:
-    assert serving(agentbox_home) == gateway.url
+    assert (served := serving(agentbox_home)) is not None and served.url == gateway.url
     with gateway.client() as op:
         before = {s["id"] for s in op.get("/v1/sandboxes").json()}
     # The operator token as the gateway was given it (here: in the variable the default
@@ -120,19 +168,3 @@ def test_stdio_beside_a_gateway_without_the_operator_token(
                           capture_output=True, text=True, env={**os.environ, **env}, timeout=120)  # fmt: skip
     assert proc.returncode != 0
     assert "cannot read the operator token file" in proc.stderr, proc.stderr
-
-
-def test_stdio_with_no_gateway(agentbox_home: Path, host_ready: None) -> None:
-    assert serving(agentbox_home) is None
-    before = {r.id for r in Runtime(agentbox_home).list()}
-    out = stdio(agentbox_home)
-    assert out["result"]["structuredContent"]["stdout"] == "1000\n/workspace\n"  # type: ignore[index]
-    assert {r.id for r in Runtime(agentbox_home).list()} == before
-
-
-def test_a_stopped_gateway_is_no_longer_served(agentbox_home: Path, host_ready: None) -> None:
-    gw = GatewayProcess(agentbox_home, CONFIG)
-    gw.start()
-    assert serving(agentbox_home) == gw.url
-    gw.kill(signal.SIGKILL)  # no clean withdrawal: the lock dies with the process
-    assert serving(agentbox_home) is None

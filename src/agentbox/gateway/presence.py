@@ -4,7 +4,10 @@ A running gateway owns the home's audit chain (one writer), so local tools that 
 otherwise open it (``agentbox mcp``) talk to that gateway instead. The file holds the
 gateway's URL; the gateway keeps an exclusive ``flock`` on it for as long as it serves,
 so a reader that can take a shared lock knows the file is stale (its writer is gone, and
-its port may now belong to anyone: nothing is sent there).
+its port may now belong to anyone: nothing is sent there). The gateway advertises before
+its socket is bound (and a bind can fail because another local user holds the port), so
+a client sends its token only once :func:`listening` finds the port's listening socket
+among the advertising process's own file descriptors.
 """
 
 from __future__ import annotations
@@ -15,10 +18,24 @@ import json
 import logging
 import os
 import secrets
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 ADVERT = "gateway.json"
+
+
+@dataclass(frozen=True)
+class Served:
+    """A live gateway's advert: where it listens, and which process it is."""
+
+    url: str
+    pid: int
+
+    @property
+    def port(self) -> int:
+        return int(urlsplit(self.url).port or 0)
 
 
 class Advert:
@@ -59,8 +76,8 @@ def advertise(home: Path, url: str) -> Advert | None:
     return Advert(path, fd)
 
 
-def serving(home: Path) -> str | None:
-    """The URL of the gateway serving ``home`` now, or None."""
+def serving(home: Path) -> Served | None:
+    """The gateway serving ``home`` now, or None."""
     try:
         f = (home / ADVERT).open("rb")
     except FileNotFoundError:
@@ -69,6 +86,31 @@ def serving(home: Path) -> str | None:
         try:
             fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:  # its gateway holds it: alive
-            url = json.loads(f.read()).get("url")
-            return str(url) if url else None
+            advert = json.loads(f.read())
+            return Served(str(advert["url"]), int(advert["pid"]))
         return None  # stale: the lock died with its writer (the shared lock goes on close)
+
+
+def listening(served: Served) -> bool:
+    """Whether the advertising process itself holds a listening TCP socket on its port
+    (so what answers there is the gateway, not whoever else bound the port)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as rows:
+            next(rows)  # the header
+            for row in rows:
+                fields = row.split()
+                port = int(fields[1].rpartition(":")[2], 16)
+                if fields[3] == "0A" and port == served.port:  # 0A: LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return False
+    try:
+        fds = list(os.scandir(f"/proc/{served.pid}/fd"))
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(fd.path) in inodes:
+                return True
+    return False

@@ -37,7 +37,7 @@ from agentbox.gateway.app import open_audit
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.auth import Principal, TokenStore, find_operator_token
 from agentbox.gateway.mcp_server import build_mcp_server, jsonrpc_error
-from agentbox.gateway.presence import serving
+from agentbox.gateway.presence import Served, listening, serving
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.settings import GatewaySettings
@@ -51,17 +51,19 @@ def serve_stdio(settings: GatewaySettings, sandbox_id: str | None, template: str
     # The client stops a server with SIGTERM after closing stdin: clean up then too.
     signal.signal(signal.SIGTERM, _exit)
     home = agentbox_home()
-    url = serving(home)
-    if url is None:
+    served = serving(home)
+    if served is None:
         _serve_in_process(settings, sandbox_id, template)
         return
     token = find_operator_token(settings.gateway.auth, home)
     if token is None:
         raise Unauthenticated(
-            f"a gateway serves {home} at {url}, and agentbox mcp talks to it with the operator "
-            f"token: none in ${settings.gateway.auth.operator_token_env} or {home}/operator.token"
+            f"a gateway serves {home} at {served.url}, and agentbox mcp talks to it with the "
+            f"operator token: none in ${settings.gateway.auth.operator_token_env} or "
+            f"{home}/operator.token"
         )
-    _relay_to(url, token, sandbox_id, template)
+    _wait_listening(served)
+    _relay_to(served.url, token, sandbox_id, template)
 
 
 def _exit(signum: int, frame: object) -> NoReturn:
@@ -71,7 +73,6 @@ def _exit(signum: int, frame: object) -> NoReturn:
 def _relay_to(url: str, operator_token: str, sandbox_id: str | None, template: str) -> None:
     operator = GatewayClient(url, operator_token)
     try:
-        _wait_ready(operator)
         created = sandbox_id is None
         if sandbox_id is None:
             sandbox_id = str(
@@ -92,20 +93,18 @@ def _relay_to(url: str, operator_token: str, sandbox_id: str | None, template: s
         operator.close()
 
 
-def _wait_ready(operator: GatewayClient) -> None:
-    """The gateway advertises itself before its socket is bound: wait for it to answer."""
+def _wait_listening(served: Served) -> None:
+    """The gateway advertises itself before it binds its socket: wait until it has (and
+    send nothing to a port some other process holds)."""
     deadline = time.monotonic() + _READY_S
-    while True:
-        try:
-            operator.request("GET", "/healthz")
-            return
-        except AgentboxError:
-            if time.monotonic() > deadline:
-                raise HostUnsupported(
-                    f"the gateway at {operator.url} did not answer in {_READY_S:.0f} s; "
-                    "is it stuck starting? (`agentbox doctor`, the gateway's log)"
-                ) from None
-            time.sleep(0.1)
+    while not listening(served):
+        if time.monotonic() > deadline:
+            raise HostUnsupported(
+                f"the gateway serving this home (pid {served.pid}) does not listen on "
+                f"{served.url} after {_READY_S:.0f} s (is the port another process's?); "
+                "see the gateway's log"
+            )
+        time.sleep(0.1)
 
 
 def _issue(operator: GatewayClient, sandbox_id: str) -> tuple[str, str]:
