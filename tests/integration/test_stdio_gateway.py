@@ -168,3 +168,26 @@ def test_stdio_beside_a_gateway_without_the_operator_token(
                           capture_output=True, text=True, env={**os.environ, **env}, timeout=120)  # fmt: skip
     assert proc.returncode != 0
     assert "cannot read the operator token file" in proc.stderr, proc.stderr
+
+
+def test_relay_answers_malformed_lines_and_keeps_going(
+    gateway: GatewayProcess, agentbox_home: Path
+) -> None:
+    init = {"jsonrpc": "2.0", "id": 5, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}}  # fmt: skip
+    lines = [
+        "not json",
+        '[{"jsonrpc": "2.0", "id": 1, "method": "ping"}]',  # a batch
+        '{"jsonrpc": "2.0", "id": {"x": 1}, "method": "ping"}',  # an id that is no id
+        '{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": []}}',
+        json.dumps(init),
+    ]
+    env = {**os.environ, "AGENTBOX_HOME": str(agentbox_home),
+           "AGENTBOX_OPERATOR_TOKEN": gateway.token}  # fmt: skip
+    proc = subprocess.run([AGENTBOX, "mcp"], input="\n".join(lines) + "\n", env=env,
+                          capture_output=True, text=True, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    answers = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [a["error"]["code"] for a in answers[:3]] == [-32700, -32600, -32600], answers
+    assert answers[3]["id"] == 5 and answers[3]["result"]["serverInfo"]["name"] == "agentbox"

@@ -133,7 +133,10 @@ def mcp_stdio(sandbox_id: str | None, template: str, config_path: Path | None) -
 
     \b
     Without --sandbox a fresh sandbox is created and destroyed when the client leaves.
-    Example (a client's server entry):  {"command": "agentbox", "args": ["mcp"]}
+    When a gateway serves this home, it relays to it (the gateway's policy and audit log
+    apply) with the operator token: $AGENTBOX_OPERATOR_TOKEN, the config's token file, or
+    $AGENTBOX_HOME/operator.token.
+    Example (a client's server entry):  {"command": "/usr/local/bin/agentbox", "args": ["mcp"]}
     """
     from agentbox.gateway.stdio import serve_stdio
 

@@ -84,6 +84,7 @@ def _relay_to(url: str, operator_token: str, sandbox_id: str | None, template: s
         try:
             anyio.run(relay.run)
         finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the cleanup finish
             with contextlib.suppress(AgentboxError):
                 if created:  # its tokens go with it
                     operator.request("DELETE", f"/v1/sandboxes/{sandbox_id}")
@@ -122,6 +123,7 @@ class _Relay:
         self.protocol: str | None = None  # negotiated by a handshake-era initialize
         self.in_flight: dict[Any, anyio.CancelScope] = {}
         self.out_lock = anyio.Lock()
+        self.renew_lock = anyio.Lock()
 
     async def run(self) -> None:
         stdin = anyio.wrap_file(sys.stdin.buffer)
@@ -129,19 +131,25 @@ class _Relay:
             async for line in stdin:
                 if line.strip():
                     await self._dispatch(http, tg, line)
-            tg.cancel_scope.cancel()  # the client left: nobody reads answers any more
+            # stdin closed: what is in flight is still answered (a client that will not
+            # wait stops this process with SIGTERM).
 
     async def _dispatch(self, http: httpx2.AsyncClient, tg: TaskGroup, line: bytes) -> None:
         try:
             message = json.loads(line)
         except ValueError:
-            await self._write({"jsonrpc": "2.0", "id": None,
-                               "error": {"code": -32700, "message": "parse error"}})  # fmt: skip
+            await self._write(_failure(None, {"code": -32700, "message": "parse error"}))
             return
-        if not isinstance(message, dict) or "method" not in message:
+        if isinstance(message, dict) and "method" not in message:
             return  # a response to the server: a stateless gateway sends no requests
+        if not isinstance(message, dict) or not _valid_id(message.get("id")):
+            # Batches too: MCP 2025-06-18 dropped them, and the gateway answers one message.
+            invalid = {"code": -32600, "message": "invalid request: one JSON-RPC object per line"}
+            await self._write(_failure(None, invalid))
+            return
         if message["method"] == "notifications/cancelled":
-            scope = self.in_flight.get((message.get("params") or {}).get("requestId"))
+            cancelled = _object(message.get("params")).get("requestId")
+            scope = self.in_flight.get(cancelled) if _valid_id(cancelled) else None
             if scope is not None:
                 scope.cancel()  # aborting the POST is how HTTP cancels it
             return
@@ -163,20 +171,25 @@ class _Relay:
     async def _post(self, http: httpx2.AsyncClient, message: dict[str, Any]) -> dict[str, Any]:
         request_id = message.get("id")
         try:
+            used = self.token
             response = await http.post(self.url, json=message, headers=self._headers(message))
             if response.status_code == 401:  # the session token expired: a new one, once
-                self.token, self.token_id = await anyio.to_thread.run_sync(self.issue)
+                async with self.renew_lock:
+                    if self.token == used:  # not renewed meanwhile by a concurrent request
+                        self.token, self.token_id = await anyio.to_thread.run_sync(self.issue)
                 response = await http.post(self.url, json=message, headers=self._headers(message))
         except httpx2.TransportError as e:
             lost = HostUnsupported(f"lost the gateway at {self.url}: {e}")
-            return {"jsonrpc": "2.0", "id": request_id, "error": jsonrpc_error(lost)}
+            return _failure(request_id, jsonrpc_error(lost))
         except AgentboxError as e:
-            return {"jsonrpc": "2.0", "id": request_id, "error": jsonrpc_error(e)}
+            return _failure(request_id, jsonrpc_error(e))
         try:
-            answer: dict[str, Any] = response.json()
+            answer = response.json()
         except ValueError:
-            error = AgentboxError(f"the gateway answered HTTP {response.status_code} without JSON")
-            return {"jsonrpc": "2.0", "id": request_id, "error": jsonrpc_error(error)}
+            answer = None
+        if not isinstance(answer, dict):
+            error = AgentboxError(f"the gateway answered HTTP {response.status_code}, not JSON-RPC")
+            return _failure(request_id, jsonrpc_error(error))
         if message.get("method") == "initialize" and isinstance(answer.get("result"), dict):
             self.protocol = answer["result"].get("protocolVersion")
         return {**answer, "id": request_id}
@@ -200,6 +213,15 @@ class _Relay:
         data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
         async with self.out_lock:
             await anyio.to_thread.run_sync(_write_stdout, data)
+
+
+def _failure(request_id: Any, error: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
+
+
+def _valid_id(value: Any) -> bool:
+    """A JSON-RPC id (a notification has none)."""
+    return value is None or (isinstance(value, (str, int)) and not isinstance(value, bool))
 
 
 def _object(value: Any) -> dict[str, Any]:
@@ -242,6 +264,7 @@ def _serve_in_process(settings: GatewaySettings, sandbox_id: str | None, templat
     try:
         anyio.run(main)
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the cleanup finish
         with contextlib.suppress(Exception):
             gateway.browsers.close_all()
         audit.close()
