@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install agentbox on a Debian 12 host, as root: Debian packages, then a virtualenv at
-# .venv in this checkout with the package (and, with --dev, the test tools) installed.
+# .venv in this checkout with the package (and, with --dev, the test tools: Python ones and
+# the MCP TypeScript SDK in tests/js) installed; /usr/local/bin/agentbox links to it.
 # Idempotent: packages already present are not fetched again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -43,16 +44,19 @@ if [ "$DEV" = 1 ]; then
 else
   .venv/bin/pip install -q --disable-pip-version-check -e .
 fi
-echo "==> installed: $(.venv/bin/agentbox --version)"
-
-# On PATH: /usr/local/bin/agentbox -> this checkout's. A development checkout (--dev) links
-# nothing (several checkouts may share a host); nor is a file we did not link replaced.
+# On PATH, and the command MCP clients spawn (the README's stdio snippet) at a path that
+# does not depend on where this checkout lives: /usr/local/bin/agentbox -> this checkout's.
+# A file there that we did not link is never replaced.
 LINK=/usr/local/bin/agentbox
-if [ "$DEV" = 0 ]; then
-  if [ ! -e "$LINK" ] || [ -L "$LINK" ]; then
-    ln -sfn "$PWD/.venv/bin/agentbox" "$LINK"
-    echo "==> $LINK -> $PWD/.venv/bin/agentbox"
-  else
-    echo "==> $LINK exists and is not a link: left alone; run $PWD/.venv/bin/agentbox" >&2
-  fi
+if [ ! -e "$LINK" ] || [ -L "$LINK" ]; then
+  ln -sfn "$PWD/.venv/bin/agentbox" "$LINK"
+else
+  echo "==> $LINK exists and is not a link: left alone; run $PWD/.venv/bin/agentbox" >&2
 fi
+if [ "$DEV" = 1 ]; then
+  # The official MCP TypeScript SDK client the tests drive (pinned in package-lock.json).
+  command -v npm >/dev/null || { echo "scripts/install.sh --dev: needs node 20 and npm" >&2; exit 1; }
+  echo "==> npm ci in tests/js"
+  (cd tests/js && npm ci --no-audit --no-fund --silent)
+fi
+echo "==> installed: $(.venv/bin/agentbox --version) ($LINK -> $(readlink -f "$LINK"))"

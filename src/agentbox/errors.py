@@ -5,6 +5,7 @@
     │   └── InvalidConfig              invalid_config        unknown key / bad value in config
     ├── NotFound                       not_found
     │   ├── SandboxNotFound            sandbox_not_found     no such sandbox (or already destroyed)
+    │   ├── ToolNotFound               tool_not_found        no such gateway tool
     │   ├── TemplateNotFound           template_not_found
     │   ├── ProcessNotFound            process_not_found
     │   ├── SessionNotFound            session_not_found
@@ -17,7 +18,7 @@
     ├── Unauthenticated                unauthenticated       no/expired/revoked/unknown token (401)
     ├── PermissionDenied               permission_denied     the sandbox user may not do it
     │   ├── PathEscape                 path_escape           a path tried to leave the sandbox
-    │   ├── InsufficientScope          insufficient_scope    the token does not cover this (403)
+    │   ├── InsufficientScope          insufficient_scope    the token lacks ``details.scope`` (403)
     │   ├── PolicyDenied               policy_denied         a gateway policy rule refused it
     │   ├── SecretsFound               secrets_found         a snapshot holds secrets (report only)
     │   └── ApprovalDenied             approval_denied       a person denied it, or nobody answered
@@ -87,6 +88,10 @@ class NotFound(AgentboxError):
 
 class SandboxNotFound(NotFound):
     code = "sandbox_not_found"
+
+
+class ToolNotFound(NotFound):
+    code = "tool_not_found"
 
 
 class TemplateNotFound(NotFound):

@@ -96,12 +96,20 @@ def test_vscode_snippet(gw: RunningGateway, session_token: str) -> None:
     assert call_over_http(local(server["url"], gw), headers) == "connected\n"
 
 
-def test_stdio_snippet(agentbox_home: Path, host_ready: None) -> None:
+def test_stdio_snippet(gw: RunningGateway) -> None:
     server = json.loads(snippet("stdio"))["mcpServers"]["agentbox"]
     assert server["args"] == ["mcp"]
-    # The README names the install location; the test uses this checkout's.
+    # The README names the link scripts/install.sh makes; the test runs this checkout's.
+    installed = Path(server["command"])
+    assert installed.is_symlink() and installed.resolve().name == "agentbox", installed
+    assert installed.resolve().parent.name == "bin", installed.resolve()
     command = str(Path(sys.executable).parent / "agentbox")
-    env = {**os.environ, "AGENTBOX_HOME": str(agentbox_home)}
+    # The module's gateway serves the home: the snippet's server talks to it.
+    env = {
+        **os.environ,
+        "AGENTBOX_HOME": str(gw.home),
+        "AGENTBOX_OPERATOR_TOKEN": gw.operator_token,
+    }
 
     async def main() -> str:
         async with Client(

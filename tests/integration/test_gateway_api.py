@@ -275,7 +275,11 @@ def test_the_tool_route_keeps_every_guard(gw: RunningGateway, sandbox_id: str) -
         }  # fmt: skip
         for status, r in cases.items():
             assert r.status_code == status, r.text
-            assert r.json()["error"]["code"] in {"invalid_request", "not_found", "limit_exceeded"}
+            assert r.json()["error"]["code"] in {
+                "invalid_request",
+                "tool_not_found",
+                "limit_exceeded",
+            }
         # other methods and deeper paths still reach the router
         assert c.get(url).status_code == 405
         assert c.post(url + "/x", json=body).status_code == 404

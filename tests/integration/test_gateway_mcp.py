@@ -15,6 +15,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 
 from agentbox.gateway.sealed import load_key, unseal
 from gateway_harness import RunningGateway, running_gateway
@@ -96,10 +97,14 @@ def test_session_token_sees_only_its_tools_and_sandbox(gw: RunningGateway, sandb
         async with mcp_client(gw, token) as c:
             names = sorted(t.name for t in (await c.list_tools()).tools)
             assert names == ["fs_list", "fs_read"]
-            r = await c.call_tool("terminal_run", {"command": "true"})
-            assert r.is_error
-            other = await c.call_tool("fs_list", {"path": "/", "sandbox_id": "sb-000000000000"})
-            assert other.is_error and "insufficient_scope" in other.content[0].text
+            # Authorization failures are JSON-RPC errors (HTTP 403), not tool results.
+            with pytest.raises(MCPError) as outside:
+                await c.call_tool("terminal_run", {"command": "true"})
+            assert outside.value.error.data["code"] == "insufficient_scope"
+            with pytest.raises(MCPError) as other:
+                await c.call_tool("fs_list", {"path": "/", "sandbox_id": "sb-000000000000"})
+            assert other.value.code == -32051
+            assert other.value.error.data["details"]["scope"] == "sandbox:sb-000000000000"
 
     anyio.run(main)
 
@@ -107,10 +112,15 @@ def test_session_token_sees_only_its_tools_and_sandbox(gw: RunningGateway, sandb
 def test_mcp_rejects_bad_tokens(gw: RunningGateway) -> None:
     async def main() -> None:
         async with mcp_client(gw, "abx_forged") as c:
-            r = await c.call_tool("terminal_run", {"command": "true"})
-            assert r.is_error and "unauthenticated" in r.content[0].text
+            await c.list_tools()
 
-    anyio.run(main)
+    with pytest.raises(BaseException) as failed:
+        anyio.run(main)
+    error = failed.value
+    while isinstance(error, BaseExceptionGroup):  # the client's task groups wrap it
+        (error,) = error.exceptions
+    assert isinstance(error, MCPError), error
+    assert error.code == -32050 and error.error.data["code"] == "unauthenticated"
 
 
 def test_input_required_approval_for_current_clients(gw: RunningGateway, sandbox_id: str) -> None:
@@ -147,9 +157,14 @@ def test_input_required_approval_for_current_clients(gw: RunningGateway, sandbox
     assert prompts and "approval" in prompts[0]
 
 
-def test_stdio_server(agentbox_home: Path, host_ready: None) -> None:
+def test_stdio_server_beside_the_gateway(gw: RunningGateway) -> None:
+    """This module's gateway serves the home: ``agentbox mcp`` relays to it (both eras)."""
     agentbox = str(Path(sys.executable).parent / "agentbox")
-    env = {**os.environ, "AGENTBOX_HOME": str(agentbox_home)}
+    env = {
+        **os.environ,
+        "AGENTBOX_HOME": str(gw.home),
+        "AGENTBOX_OPERATOR_TOKEN": gw.operator_token,
+    }
     params = StdioServerParameters(command=agentbox, args=["mcp"], env=env)
 
     async def main() -> None:
@@ -162,10 +177,10 @@ def test_stdio_server(agentbox_home: Path, host_ready: None) -> None:
 
     from agentbox.runtime.runtime import Runtime
 
-    before = {r.id for r in Runtime(agentbox_home).list()}
+    before = {r.id for r in Runtime(gw.home).list()}
     anyio.run(main)
     # The sandboxes the stdio servers created died with them.
-    assert {r.id for r in Runtime(agentbox_home).list()} == before
+    assert {r.id for r in Runtime(gw.home).list()} == before
 
 
 def test_output_is_sized_for_a_context_and_saved_whole(gw: RunningGateway, sandbox_id: str) -> None:

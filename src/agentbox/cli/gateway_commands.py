@@ -21,7 +21,11 @@ from agentbox.cli.params import DURATION, SuggestingGroup
 from agentbox.client.remote import GatewayClient
 from agentbox.config import agentbox_home
 from agentbox.errors import AgentboxError, InvalidConfig, InvalidRequest
-from agentbox.gateway.auth import load_operator_token
+from agentbox.gateway.auth import (
+    OPERATOR_TOKEN_FILE,
+    injected_operator_token,
+    load_operator_token,
+)
 from agentbox.gateway.settings import GatewaySection, GatewaySettings, load_settings
 
 DEFAULT_URL = "http://127.0.0.1:8848"
@@ -39,13 +43,10 @@ def _client() -> GatewayClient:
 
 def _operator_token(settings: GatewaySettings, home: Path) -> str:
     """The injected operator token; on a first local run, one generated into a 0600 file."""
-    auth = settings.gateway.auth
-    injected = auth.operator_token_file is not None or bool(
-        auth.operator_token_env and os.environ.get(auth.operator_token_env)
-    )
-    if injected:
-        return load_operator_token(auth.operator_token_env, auth.operator_token_file)
-    path = home / "operator.token"
+    injected = injected_operator_token(settings.gateway.auth)
+    if injected is not None:
+        return injected
+    path = home / OPERATOR_TOKEN_FILE
     if not path.exists():
         home.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -134,7 +135,10 @@ def mcp_stdio(sandbox_id: str | None, template: str, config_path: Path | None) -
 
     \b
     Without --sandbox a fresh sandbox is created and destroyed when the client leaves.
-    Example (a client's server entry):  {"command": "agentbox", "args": ["mcp"]}
+    When a gateway serves this home, it relays to it (the gateway's policy and audit log
+    apply) with the operator token: $AGENTBOX_OPERATOR_TOKEN, the config's token file, or
+    $AGENTBOX_HOME/operator.token.
+    Example (a client's server entry):  {"command": "/usr/local/bin/agentbox", "args": ["mcp"]}
     """
     from agentbox.gateway.stdio import serve_stdio
 

@@ -20,7 +20,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -35,10 +34,21 @@ from agentbox.gateway.auth import Principal, TokenStore
 from agentbox.gateway.console import mount_console
 from agentbox.gateway.egress_ingest import EgressIngest
 from agentbox.gateway.lifecycle_events import LifecycleIngest
+from agentbox.gateway.mcp_http import (
+    MCP_PATH,
+    METADATA_PATH,
+    NO_AUTHORIZATION_SERVER,
+    REGISTER_PATH,
+    McpAuth,
+    base_url,
+    principal_from,
+    resource_metadata,
+)
 from agentbox.gateway.mcp_server import build_mcp_server
 from agentbox.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentbox.gateway.model_routes import build_model_router
 from agentbox.gateway.models import Attribution, ModelService
+from agentbox.gateway.presence import advertise
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.rest import (
     TOOL_ROUTE_PREFIX,
@@ -86,6 +96,13 @@ def allowed_hosts(listen: str, extra: list[str]) -> list[str]:
     names = {host.strip("[]"), "127.0.0.1", "localhost", "::1"}
     hosts = [f"[{n}]:{port}" if ":" in n else f"{n}:{port}" for n in sorted(names)]
     return hosts + extra
+
+
+def local_url(settings: GatewaySettings) -> str:
+    """Where a process on this host reaches the gateway (a wildcard bind: via loopback)."""
+    host, _, port = settings.gateway.listen.rpartition(":")
+    host = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]", "": "127.0.0.1"}.get(host, host)  # noqa: S104
+    return f"{'https' if settings.gateway.tls else 'http'}://{host}:{port}"
 
 
 class HostAndSizeGuard:
@@ -331,16 +348,11 @@ def create_app(
     async def authenticate(request: Request) -> Principal:
         return principal_of(request.headers.get("authorization"))
 
-    def mcp_principal(ctx: ServerRequestContext[Any, Any]) -> Principal:
-        if ctx.request is None:  # in-process use: the stdio command resolves its own
-            raise Unauthenticated("no HTTP request to authenticate")
-        return principal_of(ctx.request.headers.get("authorization"))
-
     hosts = allowed_hosts(settings.gateway.listen, settings.gateway.allowed_hosts)
     origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]
     origins += settings.gateway.allowed_origins
     session_manager = StreamableHTTPSessionManager(
-        app=build_mcp_server(gateway, mcp_principal),
+        app=build_mcp_server(gateway, principal_from),
         stateless=True,
         json_response=True,
         security_settings=TransportSecuritySettings(
@@ -381,6 +393,7 @@ def create_app(
         recovered = await asyncio.to_thread(recover, runtime)
         if recovered.removed or recovered.orphans:
             audit.append(decision="recovery", actor="agentbox", extra=recovered.to_dict())
+        advert = advertise(home, local_url(settings))  # `agentbox mcp` proxies to us
         egress_ingest.start()
         lifecycle_ingest.start()
         idle_watcher.start()
@@ -390,6 +403,8 @@ def create_app(
             try:
                 yield
             finally:
+                if advert is not None:
+                    advert.close()
                 await workers.stop()  # a running task's lease runs out: the next start resumes it
                 await models.aclose()
                 keeper.stop()
@@ -446,6 +461,19 @@ def create_app(
         principal_of(request.headers.get("authorization")).require_operator("reading metrics")
         return Response(gateway.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
+    # RFC 9728: the gateway as a whole, and its MCP endpoint (the path-suffixed form).
+    @app.get(METADATA_PATH, tags=["auth"])
+    @app.get(METADATA_PATH + MCP_PATH, tags=["auth"])
+    async def protected_resource(request: Request) -> dict[str, Any]:
+        """OAuth 2.0 Protected Resource Metadata (no token needed)."""
+        suffix = request.url.path.removeprefix(METADATA_PATH)
+        return resource_metadata(base_url(request.scope), suffix)
+
+    @app.post(REGISTER_PATH, tags=["auth"], status_code=400)
+    async def no_client_registration() -> dict[str, str]:
+        """Not an OAuth server: the RFC 7591 error says how to get a token instead."""
+        return NO_AUTHORIZATION_SERVER
+
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
         return {"status": "ok"}
@@ -467,8 +495,8 @@ def create_app(
     )
     mount_console(app)  # GET / and /console/*: static, no data, no token
     # An ASGI endpoint (not a Mount, which would redirect POST /mcp to /mcp/).
-    mcp_endpoint: Any = StreamableHTTPASGIApp(session_manager)
-    app.router.add_route("/mcp", mcp_endpoint, methods=["GET", "POST", "DELETE"])
+    mcp_endpoint: Any = McpAuth(StreamableHTTPASGIApp(session_manager), principal_of)
+    app.router.add_route(MCP_PATH, mcp_endpoint, methods=["GET", "POST", "DELETE"])
     app.front = HostAndSizeGuard(
         ToolFastPath(app.serve_routes, call_tool, model_handlers),
         hosts=hosts,

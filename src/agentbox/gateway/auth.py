@@ -20,9 +20,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from agentbox.errors import (
+    AgentboxError,
     HostUnsupported,
     InsufficientScope,
     InvalidRequest,
@@ -30,8 +31,12 @@ from agentbox.errors import (
     Unauthenticated,
 )
 
+if TYPE_CHECKING:
+    from agentbox.gateway.settings import AuthSettings
+
 TOKEN_PREFIX = "abx_"  # noqa: S105 - a prefix, not a secret
 OPERATOR = "operator"
+OPERATOR_TOKEN_FILE = "operator.token"  # noqa: S105 - a file name
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS gateway_tokens (
@@ -67,13 +72,16 @@ class Principal:
 
     def require_operator(self, what: str) -> None:
         if not self.is_operator:
-            raise InsufficientScope(f"{what} needs the operator token; a session token cannot")
+            raise InsufficientScope(
+                f"{what} needs the operator token; a session token cannot", scope=OPERATOR
+            )
 
     def require_sandbox(self, sandbox_id: str) -> None:
         """A session token reaches only its own sandbox."""
         if not self.is_operator and sandbox_id != self.sandbox_id:
             raise InsufficientScope(
-                f"this token is bound to sandbox {self.sandbox_id}, not {sandbox_id}"
+                f"this token is bound to sandbox {self.sandbox_id}, not {sandbox_id}",
+                scope=f"sandbox:{sandbox_id}",
             )
 
 
@@ -95,6 +103,33 @@ class TokenInfo:
             "expires_at": self.expires_at,
             "revoked": self.revoked_at is not None,
         }
+
+
+def challenge(
+    e: AgentboxError, resource_metadata: str | None = None, token_presented: bool = True
+) -> str | None:
+    """The ``WWW-Authenticate`` value for an auth failure (RFC 6750 section 3, with RFC
+    9728's ``resource_metadata``), or None when ``e`` is not one."""
+    params = ['realm="agentbox"']
+    if resource_metadata:
+        params.append(f'resource_metadata="{resource_metadata}"')
+    if isinstance(e, InsufficientScope):
+        params.append('error="insufficient_scope"')
+        if e.details.get("scope"):
+            params.append(f'scope="{_quotable(str(e.details["scope"]))}"')
+    elif isinstance(e, Unauthenticated):
+        if not token_presented:  # RFC 6750: no error code when no credentials were sent
+            return "Bearer " + ", ".join(params)
+        params.append('error="invalid_token"')
+    else:
+        return None
+    params.append(f'error_description="{_quotable(e.message)}"')
+    return "Bearer " + ", ".join(params)
+
+
+def _quotable(text: str) -> str:
+    """RFC 6750's error_description alphabet: printable ASCII without '"' and '\\'."""
+    return "".join(c if " " <= c <= "~" and c not in '"\\' else "'" for c in text)
 
 
 def _hash(token: str) -> str:
@@ -123,6 +158,24 @@ def load_operator_token(env_name: str | None, file: Path | None) -> str:
     if len(token) < 16:
         raise HostUnsupported("the operator token is too short: use at least 16 random characters")
     return token
+
+
+def injected_operator_token(auth: AuthSettings) -> str | None:
+    """The operator token from the configured file or variable; None if neither is set."""
+    injected = auth.operator_token_file is not None or bool(
+        auth.operator_token_env and os.environ.get(auth.operator_token_env)
+    )
+    return (
+        load_operator_token(auth.operator_token_env, auth.operator_token_file) if injected else None
+    )
+
+
+def find_operator_token(auth: AuthSettings, home: Path) -> str | None:
+    """The operator token as ``agentbox serve`` finds it: injected, else the one it
+    generated into ``HOME/operator.token``; None when there is none."""
+    path = home / OPERATOR_TOKEN_FILE
+    found = injected_operator_token(auth)
+    return found if found is not None or not path.exists() else load_operator_token(None, path)
 
 
 class TokenStore:

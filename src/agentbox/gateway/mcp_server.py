@@ -2,10 +2,13 @@
 
 One server definition serves Streamable HTTP at ``/mcp`` (the 2026-07-28 revision,
 stateless with ``server/discover``, and handshake-era clients) and stdio (``agentbox
-mcp``). Each request is authenticated from its own ``Authorization`` header, so a
-session token sees and can call only its sandbox's permitted tools.
+mcp``). Over HTTP each request is authenticated from its own ``Authorization`` header
+(:mod:`agentbox.gateway.mcp_http`), so a session token sees and can call only its
+sandbox's permitted tools.
 
-Errors come back as ``isError`` results whose text says what to do next. A command that
+A tool's failure comes back as an ``isError`` result whose text says what to do next (the
+model reads it). Protocol and authorization failures (an unknown tool, a token without
+the tool's scope) are JSON-RPC errors, with codes from :data:`JSONRPC_CODES`. A command that
 needs a person's approval returns MCP's input-required result to 2026-07-28 clients (the
 client asks its user to check again and retries); handshake-era clients, which cannot
 receive that result, wait up to ``approval_timeout`` like plain HTTP callers.
@@ -13,17 +16,36 @@ receive that result, wait up to ``approval_timeout`` like plain HTTP callers.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Callable
-from typing import Any
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from agentbox import __version__
-from agentbox.errors import AgentboxError, ApprovalPending
+from agentbox.errors import (
+    AgentboxError,
+    ApprovalPending,
+    CommandTimeout,
+    Conflict,
+    HostUnsupported,
+    InsufficientScope,
+    InvalidRequest,
+    LimitExceeded,
+    NotFound,
+    PermissionDenied,
+    ProviderError,
+    SandboxError,
+    ToolNotFound,
+    Unauthenticated,
+)
 from agentbox.gateway import sealed
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.service import Gateway
@@ -41,6 +63,55 @@ _RECHECK_SCHEMA: dict[str, Any] = {
 }
 
 PrincipalResolver = Callable[[ServerRequestContext[Any, Any]], Principal]
+log = logging.getLogger(__name__)
+
+# The JSON-RPC code of each agentbox error: the first class up the error's MRO that is
+# listed wins; ``data`` is ``{"code": <agentbox code>, "details": {...}}``. -32000 and
+# -32001 are left to the SDKs (connection closed, request timeout), -32020..-32042 to MCP.
+JSONRPC_CODES: dict[type[AgentboxError], int] = {
+    ToolNotFound: types.INVALID_PARAMS,  # MCP: an unknown tool is invalid params
+    InvalidRequest: types.INVALID_PARAMS,
+    NotFound: -32002,  # MCP's "resource not found"
+    Unauthenticated: -32050,
+    PermissionDenied: -32051,  # insufficient_scope, policy_denied, path_escape, ...
+    Conflict: -32052,
+    ApprovalPending: -32053,
+    LimitExceeded: -32054,  # rate_limited, quota_exceeded, ...
+    CommandTimeout: -32055,
+    HostUnsupported: -32056,
+    ProviderError: -32057,
+    SandboxError: -32058,
+    AgentboxError: -32059,
+}
+_R = TypeVar("_R")
+_P = TypeVar("_P")
+
+
+def jsonrpc_error(e: AgentboxError) -> dict[str, Any]:
+    """``e`` as a JSON-RPC error object (``code``, ``message``, ``data``)."""
+    code = next(JSONRPC_CODES[c] for c in type(e).__mro__ if c in JSONRPC_CODES)
+    return {"code": code, "message": e.message, "data": {"code": e.code, "details": e.details}}
+
+
+def _protocol_errors(
+    handler: Callable[[ServerRequestContext[Any, Any], _P], Awaitable[_R]],
+) -> Callable[[ServerRequestContext[Any, Any], _P], Awaitable[_R]]:
+    """A handler whose failures reach the wire with a code from JSONRPC_CODES (the SDK
+    would send an unexpected exception as code 0, and its text)."""
+
+    @functools.wraps(handler)
+    async def wrapped(ctx: ServerRequestContext[Any, Any], params: _P) -> _R:
+        try:
+            return await handler(ctx, params)
+        except (MCPError, ValidationError):
+            raise
+        except AgentboxError as e:
+            raise MCPError(**jsonrpc_error(e)) from e
+        except Exception as e:
+            log.exception("MCP handler failed")
+            raise MCPError(types.INTERNAL_ERROR, "internal error; see the gateway log") from e
+
+    return wrapped
 
 
 def _tool(spec: ToolSpec) -> types.Tool:
@@ -80,19 +151,18 @@ def result_content(result: dict[str, Any]) -> list[types.ContentBlock]:
 
 
 def build_mcp_server(gateway: Gateway, resolve: PrincipalResolver) -> Server[Any]:
+    @_protocol_errors
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         principal = resolve(ctx)
         return types.ListToolsResult(tools=[_tool(t) for t in gateway.visible_tools(principal)])
 
+    @_protocol_errors
     async def call_tool(
         ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult | types.InputRequiredResult:
-        try:
-            principal = resolve(ctx)
-        except AgentboxError as e:
-            return _error(f"{e.code}: {e.message}")
+        principal = resolve(ctx)
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
         approval_id = None
         if modern:
@@ -121,6 +191,8 @@ def build_mcp_server(gateway: Gateway, resolve: PrincipalResolver) -> Server[Any
                     gateway.state_key, {"approval_id": e.details["approval_id"]}
                 ),
             )
+        except (ToolNotFound, InsufficientScope):
+            raise  # protocol and authorization errors (the HTTP layer answers 403 to the latter)
         except AgentboxError as e:
             return _error(f"{e.code}: {e.message}")
         return types.CallToolResult(

@@ -28,7 +28,7 @@ from agentbox.errors import (
     SecretsFound,
 )
 from agentbox.gateway import port_forward as port_forward_http
-from agentbox.gateway.auth import Principal
+from agentbox.gateway.auth import OPERATOR, Principal, challenge
 from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
 from agentbox.network import ports
@@ -626,7 +626,9 @@ def build_router(
         approval_id: str, verdict: Literal["approve", "deny"], p: Principal = auth
     ) -> Any:
         if not p.is_operator:  # a sandbox's own token must never approve its own commands
-            raise InsufficientScope("only the operator can approve or deny; a session token cannot")
+            raise InsufficientScope(
+                "only the operator can approve or deny; a session token cannot", scope=OPERATOR
+            )
         approval = gateway.approvals.decide(approval_id, verdict == "approve", p.actor)
         await gateway.audit_event(
             p,
@@ -750,7 +752,9 @@ def _port_routes(api: APIRouter, gateway: Gateway, auth: Any) -> None:
         """HTTP to a service the sandbox runs on ``port`` (its loopback): nothing listens
         on the host. The gateway token is not forwarded."""
         if not p.may_use("ports"):
-            raise InsufficientScope("this token may not reach sandbox ports (tool: ports)")
+            raise InsufficientScope(
+                "this token may not reach sandbox ports (tool: ports)", scope="ports"
+            )
         p.require_sandbox(sandbox_id)
         gateway.rate.check(p.actor)
         record = gateway.runtime.running(sandbox_id)[0]
@@ -811,13 +815,9 @@ def _tool_arguments(body: bytes) -> dict[str, Any]:
 
 def error_response(e: AgentboxError) -> JSONResponse:
     headers = {}
-    if e.http_status == 401:
-        description = e.message.replace('"', "'")
-        headers["WWW-Authenticate"] = (
-            f'Bearer realm="agentbox", error="invalid_token", error_description="{description}"'
-        )
-    elif e.code == "insufficient_scope":
-        headers["WWW-Authenticate"] = 'Bearer realm="agentbox", error="insufficient_scope"'
+    www_authenticate = challenge(e)
+    if www_authenticate is not None:
+        headers["WWW-Authenticate"] = www_authenticate
     retry = e.details.get("retry_after")
     if retry is not None:
         headers["Retry-After"] = str(max(1, int(retry + 0.999)))

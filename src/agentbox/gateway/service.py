@@ -27,9 +27,9 @@ from agentbox.errors import (
     FileNotFound,
     InsufficientScope,
     InvalidRequest,
-    NotFound,
     PolicyDenied,
     RateLimited,
+    ToolNotFound,
 )
 from agentbox.gateway import sealed
 from agentbox.gateway.approvals import ApprovalStore
@@ -242,8 +242,10 @@ class Gateway:
         spec = TOOLS_BY_NAME.get(name)
         if spec is None or not principal.may_use(name):
             if spec is not None and principal.may_use(name) is False:
-                raise InsufficientScope(f"this token may not use {name}; ask for a token with it")
-            raise NotFound(f"unknown tool {name!r}; list tools to see what is available")
+                raise InsufficientScope(
+                    f"this token may not use {name}; ask for a token with it", scope=name
+                )
+            raise ToolNotFound(f"unknown tool {name!r}; list tools to see what is available")
         self.rate.check(principal.actor)
         if not sandbox:
             raise InvalidRequest(f"{name} needs sandbox_id (the operator token has no sandbox)")
@@ -478,7 +480,9 @@ class Gateway:
         """Tar upload/download: the scope, rate and file policy of fs_write / fs_read."""
         tool = "fs_write" if write else "fs_read"
         if not principal.may_use(tool):
-            raise InsufficientScope(f"this token may not use {tool}, which tar transfers need")
+            raise InsufficientScope(
+                f"this token may not use {tool}, which tar transfers need", scope=tool
+            )
         self.rate.check(principal.actor)
         principal.require_sandbox(sandbox)
         policy = self.write_policy if write else self.read_policy

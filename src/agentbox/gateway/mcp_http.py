@@ -1,0 +1,192 @@
+"""``/mcp`` over HTTP as MCP's authorization rules (2025-06-18 and later) want it.
+
+* Every request needs a bearer token. Without a valid one the answer is HTTP 401 with
+  ``WWW-Authenticate: Bearer resource_metadata="<base>/.well-known/oauth-protected-resource/mcp"``
+  (plus ``error="invalid_token"`` when a token was sent), before the MCP server sees it,
+  ``initialize`` included: clients tell "log in" from "broken" by that status.
+* A call the token does not cover (a tool outside its list, another sandbox) is HTTP 403
+  with ``error="insufficient_scope", scope="…"``. The gateway decides (and audits) that on
+  its one call path; this layer only gives the resulting JSON-RPC error its HTTP status.
+* RFC 9728 metadata at ``/.well-known/oauth-protected-resource`` (the gateway) and
+  ``/.well-known/oauth-protected-resource/mcp`` (the MCP endpoint). agentbox runs no OAuth
+  authorization server: tokens are issued by the operator (``agentbox token issue``), so
+  ``authorization_servers`` is absent and the metadata says where tokens come from.
+  Clients are configured with the header (see the README's connect snippets); an OAuth
+  client that falls back to registering at ``/register`` is told so in an RFC 7591 error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from mcp.server.context import ServerRequestContext
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agentbox.errors import AgentboxError, Unauthenticated
+from agentbox.gateway.auth import OPERATOR, Principal, challenge
+from agentbox.gateway.mcp_server import jsonrpc_error
+from agentbox.gateway.rest import ROUTE_SCOPES
+from agentbox.gateway.tools import TOOLS
+
+METADATA_PATH = "/.well-known/oauth-protected-resource"
+MCP_PATH = "/mcp"
+_PRINCIPAL = "agentbox.principal"  # the scope["state"] key the MCP handlers read
+# The JSON-RPC errors (by data.code) that are HTTP auth failures.
+_AUTH_CODES = {"unauthenticated", "insufficient_scope"}
+
+
+def base_url(scope: Scope) -> str:
+    """This gateway as the client reached it (the Host was checked by HostAndSizeGuard)."""
+    for key, value in scope["headers"]:
+        if key == b"host":
+            return f"{scope['scheme']}://{value.decode('latin-1')}"
+    server = scope.get("server") or ("127.0.0.1", 0)
+    return f"{scope['scheme']}://{server[0]}:{server[1]}"
+
+
+def resource_metadata(base: str, resource_path: str) -> dict[str, Any]:
+    """RFC 9728 protected resource metadata; ``resource`` is the URL the client derived
+    the well-known URL from (the gateway's origin, or its ``/mcp``)."""
+    return {
+        "resource": base + resource_path,
+        "resource_name": "agentbox gateway",
+        "bearer_methods_supported": ["header"],
+        # A session token's scope is the list of tools (and routes) it was issued for.
+        "scopes_supported": [OPERATOR, *(t.name for t in TOOLS), *ROUTE_SCOPES],
+        "resource_documentation": base + "/docs",
+        "agentbox_token_issuance": (
+            "no OAuth authorization server: the operator issues bearer tokens "
+            "(`agentbox token issue --sandbox ID`, POST /v1/tokens); send them as "
+            "`Authorization: Bearer <token>`"
+        ),
+    }
+
+
+# What an OAuth client that found no authorization server tries next (MCP 2025-03-26's
+# fallback: the server's origin, dynamic client registration at /register) is told why.
+REGISTER_PATH = "/register"
+NO_AUTHORIZATION_SERVER = {
+    "error": "invalid_client_metadata",
+    "error_description": (
+        "agentbox runs no OAuth authorization server: configure this client with the header "
+        "`Authorization: Bearer <token>`, a token from the operator (`agentbox token issue`)"
+    ),
+}
+
+
+def principal_from(ctx: ServerRequestContext[Any, Any]) -> Principal:
+    """The principal McpAuth authenticated this request as."""
+    principal = ctx.request.scope.get("state", {}).get(_PRINCIPAL) if ctx.request else None
+    if not isinstance(principal, Principal):
+        raise Unauthenticated("no authenticated HTTP request")
+    return principal
+
+
+class McpAuth:
+    """ASGI around the MCP endpoint: authenticate first, answer auth failures with 401/403."""
+
+    def __init__(self, app: ASGIApp, principal_of: Callable[[str | None], Principal]) -> None:
+        self.app = app
+        self.principal_of = principal_of
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        authorization = None
+        for key, value in scope["headers"]:
+            if key == b"authorization":
+                authorization = value.decode("latin-1")
+        body = b""
+        if scope["method"] == "POST":
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body += message.get("body", b"")
+                if not message.get("more_body", False):
+                    break
+        metadata = base_url(scope) + METADATA_PATH + MCP_PATH
+        try:
+            principal = self.principal_of(authorization)
+        except Unauthenticated as e:
+            presented = bool(authorization and authorization.partition(" ")[2].strip())
+            www = challenge(e, metadata, token_presented=presented)
+            await _send_error(send, e, _request_id(body), www)
+            return
+        scope.setdefault("state", {})[_PRINCIPAL] = principal
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, _AuthStatus(send, metadata))
+
+
+class _AuthStatus:
+    """``send`` that holds a JSON response back and, when it is a JSON-RPC auth error
+    (insufficient_scope, unauthenticated), sends it with its HTTP status and challenge."""
+
+    def __init__(self, send: Send, metadata: str) -> None:
+        self.send = send
+        self.metadata = metadata
+        self.start: Message | None = None
+        self.chunks: list[bytes] = []
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            if _content_type(message).startswith(b"application/json"):
+                self.start = message
+                return
+        elif message["type"] == "http.response.body" and self.start is not None:
+            self.chunks.append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body = b"".join(self.chunks)
+            start, self.start = self.start, None
+            await self.send(self._with_status(start, body))
+            await self.send({"type": "http.response.body", "body": body})
+            return
+        await self.send(message)
+
+    def _with_status(self, start: Message, body: bytes) -> Message:
+        try:
+            error = json.loads(body).get("error")
+            data = error.get("data") or {}
+            code = data.get("code")
+        except (ValueError, AttributeError):
+            return start
+        if code not in _AUTH_CODES:
+            return start
+        e = AgentboxError.from_dict({**data, "message": error.get("message", "")})
+        www = challenge(e, self.metadata)
+        headers = [*start.get("headers", []), (b"www-authenticate", str(www).encode())]
+        return {**start, "status": e.http_status, "headers": headers}
+
+
+def _content_type(message: Message) -> bytes:
+    for key, value in message.get("headers", []):
+        if key.lower() == b"content-type":
+            return bytes(value).lower()
+    return b""
+
+
+def _request_id(body: bytes) -> Any:
+    """The JSON-RPC id of a request body (null when it has none or is not JSON)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    return parsed.get("id") if isinstance(parsed, dict) else None
+
+
+async def _send_error(send: Send, e: AgentboxError, request_id: Any, www: str | None) -> None:
+    body = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": jsonrpc_error(e)}).encode()
+    headers = [(b"content-type", b"application/json")]
+    if www is not None:
+        headers.append((b"www-authenticate", www.encode()))
+    await send({"type": "http.response.start", "status": e.http_status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
