@@ -270,6 +270,8 @@ NEEDS_APPROVAL: list[tuple[str, str]] = [
     ("f=-rf; rm $f x", "rm -rf *"),
     ('rm "$opts" x', "rm -rf *"),
     ('git push origin "$ref"', "git push --force*"),
+    ("rm -f *", "rm -rf *"),  # a file named -r in the directory is an option
+    ('rm "-"$x y', "rm -rf *"),
     # an alias defined on the command line
     ("git -c alias.p='push --force' p origin", "git push --force*"),
     ("git -c alias.p='push' p -f", "git push --force*"),
@@ -301,9 +303,15 @@ def test_approval_patterns_match_every_spelling(command: str | list[str], patter
         ("curl * | tee *", ["curl -s x | tee -a y"], ["curl x | cat"]),
         ("* | tee /etc/*", ["ls | sort | /usr/bin/tee /etc/x"], ["ls | tee /tmp/x"]),
         ("*--force*", ["git push -f"], ["git push"]),
+        # a run-time word that cannot become an option (it starts with a literal path
+        # character, or follows `--`) is an operand, not a possible `-rf`
+        ("rm -rf *", ['f=-rf; rm $f x', "rm -f -*"],
+         ["rm -f /tmp/out/*", "rm /tmp/a*.txt", "rm ./*", "rm -f -- *", 'rm -- "$f" x',
+          "rm ~/x*"]),
     ],
 )  # fmt: skip
 def test_pattern_semantics(pattern: str, matches: list[str], spares: list[str]) -> None:
+    """Each pattern catches its spellings and nothing else."""
     policy = CommandPolicy(None, [], [pattern])
     for command in matches:
         assert policy.check(command).needs_approval, (pattern, command)

@@ -61,6 +61,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from string import ascii_letters, digits
 from typing import Any
 
 import bashlex
@@ -704,6 +705,27 @@ def _stdin_code(where: str, readers: Iterable[str]) -> UnparseableCommand:
     )
 
 
+# A word whose first character is one of these, written literally, cannot expand to an
+# option whatever its globs or variables become (`/tmp/out/*`, `a*.txt`, `~/x`).
+_LITERAL_START = frozenset(ascii_letters + digits + "/._~+,:=@%")
+
+
+def _may_become_option(word: Word) -> bool:
+    """A run-time word (variable, substitution, glob) that could turn into ``-rf``."""
+    if not (word.dynamic or word.unsafe):
+        return False
+    first = word.text[:1]
+    return not (first in _LITERAL_START and word.raw[:1] == first)
+
+
+def _before_end_of_options(args: Sequence[Word]) -> Sequence[Word]:
+    """The words before a literal ``--`` (after it, nothing is an option)."""
+    for i, w in enumerate(args):
+        if w.raw == "--":
+            return args[:i]
+    return args
+
+
 def _dynamic_code(what: str) -> UnparseableCommand:
     return _reject(
         f"cannot check {what}: it depends on values only known at run time; write it with "
@@ -1112,7 +1134,7 @@ class _Analyser:
         self.out.program_words.append(words[0].text)
         argv = (name, *(w.text for w in args))
         self.out.commands.append(argv)
-        if any(w.dynamic or w.unsafe for w in args):
+        if any(_may_become_option(w) for w in _before_end_of_options(args)):
             self.out.dynamic_argvs.add(argv)
         if name in ("cd", "pushd", "popd") or (
             name in ("env", "sudo", "unshare")
