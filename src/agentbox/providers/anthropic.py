@@ -35,7 +35,11 @@ _FINISH = {
     "max_tokens": "length",
     "tool_use": "tool_calls",
 }
-_CHOICE = {"auto": {"type": "auto"}, "required": {"type": "any"}, "none": {"type": "none"}}
+_CHOICE: dict[str, dict[str, Any]] = {
+    "auto": {"type": "auto"},
+    "required": {"type": "any"},
+    "none": {"type": "none"},
+}
 _ERROR_CATEGORY = {
     "rate_limit_error": Category.RATE_LIMITED,
     "overloaded_error": Category.SERVER_ERROR,
@@ -139,11 +143,14 @@ class AnthropicAdapter(Adapter):
             body["top_p"] = request.top_p
         if request.stop:
             body["stop_sequences"] = request.stop
-        if request.tools and request.tool_choice:
-            body["tool_choice"] = _CHOICE.get(request.tool_choice) or {
+        if request.tools and (request.tool_choice or request.parallel_tool_calls is False):
+            choice: dict[str, Any] = _CHOICE.get(request.tool_choice or "auto") or {
                 "type": "tool",
                 "name": request.tool_choice,
             }
+            if request.parallel_tool_calls is False and choice["type"] != "none":
+                choice = {**choice, "disable_parallel_tool_use": True}
+            body["tool_choice"] = choice
         if request.tools:
             body["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": t.parameters}

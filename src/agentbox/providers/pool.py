@@ -198,7 +198,10 @@ class ProviderPool:
         """Providers serving the model, healthiest first, each with the model to ask for."""
         now = self._clock()
         routes = []
+        required = request.requires()
         for index, adapter in enumerate(self._adapters):
+            if required is not None and adapter.kind != required[0]:
+                continue
             models = adapter.settings.models
             if request.model is None and models:
                 model = models[0]
@@ -208,6 +211,14 @@ class ProviderPool:
                 continue
             rank = self._health[adapter.name].rank(now)
             routes.append((rank, index, adapter, request.model_copy(update={"model": model})))
+        if not routes and required is not None:
+            kind, why = required
+            raise InvalidRequest(
+                f"the request needs a provider of kind {kind!r} serving model "
+                f"{request.model or '(its default)'!r}, and none is configured: it carries {why}; "
+                "remove that from the request or configure such a provider",
+                model=request.model,
+            )
         if not routes:
             raise InvalidRequest(
                 f"no configured provider serves model {request.model!r}"

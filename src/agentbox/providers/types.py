@@ -80,10 +80,20 @@ class ChatRequest(_Strict):
     tools: list[Tool] | None = None
     # auto (the default), required (some tool), none, or one tool's name (that tool)
     tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None  # False: at most one call per answer
+    # OpenAI's reasoning effort (minimal … high): only an openai provider can honour it.
+    reasoning_effort: str | None = None
     # The client's other top-level fields (response_format, metadata, seed, …), in its
     # own format: sent only to a provider of that kind, never translated.
     extra: dict[str, Any] | None = None
     extra_kind: Literal["openai", "anthropic"] | None = None
+
+    def requires(self) -> tuple[str, str] | None:
+        """(provider kind, why) when only a provider of that kind can serve the request
+        as asked; None when any provider can."""
+        if self.reasoning_effort is not None:
+            return "openai", "reasoning.effort (only an OpenAI provider takes it)"
+        return None
 
     def redacted(self, redact: Callable[[str], str]) -> ChatRequest:
         """A copy whose every text passed ``redact`` (what leaves the host)."""
@@ -116,10 +126,16 @@ def _redact_strings(value: Any, redact: Callable[[str], str]) -> Any:
 
 @dataclass(frozen=True)
 class Usage:
-    """Tokens as the provider counted them (a server that reports none gives zeros)."""
+    """Tokens as the provider counted them (a server that reports none gives zeros).
+
+    ``input_tokens`` counts every input token, those read from the provider's prompt
+    cache (``cache_read_tokens``) and those written to it (``cache_write_tokens``)
+    included: each vendor's own words are rebuilt from these at the edges."""
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def total(self) -> int:

@@ -1,0 +1,235 @@
+"""``POST /v1/responses`` (what Codex speaks) through the official ``openai`` SDK, served by
+a chat-completions provider and by an Anthropic provider (fakes on loopback speaking the
+real wire formats): text, streaming, function and custom tools across turns, and the
+fields refused with a 400 that names them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from fakeproviders import FakeProvider, Reply
+from gateway_harness import RunningGateway, running_gateway
+
+# One model per provider: the model a test names picks who answers.
+MODEL = {"openai": "gpt-fake", "anthropic": "claude-fake"}
+SHELL: Any = {"type": "function", "name": "shell", "description": "run a command",
+              "strict": False, "parameters": {"type": "object", "properties": {
+                  "command": {"type": "array", "items": {"type": "string"}}},
+                  "required": ["command"]}}  # fmt: skip
+PATCH: Any = {"type": "custom", "name": "apply_patch", "description": "edit files",
+              "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[dict[str, FakeProvider]]:
+    with FakeProvider("openai") as oai, FakeProvider("anthropic") as claude:
+        yield {"openai": oai, "anthropic": claude}
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path,
+       fakes: dict[str, FakeProvider]) -> Iterator[RunningGateway]:  # fmt: skip
+    extra = f"""
+providers:
+  - name: oai
+    kind: openai
+    base_url: {fakes["openai"].base_url}
+    models: [gpt-fake]
+  - name: claude
+    kind: anthropic
+    base_url: {fakes["anthropic"].base_url}
+    models: [claude-fake]
+retry: {{max_attempts: 1}}
+"""
+    with running_gateway(agentbox_home, tmp_path_factory.mktemp("gwresp"),
+                         extra_yaml=extra) as running:  # fmt: skip
+        yield running
+
+
+@pytest.fixture
+def client(gw: RunningGateway, fakes: dict[str, FakeProvider]) -> Iterator[openai.OpenAI]:
+    yield openai.OpenAI(base_url=f"{gw.url}/v1", api_key=gw.operator_token, max_retries=0)
+    for fake in fakes.values():
+        fake.clear_script()
+
+
+KINDS = ["openai", "anthropic"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_text_answer(client: openai.OpenAI, fakes: dict[str, FakeProvider], kind: str) -> None:
+    fakes[kind].script(Reply(text="four", input_tokens=12, output_tokens=3))
+    r = client.responses.create(model=MODEL[kind], instructions="be brief", input="2+2?",
+                                store=False, prompt_cache_key="thread-1")  # fmt: skip
+    assert r.status == "completed" and r.output_text == "four"
+    assert r.output[0].type == "message" and r.output[0].role == "assistant"
+    assert r.usage is not None
+    assert (r.usage.input_tokens, r.usage.output_tokens, r.usage.total_tokens) == (12, 3, 15)
+    sent = fakes[kind].requests[-1].json()
+    if kind == "openai":
+        assert sent["messages"] == [{"role": "system", "content": "be brief"},
+                                    {"role": "user", "content": "2+2?"}]  # fmt: skip
+    else:
+        assert sent["system"] == "be brief"
+        assert sent["messages"] == [{"role": "user", "content": "2+2?"}]
+    assert "prompt_cache_key" not in sent and "store" not in sent
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stream_of_events(client: openai.OpenAI, fakes: dict[str, FakeProvider],
+                            kind: str) -> None:  # fmt: skip
+    fakes[kind].script(Reply(text="one two three", input_tokens=5, output_tokens=3))
+    events = list(client.responses.create(model=MODEL[kind], input="count", stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]  # fmt: skip
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done", "response.completed"]  # fmt: skip
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == (
+        "one two three"
+    )
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    done = events[-1]
+    assert done.type == "response.completed" and done.response.usage is not None
+    assert done.response.usage.total_tokens == 8
+    assert done.response.id == events[0].response.id  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_function_calls_across_turns(client: openai.OpenAI, fakes: dict[str, FakeProvider],
+                                     kind: str) -> None:  # fmt: skip
+    # What Codex does: a streamed call of its shell tool, the output sent back with the
+    # whole input (store: false), parallel calls off.
+    fake = fakes[kind]
+    fake.script(Reply(text="", tool_call=("shell", {"command": ["ls"]})))
+    with client.responses.stream(model=MODEL[kind], input="list files", tools=[SHELL],
+                                 parallel_tool_calls=False, store=False) as stream:  # fmt: skip
+        arguments = "".join(
+            e.delta for e in stream if e.type == "response.function_call_arguments.delta"
+        )
+        final = stream.get_final_response()
+    call = final.output[-1]
+    assert call.type == "function_call" and call.name == "shell"
+    assert json.loads(call.arguments) == json.loads(arguments) == {"command": ["ls"]}
+    first = fake.requests[-1].json()
+    if kind == "openai":
+        assert first["parallel_tool_calls"] is False
+        assert first["tools"][0]["function"]["parameters"] == SHELL["parameters"]
+    else:
+        assert first["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+        assert first["tools"][0]["input_schema"] == SHELL["parameters"]
+
+    fake.script(Reply(text="a.txt"))
+    history: Any = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": None},
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "a.txt\n"},
+    ]  # fmt: skip
+    answer = client.responses.create(model=MODEL[kind], input=history, tools=[SHELL])
+    assert answer.output_text == "a.txt"
+    sent = fake.requests[-1].json()["messages"]
+    if kind == "openai":
+        assert sent[-2]["tool_calls"][0]["id"] == call.call_id
+        assert sent[-1] == {"role": "tool", "tool_call_id": call.call_id, "content": "a.txt\n"}
+    else:
+        assert sent[-2]["content"] == [{"type": "tool_use", "id": call.call_id, "name": "shell",
+                                        "input": {"command": ["ls"]}}]  # fmt: skip
+        assert sent[-1]["content"] == [{"type": "tool_result", "tool_use_id": call.call_id,
+                                        "content": "a.txt\n"}]  # fmt: skip
+
+
+def test_a_custom_tool_is_a_function_of_its_input(client: openai.OpenAI,
+                                                  fakes: dict[str, FakeProvider]) -> None:  # fmt: skip
+    # Codex's freeform apply_patch: the model writes the patch text; it comes back as a
+    # custom_tool_call whose input is that text, and the call goes back up as a call.
+    fake = fakes["openai"]
+    fake.script(Reply(text="", tool_call=("apply_patch", {"input": "*** Begin Patch"})))
+    r = client.responses.create(model="gpt-fake", input="fix it", tools=[PATCH])
+    call = r.output[-1]
+    assert call.type == "custom_tool_call" and call.input == "*** Begin Patch"
+    tool = fake.requests[-1].json()["tools"][0]["function"]
+    assert tool["parameters"]["required"] == ["input"] and "start: /.+/" in tool["description"]
+
+    fake.script(Reply(text="", tool_call=("apply_patch", {"input": "again"})))
+    events = list(client.responses.create(model="gpt-fake", tools=[PATCH], stream=True, input=[
+        {"type": "message", "role": "user", "content": "fix it"},
+        call.model_dump(exclude_none=True),
+        {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "Done!"}]))  # fmt: skip
+    assert [e.delta for e in events if e.type == "response.custom_tool_call_input.delta"] == [
+        "again"
+    ]
+    sent = fake.requests[-1].json()["messages"]
+    assert json.loads(sent[-2]["tool_calls"][0]["function"]["arguments"]) == {
+        "input": "*** Begin Patch"
+    }
+    assert sent[-1] == {"role": "tool", "tool_call_id": call.call_id, "content": "Done!"}
+
+
+def test_web_search_is_left_out_and_says_so(gw: RunningGateway,
+                                            fakes: dict[str, FakeProvider]) -> None:  # fmt: skip
+    body = {"model": "gpt-fake", "input": "hi", "tools": [
+        SHELL, {"type": "web_search", "external_web_access": False}]}  # fmt: skip
+    with gw.operator() as c:
+        r = c.post("/v1/responses", json=body)
+    assert r.status_code == 200, r.text
+    assert r.headers["X-Agentbox-Dropped-Tools"] == "web_search"
+    assert [t["function"]["name"] for t in fakes["openai"].requests[-1].json()["tools"]] == [
+        "shell"
+    ]
+
+
+def test_reasoning_effort_reaches_an_openai_provider_only(
+    client: openai.OpenAI, fakes: dict[str, FakeProvider]
+) -> None:
+    client.responses.create(model="gpt-fake", input="think", reasoning={"effort": "high"})
+    assert fakes["openai"].requests[-1].json()["reasoning_effort"] == "high"
+    with pytest.raises(openai.BadRequestError, match=r"kind 'openai'.*reasoning\.effort"):
+        client.responses.create(model="claude-fake", input="think", reasoning={"effort": "high"})
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ({"previous_response_id": "resp_1"}, "whole conversation in `input`"),
+        ({"frobnicate": 1}, "field 'frobnicate' is not supported"),
+        ({"tools": [{"type": "local_shell"}]}, "tool type 'local_shell' is not supported"),
+        ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}},
+         "text.format"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "'item_reference'"),
+        ({"service_tier": "priority"}, "service_tier 'priority'"),
+        ({"tools": [{**SHELL, "strict": True}]}, "strict schemas"),
+    ],
+    ids=["previous-response", "unknown-field", "local-shell", "json-schema", "item-reference",
+         "service-tier", "strict"],
+)  # fmt: skip
+def test_what_cannot_be_honoured_is_a_400_naming_it(gw: RunningGateway, extra: dict[str, Any],
+                                                    says: str) -> None:  # fmt: skip
+    with gw.operator() as c:
+        r = c.post("/v1/responses", json={"model": "gpt-fake", "input": "hi", **extra})
+    assert r.status_code == 400, r.text
+    assert says in r.json()["error"]["message"]
+
+
+def test_a_provider_refusal_is_an_sdk_error(client: openai.OpenAI,
+                                            fakes: dict[str, FakeProvider]) -> None:  # fmt: skip
+    fakes["anthropic"].script(Reply(status=400, error="prompt is too long"))
+    with pytest.raises(openai.BadRequestError, match="prompt is too long"):
+        client.responses.create(model="claude-fake", input="x", stream=True)
+
+
+def test_a_stream_cut_after_its_first_token_ends_in_response_failed(
+    client: openai.OpenAI, fakes: dict[str, FakeProvider]
+) -> None:
+    fakes["openai"].script(Reply(text="one two three four", cut_after=2))
+    events = list(client.responses.create(model="gpt-fake", input="count", stream=True))
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error is not None
+    assert "cut the stream" in events[-1].response.error.message
+    assert events[-2].type == "response.output_item.done"  # the text so far, closed
