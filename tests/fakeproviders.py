@@ -102,6 +102,14 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         headers = {k.lower(): v for k, v in self.headers.items()}
         fake.record(Received(self.path, headers, raw, self.client_address[1]))
+        if fake.kind == "anthropic" and self.path == "/v1/messages/count_tokens":
+            # Anthropic's counting endpoint: the scripted reply's input_tokens, or its error.
+            reply = fake.next_reply()
+            if reply.status != 200:
+                self._json(reply.status, fake.error_body(reply.status, reply.error))
+            else:
+                self._json(200, {"input_tokens": reply.input_tokens})
+            return
         if self.path != _PATHS[fake.kind]:
             self._json(404, fake.error_body(404, f"no route {self.path}"))
             return

@@ -1,7 +1,9 @@
 """``POST /v1/responses`` (what Codex speaks) through the official ``openai`` SDK, served by
 a chat-completions provider and by an Anthropic provider (fakes on loopback speaking the
 real wire formats): text, streaming, function and custom tools across turns, and the
-fields refused with a 400 that names them."""
+fields refused with a 400 that names them. Then ``POST /v1/messages/count_tokens`` (what
+Claude Code calls) through the ``anthropic`` SDK: exact from an Anthropic provider, an
+estimate marked as such from any other."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -54,7 +57,8 @@ retry: {{max_attempts: 1}}
 
 @pytest.fixture
 def client(gw: RunningGateway, fakes: dict[str, FakeProvider]) -> Iterator[openai.OpenAI]:
-    yield openai.OpenAI(base_url=f"{gw.url}/v1", api_key=gw.operator_token, max_retries=0)
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=gw.operator_token, max_retries=0) as c:
+        yield c
     for fake in fakes.values():
         fake.clear_script()
 
@@ -233,3 +237,39 @@ def test_a_stream_cut_after_its_first_token_ends_in_response_failed(
     assert events[-1].response.error is not None
     assert "cut the stream" in events[-1].response.error.message
     assert events[-2].type == "response.output_item.done"  # the text so far, closed
+
+
+# count_tokens ----------------------------------------------------------------------------
+COUNTED: Any = {"system": "be brief", "tools": [{"name": "lookup", "description": "find",
+                "input_schema": {"type": "object"}}],
+                "messages": [{"role": "user", "content": "how many tokens is this?"}]}  # fmt: skip
+
+
+def test_count_tokens_is_exact_from_an_anthropic_provider(
+    gw: RunningGateway, fakes: dict[str, FakeProvider]
+) -> None:
+    fakes["anthropic"].script(Reply(input_tokens=321))
+    with anthropic.Anthropic(base_url=gw.url, api_key=gw.operator_token, max_retries=0) as client:
+        raw = client.messages.with_raw_response.count_tokens(model="claude-fake", **COUNTED)
+    assert raw.parse().input_tokens == 321
+    assert raw.headers["X-Agentbox-Token-Count"] == "exact"
+    assert raw.headers["X-Agentbox-Provider"] == "claude"
+    upstream = fakes["anthropic"].requests[-1]
+    assert upstream.path == "/v1/messages/count_tokens"
+    assert set(upstream.json()) == {"model", "messages", "system", "tools"}  # no max_tokens
+
+
+@pytest.mark.parametrize("model", ["gpt-fake", "claude-fake"])
+def test_count_tokens_is_an_estimate_marked_as_such_otherwise(
+    gw: RunningGateway, fakes: dict[str, FakeProvider], model: str
+) -> None:
+    # An OpenAI provider cannot count; an Anthropic one that fails to is not fatal.
+    fakes["anthropic"].script(Reply(status=404, error="no counting here"))
+    sent = len(fakes["openai"].requests)
+    with anthropic.Anthropic(base_url=gw.url, api_key=gw.operator_token, max_retries=0) as client:
+        raw = client.messages.with_raw_response.count_tokens(model=model, **COUNTED)
+    assert raw.headers["X-Agentbox-Token-Count"] == "estimated"
+    chars = len("be brief" + "how many tokens is this?" + "lookup" + "find" + '{"type": "object"}')
+    assert raw.parse().input_tokens == -(-chars // 4)
+    assert len(fakes["openai"].requests) == sent  # nothing was sent to count
+    fakes["anthropic"].clear_script()

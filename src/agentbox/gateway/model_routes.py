@@ -1,7 +1,7 @@
 """The model endpoint: OpenAI-compatible ``POST /v1/chat/completions`` and
 ``POST /v1/responses``, Anthropic-compatible ``POST /v1/messages`` (JSON and SSE
-streaming), so any agent can send its model calls through agentbox; plus
-``GET /v1/usage`` and ``GET /v1/providers``.
+streaming) and ``POST /v1/messages/count_tokens``, so any agent can send its model calls
+through agentbox; plus ``GET /v1/usage`` and ``GET /v1/providers``.
 
 Authentication is the gateway's: a session token (as ``Authorization: Bearer`` or, for
 Anthropic clients, ``x-api-key``) attributes the call to its sandbox and that sandbox's
@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
@@ -118,6 +118,19 @@ def build_model_router(
     api.post("/messages")(messages)
     api.post("/responses")(responses)
 
+    async def count_tokens(request: Request) -> Response:
+        """Anthropic's count_tokens: exact from an Anthropic provider, else an estimate;
+        ``X-Agentbox-Token-Count`` says which (exact, estimated)."""
+        principal(request)  # any valid token; counting spends nothing
+        chat = wire.from_anthropic(await body_of(request))
+        tokens, provider = await service.count_tokens(chat)
+        headers = {"X-Agentbox-Token-Count": "estimated" if provider is None else "exact"}
+        if provider is not None:
+            headers["X-Agentbox-Provider"] = provider
+        return JSONResponse({"input_tokens": tokens}, headers=headers)
+
+    api.post("/messages/count_tokens")(count_tokens)
+
     @api.get("/models")
     async def models(request: Request) -> dict[str, Any]:
         """The models the providers serve, in OpenAI's list format, or Anthropic's when
@@ -146,7 +159,8 @@ def build_model_router(
         return service.health()
 
     return api, {"/v1/chat/completions": chat_completions, "/v1/messages": messages,
-                 "/v1/responses": responses}  # fmt: skip
+                 "/v1/responses": responses,
+                 "/v1/messages/count_tokens": count_tokens}  # fmt: skip
 
 
 class EventStream(Response):

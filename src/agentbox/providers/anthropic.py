@@ -40,6 +40,8 @@ _CHOICE: dict[str, dict[str, Any]] = {
     "required": {"type": "any"},
     "none": {"type": "none"},
 }
+# What POST /v1/messages/count_tokens accepts of a messages request.
+_COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers")
 _ERROR_CATEGORY = {
     "rate_limit_error": Category.RATE_LIMITED,
     "overloaded_error": Category.SERVER_ERROR,
@@ -159,6 +161,15 @@ class AnthropicAdapter(Adapter):
         if stream:
             body["stream"] = True
         return body
+
+    async def count_tokens(self, request: ChatRequest) -> int | None:
+        # The counting endpoint takes only what shapes the input (no max_tokens, stream …).
+        body = {k: v for k, v in self.payload(request, stream=False).items() if k in _COUNTED}
+        data = await self._post_json(f"{self.base_url}/v1/messages/count_tokens", body)
+        try:
+            return int(data["input_tokens"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise self._malformed(e) from e
 
     def parse(self, data: Any, request: ChatRequest) -> ChatResponse:
         if data.get("type") == "error":
