@@ -375,6 +375,12 @@ async def responses_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, No
         async with aclosing(wire._all(first, rest)) as events:
             async for event in events:
                 out, head = head, b""
+                if event.kind in ("reasoning", "reasoning_done"):
+                    # Anthropic's thinking: no Responses item carries it back with its
+                    # signature (which only Anthropic checks), so it is not shown.
+                    if out:
+                        yield out
+                    continue
                 if event.kind == "text":
                     if not message_id:
                         message_id = "msg_" + secrets.token_hex(12)

@@ -3,7 +3,9 @@ a chat-completions provider and by an Anthropic provider (fakes on loopback spea
 real wire formats): text, streaming, function and custom tools across turns, and the
 fields refused with a 400 that names them. Then ``POST /v1/messages/count_tokens`` (what
 Claude Code calls) through the ``anthropic`` SDK: exact from an Anthropic provider, an
-estimate marked as such from any other."""
+estimate marked as such from any other. Then the fidelity an Anthropic client gets from an
+Anthropic provider (thinking with its signature, cache_control, documents, the matched stop
+sequence), and what happens to those across formats."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import pytest
 from fakeproviders import FakeProvider, Reply
 from gateway_harness import RunningGateway, running_gateway
 
+SECRET = "sk-planted-fidelity-0123456789abcdef"
 # One model per provider: the model a test names picks who answers.
 MODEL = {"openai": "gpt-fake", "anthropic": "claude-fake"}
 SHELL: Any = {"type": "function", "name": "shell", "description": "run a command",
@@ -50,8 +53,8 @@ providers:
     models: [claude-fake]
 retry: {{max_attempts: 1}}
 """
-    with running_gateway(agentbox_home, tmp_path_factory.mktemp("gwresp"),
-                         extra_yaml=extra) as running:  # fmt: skip
+    with running_gateway(agentbox_home, tmp_path_factory.mktemp("gwresp"), extra_yaml=extra,
+                         env={"AGENTBOX_TEST_PLANTED_SECRET": SECRET}) as running:  # fmt: skip
         yield running
 
 
@@ -273,3 +276,121 @@ def test_count_tokens_is_an_estimate_marked_as_such_otherwise(
     assert raw.parse().input_tokens == -(-chars // 4)
     assert len(fakes["openai"].requests) == sent  # nothing was sent to count
     fakes["anthropic"].clear_script()
+
+
+# Fidelity to an Anthropic provider ------------------------------------------------------
+PDF: Any = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf",
+            "data": "JVBERi0xLjQKJcfsj6IK"}, "cache_control": {"type": "ephemeral"}}  # fmt: skip
+SIGNATURE = "EqQBCkgIARABGAIiQL7p2sig+/=="
+
+
+@pytest.fixture
+def claude(gw: RunningGateway, fakes: dict[str, FakeProvider]) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(base_url=gw.url, api_key=gw.operator_token, max_retries=0) as c:
+        yield c
+    for fake in fakes.values():
+        fake.clear_script()
+
+
+def test_thinking_cache_marks_and_documents_reach_an_anthropic_provider_intact(
+    claude: anthropic.Anthropic, fakes: dict[str, FakeProvider]
+) -> None:
+    fake = fakes["anthropic"]
+    fake.script(Reply(text="It is a report.", thinking=("The user wants a summary.", SIGNATURE)))
+    first: Any = [{"role": "user", "content": [PDF, {"type": "text", "text": "what is this?"}]}]
+    common: Any = {
+        "model": "claude-fake", "max_tokens": 4000,
+        "thinking": {"type": "enabled", "budget_tokens": 2048},
+        "system": [{"type": "text", "text": "You read documents.",
+                    "cache_control": {"type": "ephemeral"}}],
+    }  # fmt: skip
+    answer = claude.messages.create(messages=first, **common)
+    assert [b.type for b in answer.content] == ["thinking", "text"]
+    thought = answer.content[0]
+    assert thought.type == "thinking" and thought.signature == SIGNATURE
+    assert thought.thinking == "The user wants a summary."
+
+    # The next turn sends the signed thinking back; it must arrive as it was sent.
+    fake.script(Reply(text="Yes."))
+    history: Any = [*first,
+                    {"role": "assistant", "content": [b.model_dump() for b in answer.content]},
+                    {"role": "user", "content": [{"type": "text", "text": "sure?",
+                                                  "cache_control": {"type": "ephemeral"}}]}]  # fmt: skip
+    claude.messages.create(messages=history, **common)
+    sent = fake.requests[-1].json()
+    assert sent["messages"] == json.loads(json.dumps(history))
+    assert (sent["thinking"], sent["system"]) == (common["thinking"], common["system"])
+
+
+def test_a_streamed_thinking_block_keeps_its_signature(
+    claude: anthropic.Anthropic, fakes: dict[str, FakeProvider]
+) -> None:
+    fakes["anthropic"].script(Reply(text="Done.", thinking=("Step one, step two.", SIGNATURE)))
+    with claude.messages.stream(model="claude-fake", max_tokens=4000,
+                                thinking={"type": "enabled", "budget_tokens": 1024},
+                                messages=[{"role": "user", "content": "go"}]) as stream:  # fmt: skip
+        kinds = [e.type for e in stream]
+        final = stream.get_final_message()
+    assert "thinking" in kinds and "signature" in kinds  # the SDK's thinking/signature events
+    thought = final.content[0]
+    assert thought.type == "thinking" and thought.signature == SIGNATURE
+    assert thought.thinking == "Step one, step two."
+    assert final.content[1].type == "text" and final.content[1].text == "Done."
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_matched_stop_sequence_comes_back(claude: anthropic.Anthropic,
+                                              fakes: dict[str, FakeProvider], stream: bool) -> None:  # fmt: skip
+    fakes["anthropic"].script(Reply(text="1 2 3", stop_sequence="END"))
+    body: Any = {"model": "claude-fake", "max_tokens": 50, "stop_sequences": ["STOP", "END"],
+                 "messages": [{"role": "user", "content": "count"}]}  # fmt: skip
+    if stream:
+        with claude.messages.stream(**body) as s:
+            answer = s.get_final_message()
+    else:
+        answer = claude.messages.create(**body)
+    assert (answer.stop_reason, answer.stop_sequence) == ("stop_sequence", "END")
+
+
+def test_a_secret_in_the_native_body_is_redacted_but_signatures_are_not(
+    claude: anthropic.Anthropic, fakes: dict[str, FakeProvider]
+) -> None:
+    fake = fakes["anthropic"]
+    fake.script(Reply(text="ok"))
+    claude.messages.create(model="claude-fake", max_tokens=4000, messages=[
+        {"role": "user", "content": [PDF, {"type": "text", "text": f"key {SECRET}",
+                                            "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "hm", "signature": SIGNATURE},
+            {"type": "redacted_thinking", "data": "opaque+data=="},
+            {"type": "text", "text": "?"}]},
+        {"role": "user", "content": "go on"}])  # fmt: skip
+    assert SECRET.encode() not in fake.sent_bytes()
+    sent = fake.requests[-1].json()["messages"]
+    assert "[REDACTED" in sent[0]["content"][1]["text"]
+    assert sent[0]["content"][0] == PDF
+    assert sent[1]["content"][:2] == [
+        {"type": "thinking", "thinking": "hm", "signature": SIGNATURE},
+        {"type": "redacted_thinking", "data": "opaque+data=="}]  # fmt: skip
+
+
+def test_across_formats_a_document_is_refused_and_thinking_dropped(
+    claude: anthropic.Anthropic, fakes: dict[str, FakeProvider]
+) -> None:
+    with pytest.raises(anthropic.BadRequestError, match=r"kind 'anthropic'.*document"):
+        claude.messages.create(model="gpt-fake", max_tokens=50, messages=[
+            {"role": "user", "content": [PDF, {"type": "text", "text": "what is this?"}]}])  # fmt: skip
+    fakes["openai"].script(Reply(text="ok"))
+    claude.messages.create(model="gpt-fake", max_tokens=4000,
+                           thinking={"type": "enabled", "budget_tokens": 1024}, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "x",
+                                      "cache_control": {"type": "ephemeral"}}]},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "hm", "signature": SIGNATURE},
+            {"type": "text", "text": "y"}]},
+        {"role": "user", "content": "z"}])  # fmt: skip
+    sent = fakes["openai"].requests[-1].json()
+    assert sent["messages"] == [{"role": "user", "content": "x"},
+                                {"role": "assistant", "content": "y"},
+                                {"role": "user", "content": "z"}]  # fmt: skip
+    assert "thinking" not in sent
