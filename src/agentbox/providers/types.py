@@ -132,6 +132,10 @@ class ChatRequest(_Strict):
         )
 
 
+# Block type -> its field that is not text.
+_OPAQUE = {"base64": "data", "redacted_thinking": "data", "thinking": "signature"}
+
+
 def _redact_strings(value: Any, redact: Callable[[str], str]) -> Any:
     """``value`` (parsed JSON) with every string, keys too, passed through ``redact``;
     but not what is not text: base64 sources (images, PDFs: the neutral form's images are
@@ -141,10 +145,10 @@ def _redact_strings(value: Any, redact: Callable[[str], str]) -> Any:
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        if value.get("type") in ("base64", "redacted_thinking"):
-            return value
+        # Only that one field of those blocks: the rest (keys, other fields) is redacted.
+        opaque = _OPAQUE.get(str(value.get("type")))
         return {
-            redact(k): v if k == "signature" else _redact_strings(v, redact)
+            redact(k): v if k == opaque and isinstance(v, str) else _redact_strings(v, redact)
             for k, v in value.items()
         }
     if isinstance(value, list):
