@@ -10,6 +10,7 @@ sequence), and what happens to those across formats."""
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,14 @@ providers:
     kind: openai
     base_url: {fakes["openai"].base_url}
     models: [gpt-fake]
+    prices: {{gpt-fake: {{input_per_mtok: 2, output_per_mtok: 8, cache_read_per_mtok: 0.5}}}}
   - name: claude
     kind: anthropic
     base_url: {fakes["anthropic"].base_url}
     models: [claude-fake]
+    prices: {{claude-fake: {{input_per_mtok: 3, output_per_mtok: 15, cache_read_per_mtok: 0.3,
+                            cache_write_per_mtok: 3.75, checked: 2026-12-01,
+                            source: "https://docs.anthropic.com/en/docs/about-claude/pricing"}}}}
 retry: {{max_attempts: 1}}
 """
     with running_gateway(agentbox_home, tmp_path_factory.mktemp("gwresp"), extra_yaml=extra,
@@ -394,3 +399,84 @@ def test_across_formats_a_document_is_refused_and_thinking_dropped(
                                 {"role": "assistant", "content": "y"},
                                 {"role": "user", "content": "z"}]  # fmt: skip
     assert "thinking" not in sent
+
+
+# Prompt-cache tokens at their own prices --------------------------------------------------
+# 10000 input tokens of which 6000 read from the cache and 3000 written to it, 100 output.
+CACHED = Reply(text="ok", input_tokens=10000, output_tokens=100, cache_read=6000, cache_write=3000)
+
+
+def _usage_of(gw: RunningGateway, project: str) -> dict[str, Any]:
+    with gw.operator() as op:
+        [row] = op.get("/v1/usage", params={"project": project}).json()
+    return dict(row)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_cache_reads_and_writes_are_priced_apart(
+    gw: RunningGateway, fakes: dict[str, FakeProvider], stream: bool
+) -> None:
+    project = "cache-" + secrets.token_hex(4)  # the usage.db outlives a run: a fresh project
+    fakes["anthropic"].script(CACHED)
+    body: Any = {"model": "claude-fake", "max_tokens": 100,
+                 "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    with anthropic.Anthropic(base_url=gw.url, api_key=gw.operator_token, max_retries=0,
+                             default_headers={"X-Agentbox-Project": project}) as client:  # fmt: skip
+        if stream:
+            with client.messages.stream(**body) as s:
+                usage = s.get_final_message().usage
+        else:
+            usage = client.messages.create(**body).usage
+    # The client reads Anthropic's own words back, as the provider sent them.
+    assert (usage.input_tokens, usage.cache_read_input_tokens,
+            usage.cache_creation_input_tokens) == (1000, 6000, 3000)  # fmt: skip
+    row = _usage_of(gw, project)
+    assert (row["input_tokens"], row["cache_read_tokens"], row["cache_write_tokens"]) == (
+        10000, 6000, 3000)  # fmt: skip
+    # 1000 * $3 + 6000 * $0.30 + 3000 * $3.75 + 100 * $15, per million
+    assert row["usd"] == pytest.approx((3000 + 1800 + 11250 + 1500) / 1e6, abs=1e-12)
+    model = row["models"][0]
+    assert (model["price_checked"], model["price_source"]) == (
+        "2026-12-01", "https://docs.anthropic.com/en/docs/about-claude/pricing")  # fmt: skip
+    with gw.operator() as op:
+        metrics = op.get("/metrics").text
+    lines = [x for x in metrics.splitlines() if x.startswith("agentbox_model_tokens_total")
+             and f'project="{project}"' in x]  # fmt: skip
+    by_direction = {x.split('direction="')[1].split('"')[0]: float(x.rsplit(" ", 1)[1])
+                    for x in lines}  # fmt: skip
+    assert by_direction == {"input": 1000, "cache_read": 6000, "cache_write": 3000, "output": 100}
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_openai_cached_input_is_priced_apart(gw: RunningGateway, fakes: dict[str, FakeProvider],
+                                             api: str) -> None:  # fmt: skip
+    project = "cache-" + secrets.token_hex(4)
+    fakes["openai"].script(Reply(text="ok", input_tokens=10000, output_tokens=100,
+                                 cache_read=8000))  # fmt: skip
+    with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=gw.operator_token, max_retries=0,
+                       default_headers={"X-Agentbox-Project": project}) as client:  # fmt: skip
+        if api == "chat":
+            usage = client.chat.completions.create(
+                model="gpt-fake", messages=[{"role": "user", "content": "hi"}]).usage  # fmt: skip
+            assert usage is not None and usage.prompt_tokens == 10000
+            assert usage.prompt_tokens_details is not None
+            assert usage.prompt_tokens_details.cached_tokens == 8000
+        else:
+            answer = client.responses.create(model="gpt-fake", input="hi")
+            assert answer.usage is not None and answer.usage.input_tokens == 10000
+            assert answer.usage.input_tokens_details.cached_tokens == 8000
+    row = _usage_of(gw, project)
+    assert (row["input_tokens"], row["cache_read_tokens"]) == (10000, 8000)
+    # 2000 * $2 + 8000 * $0.50 + 100 * $8, per million
+    assert row["usd"] == pytest.approx((4000 + 4000 + 800) / 1e6, abs=1e-12)
+
+
+def test_an_anthropic_providers_cache_reads_reach_a_responses_client(
+    client: openai.OpenAI, fakes: dict[str, FakeProvider]
+) -> None:
+    fakes["anthropic"].script(CACHED)
+    events = list(client.responses.create(model="claude-fake", input="hi", stream=True))
+    done = events[-1]
+    assert done.type == "response.completed" and done.response.usage is not None
+    assert done.response.usage.input_tokens == 10000
+    assert done.response.usage.input_tokens_details.cached_tokens == 6000

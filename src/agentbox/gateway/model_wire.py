@@ -37,6 +37,7 @@ from agentbox.providers.types import (
     StreamEvent,
     Tool,
     ToolCall,
+    Usage,
 )
 
 _FINISH_OPENAI = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length"}
@@ -328,6 +329,30 @@ def _anthropic_content(r: ChatResponse) -> list[dict[str, Any]]:
     return content
 
 
+def openai_usage(u: Usage) -> dict[str, Any]:
+    """OpenAI's usage: prompt_tokens counts the cached input too (cache writes, which
+    OpenAI does not bill apart, are in it without a field of their own)."""
+    usage: dict[str, Any] = {
+        "prompt_tokens": u.input_tokens,
+        "completion_tokens": u.output_tokens,
+        "total_tokens": u.total,
+    }
+    if u.cache_read_tokens:
+        usage["prompt_tokens_details"] = {"cached_tokens": u.cache_read_tokens}
+    return usage
+
+
+def anthropic_usage(u: Usage) -> dict[str, Any]:
+    """Anthropic's usage: input_tokens leaves out the cache reads and writes."""
+    cached = u.cache_read_tokens + u.cache_write_tokens
+    usage: dict[str, Any] = {"input_tokens": max(0, u.input_tokens - cached),
+                             "output_tokens": u.output_tokens}  # fmt: skip
+    if cached:
+        usage["cache_read_input_tokens"] = u.cache_read_tokens
+        usage["cache_creation_input_tokens"] = u.cache_write_tokens
+    return usage
+
+
 def openai_json(r: ChatResponse, background: BackgroundTask) -> JSONResponse:
     return JSONResponse(
         {
@@ -340,11 +365,7 @@ def openai_json(r: ChatResponse, background: BackgroundTask) -> JSONResponse:
                 "message": _openai_message(r),
                 "finish_reason": _openai_finish(r.finish_reason),
             }],
-            "usage": {
-                "prompt_tokens": r.usage.input_tokens,
-                "completion_tokens": r.usage.output_tokens,
-                "total_tokens": r.usage.total,
-            },
+            "usage": openai_usage(r.usage),
         },
         headers={"X-Agentbox-Provider": r.provider},
         background=background,
@@ -361,7 +382,7 @@ def anthropic_json(r: ChatResponse, background: BackgroundTask) -> JSONResponse:
             "content": _anthropic_content(r),
             "stop_reason": _anthropic_stop(r.finish_reason, r.stop_sequence),
             "stop_sequence": r.stop_sequence,
-            "usage": {"input_tokens": r.usage.input_tokens, "output_tokens": r.usage.output_tokens},
+            "usage": anthropic_usage(r.usage),
         },
         headers={"X-Agentbox-Provider": r.provider},
         background=background,
@@ -414,9 +435,7 @@ async def openai_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, None]
                     u = event.usage
                     data = {"id": ident, "object": "chat.completion.chunk", "created": created,
                             "model": event.model or model, "choices": [],
-                            "usage": {"prompt_tokens": u.input_tokens,
-                                      "completion_tokens": u.output_tokens,
-                                      "total_tokens": u.total}}  # fmt: skip
+                            "usage": openai_usage(u)}  # fmt: skip
                     yield f"data: {json.dumps(data)}\n\n".encode()
     except AgentboxError as e:  # after the first byte only a stream event can say it
         yield f"data: {json.dumps({'error': e.to_dict()})}\n\n".encode()
@@ -496,8 +515,7 @@ async def anthropic_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, No
                     "delta": {"stop_reason": _anthropic_stop(event.finish_reason,
                                                              event.stop_sequence),
                               "stop_sequence": event.stop_sequence},
-                    "usage": {"input_tokens": u.input_tokens if u else 0,
-                              "output_tokens": u.output_tokens if u else 0}})  # fmt: skip
+                    "usage": anthropic_usage(u or Usage())})  # fmt: skip
                 yield sse("message_stop", {})
     except AgentboxError as e:
         yield sse("error", {"error": {"type": e.code, "message": e.message}})

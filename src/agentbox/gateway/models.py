@@ -26,7 +26,7 @@ from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.metrics import Metrics
 from agentbox.gateway.settings import GatewaySettings
 from agentbox.gateway.telemetry import Telemetry
-from agentbox.providers.budget import Alert, BudgetLedger
+from agentbox.providers.budget import NANO, Alert, BudgetLedger, cost_nanousd
 from agentbox.providers.pool import ProviderPool
 from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent, Usage
 
@@ -99,12 +99,8 @@ class ModelService:
         return self.pool
 
     def cost(self, provider: str, model: str, usage: Usage) -> float:
-        price = self.ledger.price_of(provider, model)
-        if price is None:
-            return 0.0
-        return (
-            usage.input_tokens * price.input_per_mtok + usage.output_tokens * price.output_per_mtok
-        ) / 1e6
+        """USD, as the ledger counts it (cache reads and writes at their own prices)."""
+        return cost_nanousd(self.ledger.price_of(provider, model), usage) / NANO
 
     async def count_tokens(self, request: ChatRequest) -> tuple[int, str | None]:
         """The request's input tokens and who counted them: a provider's exact count when
@@ -192,8 +188,7 @@ class ModelService:
         cost = self.cost(provider, model, usage)
         alerts = self.ledger.record(who.project, who.sandbox, who.task, provider, model, usage)
         self.metrics.provider_request(provider, model, outcome, seconds)
-        self.metrics.usage(provider, model, who.project, usage.input_tokens,
-                           usage.output_tokens, cost)  # fmt: skip
+        self.metrics.usage(provider, model, who.project, usage, cost)
         self._budget_gauges(who.project)
         self.audit.append(
             decision="model_call",
@@ -204,6 +199,10 @@ class ModelService:
             extra={"provider": provider, "model": model, "project": who.project,
                    "task": who.task, "tokens_in": usage.input_tokens,
                    "tokens_out": usage.output_tokens, "cost_usd": round(cost, 9),
+                   **({"tokens_cache_read": usage.cache_read_tokens} if usage.cache_read_tokens
+                      else {}),
+                   **({"tokens_cache_write": usage.cache_write_tokens}
+                      if usage.cache_write_tokens else {}),
                    **({"estimated": True} if outcome == "cut_short" else {})},
         )  # fmt: skip
         for alert in alerts:
@@ -253,6 +252,10 @@ def _describe(span: Any, provider: str, model: str, usage: Usage) -> None:
     span.set_attribute("gen_ai.response.model", model)
     span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
     span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+    if usage.cache_read_tokens:
+        span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cache_read_tokens)
+    if usage.cache_write_tokens:
+        span.set_attribute("gen_ai.usage.cache_creation.input_tokens", usage.cache_write_tokens)
 
 
 def _call_text(event: StreamEvent) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from httpx2 import ServerSentEvent
@@ -61,6 +62,19 @@ def _error(data: Any) -> ProviderFailure:
     error = data.get("error") or {}
     category = _ERROR_CATEGORY.get(str(error.get("type")), Category.SERVER_ERROR)
     return ProviderFailure(category, f"{error.get('type')}: {error.get('message')}"[:300])
+
+
+def usage_of(data: Any, output_tokens: int | None = None) -> Usage:
+    """Anthropic's usage in the neutral words: its input_tokens leave out the cache reads
+    and writes, which the neutral input counts."""
+    read = int(data.get("cache_read_input_tokens") or 0)
+    write = int(data.get("cache_creation_input_tokens") or 0)
+    return Usage(
+        int(data.get("input_tokens") or 0) + read + write,
+        int(data.get("output_tokens") or 0) if output_tokens is None else output_tokens,
+        cache_read_tokens=read,
+        cache_write_tokens=write,
+    )
 
 
 def tool_input(arguments: str) -> Any:
@@ -193,7 +207,7 @@ class AnthropicAdapter(Adapter):
             text="".join(b["text"] for b in blocks if b.get("type") == "text"),
             model=data.get("model") or self.model_of(request),
             provider=self.name,
-            usage=Usage(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)),
+            usage=usage_of(usage),
             finish_reason=_finish(data.get("stop_reason")),
             tool_calls=[
                 ToolCall(b["id"], b["name"], json.dumps(b.get("input") or {}))
@@ -207,7 +221,7 @@ class AnthropicAdapter(Adapter):
         self, source: AsyncIterator[ServerSentEvent], request: ChatRequest
     ) -> AsyncIterator[StreamEvent]:
         model = self.model_of(request)
-        input_tokens = output_tokens = 0
+        usage = Usage()
         finish: str | None = None
         calls: dict[int, dict[str, str]] = {}  # tool_use blocks being received, by index
         thinking: dict[int, str] = {}  # thinking blocks being received: their signature
@@ -232,9 +246,7 @@ class AnthropicAdapter(Adapter):
             elif kind == "message_start":
                 message = data["message"]
                 model = message.get("model") or model
-                usage = message.get("usage") or {}
-                input_tokens = int(usage.get("input_tokens") or 0)
-                output_tokens = int(usage.get("output_tokens") or 0)
+                usage = usage_of(message.get("usage") or {})
             elif kind == "content_block_delta":
                 delta = data["delta"]
                 if delta.get("type") == "text_delta" and delta.get("text"):
@@ -248,14 +260,18 @@ class AnthropicAdapter(Adapter):
             elif kind == "message_delta":
                 finish = _finish((data.get("delta") or {}).get("stop_reason")) or finish
                 stop_sequence = (data.get("delta") or {}).get("stop_sequence") or stop_sequence
-                usage = data.get("usage") or {}
-                # Cumulative counts: the last one wins.
-                output_tokens = int(usage.get("output_tokens") or output_tokens)
-                input_tokens = int(usage.get("input_tokens") or input_tokens)
+                # Cumulative counts: the last one wins (input ones, when it repeats them).
+                counts = data.get("usage") or {}
+                output = int(counts.get("output_tokens") or usage.output_tokens)
+                usage = replace(usage, output_tokens=output)
+                if "input_tokens" in counts:
+                    cached = {"cache_read_input_tokens": usage.cache_read_tokens,
+                              "cache_creation_input_tokens": usage.cache_write_tokens}  # fmt: skip
+                    usage = usage_of(cached | counts, output)
             elif kind == "message_stop":
                 yield StreamEvent(
                     "done",
-                    usage=Usage(input_tokens, output_tokens),
+                    usage=usage,
                     finish_reason=finish,
                     model=model,
                     provider=self.name,

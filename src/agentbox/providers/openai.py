@@ -28,7 +28,13 @@ from agentbox.providers.types import (
 
 
 def _usage(data: Any) -> Usage:
-    return Usage(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0))
+    """prompt_tokens includes the cached input (prompt_tokens_details.cached_tokens)."""
+    details = data.get("prompt_tokens_details") or {}
+    return Usage(
+        int(data.get("prompt_tokens") or 0),
+        int(data.get("completion_tokens") or 0),
+        cache_read_tokens=int(details.get("cached_tokens") or 0),
+    )
 
 
 def _content(m: Message) -> Any:
