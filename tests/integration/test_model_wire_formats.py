@@ -87,9 +87,11 @@ def test_a_text_answer(client: openai.OpenAI, fakes: dict[str, FakeProvider], ki
     if kind == "openai":
         assert sent["messages"] == [{"role": "system", "content": "be brief"},
                                     {"role": "user", "content": "2+2?"}]  # fmt: skip
+        assert "max_tokens" not in sent  # none set: the model's own limit, as at OpenAI
     else:
         assert sent["system"] == "be brief"
         assert sent["messages"] == [{"role": "user", "content": "2+2?"}]
+        assert sent["max_tokens"] == 8192  # Anthropic requires one
     assert "prompt_cache_key" not in sent and "store" not in sent
 
 

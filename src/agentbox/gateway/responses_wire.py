@@ -35,9 +35,6 @@ from agentbox.providers.types import (
     Usage,
 )
 
-# The Responses API sets no output limit by default; the neutral form (and Anthropic)
-# needs one. Large enough for a coding agent's turn.
-DEFAULT_MAX_OUTPUT_TOKENS = 8192
 _STATELESS = ("agentbox keeps no responses: send the whole conversation in `input` each turn "
               "with store: false (Codex's default)")  # fmt: skip
 # Field -> None (translated, or changes nothing here: accepted), or why it is refused.
@@ -244,7 +241,9 @@ def from_responses(body: dict[str, Any]) -> ChatRequest:
             model=body.get("model"),
             messages=turns,
             system="\n\n".join(system) or None,
-            max_tokens=int(body.get("max_output_tokens") or DEFAULT_MAX_OUTPUT_TOKENS),
+            # Unset: no limit of ours, as at OpenAI (an Anthropic provider needs one:
+            # anthropic.DEFAULT_MAX_TOKENS).
+            max_tokens=body.get("max_output_tokens"),
             temperature=body.get("temperature"),
             top_p=body.get("top_p"),
             stream=bool(body.get("stream")),

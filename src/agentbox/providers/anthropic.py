@@ -30,6 +30,9 @@ from agentbox.providers.types import (
 )
 
 API_VERSION = "2023-06-01"
+# Anthropic requires an output limit; for a request that sets none (a Responses client):
+# what every current Claude model can write.
+DEFAULT_MAX_TOKENS = 8192
 # Anthropic's stop reasons in OpenAI's words, so callers see one vocabulary.
 _FINISH = {
     "end_turn": "stop",
@@ -151,7 +154,7 @@ class AnthropicAdapter(Adapter):
             return native | {"model": self.model_of(request)} | ({"stream": True} if stream else {})
         body: dict[str, Any] = {
             "model": self.model_of(request),
-            "max_tokens": request.max_tokens,
+            "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
             "messages": _messages(request.messages),
         }
         if request.system:

@@ -112,8 +112,9 @@ class OpenAIAdapter(Adapter):
         body: dict[str, Any] = {
             "model": self.model_of(request),
             "messages": messages,
-            "max_tokens": request.max_tokens,
         }
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if request.top_p is not None:

@@ -72,7 +72,9 @@ class ChatRequest(_Strict):
     model: str | None = None
     messages: list[Message] = Field(min_length=1)
     system: str | None = None
-    max_tokens: int = Field(default=1024, gt=0)
+    # None: no limit of ours (an OpenAI provider is sent none: the model's own applies;
+    # Anthropic, which requires one, gets anthropic.DEFAULT_MAX_TOKENS).
+    max_tokens: int | None = Field(default=1024, gt=0)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, ge=0, le=1)
     stop: list[str] | None = None  # sequences that end the answer
