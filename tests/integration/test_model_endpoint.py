@@ -393,6 +393,12 @@ def test_an_openai_image_reaches_an_anthropic_provider(
         ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "document",
          "source": {"type": "url", "url": "https://example.test/d.pdf"}}]}]},
          "documents must be sent inline"),
+        ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "document",
+         "source": {"type": "content", "content": [{"type": "image", "source": {
+             "type": "url", "url": "https://example.test/p.png?d=secret"}}]}}]}]},
+         "images must be sent inline"),
+        ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "document",
+         "source": {"type": "file", "file_id": "file_1"}}]}]}, "'file' is not supported"),
         ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
          "'input_audio' is not supported"),
         ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "image",
@@ -406,7 +412,7 @@ def test_an_openai_image_reaches_an_anthropic_provider(
          "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
          "'web_search_20250305' is not supported"),
     ],
-    ids=["document-url", "audio", "anthropic-image-url", "openai-image-url", "tool-without-name",
+    ids=["document-url", "document-image-url", "document-file", "audio", "anthropic-image-url", "openai-image-url", "tool-without-name",
          "server-tool"],
 )  # fmt: skip
 def test_unsupported_content_is_a_clear_400(gw: RunningGateway, session: tuple[str, str],

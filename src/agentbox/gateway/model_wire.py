@@ -195,10 +195,13 @@ def from_openai(body: dict[str, Any]) -> ChatRequest:
 
 def _document(block: dict[str, Any]) -> None:
     """Check a document block (carried natively, never translated)."""
-    kind = _object(block.get("source"), "a document's source").get("type")
+    source = _object(block.get("source"), "a document's source")
+    kind = source.get("type")
     if kind == "url":
         raise InvalidRequest(_INLINE_ONLY.replace("images", "documents"))
-    if kind not in _DOCUMENT_SOURCES:
+    if kind == "content":  # blocks of its own: the same rules (no image URLs, …)
+        _parts_of(source.get("content"))
+    elif kind not in _DOCUMENT_SOURCES:
         raise InvalidRequest(f"a document source of type {kind!r} is not supported "
                              f"({', '.join(_DOCUMENT_SOURCES)}; send files inline)")  # fmt: skip
 
