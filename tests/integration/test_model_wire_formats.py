@@ -199,13 +199,19 @@ def test_web_search_is_left_out_and_says_so(gw: RunningGateway,
     ]
 
 
-def test_reasoning_effort_reaches_an_openai_provider_only(
+def test_reasoning_effort_and_verbosity_reach_an_openai_provider_only(
     client: openai.OpenAI, fakes: dict[str, FakeProvider]
 ) -> None:
-    client.responses.create(model="gpt-fake", input="think", reasoning={"effort": "high"})
-    assert fakes["openai"].requests[-1].json()["reasoning_effort"] == "high"
+    client.responses.create(model="gpt-fake", input="think", reasoning={"effort": "high"},
+                            text={"verbosity": "low"})  # fmt: skip
+    sent = fakes["openai"].requests[-1].json()
+    assert (sent["reasoning_effort"], sent["verbosity"]) == ("high", "low")
     with pytest.raises(openai.BadRequestError, match=r"kind 'openai'.*reasoning\.effort"):
         client.responses.create(model="claude-fake", input="think", reasoning={"effort": "high"})
+    with pytest.raises(openai.BadRequestError, match=r"kind 'openai'.*text\.verbosity"):
+        client.responses.create(model="claude-fake", input="think", text={"verbosity": "high"})
+    fakes["anthropic"].script(Reply(text="ok"))  # medium, the default, is no constraint
+    client.responses.create(model="claude-fake", input="x", text={"verbosity": "medium"})
 
 
 @pytest.mark.parametrize(

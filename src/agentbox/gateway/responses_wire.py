@@ -83,10 +83,10 @@ def _check_fields(body: dict[str, Any]) -> None:
     for key, value in text.items():
         if key == "format" and wire._object(value, "text.format").get("type") == "text":
             continue
-        if key == "verbosity" and value in (None, "medium"):
+        if key == "verbosity" and value in (None, "low", "medium", "high"):
             continue
         raise InvalidRequest(f"text.{key} {value!r} is not supported (format text, "
-                             "verbosity medium)", field=f"text.{key}")  # fmt: skip
+                             "verbosity)", field=f"text.{key}")  # fmt: skip
 
 
 def custom_tools(body: dict[str, Any]) -> frozenset[str]:
@@ -231,6 +231,7 @@ def from_responses(body: dict[str, Any]) -> ChatRequest:
     instructions = body.get("instructions")
     if instructions:
         system.insert(0, str(instructions))
+    verbosity = (body.get("text") or {}).get("verbosity")
     reasoning = wire._object(body.get("reasoning") or {}, "reasoning")
     unknown = set(reasoning) - {"effort", "summary", "generate_summary"}
     if unknown:
@@ -253,6 +254,8 @@ def from_responses(body: dict[str, Any]) -> ChatRequest:
             # The effort an OpenAI provider honours; summaries are not produced (no
             # reasoning items come back), which changes what is shown, not the answer.
             reasoning_effort=reasoning.get("effort"),
+            # Medium is every model's default: it needs no provider that takes the field.
+            verbosity=None if verbosity == "medium" else verbosity,
         )
     except (ValueError, TypeError) as e:
         raise InvalidRequest(f"invalid request: {e}") from None

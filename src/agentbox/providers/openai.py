@@ -132,6 +132,8 @@ class OpenAIAdapter(Adapter):
             body["parallel_tool_calls"] = request.parallel_tool_calls
         if request.reasoning_effort is not None:
             body["reasoning_effort"] = request.reasoning_effort
+        if request.verbosity is not None:
+            body["verbosity"] = request.verbosity
         if request.tools:
             body["tools"] = [
                 {

@@ -85,6 +85,7 @@ class ChatRequest(_Strict):
     parallel_tool_calls: bool | None = None  # False: at most one call per answer
     # OpenAI's reasoning effort (minimal … high): only an openai provider can honour it.
     reasoning_effort: str | None = None
+    verbosity: str | None = None  # OpenAI's (low, high): an openai provider only, likewise
     # The client's other top-level fields (response_format, metadata, seed, …), in its
     # own format: sent only to a provider of that kind, never translated.
     extra: dict[str, Any] | None = None
@@ -102,6 +103,8 @@ class ChatRequest(_Strict):
         as asked; None when any provider can."""
         if self.reasoning_effort is not None:
             return "openai", "reasoning.effort (only an OpenAI provider takes it)"
+        if self.verbosity is not None:
+            return "openai", "text.verbosity (only an OpenAI provider takes it)"
         if self.native_only is not None and self.extra_kind is not None:
             return self.extra_kind, self.native_only
         return None
