@@ -78,7 +78,8 @@ KINDS = ["openai", "anthropic"]
 def test_a_text_answer(client: openai.OpenAI, fakes: dict[str, FakeProvider], kind: str) -> None:
     fakes[kind].script(Reply(text="four", input_tokens=12, output_tokens=3))
     r = client.responses.create(model=MODEL[kind], instructions="be brief", input="2+2?",
-                                store=False, prompt_cache_key="thread-1")  # fmt: skip
+                                store=False, prompt_cache_key="thread-1",
+                                include=["reasoning.encrypted_content"])  # fmt: skip
     assert r.status == "completed" and r.output_text == "four"
     assert r.output[0].type == "message" and r.output[0].role == "assistant"
     assert r.usage is not None
@@ -224,10 +225,11 @@ def test_reasoning_effort_and_verbosity_reach_an_openai_provider_only(
          "text.format"),
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "'item_reference'"),
         ({"service_tier": "priority"}, "service_tier 'priority'"),
+        ({"include": ["message.output_text.logprobs"]}, "include 'message.output_text"),
         ({"tools": [{**SHELL, "strict": True}]}, "strict schemas"),
     ],
     ids=["previous-response", "unknown-field", "local-shell", "json-schema", "item-reference",
-         "service-tier", "strict"],
+         "service-tier", "include", "strict"],
 )  # fmt: skip
 def test_what_cannot_be_honoured_is_a_400_naming_it(gw: RunningGateway, extra: dict[str, Any],
                                                     says: str) -> None:  # fmt: skip

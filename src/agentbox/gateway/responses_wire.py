@@ -42,8 +42,9 @@ _FIELDS: dict[str, str | None] = {
     "model": None, "input": None, "instructions": None, "max_output_tokens": None,
     "temperature": None, "top_p": None, "stream": None, "tools": None, "tool_choice": None,
     "parallel_tool_calls": None, "reasoning": None, "text": None,
-    # Nothing is stored whatever ``store`` says; encrypted reasoning is never returned
-    # (``include``); cache keys, metadata and user ids only label the call upstream.
+    # Nothing is stored whatever ``store`` says; ``include`` may ask only for encrypted
+    # reasoning (no reasoning items come back); cache keys, metadata and user ids only
+    # label the call.
     "store": None, "include": None, "prompt_cache_key": None, "metadata": None,
     "client_metadata": None, "user": None, "safety_identifier": None, "service_tier": None,
     "stream_options": None, "truncation": None,
@@ -77,6 +78,10 @@ def _check_fields(body: dict[str, Any]) -> None:
     if tier not in (None, "auto", "default"):
         raise InvalidRequest(f"service_tier {tier!r} is not supported (auto, default)",
                              field="service_tier")  # fmt: skip
+    for value in body.get("include") or []:
+        if value != "reasoning.encrypted_content":  # no reasoning items come back to carry it
+            raise InvalidRequest(f"include {value!r} is not supported (reasoning.encrypted_"
+                                 "content)", field="include")  # fmt: skip
     if body.get("truncation") not in (None, "disabled"):
         raise InvalidRequest("truncation 'auto' is not supported (disabled)", field="truncation")
     text = wire._object(body.get("text") or {}, "text")
