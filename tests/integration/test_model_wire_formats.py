@@ -367,6 +367,16 @@ def test_the_matched_stop_sequence_comes_back(claude: anthropic.Anthropic,
     assert (answer.stop_reason, answer.stop_sequence) == ("stop_sequence", "END")
 
 
+def test_a_native_body_without_max_tokens_still_gets_one(gw: RunningGateway,
+                                                         fakes: dict[str, FakeProvider]) -> None:  # fmt: skip
+    fakes["anthropic"].script(Reply(text="ok"))
+    with gw.operator() as c:
+        r = c.post("/v1/messages", json={"model": "claude-fake",
+                                         "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert fakes["anthropic"].requests[-1].json()["max_tokens"] == 1024  # as before: the default
+
+
 def test_a_secret_in_the_native_body_is_redacted_but_signatures_are_not(
     claude: anthropic.Anthropic, fakes: dict[str, FakeProvider]
 ) -> None:

@@ -151,7 +151,9 @@ class AnthropicAdapter(Adapter):
         if request.native is not None and request.extra_kind == self.kind:
             # An Anthropic client's own body, as it sent it (redacted): nothing lost.
             native = {k: v for k, v in request.native.items() if k != "stream"}
-            return native | {"model": self.model_of(request)} | ({"stream": True} if stream else {})
+            limit = {"max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS}  # if it set none
+            return (limit | native | {"model": self.model_of(request)}
+                    | ({"stream": True} if stream else {}))  # fmt: skip
         body: dict[str, Any] = {
             "model": self.model_of(request),
             "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
