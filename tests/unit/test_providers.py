@@ -9,6 +9,7 @@ import http.server
 import json
 import logging
 import random
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -51,6 +52,7 @@ from agentbox.providers import (
     adapter_for,
 )
 from agentbox.providers.adapter import retry_after_seconds
+from agentbox.providers.budget import cost_nanousd
 from fakeproviders import FakeProvider, Reply, closed_port_url
 from httpsink import Sink
 
@@ -936,6 +938,29 @@ def test_a_planted_secret_never_reaches_the_upstream(
     assert literal in request.system  # the caller's request itself is left alone
 
 
+def test_a_native_body_is_redacted_but_for_its_opaque_fields() -> None:
+    # Only the base64 data, the signature and a redacted_thinking block's data are left
+    # alone; any other field of those blocks (or a lookalike in a tool's input) is text.
+    literal = "planted-literal-secret-9f8e7d"
+    redact = Redactor({"K": literal}).redact
+    native = {"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": "iVBORw0K" + literal}},
+        {"type": "thinking", "thinking": f"think {literal}", "signature": "sig/" + literal},
+        {"type": "tool_use", "id": "t", "name": "x", "input": {
+            "type": "base64", "note": literal, "signature": literal}},
+    ]}]}  # fmt: skip
+    request = ChatRequest(messages=[Message(role="user", content="x")], native=native)
+    sent = request.redacted(redact).native
+    assert sent is not None
+    blocks = sent["messages"][0]["content"]
+    assert blocks[0]["source"]["data"] == "iVBORw0K" + literal
+    assert blocks[1] == {"type": "thinking", "thinking": "think [REDACTED:K]",
+                         "signature": "sig/" + literal}  # fmt: skip
+    assert blocks[2]["input"] == {"type": "base64", "note": "[REDACTED:K]",
+                                  "signature": "[REDACTED:K]"}  # fmt: skip
+
+
 # Budgets ---------------------------------------------------------------------------------
 class WallClock:
     def __init__(self, iso: str) -> None:
@@ -984,6 +1009,36 @@ def test_tokens_and_cost_are_exact_to_the_cent(
     assert models["oai", "gpt-small"]["usd"] == 0.00021
     assert models["local", "llama3"]["usd"] == 0 and not models["local", "llama3"]["priced"]
     assert web["spent_fraction"] is None  # no budget for "web"
+
+
+def test_cache_reads_and_writes_cost_their_own_prices(tmp_path: Path) -> None:
+    sonnet = ModelPrice(input_per_mtok=3, output_per_mtok=15, cache_read_per_mtok=0.3,
+                        cache_write_per_mtok=3.75)  # fmt: skip
+    plain = ModelPrice(input_per_mtok=3, output_per_mtok=15)  # unset: the input price
+    usage = Usage(10_000, 100, cache_read_tokens=6_000, cache_write_tokens=3_000)
+    # (1000 * 3 + 6000 * 0.3 + 3000 * 3.75 + 100 * 15) / 10**6 USD, in nano-USD
+    assert cost_nanousd(sonnet, usage) == 17_550_000
+    assert cost_nanousd(plain, usage) == 31_500_000
+
+    # A usage.db from before the cache columns gains them, its rows kept.
+    path = tmp_path / "usage.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(
+            "CREATE TABLE usage (id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, "
+            "day TEXT NOT NULL, project TEXT NOT NULL, sandbox TEXT, task TEXT, provider TEXT "
+            "NOT NULL, model TEXT NOT NULL, input_tokens INTEGER NOT NULL, output_tokens "
+            "INTEGER NOT NULL, cost_nanousd INTEGER NOT NULL, priced INTEGER NOT NULL);"
+            "INSERT INTO usage VALUES (1, 0, '2025-03-01', 'web', NULL, NULL, 'claude', "
+            "'claude-sonnet-4', 50, 5, 225000, 1);"
+        )
+    db.close()
+    prices = {"claude": {"claude-sonnet-4": sonnet}}
+    ledger = BudgetLedger(path, prices=prices, clock=WallClock("2025-03-01T12:00:00+00:00"))
+    ledger.record("web", None, None, "claude", "claude-sonnet-4", usage)
+    [web] = ledger.usage()
+    assert (web["input_tokens"], web["cache_read_tokens"], web["cache_write_tokens"]) == (
+        10_050, 6_000, 3_000)  # fmt: skip
+    assert web["usd"] == 0.017775
 
 
 def test_budget_alerts_fire_once_per_threshold_and_refuse_when_spent(tmp_path: Path) -> None:
@@ -1079,7 +1134,10 @@ def test_budget_accounting_is_shared_across_processes(tmp_path: Path) -> None:
 def test_the_example_config_still_parses_and_builds_a_pool() -> None:
     settings = load_settings(EXAMPLE)
     assert [p.timeout_seconds for p in settings.providers] == [60, 60, 60]
-    assert all(p.prices == {} for p in settings.providers)
+    sonnet = settings.providers[0].prices["claude-sonnet-4"]
+    assert (sonnet.cache_read_per_mtok, sonnet.cache_write_per_mtok) == (0.3, 3.75)
+    assert sonnet.checked is not None and sonnet.source is not None
+    assert settings.providers[2].prices == {}  # a local model costs nothing
     assert settings.retry == RetrySettings(max_attempts=3, base_seconds=1, max_seconds=30)
 
     async def health() -> list[dict[str, Any]]:

@@ -18,6 +18,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from agentbox.providers.types import Usage
+
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
@@ -80,7 +82,9 @@ class Metrics:
         )
         self.tokens = Counter(
             "agentbox_model_tokens",
-            "Model tokens, by provider, model, project and direction (input or output).",
+            "Model tokens, by provider, model, project and direction: input (not from the "
+            "prompt cache), cache_read, cache_write (input the provider's prompt cache served "
+            "or stored, priced apart) or output; together, every token.",
             ["provider", "model", "project", "direction"],
             registry=self.registry,
         )
@@ -122,11 +126,18 @@ class Metrics:
         if outcome == "ok":
             self.provider_seconds.labels(provider).observe(seconds)
 
-    def usage(
-        self, provider: str, model: str, project: str, tokens_in: int, tokens_out: int, usd: float
-    ) -> None:
-        self.tokens.labels(provider, model, project, "input").inc(tokens_in)
-        self.tokens.labels(provider, model, project, "output").inc(tokens_out)
+    def usage(self, provider: str, model: str, project: str, usage: Usage, usd: float) -> None:
+        cached = usage.cache_read_tokens + usage.cache_write_tokens
+        self.tokens.labels(provider, model, project, "input").inc(
+            max(0, usage.input_tokens - cached)
+        )
+        if usage.cache_read_tokens:
+            self.tokens.labels(provider, model, project, "cache_read").inc(usage.cache_read_tokens)
+        if usage.cache_write_tokens:
+            self.tokens.labels(provider, model, project, "cache_write").inc(
+                usage.cache_write_tokens
+            )
+        self.tokens.labels(provider, model, project, "output").inc(usage.output_tokens)
         self.cost.labels(provider, model, project).inc(usd)
 
     def budget(self, project: str, kind: str, ratio: float) -> None:

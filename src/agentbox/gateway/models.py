@@ -26,7 +26,7 @@ from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.metrics import Metrics
 from agentbox.gateway.settings import GatewaySettings
 from agentbox.gateway.telemetry import Telemetry
-from agentbox.providers.budget import Alert, BudgetLedger
+from agentbox.providers.budget import NANO, Alert, BudgetLedger, cost_nanousd
 from agentbox.providers.pool import ProviderPool
 from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent, Usage
 
@@ -99,12 +99,18 @@ class ModelService:
         return self.pool
 
     def cost(self, provider: str, model: str, usage: Usage) -> float:
-        price = self.ledger.price_of(provider, model)
-        if price is None:
-            return 0.0
-        return (
-            usage.input_tokens * price.input_per_mtok + usage.output_tokens * price.output_per_mtok
-        ) / 1e6
+        """USD, as the ledger counts it (cache reads and writes at their own prices)."""
+        return cost_nanousd(self.ledger.price_of(provider, model), usage) / NANO
+
+    async def count_tokens(self, request: ChatRequest) -> tuple[int, str | None]:
+        """The request's input tokens and who counted them: a provider's exact count when
+        one serving the model can count (Anthropic's endpoint), else (n, None): an
+        estimate (~4 characters a token, ``_IMAGE_TOKENS`` an image). Free: no budget."""
+        counted = await self._pool().count_tokens(request)
+        if counted is not None:
+            return counted
+        images = sum(len(m.images) for m in request.messages)
+        return _tokens(_request_chars(request)) + images * _IMAGE_TOKENS, None
 
     async def complete(self, request: ChatRequest, who: Attribution) -> ChatResponse:
         response, settle = await self.complete_deferred(request, who)
@@ -182,8 +188,7 @@ class ModelService:
         cost = self.cost(provider, model, usage)
         alerts = self.ledger.record(who.project, who.sandbox, who.task, provider, model, usage)
         self.metrics.provider_request(provider, model, outcome, seconds)
-        self.metrics.usage(provider, model, who.project, usage.input_tokens,
-                           usage.output_tokens, cost)  # fmt: skip
+        self.metrics.usage(provider, model, who.project, usage, cost)
         self._budget_gauges(who.project)
         self.audit.append(
             decision="model_call",
@@ -194,6 +199,10 @@ class ModelService:
             extra={"provider": provider, "model": model, "project": who.project,
                    "task": who.task, "tokens_in": usage.input_tokens,
                    "tokens_out": usage.output_tokens, "cost_usd": round(cost, 9),
+                   **({"tokens_cache_read": usage.cache_read_tokens} if usage.cache_read_tokens
+                      else {}),
+                   **({"tokens_cache_write": usage.cache_write_tokens}
+                      if usage.cache_write_tokens else {}),
                    **({"estimated": True} if outcome == "cut_short" else {})},
         )  # fmt: skip
         for alert in alerts:
@@ -243,6 +252,10 @@ def _describe(span: Any, provider: str, model: str, usage: Usage) -> None:
     span.set_attribute("gen_ai.response.model", model)
     span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
     span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+    if usage.cache_read_tokens:
+        span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cache_read_tokens)
+    if usage.cache_write_tokens:
+        span.set_attribute("gen_ai.usage.cache_creation.input_tokens", usage.cache_write_tokens)
 
 
 def _call_text(event: StreamEvent) -> str:
@@ -255,7 +268,13 @@ def _request_chars(request: ChatRequest) -> int:
     for m in request.messages:
         texts.append(m.content)
         texts += [c.name + c.arguments for c in m.tool_calls]
+    texts += [t.name + t.description + json.dumps(t.parameters) for t in request.tools or ()]
     return sum(map(len, texts))
+
+
+# An image's tokens when nobody counted: about what the vendors charge for a ~1 megapixel
+# image (Anthropic: width * height / 750).
+_IMAGE_TOKENS = 1500
 
 
 def _tokens(chars: int) -> int:

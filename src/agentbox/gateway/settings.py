@@ -9,6 +9,7 @@ Without a file, ``GatewaySettings()`` is the embedded default.
 from __future__ import annotations
 
 import os
+from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -265,10 +266,19 @@ class AuditSettings(Strict):
 
 
 class ModelPrice(Strict):
-    """What a model costs, in USD per million tokens (the unit of providers' price pages)."""
+    """What a model costs, in USD per million tokens (the unit of providers' price pages).
+
+    Input read from the provider's prompt cache and input written to it have their own
+    prices (Anthropic: reads 0.1x the input price, 5-minute writes 1.25x; OpenAI: cached
+    input 0.25x-0.5x, no write charge); unset, they cost the input price. ``source`` (the
+    page the prices were read from) and ``checked`` (when) keep the table honest."""
 
     input_per_mtok: float = Field(ge=0)
     output_per_mtok: float = Field(ge=0)
+    cache_read_per_mtok: float | None = Field(default=None, ge=0)
+    cache_write_per_mtok: float | None = Field(default=None, ge=0)
+    source: str | None = None
+    checked: date | None = None
 
 
 class ProviderSettings(Strict):
@@ -283,7 +293,9 @@ class ProviderSettings(Strict):
     depending on who serves it::
 
         prices:
-          claude-sonnet-4: {input_per_mtok: 3, output_per_mtok: 15}
+          claude-sonnet-4: {input_per_mtok: 3, output_per_mtok: 15, cache_read_per_mtok: 0.3,
+                            cache_write_per_mtok: 3.75, checked: 2026-12-01,
+                            source: "https://docs.anthropic.com/en/docs/about-claude/pricing"}
 
     A model missing from ``prices`` costs 0 USD (its tokens still count against token
     budgets, and the usage summary reports them as unpriced). A dated name such as

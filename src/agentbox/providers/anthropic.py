@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from httpx2 import ServerSentEvent
@@ -22,12 +23,16 @@ from agentbox.providers.types import (
     Image,
     Message,
     ProviderFailure,
+    Reasoning,
     StreamEvent,
     ToolCall,
     Usage,
 )
 
 API_VERSION = "2023-06-01"
+# Anthropic requires an output limit; for a request that sets none (a Responses client):
+# what every current Claude model can write.
+DEFAULT_MAX_TOKENS = 8192
 # Anthropic's stop reasons in OpenAI's words, so callers see one vocabulary.
 _FINISH = {
     "end_turn": "stop",
@@ -35,7 +40,13 @@ _FINISH = {
     "max_tokens": "length",
     "tool_use": "tool_calls",
 }
-_CHOICE = {"auto": {"type": "auto"}, "required": {"type": "any"}, "none": {"type": "none"}}
+_CHOICE: dict[str, dict[str, Any]] = {
+    "auto": {"type": "auto"},
+    "required": {"type": "any"},
+    "none": {"type": "none"},
+}
+# What POST /v1/messages/count_tokens accepts of a messages request.
+_COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers")
 _ERROR_CATEGORY = {
     "rate_limit_error": Category.RATE_LIMITED,
     "overloaded_error": Category.SERVER_ERROR,
@@ -54,6 +65,19 @@ def _error(data: Any) -> ProviderFailure:
     error = data.get("error") or {}
     category = _ERROR_CATEGORY.get(str(error.get("type")), Category.SERVER_ERROR)
     return ProviderFailure(category, f"{error.get('type')}: {error.get('message')}"[:300])
+
+
+def usage_of(data: Any, output_tokens: int | None = None) -> Usage:
+    """Anthropic's usage in the neutral words: its input_tokens leave out the cache reads
+    and writes, which the neutral input counts."""
+    read = int(data.get("cache_read_input_tokens") or 0)
+    write = int(data.get("cache_creation_input_tokens") or 0)
+    return Usage(
+        int(data.get("input_tokens") or 0) + read + write,
+        int(data.get("output_tokens") or 0) if output_tokens is None else output_tokens,
+        cache_read_tokens=read,
+        cache_write_tokens=write,
+    )
 
 
 def tool_input(arguments: str) -> Any:
@@ -124,9 +148,15 @@ class AnthropicAdapter(Adapter):
         return headers
 
     def payload(self, request: ChatRequest, stream: bool) -> dict[str, Any]:
+        if request.native is not None and request.extra_kind == self.kind:
+            # An Anthropic client's own body, as it sent it (redacted): nothing lost.
+            native = {k: v for k, v in request.native.items() if k != "stream"}
+            limit = {"max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS}  # if it set none
+            return (limit | native | {"model": self.model_of(request)}
+                    | ({"stream": True} if stream else {}))  # fmt: skip
         body: dict[str, Any] = {
             "model": self.model_of(request),
-            "max_tokens": request.max_tokens,
+            "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
             "messages": _messages(request.messages),
         }
         if request.system:
@@ -139,11 +169,14 @@ class AnthropicAdapter(Adapter):
             body["top_p"] = request.top_p
         if request.stop:
             body["stop_sequences"] = request.stop
-        if request.tools and request.tool_choice:
-            body["tool_choice"] = _CHOICE.get(request.tool_choice) or {
+        if request.tools and (request.tool_choice or request.parallel_tool_calls is False):
+            choice: dict[str, Any] = _CHOICE.get(request.tool_choice or "auto") or {
                 "type": "tool",
                 "name": request.tool_choice,
             }
+            if request.parallel_tool_calls is False and choice["type"] != "none":
+                choice = {**choice, "disable_parallel_tool_use": True}
+            body["tool_choice"] = choice
         if request.tools:
             body["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": t.parameters}
@@ -153,16 +186,33 @@ class AnthropicAdapter(Adapter):
             body["stream"] = True
         return body
 
+    async def count_tokens(self, request: ChatRequest) -> int | None:
+        # The counting endpoint takes only what shapes the input (no max_tokens, stream …).
+        body = {k: v for k, v in self.payload(request, stream=False).items() if k in _COUNTED}
+        data = await self._post_json(f"{self.base_url}/v1/messages/count_tokens", body)
+        try:
+            return int(data["input_tokens"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise self._malformed(e) from e
+
     def parse(self, data: Any, request: ChatRequest) -> ChatResponse:
         if data.get("type") == "error":
             raise _error(data)
         blocks = data["content"]
         usage = data.get("usage") or {}
         return ChatResponse(
+            reasoning=[
+                Reasoning(b.get("thinking") or "", b.get("signature") or "")
+                if b["type"] == "thinking"
+                else Reasoning(redacted=b.get("data") or "")
+                for b in blocks
+                if b.get("type") in ("thinking", "redacted_thinking")
+            ],
+            stop_sequence=data.get("stop_sequence"),
             text="".join(b["text"] for b in blocks if b.get("type") == "text"),
             model=data.get("model") or self.model_of(request),
             provider=self.name,
-            usage=Usage(int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0)),
+            usage=usage_of(usage),
             finish_reason=_finish(data.get("stop_reason")),
             tool_calls=[
                 ToolCall(b["id"], b["name"], json.dumps(b.get("input") or {}))
@@ -176,15 +226,24 @@ class AnthropicAdapter(Adapter):
         self, source: AsyncIterator[ServerSentEvent], request: ChatRequest
     ) -> AsyncIterator[StreamEvent]:
         model = self.model_of(request)
-        input_tokens = output_tokens = 0
+        usage = Usage()
         finish: str | None = None
         calls: dict[int, dict[str, str]] = {}  # tool_use blocks being received, by index
+        thinking: dict[int, str] = {}  # thinking blocks being received: their signature
+        stop_sequence: str | None = None
         async for event in source:
             data = json.loads(event.data) if event.data else {}
             kind = data.get("type") or event.event
-            if kind == "content_block_start" and data["content_block"].get("type") == "tool_use":
-                block = data["content_block"]
+            block = data.get("content_block") or {}
+            if kind == "content_block_start" and block.get("type") == "tool_use":
                 calls[data["index"]] = {"id": block["id"], "name": block["name"], "input": ""}
+            elif kind == "content_block_start" and block.get("type") == "thinking":
+                thinking[data["index"]] = block.get("signature") or ""
+            elif kind == "content_block_start" and block.get("type") == "redacted_thinking":
+                yield StreamEvent("reasoning_done", reasoning=Reasoning(redacted=block["data"]))
+            elif kind == "content_block_stop" and data.get("index") in thinking:
+                signature = thinking.pop(data["index"])
+                yield StreamEvent("reasoning_done", reasoning=Reasoning(signature=signature))
             elif kind == "content_block_stop" and data.get("index") in calls:
                 call = calls.pop(data["index"])
                 yield StreamEvent("tool_call", tool_call=ToolCall(
@@ -192,28 +251,36 @@ class AnthropicAdapter(Adapter):
             elif kind == "message_start":
                 message = data["message"]
                 model = message.get("model") or model
-                usage = message.get("usage") or {}
-                input_tokens = int(usage.get("input_tokens") or 0)
-                output_tokens = int(usage.get("output_tokens") or 0)
+                usage = usage_of(message.get("usage") or {})
             elif kind == "content_block_delta":
                 delta = data["delta"]
                 if delta.get("type") == "text_delta" and delta.get("text"):
                     yield StreamEvent("text", text=delta["text"])
                 elif delta.get("type") == "input_json_delta" and data.get("index") in calls:
                     calls[data["index"]]["input"] += delta.get("partial_json") or ""
+                elif delta.get("type") == "thinking_delta" and delta.get("thinking"):
+                    yield StreamEvent("reasoning", text=delta["thinking"])
+                elif delta.get("type") == "signature_delta" and data.get("index") in thinking:
+                    thinking[data["index"]] += delta.get("signature") or ""
             elif kind == "message_delta":
                 finish = _finish((data.get("delta") or {}).get("stop_reason")) or finish
-                usage = data.get("usage") or {}
-                # Cumulative counts: the last one wins.
-                output_tokens = int(usage.get("output_tokens") or output_tokens)
-                input_tokens = int(usage.get("input_tokens") or input_tokens)
+                stop_sequence = (data.get("delta") or {}).get("stop_sequence") or stop_sequence
+                # Cumulative counts: the last one wins (input ones, when it repeats them).
+                counts = data.get("usage") or {}
+                output = int(counts.get("output_tokens") or usage.output_tokens)
+                usage = replace(usage, output_tokens=output)
+                if "input_tokens" in counts:
+                    cached = {"cache_read_input_tokens": usage.cache_read_tokens,
+                              "cache_creation_input_tokens": usage.cache_write_tokens}  # fmt: skip
+                    usage = usage_of(cached | counts, output)
             elif kind == "message_stop":
                 yield StreamEvent(
                     "done",
-                    usage=Usage(input_tokens, output_tokens),
+                    usage=usage,
                     finish_reason=finish,
                     model=model,
                     provider=self.name,
+                    stop_sequence=stop_sequence,
                 )
                 return
             elif kind == "error":

@@ -44,7 +44,9 @@ CREATE TABLE IF NOT EXISTS usage (
     input_tokens INTEGER NOT NULL,
     output_tokens INTEGER NOT NULL,
     cost_nanousd INTEGER NOT NULL,
-    priced INTEGER NOT NULL
+    priced INTEGER NOT NULL,
+    cache_read_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS usage_by_day ON usage (day, project);
 CREATE TABLE IF NOT EXISTS budget_alerts (
@@ -60,11 +62,19 @@ PriceTable = Mapping[str, Mapping[str, ModelPrice]]  # provider name â†’ model â
 
 
 def cost_nanousd(price: ModelPrice | None, usage: Usage) -> int:
-    """What ``usage`` costs at ``price`` (USD per million tokens), in nano-dollars."""
+    """What ``usage`` costs at ``price`` (USD per million tokens), in nano-dollars: the
+    cache reads and writes among the input at their own prices, the rest at the input's."""
     if price is None:
         return 0
+
+    def rate(value: float | None) -> Decimal:
+        return Decimal(str(price.input_per_mtok if value is None else value))
+
+    cached = usage.cache_read_tokens + usage.cache_write_tokens
     per_mtok = (
-        Decimal(str(price.input_per_mtok)) * usage.input_tokens
+        rate(None) * max(0, usage.input_tokens - cached)
+        + rate(price.cache_read_per_mtok) * usage.cache_read_tokens
+        + rate(price.cache_write_per_mtok) * usage.cache_write_tokens
         + Decimal(str(price.output_per_mtok)) * usage.output_tokens
     )
     # USD = tokens * price / 10**6, so nano-USD = tokens * price * 10**3.
@@ -140,6 +150,10 @@ class BudgetLedger(SqliteDB):
         self._unpriced_warned: set[tuple[str, str]] = set()
         super().__init__(path, _SCHEMA)
         with self._tx() as db:
+            columns = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
+            for column in ("cache_read_tokens", "cache_write_tokens"):
+                if column not in columns:  # a usage.db from before prompt-cache accounting
+                    db.execute(f"ALTER TABLE usage ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
             oldest = _day(self._clock() - keep_days * 86400)
             db.execute("DELETE FROM usage WHERE day < ?", (oldest,))
             db.execute("DELETE FROM budget_alerts WHERE day < ?", (oldest,))
@@ -223,8 +237,8 @@ class BudgetLedger(SqliteDB):
         with self._tx() as db:
             db.execute(
                 "INSERT INTO usage (at, day, project, sandbox, task, provider, model, "
-                "input_tokens, output_tokens, cost_nanousd, priced) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "input_tokens, output_tokens, cost_nanousd, priced, cache_read_tokens, "
+                "cache_write_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     now,
                     day,
@@ -237,6 +251,8 @@ class BudgetLedger(SqliteDB):
                     usage.output_tokens,
                     cost_nanousd(price, usage),
                     int(price is not None),
+                    usage.cache_read_tokens,
+                    usage.cache_write_tokens,
                 ),
             )
             if budget is None or not budget.alert_at:
@@ -274,7 +290,8 @@ class BudgetLedger(SqliteDB):
         query = (
             "SELECT project, provider, model, COUNT(*), SUM(input_tokens), SUM(output_tokens), "
             "SUM(cost_nanousd), SUM((1 - priced) * (input_tokens + output_tokens)), "
-            "MIN(priced) FROM usage WHERE day = ?"
+            "MIN(priced), SUM(cache_read_tokens), SUM(cache_write_tokens) "
+            "FROM usage WHERE day = ?"
         )
         args: tuple[str, ...] = (day,)
         if project is not None:
@@ -287,18 +304,25 @@ class BudgetLedger(SqliteDB):
         names = sorted({r[0] for r in rows} | budgeted)
         models: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
         nanos_of = dict.fromkeys(names, 0)
-        for name, provider, model, calls, tokens_in, tokens_out, nanos, unpriced, priced in rows:
+        for (name, provider, model, calls, tokens_in, tokens_out, nanos, unpriced, priced,
+             cache_read, cache_write) in rows:  # fmt: skip
             nanos_of[name] += nanos
+            price = self.price_of(provider, model)
             models[name].append(
                 {
                     "provider": provider,
                     "model": model,
                     "requests": calls,
                     "input_tokens": tokens_in,
+                    "cache_read_tokens": cache_read,
+                    "cache_write_tokens": cache_write,
                     "output_tokens": tokens_out,
                     "unpriced_tokens": unpriced,
                     "usd": nanos / NANO,
                     "priced": bool(priced),
+                    # Where today's configured price comes from, and when it was checked.
+                    "price_source": price.source if price else None,
+                    "price_checked": price.checked.isoformat() if price and price.checked else None,
                 }
             )
         return [self._summary(name, day, models[name], nanos_of[name]) for name in names]
@@ -314,6 +338,8 @@ class BudgetLedger(SqliteDB):
             "day": day,
             "requests": sum(m["requests"] for m in models),
             "input_tokens": tokens_in,
+            "cache_read_tokens": sum(m["cache_read_tokens"] for m in models),
+            "cache_write_tokens": sum(m["cache_write_tokens"] for m in models),
             "output_tokens": tokens_out,
             "tokens": tokens_in + tokens_out,
             "unpriced_tokens": sum(m["unpriced_tokens"] for m in models),

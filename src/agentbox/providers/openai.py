@@ -28,7 +28,13 @@ from agentbox.providers.types import (
 
 
 def _usage(data: Any) -> Usage:
-    return Usage(int(data.get("prompt_tokens") or 0), int(data.get("completion_tokens") or 0))
+    """prompt_tokens includes the cached input (prompt_tokens_details.cached_tokens)."""
+    details = data.get("prompt_tokens_details") or {}
+    return Usage(
+        int(data.get("prompt_tokens") or 0),
+        int(data.get("completion_tokens") or 0),
+        cache_read_tokens=int(details.get("cached_tokens") or 0),
+    )
 
 
 def _content(m: Message) -> Any:
@@ -106,8 +112,9 @@ class OpenAIAdapter(Adapter):
         body: dict[str, Any] = {
             "model": self.model_of(request),
             "messages": messages,
-            "max_tokens": request.max_tokens,
         }
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
         if request.temperature is not None:
             body["temperature"] = request.temperature
         if request.top_p is not None:
@@ -121,6 +128,12 @@ class OpenAIAdapter(Adapter):
                 if named
                 else request.tool_choice
             )
+        if request.tools and request.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = request.parallel_tool_calls
+        if request.reasoning_effort is not None:
+            body["reasoning_effort"] = request.reasoning_effort
+        if request.verbosity is not None:
+            body["verbosity"] = request.verbosity
         if request.tools:
             body["tools"] = [
                 {
