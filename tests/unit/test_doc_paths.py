@@ -21,7 +21,8 @@ _ELSEWHERE = {"gateway.yaml", "config.toml", "mcp.json", "SKILL.md", "CLAUDE.md"
 def cited_paths(doc: str) -> list[str]:
     text = (ROOT / doc).read_text()
     # A dotfile name (`.npmrc`) is a kind of file the docs talk about, not one of ours.
-    found = {m for m in _CITED.findall(text) if not re.match(r"\.[^./]", m)}
+    # `../shared/…` is beside the checkout, not in it.
+    found = {m for m in _CITED.findall(text) if not re.match(r"\.[^/]|\.\./", m)}
     return sorted(m for m in found if Path(m).name not in _ELSEWHERE)
 
 
