@@ -11,7 +11,6 @@ calls carry ``X-Agentbox-Task``.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
 from agentbox.errors import InvalidRequest
+from agentbox.gateway import jsonbody
 from agentbox.gateway import model_wire as wire
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.models import Attribution, ModelService
@@ -33,7 +33,7 @@ def build_model_router(
 ) -> tuple[APIRouter, dict[str, Callable[[Request], Awaitable[Response]]]]:
     """The routes (for the schema), and the two POST handlers by path, which the app's
     front door calls without FastAPI's routing (what a model call adds must stay small)."""
-    api = APIRouter(prefix="/v1", tags=["models"])
+    api = APIRouter(prefix="/v1", tags=["models"], route_class=jsonbody.JsonRoute)
 
     def principal(request: Request) -> Principal:
         authorization = request.headers.get("authorization")
@@ -52,10 +52,7 @@ def build_model_router(
         return Attribution(project, None, task, who.actor)
 
     async def body_of(request: Request) -> dict[str, Any]:
-        try:
-            body = json.loads(await request.body())
-        except ValueError as e:
-            raise InvalidRequest(f"the body is not valid JSON: {e}") from None
+        body = jsonbody.loads(await request.body())
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object")
         return body

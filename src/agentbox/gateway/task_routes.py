@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentbox.gateway.auth import Principal
+from agentbox.gateway.jsonbody import JsonRoute
 from agentbox.tasks.store import TaskStore
 
 
@@ -22,7 +23,7 @@ class SubmitTask(BaseModel):
 
 
 def build_task_router(store: TaskStore, authenticate: Any, wake: Any) -> APIRouter:
-    api = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+    api = APIRouter(prefix="/v1/tasks", tags=["tasks"], route_class=JsonRoute)
     auth = Depends(authenticate)
 
     @api.post("", status_code=201)
