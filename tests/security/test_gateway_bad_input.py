@@ -13,7 +13,6 @@ decoder and every integer parameter of the API has bounds.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,40 +22,17 @@ from fastapi.routing import APIRoute
 
 from agentbox.gateway.jsonbody import JsonRoute
 from fakeproviders import FakeProvider
-from gateway_harness import RunningGateway, running_gateway
+from gateway_harness import RunningGateway, ServerLog, running_gateway, server_log_handler
 
 JSON = {"content-type": "application/json"}
 MCP_HEADERS = {**JSON, "accept": "application/json, text/event-stream",
                "mcp-protocol-version": "2025-11-25"}  # fmt: skip
 
 
-class ServerLog(logging.Handler):
-    """Every record of WARNING or more, or with a traceback, that the gateway logs
-    (uvicorn's loggers do not propagate to the root: attached to both)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.WARNING or record.exc_info:
-            self.records.append(record)
-
-    def lines(self) -> list[str]:
-        return [f"{r.name}: {r.getMessage()}" for r in self.records]
-
-
 @pytest.fixture(scope="module")
 def server_log() -> Iterator[ServerLog]:
-    handler = ServerLog()
-    loggers = [logging.getLogger(), logging.getLogger("uvicorn")]
-    for logger in loggers:
-        logger.addHandler(handler)
-    try:
+    with server_log_handler() as handler:
         yield handler
-    finally:
-        for logger in loggers:
-            logger.removeHandler(handler)
 
 
 @pytest.fixture
@@ -77,6 +53,7 @@ providers:
     base_url: {fake.base_url}
     api_key_env: FAKE_OPENAI_KEY
     models: [fake-model]
+    prices: {{fake-model: {{input_per_mtok: 1, output_per_mtok: 1}}}}
 """
         with running_gateway(agentbox_home, tmp_path_factory.mktemp("badinput"),
                              env={"FAKE_OPENAI_KEY": "k"}, extra_yaml=extra) as running:  # fmt: skip

@@ -99,8 +99,14 @@ def build_model_router(
         lambda first, rest, _, chat: wire.anthropic_sse(first, rest, chat),
         wire.anthropic_json,
     )
-    api.post("/chat/completions")(chat_completions)
-    api.post("/messages")(messages)
+    # The handlers read the body themselves: the schema says it is a JSON object with a
+    # model and messages (so the API's fuzz pass sends such bodies).
+    body_schema = {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+        "type": "object", "required": ["model", "messages"],
+        "properties": {"model": {"type": "string"}, "messages": {"type": "array"}},
+    }}}}}  # fmt: skip
+    api.post("/chat/completions", openapi_extra=body_schema)(chat_completions)
+    api.post("/messages", openapi_extra=body_schema)(messages)
 
     @api.get("/models")
     async def models(request: Request) -> dict[str, Any]:
