@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentbox.errors import InvalidRequest
+from agentbox.fsutil import exec_text
 from agentbox.network import credentials as _credentials
 from agentbox.network.names import normalize_pattern
 from agentbox.units import parse_duration, parse_size
@@ -173,6 +174,8 @@ class SandboxSpec(BaseModel):
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
         for key, val in value.items():
-            if not key or "=" in key or "\0" in key or "\0" in val:
+            if not key or "=" in key:
                 raise ValueError(f"invalid environment variable {key!r}")
+            exec_text(key, "an environment variable name")
+            exec_text(val, f"environment variable {key}")
         return value

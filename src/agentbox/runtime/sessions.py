@@ -15,6 +15,7 @@ import shlex
 from collections.abc import Mapping
 
 from agentbox.errors import InvalidRequest, SessionNotFound
+from agentbox.fsutil import exec_text
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.output import CommandResult
 
@@ -63,6 +64,7 @@ class ShellSessions:
         stdin: bytes | str | None = None,
         max_output_bytes: int = 1 << 20,
     ) -> CommandResult:
+        exec_text(command, "the command")  # named as the caller knows it, not by argv slot
         state = self._state_file(session_id)
         exists = self.runner.run(["/bin/test", "-f", state], timeout=10)
         if exists.exit_code != 0:
