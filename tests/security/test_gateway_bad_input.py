@@ -290,3 +290,42 @@ def test_every_integer_parameter_has_bounds(gw: RunningGateway) -> None:
                     if not bounded:
                         unbounded.append(f"{method.upper()} {path} {parameter['name']}")
     assert not unbounded, f"integer parameters without minimum and maximum: {unbounded}"
+
+
+@pytest.mark.usefixtures("clean_log")
+def test_a_file_name_that_is_not_utf8_is_listed_not_a_500(
+    gw: RunningGateway, session: tuple[str, str]
+) -> None:
+    """A name made inside the sandbox (byte 0xff) decodes with surrogateescape: the
+    listing was a 500 (REST) or a connection cut mid-response (the tool path)."""
+    sid, token = session
+    with gw.client(token) as c:
+        made = c.post("/v1/tools/terminal_run", json={"arguments": {
+            "command": "mkdir -p /workspace/odd && printf x > /workspace/odd/$(printf '\\377')name"}})  # fmt: skip
+        assert made.status_code == 200 and made.json()["exit_code"] == 0, made.text
+        listed = [
+            c.get(f"/v1/sandboxes/{sid}/files/list", params={"path": "/workspace/odd"}),
+            c.post("/v1/tools/fs_list", json={"arguments": {"path": "/workspace/odd"}}),
+        ]
+        rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+               "params": {"name": "fs_list", "arguments": {"path": "/workspace/odd"}}}  # fmt: skip
+        mcp = c.post("/mcp", json=rpc, headers=MCP_HEADERS)
+    for r in listed:
+        assert r.status_code == 200, r.text[:300]
+        assert [e["name"] for e in r.json()["entries"]] == ["\ufffdname"]
+    assert mcp.status_code == 200 and "error" not in mcp.json(), mcp.text[:300]
+    assert mcp.json()["result"]["structuredContent"]["entries"][0]["name"] == "\ufffdname"
+
+
+@pytest.mark.usefixtures("clean_log")
+@pytest.mark.parametrize(
+    "spec",
+    [{"disk": 2**63 - 1}, {"disk": "17TiB"}, {"memory": 2**63 - 1}, {"lifetime": 1e308},
+     {"lifetime": "5000d"}, {"idle_timeout": 2**63 - 1}],
+)  # fmt: skip
+def test_sandbox_sizes_and_durations_are_bounded(gw: RunningGateway, spec: dict[str, Any]) -> None:
+    """Were a 500 (mkfs or the sandbox init refused them) or a 503 capacity answer."""
+    with gw.operator() as op:
+        r = op.post("/v1/sandboxes", json=spec)
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert r.json()["error"]["code"] == "invalid_request"

@@ -119,6 +119,19 @@ def check_strings(value: Any, root: str = "") -> None:
             stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
 
 
+def encodable(value: Any) -> Any:
+    """``value`` with every lone surrogate replaced by U+FFFD, so that a JSON encoder
+    can write it: a name made inside a sandbox that is not UTF-8 (decoded with
+    surrogateescape) made the response fail half-sent. Unchanged when there is none."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value) if not value.isascii() else value
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [encodable(v) for v in value]
+    return value
+
+
 def parse_int(text: str, field: str, low: int = 0, high: int = MAX_INT) -> int:
     """A decimal integer from a header or the like, in [low, high], or InvalidRequest."""
     if len(text) <= _INT_DIGITS and text.isascii() and text.lstrip("-").isdigit():

@@ -24,7 +24,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agentbox import __version__
 from agentbox.errors import AgentboxError, ApprovalPending
-from agentbox.gateway import sealed
+from agentbox.gateway import jsonbody, sealed
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.tools import TOOLS_BY_NAME, ToolSpec
@@ -61,9 +61,8 @@ def _tool(spec: ToolSpec) -> types.Tool:
 
 
 def _error(message: str) -> types.CallToolResult:
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=message)], is_error=True
-    )
+    text = jsonbody.encodable(message)  # it may name a sandbox's file
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
 def result_content(result: dict[str, Any]) -> list[types.ContentBlock]:

@@ -791,4 +791,5 @@ def error_response(e: AgentboxError) -> JSONResponse:
     retry = e.details.get("retry_after")
     if retry is not None:
         headers["Retry-After"] = str(max(1, int(retry + 0.999)))
-    return JSONResponse({"error": e.to_dict()}, status_code=e.http_status, headers=headers)
+    body = {"error": jsonbody.encodable(e.to_dict())}  # it may name a sandbox's file
+    return JSONResponse(body, status_code=e.http_status, headers=headers)
