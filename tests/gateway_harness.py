@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import secrets
 import socket
@@ -58,6 +59,36 @@ audit:
   path: {audit_path}
   fsync: always
 """
+
+
+class ServerLog(logging.Handler):
+    """Every record of WARNING or more, or with a traceback, that a gateway in this
+    process logs: its own and uvicorn's ("Exception in ASGI application", "response
+    already completed"), whose loggers do not propagate to the root."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING or record.exc_info:
+            self.records.append(record)
+
+    def lines(self) -> list[str]:
+        return [f"{r.name}: {r.getMessage()}" for r in self.records]
+
+
+@contextlib.contextmanager
+def server_log_handler() -> Iterator[ServerLog]:
+    handler = ServerLog()
+    loggers = [logging.getLogger(), logging.getLogger("uvicorn")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
 
 
 def free_port() -> int:

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from agentbox.errors import InvalidRequest
+from agentbox.fsutil import exec_text
 from agentbox.network import credentials as _credentials
 from agentbox.network.names import normalize_pattern
 from agentbox.units import parse_duration, parse_size
@@ -119,6 +120,11 @@ class Admission:
     max_memory: int | None = None  # bytes of memory limits committed by live sandboxes
 
 
+MAX_MEMORY = 1024**5
+MAX_DISK = 16 * 1024**4
+MAX_DURATION_S = 3650 * 86400.0
+
+
 class SandboxSpec(BaseModel):
     """What a sandbox is made of. Sizes accept ``512MiB``-style strings; durations ``15m``."""
 
@@ -157,22 +163,33 @@ class SandboxSpec(BaseModel):
 
     @field_validator("memory")
     @classmethod
-    def _memory_floor(cls, value: int) -> int:
-        if value < 16 * 1024**2:
-            raise ValueError("memory must be at least 16MiB")
+    def _memory_range(cls, value: int) -> int:
+        if not 16 * 1024**2 <= value <= MAX_MEMORY:
+            raise ValueError("memory must be from 16MiB to 1PiB")
         return value
 
     @field_validator("disk")
     @classmethod
-    def _disk_floor(cls, value: int) -> int:
-        if value < 16 * 1024**2:
-            raise ValueError("disk must be at least 16MiB")
+    def _disk_range(cls, value: int) -> int:
+        # The disk is a sparse file on the host: ext4 files end at 16 TiB (mkfs failed).
+        if not 16 * 1024**2 <= value <= MAX_DISK:
+            raise ValueError("disk must be from 16MiB to 16TiB")
+        return value
+
+    @field_validator("lifetime", "idle_timeout")
+    @classmethod
+    def _duration_cap(cls, value: float, info: object) -> float:
+        # Past this the sandbox init could not parse it (a 500 at create).
+        if not value <= MAX_DURATION_S:  # NaN too
+            raise ValueError(f"{getattr(info, 'field_name', 'duration')} must be at most 3650d")
         return value
 
     @field_validator("env")
     @classmethod
     def _env(cls, value: dict[str, str]) -> dict[str, str]:
         for key, val in value.items():
-            if not key or "=" in key or "\0" in key or "\0" in val:
+            if not key or "=" in key:
                 raise ValueError(f"invalid environment variable {key!r}")
+            exec_text(key, "an environment variable name")
+            exec_text(val, f"environment variable {key}")
         return value

@@ -1,5 +1,6 @@
 """Small filesystem primitives several modules need exactly alike: durable renames, atomic
-whole-file writes, an exclusive lock held on a file, and whether a path is a mount."""
+whole-file writes, an exclusive lock held on a file, whether a path is a mount, and text
+the OS can take (exec arguments, environment, stdin)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from agentbox.errors import InvalidRequest
 
 
 def fsync_dir(path: Path) -> None:
@@ -61,3 +64,33 @@ def is_mountpoint(path: Path) -> bool:
         return path.stat().st_dev != path.parent.stat().st_dev
     except FileNotFoundError:
         return False
+
+
+def exec_text(text: str, what: str) -> str:
+    """``text`` as exec takes it, else InvalidRequest naming ``what``: no NUL byte, and
+    bytes for every character (a lone surrogate outside surrogateescape's range has
+    none: subprocess raised UnicodeEncodeError)."""
+    if "\0" in text:
+        raise InvalidRequest(f"{what} contains a NUL byte; remove it", field=what)
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        raise InvalidRequest(
+            f"{what} holds a lone surrogate, which is not valid Unicode; send valid text",
+            field=what,
+        ) from None
+    return text
+
+
+def stdin_bytes(data: bytes | str, what: str = "stdin") -> bytes:
+    """Text for a process's stdin as UTF-8, else InvalidRequest naming ``what``."""
+    if isinstance(data, bytes):
+        return data
+    try:
+        return data.encode()
+    except UnicodeEncodeError:
+        raise InvalidRequest(
+            f"{what} holds a lone surrogate, which is not valid Unicode; send valid text "
+            "(or bytes)",
+            field=what,
+        ) from None

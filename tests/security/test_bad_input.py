@@ -2,7 +2,8 @@
 
 Covers: every operation on a destroyed sandbox (and on ids that look like paths) raises
 SandboxNotFound and touches nothing on the host; NUL bytes in a command string, argv,
-environment names/values, cwd, file paths and sandbox env are InvalidRequest; an
+environment names/values, cwd, file paths and sandbox env are InvalidRequest, and so are
+lone surrogates there and in stdin text (naming the field); an
 oversized argv or environment (E2BIG) is an agentbox error that names no host path;
 100 MB of output (pipes, stderr, pty) is capped without the caller's memory growing by
 more than 50 MB; invalid UTF-8 output round-trips byte-exact in ``stdout_bytes`` /
@@ -102,6 +103,39 @@ NUL_CALLS: dict[str, Callable[[Sandbox], Any]] = {
 def test_nul_bytes_are_invalid_requests(shared_sandbox: Sandbox, call: str) -> None:
     with pytest.raises(InvalidRequest):
         NUL_CALLS[call](shared_sandbox)
+
+
+# "\ud800" has no bytes even under surrogateescape: subprocess and open() raised a raw
+# UnicodeEncodeError. Each must be an InvalidRequest naming what held it.
+LONE = "\ud800"
+SURROGATE_CALLS: dict[str, tuple[Callable[[Sandbox], Any], str]] = {
+    "command": (lambda sb: sb.commands.run(f"echo {LONE}"), "the command"),
+    "argv": (lambda sb: sb.commands.run(["echo", LONE]), "argument 1"),
+    "env-value": (lambda sb: sb.commands.run("true", env={"A": LONE}), "environment variable A"),
+    "env-name": (lambda sb: sb.commands.run("true", env={LONE: "x"}), "an environment variable name"),
+    "cwd": (lambda sb: sb.commands.run("true", cwd=f"/tmp/{LONE}"), "cwd"),
+    "stdin": (lambda sb: sb.commands.run("cat", stdin=LONE), "stdin"),
+    "pty-stdin": (lambda sb: sb.commands.run("cat", stdin=LONE, pty=True), "stdin"),
+    "start-env": (lambda sb: sb.commands.start("true", env={"A": LONE}), "environment variable A"),
+    "start-stdin": (lambda sb: sb.commands.start("cat", stdin=True).send_stdin(LONE), "data"),
+    "session": (lambda sb: sb.shell().run(f"echo {LONE}"), "the command"),
+    "file-write": (lambda sb: sb.files.write(f"/workspace/{LONE}", b"x"), "Unicode"),
+    "file-read": (lambda sb: sb.files.read(f"/workspace/{LONE}"), "Unicode"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("call", sorted(SURROGATE_CALLS))
+def test_lone_surrogates_are_invalid_requests(shared_sandbox: Sandbox, call: str) -> None:
+    action, named = SURROGATE_CALLS[call]
+    with pytest.raises(InvalidRequest, match=named):
+        action(shared_sandbox)
+
+
+def test_surrogate_in_sandbox_env_is_invalid(runtime: Runtime, agentbox_home: Path) -> None:
+    before = host_resources(agentbox_home, ())
+    with pytest.raises(InvalidRequest, match="environment variable A"):
+        Sandbox.create(env={"A": "\ud800"}, home=agentbox_home)
+    assert host_resources(agentbox_home, ()) == before
 
 
 def test_nul_in_sandbox_env_is_invalid(runtime: Runtime, agentbox_home: Path) -> None:

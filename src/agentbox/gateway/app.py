@@ -22,12 +22,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import PARSE_ERROR
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import __version__
 from agentbox.config import Admission
 from agentbox.errors import AgentboxError, InvalidRequest, Unauthenticated
+from agentbox.gateway import jsonbody
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.auth import Principal, TokenStore
@@ -133,7 +135,7 @@ class HostAndSizeGuard:
             await _reject(send, 403, "permission_denied", f"Origin {origin!r} is not allowed")
             return
         length = headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_body:
+        if length is not None and _declared_over(length, self.max_body):
             await _reject(
                 send,
                 413,
@@ -142,24 +144,44 @@ class HostAndSizeGuard:
             )
             return
         received = 0
+        refused = started = False
 
         async def capped_receive() -> Message:
-            nonlocal received
+            nonlocal received, refused
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body:
+                    refused = True
                     raise _BodyTooLarge
             return message
 
+        async def send_once(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return  # the app's own reaction to the refused read: the 413 is ours
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await self.app(scope, capped_receive, send)
-        except _BodyTooLarge:
+            await self.app(scope, capped_receive, send_once)
+        except Exception:
+            if not refused:
+                raise
+            # Whatever the app raised (or made of _BodyTooLarge) came from the refused read.
+        if refused and not started:
             await _reject(send, 413, "limit_exceeded", f"request body over {self.max_body} bytes")
 
 
+def _declared_over(length: str, cap: int) -> bool:
+    # isascii: "²" is a digit to isdigit; a 20-digit length is over any cap, unconverted.
+    digits = length.isascii() and length.isdigit()
+    return digits and (len(length) > 19 or int(length) > cap)
+
+
 class ToolFastPath:
-    """ASGI: ``POST /v1/tools/{name}`` straight to its endpoint; everything else to ``app``.
+    """ASGI: ``POST /v1/tools/{name}`` straight to its endpoint; everything else to ``app``
+    (a ``POST /mcp`` body checked by the gateway's JSON decoder first).
 
     Sits inside HostAndSizeGuard (so Host/Origin checks and the body cap still apply) and
     outside FastAPI: the hottest route skips routing, FastAPI's middleware and DI.
@@ -180,25 +202,22 @@ class ToolFastPath:
         name = _tool_name(scope)
         if name is None:
             handler = self.exact.get(scope["path"]) if _is_post(scope) else None
-            if handler is None:
-                await self.app(scope, receive, send)
-            else:
+            if handler is not None:
                 await self._exact(handler, scope, receive, send)
+            elif _is_post(scope) and scope["path"] == MCP_PATH:
+                await self._mcp(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
+        body = await _read_body(receive)
+        if body is None:
+            return
         authorization = None
         for key, value in scope["headers"]:
             if key.lower() == b"authorization":
                 authorization = value.decode("latin-1")
         try:
-            response = await self.endpoint(name, authorization, b"".join(chunks))
+            response = await self.endpoint(name, authorization, body)
         except AgentboxError as e:
             response = error_response(e)
         except Exception:
@@ -213,14 +232,60 @@ class ToolFastPath:
         receive: Receive,
         send: Send,
     ) -> None:
+        body = await _read_body(receive)  # here: an oversized one is the guard's 413
+        if body is None:
+            return
         try:
-            response = await handler(Request(scope, receive))
+            response = await handler(Request(scope, _replay(body, receive)))
         except AgentboxError as e:
             response = error_response(e)
         except Exception:
             log.exception("%s failed", scope["path"])
             response = JSONResponse(INTERNAL_ERROR, status_code=500)
         await response(scope, receive, send)
+
+    async def _mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The MCP SDK decodes the body itself, unbounded (huge integers, inf, NaN): the
+        gateway's decoder checks it first; a refusal is a JSON-RPC parse error whose
+        ``data`` is the typed error."""
+        body = await _read_body(receive)
+        if body is None:
+            return
+        try:
+            jsonbody.loads(body)
+        except InvalidRequest as e:
+            error = {"code": PARSE_ERROR, "message": e.message, "data": e.to_dict()}
+            answer = {"jsonrpc": "2.0", "id": None, "error": error}
+            await JSONResponse(answer, status_code=400)(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole request body, or None when the client left first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for an app after the body was read: the body, then what comes next
+    (the client's disconnect, which a stream watches for)."""
+    pending = True
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def _is_post(scope: Scope) -> bool:
@@ -424,6 +489,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.parts = GatewayParts(gateway, audit)
+    app.router.route_class = jsonbody.JsonRoute  # routes added here decode bodies bounded too
 
     @app.exception_handler(AgentboxError)
     async def agentbox_error(request: Request, exc: AgentboxError) -> JSONResponse:

@@ -46,7 +46,7 @@ from agentbox.errors import (
     ToolNotFound,
     Unauthenticated,
 )
-from agentbox.gateway import sealed
+from agentbox.gateway import jsonbody, sealed
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.tools import TOOLS_BY_NAME, ToolSpec
@@ -132,9 +132,8 @@ def _tool(spec: ToolSpec) -> types.Tool:
 
 
 def _error(message: str) -> types.CallToolResult:
-    return types.CallToolResult(
-        content=[types.TextContent(type="text", text=message)], is_error=True
-    )
+    text = jsonbody.encodable(message)  # it may name a sandbox's file
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
 def result_content(result: dict[str, Any]) -> list[types.ContentBlock]:

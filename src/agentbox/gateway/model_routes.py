@@ -12,7 +12,6 @@ calls carry ``X-Agentbox-Task``.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,8 +21,8 @@ from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
 from agentbox.errors import InvalidRequest
+from agentbox.gateway import jsonbody, responses_wire
 from agentbox.gateway import model_wire as wire
-from agentbox.gateway import responses_wire
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.models import Attribution, ModelService
 from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent
@@ -35,7 +34,7 @@ def build_model_router(
 ) -> tuple[APIRouter, dict[str, Callable[[Request], Awaitable[Response]]]]:
     """The routes (for the schema), and the two POST handlers by path, which the app's
     front door calls without FastAPI's routing (what a model call adds must stay small)."""
-    api = APIRouter(prefix="/v1", tags=["models"])
+    api = APIRouter(prefix="/v1", tags=["models"], route_class=jsonbody.JsonRoute)
 
     def principal(request: Request) -> Principal:
         authorization = request.headers.get("authorization")
@@ -54,10 +53,7 @@ def build_model_router(
         return Attribution(project, None, task, who.actor)
 
     async def body_of(request: Request) -> dict[str, Any]:
-        try:
-            body = json.loads(await request.body())
-        except ValueError as e:
-            raise InvalidRequest(f"the body is not valid JSON: {e}") from None
+        body = jsonbody.loads(await request.body())
         if not isinstance(body, dict):
             raise InvalidRequest("the body must be a JSON object")
         return body
@@ -114,9 +110,18 @@ def build_model_router(
         responses_wire.responses_json,
         responses_wire.stream_headers,
     )
-    api.post("/chat/completions")(chat_completions)
-    api.post("/messages")(messages)
-    api.post("/responses")(responses)
+
+    # The handlers read the body themselves: the schema says it is a JSON object with a
+    # model and its input (so the API's fuzz pass sends such bodies).
+    def body_schema(*required: str) -> dict[str, Any]:
+        return {"requestBody": {"required": True, "content": {"application/json": {"schema": {
+            "type": "object", "required": ["model", *required],
+            "properties": {"model": {"type": "string"}},
+        }}}}}  # fmt: skip
+
+    api.post("/chat/completions", openapi_extra=body_schema("messages"))(chat_completions)
+    api.post("/messages", openapi_extra=body_schema("messages"))(messages)
+    api.post("/responses", openapi_extra=body_schema("input"))(responses)
 
     async def count_tokens(request: Request) -> Response:
         """Anthropic's count_tokens: exact from an Anthropic provider, else an estimate;
@@ -129,7 +134,7 @@ def build_model_router(
             headers["X-Agentbox-Provider"] = provider
         return JSONResponse({"input_tokens": tokens}, headers=headers)
 
-    api.post("/messages/count_tokens")(count_tokens)
+    api.post("/messages/count_tokens", openapi_extra=body_schema("messages"))(count_tokens)
 
     @api.get("/models")
     async def models(request: Request) -> dict[str, Any]:

@@ -122,6 +122,15 @@ def _object(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+def _list(value: Any, what: str) -> list[Any]:
+    """A field that must be an array (absent or null: none)."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidRequest(f"{what} must be a JSON array")
+    return value
+
+
 def _arguments(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value if value is not None else {})
 
@@ -136,7 +145,7 @@ def _tool(name: Any, description: Any, parameters: Any) -> Tool:
 
 def _openai_tools(body: dict[str, Any]) -> list[Tool] | None:
     tools = []
-    for entry in body.get("tools") or []:
+    for entry in _list(body.get("tools"), "tools"):
         entry = _object(entry, "a tool")
         if entry.get("type", "function") != "function":
             raise InvalidRequest(f"tool type {entry.get('type')!r} is not supported (function)")
@@ -148,7 +157,7 @@ def _openai_tools(body: dict[str, Any]) -> list[Tool] | None:
 
 def _anthropic_tools(body: dict[str, Any]) -> list[Tool] | None:
     tools = []
-    for entry in body.get("tools") or []:
+    for entry in _list(body.get("tools"), "tools"):
         entry = _object(entry, "a tool")
         if entry.get("type", "custom") != "custom":  # a server tool (web search, …)
             raise InvalidRequest(
@@ -162,7 +171,7 @@ def _anthropic_tools(body: dict[str, Any]) -> list[Tool] | None:
 
 def from_openai(body: dict[str, Any]) -> ChatRequest:
     system, turns = [], []
-    for m in body.get("messages") or []:
+    for m in _list(body.get("messages"), "messages"):
         m = _object(m, "a message")
         role = m.get("role")
         if role in ("system", "developer"):
@@ -178,7 +187,7 @@ def from_openai(body: dict[str, Any]) -> ChatRequest:
             calls = tuple(
                 ToolCall(str(c.get("id") or ""), str(f.get("name") or ""),
                          _arguments(f.get("arguments")))
-                for c in m.get("tool_calls") or []
+                for c in _list(m.get("tool_calls"), "a message's tool_calls")
                 for f in [_object(_object(c, "a tool call").get("function"), "a function")]
             )  # fmt: skip
             turns.append(Message(role="assistant", content=_text_of(m.get("content")),
@@ -247,9 +256,10 @@ def _anthropic_turns(m: dict[str, Any], native: list[str]) -> list[Message]:
 def from_anthropic(body: dict[str, Any]) -> ChatRequest:
     native: list[str] = []
     turns = [
-        t for m in body.get("messages") or []
+        t
+        for m in _list(body.get("messages"), "messages")
         for t in _anthropic_turns(_object(m, "a message"), native)
-    ]  # fmt: skip
+    ]
     system = body.get("system")
     request = _request(body, turns, _text_of(system) if system else None,
                        body.get("max_tokens"), _anthropic_tools(body), body.get("stop_sequences"),

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi import Path as FastAPIPath
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +28,7 @@ from agentbox.errors import (
     PolicyDenied,
     SecretsFound,
 )
+from agentbox.gateway import jsonbody
 from agentbox.gateway import port_forward as port_forward_http
 from agentbox.gateway.auth import OPERATOR, Principal, challenge
 from agentbox.gateway.lifecycle_events import public_event
@@ -165,7 +167,7 @@ def tool_endpoint(
 def build_router(
     gateway: Gateway, authenticate: Any, call_tool_endpoint: ToolEndpoint
 ) -> APIRouter:
-    api = APIRouter(prefix="/v1")
+    api = APIRouter(prefix="/v1", route_class=jsonbody.JsonRoute)
     auth = Depends(authenticate)
 
     async def tool(p: Principal, name: str, sandbox: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -372,7 +374,9 @@ def build_router(
         request: Request,
         p: Principal = auth,
         sandbox: str | None = None,
-        after: int | None = Query(None, ge=0, description="replay events after this id"),
+        after: int | None = Query(
+            None, ge=0, le=jsonbody.MAX_INT, description="replay events after this id"
+        ),
         follow: bool = True,
     ) -> StreamingResponse:
         """Lifecycle events as SSE (``event: lifecycle``, ``id:`` = event id), oldest
@@ -382,7 +386,9 @@ def build_router(
             sandbox = sandbox or p.sandbox_id or ""
             p.require_sandbox(sandbox)
         last = request.headers.get("last-event-id")
-        start = after if after is not None else int(last) if last and last.isdigit() else None
+        start = after
+        if start is None and last:
+            start = jsonbody.parse_int(last, "the Last-Event-ID header")
         if start is None:
             start = await asyncio.to_thread(gateway.runtime.store.last_event_id)
         return StreamingResponse(
@@ -422,8 +428,8 @@ def build_router(
         process_id: str,
         p: Principal = auth,
         stream: Literal["stdout", "stderr"] = "stdout",
-        offset: int = Query(0, ge=0),
-        limit: int | None = Query(None, ge=1),
+        offset: int = Query(0, ge=0, le=jsonbody.MAX_INT),
+        limit: int | None = Query(None, ge=1, le=jsonbody.MAX_INT),
     ) -> Any:
         args = {"process_id": process_id, "stream": stream, "offset": offset, "limit": limit}
         return await tool(p, "process_read", sandbox_id, args)
@@ -466,8 +472,8 @@ def build_router(
         sandbox_id: str,
         path: str,
         p: Principal = auth,
-        offset: int = Query(0, ge=0),
-        length: int | None = Query(None, ge=0),
+        offset: int = Query(0, ge=0, le=jsonbody.MAX_INT),
+        length: int | None = Query(None, ge=0, le=jsonbody.MAX_INT),
     ) -> Any:
         return await tool(
             p, "fs_read", sandbox_id, {"path": path, "offset": offset, "length": length}
@@ -644,7 +650,7 @@ def build_router(
     @api.get("/audit", tags=["audit"])
     async def query_audit(
         p: Principal = auth,
-        since_seq: int | None = None,
+        since_seq: int | None = Query(None, ge=0, le=jsonbody.MAX_INT),
         sandbox: str | None = None,
         tool: str | None = None,
         decision: str | None = None,
@@ -747,7 +753,11 @@ def _withheld_header(withheld: list[tuple[str, str]]) -> str:
 
 def _port_routes(api: APIRouter, gateway: Gateway, auth: Any) -> None:
     async def port_forward(
-        sandbox_id: str, port: int, path: str, request: Request, p: Principal = auth
+        sandbox_id: str,
+        path: str,
+        request: Request,
+        port: int = FastAPIPath(ge=1, le=65535),
+        p: Principal = auth,
     ) -> StreamingResponse:
         """HTTP to a service the sandbox runs on ``port`` (its loopback): nothing listens
         on the host. The gateway token is not forwarded."""
@@ -796,12 +806,7 @@ def _port_routes(api: APIRouter, gateway: Gateway, auth: Any) -> None:
 
 def _tool_arguments(body: bytes) -> dict[str, Any]:
     """``{"arguments": {...}}`` (the ToolInvocation shape), or a clear InvalidRequest."""
-    try:
-        invocation = json.loads(body) if body else None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise InvalidRequest(
-            f'the body is not valid JSON ({e}); send {{"arguments": {{...}}}}'
-        ) from None
+    invocation = jsonbody.loads(body) if body else None
     if not isinstance(invocation, dict):
         raise InvalidRequest('the body must be a JSON object: {"arguments": {...}}')
     unknown = sorted(set(invocation) - {"arguments"})
@@ -821,4 +826,5 @@ def error_response(e: AgentboxError) -> JSONResponse:
     retry = e.details.get("retry_after")
     if retry is not None:
         headers["Retry-After"] = str(max(1, int(retry + 0.999)))
-    return JSONResponse({"error": e.to_dict()}, status_code=e.http_status, headers=headers)
+    body = {"error": jsonbody.encodable(e.to_dict())}  # it may name a sandbox's file
+    return JSONResponse(body, status_code=e.http_status, headers=headers)

@@ -31,7 +31,7 @@ from agentbox.errors import (
     RateLimited,
     ToolNotFound,
 )
-from agentbox.gateway import sealed
+from agentbox.gateway import jsonbody, sealed
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog, args_hash
 from agentbox.gateway.auth import Principal, RateLimiter, TokenStore
@@ -214,7 +214,7 @@ class Gateway:
                 result = await asyncio.to_thread(spec.handler, call)
             if before is not None:
                 result["diff"] = self._diff(spec, call, before, result)
-            result = self._redact(result)
+            result = jsonbody.encodable(self._redact(result))
         except AgentboxError as e:
             duration = (time.monotonic() - started) * 1000
             if isinstance(e, ApprovalPending):

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from agentbox.errors import TasksNotConfigured
 from agentbox.gateway.auth import Principal
+from agentbox.gateway.jsonbody import JsonRoute
 from agentbox.tasks.store import TaskStore
 
 
@@ -25,7 +26,7 @@ class SubmitTask(BaseModel):
 def build_task_router(
     store: TaskStore, authenticate: Any, wake: Any, has_providers: bool
 ) -> APIRouter:
-    api = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+    api = APIRouter(prefix="/v1/tasks", tags=["tasks"], route_class=JsonRoute)
     auth = Depends(authenticate)
 
     @api.post("", status_code=201)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, SandboxError
+from agentbox.fsutil import exec_text, stdin_bytes
 from agentbox.isolation.cgroups import SandboxCgroup
 from agentbox.runtime.host import SANDBOX_GID, SANDBOX_UID, LaunchPaths, SandboxHost, base_env
 from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallback, OutputSaver
@@ -76,9 +77,7 @@ def launch_error(e: OSError) -> AgentboxError:
 
 
 def shell_argv(command: str) -> list[str]:
-    if "\0" in command:
-        raise InvalidRequest("the command contains a NUL byte; remove it")
-    return [DEFAULT_SHELL, "-c", command]
+    return [DEFAULT_SHELL, "-c", exec_text(command, "the command")]
 
 
 def normalise_argv(command: str | Sequence[str]) -> list[str]:
@@ -90,8 +89,8 @@ def normalise_argv(command: str | Sequence[str]) -> list[str]:
     argv = [str(a) for a in command]
     if not argv or not argv[0]:
         raise InvalidRequest("the argv is empty; pass at least the program name")
-    if any("\0" in a for a in argv):
-        raise InvalidRequest("an argument contains a NUL byte; remove it")
+    for i, arg in enumerate(argv):
+        exec_text(arg, f"argument {i}")
     return argv
 
 
@@ -115,9 +114,10 @@ class CommandRunner:
         merged = base_env(self.host.hostname)
         merged.update(self.sandbox_env)
         for key, value in (env or {}).items():
-            if not key or "=" in key or "\0" in key or "\0" in str(value):
-                raise InvalidRequest(f"invalid environment variable name or value: {key!r}")
-            merged[key] = str(value)
+            if not key or "=" in key:
+                raise InvalidRequest(f"invalid environment variable name: {key!r}")
+            exec_text(key, "an environment variable name")
+            merged[key] = exec_text(str(value), f"environment variable {key}")
         return merged
 
     def launcher_argv(
@@ -131,8 +131,8 @@ class CommandRunner:
         ctty: bool = False,
         detach: bool = False,
     ) -> list[str]:
-        if cwd is not None and ("\0" in cwd or not cwd):
-            raise InvalidRequest("cwd must be a non-empty path without NUL bytes")
+        if cwd is not None and not exec_text(cwd, "cwd"):
+            raise InvalidRequest("cwd must be a non-empty path")
         if cwd is not None and not cwd.startswith("/"):  # relative: to /workspace, as files
             cwd = posixpath.normpath(posixpath.join(WORKSPACE, cwd))
         out = [str(self.paths.nsexec), "enter", "--leaf", self.cgroup.leaf_dir(leaf)]
@@ -197,7 +197,7 @@ class CommandRunner:
             raise InvalidRequest("timeout must be positive (seconds)")
         if max_output_bytes < 0:
             raise InvalidRequest("max_output_bytes must be >= 0")
-        stdin_bytes = stdin.encode() if isinstance(stdin, str) else stdin
+        stdin_data = None if stdin is None else stdin_bytes(stdin)
         environment = self.environment(env)
         leaf = self.new_leaf()
         launcher = self.launcher_argv(argv, leaf, cwd, ctty=pty)
@@ -208,13 +208,13 @@ class CommandRunner:
         try:
             try:
                 if pty:
-                    status, outcome = self._run_pty(launcher, environment, stdin_bytes,
+                    status, outcome = self._run_pty(launcher, environment, stdin_data,
                                                     timeout, out, leaf)  # fmt: skip
                     recent, process_id = b"", None
                 else:
-                    watch = detect_input and not stdin_bytes
+                    watch = detect_input and not stdin_data
                     proc, outcome, recent = self._run_pipes(
-                        launcher, environment, stdin_bytes, timeout, out, err, leaf, watch
+                        launcher, environment, stdin_data, timeout, out, err, leaf, watch
                     )
                     status, process_id = self._settle(
                         proc, outcome, adopt, argv, cwd, leaf, out, err

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentbox.errors import InvalidRequest, ProcessNotFound
+from agentbox.fsutil import stdin_bytes
 from agentbox.runtime.commands import (
     INPUT_QUIET_S,
     CommandRunner,
@@ -261,7 +262,7 @@ class ProcessTable:
             raise InvalidRequest(
                 f"process {process_id} was started without stdin; start it with stdin=True"
             )
-        payload = data.encode() if isinstance(data, str) else data
+        payload = stdin_bytes(data, "data")
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             return os.write(fd, payload)

@@ -15,6 +15,7 @@ import shlex
 from collections.abc import Mapping
 
 from agentbox.errors import InvalidRequest, SessionNotFound
+from agentbox.fsutil import exec_text
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.output import CommandResult, OutputSaver
 
@@ -65,6 +66,7 @@ class ShellSessions:
         save: OutputSaver | None = None,
         save_max_bytes: int = 0,
     ) -> CommandResult:
+        exec_text(command, "the command")  # named as the caller knows it, not by argv slot
         state = self._state_file(session_id)
         exists = self.runner.run(["/bin/test", "-f", state], timeout=10)
         if exists.exit_code != 0:
