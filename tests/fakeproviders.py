@@ -47,6 +47,11 @@ class Reply:
     malformed: bool = False  # a body (or the first stream event) that is not JSON
     tool_call: tuple[str, dict[str, Any]] | None = None  # answer with a call of this tool
     call_id: str | None = None  # the call's id (default: call_1 / toolu_1)
+    # Usage: input_tokens counts every input token, cached ones included.
+    thinking: tuple[str, str] | None = None  # anthropic: a thinking block (text, signature) first
+    stop_sequence: str | None = None  # anthropic: the answer ended at this stop sequence
+    cache_read: int = 0  # prompt-cache tokens read / written, in the vendor's usage words
+    cache_write: int = 0
 
 
 @dataclass
@@ -76,6 +81,27 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
+def _openai_usage(reply: Reply) -> dict[str, Any]:
+    """prompt_tokens includes the cached ones (OpenAI's words)."""
+    usage: dict[str, Any] = {
+        "prompt_tokens": reply.input_tokens,
+        "completion_tokens": reply.output_tokens,
+        "total_tokens": reply.input_tokens + reply.output_tokens,
+    }
+    if reply.cache_read:
+        usage["prompt_tokens_details"] = {"cached_tokens": reply.cache_read}
+    return usage
+
+
+def _anthropic_usage(reply: Reply) -> dict[str, Any]:
+    """input_tokens excludes the cache reads and writes (Anthropic's words)."""
+    return {
+        "input_tokens": reply.input_tokens - reply.cache_read - reply.cache_write,
+        "cache_read_input_tokens": reply.cache_read,
+        "cache_creation_input_tokens": reply.cache_write,
+    }
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True  # a handler still waiting out a delay does not block close
     fake: FakeProvider
@@ -103,6 +129,14 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         headers = {k.lower(): v for k, v in self.headers.items()}
         fake.record(Received(self.path, headers, raw, self.client_address[1]))
+        if fake.kind == "anthropic" and self.path == "/v1/messages/count_tokens":
+            # Anthropic's counting endpoint: the scripted reply's input_tokens, or its error.
+            reply = fake.next_reply()
+            if reply.status != 200:
+                self._json(reply.status, fake.error_body(reply.status, reply.error))
+            else:
+                self._json(200, {"input_tokens": reply.input_tokens})
+            return
         if self.path != _PATHS[fake.kind]:
             self._json(404, fake.error_body(404, f"no route {self.path}"))
             return
@@ -256,14 +290,13 @@ class FakeProvider:
                 "created": 1,
                 "model": model,
                 "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                "usage": {
-                    "prompt_tokens": reply.input_tokens,
-                    "completion_tokens": reply.output_tokens,
-                    "total_tokens": reply.input_tokens + reply.output_tokens,
-                },
+                "usage": _openai_usage(reply),
             }
         content: list[dict[str, Any]] = [{"type": "text", "text": reply.text}]
-        stop = "end_turn"
+        if reply.thinking:
+            text, signature = reply.thinking
+            content.insert(0, {"type": "thinking", "thinking": text, "signature": signature})
+        stop = "stop_sequence" if reply.stop_sequence else "end_turn"
         if reply.tool_call:
             name, args = reply.tool_call
             call_id = reply.call_id or "toolu_1"
@@ -276,8 +309,8 @@ class FakeProvider:
             "model": model,
             "content": content,
             "stop_reason": stop,
-            "stop_sequence": None,
-            "usage": {"input_tokens": reply.input_tokens, "output_tokens": reply.output_tokens},
+            "stop_sequence": reply.stop_sequence,
+            "usage": _anthropic_usage(reply) | {"output_tokens": reply.output_tokens},
         }
 
     def stream_events(self, reply: Reply, body: dict[str, Any]) -> list[tuple[bool, str]]:
@@ -316,11 +349,7 @@ class FakeProvider:
             finish = "tool_calls"
         events.append((False, chunk({}, finish)))
         if (body.get("stream_options") or {}).get("include_usage"):
-            usage = {
-                "prompt_tokens": reply.input_tokens,
-                "completion_tokens": reply.output_tokens,
-                "total_tokens": reply.input_tokens + reply.output_tokens,
-            }
+            usage = _openai_usage(reply)
             data = {"id": "chatcmpl-fake", "model": body["model"], "choices": [], "usage": usage}
             events.append((False, f"data: {json.dumps(data)}\n\n"))
         events.append((False, "data: [DONE]\n\n"))
@@ -337,15 +366,28 @@ class FakeProvider:
             "content": [],
             "model": body["model"],
             "stop_reason": None,
-            "usage": {"input_tokens": reply.input_tokens, "output_tokens": 1},
+            "usage": _anthropic_usage(reply) | {"output_tokens": 1},
         }
-        events = [
-            (False, event("message_start", {"message": message})),
+        events = [(False, event("message_start", {"message": message}))]
+        text = 0  # the text block's index
+        if reply.thinking:  # a thinking block: its text in pieces, then its signature
+            thought, signature = reply.thinking
+            block = {"type": "thinking", "thinking": "", "signature": ""}
+            events.append(
+                (False, event("content_block_start", {"index": 0, "content_block": block}))
+            )
+            events += [(False, event("content_block_delta", {"index": 0, "delta": {
+                "type": "thinking_delta", "thinking": p}})) for p in _pieces(thought)]  # fmt: skip
+            events.append((False, event("content_block_delta", {"index": 0, "delta": {
+                "type": "signature_delta", "signature": signature}})))  # fmt: skip
+            events.append((False, event("content_block_stop", {"index": 0})))
+            text = 1
+        events += [
             (
                 False,
                 event(
                     "content_block_start",
-                    {"index": 0, "content_block": {"type": "text", "text": ""}},
+                    {"index": text, "content_block": {"type": "text", "text": ""}},
                 ),
             ),
             (False, event("ping", {})),
@@ -354,13 +396,14 @@ class FakeProvider:
             (
                 True,
                 event(
-                    "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": p}}
+                    "content_block_delta",
+                    {"index": text, "delta": {"type": "text_delta", "text": p}},
                 ),
             )
             for p in _pieces(reply.text)
         ]
-        events.append((False, event("content_block_stop", {"index": 0})))
-        stop = "end_turn"
+        events.append((False, event("content_block_stop", {"index": text})))
+        stop = "stop_sequence" if reply.stop_sequence else "end_turn"
         if reply.tool_call:  # a tool_use block whose input arrives as JSON pieces
             name, args = reply.tool_call
             block = {
@@ -370,11 +413,11 @@ class FakeProvider:
                 "input": {},
             }
             events.append(
-                (False, event("content_block_start", {"index": 1, "content_block": block}))
+                (False, event("content_block_start", {"index": text + 1, "content_block": block}))
             )
-            events += [(False, event("content_block_delta", {"index": 1, "delta": {
+            events += [(False, event("content_block_delta", {"index": text + 1, "delta": {
                 "type": "input_json_delta", "partial_json": a}})) for a in _halves(json.dumps(args))]  # fmt: skip
-            events.append((False, event("content_block_stop", {"index": 1})))
+            events.append((False, event("content_block_stop", {"index": text + 1})))
             stop = "tool_use"
         events += [
             (
@@ -382,7 +425,7 @@ class FakeProvider:
                 event(
                     "message_delta",
                     {
-                        "delta": {"stop_reason": stop, "stop_sequence": None},
+                        "delta": {"stop_reason": stop, "stop_sequence": reply.stop_sequence},
                         "usage": {"output_tokens": reply.output_tokens},
                     },
                 ),

@@ -313,9 +313,10 @@ def test_anthropic_sdk_tool_use_round_trip(gw: RunningGateway, session: tuple[st
     assert answer.content[0].type == "text" and answer.content[0].text == "x is 42"
     assert answer.stop_reason == "end_turn" and answer.usage.output_tokens == 4
     upstream = fake.requests[-1].json()
-    if provider_kind == "anthropic":
+    if provider_kind == "anthropic":  # the client's own blocks, as it sent them
         assert upstream["messages"][-1]["content"] == [
-            {"type": "tool_result", "tool_use_id": use.id, "content": "42"},
+            {"type": "tool_result", "tool_use_id": use.id,
+             "content": [{"type": "text", "text": "42"}]},
             {"type": "text", "text": "and so?"}]  # fmt: skip
     else:  # translated: the call in the assistant turn, the result as a tool message
         assert upstream["messages"][-3]["tool_calls"][0]["function"]["name"] == "lookup"
@@ -390,8 +391,10 @@ def test_an_openai_image_reaches_an_anthropic_provider(
     ("path", "body", "says"),
     [
         ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "document",
-         "source": {"type": "text", "media_type": "text/plain", "data": "x"}}]}]},
-         "'document' is not supported"),
+         "source": {"type": "url", "url": "https://example.test/d.pdf"}}]}]},
+         "documents must be sent inline"),
+        ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+         "'input_audio' is not supported"),
         ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": "image",
          "source": {"type": "url", "url": "https://example.test/p.png?d=secret"}}]}]},
          "images must be sent inline"),
@@ -403,7 +406,7 @@ def test_an_openai_image_reaches_an_anthropic_provider(
          "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
          "'web_search_20250305' is not supported"),
     ],
-    ids=["document", "anthropic-image-url", "openai-image-url", "tool-without-name",
+    ids=["document-url", "audio", "anthropic-image-url", "openai-image-url", "tool-without-name",
          "server-tool"],
 )  # fmt: skip
 def test_unsupported_content_is_a_clear_400(gw: RunningGateway, session: tuple[str, str],
@@ -485,11 +488,11 @@ def test_vendor_fields_travel_within_their_format(gw: RunningGateway, session: t
         metadata={"user_id": "u-1"}, extra_body={"top_k": 5},
         thinking={"type": "enabled", "budget_tokens": 1024})  # fmt: skip
     sent = fake.requests[-1].json()
-    if provider_kind == "anthropic":
+    if provider_kind == "anthropic":  # the client's body as it is
         assert (sent["metadata"], sent["top_k"]) == ({"user_id": "u-1"}, 5)
-    else:
-        assert "metadata" not in sent and "top_k" not in sent
-    assert "thinking" not in sent  # its blocks could not come back in the next turn
+        assert sent["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    else:  # dropped across formats: its blocks verify only at Anthropic
+        assert "metadata" not in sent and "top_k" not in sent and "thinking" not in sent
 
 
 def test_a_failed_tool_result_keeps_its_flag(gw: RunningGateway, session: tuple[str, str],

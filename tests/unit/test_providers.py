@@ -936,6 +936,29 @@ def test_a_planted_secret_never_reaches_the_upstream(
     assert literal in request.system  # the caller's request itself is left alone
 
 
+def test_a_native_body_is_redacted_but_for_its_opaque_fields() -> None:
+    # Only the base64 data, the signature and a redacted_thinking block's data are left
+    # alone; any other field of those blocks (or a lookalike in a tool's input) is text.
+    literal = "planted-literal-secret-9f8e7d"
+    redact = Redactor({"K": literal}).redact
+    native = {"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": "iVBORw0K" + literal}},
+        {"type": "thinking", "thinking": f"think {literal}", "signature": "sig/" + literal},
+        {"type": "tool_use", "id": "t", "name": "x", "input": {
+            "type": "base64", "note": literal, "signature": literal}},
+    ]}]}  # fmt: skip
+    request = ChatRequest(messages=[Message(role="user", content="x")], native=native)
+    sent = request.redacted(redact).native
+    assert sent is not None
+    blocks = sent["messages"][0]["content"]
+    assert blocks[0]["source"]["data"] == "iVBORw0K" + literal
+    assert blocks[1] == {"type": "thinking", "thinking": "think [REDACTED:K]",
+                         "signature": "sig/" + literal}  # fmt: skip
+    assert blocks[2]["input"] == {"type": "base64", "note": "[REDACTED:K]",
+                                  "signature": "[REDACTED:K]"}  # fmt: skip
+
+
 # Budgets ---------------------------------------------------------------------------------
 class WallClock:
     def __init__(self, iso: str) -> None:

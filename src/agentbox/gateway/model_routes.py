@@ -1,6 +1,7 @@
 """The model endpoint: OpenAI-compatible ``POST /v1/chat/completions`` and
-Anthropic-compatible ``POST /v1/messages`` (JSON and SSE streaming), so any agent can send
-its model calls through agentbox; plus ``GET /v1/usage`` and ``GET /v1/providers``.
+``POST /v1/responses``, Anthropic-compatible ``POST /v1/messages`` (JSON and SSE
+streaming) and ``POST /v1/messages/count_tokens``, so any agent can send its model calls
+through agentbox; plus ``GET /v1/usage`` and ``GET /v1/providers``.
 
 Authentication is the gateway's: a session token (as ``Authorization: Bearer`` or, for
 Anthropic clients, ``x-api-key``) attributes the call to its sandbox and that sandbox's
@@ -16,12 +17,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
 from agentbox.errors import InvalidRequest
 from agentbox.gateway import model_wire as wire
+from agentbox.gateway import responses_wire
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.models import Attribution, ModelService
 from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent
@@ -68,7 +70,8 @@ def build_model_router(
             [StreamEvent, AsyncGenerator[StreamEvent, None], dict[str, Any], ChatRequest],
             AsyncGenerator[bytes, None],
         ],
-        answer: Callable[[ChatResponse, BackgroundTask], Response],
+        answer: Callable[[ChatResponse, dict[str, Any], BackgroundTask], Response],
+        stream_headers: Callable[[dict[str, Any]], dict[str, str]] = lambda _: {},
     ) -> Callable[[Request], Awaitable[Response]]:
         """One wire format's handler: parse, then a stream or a JSON answer."""
 
@@ -79,9 +82,9 @@ def build_model_router(
             if chat.stream:
                 events = service.stream(chat, who)
                 first = await _first(events)
-                return EventStream(sse(first, events, body, chat))
+                return EventStream(sse(first, events, body, chat), stream_headers(body))
             response, settle = await service.complete_deferred(chat, who)
-            return answer(response, BackgroundTask(settle))
+            return answer(response, body, BackgroundTask(settle))
 
         handle.__name__, handle.__doc__ = name, doc  # the schema's operation and summary
         return handle
@@ -93,17 +96,40 @@ def build_model_router(
         lambda first, rest, body, _: wire.openai_sse(
             first, rest, bool((body.get("stream_options") or {}).get("include_usage"))
         ),
-        wire.openai_json,
+        lambda response, _, background: wire.openai_json(response, background),
     )
     messages = endpoint(
         "messages",
         "Anthropic messages, answered by the provider pool.",
         wire.from_anthropic,
         lambda first, rest, _, chat: wire.anthropic_sse(first, rest, chat),
-        wire.anthropic_json,
+        lambda response, _, background: wire.anthropic_json(response, background),
+    )
+    responses = endpoint(
+        "responses",
+        "OpenAI Responses (stateless: store false, the whole input each turn), answered by "
+        "the provider pool.",
+        responses_wire.from_responses,
+        responses_wire.responses_sse,
+        responses_wire.responses_json,
+        responses_wire.stream_headers,
     )
     api.post("/chat/completions")(chat_completions)
     api.post("/messages")(messages)
+    api.post("/responses")(responses)
+
+    async def count_tokens(request: Request) -> Response:
+        """Anthropic's count_tokens: exact from an Anthropic provider, else an estimate;
+        ``X-Agentbox-Token-Count`` says which (exact, estimated)."""
+        principal(request)  # any valid token; counting spends nothing
+        chat = wire.from_anthropic(await body_of(request))
+        tokens, provider = await service.count_tokens(chat)
+        headers = {"X-Agentbox-Token-Count": "estimated" if provider is None else "exact"}
+        if provider is not None:
+            headers["X-Agentbox-Provider"] = provider
+        return JSONResponse({"input_tokens": tokens}, headers=headers)
+
+    api.post("/messages/count_tokens")(count_tokens)
 
     @api.get("/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -132,7 +158,9 @@ def build_model_router(
         principal_of(request.headers.get("authorization")).require_operator("reading providers")
         return service.health()
 
-    return api, {"/v1/chat/completions": chat_completions, "/v1/messages": messages}
+    return api, {"/v1/chat/completions": chat_completions, "/v1/messages": messages,
+                 "/v1/responses": responses,
+                 "/v1/messages/count_tokens": count_tokens}  # fmt: skip
 
 
 class EventStream(Response):
@@ -144,8 +172,10 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, chunks: AsyncGenerator[bytes, None]) -> None:
-        super().__init__(headers={"Cache-Control": "no-store"})
+    def __init__(
+        self, chunks: AsyncGenerator[bytes, None], headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(headers={"Cache-Control": "no-store", **(headers or {})})
         # Response sets Content-Length: 0 for its empty body; a stream has none.
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.chunks = chunks

@@ -3,9 +3,15 @@ Anthropic messages request body to the neutral ``ChatRequest``, and a ``ChatResp
 a stream of ``StreamEvent`` back to the client's format (JSON, or SSE chunks).
 
 Text, tool calls and results, images, ``top_p``, stop sequences and the tool choice
-translate; the client's other top-level fields (``response_format``, ``metadata``, …)
-travel untranslated to a provider of the client's own format only. Content that cannot be
-represented is refused with an ``InvalidRequest`` that says what is supported.
+translate; an OpenAI client's other top-level fields (``response_format``, ``seed``, …)
+travel untranslated to an OpenAI provider only. An Anthropic client's body goes to an
+Anthropic provider as it is (redacted): ``thinking`` and its signed blocks, ``cache_control``
+marks, documents, ``metadata``, all intact, and the answer's thinking blocks and matched
+``stop_sequence`` come back. Across formats, thinking (the setting and earlier blocks) and
+cache marks are dropped (OpenAI caches prompts by itself; thinking blocks verify only at
+their issuer); a document is refused unless an Anthropic provider serves the model. Content
+that cannot be represented is refused with an ``InvalidRequest`` that says what is
+supported.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from agentbox.providers.types import (
     ChatResponse,
     Image,
     Message,
+    Reasoning,
     StreamEvent,
     Tool,
     ToolCall,
@@ -40,21 +47,20 @@ def _openai_finish(reason: str | None) -> str:
     return _FINISH_OPENAI.get(reason or "", reason or "stop")
 
 
-def _anthropic_stop(reason: str | None) -> str:
+def _anthropic_stop(reason: str | None, stop_sequence: str | None = None) -> str:
+    if stop_sequence:
+        return "stop_sequence"
     return _FINISH_ANTHROPIC.get(reason or "", reason or "end_turn")
 
 
-_SKIPPED_BLOCKS = ("thinking", "redacted_thinking")  # a client's own history: not resent
-# Top-level fields translated (or deliberately dropped) per format; the rest travel as
-# ChatRequest.extra to a provider of the same format. Dropped: ``n`` (several answers,
-# one returned), ``thinking`` (its blocks would have to come back in the next turn's
-# history, which is not resent), ``stream_options`` (set per provider).
-_COMMON = {"model", "messages", "max_tokens", "temperature", "top_p", "stream", "tools",
-           "tool_choice"}  # fmt: skip
-_TRANSLATED = {
-    "openai": _COMMON | {"max_completion_tokens", "stop", "stream_options", "n"},
-    "anthropic": _COMMON | {"system", "stop_sequences", "thinking"},
-}
+# Carried to an Anthropic provider in the native body; no other provider can verify them.
+_SKIPPED_BLOCKS = ("thinking", "redacted_thinking")
+# An OpenAI client's top-level fields translated (or deliberately dropped); the rest travel
+# as ChatRequest.extra to an OpenAI provider. Dropped: ``n`` (several answers, one
+# returned), ``stream_options`` (set per provider).
+_TRANSLATED = {"model", "messages", "max_tokens", "temperature", "top_p", "stream", "tools",
+               "tool_choice", "max_completion_tokens", "stop", "stream_options", "n"}  # fmt: skip
+_DOCUMENT_SOURCES = ("base64", "text", "content")
 
 
 def _image(part: dict[str, Any]) -> Image | None:
@@ -186,9 +192,20 @@ def from_openai(body: dict[str, Any]) -> ChatRequest:
                     _openai_choice(body.get("tool_choice")), "openai")  # fmt: skip
 
 
-def _anthropic_turns(m: dict[str, Any]) -> list[Message]:
+def _document(block: dict[str, Any]) -> None:
+    """Check a document block (carried natively, never translated)."""
+    kind = _object(block.get("source"), "a document's source").get("type")
+    if kind == "url":
+        raise InvalidRequest(_INLINE_ONLY.replace("images", "documents"))
+    if kind not in _DOCUMENT_SOURCES:
+        raise InvalidRequest(f"a document source of type {kind!r} is not supported "
+                             f"({', '.join(_DOCUMENT_SOURCES)}; send files inline)")  # fmt: skip
+
+
+def _anthropic_turns(m: dict[str, Any], native: list[str]) -> list[Message]:
     """One Anthropic turn in the neutral form: tool results become ``tool`` turns (before
-    the text that came with them), tool uses the assistant's calls."""
+    the text that came with them), tool uses the assistant's calls. What has no neutral
+    form (documents) is named in ``native``: only an Anthropic provider can take it."""
     role = m.get("role")
     if role not in ("user", "assistant"):
         raise InvalidRequest(f"message role {role!r} is not supported (user, assistant)")
@@ -209,6 +226,9 @@ def _anthropic_turns(m: dict[str, Any]) -> list[Message]:
                                   _arguments(block.get("input"))))  # fmt: skip
         elif kind in _SKIPPED_BLOCKS:
             continue
+        elif kind == "document":
+            _document(block)
+            native.append("a document block (no other format has one)")
         else:
             block_text, block_images = _parts_of([block], images_allowed=role == "user")
             text.append(block_text)
@@ -221,13 +241,16 @@ def _anthropic_turns(m: dict[str, Any]) -> list[Message]:
 
 
 def from_anthropic(body: dict[str, Any]) -> ChatRequest:
+    native: list[str] = []
     turns = [
-        t for m in body.get("messages") or [] for t in _anthropic_turns(_object(m, "a message"))
-    ]
+        t for m in body.get("messages") or []
+        for t in _anthropic_turns(_object(m, "a message"), native)
+    ]  # fmt: skip
     system = body.get("system")
-    return _request(body, turns, _text_of(system) if system else None, body.get("max_tokens"),
-                    _anthropic_tools(body), body.get("stop_sequences"),
-                    _anthropic_choice(body.get("tool_choice")), "anthropic")  # fmt: skip
+    request = _request(body, turns, _text_of(system) if system else None,
+                       body.get("max_tokens"), _anthropic_tools(body), body.get("stop_sequences"),
+                       _anthropic_choice(body.get("tool_choice")), "anthropic")  # fmt: skip
+    return request.model_copy(update={"native": body, "native_only": native[0] if native else None})
 
 
 def _request(
@@ -240,7 +263,7 @@ def _request(
     tool_choice: str | None,
     kind: Literal["openai", "anthropic"],
 ) -> ChatRequest:
-    extra = {k: v for k, v in body.items() if k not in _TRANSLATED[kind]}
+    extra = {k: v for k, v in body.items() if k not in _TRANSLATED} if kind == "openai" else None
     try:
         return ChatRequest(
             model=body.get("model"),
@@ -291,8 +314,15 @@ def _openai_message(r: ChatResponse) -> dict[str, Any]:
             "tool_calls": [_openai_call(c) for c in r.tool_calls]}  # fmt: skip
 
 
+def _thinking_block(r: Reasoning) -> dict[str, Any]:
+    if r.redacted:
+        return {"type": "redacted_thinking", "data": r.redacted}
+    return {"type": "thinking", "thinking": r.text, "signature": r.signature}
+
+
 def _anthropic_content(r: ChatResponse) -> list[dict[str, Any]]:
-    content = [{"type": "text", "text": r.text}] if r.text or not r.tool_calls else []
+    content = [_thinking_block(t) for t in r.reasoning]
+    content += [{"type": "text", "text": r.text}] if r.text or not r.tool_calls else []
     content += [{"type": "tool_use", "id": c.id, "name": c.name,
                  "input": tool_input(c.arguments)} for c in r.tool_calls]  # fmt: skip
     return content
@@ -329,8 +359,8 @@ def anthropic_json(r: ChatResponse, background: BackgroundTask) -> JSONResponse:
             "role": "assistant",
             "model": r.model,
             "content": _anthropic_content(r),
-            "stop_reason": _anthropic_stop(r.finish_reason),
-            "stop_sequence": None,
+            "stop_reason": _anthropic_stop(r.finish_reason, r.stop_sequence),
+            "stop_sequence": r.stop_sequence,
             "usage": {"input_tokens": r.usage.input_tokens, "output_tokens": r.usage.output_tokens},
         },
         headers={"X-Agentbox-Provider": r.provider},
@@ -373,6 +403,8 @@ async def openai_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, None]
                     delta = {"tool_calls": [_openai_call(event.tool_call, calls)]}
                     yield preamble + chunk(delta, None, model)
                     calls += 1
+                elif event.kind != "done":
+                    continue  # thinking: chat completions has no place for it
                 else:
                     yield preamble + chunk(
                         {}, _openai_finish(event.finish_reason), event.model or model
@@ -403,11 +435,36 @@ async def anthropic_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, No
         "model": model, "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": 0, "output_tokens": 0}}})  # fmt: skip
     index, text_open = -1, False  # the last content block, and whether it is open text
+    thinking_open = False
     try:
         async with aclosing(_all(first, rest)) as events:
             async for event in events:
                 out = head  # message_start leaves with the first event
                 head = b""
+                if event.kind in ("reasoning", "reasoning_done"):
+                    if text_open:
+                        out += sse("content_block_stop", {"index": index})
+                        text_open = False
+                    r = event.reasoning or Reasoning()
+                    if r.redacted:
+                        index += 1
+                        start = {"index": index, "content_block": _thinking_block(r)}
+                        yield out + sse("content_block_start", start) + sse(
+                                            "content_block_stop", {"index": index})  # fmt: skip
+                        continue
+                    if not thinking_open:
+                        index, thinking_open = index + 1, True
+                        start = {"index": index, "content_block": _thinking_block(Reasoning())}
+                        out += sse("content_block_start", start)
+                    if event.kind == "reasoning":
+                        delta = {"type": "thinking_delta", "thinking": event.text}
+                        yield out + sse("content_block_delta", {"index": index, "delta": delta})
+                        continue
+                    delta = {"type": "signature_delta", "signature": r.signature}
+                    thinking_open = False
+                    yield out + sse("content_block_delta", {"index": index, "delta": delta}) + sse(
+                        "content_block_stop", {"index": index})  # fmt: skip
+                    continue
                 if event.kind == "text":
                     if not text_open:
                         index, text_open = index + 1, True
@@ -436,8 +493,9 @@ async def anthropic_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, No
                     continue
                 u = event.usage
                 yield out + sse("message_delta", {
-                    "delta": {"stop_reason": _anthropic_stop(event.finish_reason),
-                              "stop_sequence": None},
+                    "delta": {"stop_reason": _anthropic_stop(event.finish_reason,
+                                                             event.stop_sequence),
+                              "stop_sequence": event.stop_sequence},
                     "usage": {"input_tokens": u.input_tokens if u else 0,
                               "output_tokens": u.output_tokens if u else 0}})  # fmt: skip
                 yield sse("message_stop", {})

@@ -106,6 +106,16 @@ class ModelService:
             usage.input_tokens * price.input_per_mtok + usage.output_tokens * price.output_per_mtok
         ) / 1e6
 
+    async def count_tokens(self, request: ChatRequest) -> tuple[int, str | None]:
+        """The request's input tokens and who counted them: a provider's exact count when
+        one serving the model can count (Anthropic's endpoint), else (n, None): an
+        estimate (~4 characters a token, ``_IMAGE_TOKENS`` an image). Free: no budget."""
+        counted = await self._pool().count_tokens(request)
+        if counted is not None:
+            return counted
+        images = sum(len(m.images) for m in request.messages)
+        return _tokens(_request_chars(request)) + images * _IMAGE_TOKENS, None
+
     async def complete(self, request: ChatRequest, who: Attribution) -> ChatResponse:
         response, settle = await self.complete_deferred(request, who)
         await settle()
@@ -255,7 +265,13 @@ def _request_chars(request: ChatRequest) -> int:
     for m in request.messages:
         texts.append(m.content)
         texts += [c.name + c.arguments for c in m.tool_calls]
+    texts += [t.name + t.description + json.dumps(t.parameters) for t in request.tools or ()]
     return sum(map(len, texts))
+
+
+# An image's tokens when nobody counted: about what the vendors charge for a ~1 megapixel
+# image (Anthropic: width * height / 750).
+_IMAGE_TOKENS = 1500
 
 
 def _tokens(chars: int) -> int:

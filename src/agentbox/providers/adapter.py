@@ -271,6 +271,36 @@ class Adapter(ABC):
         except _SHAPE_ERRORS as e:
             raise self._malformed(e) from e
 
+    async def count_tokens(self, request: ChatRequest) -> int | None:
+        """The provider's own count of the request's input tokens, or None when its API
+        has no counting (then the caller estimates)."""
+        return None
+
+    async def _post_json(self, url: str, body: dict[str, Any]) -> Any:
+        """One JSON POST to ``url`` (not retried), its parsed answer; failures classified."""
+        self._check_key()
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=self._timeout)
+        try:
+            async with self._http.post(
+                url,
+                proxy=self._proxy,
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json", **self.headers()},
+                allow_redirects=False,
+            ) as response:
+                raw = await _read_capped(response)
+        except TRANSPORT_ERRORS as e:
+            raise failure_from_exception(e) from e
+        if not 200 <= response.status < 300:
+            raise failure_from_response(
+                response.status, response.headers, raw, response.reason or ""
+            )
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise self._malformed(e) from e
+
     async def aclose(self) -> None:
         if self._http is not None:
             await self._http.close()

@@ -22,6 +22,7 @@ from agentbox.providers.types import (
     Image,
     Message,
     ProviderFailure,
+    Reasoning,
     StreamEvent,
     ToolCall,
     Usage,
@@ -35,7 +36,13 @@ _FINISH = {
     "max_tokens": "length",
     "tool_use": "tool_calls",
 }
-_CHOICE = {"auto": {"type": "auto"}, "required": {"type": "any"}, "none": {"type": "none"}}
+_CHOICE: dict[str, dict[str, Any]] = {
+    "auto": {"type": "auto"},
+    "required": {"type": "any"},
+    "none": {"type": "none"},
+}
+# What POST /v1/messages/count_tokens accepts of a messages request.
+_COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers")
 _ERROR_CATEGORY = {
     "rate_limit_error": Category.RATE_LIMITED,
     "overloaded_error": Category.SERVER_ERROR,
@@ -124,6 +131,10 @@ class AnthropicAdapter(Adapter):
         return headers
 
     def payload(self, request: ChatRequest, stream: bool) -> dict[str, Any]:
+        if request.native is not None and request.extra_kind == self.kind:
+            # An Anthropic client's own body, as it sent it (redacted): nothing lost.
+            native = {k: v for k, v in request.native.items() if k != "stream"}
+            return native | {"model": self.model_of(request)} | ({"stream": True} if stream else {})
         body: dict[str, Any] = {
             "model": self.model_of(request),
             "max_tokens": request.max_tokens,
@@ -139,11 +150,14 @@ class AnthropicAdapter(Adapter):
             body["top_p"] = request.top_p
         if request.stop:
             body["stop_sequences"] = request.stop
-        if request.tools and request.tool_choice:
-            body["tool_choice"] = _CHOICE.get(request.tool_choice) or {
+        if request.tools and (request.tool_choice or request.parallel_tool_calls is False):
+            choice: dict[str, Any] = _CHOICE.get(request.tool_choice or "auto") or {
                 "type": "tool",
                 "name": request.tool_choice,
             }
+            if request.parallel_tool_calls is False and choice["type"] != "none":
+                choice = {**choice, "disable_parallel_tool_use": True}
+            body["tool_choice"] = choice
         if request.tools:
             body["tools"] = [
                 {"name": t.name, "description": t.description, "input_schema": t.parameters}
@@ -153,12 +167,29 @@ class AnthropicAdapter(Adapter):
             body["stream"] = True
         return body
 
+    async def count_tokens(self, request: ChatRequest) -> int | None:
+        # The counting endpoint takes only what shapes the input (no max_tokens, stream …).
+        body = {k: v for k, v in self.payload(request, stream=False).items() if k in _COUNTED}
+        data = await self._post_json(f"{self.base_url}/v1/messages/count_tokens", body)
+        try:
+            return int(data["input_tokens"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise self._malformed(e) from e
+
     def parse(self, data: Any, request: ChatRequest) -> ChatResponse:
         if data.get("type") == "error":
             raise _error(data)
         blocks = data["content"]
         usage = data.get("usage") or {}
         return ChatResponse(
+            reasoning=[
+                Reasoning(b.get("thinking") or "", b.get("signature") or "")
+                if b["type"] == "thinking"
+                else Reasoning(redacted=b.get("data") or "")
+                for b in blocks
+                if b.get("type") in ("thinking", "redacted_thinking")
+            ],
+            stop_sequence=data.get("stop_sequence"),
             text="".join(b["text"] for b in blocks if b.get("type") == "text"),
             model=data.get("model") or self.model_of(request),
             provider=self.name,
@@ -179,12 +210,21 @@ class AnthropicAdapter(Adapter):
         input_tokens = output_tokens = 0
         finish: str | None = None
         calls: dict[int, dict[str, str]] = {}  # tool_use blocks being received, by index
+        thinking: dict[int, str] = {}  # thinking blocks being received: their signature
+        stop_sequence: str | None = None
         async for event in source:
             data = json.loads(event.data) if event.data else {}
             kind = data.get("type") or event.event
-            if kind == "content_block_start" and data["content_block"].get("type") == "tool_use":
-                block = data["content_block"]
+            block = data.get("content_block") or {}
+            if kind == "content_block_start" and block.get("type") == "tool_use":
                 calls[data["index"]] = {"id": block["id"], "name": block["name"], "input": ""}
+            elif kind == "content_block_start" and block.get("type") == "thinking":
+                thinking[data["index"]] = block.get("signature") or ""
+            elif kind == "content_block_start" and block.get("type") == "redacted_thinking":
+                yield StreamEvent("reasoning_done", reasoning=Reasoning(redacted=block["data"]))
+            elif kind == "content_block_stop" and data.get("index") in thinking:
+                signature = thinking.pop(data["index"])
+                yield StreamEvent("reasoning_done", reasoning=Reasoning(signature=signature))
             elif kind == "content_block_stop" and data.get("index") in calls:
                 call = calls.pop(data["index"])
                 yield StreamEvent("tool_call", tool_call=ToolCall(
@@ -201,8 +241,13 @@ class AnthropicAdapter(Adapter):
                     yield StreamEvent("text", text=delta["text"])
                 elif delta.get("type") == "input_json_delta" and data.get("index") in calls:
                     calls[data["index"]]["input"] += delta.get("partial_json") or ""
+                elif delta.get("type") == "thinking_delta" and delta.get("thinking"):
+                    yield StreamEvent("reasoning", text=delta["thinking"])
+                elif delta.get("type") == "signature_delta" and data.get("index") in thinking:
+                    thinking[data["index"]] += delta.get("signature") or ""
             elif kind == "message_delta":
                 finish = _finish((data.get("delta") or {}).get("stop_reason")) or finish
+                stop_sequence = (data.get("delta") or {}).get("stop_sequence") or stop_sequence
                 usage = data.get("usage") or {}
                 # Cumulative counts: the last one wins.
                 output_tokens = int(usage.get("output_tokens") or output_tokens)
@@ -214,6 +259,7 @@ class AnthropicAdapter(Adapter):
                     finish_reason=finish,
                     model=model,
                     provider=self.name,
+                    stop_sequence=stop_sequence,
                 )
                 return
             elif kind == "error":

@@ -121,6 +121,10 @@ class OpenAIAdapter(Adapter):
                 if named
                 else request.tool_choice
             )
+        if request.tools and request.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = request.parallel_tool_calls
+        if request.reasoning_effort is not None:
+            body["reasoning_effort"] = request.reasoning_effort
         if request.tools:
             body["tools"] = [
                 {

@@ -137,6 +137,25 @@ class ProviderPool:
                 return response
         raise AssertionError("unreachable: _attempts raises when nobody answered")
 
+    async def count_tokens(self, request: ChatRequest) -> tuple[int, str] | None:
+        """(input tokens, provider) from the first provider serving the model that can
+        count (Anthropic's counting endpoint), None when none can. Not retried, and a
+        failure is not held against the provider's health: a count is advisory."""
+        redacted = request.redacted(self._redact)
+        for adapter, call in self._route(redacted):
+            if not self._health[adapter.name].admit(self._clock()):
+                continue
+            try:
+                tokens = await adapter.count_tokens(call)
+            except ProviderFailure as failure:
+                log.warning("provider %s could not count tokens: %s", adapter.name, failure)
+                tokens = None
+            finally:
+                self._health[adapter.name].release()
+            if tokens is not None:
+                return tokens, adapter.name
+        return None
+
     async def stream(self, request: ChatRequest) -> AsyncGenerator[StreamEvent, None]:
         """Text events, then one ``done`` event naming the provider and the usage."""
         async with aclosing(self._attempts(request.redacted(self._redact))) as attempts:
@@ -198,7 +217,10 @@ class ProviderPool:
         """Providers serving the model, healthiest first, each with the model to ask for."""
         now = self._clock()
         routes = []
+        required = request.requires()
         for index, adapter in enumerate(self._adapters):
+            if required is not None and adapter.kind != required[0]:
+                continue
             models = adapter.settings.models
             if request.model is None and models:
                 model = models[0]
@@ -208,6 +230,14 @@ class ProviderPool:
                 continue
             rank = self._health[adapter.name].rank(now)
             routes.append((rank, index, adapter, request.model_copy(update={"model": model})))
+        if not routes and required is not None:
+            kind, why = required
+            raise InvalidRequest(
+                f"the request needs a provider of kind {kind!r} serving model "
+                f"{request.model or '(its default)'!r}, and none is configured: it carries {why}; "
+                "remove that from the request or configure such a provider",
+                model=request.model,
+            )
         if not routes:
             raise InvalidRequest(
                 f"no configured provider serves model {request.model!r}"

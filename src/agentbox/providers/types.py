@@ -80,13 +80,39 @@ class ChatRequest(_Strict):
     tools: list[Tool] | None = None
     # auto (the default), required (some tool), none, or one tool's name (that tool)
     tool_choice: str | None = None
+    parallel_tool_calls: bool | None = None  # False: at most one call per answer
+    # OpenAI's reasoning effort (minimal … high): only an openai provider can honour it.
+    reasoning_effort: str | None = None
     # The client's other top-level fields (response_format, metadata, seed, …), in its
     # own format: sent only to a provider of that kind, never translated.
     extra: dict[str, Any] | None = None
     extra_kind: Literal["openai", "anthropic"] | None = None
+    # The client's whole body, for a provider of ``extra_kind`` (Anthropic clients): what
+    # it sends instead of a translation, so thinking blocks and their signatures,
+    # cache_control marks and documents arrive as they left the client.
+    native: dict[str, Any] | None = None
+    # Why only a provider of ``extra_kind`` can serve the request (content with no
+    # translation, such as a document), or None.
+    native_only: str | None = None
 
-    def redacted(self, redact: Callable[[str], str]) -> ChatRequest:
-        """A copy whose every text passed ``redact`` (what leaves the host)."""
+    def requires(self) -> tuple[str, str] | None:
+        """(provider kind, why) when only a provider of that kind can serve the request
+        as asked; None when any provider can."""
+        if self.reasoning_effort is not None:
+            return "openai", "reasoning.effort (only an OpenAI provider takes it)"
+        if self.native_only is not None and self.extra_kind is not None:
+            return self.extra_kind, self.native_only
+        return None
+
+    def redacted(self, redact_text: Callable[[str], str]) -> ChatRequest:
+        """A copy whose every text passed ``redact_text`` (what leaves the host)."""
+        seen: dict[str, str] = {}  # the native body repeats the messages' texts
+
+        def redact(text: str) -> str:
+            if text not in seen:
+                seen[text] = redact_text(text)
+            return seen[text]
+
         messages = [
             m.model_copy(
                 update={
@@ -100,15 +126,31 @@ class ChatRequest(_Strict):
         ]
         system = None if self.system is None else redact(self.system)
         extra = None if self.extra is None else _redact_strings(self.extra, redact)
-        return self.model_copy(update={"messages": messages, "system": system, "extra": extra})
+        native = None if self.native is None else _redact_strings(self.native, redact)
+        return self.model_copy(
+            update={"messages": messages, "system": system, "extra": extra, "native": native}
+        )
+
+
+# Block type -> its field that is not text.
+_OPAQUE = {"base64": "data", "redacted_thinking": "data", "thinking": "signature"}
 
 
 def _redact_strings(value: Any, redact: Callable[[str], str]) -> Any:
-    """``value`` (parsed JSON) with every string, keys too, passed through ``redact``."""
+    """``value`` (parsed JSON) with every string, keys too, passed through ``redact``;
+    but not what is not text: base64 sources (images, PDFs: the neutral form's images are
+    not redacted either), a thinking block's ``signature`` and a redacted_thinking block
+    (opaque proofs only their issuer reads; thinking text that was redacted fails its
+    signature at the provider, which is right: the secret did not leave)."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
-        return {redact(k): _redact_strings(v, redact) for k, v in value.items()}
+        # Only that one field of those blocks: the rest (keys, other fields) is redacted.
+        opaque = _OPAQUE.get(str(value.get("type")))
+        return {
+            redact(k): v if k == opaque and isinstance(v, str) else _redact_strings(v, redact)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [_redact_strings(v, redact) for v in value]
     return value
@@ -116,14 +158,30 @@ def _redact_strings(value: Any, redact: Callable[[str], str]) -> Any:
 
 @dataclass(frozen=True)
 class Usage:
-    """Tokens as the provider counted them (a server that reports none gives zeros)."""
+    """Tokens as the provider counted them (a server that reports none gives zeros).
+
+    ``input_tokens`` counts every input token, those read from the provider's prompt
+    cache (``cache_read_tokens``) and those written to it (``cache_write_tokens``)
+    included: each vendor's own words are rebuilt from these at the edges."""
 
     input_tokens: int = 0
     output_tokens: int = 0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
     @property
     def total(self) -> int:
         return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """A model's thinking, as Anthropic returns it: ``text`` with the ``signature`` that
+    lets the next turn send it back, or a redacted block's opaque ``redacted`` data."""
+
+    text: str = ""
+    signature: str = ""
+    redacted: str = ""
 
 
 @dataclass(frozen=True)
@@ -138,21 +196,27 @@ class ChatResponse:
     finish_reason: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+    reasoning: list[Reasoning] = field(default_factory=list)  # before the text
+    stop_sequence: str | None = None  # the stop sequence that ended the answer, if known
 
 
 @dataclass(frozen=True)
 class StreamEvent:
     """``text``: the next piece of the answer (never empty). ``tool_call``: one complete
-    call (adapters gather a call's pieces). ``done``: the last event, with the usage, the
-    finish reason and who answered."""
+    call (adapters gather a call's pieces). ``reasoning``: the next piece of a thinking
+    block's text; ``reasoning_done`` ends the block (``reasoning.signature``), or is a
+    whole redacted block (``reasoning.redacted``). ``done``: the last event, with the
+    usage, the finish reason, the stop sequence and who answered."""
 
-    kind: Literal["text", "tool_call", "done"]
+    kind: Literal["text", "tool_call", "reasoning", "reasoning_done", "done"]
     text: str = ""
     tool_call: ToolCall | None = None
     usage: Usage | None = None
     finish_reason: str | None = None
     model: str | None = None
     provider: str | None = None
+    reasoning: Reasoning | None = None
+    stop_sequence: str | None = None
 
 
 class Category(StrEnum):

@@ -1,0 +1,426 @@
+"""OpenAI's Responses API (``POST /v1/responses``, what Codex speaks), both ways: a request
+body to the neutral ``ChatRequest``, and a ``ChatResponse`` or a stream of ``StreamEvent``
+back as a ``response`` object or its ``response.*`` server-sent events.
+
+Any provider serves it (upstream it is chat completions or Anthropic messages). Every
+top-level field is either translated, accepted because it changes nothing here, or
+refused with a 400 naming it (``_FIELDS``); nothing that would change the answer is
+dropped in silence. The conversation is stateless: ``store`` is never honoured (nothing
+is kept), so ``previous_response_id`` is refused: send the whole input each turn, as
+Codex does by default (``store: false``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from starlette.background import BackgroundTask
+
+from agentbox.errors import AgentboxError, InvalidRequest
+from agentbox.gateway import model_wire as wire
+from agentbox.providers.types import (
+    ChatRequest,
+    ChatResponse,
+    Image,
+    Message,
+    StreamEvent,
+    Tool,
+    ToolCall,
+    Usage,
+)
+
+# The Responses API sets no output limit by default; the neutral form (and Anthropic)
+# needs one. Large enough for a coding agent's turn.
+DEFAULT_MAX_OUTPUT_TOKENS = 8192
+_STATELESS = ("agentbox keeps no responses: send the whole conversation in `input` each turn "
+              "with store: false (Codex's default)")  # fmt: skip
+# Field -> None (translated, or changes nothing here: accepted), or why it is refused.
+_FIELDS: dict[str, str | None] = {
+    "model": None, "input": None, "instructions": None, "max_output_tokens": None,
+    "temperature": None, "top_p": None, "stream": None, "tools": None, "tool_choice": None,
+    "parallel_tool_calls": None, "reasoning": None, "text": None,
+    # Nothing is stored whatever ``store`` says; encrypted reasoning is never returned
+    # (``include``); cache keys, metadata and user ids only label the call upstream.
+    "store": None, "include": None, "prompt_cache_key": None, "metadata": None,
+    "client_metadata": None, "user": None, "safety_identifier": None, "service_tier": None,
+    "stream_options": None, "truncation": None,
+    "previous_response_id": _STATELESS,
+    "conversation": _STATELESS,
+    "background": "background responses are not supported (they need stored responses)",
+    "prompt": "prompt templates are not supported: send the instructions and input",
+    "max_tool_calls": "max_tool_calls is not supported",
+    "top_logprobs": "logprobs are not supported",
+}  # fmt: skip
+# Server tools run by OpenAI itself: no provider here can run them. Web search is left out
+# (reported in X-Agentbox-Dropped-Tools): without it the model answers from what it has,
+# and a search from the provider's servers would bypass the sandbox's egress policy.
+_DROPPED_TOOLS = ("web_search", "web_search_preview")
+_CUSTOM_INPUT = {"type": "object", "properties": {"input": {"type": "string"}},
+                 "required": ["input"]}  # fmt: skip
+
+
+def _check_fields(body: dict[str, Any]) -> None:
+    for name, value in body.items():
+        if name not in _FIELDS:
+            raise InvalidRequest(
+                f"field {name!r} is not supported by /v1/responses here (supported: "
+                f"{', '.join(k for k, v in _FIELDS.items() if v is None)})",
+                field=name,
+            )
+        why = _FIELDS[name]
+        if why is not None and value not in (None, False, ""):
+            raise InvalidRequest(f"field {name!r}: {why}", field=name)
+    tier = body.get("service_tier")
+    if tier not in (None, "auto", "default"):
+        raise InvalidRequest(f"service_tier {tier!r} is not supported (auto, default)",
+                             field="service_tier")  # fmt: skip
+    if body.get("truncation") not in (None, "disabled"):
+        raise InvalidRequest("truncation 'auto' is not supported (disabled)", field="truncation")
+    text = wire._object(body.get("text") or {}, "text")
+    for key, value in text.items():
+        if key == "format" and wire._object(value, "text.format").get("type") == "text":
+            continue
+        if key == "verbosity" and value in (None, "medium"):
+            continue
+        raise InvalidRequest(f"text.{key} {value!r} is not supported (format text, "
+                             "verbosity medium)", field=f"text.{key}")  # fmt: skip
+
+
+def custom_tools(body: dict[str, Any]) -> frozenset[str]:
+    """The names of the request's custom (freeform) tools: their calls go back as
+    ``custom_tool_call`` items."""
+    return frozenset(
+        str(t.get("name")) for t in body.get("tools") or []
+        if isinstance(t, dict) and t.get("type") == "custom"
+    )  # fmt: skip
+
+
+def dropped_tools(body: dict[str, Any]) -> list[str]:
+    return [str(t["type"]) for t in body.get("tools") or []
+            if isinstance(t, dict) and t.get("type") in _DROPPED_TOOLS]  # fmt: skip
+
+
+def _tools(body: dict[str, Any]) -> list[Tool] | None:
+    tools = []
+    for entry in body.get("tools") or []:
+        entry = wire._object(entry, "a tool")
+        kind = entry.get("type")
+        if kind == "function":
+            if entry.get("strict"):
+                raise InvalidRequest(f"tool {entry.get('name')!r}: strict schemas are not "
+                                     "supported (strict: false)", field="tools")  # fmt: skip
+            tools.append(wire._tool(entry.get("name"), entry.get("description"),
+                                    entry.get("parameters")))  # fmt: skip
+        elif kind == "custom":
+            # A freeform tool becomes a function taking its text as ``input``; a grammar
+            # is described to the model (in the description), not enforced.
+            description = str(entry.get("description") or "")
+            fmt = wire._object(entry.get("format") or {"type": "text"}, "a custom tool's format")
+            if fmt.get("type") == "grammar":
+                description += (f"\n\nThe input must follow this {fmt.get('syntax')} grammar:\n"
+                                f"{fmt.get('definition')}")  # fmt: skip
+            tools.append(wire._tool(entry.get("name"), description, _CUSTOM_INPUT))
+        elif kind not in _DROPPED_TOOLS:
+            raise InvalidRequest(
+                f"tool type {kind!r} is not supported (function and custom tools; web_search "
+                "is left out; local_shell and OpenAI's other server tools are not: give the "
+                "agent a function shell tool)",
+                field="tools",
+            )
+    return tools or None
+
+
+def _choice(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    choice = wire._object(value, "tool_choice")
+    if choice.get("type") in ("function", "custom") and choice.get("name"):
+        return str(choice["name"])
+    raise InvalidRequest(f"tool_choice {value!r} is not supported (auto, required, none, or "
+                         "a function or custom tool by name)", field="tool_choice")  # fmt: skip
+
+
+def _content(content: Any, role: str) -> tuple[str, tuple[Image, ...]]:
+    """A message's (or a tool output's) text and images."""
+    if content is None or isinstance(content, str):
+        return content or "", ()
+    if not isinstance(content, list):
+        raise InvalidRequest("content must be a string or a list of parts")
+    texts: list[str] = []
+    images: list[Image] = []
+    for part in content:
+        part = wire._object(part, "a content part")
+        kind = part.get("type")
+        if kind in ("input_text", "output_text", "text", "refusal"):
+            texts.append(str(part.get("text", part.get("refusal", ""))))
+        elif kind == "input_image" and role != "assistant":
+            url = part.get("image_url")
+            if not isinstance(url, str) or not url.startswith("data:"):
+                raise InvalidRequest(wire._INLINE_ONLY)
+            images.append(Image(url=url))
+        else:
+            raise InvalidRequest(f"content of type {kind!r} is not supported here (input_text, "
+                                 "output_text, inline input_image; no files or audio)")  # fmt: skip
+    return "".join(texts), tuple(images)
+
+
+def _output_text(value: Any) -> tuple[str, tuple[Image, ...]]:
+    return _content(value if isinstance(value, list) else str(value or ""), "tool")
+
+
+def _turns(items: Any) -> tuple[list[Message], list[str]]:
+    """The input items as neutral turns, and the system texts (instructions and the
+    system/developer messages, in order: the neutral form has one system prompt)."""
+    if isinstance(items, str):
+        return [Message(role="user", content=items)], []
+    if not isinstance(items, list):
+        raise InvalidRequest("input must be a string or a list of items")
+    turns: list[Message] = []
+    system: list[str] = []
+
+    def call(c: ToolCall) -> None:
+        # Calls after an assistant turn (or its other calls) join it: one assistant turn.
+        if turns and turns[-1].role == "assistant":
+            last = turns[-1]
+            turns[-1] = last.model_copy(update={"tool_calls": (*last.tool_calls, c)})
+        else:
+            turns.append(Message(role="assistant", tool_calls=(c,)))
+
+    for item in items:
+        item = wire._object(item, "an input item")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            text, images = _content(item.get("content"), str(role))
+            if role in ("system", "developer"):
+                system.append(text)
+            elif role in ("user", "assistant"):
+                turns.append(Message(role=role, content=text, images=images))
+            else:
+                raise InvalidRequest(f"message role {role!r} is not supported "
+                                     "(user, assistant, system, developer)")  # fmt: skip
+        elif kind == "function_call":
+            call(ToolCall(str(item.get("call_id") or ""), str(item.get("name") or ""),
+                          wire._arguments(item.get("arguments"))))  # fmt: skip
+        elif kind == "custom_tool_call":
+            call(ToolCall(str(item.get("call_id") or ""), str(item.get("name") or ""),
+                          json.dumps({"input": str(item.get("input") or "")})))  # fmt: skip
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            text, images = _output_text(item.get("output"))
+            turns.append(Message(role="tool", content=text, images=images,
+                                 tool_call_id=str(item.get("call_id") or "")))  # fmt: skip
+        elif kind == "reasoning":
+            # A model's earlier reasoning: opaque to chat-completions and Anthropic
+            # providers (and never produced here), so it is not resent.
+            continue
+        else:
+            raise InvalidRequest(
+                f"input item of type {kind!r} is not supported (message, function_call, "
+                "function_call_output, custom_tool_call, custom_tool_call_output, reasoning)"
+                + ("; " + _STATELESS if kind == "item_reference" else "")
+            )
+    return turns, system
+
+
+def from_responses(body: dict[str, Any]) -> ChatRequest:
+    _check_fields(body)
+    turns, system = _turns(body.get("input"))
+    instructions = body.get("instructions")
+    if instructions:
+        system.insert(0, str(instructions))
+    reasoning = wire._object(body.get("reasoning") or {}, "reasoning")
+    unknown = set(reasoning) - {"effort", "summary", "generate_summary"}
+    if unknown:
+        raise InvalidRequest(f"reasoning.{sorted(unknown)[0]} is not supported (effort, "
+                             "summary)", field="reasoning")  # fmt: skip
+    try:
+        return ChatRequest(
+            model=body.get("model"),
+            messages=turns,
+            system="\n\n".join(system) or None,
+            max_tokens=int(body.get("max_output_tokens") or DEFAULT_MAX_OUTPUT_TOKENS),
+            temperature=body.get("temperature"),
+            top_p=body.get("top_p"),
+            stream=bool(body.get("stream")),
+            tools=_tools(body),
+            tool_choice=_choice(body.get("tool_choice")),
+            parallel_tool_calls=body.get("parallel_tool_calls"),
+            # The effort an OpenAI provider honours; summaries are not produced (no
+            # reasoning items come back), which changes what is shown, not the answer.
+            reasoning_effort=reasoning.get("effort"),
+        )
+    except (ValueError, TypeError) as e:
+        raise InvalidRequest(f"invalid request: {e}") from None
+
+
+# Answers -------------------------------------------------------------------------------
+def _usage(u: Usage | None) -> dict[str, Any]:
+    u = u or Usage()
+    return {"input_tokens": u.input_tokens,
+            "input_tokens_details": {"cached_tokens": u.cache_read_tokens},
+            "output_tokens": u.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u.total}  # fmt: skip
+
+
+def _call_item(call: ToolCall, custom: frozenset[str], done: bool = True) -> dict[str, Any]:
+    status = "completed" if done else "in_progress"
+    if call.name in custom:
+        try:
+            text = json.loads(call.arguments)["input"] if done else ""
+        except (ValueError, KeyError, TypeError):
+            text = call.arguments  # not the {"input": ...} asked for: the text as written
+        return {"type": "custom_tool_call", "id": "ctc_" + call.id, "call_id": call.id,
+                "name": call.name, "input": str(text), "status": status}  # fmt: skip
+    return {"type": "function_call", "id": "fc_" + call.id, "call_id": call.id,
+            "name": call.name, "arguments": call.arguments if done else "",
+            "status": status}  # fmt: skip
+
+
+def _message_item(ident: str, text: str, done: bool = True) -> dict[str, Any]:
+    content = [{"type": "output_text", "text": text, "annotations": []}] if done else []
+    return {"type": "message", "id": ident, "status": "completed" if done else "in_progress",
+            "role": "assistant", "content": content}  # fmt: skip
+
+
+def _envelope(ident: str, body: dict[str, Any], model: str, status: str,
+              output: list[dict[str, Any]], usage: Usage | None) -> dict[str, Any]:  # fmt: skip
+    incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
+    return {
+        "id": ident, "object": "response", "created_at": int(time.time()), "status": status,
+        "model": model, "output": output, "error": None, "incomplete_details": incomplete,
+        "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
+        "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+        "max_output_tokens": body.get("max_output_tokens"), "previous_response_id": None,
+        "store": False, "text": {"format": {"type": "text"}}, "truncation": "disabled",
+        "usage": None if usage is None and status == "in_progress" else _usage(usage),
+    }  # fmt: skip
+
+
+def _status(finish: str | None) -> str:
+    return "incomplete" if finish == "length" else "completed"
+
+
+def _headers(body: dict[str, Any], provider: str | None = None) -> dict[str, str]:
+    headers = {"X-Agentbox-Provider": provider} if provider else {}
+    if dropped := dropped_tools(body):
+        headers["X-Agentbox-Dropped-Tools"] = ",".join(dropped)
+    return headers
+
+
+def responses_json(r: ChatResponse, body: dict[str, Any], background: BackgroundTask
+                   ) -> JSONResponse:  # fmt: skip
+    custom = custom_tools(body)
+    output = [_message_item("msg_" + secrets.token_hex(12), r.text)] if r.text else []
+    output += [_call_item(c, custom) for c in r.tool_calls]
+    data = _envelope("resp_" + secrets.token_hex(12), body, r.model,
+                     _status(r.finish_reason), output, r.usage)  # fmt: skip
+    return JSONResponse(data, headers=_headers(body, r.provider), background=background)
+
+
+def stream_headers(body: dict[str, Any]) -> dict[str, str]:
+    return _headers(body)
+
+
+async def responses_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, None],
+                        body: dict[str, Any], chat: ChatRequest
+                        ) -> AsyncGenerator[bytes, None]:  # fmt: skip
+    """The events Codex and the openai SDK read: response.created, output items added and
+    done (a message with its text deltas, function or custom calls with their arguments),
+    then response.completed (or .incomplete) with the usage, or response.failed."""
+    ident, custom = "resp_" + secrets.token_hex(12), custom_tools(body)
+    model = first.model or chat.model or ""
+    number = 0
+    output: list[dict[str, Any]] = []
+
+    def sse(kind: str, **data: Any) -> bytes:
+        nonlocal number
+        number += 1
+        payload = json.dumps({"type": kind, "sequence_number": number - 1, **data})
+        return f"event: {kind}\ndata: {payload}\n\n".encode()
+
+    def envelope(status: str, usage: Usage | None = None) -> dict[str, Any]:
+        return _envelope(ident, body, model, status, output, usage)
+
+    head = sse("response.created", response=envelope("in_progress"))
+    head += sse("response.in_progress", response=envelope("in_progress"))
+    text: list[str] = []  # the open message's text
+    message_id = ""
+
+    def close_message() -> bytes:
+        nonlocal text, message_id
+        if not message_id:
+            return b""
+        whole, index = "".join(text), len(output)
+        item = _message_item(message_id, whole)
+        part = item["content"][0]
+        out = sse("response.output_text.done", item_id=message_id, output_index=index,
+                  content_index=0, text=whole, logprobs=[])  # fmt: skip
+        out += sse("response.content_part.done", item_id=message_id, output_index=index,
+                   content_index=0, part=part)  # fmt: skip
+        out += sse("response.output_item.done", output_index=index, item=item)
+        output.append(item)
+        text, message_id = [], ""
+        return out
+
+    try:
+        async with aclosing(wire._all(first, rest)) as events:
+            async for event in events:
+                out, head = head, b""
+                if event.kind in ("reasoning", "reasoning_done"):
+                    # Anthropic's thinking: no Responses item carries it back with its
+                    # signature (which only Anthropic checks), so it is not shown.
+                    if out:
+                        yield out
+                    continue
+                if event.kind == "text":
+                    if not message_id:
+                        message_id = "msg_" + secrets.token_hex(12)
+                        out += sse("response.output_item.added", output_index=len(output),
+                                   item=_message_item(message_id, "", done=False))  # fmt: skip
+                        out += sse("response.content_part.added", item_id=message_id,
+                                   output_index=len(output), content_index=0,
+                                   part={"type": "output_text", "text": "",
+                                         "annotations": []})  # fmt: skip
+                    text.append(event.text)
+                    yield out + sse("response.output_text.delta", item_id=message_id,
+                                    output_index=len(output), content_index=0,
+                                    delta=event.text, logprobs=[])  # fmt: skip
+                    continue
+                out += close_message()
+                if event.kind == "tool_call" and event.tool_call is not None:
+                    item, index = _call_item(event.tool_call, custom), len(output)
+                    started = _call_item(event.tool_call, custom, done=False)
+                    out += sse("response.output_item.added", output_index=index, item=started)
+                    if item["type"] == "custom_tool_call":
+                        delta = "response.custom_tool_call_input"
+                        out += sse(delta + ".delta", item_id=item["id"], output_index=index,
+                                   delta=item["input"])  # fmt: skip
+                        out += sse(delta + ".done", item_id=item["id"], output_index=index,
+                                   input=item["input"])  # fmt: skip
+                    else:
+                        delta = "response.function_call_arguments"
+                        out += sse(delta + ".delta", item_id=item["id"], output_index=index,
+                                   delta=item["arguments"])  # fmt: skip
+                        out += sse(delta + ".done", item_id=item["id"], output_index=index,
+                                   name=item["name"], arguments=item["arguments"])  # fmt: skip
+                    output.append(item)
+                    yield out + sse("response.output_item.done", output_index=index, item=item)
+                    continue
+                if event.kind == "done":
+                    model = event.model or model
+                    status = _status(event.finish_reason)
+                    yield out + sse(f"response.{status}", response=envelope(status, event.usage))
+                else:
+                    yield out
+    except AgentboxError as e:  # after the first byte only a stream event can say it
+        failed = envelope("failed") | {"error": {"code": e.code, "message": e.message}}
+        yield close_message() + sse("response.failed", response=failed)
