@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shlex
 import subprocess
 from collections.abc import Iterator
@@ -39,12 +38,13 @@ from pkgindex import (
     VENV,
     package_site,
 )
+from readmekit import snippet
 from scriptedagent import ScriptedAgentModel, Step
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
 AGENTS = ROOT / "tests" / "agents" / "node_modules"
 CLAUDE = AGENTS / "@anthropic-ai" / "claude-code-linux-x64" / "claude"
+CODEX = AGENTS / "@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
 RUN_TIMEOUT = 240  # seconds for one agent run: a client stuck on the network fails
 TASK = "Upgrade demo to its latest version and make sure the project's tests pass."
 FINAL = f"demo upgraded to {LATEST}; tests pass"
@@ -52,12 +52,6 @@ FINAL = f"demo upgraded to {LATEST}; tests pass"
 # (the host has no internet; a client waiting on it would hang until the timeout).
 QUIET = {"DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_ERROR_REPORTING": "1",
          "DO_NOT_TRACK": "1"}  # fmt: skip
-
-
-def snippet(kind: str, name: str) -> str:
-    match = re.search(rf"<!-- {kind}:{name} -->\n```\w*\n(.*?)```", README.read_text(), re.DOTALL)
-    assert match, f"README has no {kind}:{name} snippet"
-    return match.group(1)
 
 
 def agent_binary(path: Path) -> Path:
@@ -242,4 +236,33 @@ def test_claude_code(tmp_path: Path, agentbox_home: Path, host_ready: None,
         detail = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{model.outcome}"
         assert done.returncode == 0, detail
         assert json.loads(done.stdout)["result"] == FINAL, detail
+        check_the_work(gw, box, model, host, before)
+
+
+def test_codex(tmp_path: Path, agentbox_home: Path, host_ready: None, site: Path) -> None:
+    codex = str(agent_binary(CODEX))
+    host = Host.make(tmp_path)
+    patch = f"*** Begin Patch\n*** Add File: {host.marker}\n+x\n*** End Patch\n"
+    refused = r"^unsupported call: "  # Codex's answer to a call of a tool it does not have
+    model = ScriptedAgentModel(chain([
+        Step("shell", {"command": ["touch", str(host.marker)]}, refused, local=True),
+        Step("exec_command", {"cmd": f"touch {host.marker}"}, refused, local=True),
+        Step("apply_patch", {"input": patch}, refused, local=True),
+        Step("view_image", {"path": str(host.cwd / "notes.txt")}, refused, local=True),
+    ]), FINAL)  # fmt: skip
+    with agent_world(tmp_path, model, agentbox_home) as (gw, box):
+        codex_home = host.home / ".codex"
+        codex_home.mkdir()
+        # The README's two blocks, its model settings first (top-level keys before tables).
+        config = snippet("model", "codex") + "\n" + snippet("connect", "codex")
+        (codex_home / "config.toml").write_text(local(config, gw, box.token))
+        env = host.env(CODEX_HOME=str(codex_home), AGENTBOX_SESSION_TOKEN=box.token)
+        before = host_tree(host.cwd)
+        argv = command(local(snippet("model", "codex-run"), gw, box.token), "codex")
+        last = tmp_path / "last-message.txt"
+        done = run([codex, *argv[1:], "--ephemeral", "--color", "never", "-o", str(last)],
+                   env, host.cwd)  # fmt: skip
+        detail = f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n{model.outcome}"
+        assert done.returncode == 0, detail
+        assert last.read_text().strip() == FINAL, detail
         check_the_work(gw, box, model, host, before)
