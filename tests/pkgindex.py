@@ -98,4 +98,5 @@ INSTALL = (
     " -r /workspace/requirements.txt"
 )
 # Discovery from tests/ (no __init__.py needed), so the test is found and run.
+INSTALL_TIMEOUT_MS = 120000  # a venv and a pip install, on a shared 2-core machine
 RUN_TESTS = f"cd /workspace && {VENV}/bin/python3 -m unittest discover -s tests -v"

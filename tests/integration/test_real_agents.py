@@ -25,11 +25,14 @@ from pathlib import Path
 import pytest
 
 from agentbox.gateway.audit import read_records
+from agentbox.network import egressd
 from browserkit import require_browser
 from gateway_harness import RunningGateway, running_gateway
 from pkgindex import (
+    HOST,
     INDEX,
     INSTALL,
+    INSTALL_TIMEOUT_MS,
     LATEST,
     NETWORK_YAML,
     PROJECT_TEST,
@@ -75,7 +78,11 @@ def chain(local: list[Step]) -> list[Step]:
         Step("browser_open", {"url": f"{INDEX}/project/demo/"}, rf"Latest version: {LATEST}"),
         Step("fs_read", {"path": "/workspace/requirements.txt"}, r"demo==1\.0\.0"),
         Step("fs_edit", EDIT, r'"replacements":\s*1'),
-        Step("terminal_run", {"command": INSTALL, "timeout_ms": 120000}, r'"exit_code":\s*0\b'),
+        Step(
+            "terminal_run",
+            {"command": INSTALL, "timeout_ms": INSTALL_TIMEOUT_MS},
+            r'"exit_code":\s*0\b',
+        ),
         Step("terminal_run", {"command": RUN_TESTS}, r'(?=.*"exit_code":\s*0\b).*Ran 1 test.*OK'),
     ]
 
@@ -111,7 +118,8 @@ def agent_world(tmp: Path, model: ScriptedAgentModel, agentbox_home: Path
     """The scripted model, a gateway whose provider it is, and a sandbox holding the
     project, with a session token for the agent."""
     with model, running_gateway(agentbox_home, tmp / "gw", extra_yaml=_gateway_yaml(model),
-                                env={"SCRIPTED_MODEL_KEY": "k"}) as gw:  # fmt: skip
+                                env={"SCRIPTED_MODEL_KEY": "k"},
+                                timeout_ms=INSTALL_TIMEOUT_MS) as gw:  # fmt: skip
         with gw.operator() as op:
             r = op.post("/v1/sandboxes", json={})
             assert r.status_code == 201, r.text
@@ -207,6 +215,10 @@ def check_the_work(gw: RunningGateway, box: Box, model: ScriptedAgentModel, host
     assert [r["tool"] for r in calls] == sandbox_steps, calls
     assert {(r["decision"], r["sandbox"]) for r in calls} == {("allowed", box.sandbox)}, calls
     assert [r for r in records if r["decision"] == "model_call"], records
+    # pip reached the index through the sandbox's egress proxy, and only the index.
+    egress = [r for r in read_records(egressd.audit_path(gw.home), limit=None)
+              if r["sandbox"] == box.sandbox]  # fmt: skip
+    assert {(r["decision"], r["host"]) for r in egress} == {("egress_allowed", HOST)}, egress
     # The host: the local tools ran nothing.
     assert not host.marker.exists(), "the agent's own tool ran on the host"
     assert host_tree(host.cwd) == cwd_before

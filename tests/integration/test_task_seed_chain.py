@@ -20,6 +20,7 @@ from gateway_harness import RunningGateway, running_gateway
 from pkgindex import (
     INDEX,
     INSTALL,
+    INSTALL_TIMEOUT_MS,
     NETWORK_YAML,
     PROJECT_TEST,
     REQUIREMENTS,
@@ -62,13 +63,14 @@ tasks: {{workers: 1}}
             act(
                 "fs_edit", path="/workspace/requirements.txt", old="demo==1.0.0", new="demo==1.2.0"
             ),
-            act("terminal_run", timeout_ms=120000, command=INSTALL),
+            act("terminal_run", timeout_ms=INSTALL_TIMEOUT_MS, command=INSTALL),
             act("terminal_run", command=RUN_TESTS),
             Reply(text=json.dumps({"finish": "demo upgraded to 1.2.0; tests pass"})),
         )
         gw: RunningGateway
         with running_gateway(agentbox_home, tmp_path_factory.mktemp("gwseed"),
-                             env={"FAKE_KEY": "k"}, extra_yaml=sandbox) as gw:  # fmt: skip
+                             env={"FAKE_KEY": "k"}, extra_yaml=sandbox,
+                             timeout_ms=INSTALL_TIMEOUT_MS) as gw:  # fmt: skip
             with gw.operator() as op:
                 task_id = op.post("/v1/tasks", json={"goal": "upgrade demo to its latest "
                                   "version and make sure the tests pass"}).json()["id"]  # fmt: skip
