@@ -174,7 +174,9 @@ def exports(text: str) -> dict[str, str]:
     found: dict[str, str] = {}
     for line in text.splitlines():
         if line.startswith("export "):
-            found.update(word.split("=", 1) for word in shlex.split(line)[1:])  # type: ignore[misc]
+            for word in shlex.split(line)[1:]:
+                name, _, value = word.partition("=")
+                found[name] = value
     return found
 
 
