@@ -44,6 +44,10 @@ def test_namespaced_tools_reach_the_provider_by_their_flat_names() -> None:
     ]
     call = chat.messages[1].tool_calls[0]
     assert (call.name, call.arguments) == ("mcp__agentbox__terminal_run", '{"command": "ls"}')
+    forced = {"type": "function", "namespace": "mcp__agentbox", "name": "terminal_run"}
+    assert rw.from_responses(BODY | {"tool_choice": forced}).tool_choice == (
+        "mcp__agentbox__terminal_run"
+    )
 
 
 def _answer(*calls: ToolCall) -> ChatResponse:

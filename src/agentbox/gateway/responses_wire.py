@@ -181,7 +181,7 @@ def _choice(value: Any) -> str | None:
         return value
     choice = wire._object(value, "tool_choice")
     if choice.get("type") in ("function", "custom") and choice.get("name"):
-        return str(choice["name"])
+        return _flat(choice.get("namespace"), choice["name"])
     raise InvalidRequest(f"tool_choice {value!r} is not supported (auto, required, none, or "
                          "a function or custom tool by name)", field="tool_choice")  # fmt: skip
 
