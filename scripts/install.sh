@@ -41,6 +41,21 @@ echo "==> pip install agentbox into .venv"
 .venv/bin/pip install -q --disable-pip-version-check --upgrade "pip==25.3"
 if [ "$DEV" = 1 ]; then
   .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+  # The real coding agents the end-to-end tests drive (tests/agents/package.json pins
+  # them). Their native binaries come in npm's platform packages: no install script runs.
+  if ! command -v npm >/dev/null; then
+    echo "==> apt-get install npm"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends npm >/dev/null
+  fi
+  # npm ci starts from an empty node_modules (~750 MB): only when the lock file changed.
+  lock=$(sha256sum tests/agents/package-lock.json | cut -d' ' -f1)
+  if [ "$(cat tests/agents/node_modules/.installed-lock 2>/dev/null)" != "$lock" ]; then
+    echo "==> npm ci in tests/agents (Claude Code, Codex)"
+    (cd tests/agents && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+    echo "$lock" > tests/agents/node_modules/.installed-lock
+  fi
 else
   .venv/bin/pip install -q --disable-pip-version-check -e .
 fi

@@ -46,6 +46,7 @@ class Reply:
     end_early: bool = False  # stream: end cleanly, but without the protocol's last event
     malformed: bool = False  # a body (or the first stream event) that is not JSON
     tool_call: tuple[str, dict[str, Any]] | None = None  # answer with a call of this tool
+    call_id: str | None = None  # the call's id (default: call_1 / toolu_1)
     # Usage: input_tokens counts every input token, cached ones included.
     thinking: tuple[str, str] | None = None  # anthropic: a thinking block (text, signature) first
     stop_sequence: str | None = None  # anthropic: the answer ended at this stop sequence
@@ -139,7 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path != _PATHS[fake.kind]:
             self._json(404, fake.error_body(404, f"no route {self.path}"))
             return
-        reply = fake.next_reply()
+        reply = fake.reply_for(raw)
         if reply.delay and fake.stopping.wait(reply.delay):
             self.close_connection = True
             return
@@ -245,6 +246,11 @@ class FakeProvider:
         with self._lock:
             return self._replies.popleft() if self._replies else Reply()
 
+    def reply_for(self, body: bytes) -> Reply:
+        """The answer to a request whose body is ``body``: the script's next (a subclass may
+        answer from the conversation instead)."""
+        return self.next_reply()
+
     def record(self, received: Received) -> None:
         with self._lock:
             self.requests.append(received)
@@ -271,7 +277,7 @@ class FakeProvider:
                     "content": None,
                     "tool_calls": [
                         {
-                            "id": "call_1",
+                            "id": reply.call_id or "call_1",
                             "type": "function",
                             "function": {"name": name, "arguments": json.dumps(args)},
                         }
@@ -293,7 +299,8 @@ class FakeProvider:
         stop = "stop_sequence" if reply.stop_sequence else "end_turn"
         if reply.tool_call:
             name, args = reply.tool_call
-            content.append({"type": "tool_use", "id": "toolu_1", "name": name, "input": args})
+            call_id = reply.call_id or "toolu_1"
+            content.append({"type": "tool_use", "id": call_id, "name": name, "input": args})
             stop = "tool_use"
         return {
             "id": "msg_fake",
@@ -334,7 +341,8 @@ class FakeProvider:
         finish = "stop"
         if reply.tool_call:  # a call in pieces, as OpenAI streams one
             name, args = reply.tool_call
-            call = {"id": "call_1", "type": "function", "function": {"name": name, "arguments": ""}}
+            call = {"id": reply.call_id or "call_1", "type": "function",
+                    "function": {"name": name, "arguments": ""}}  # fmt: skip
             events.append((False, chunk({"tool_calls": [{"index": 0, **call}]})))
             events += [(False, chunk({"tool_calls": [{"index": 0, "function": {"arguments": a}}]}))
                        for a in _halves(json.dumps(args))]  # fmt: skip
@@ -398,7 +406,12 @@ class FakeProvider:
         stop = "stop_sequence" if reply.stop_sequence else "end_turn"
         if reply.tool_call:  # a tool_use block whose input arrives as JSON pieces
             name, args = reply.tool_call
-            block = {"type": "tool_use", "id": "toolu_1", "name": name, "input": {}}
+            block = {
+                "type": "tool_use",
+                "id": reply.call_id or "toolu_1",
+                "name": name,
+                "input": {},
+            }
             events.append(
                 (False, event("content_block_start", {"index": text + 1, "content_block": block}))
             )

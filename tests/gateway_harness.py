@@ -36,7 +36,7 @@ sandbox:
 tools:
   - name: terminal.run
     cwd: /workspace
-    timeout_ms: 30000
+    timeout_ms: {timeout_ms}
     allow: [bash, sh, git, ls, cat, echo, printf, python3, "true", sleep, pwd, id, grep, wc, mkdir, rm, head, env, seq]
     deny: [shutdown, reboot, mkfs, iptables, curl]
     max_output_bytes: 65536
@@ -124,24 +124,32 @@ def running_gateway(
     approval_timeout: str = "20s",
     env: dict[str, str] | None = None,
     extra_yaml: str = "",
+    timeout_ms: int = 30000,
 ) -> Iterator[RunningGateway]:
     """A gateway with the test policy (plus ``extra_yaml``: more top-level sections, or a
     ``sandbox:`` section that replaces the policy's), its environment set for its
-    lifetime only."""
+    lifetime only. ``timeout_ms``: the longest a command may run (a pip install needs
+    more than the default on a loaded machine)."""
     with pytest.MonkeyPatch.context() as mp:
         for key, value in (env or {}).items():
             mp.setenv(key, value)
-        yield from _serve(home, tmp, approval_timeout, mp, extra_yaml)
+        yield from _serve(home, tmp, approval_timeout, mp, extra_yaml, timeout_ms)
 
 
 def _serve(
-    home: Path, tmp: Path, approval_timeout: str, monkeypatch: Any, extra_yaml: str = ""
+    home: Path,
+    tmp: Path,
+    approval_timeout: str,
+    monkeypatch: Any,
+    extra_yaml: str = "",
+    timeout_ms: int = 30000,
 ) -> Iterator[RunningGateway]:
     port = free_port()
     token = "op-" + secrets.token_hex(16)
     monkeypatch.setenv("AGENTBOX_TEST_OPERATOR_TOKEN", token)
     audit_path = tmp / "audit" / "audit.jsonl"
-    text = POLICY_YAML.format(port=port, audit_path=audit_path, approval_timeout=approval_timeout)
+    text = POLICY_YAML.format(port=port, audit_path=audit_path, approval_timeout=approval_timeout,
+                              timeout_ms=timeout_ms)  # fmt: skip
     if extra_yaml.lstrip().startswith("sandbox:"):
         text = text.replace("sandbox:\n  template: default\n", "")
     text += extra_yaml

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import sys
 import tomllib
@@ -21,16 +20,12 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+import readmekit
 from gateway_harness import RunningGateway, running_gateway
-
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def snippet(name: str) -> str:
-    text = README.read_text()
-    match = re.search(rf"<!-- connect:{name} -->\n```\w*\n(.*?)```", text, re.DOTALL)
-    assert match, f"README has no connect:{name} snippet"
-    return match.group(1)
+    return readmekit.snippet("connect", name)
 
 
 @pytest.fixture(scope="module")

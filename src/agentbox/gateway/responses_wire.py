@@ -17,6 +17,7 @@ import secrets
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -94,13 +95,53 @@ def _check_fields(body: dict[str, Any]) -> None:
                              "verbosity)", field=f"text.{key}")  # fmt: skip
 
 
-def custom_tools(body: dict[str, Any]) -> frozenset[str]:
-    """The names of the request's custom (freeform) tools: their calls go back as
-    ``custom_tool_call`` items."""
-    return frozenset(
-        str(t.get("name")) for t in body.get("tools") or []
-        if isinstance(t, dict) and t.get("type") == "custom"
-    )  # fmt: skip
+def _flat(namespace: Any, name: Any) -> str:
+    """A namespaced tool's name for the provider, which has no namespaces: Codex's MCP
+    tools (namespace ``mcp__agentbox``, tool ``terminal_run``) become the names it uses
+    itself, ``mcp__agentbox__terminal_run``."""
+    return f"{namespace}__{name}" if namespace else str(name or "")
+
+
+def _entries(body: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
+    """The request's tools, each with its namespace (None outside one), namespaces
+    opened."""
+    found: list[tuple[str | None, dict[str, Any]]] = []
+    for entry in body.get("tools") or []:
+        entry = wire._object(entry, "a tool")
+        if entry.get("type") != "namespace":
+            found.append((None, entry))
+            continue
+        namespace = entry.get("name")
+        if not isinstance(namespace, str) or not namespace:
+            raise InvalidRequest("a namespace tool needs a name", field="tools")
+        inner = entry.get("tools")
+        if not isinstance(inner, list):
+            raise InvalidRequest(f"namespace {namespace!r} needs a list of tools", field="tools")
+        for tool in inner:
+            tool = wire._object(tool, "a namespace's tool")
+            kind = tool.get("type")
+            if kind not in ("function", "custom"):
+                raise InvalidRequest(f"namespace {namespace!r}: tool type {kind!r} is not "
+                                     "supported (function, custom)", field="tools")  # fmt: skip
+            found.append((namespace, tool))
+    return found
+
+
+@dataclass(frozen=True)
+class ToolNames:
+    """How the model's calls go back: ``custom`` tools (by provider name) as
+    ``custom_tool_call`` items, and a namespaced tool's call under its namespace."""
+
+    custom: frozenset[str]
+    namespaced: dict[str, tuple[str, str]]  # provider name -> (namespace, name)
+
+
+def tool_names(body: dict[str, Any]) -> ToolNames:
+    entries = _entries(body)
+    return ToolNames(
+        frozenset(_flat(ns, t.get("name")) for ns, t in entries if t.get("type") == "custom"),
+        {_flat(ns, t.get("name")): (ns, str(t.get("name"))) for ns, t in entries if ns},
+    )
 
 
 def dropped_tools(body: dict[str, Any]) -> list[str]:
@@ -110,15 +151,13 @@ def dropped_tools(body: dict[str, Any]) -> list[str]:
 
 def _tools(body: dict[str, Any]) -> list[Tool] | None:
     tools = []
-    for entry in body.get("tools") or []:
-        entry = wire._object(entry, "a tool")
-        kind = entry.get("type")
+    for namespace, entry in _entries(body):
+        kind, name = entry.get("type"), _flat(namespace, entry.get("name"))
         if kind == "function":
             if entry.get("strict"):
-                raise InvalidRequest(f"tool {entry.get('name')!r}: strict schemas are not "
+                raise InvalidRequest(f"tool {name!r}: strict schemas are not "
                                      "supported (strict: false)", field="tools")  # fmt: skip
-            tools.append(wire._tool(entry.get("name"), entry.get("description"),
-                                    entry.get("parameters")))  # fmt: skip
+            tools.append(wire._tool(name, entry.get("description"), entry.get("parameters")))
         elif kind == "custom":
             # A freeform tool becomes a function taking its text as ``input``; a grammar
             # is described to the model (in the description), not enforced.
@@ -127,10 +166,11 @@ def _tools(body: dict[str, Any]) -> list[Tool] | None:
             if fmt.get("type") == "grammar":
                 description += (f"\n\nThe input must follow this {fmt.get('syntax')} grammar:\n"
                                 f"{fmt.get('definition')}")  # fmt: skip
-            tools.append(wire._tool(entry.get("name"), description, _CUSTOM_INPUT))
+            tools.append(wire._tool(name, description, _CUSTOM_INPUT))
         elif kind not in _DROPPED_TOOLS:
             raise InvalidRequest(
-                f"tool type {kind!r} is not supported (function and custom tools; web_search "
+                f"tool type {kind!r} is not supported (function and custom tools, also in "
+                "namespaces; web_search "
                 "is left out; local_shell and OpenAI's other server tools are not: give the "
                 "agent a function shell tool)",
                 field="tools",
@@ -143,7 +183,7 @@ def _choice(value: Any) -> str | None:
         return value
     choice = wire._object(value, "tool_choice")
     if choice.get("type") in ("function", "custom") and choice.get("name"):
-        return str(choice["name"])
+        return _flat(choice.get("namespace"), choice["name"])
     raise InvalidRequest(f"tool_choice {value!r} is not supported (auto, required, none, or "
                          "a function or custom tool by name)", field="tool_choice")  # fmt: skip
 
@@ -208,10 +248,12 @@ def _turns(items: Any) -> tuple[list[Message], list[str]]:
                 raise InvalidRequest(f"message role {role!r} is not supported "
                                      "(user, assistant, system, developer)")  # fmt: skip
         elif kind == "function_call":
-            call(ToolCall(str(item.get("call_id") or ""), str(item.get("name") or ""),
+            call(ToolCall(str(item.get("call_id") or ""),
+                          _flat(item.get("namespace"), item.get("name")),
                           wire._arguments(item.get("arguments"))))  # fmt: skip
         elif kind == "custom_tool_call":
-            call(ToolCall(str(item.get("call_id") or ""), str(item.get("name") or ""),
+            call(ToolCall(str(item.get("call_id") or ""),
+                          _flat(item.get("namespace"), item.get("name")),
                           json.dumps({"input": str(item.get("input") or "")})))  # fmt: skip
         elif kind in ("function_call_output", "custom_tool_call_output"):
             text, images = _output_text(item.get("output"))
@@ -276,17 +318,19 @@ def _usage(u: Usage | None) -> dict[str, Any]:
             "total_tokens": u.total}  # fmt: skip
 
 
-def _call_item(call: ToolCall, custom: frozenset[str], done: bool = True) -> dict[str, Any]:
+def _call_item(call: ToolCall, names: ToolNames, done: bool = True) -> dict[str, Any]:
     status = "completed" if done else "in_progress"
-    if call.name in custom:
+    namespace, name = names.namespaced.get(call.name, (None, call.name))
+    where = {"namespace": namespace} if namespace else {}
+    if call.name in names.custom:
         try:
             text = json.loads(call.arguments)["input"] if done else ""
         except (ValueError, KeyError, TypeError):
             text = call.arguments  # not the {"input": ...} asked for: the text as written
         return {"type": "custom_tool_call", "id": "ctc_" + call.id, "call_id": call.id,
-                "name": call.name, "input": str(text), "status": status}  # fmt: skip
-    return {"type": "function_call", "id": "fc_" + call.id, "call_id": call.id,
-            "name": call.name, "arguments": call.arguments if done else "",
+                **where, "name": name, "input": str(text), "status": status}  # fmt: skip
+    return {"type": "function_call", "id": "fc_" + call.id, "call_id": call.id, **where,
+            "name": name, "arguments": call.arguments if done else "",
             "status": status}  # fmt: skip
 
 
@@ -325,9 +369,9 @@ def _headers(body: dict[str, Any], provider: str | None = None) -> dict[str, str
 
 def responses_json(r: ChatResponse, body: dict[str, Any], background: BackgroundTask
                    ) -> JSONResponse:  # fmt: skip
-    custom = custom_tools(body)
+    names = tool_names(body)
     output = [_message_item("msg_" + secrets.token_hex(12), r.text)] if r.text else []
-    output += [_call_item(c, custom) for c in r.tool_calls]
+    output += [_call_item(c, names) for c in r.tool_calls]
     data = _envelope("resp_" + secrets.token_hex(12), body, r.model,
                      _status(r.finish_reason), output, r.usage)  # fmt: skip
     return JSONResponse(data, headers=_headers(body, r.provider), background=background)
@@ -343,7 +387,7 @@ async def responses_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, No
     """The events Codex and the openai SDK read: response.created, output items added and
     done (a message with its text deltas, function or custom calls with their arguments),
     then response.completed (or .incomplete) with the usage, or response.failed."""
-    ident, custom = "resp_" + secrets.token_hex(12), custom_tools(body)
+    ident, names = "resp_" + secrets.token_hex(12), tool_names(body)
     model = first.model or chat.model or ""
     number = 0
     output: list[dict[str, Any]] = []
@@ -404,8 +448,8 @@ async def responses_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, No
                     continue
                 out += close_message()
                 if event.kind == "tool_call" and event.tool_call is not None:
-                    item, index = _call_item(event.tool_call, custom), len(output)
-                    started = _call_item(event.tool_call, custom, done=False)
+                    item, index = _call_item(event.tool_call, names), len(output)
+                    started = _call_item(event.tool_call, names, done=False)
                     out += sse("response.output_item.added", output_index=index, item=started)
                     if item["type"] == "custom_tool_call":
                         delta = "response.custom_tool_call_input"
