@@ -55,7 +55,7 @@ def test_the_seed_chain_runs_as_a_task(
     base_url: {model.base_url}
     api_key_env: FAKE_KEY
     models: [fake-model]
-tasks: {{workers: 1}}
+tasks: {{workers: 1, on_end: stop}}
 """
         model.script(
             act("fs_write", path="/workspace/requirements.txt", content=REQUIREMENTS),
@@ -99,6 +99,13 @@ def check(op: Any, task: dict[str, Any], steps: list[dict[str, Any]]) -> None:
     assert install["exit_code"] == 0, install
     assert tests["exit_code"] == 0 and "Ran 1 test" in tests["stderr"], tests
     assert tests["stderr"].rstrip().endswith("OK"), tests
+    # on_end: stop keeps the task's disk (the worker stops it just after the task ends);
+    # resumed, its edit is there.
+    for _ in range(600):
+        if op.get(f"/v1/sandboxes/{task['sandbox']}").json()["state"] == "stopped":
+            break
+        time.sleep(0.05)
+    assert op.post(f"/v1/sandboxes/{task['sandbox']}/resume").status_code == 200
     manifest = op.get(f"/v1/sandboxes/{task['sandbox']}/files",
                       params={"path": "/workspace/requirements.txt"})  # fmt: skip
     assert "demo==1.2.0" in manifest.text
