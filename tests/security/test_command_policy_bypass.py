@@ -117,9 +117,12 @@ def test_a_program_read_from_stdin_or_a_pipe_is_dynamic_code(command: str) -> No
         ("bash <<'EOF'\nrm x\nEOF", "tools.terminal.run.deny: rm"),
         ("sh <<< 'rm x'", "tools.terminal.run.deny: rm"),
         ("source /dev/stdin <<'EOF'\nrm x\nEOF", "tools.terminal.run.deny: rm"),
-        ("{ sh; } <<< 'rm x'", "tools.terminal.run.deny: rm"),
+        ("{ sh; } <<< 'rm x'", "unparseable"),  # tree-sitter: a syntax error, refused
         ("bash -c 'sh' <<'EOF'\nrm x\nEOF", "tools.terminal.run.deny: rm"),
-        ("sh < /dev/stdin <<< 'rm x'", "tools.terminal.run.deny: rm"),
+        ("sh < /dev/stdin <<< 'rm x'", "unparseable"),
+        ("sh <<< 'rm x' < /dev/stdin", "dynamic shell code"),
+        ("< script.sh bash <<'EOF'\nrm x\nEOF", "tools.terminal.run.deny: rm"),
+        ("cat <<'EOF' | bash\nls\nEOF", "dynamic shell code"),
         ("fish <<< 'ls'", "unparseable"),
     ],
 )

@@ -36,7 +36,7 @@ EVASIONS: list[tuple[str, str]] = [
     ("$(rm x)", DENY_RM),
     ("`rm x`", DENY_RM),
     ("echo $(echo $(rm x))", DENY_RM),
-    ("echo `echo \\`rm x\\``", "unparseable"),  # bashlex: nested backticks unsupported
+    ("echo `echo \\`rm x\\``", DENY_RM),  # nested backticks: re-parsed after unescaping
     ('echo "$(rm x)"', DENY_RM),
     ("(rm x)", DENY_RM),
     ("{ rm x; }", DENY_RM),
@@ -87,10 +87,10 @@ EVASIONS: list[tuple[str, str]] = [
     ("sudo bash <<'EOF'\nrm x\nEOF", DENY_RM),
     ("env sh <<< 'rm x'", DENY_RM),
     ("bash -c 'sh' <<'EOF'\nrm x\nEOF", DENY_RM),
-    ("'r''m' x", DENY_RM),  # bashlex's own quote removal would say "r''m"
+    ("'r''m' x", DENY_RM),  # quote removal is bash's, not the parser's
     ("'r'\"m\" x", DENY_RM),
     ("echo $(cat <<'EOF'\nx\nEOF\nrm y\n)", DENY_RM),
-    ("cat <<A <<'B'\n$(rm x)\nA\n$(ok)\nB", DENY_RM),
+    ("cat <<A <<'B'\n$(rm x)\nA\n$(ok)\nB", "unparseable"),  # two heredocs on one line
     ('echo "`ls\nrm x`"', DENY_RM),
     ("flock /tmp/l -c 'rm x'", DENY_RM),
     ("cat <(rm x)", DENY_RM),
@@ -116,7 +116,7 @@ EVASIONS: list[tuple[str, str]] = [
     ("cat <<EOF\n$(rm x)\nEOF", DENY_RM),
     ("cat <<EOF\n`rm x`\nEOF", DENY_RM),
     ("cat <<EOF\nit's ${v:-$(rm x)}\nEOF", DENY_RM),
-    # bashlex drops these lines from its tree; the analyser re-parses them
+    # multi-line substitutions, a comment before the `)`
     ("echo $(ls\nrm x\n)", DENY_RM),
     ("x=$(\n  ls\n  rm y\n)", DENY_RM),
     ('echo "$(ls # )\nrm x\n)"', DENY_RM),
@@ -126,8 +126,13 @@ EVASIONS: list[tuple[str, str]] = [
     ("x=rm; $x file", "dynamic command name"),
     ("${X} file", "dynamic command name"),
     ("$'\\x72m' x", "dynamic command name"),
-    ("{rm,x} y", "dynamic command name"),
-    ("r?m x", "dynamic command name"),
+    ("{rm,x} y", "unparseable"),  # tree-sitter: a syntax error
+    ("r?m x", "unparseable"),
+    ("r*m x", "dynamic command name"),
+    ("$(echo rm) x", "dynamic command name"),
+    ('"$cmd" x', "dynamic command name"),
+    ("${!x} y", "dynamic command name"),
+    ("a=(rm); ${a[0]} x", "dynamic command name"),
     ("xargs -I{} {} < list", "dynamic command name"),
     ("find . -exec {} \\;", "dynamic command name"),
     ('eval "$CMD"', "dynamic shell code"),
@@ -141,23 +146,61 @@ EVASIONS: list[tuple[str, str]] = [
     ('bash <<< "$CODE"', "dynamic shell code"),
     ("env 'BASH_FUNC_ls%%=() { cat; }' bash -c ls", "function import via environment"),
     ("echo 'oops", "unparseable"),
-    ("$'${a' \\ ", "unparseable"),  # bashlex 0.18 would loop forever allocating memory
+    ("$'${a' \\ ", "unparseable"),  # (bashlex 0.18 looped forever on this)
     ("echo \"<<'X'\"\nrm -rf /\nX", DENY_RM),  # `<<` inside a string is not a heredoc
-    ("while true\ndo\nls\ndone", "unparseable"),  # bashlex limitation: fails closed
+    ("while true\ndo\nrm x\ndone", DENY_RM),
     ('echo "oops', "unparseable"),
     ("echo $(ls", "unparseable"),
     ("ls; ;", "unparseable"),
     ("cat <<EOF\nno terminator", "unparseable"),
     # the heredoc body starts after the logical line (after the string): rm really runs
     ("cat <<'EOF' \"\nEOF\n\"\nEOF\nrm -rf /\n'EOF'", DENY_RM),
-    ("cat <<'EOF' \"a\nEOF\nb\"\nrm -rf /\nEOF", "unparseable"),  # ambiguous: refused
-    ("cat <<'E O F'\nx\nE O F", "unparseable"),
     ("let 'a[$(rm x)]=1'", "unparseable"),
-    ("(( x++ ))", "unparseable"),
-    ("echo $((1+2))", "unparseable"),
-    ("case $x in a) ls;; esac", "unparseable"),
-    ("[[ -f x ]]", "unparseable"),
-    ("time ls", "unparseable"),
+    # constructs bashlex could not parse: what they run is found
+    ("(( $(rm x) ))", DENY_RM),
+    ("(( a[$(rm x)] ))", DENY_RM),
+    ("echo $(( $(rm x) ))", DENY_RM),
+    ("echo hello-$((40+$(rm x)))", DENY_RM),
+    ("echo $[ $(rm x) ]", DENY_RM),
+    ("case $x in a) rm x;; esac", DENY_RM),
+    ("case x in a|b) ls;; *) rm y;; esac", DENY_RM),
+    ("case $(rm x) in a) ;; esac", DENY_RM),
+    ("case x in $(rm x)) ;; esac", DENY_RM),
+    ("[[ $(rm x) == x ]]", DENY_RM),
+    ("[[ -f x && $(rm x) ]]", DENY_RM),
+    ("[[ x =~ $(rm x) ]]", DENY_RM),
+    ("[[ 'a[$(rm x)]' -eq 1 ]]", "unparseable"),  # arithmetic would run it
+    ("a=( $(rm x) )", DENY_RM),
+    ("a=(ok `rm x`)", DENY_RM),
+    ("declare -a a=( $(rm x) )", DENY_RM),
+    ("local x=$(rm y)", DENY_RM),
+    ('export X="$(rm y)"', DENY_RM),
+    ("a[$(rm x)]=1", DENY_RM),
+    ("for ((i=0;i<3;i++)); do rm x; done", DENY_RM),
+    ("for ((i=$(rm x);i<3;i++)); do :; done", DENY_RM),
+    ("select x in a b; do rm x; done", DENY_RM),
+    ("select x in $(rm x); do :; done", DENY_RM),
+    ("function f() { rm x; }; f", DENY_RM),
+    ("f() ( rm x ); f", DENY_RM),
+    ('eval "rm x"', DENY_RM),
+    ("eval 'ls; rm x'", DENY_RM),
+    ('echo "${var:-$(rm x)}"', DENY_RM),
+    ("echo ${var:=`rm x`}", DENY_RM),
+    ("echo ${x/$(rm y)/z}", DENY_RM),
+    ('echo "a $(echo "$(rm x)")"', DENY_RM),
+    ("time rm x", DENY_RM),
+    ("time -p rm x", DENY_RM),
+    ("! rm x", DENY_RM),
+    ("cat <<EOF && rm y\nbody\nEOF", DENY_RM),
+    ("cat <<EOF | xargs rm\nx\nEOF", DENY_RM),
+    ("cat <<EOF; rm y\nbody\nEOF", "unparseable"),  # tree-sitter: a syntax error
+    ('echo "${var:=`rm x`}"', DENY_RM),
+    ("echo ${x:-a`rm x`b}", DENY_RM),
+    ("cat <<EOF\n$(( $(rm x) ))\nEOF", DENY_RM),
+    ("r\\\nm x", DENY_RM),  # a line continuation joins the word
+    ("echo ok \\\n; rm x", DENY_RM),
+    ("coproc rm x", "unparseable"),
+    ("coproc w { rm x; }", "unparseable"),
     ("fish -c 'ls'", "unparseable"),
     ("", "invalid command"),
     ("   \n  ", "invalid command"),
@@ -210,7 +253,17 @@ ALLOWED: list[tuple[str, tuple[str, ...]]] = [
     ("echo a\\;b", ("echo",)),
     ("git commit -m \"$(cat <<'EOF'\nFix: rm -rf $(x) `y`\n\nEOF\n)\"", ("cat", "git")),
     ("cat > f.sh <<'EOF'\nfor f in $(ls); do rm \"$f\"; done\nEOF\nbash f.sh", ("cat", "bash")),
-    ("cat <<'A' <<'B'\n$(rm x)\nA\n`rm y`\nB\nls", ("cat", "ls")),
+    ("cat <<'EOF' \"a\nEOF\nb\"\nrm -rf /\nEOF", ("cat",)),  # the body starts after the string
+    ("cat <<'E O F'\nx\nE O F", ("cat",)),
+    ("echo hello-$((40+2))", ("echo",)),
+    ("(( x++ )); echo $((x * 2)) $[x]", ("echo",)),
+    ("[[ -f x && $(cat y) == z ]] && echo ok", ("cat", "echo")),
+    ("case $x in a|b) ls;; *) echo no;; esac", ("ls", "echo")),
+    ('a=( $(ls) ); echo "${a[@]}" ${#a[@]}', ("ls", "echo")),
+    ("for ((i=0;i<3;i++)); do echo $i; done", ("echo",)),
+    ("select x in a b; do echo $x; break; done", ("echo", "break")),
+    ("echo ${!x} ${x:-$(ls)} ${#x} ${x//a/b} $'a\\tb' $\"t\"", ("ls", "echo")),
+    ("cat <(ls a) <(ls b) > /dev/null 2>&1", ("ls", "cat")),
     ("command -v rm", ("command",)),
     ("bash -c ls <<'EOF'\nrm x\nEOF", ("bash", "ls")),  # stdin is data for bash -c
 ]
