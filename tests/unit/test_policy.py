@@ -196,6 +196,11 @@ EVASIONS: list[tuple[str, str]] = [
     ("cat <<EOF; rm y\nbody\nEOF", "unparseable"),  # tree-sitter: a syntax error
     ('echo "${var:=`rm x`}"', DENY_RM),
     ("echo ${x:-a`rm x`b}", DENY_RM),
+    ("echo ${x%`rm x`}", DENY_RM),  # tree-sitter leaves these patterns unparsed
+    ("echo ${x/`rm x`/y}", DENY_RM),
+    ("echo ${x#$(rm x)}", DENY_RM),
+    ("echo \"${x:-'$(rm x)'}\"", DENY_RM),  # single quotes are plain text there
+    ("echo \"${x:-'`rm x`'}\"", DENY_RM),
     ("cat <<EOF\n$(( $(rm x) ))\nEOF", DENY_RM),
     ("r\\\nm x", DENY_RM),  # a line continuation joins the word
     ("echo ok \\\n; rm x", DENY_RM),

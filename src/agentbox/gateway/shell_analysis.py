@@ -426,6 +426,8 @@ _SUBSTITUTIONS = frozenset({"command_substitution", "process_substitution"})
 _EXPANSIONS = frozenset({"simple_expansion", "expansion", "arithmetic_expansion"})
 _REDIRECTS = frozenset({"file_redirect", "herestring_redirect", "heredoc_redirect"})
 _STATEMENTS = frozenset({"command", "declaration_command", "unset_command"})
+_TEXT_LEAVES = frozenset({"word", "regex", "raw_string", "extglob_pattern", "string_content"})
+"""Tokens whose text tree-sitter does not look into."""
 _RESERVED = frozenset(
     {"{", "}", "then", "else", "elif", "fi", "do", "done", "esac", "in", "coproc", "function",
      "select", "case", "if", "while", "until", "for", "[[", "]]", "!"}
@@ -739,14 +741,22 @@ class _Analyser:
             self.assignment(self.assignment_word(node, depth), depth)
         elif kind == "test_command":
             self.test_command(node, depth)
-        elif kind == "word":  # a word inside ${…}: tree-sitter leaves its backticks unparsed
-            self.backticks(_text(node), depth, "a word")
+        elif kind in _TEXT_LEAVES and not node.child_count:
+            self.leaf_text(node, depth)
         elif kind != "comment":
             # lists, compound commands, control flow, function definitions, words, arithmetic:
             # whatever they contain that runs code is found by descending
             for child in node.named_children:
                 self.walk(child, depth)
         return []
+
+    def leaf_text(self, node: Node, depth: int) -> None:
+        """Text tree-sitter did not parse inside ``${…}`` (``${x%`cmd`}``, ``"${x:-'$(cmd)'}"``:
+        bash expands it): analysed as the double-quoted string it is at most."""
+        text = _text(node)
+        if "$(" in text or "`" in text:
+            # as the value of an assignment: parsed, and no program of its own
+            self.code_in_substitution('v="' + text.replace('"', '\\"') + '"', depth)
 
     def redirected(self, node: Node, depth: int) -> list[tuple[str, ...]]:
         body: Node | None = None
@@ -891,8 +901,6 @@ class _Analyser:
         elif kind == "word" or not node.is_named:
             if not node.is_named and kind == "$":
                 parts.dynamic = True  # `$"…"`: a translated string
-            if "`" in text and self.backticks(text, depth, "a word"):
-                parts.dynamic = parts.unsafe = True
             _unescape_unquoted(text, parts)
         elif kind == "raw_string":
             parts.text.append(text[1:-1])
