@@ -201,6 +201,14 @@ EVASIONS: list[tuple[str, str]] = [
     ("echo ${x#$(rm x)}", DENY_RM),
     ("echo \"${x:-'$(rm x)'}\"", DENY_RM),  # single quotes are plain text there
     ("echo \"${x:-'`rm x`'}\"", DENY_RM),
+    # values that bash evaluates as code later in the same command
+    ("x='$(rm x)'; echo ${x@P}", "dynamic shell code"),
+    ('echo "${y:-${x@P}}"', "dynamic shell code"),
+    ("x='a[$(rm x)]'; echo $((x))", "unparseable"),
+    ("declare -i n; n='a[`rm x`]'", "unparseable"),
+    ("a=('a[$(rm x)]')", "unparseable"),
+    ("mapfile -C 'rm x' -c 1 arr < list", DENY_RM),
+    ("readarray -tC'rm x' arr < list", DENY_RM),
     ("cat <<EOF\n$(( $(rm x) ))\nEOF", DENY_RM),
     ("r\\\nm x", DENY_RM),  # a line continuation joins the word
     ("echo ok \\\n; rm x", DENY_RM),

@@ -426,6 +426,9 @@ _SUBSTITUTIONS = frozenset({"command_substitution", "process_substitution"})
 _EXPANSIONS = frozenset({"simple_expansion", "expansion", "arithmetic_expansion"})
 _REDIRECTS = frozenset({"file_redirect", "herestring_redirect", "heredoc_redirect"})
 _STATEMENTS = frozenset({"command", "declaration_command", "unset_command"})
+_PROMPT_EXPANSION = re.compile(r"@P\}\Z")
+_SUBSCRIPT_CODE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\[[^\]]*(?:\$\(|`)")
+"""``a[$(cmd)]`` as text: bash runs ``cmd`` wherever the text is evaluated as arithmetic."""
 _TEXT_LEAVES = frozenset({"word", "regex", "raw_string", "extglob_pattern", "string_content"})
 """Tokens whose text tree-sitter does not look into."""
 _RESERVED = frozenset(
@@ -744,6 +747,8 @@ class _Analyser:
         elif kind in _TEXT_LEAVES and not node.child_count:
             self.leaf_text(node, depth)
         elif kind != "comment":
+            if kind == "expansion" and _PROMPT_EXPANSION.search(_text(node)):
+                raise _dynamic_code("`${…@P}` (prompt expansion runs the `$(…)` in a value)")
             # lists, compound commands, control flow, function definitions, words, arithmetic:
             # whatever they contain that runs code is found by descending
             for child in node.named_children:
@@ -874,6 +879,12 @@ class _Analyser:
         """``NAME=value`` (before a command, or for ``export``/``env``/``sudo``/…)."""
         if _IDENTITY_ASSIGNMENT.match(word.text):
             self.out.path_changed = True
+        if _SUBSCRIPT_CODE.search(word.text.partition("=")[2]):
+            raise _reject(
+                f"the value of {word.raw[:40]!r} holds an array subscript with a command "
+                "substitution, which arithmetic would run ($((x)), declare -i); the analyser "
+                "cannot follow the value, so rewrite it"
+            )
         if _CODE_ASSIGNMENT.match(word.text):
             name, _, value = word.text.partition("=")
             code = None if word.dynamic or word.unsafe else Word.literal(value)
@@ -926,8 +937,7 @@ class _Analyser:
             parts.dynamic = True
             parts.unsafe = parts.unsafe or not quoted or kind == "brace_expression"
             parts.text.append(text)
-            for child in node.named_children:
-                self.walk(child, depth)
+            self.walk(node, depth)
 
     def substitution(self, node: Node, depth: int) -> None:
         """``$(…)``, `` `…` ``, ``<(…)``: its code runs with the caller's stdin, unseen."""
@@ -1418,6 +1428,13 @@ class _Analyser:
                 self.code_string(f"`git -c {key}`", Word.literal(value.removeprefix("!")), depth)
         return []
 
+    def h_mapfile(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
+        """``mapfile -C CALLBACK``: bash evaluates the callback as shell code."""
+        res = _parse_options(name, args, _Opts("dnOsuCc"))
+        if "-C" in res.values:
+            self.code_string(f"`{name} -C`", Word.literal(res.values["-C"]), depth)
+        return []
+
     def h_watch(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         res = _parse_options(name, args, _Opts("nq", frozenset({"--interval", "--equexit"})))
         if res.index is None:
@@ -1447,6 +1464,8 @@ _HANDLERS: dict[str, _Handler] = {
     "script": _Analyser.h_string_cmd,
     "flock": _Analyser.h_string_cmd,
     "watch": _Analyser.h_watch,
+    "mapfile": _Analyser.h_mapfile,
+    "readarray": _Analyser.h_mapfile,
     "git": _Analyser.h_git,
     **{s: _Analyser.h_shell for s in POSIX_SHELLS | OTHER_SHELLS},
 }
