@@ -146,6 +146,8 @@ CASES = [
     f"! {T}",
     f"time {T}",
     f"time -p {T}",
+    f"time ! {T}",
+    f"time -p ! {T}",
     f"> out {T}",
     f"2>/dev/null {T}",
     f"{T} 2>&1",

@@ -190,6 +190,7 @@ EVASIONS: list[tuple[str, str]] = [
     ('echo "a $(echo "$(rm x)")"', DENY_RM),
     ("time rm x", DENY_RM),
     ("time -p rm x", DENY_RM),
+    ("time ! rm x", "unparseable"),
     ("! rm x", DENY_RM),
     ("cat <<EOF && rm y\nbody\nEOF", DENY_RM),
     ("cat <<EOF | xargs rm\nx\nEOF", DENY_RM),

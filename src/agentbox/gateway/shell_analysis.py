@@ -435,8 +435,8 @@ _RESERVED = frozenset(
     {"{", "}", "then", "else", "elif", "fi", "do", "done", "esac", "in", "coproc", "function",
      "select", "case", "if", "while", "until", "for", "[[", "]]", "!"}
 )  # fmt: skip
-"""Reserved words: never a program name in bash; as one, tree-sitter did not understand the
-construct (``coproc NAME { … }``)."""
+"""Reserved words: as a program name (also after ``time``, which tree-sitter takes for a
+program), tree-sitter did not understand the construct (``coproc NAME { … }``, ``time ! …``)."""
 
 
 @dataclass
@@ -843,12 +843,6 @@ class _Analyser:
         if not words:
             return []
         argv_words = [w for _, w in sorted(words, key=lambda item: item[0])]
-        first = argv_words[0]
-        if first.text in _RESERVED and first.raw == first.text:
-            raise _reject(
-                f"cannot analyse this command: `{first.text}` here is a construct the shell "
-                "parser does not support (`coproc`, or a misplaced reserved word); rewrite it"
-            )
         saved, self.stdin_readers = self.stdin_readers, {}
         argvs = self.argv(argv_words, depth)
         self.settle_stdin(sorted(redirects, key=lambda r: r.start_byte), depth)
@@ -1108,6 +1102,11 @@ class _Analyser:
                 "(variable, substitution, glob or brace expansion), so the policy cannot check "
                 "it; write the program name literally",
                 RULE_DYNAMIC_NAME,
+            )
+        if text in _RESERVED and word.raw == text:
+            raise _reject(
+                f"cannot analyse this command: `{text}` here is a construct the shell parser "
+                "does not support (`coproc`, `time !`, or a misplaced reserved word); rewrite it"
             )
         name = normalise_program(text)
         if not name or name == "..":
