@@ -139,8 +139,10 @@ Limitations - what a determined agent can still do
   matched as written.
 * **Data-dependent evaluation.** bash evaluates array subscripts in arithmetic contexts, so a
   variable whose *value* is ``a[$(cmd)]`` runs ``cmd`` in ``$((x))``, ``[[ $x -eq 1 ]]``,
-  ``read``/``printf -v`` targets, etc. Literal occurrences are refused; values arriving at
-  run time cannot be seen.
+  ``declare -i``, ``read``/``printf -v`` targets, etc.; ``${x@P}`` runs the ``$(…)`` in a
+  value. Literal occurrences are refused (such text as an argument of ``let``/``declare``/
+  ``[``/``[[``…, as the value of an assignment, and every ``${…@P}``); values arriving at run
+  time (``read x``, ``x=$(cat f)``) cannot be seen.
 * **Symlinks.** File checks are lexical. A symlink created inside the sandbox
   (``ln -s .git/hooks h``) can point a permitted path at a protected one; the file layer
   must resolve paths inside the sandbox (``openat2(RESOLVE_IN_ROOT)``) and re-check.
