@@ -59,6 +59,14 @@ CASES = [
     f"echo x # comment \\\n{T}",
     f"echo 'a\\\n'; {T}",
     f'echo "a\\\nb"; {T}',
+    'echo "$\\\n(touch ran)"',
+    "echo $\\\n(touch ran)",
+    "cat <<EOF\n$\\\n(touch ran)\nEOF",
+    "cat <<EOF\n`tou\\\nch ran`\nEOF",
+    f'echo "a\\\\\n"; {T}',
+    f"echo \\\\\n{T}",
+    f"[[ x =~ a\\\nb ]]; {T}",
+    f"cat <<EOF\na \\\\\n$({T})\nEOF",
     f"# comment\n{T}",
     f"echo x; #; {T}",
     f"echo x#; {T}",
@@ -196,6 +204,8 @@ SPARED = [
     f"cat <<EOF\n$(echo EOF)\n{T}\nEOF",
     f"echo x; #; {T}",
     f"echo '{T}' | cat",
+    "cat <<'EOF'\n$\\\n(touch ran)\nEOF",
+    "cat <<EOF > s.sh\ncmd \\\n --flag\nEOF",
 ]
 
 

@@ -311,11 +311,11 @@ def _dequote_delimiter(raw: str) -> str | None:
     return parts[0] if len(parts) == 1 and parts[0] else None
 
 
-_KEEP_CONTINUATION = frozenset(
-    {"raw_string", "string_content", "comment", "ansi_c_string", "word", "heredoc_content",
-     "heredoc_body", "heredoc_start", "heredoc_end", "extglob_pattern", "regex"}
-)  # fmt: skip
-"""Tokens whose text keeps a backslash-newline (literal, or removed by word unescaping)."""
+_KEEP_CONTINUATION = frozenset({"raw_string", "comment", "ansi_c_string"})
+"""Tokens whose backslash-newline is literal text; everywhere else bash removes it before
+parsing (also inside ``"…"`` and unquoted heredocs: ``"$\\<newline>(cmd)"`` runs cmd)."""
+_CONTINUATION = re.compile(rb"(?<!\\)(?:\\\\)*\\\n")
+"""A backslash-newline whose backslash is not itself escaped."""
 
 
 def _parse(source: str, table: _HeredocTable) -> Node:
@@ -338,11 +338,13 @@ def _parse(source: str, table: _HeredocTable) -> Node:
             edits.extend(_heredoc_edits(node, data, table, bodies))
     if edits:
         table.trees.append(tree)
-    for match in re.finditer(rb"\\\n", data):
-        p = match.start()
+    for match in _CONTINUATION.finditer(data):
+        p = match.end() - 2
         if any(a <= p < b for a, b in bodies):
-            continue
+            continue  # a heredoc body: see _heredoc_edits
         leaf = root.descendant_for_byte_range(p, p + 1)
+        if leaf is not None and leaf.type == "heredoc_start":
+            raise _reject("a line continuation in a here-document delimiter; write it on one line")
         if leaf is None or leaf.child_count or leaf.type not in _KEEP_CONTINUATION:
             edits.append((p, p + 2, b""))
     if not edits:
@@ -402,6 +404,17 @@ def _heredoc_edits(
             "a here-document was not parsed the way bash reads it; put it in a simpler command"
         )
     text = data[body_start:end_line].decode("utf-8", "surrogatepass")
+    if not quoted and _CONTINUATION.search(data, body_start, end_line):
+        # bash joins the lines first (`$\<newline>(cmd)` runs cmd): parse the joined body
+        text = _CONTINUATION.sub(lambda m: m.group()[:-2], data[body_start:end_line]).decode(
+            "utf-8", "surrogatepass"
+        )
+        fence = f"AGENTBOX_{secrets.token_hex(8)}"
+        joined = _tree(f": <<{fence}\n{text}{fence}\n".encode("utf-8", "surrogatepass"))
+        table.trees.append(joined)
+        body = next((n for n in _descendants(joined.root_node) if n.type == "heredoc_body"), None)
+        if joined.root_node.has_error or body is None:
+            raise _reject("a here-document with line continuations could not be parsed; simplify")
     placeholder = table.add(_Heredoc(delim, quoted, text, None if quoted else body))
     bodies.append((body_start, after))
     return [
