@@ -168,6 +168,8 @@ CASES = [
     f'IFS=, read a b <<< "1,2"; {T}',
     f"eval '{T}'",
     f"bash -c '{T}'",
+    f'script -qc "{T}" /dev/null',
+    f"flock -xc '{T}' /tmp/agentbox-differential.lock",
     f"coproc {T}; wait",
     f"cat <<A <<B\nx\nA\ny\nB\n{T}",
     f"cat <<EOF; {T}\nx\nEOF",

@@ -554,6 +554,8 @@ _SUDO = _Opts(
     ),
     no_program=frozenset({"-e", "--edit", "-V", "--version", "-K", "--remove-timestamp"}),
 )
+_STRING_CMD_VALUES = {"su": "csgGw", "runuser": "cugGsw", "script": "cTBIOEom", "flock": "cwE"}
+"""Short options of ``h_string_cmd``'s programs: ``c`` (the code) and those taking a value."""
 _FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
 _FIND_ARG_PRIMARIES = (
     "-name -iname -path -ipath -wholename -iwholename -regex -iregex -lname -ilname -perm "
@@ -1399,11 +1401,17 @@ class _Analyser:
         """``su``/``runuser``/``script``: ``-c STRING`` is shell code; ``flock`` also runs argv."""
         for i, w in enumerate(args):
             t = w.text
-            if t in ("-c", "--command", "--session-command") or t.startswith(("--command=",)):
-                if "=" in t:
-                    code: Word | None = Word.literal(t.partition("=")[2])
-                else:
-                    code = args[i + 1] if i + 1 < len(args) else None
+            following = args[i + 1] if i + 1 < len(args) else None
+            cluster = t[1:] if t[:1] == "-" and t[1:2] not in ("", "-") else ""
+            first = next((k for k, ch in enumerate(cluster) if ch in _STRING_CMD_VALUES[name]), -1)
+            is_code, code = True, following
+            if cluster and cluster[first : first + 1] == "c":  # -c CODE, -qc CODE, -cCODE
+                code = Word.literal(cluster[first + 1 :]) if cluster[first + 1 :] else following
+            elif t.startswith(("--command=", "--session-command=")):
+                code = Word.literal(t.partition("=")[2])
+            else:
+                is_code = t in ("--command", "--session-command")
+            if is_code:
                 self.code_string(f"`{name} -c`", code, depth)
                 return []
             if w.dynamic or w.unsafe:
