@@ -169,7 +169,7 @@ CASES = [
     f"eval '{T}'",
     f"bash -c '{T}'",
     f'script -qc "{T}" /dev/null',
-    f"flock -xc '{T}' /tmp/agentbox-differential.lock",
+    f"flock -xc '{T}' lockfile",
     f"coproc {T}; wait",
     f"cat <<A <<B\nx\nA\ny\nB\n{T}",
     f"cat <<EOF; {T}\nx\nEOF",
