@@ -158,6 +158,17 @@ EVASIONS: list[tuple[str, str]] = [
     ('echo "oops', "unparseable"),
     ("echo $(ls", "unparseable"),
     ("ls; ;", "unparseable"),
+    # tree-sitter recovers from these with ERROR or MISSING nodes: refused
+    ("if true; then rm x", DENY_RM),  # deny wins: rm is found before the refusal
+    ("if true; then ls", "unparseable"),
+    ("for x in a; do ls", "unparseable"),
+    ("case x in a) ls", "unparseable"),
+    ("echo ${x", "unparseable"),
+    ("[[ -f x", "unparseable"),
+    ("(( 1 +", "unparseable"),
+    ("f() {", "unparseable"),
+    ("echo `ls", "unparseable"),
+    ("ls )", "unparseable"),
     ("cat <<EOF\nno terminator", "unparseable"),
     # the heredoc body starts after the logical line (after the string): rm really runs
     ("cat <<'EOF' \"\nEOF\n\"\nEOF\nrm -rf /\n'EOF'", DENY_RM),
