@@ -277,7 +277,9 @@ class _HeredocTable:
     nonce: str = ""  # drawn at the first heredoc: most commands have none
     entries: list[_Heredoc] = field(default_factory=list)
     consumed: set[int] = field(default_factory=set)
-    trees: list[tree_sitter.Tree] = field(default_factory=list)  # keeps body nodes valid
+    trees: list[tree_sitter.Tree] = field(default_factory=list)
+    """Every tree of the analysis, kept alive: body nodes stay valid and node ids (keys of
+    the analyser's tables) are not reused by a later parse."""
 
     def add(self, heredoc: _Heredoc) -> str:
         if not self.nonce:
@@ -328,6 +330,7 @@ def _parse(source: str, table: _HeredocTable) -> Node:
     """
     data = source.encode("utf-8", "surrogatepass")
     tree = _tree(data)
+    table.trees.append(tree)
     root = tree.root_node
     if root.has_error:
         raise _ParseFailed(root)
@@ -336,8 +339,6 @@ def _parse(source: str, table: _HeredocTable) -> Node:
     for node in _descendants(root):
         if node.type == "heredoc_redirect":
             edits.extend(_heredoc_edits(node, data, table, bodies))
-    if edits:
-        table.trees.append(tree)
     for match in _CONTINUATION.finditer(data):
         p = match.end() - 2
         if any(a <= p < b for a, b in bodies):
@@ -1017,9 +1018,9 @@ class _Analyser:
                 self.walk(child, depth)
         self.backticks(heredoc.body, depth, "a here-document")  # tree-sitter does not parse them
 
-    def backticks(self, text: str, depth: int, where: str) -> bool:
-        """Analyse the `` `…` `` in text that tree-sitter left unparsed; were there any?"""
-        i, found = 0, False
+    def backticks(self, text: str, depth: int, where: str) -> None:
+        """Analyse the `` `…` `` in text that tree-sitter left unparsed."""
+        i = 0
         while i < len(text):
             if text[i] == "\\":
                 i += 2
@@ -1031,9 +1032,8 @@ class _Analyser:
                 if j >= len(text):
                     raise _reject(f"unterminated backquote inside {where}; use $(…)")
                 self.code_in_substitution(_unescape_backticks(text[i + 1 : j]), depth)
-                found, i = True, j
+                i = j
             i += 1
-        return found
 
     def settle_stdin(self, redirects: Sequence[Node], depth: int) -> None:
         """Decide on programs that read their program from stdin, given these redirections.
