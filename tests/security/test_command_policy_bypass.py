@@ -273,6 +273,12 @@ NEEDS_APPROVAL: list[tuple[str, str]] = [
     ("f=-rf; rm $f x", "rm -rf *"),
     ('rm "$opts" x', "rm -rf *"),
     ('git push origin "$ref"', "git push --force*"),
+    # quoting, ANSI-C strings and brace expansion spell the same options
+    ("rm -{r,f} x", "rm -rf *"),
+    ("rm -r{,} -f x", "rm -rf *"),
+    ('rm -r""f x', "rm -rf *"),
+    ("rm $'-rf' x", "rm -rf *"),
+    ('rm -$"rf" x', "rm -rf *"),
     # an alias defined on the command line
     ("git -c alias.p='push --force' p origin", "git push --force*"),
     ("git -c alias.p='push' p -f", "git push --force*"),
