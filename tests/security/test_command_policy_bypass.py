@@ -117,9 +117,12 @@ def test_a_program_read_from_stdin_or_a_pipe_is_dynamic_code(command: str) -> No
         ("bash <<'EOF'\nrm x\nEOF", "tools.terminal.run.deny: rm"),
         ("sh <<< 'rm x'", "tools.terminal.run.deny: rm"),
         ("source /dev/stdin <<'EOF'\nrm x\nEOF", "tools.terminal.run.deny: rm"),
-        ("{ sh; } <<< 'rm x'", "tools.terminal.run.deny: rm"),
+        ("{ sh; } <<< 'rm x'", "unparseable"),  # tree-sitter: a syntax error, refused
         ("bash -c 'sh' <<'EOF'\nrm x\nEOF", "tools.terminal.run.deny: rm"),
-        ("sh < /dev/stdin <<< 'rm x'", "tools.terminal.run.deny: rm"),
+        ("sh < /dev/stdin <<< 'rm x'", "unparseable"),
+        ("sh <<< 'rm x' < /dev/stdin", "dynamic shell code"),
+        ("< script.sh bash <<'EOF'\nrm x\nEOF", "tools.terminal.run.deny: rm"),
+        ("cat <<'EOF' | bash\nls\nEOF", "dynamic shell code"),
         ("fish <<< 'ls'", "unparseable"),
     ],
 )
@@ -272,6 +275,12 @@ NEEDS_APPROVAL: list[tuple[str, str]] = [
     ('git push origin "$ref"', "git push --force*"),
     ("rm -f *", "rm -rf *"),  # a file named -r in the directory is an option
     ('rm "-"$x y', "rm -rf *"),
+    # quoting, ANSI-C strings and brace expansion spell the same options
+    ("rm -{r,f} x", "rm -rf *"),
+    ("rm -r{,} -f x", "rm -rf *"),
+    ('rm -r""f x', "rm -rf *"),
+    ("rm $'-rf' x", "rm -rf *"),
+    ('rm -$"rf" x', "rm -rf *"),
     # an alias defined on the command line
     ("git -c alias.p='push --force' p origin", "git push --force*"),
     ("git -c alias.p='push' p -f", "git push --force*"),

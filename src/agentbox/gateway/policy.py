@@ -147,8 +147,10 @@ Limitations - what a determined agent can still do
   matched as written.
 * **Data-dependent evaluation.** bash evaluates array subscripts in arithmetic contexts, so a
   variable whose *value* is ``a[$(cmd)]`` runs ``cmd`` in ``$((x))``, ``[[ $x -eq 1 ]]``,
-  ``read``/``printf -v`` targets, etc. Literal occurrences are refused; values arriving at
-  run time cannot be seen.
+  ``declare -i``, ``read``/``printf -v`` targets, etc.; ``${x@P}`` runs the ``$(…)`` in a
+  value. Literal occurrences are refused (such text as an argument of ``let``/``declare``/
+  ``[``/``[[``…, as the value of an assignment, and every ``${…@P}``); values arriving at run
+  time (``read x``, ``x=$(cat f)``) cannot be seen.
 * **Hard links made outside the file tools.** A hard link is a second name for the same
   file: one made by the sandbox's shell (``ln .git/config cfg``) is an ordinary file to the
   file tools, and writing ``cfg`` changes ``.git/config``. The file tools refuse to *make*
@@ -156,15 +158,18 @@ Limitations - what a determined agent can still do
   other names are. Nor do they see what the shell, ``git`` or a build does: a token that may
   run commands can write protected paths directly.
 
-* **Parser robustness.** bashlex 0.18 has bugs the analyser works around (it re-does quote
-  removal, re-parses substitutions bashlex truncates, rewrites quoted heredocs, and caps the
-  known runaway loop with a node budget). An unknown pure-CPU loop in bashlex could still
-  stall the calling thread; the gateway should run checks with a deadline.
+* **Parser fidelity.** tree-sitter-bash recovers from errors instead of failing (every tree
+  with an ERROR/MISSING node is refused) and differs from bash in known places the analyser
+  corrects (heredoc bodies set aside, line continuations joined, backticks re-parsed after
+  bash's unescaping, digits before ``<``/``>`` taken as a descriptor). A construct where it
+  differs silently and the analyser does not know could hide a command; every command node
+  of the tree must have been analysed, which catches most of them.
 
 It also refuses some valid shell (false denials, always with a reason saying what to do):
-bashlex does not support ``case``, ``[[ ]]``, ``$((…))``, ``(( ))``, ``time``, ``coproc``,
-``select``, arrays, ``while``/``until`` with ``do`` on its own line, nested escaped
-backticks; program names built at run time, wrapper/``find`` arguments whose meaning
+the parser does not handle ``coproc``, two here-documents on one line, a here-string after
+another redirection or on a group (``{ …; } <<< x``), a heredoc operator followed by ``;``,
+brace expansion in a program name (``{a,b}``) and a few glob spellings (``r?m``); program
+names built at run time, wrapper/``find`` arguments whose meaning
 depends on run-time values (``find "$dir"``, ``timeout "$t" …``), unquoted globs in
 ``find`` arguments and ``$(…)`` text in arguments of ``let``/``declare``/``read``/``[``…
 are refused.

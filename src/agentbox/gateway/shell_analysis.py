@@ -1,13 +1,16 @@
 """Static analysis of shell command lines: which programs would this string run?
 
 The gateway's command policy (:mod:`agentbox.gateway.policy`) needs the list of every
-program a shell string would execute. This module finds it with a real shell parser
-(``bashlex``) and then walks the syntax tree, descending into everything that runs code:
+program a shell string would execute. This module finds it with a complete bash grammar
+(tree-sitter with ``tree-sitter-bash``) and then walks the syntax tree, descending into
+everything that runs code:
 
-* lists, pipelines, ``&``, ``;``, ``&&``, ``||``, subshells ``( )``, groups ``{ }``,
-  ``if``/``while``/``until``/``for`` bodies, function bodies, redirections;
+* lists, pipelines, ``&``, ``;``, ``&&``, ``||``, ``!``, subshells ``( )``, groups ``{ }``,
+  ``if``/``while``/``until``/``for``/``select``/``case`` bodies, ``for ((…))``, ``(( ))``,
+  ``[[ … ]]``, function bodies, redirections;
 * command substitution ``$(…)`` and backticks (nested), process substitution ``<( )``/``>( )``,
-  command substitutions inside ``${…}`` and inside unquoted here-documents;
+  and substitutions inside ``${…}``, ``$((…))``, array assignments, ``[[ ]]`` and unquoted
+  here-documents;
 * wrappers that run their argument as a program (``env``, ``xargs``, ``nice``, ``nohup``,
   ``setsid``, ``timeout``, ``stdbuf``, ``time``, ``command``, ``exec``, ``builtin``,
   ``sudo``, ``doas``, ``chroot``, ``busybox``, ``ionice``, ``taskset``, ``unshare``,
@@ -21,14 +24,16 @@ that stdin - its own redirections, an enclosing group's, the command holding a `
 string - and refused as dynamic code when it is a pipe, a descriptor, a substitution or the
 caller's stdin (:meth:`_Analyser.settle_stdin`; which programs read stdin is decided in
 :mod:`agentbox.gateway.command_rules`, on plain words, as are program identity and option
-normalisation, so the parser can be replaced).
+normalisation).
 
-bashlex 0.18 is used defensively, because it is wrong in ways that would hide commands:
-its quote removal is redone here from the source text (it turns ``'r''m'`` into ``r''m``);
-substitutions it truncates (multi-line ``$(…)``, a ``#`` before the ``)``) are detected by
-comparing the tree with the source and re-parsed or refused; quoted-delimiter heredocs, which
-it cannot parse, are set aside before parsing (:class:`_HeredocTable`); a known infinite loop
-is patched and every parse runs under a node budget; leftovers it silently skips are refused.
+tree-sitter recovers from syntax errors instead of failing, so every tree with an ``ERROR``
+or ``MISSING`` node is refused. Where its tree is known to differ from what bash reads, the
+source is corrected before the tree is trusted (:func:`_parse`): here-document bodies are
+set aside (tree-sitter attaches the rest of the operator's line to the heredoc), line
+continuations between words are joined (it splits ``r\\<newline>m``), backtick substitutions
+are re-parsed after bash's unescaping (it does not see nested escaped backticks), and
+backticks in unquoted heredoc bodies are found by scanning (it does not parse them).
+Every command node of every tree must have been analysed, or the command is refused.
 
 Program names are normalised: quoting is removed (``r''m``, ``"rm"``, ``\\rm`` → ``rm``),
 paths are reduced to their basename (``/usr/bin/rm``, ``./rm``,
@@ -37,10 +42,8 @@ written are kept too (:attr:`CommandAnalysis.program_words`), for their identity
 
 Everything that cannot be decided statically fails closed with :class:`UnparseableCommand`:
 
-* ``unparseable``: parser errors, constructs bashlex does not support (``case``, ``[[ ]]``,
-  ``$((…))``, ``time``, ``coproc``, ``select``, arrays), and places where bashlex's tree
-  disagrees with the source text (it silently truncates some multi-line ``$(…)``; those
-  are re-parsed or rejected, never trusted);
+* ``unparseable``: syntax errors, ``coproc``, two here-documents on one line, and places
+  where the tree disagrees with bash (a heredoc terminator tree-sitter did not end on);
 * ``dynamic command name``: the program name contains ``$x``, ``${x}``, ``$(…)``, a glob or a
   brace expansion;
 * ``dynamic shell code``: ``eval``/``sh -c``/``trap``/``alias`` with non-literal code, or a
@@ -54,18 +57,19 @@ This is a guardrail, not a boundary: see the limitations in :mod:`agentbox.gatew
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import re
 import secrets
 import shlex
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from string import ascii_letters, digits
 from typing import Any
 
-import bashlex
-import bashlex.errors
+import tree_sitter
+import tree_sitter_bash
 
 from agentbox.errors import InvalidRequest
 from agentbox.gateway.command_rules import (
@@ -86,7 +90,7 @@ MAX_DEPTH = 8
 """Maximum nesting of code-in-a-string (``bash -c "eval '…'"``, substitutions in heredocs)."""
 
 MAX_COMMAND_CHARS = 100_000
-"""Longer command strings are refused outright (the parser is not built for megabytes)."""
+"""Longer command strings are refused outright."""
 
 RULE_INVALID = "invalid command"
 RULE_UNPARSEABLE = "unparseable"
@@ -94,8 +98,6 @@ RULE_DYNAMIC_NAME = "dynamic command name"
 RULE_DYNAMIC_CODE = "dynamic shell code"
 RULE_TOO_DEEP = "nesting too deep"
 RULE_FUNC_IMPORT = "function import via environment"
-
-_MAX_COMSUB_CANDIDATES = 256
 
 
 class UnparseableCommand(InvalidRequest):
@@ -111,10 +113,6 @@ class UnparseableCommand(InvalidRequest):
         self.rule = rule
         self.programs: list[str] = list(details.get("programs", []))
         """Programs found before the analysis had to stop (for "deny wins" reporting)."""
-
-
-class _SuspectParse(Exception):
-    """bashlex's tree for a word does not match the source text."""
 
 
 @dataclass
@@ -220,156 +218,92 @@ def _reject(message: str, rule: str = RULE_UNPARSEABLE) -> UnparseableCommand:
 
 # --------------------------------------------------------------------------- parsing
 
-
-class _ParseBudgetExceeded(Exception):
-    """bashlex created far more nodes than the input can justify (a parser loop)."""
-
-
-_budget = threading.local()
-_NODE_BUDGET_BASE = 5_000
-_NODE_BUDGET_PER_CHAR = 20
+Node = tree_sitter.Node
+_LANGUAGE = tree_sitter.Language(tree_sitter_bash.language())
+_local = threading.local()  # a Parser is not safe to share between threads
 
 
-def _install_bashlex_guards() -> None:
-    """Make bashlex 0.18's known runaway loops fail instead of eating all memory.
-
-    * ``_paramexpand`` does ``string.find("}")`` without checking for -1, so an unclosed
-      ``${`` that reaches it (e.g. inside ``$'…'``) restarts the word from index 0 forever;
-    * as a safety net for loops not yet known, every parse gets a node budget
-      (:func:`_bashlex_parse`).
-    """
-    subst = bashlex.subst
-    if getattr(subst, "_agentbox_guarded", False):
-        return
-    paramexpand = subst._paramexpand
-
-    def guarded_paramexpand(parserobj: Any, string: str, sindex: int) -> Any:
-        if string.startswith("${", sindex) and string.find("}", sindex + 2) == -1:
-            raise bashlex.errors.ParsingError("bad substitution: no closing '}'", string, sindex)
-        return paramexpand(parserobj, string, sindex)
-
-    node_init = bashlex.ast.node.__init__
-
-    def counted_init(self: Any, **kwargs: Any) -> None:
-        left = getattr(_budget, "nodes", None)
-        if left is not None:
-            if left <= 0:
-                raise _ParseBudgetExceeded()
-            _budget.nodes = left - 1
-        node_init(self, **kwargs)
-
-    subst._paramexpand = guarded_paramexpand
-    bashlex.ast.node.__init__ = counted_init
-    subst._agentbox_guarded = True
+def _tree(data: bytes) -> tree_sitter.Tree:
+    parser = getattr(_local, "parser", None)
+    if parser is None:
+        parser = _local.parser = tree_sitter.Parser(_LANGUAGE)
+    return parser.parse(data)
 
 
-def _bashlex_parse(src: str) -> list[Any]:
-    """bashlex.parse under a node budget proportional to the input size."""
-    _budget.nodes = _NODE_BUDGET_BASE + _NODE_BUDGET_PER_CHAR * len(src)
-    try:
-        return list(bashlex.parse(src))
-    finally:
-        _budget.nodes = None
+def _text(node: Node) -> str:
+    return (node.text or b"").decode("utf-8", "surrogatepass")
 
 
-_install_bashlex_guards()
+def _descendants(node: Node) -> Iterator[Node]:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(n.children))
 
 
-_NOT_SUPPORTED_HINTS = (
-    ("time", "the `time` keyword (drop it, or use `command time …`)"),
-    ("pattern", "`case … esac` (use if/elif)"),
-    ("arithmetic", "arithmetic expansion `$((…))`/`$[…]` (compute it in a separate command)"),
-    ("coproc", "`coproc`"),
-    ("select", "`select`"),
-)
-
-
-def _parse(source: str, heredocs: _HeredocTable) -> tuple[list[Any], str]:
-    """bashlex.parse with safety checks; returns the trees and the source they index.
-
-    Quoted-delimiter heredocs are rewritten first (see :func:`_prepare_heredocs`), and the
-    trees are checked against the source: bashlex must have consumed all of it, and every
-    heredoc must end where bash would end it.
-    """
-    src = _prepare_heredocs(source, heredocs)
-    try:
-        trees = _bashlex_parse(src)
-    except _ParseBudgetExceeded:
-        raise _reject("the parser could not handle this command; simplify it") from None
-    except bashlex.errors.ParsingError as exc:
-        raise _reject(_parse_error_reason(src, str(exc))) from None
-    except NotImplementedError as exc:
-        text = str(exc)
-        hint = next((h for key, h in _NOT_SUPPORTED_HINTS if key in text), text)
-        raise _reject(
-            f"cannot analyse this command: the policy's shell parser does not support {hint}; "
-            "rewrite it with simpler constructs"
-        ) from None
-    except RecursionError:
-        raise _reject("the command is nested too deeply to analyse", RULE_TOO_DEEP) from None
-    except Exception as exc:  # bashlex raises assorted internal errors on odd input
-        raise _reject(_parse_error_reason(src, f"{type(exc).__name__}: {exc}")) from None
-    _check_coverage(src, trees)
-    _check_heredocs(trees, heredocs)
-    return trees, src
-
-
-def _parse_error_reason(src: str, detail: str) -> str:
-    hint = ""
-    if "[[" in src:
-        hint = "; `[[ … ]]` is not supported, use `[ … ]` or `test`"
-    elif re.search(r"\w=\(", src):
-        hint = "; array assignments are not supported"
-    return (
-        f"cannot parse this shell command ({detail}){hint}; check quoting and brackets, "
-        "or split it into simpler commands"
+def _syntax_error(root: Node, where: str = "") -> UnparseableCommand:
+    bad = next((n for n in _descendants(root) if n.is_error or n.is_missing), root)
+    line, col = bad.start_point
+    if bad.is_missing:
+        detail = f"`{bad.type}` is missing near line {line + 1}, column {col + 1}"
+    else:
+        near = _text(bad).strip().splitlines()
+        detail = f"syntax error near line {line + 1}, column {col + 1}" + (
+            f" ({near[0][:40]!r})" if near else ""
+        )
+    return _reject(
+        f"cannot parse this shell command{where}: {detail}; check quoting, brackets and "
+        "here-document terminators, or split it into simpler commands"
     )
 
 
 @dataclass
-class _HeredocTable:
-    """Bodies of quoted-delimiter heredocs, taken out of the source before bashlex sees it.
+class _Heredoc:
+    delim: str
+    quoted: bool
+    body: str
+    node: Node | None  # the heredoc_body of the first parse: its substitutions, if unquoted
 
-    Each body is replaced by one placeholder line (with a per-analysis random nonce, so a
-    command cannot forge one); a heredoc whose whole body is a placeholder gets the original
-    body back. Every entry must be consumed by a real heredoc before the analysis is trusted.
+
+@dataclass
+class _HeredocTable:
+    """Here-document bodies, set aside before the tree is trusted (see :func:`_parse`).
+
+    Each ``<<DELIM`` becomes ``<PLACEHOLDER`` (with a per-analysis random nonce, so a command
+    cannot forge one) and its body and terminator line are removed from the source. Every
+    entry must be consumed by a ``<`` redirection of the final tree.
     """
 
     nonce: str = ""  # drawn at the first heredoc: most commands have none
-    entries: list[tuple[str, str]] = field(default_factory=list)  # (delimiter, body)
+    entries: list[_Heredoc] = field(default_factory=list)
     consumed: set[int] = field(default_factory=set)
+    trees: list[tree_sitter.Tree] = field(default_factory=list)
+    """Every tree of the analysis, kept alive: body nodes stay valid and node ids (keys of
+    the analyser's tables) are not reused by a later parse."""
 
-    def add(self, delim: str, body: str) -> str:
+    def add(self, heredoc: _Heredoc) -> str:
         if not self.nonce:
             self.nonce = secrets.token_hex(8)
-        self.entries.append((delim, body))
+        self.entries.append(heredoc)
         return f"__agentbox_heredoc_{self.nonce}_{len(self.entries) - 1}__"
 
-    def lookup(self, line: str, delim: str) -> str | None:
-        if not self.entries:
-            return None
+    def lookup(self, word: str) -> _Heredoc | None:
         prefix = f"__agentbox_heredoc_{self.nonce}_"
-        if not (line.startswith(prefix) and line.endswith("__")):
+        if not self.entries or not (word.startswith(prefix) and word.endswith("__")):
             return None
-        index = line[len(prefix) : -2]
+        index = word[len(prefix) : -2]
         if not index.isdigit() or int(index) >= len(self.entries):
             return None
-        entry = self.entries[int(index)]
-        if entry[0] != delim:
-            return None
         self.consumed.add(int(index))
-        return entry[1]
+        return self.entries[int(index)]
 
     def check_all_consumed(self) -> None:
         if len(self.consumed) != len(self.entries):
             raise _reject(
-                "a `<<` could not be matched to a here-document; put the heredoc in a simpler "
-                "command, or quote the `<<` if it is text"
+                "a here-document could not be matched to its command; put the heredoc in a "
+                "simpler command"
             )
-
-
-_HEREDOC_OP = re.compile(r"(?<!<)<<(?!<)(-?)[ \t]*([^\s;&|<>()]+)")
-_SAFE_DELIMITER = re.compile(r"[A-Za-z0-9_.,:+/@%^=-]+")
 
 
 def _dequote_delimiter(raw: str) -> str | None:
@@ -380,122 +314,119 @@ def _dequote_delimiter(raw: str) -> str | None:
     return parts[0] if len(parts) == 1 and parts[0] else None
 
 
-def _prepare_heredocs(src: str, table: _HeredocTable) -> str:
-    """Rewrite ``<<'EOF' body EOF`` to ``<<EOF <placeholder> EOF`` (see :class:`_HeredocTable`).
+_KEEP_CONTINUATION = frozenset({"raw_string", "comment", "ansi_c_string"})
+"""Tokens whose backslash-newline is literal text; everywhere else bash removes it before
+parsing (also inside ``"…"`` and unquoted heredocs: ``"$\\<newline>(cmd)"`` runs cmd)."""
+_CONTINUATION = re.compile(rb"(?<!\\)(?:\\\\)*\\\n")
+"""A backslash-newline whose backslash is not itself escaped."""
 
-    bashlex mishandles quoted delimiters (it wants the terminator line *with* the quotes, and
-    its tokenizer and parser disagree inside ``$(…)``). A quoted heredoc's body is data that
-    bash does not expand, so it is set aside. An operator found inside a string or comment
-    is rewritten too, but then no heredoc consumes its placeholder and the command is refused.
+
+def _parse(source: str, table: _HeredocTable) -> Node:
+    """Parse ``source``; returns the tree to analyse (heredocs set aside, see the table).
+
+    The first parse locates here-documents and line continuations; when there are any, the
+    source is rewritten (heredoc ``<<D`` → ``<PLACEHOLDER``, body and terminator removed;
+    ``\\<newline>`` between tokens removed, as bash joins the words around it) and parsed
+    again. Either parse with an error is refused.
     """
-    pos = 0
-    line_nl, next_body = -1, -1  # heredocs sharing an operator line have consecutive bodies
-    while (op := _HEREDOC_OP.search(src, pos)) is not None:
-        pos = op.end()
-        raw = op.group(2)
-        quoted = any(q in raw for q in "'\"\\")
-        delim = _dequote_delimiter(raw) if quoted else raw
-        nl = src.find("\n", op.end())
-        if delim is None or nl == -1:
-            continue
-        body_start = next_body if nl == line_nl else nl + 1
-        term = _find_terminator(src, body_start, delim, strip_tabs=op.group(1) == "-")
-        if term is None:
-            continue
-        term_end = src.find("\n", term)
-        line_nl, next_body = nl, (len(src) if term_end == -1 else term_end + 1)
-        if not quoted or not _SAFE_DELIMITER.fullmatch(delim):
-            continue
-        body = src[body_start:term]
-        placeholder = table.add(delim, body) + "\n"
-        src = src[: op.start(2)] + delim + src[op.end(2) : body_start] + placeholder + src[term:]
-        line_nl += len(delim) - len(raw)
-        next_body += len(delim) - len(raw) + len(placeholder) - len(body)
-        pos = op.start(2) + len(delim)
-    return src
+    data = source.encode("utf-8", "surrogatepass")
+    tree = _tree(data)
+    table.trees.append(tree)
+    root = tree.root_node
+    if root.has_error:
+        raise _ParseFailed(root)
+    edits: list[tuple[int, int, bytes]] = []
+    bodies: list[tuple[int, int]] = []
+    for node in _descendants(root):
+        if node.type == "heredoc_redirect":
+            edits.extend(_heredoc_edits(node, data, table, bodies))
+    for match in _CONTINUATION.finditer(data):
+        p = match.end() - 2
+        if any(a <= p < b for a, b in bodies):
+            continue  # a heredoc body: see _heredoc_edits
+        leaf = root.descendant_for_byte_range(p, p + 1)
+        if leaf is not None and leaf.type == "heredoc_start":
+            raise _reject("a line continuation in a here-document delimiter; write it on one line")
+        if leaf is None or leaf.child_count or leaf.type not in _KEEP_CONTINUATION:
+            edits.append((p, p + 2, b""))
+    if not edits:
+        return root
+    edits.sort()
+    for (_, end, _), (start, _, _) in itertools.pairwise(edits):
+        if start < end:
+            raise _reject("here-documents overlap in a way the analyser cannot follow; simplify")
+    for start, end, text in reversed(edits):
+        data = data[:start] + text + data[end:]
+    tree = _tree(data)
+    table.trees.append(tree)
+    if tree.root_node.has_error:
+        raise _syntax_error(tree.root_node, " (after setting aside its here-documents)")
+    return tree.root_node
 
 
-def _find_terminator(src: str, start: int, delim: str, strip_tabs: bool) -> int | None:
-    scan = start
-    while scan <= len(src):
-        end = src.find("\n", scan)
-        line = src[scan:] if end == -1 else src[scan:end]
-        if (line.lstrip("\t") if strip_tabs else line) == delim:
-            return scan
-        if end == -1:
-            return None
-        scan = end + 1
-    return None
+class _ParseFailed(Exception):
+    """The first parse has errors; the tree is kept to report programs (deny wins)."""
+
+    def __init__(self, root: Node) -> None:
+        super().__init__("syntax error")
+        self.root = root
 
 
-def _nodes(node: Any) -> Iterator[Any]:
-    """Every bashlex node in the subtree, generically (any attribute holding nodes)."""
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        yield n
-        stack.extend(_children(n))
-
-
-def _children(node: Any) -> list[Any]:
-    out: list[Any] = []
-    for value in vars(node).values():
-        if isinstance(value, bashlex.ast.node):
-            out.append(value)
-        elif isinstance(value, list):
-            out.extend(v for v in value if isinstance(v, bashlex.ast.node))
-    return out
-
-
-def _max_end(node: Any) -> int:
-    return max((n.pos[1] for n in _nodes(node) if hasattr(n, "pos")), default=0)
-
-
-def _check_coverage(src: str, trees: list[Any]) -> None:
-    """bashlex.parse stops silently at a chunk it cannot turn into a node: refuse leftovers."""
-    end = max((_max_end(t) for t in trees), default=0)
-    for line in src[end:].split("\n"):
-        stripped = line.strip()
-        if stripped and not stripped.startswith("#") and stripped not in (";", "&"):
-            raise _reject(f"part of the command was not understood by the parser: {stripped!r}")
-
-
-def _heredoc_delimiter(redirect: Any) -> tuple[str, bool]:
-    raw = str(getattr(redirect.output, "word", ""))
+def _heredoc_edits(
+    node: Node, data: bytes, table: _HeredocTable, bodies: list[tuple[int, int]]
+) -> list[tuple[int, int, bytes]]:
+    kinds = {c.type: c for c in node.children}
+    op, start = node.children[0], kinds.get("heredoc_start")
+    body, end = kinds.get("heredoc_body"), kinds.get("heredoc_end")
+    if start is None or body is None or end is None:
+        raise _reject("a here-document has no terminator line; end it with its delimiter")
+    raw = _text(start)
     quoted = any(q in raw for q in "'\"\\")
     delim = _dequote_delimiter(raw) if quoted else raw
     if not delim:
         raise _reject("a here-document delimiter could not be understood; use <<'EOF'")
-    return delim, quoted
+    strip_tabs = op.type == "<<-"
 
+    def is_terminator(line: bytes) -> bool:
+        return (line.lstrip(b"\t") if strip_tabs else line) == delim.encode(
+            "utf-8", "surrogatepass"
+        )
 
-def _check_heredocs(trees: list[Any], table: _HeredocTable) -> None:
-    """Every heredoc must end where bash ends it; restore set-aside bodies.
-
-    Redirects whose body is a placeholder get ``agentbox_body`` (the original body) set on the
-    node; the analyser treats those bodies as data (or as code for ``bash <<'EOF'``).
-    """
-    for tree in trees:
-        for n in _nodes(tree):
-            if n.kind != "redirect" or getattr(n, "heredoc", None) is None:
-                continue
-            delim, _ = _heredoc_delimiter(n)
-            lines = str(n.heredoc.value).split("\n")
-            body = table.lookup(lines[0], delim) if len(lines) == 2 else None
-            if body is not None:
-                n.agentbox_body = body
-            elif delim in lines[:-1]:
-                raise _reject(
-                    "a here-document was not parsed the way bash reads it; put it in a simpler "
-                    "command"
-                )
+    end_line = data.rfind(b"\n", 0, end.start_byte) + 1
+    after = data.find(b"\n", end.end_byte)
+    after = len(data) if after == -1 else after + 1
+    body_start = data.rfind(b"\n", 0, min(body.start_byte, end_line)) + 1
+    lines = data[body_start:end_line].split(b"\n")[:-1]
+    if (
+        body_start <= start.end_byte
+        or not is_terminator(data[end_line:after].rstrip(b"\n"))
+        or any(is_terminator(line) for line in lines)
+    ):
+        raise _reject(
+            "a here-document was not parsed the way bash reads it; put it in a simpler command"
+        )
+    text = data[body_start:end_line].decode("utf-8", "surrogatepass")
+    if not quoted and _CONTINUATION.search(data, body_start, end_line):
+        # bash joins the lines first (`$\<newline>(cmd)` runs cmd): parse the joined body
+        text = _CONTINUATION.sub(lambda m: m.group()[:-2], data[body_start:end_line]).decode(
+            "utf-8", "surrogatepass"
+        )
+        fence = f"AGENTBOX_{secrets.token_hex(8)}"
+        joined = _tree(f": <<{fence}\n{text}{fence}\n".encode("utf-8", "surrogatepass"))
+        table.trees.append(joined)
+        body = next((n for n in _descendants(joined.root_node) if n.type == "heredoc_body"), None)
+        if joined.root_node.has_error or body is None:
+            raise _reject("a here-document with line continuations could not be parsed; simplify")
+    placeholder = table.add(_Heredoc(delim, quoted, text, None if quoted else body))
+    bodies.append((body_start, after))
+    return [
+        (op.start_byte, start.end_byte, b"<" + placeholder.encode()),
+        (body_start, after, b""),
+    ]
 
 
 # --------------------------------------------------------------------------- words
 
-_SUBSTITUTIONS = frozenset({"commandsubstitution", "processsubstitution"})
-_EXPANSIONS = _SUBSTITUTIONS | {"parameter"}
-_METACHARS = frozenset(" \t\n;&|()<>")
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _IDENTITY_ASSIGNMENT = re.compile(rf"(?:{'|'.join(sorted(IDENTITY_VARIABLES))})\+?=")
 _CODE_ASSIGNMENT = re.compile(rf"(?:{'|'.join(sorted(CODE_VARIABLES))})\+?=")
@@ -506,103 +437,56 @@ _VARIABLE_BUILTINS = frozenset(
 )  # fmt: skip
 """Programs that can set a variable named in their arguments (``export PATH=…``)."""
 
+_SUBSTITUTIONS = frozenset({"command_substitution", "process_substitution"})
+_EXPANSIONS = frozenset({"simple_expansion", "expansion", "arithmetic_expansion"})
+_REDIRECTS = frozenset({"file_redirect", "herestring_redirect", "heredoc_redirect"})
+_STATEMENTS = frozenset({"command", "declaration_command", "unset_command"})
+_PROMPT_EXPANSION = re.compile(r"@P\}\Z")
+_SUBSCRIPT_CODE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\[[^\]]*(?:\$\(|`)")
+"""``a[$(cmd)]`` as text: bash runs ``cmd`` wherever the text is evaluated as arithmetic."""
+_TEXT_LEAVES = frozenset({"word", "regex", "raw_string", "extglob_pattern", "string_content"})
+"""Tokens whose text tree-sitter does not look into."""
+_RESERVED = frozenset(
+    {"{", "}", "then", "else", "elif", "fi", "do", "done", "esac", "in", "coproc", "function",
+     "select", "case", "if", "while", "until", "for", "[[", "]]", "!"}
+)  # fmt: skip
+"""Reserved words: as a program name (also after ``time``, which tree-sitter takes for a
+program), tree-sitter did not understand the construct (``coproc NAME { … }``, ``time ! …``)."""
 
-def _make_word(node: Any, src: str) -> Word:
-    """A :class:`Word` from a bashlex word/assignment node, re-read from the source text.
 
-    bashlex's own quote removal is wrong for mixed quoting (``'r''m'`` → ``r''m``,
-    ``"it's"`` → ``its``), so the text is rebuilt here with bash's rules: ``'…'`` literal,
-    ``"…"`` with ``\\`` escaping only ``$ ` " \\`` and newline, ``\\x`` → ``x`` outside quotes,
-    ``$'…'``/``$"…"`` (kept verbatim, marked dynamic). Expansion parts bashlex reports inside
-    single quotes are literal text. Unquoted shell metacharacters in the literal text mean
-    bashlex mis-parsed the word (it truncates some substitutions): :class:`_SuspectParse`.
-    """
-    start, end = node.pos
-    parts = sorted(getattr(node, "parts", []), key=lambda p: p.pos[0])
-    out: list[str] = []
-    dynamic = unsafe = False
-    squote = dquote = ansi = False
-    brace_depth, brace_sep = 0, False
-    i, k = start, 0
-    while i < end:
-        if k < len(parts) and i >= parts[k].pos[0]:
-            part = parts[k]
-            k += 1
-            if squote or ansi:
-                continue  # bashlex artefact: literal text inside quotes
-            p0, p1 = part.pos
-            if part.kind == "tilde":
-                out.append(src[p0:p1])
-            elif part.kind == "parameter" and src.startswith(("$'", '$"'), p0) and not dquote:
-                dynamic = True  # ANSI-C / locale string: its value is not worked out here
-                out.append(src[p0 : p0 + 2])
-                ansi, dquote = src[p0 + 1] == "'", src[p0 + 1] == '"'
-                i = p0 + 2
-                continue
-            else:
-                dynamic = True
-                unsafe = unsafe or not dquote
-                out.append(src[p0:p1])
-            i = max(i, p1)
-            continue
-        c = src[i]
-        nxt = src[i + 1] if i + 1 < end else ""
-        if squote:
-            squote = c != "'"
-            if squote:
-                out.append(c)
-        elif ansi:
-            if c == "\\" and nxt:
-                out.append(c + nxt)
-                i += 2
-                continue
-            ansi = c != "'"
-            out.append(c)
-        elif c == "\\" and nxt:
-            if nxt != "\n":
-                keep = dquote and nxt not in '$`"\\'
-                out.append(c + nxt if keep else nxt)
+@dataclass
+class _WordParts:
+    text: list[str] = field(default_factory=list)
+    dynamic: bool = False
+    unsafe: bool = False
+    brace: bool = False  # an unquoted `{` seen: brace expansion is possible
+
+
+def _unescape_unquoted(raw: str, parts: _WordParts) -> None:
+    i = 0
+    while i < len(raw):
+        c = raw[i]
+        if c == "\\" and i + 1 < len(raw):
+            if raw[i + 1] != "\n":
+                parts.text.append(raw[i + 1])
             i += 2
             continue
-        elif dquote:
-            dquote = c != '"'
-            if dquote:
-                out.append(c)
-        elif c == "'":
-            squote = True
-        elif c == '"':
-            dquote = True
-        elif c in _METACHARS:
-            raise _SuspectParse()
-        else:
-            out.append(c)
-            if c in "*?[":
-                unsafe = True
-            elif c == "{":
-                brace_depth += 1
-            elif c == "}" and brace_depth:
-                brace_depth -= 1
-                unsafe = unsafe or brace_sep
-            elif brace_depth and (c == "," or src.startswith("..", i)):
-                brace_sep = True
+        if c in "*?[" or (parts.brace and (c == "," or raw.startswith("..", i))):
+            parts.unsafe = True
+        elif c == "{":
+            parts.brace = True
+        parts.text.append(c)
         i += 1
-    if squote or dquote or ansi:
-        raise _SuspectParse()
-    return Word(text="".join(out), raw=src[start:end], dynamic=dynamic, unsafe=unsafe)
 
 
-def _substitution_sound(node: Any, src: str) -> bool:
-    """Does bashlex's substitution node span exactly ``$(…)``/`` `…` ``/``<(…)`` in the source,
-    with nothing but separators between the parsed command and the closing bracket?"""
-    start, end = node.pos
-    text = src[start:end]
-    opener, closer = ("`", "`") if text[:1] == "`" else (text[:2], ")")
-    if opener not in ("$(", "<(", ">(", "`") or len(text) < len(opener) + 1:
-        return False
-    if not text.endswith(closer):
-        return False
-    inner_end = _max_end(node.command)
-    return inner_end <= end - 1 and re.fullmatch(r"[\s;&]*", src[inner_end : end - 1]) is not None
+def _unescape_double(raw: str) -> str:
+    """Backslash removal inside ``"…"``: only before ``$ ` " \\`` and newline."""
+    return re.sub(r'\\([$`"\\\n])', lambda m: "" if m.group(1) == "\n" else m.group(1), raw)
+
+
+def _unescape_backticks(raw: str) -> str:
+    """The code inside `` `…` `` as bash reads it: ``\\$``, ``\\```, ``\\\\`` lose a backslash."""
+    return re.sub(r"\\([$`\\])", r"\1", raw)
 
 
 # --------------------------------------------------------------------------- wrappers
@@ -672,6 +556,8 @@ _SUDO = _Opts(
     ),
     no_program=frozenset({"-e", "--edit", "-V", "--version", "-K", "--remove-timestamp"}),
 )
+_STRING_CMD_VALUES = {"su": "csgGw", "runuser": "cugGsw", "script": "cTBIOEom", "flock": "cwE"}
+"""Short options of ``h_string_cmd``'s programs: ``c`` (the code) and those taking a value."""
 _FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
 _FIND_ARG_PRIMARIES = (
     "-name -iname -path -ipath -wholename -iwholename -regex -iregex -lname -ilname -perm "
@@ -804,6 +690,22 @@ def _option_argument(name: str, args: Sequence[Word], i: int) -> str:
 # --------------------------------------------------------------------------- analyser
 
 
+def _redirect_parts(node: Node, fds: dict[int, str]) -> tuple[str, str, list[Node], list[Node]]:
+    """A redirection's descriptor (``""``: the default), operator, target, and the words
+    tree-sitter put after the target that are really the command's arguments (``ls > x a``).
+    ``fds``: descriptors tree-sitter read as a word before the redirection (``0<&3``)."""
+    fd, op = fds.get(node.id, ""), ""
+    targets: list[Node] = []
+    for c in node.children:
+        if c.type == "file_descriptor":
+            fd = _text(c)
+        elif not c.is_named and not op:
+            op = c.type
+        elif c.type != "comment":
+            targets.append(c)
+    return fd, op, targets[:1], targets[1:]
+
+
 class _Analyser:
     def __init__(self) -> None:
         self.out = CommandAnalysis()
@@ -814,6 +716,12 @@ class _Analyser:
         ``interpreter``."""
         self.placeholders: tuple[str, ...] = ()
         """Text that ``xargs -I``/``find -exec`` replace with run-time input, in scope."""
+        self.visited: set[int] = set()
+        """Ids of the command nodes of the tree being walked that were analysed."""
+        self.targets: dict[int, Word] = {}
+        """Redirection targets already turned into words (their substitutions analysed)."""
+        self.fds: dict[int, str] = {}
+        """Redirections whose descriptor tree-sitter took for an argument (``bash 0<&3``)."""
 
     # ---- strings of shell code
 
@@ -829,63 +737,327 @@ class _Analyser:
             if allow_empty:
                 return
             raise _reject("the command is empty; send the shell command to run", RULE_INVALID)
-        trees, src = _parse(source, self.heredocs)
-        for tree in trees:
-            self.walk(tree, src, depth)
+        outer, self.visited = self.visited, set()
+        try:
+            try:
+                root = _parse(source, self.heredocs)
+            except _ParseFailed as failed:
+                # best effort, so that a denied program is reported (deny wins)
+                with contextlib.suppress(UnparseableCommand, RecursionError):
+                    self.walk(failed.root, depth)
+                raise _syntax_error(failed.root) from None
+            self.walk(root, depth)
+            missed = next(
+                (
+                    n
+                    for n in _descendants(root)
+                    if n.type in _STATEMENTS and n.id not in self.visited
+                ),
+                None,
+            )
+            if missed is not None:
+                raise _reject(
+                    f"part of the command was not understood by the analyser (near "
+                    f"{_text(missed)[:40]!r}); split it into simpler commands"
+                )
+        finally:
+            self.visited = outer
 
     # ---- tree walking
 
-    def walk(self, node: Any, src: str, depth: int) -> list[tuple[str, ...]]:
+    def walk(self, node: Node, depth: int) -> list[tuple[str, ...]]:
         """Analyse one node; returns the argvs of a simple command (else [])."""
-        kind = node.kind
-        if kind == "command":
-            return self.command(node, src, depth)
+        kind = node.type
+        if kind in _STATEMENTS:
+            return self.command(node, depth, [])
+        if kind == "redirected_statement":
+            return self.redirected(node, depth)
         if kind == "pipeline":
-            self.pipeline(node, src, depth)
-        elif kind == "compound":
-            self.compound(node, src, depth)
-        elif kind in ("word", "assignment"):
-            self.word(node, src, depth)
+            self.pipeline(node, depth)
         elif kind in _SUBSTITUTIONS:
-            self.substitution(partial(self.walk, node.command, src, depth))
-        elif kind == "parameter":
-            self.text_substitutions(str(getattr(node, "value", "")), depth, "${…}")
-        elif kind == "redirect":
-            self.redirect(node, src, depth)
-        elif kind in ("operator", "reservedword", "pipe", "tilde"):
-            pass
-        else:  # list, if, for, while, until, function, and anything unknown
-            for child in _children(node):
-                self.walk(child, src, depth)
+            self.substitution(node, depth)
+        elif kind in _REDIRECTS:
+            self.redirect(node, depth)
+        elif kind == "variable_assignment":
+            self.assignment(self.assignment_word(node, depth), depth)
+        elif kind == "test_command":
+            self.test_command(node, depth)
+        elif kind in _TEXT_LEAVES and not node.child_count:
+            self.leaf_text(node, depth)
+        elif kind != "comment":
+            if kind == "expansion" and _PROMPT_EXPANSION.search(_text(node)):
+                raise _dynamic_code("`${…@P}` (prompt expansion runs the `$(…)` in a value)")
+            # lists, compound commands, control flow, function definitions, words, arithmetic:
+            # whatever they contain that runs code is found by descending
+            for child in node.named_children:
+                self.walk(child, depth)
         return []
 
-    def command(self, node: Any, src: str, depth: int) -> list[tuple[str, ...]]:
-        words: list[Word] = []
-        for part in node.parts:
-            if part.kind == "word":
-                words.append(self.word(part, src, depth))
-            elif part.kind == "assignment":
-                self.assignment(self.word(part, src, depth), depth)
+    def leaf_text(self, node: Node, depth: int) -> None:
+        """Text tree-sitter did not parse inside ``${…}`` (``${x%`cmd`}``, ``"${x:-'$(cmd)'}"``:
+        bash expands it): analysed as the double-quoted string it is at most."""
+        text = _text(node)
+        if "$(" in text or "`" in text:
+            # as the value of an assignment: parsed, and no program of its own
+            self.code_in_substitution('v="' + text.replace('"', '\\"') + '"', depth)
+
+    def redirected(self, node: Node, depth: int) -> list[tuple[str, ...]]:
+        body: Node | None = None
+        redirects: list[Node] = []
+        for child in node.named_children:
+            if child.type in _REDIRECTS:
+                redirects.append(child)
+            elif body is None:
+                body = child
             else:
-                self.walk(part, src, depth)
+                self.walk(child, depth)
+        if body is not None and body.type in _STATEMENTS:
+            return self.command(body, depth, redirects)
+        outer, self.stdin_readers = self.stdin_readers, {}
+        for redirect in redirects:
+            if self.redirect(redirect, depth):
+                raise _reject(
+                    f"words after a redirection of a compound command ({_text(node)[:40]!r}) "
+                    "are not valid shell; remove them"
+                )
+        if body is not None:
+            self.walk(body, depth)
+        self.settle_stdin(redirects, depth)  # `{ sh; } <<< code`
+        self.stdin_readers = outer | self.stdin_readers
+        return []
+
+    def command(self, node: Node, depth: int, outer: list[Node]) -> list[tuple[str, ...]]:
+        """A simple command (also ``export``/``declare``/``unset``), with the redirections of
+        the statement around it."""
+        self.visited.add(node.id)
+        words: list[tuple[int, Word]] = []
+        group: list[Node] = []
+        redirects: list[Node] = []
+        ends: dict[int, Node] = {}  # end byte → a one-node word ending there
+
+        def flush() -> None:
+            if group:
+                words.append((group[0].start_byte, self.word(group, depth)))
+                if len(group) == 1:
+                    ends[group[0].end_byte] = group[0]
+                group.clear()
+
+        children = [
+            grand
+            for child in node.children
+            for grand in (child.children if child.type == "command_name" else [child])
+        ]
+        for child in children:
+            if child.type in _REDIRECTS:
+                flush()
+                redirects.append(child)
+            elif child.type == "variable_assignment" and node.type == "command":
+                flush()
+                self.assignment(self.assignment_word(child, depth), depth)
+            elif child.type == "comment":
+                flush()
+            elif child.type == "variable_assignment":
+                flush()
+                words.append((child.start_byte, self.assignment_word(child, depth)))
+            else:
+                if group and group[-1].end_byte != child.start_byte:
+                    flush()
+                group.append(child)  # adjacent nodes are one shell word (`$"…"`)
+        flush()
+        redirects.extend(outer)
+        for redirect in redirects:
+            # bash reads `N<`/`N>` as a descriptor; tree-sitter sometimes makes N an argument
+            digits = ends.get(redirect.start_byte)
+            if (
+                digits is not None
+                and _text(digits).isdigit()
+                and not any(c.type == "file_descriptor" for c in redirect.children)
+            ):
+                words = [(pos, w) for pos, w in words if pos != digits.start_byte]
+                self.fds[redirect.id] = _text(digits)
+        for redirect in redirects:
+            extra = self.redirect(redirect, depth)
+            words.extend((w.start_byte, self.word([w], depth)) for w in extra)
         if not words:
             return []
-        outer, self.stdin_readers = self.stdin_readers, {}
-        argvs = self.argv(words, depth)
-        self.settle_stdin(node.parts, src, depth)
-        self.stdin_readers = outer | self.stdin_readers
+        argv_words = [w for _, w in sorted(words, key=lambda item: item[0])]
+        saved, self.stdin_readers = self.stdin_readers, {}
+        argvs = self.argv(argv_words, depth)
+        self.settle_stdin(sorted(redirects, key=lambda r: r.start_byte), depth)
+        self.stdin_readers = saved | self.stdin_readers
         return argvs
+
+    def assignment_word(self, node: Node, depth: int) -> Word:
+        """``NAME=value``, ``NAME+=value``, ``NAME[i]=value``, ``NAME=(a b)`` as one word."""
+        text: list[str] = []
+        dynamic = False
+        for child in node.children:
+            if child.type in ("variable_name", "subscript") or not child.is_named:
+                self.walk(child, depth)  # a subscript is expanded: `a[$(cmd)]=1`
+                text.append(_text(child))
+            elif child.type == "array":
+                elements = [
+                    self.word([e], depth) for e in child.named_children if e.type != "comment"
+                ]
+                text.append("(" + " ".join(e.text for e in elements) + ")")
+                dynamic = dynamic or any(e.dynamic or e.unsafe for e in elements)
+            else:
+                value = self.word([child], depth)
+                text.append(value.text)
+                dynamic = dynamic or value.dynamic or value.unsafe
+        return Word(text="".join(text), raw=_text(node), dynamic=dynamic)
 
     def assignment(self, word: Word, depth: int) -> None:
         """``NAME=value`` (before a command, or for ``export``/``env``/``sudo``/…)."""
         if _IDENTITY_ASSIGNMENT.match(word.text):
             self.out.path_changed = True
+        if _SUBSCRIPT_CODE.search(word.text.partition("=")[2]):
+            raise _reject(
+                f"the value of {word.raw[:40]!r} holds an array subscript with a command "
+                "substitution, which arithmetic would run ($((x)), declare -i); the analyser "
+                "cannot follow the value, so rewrite it"
+            )
         if _CODE_ASSIGNMENT.match(word.text):
             name, _, value = word.text.partition("=")
             code = None if word.dynamic or word.unsafe else Word.literal(value)
             self.code_string(f"`{name.rstrip('+')}=`", code, depth)
 
-    def settle_stdin(self, parts: Sequence[Any], src: str, depth: int) -> None:
+    # ---- words
+
+    def word(self, nodes: Sequence[Node], depth: int) -> Word:
+        """Adjacent nodes as one :class:`Word` (quote removal as bash does it), with the
+        substitutions in them analysed."""
+        parts = _WordParts()
+        for node in nodes:
+            self.word_part(node, depth, parts, quoted=False)
+        return Word(
+            text="".join(parts.text),
+            raw="".join(_text(n) for n in nodes),
+            dynamic=parts.dynamic,
+            unsafe=parts.unsafe,
+        )
+
+    def word_part(self, node: Node, depth: int, parts: _WordParts, quoted: bool) -> None:
+        kind, text = node.type, _text(node)
+        if kind == "number":
+            parts.text.append(text)
+        elif kind == "word" or not node.is_named:
+            if not node.is_named and kind == "$":
+                parts.dynamic = True  # `$"…"`: a translated string
+            _unescape_unquoted(text, parts)
+        elif kind == "raw_string":
+            parts.text.append(text[1:-1])
+        elif kind == "string":
+            for child in node.children[1:-1]:
+                if child.type == "string_content":
+                    parts.text.append(_unescape_double(_text(child)))
+                elif not child.is_named:
+                    parts.text.append(_text(child))
+                else:
+                    self.word_part(child, depth, parts, quoted=True)
+        elif kind == "concatenation":
+            for child in node.children:
+                self.word_part(child, depth, parts, quoted)
+        elif kind in _SUBSTITUTIONS:
+            parts.dynamic = True
+            parts.unsafe = parts.unsafe or not quoted
+            parts.text.append(text)
+            self.substitution(node, depth)
+        else:
+            # expansions, $'…', $"…", brace expansion {a..b}, and anything else: the value is
+            # known only at run time; what runs code inside is found by descending
+            parts.dynamic = True
+            parts.unsafe = parts.unsafe or not quoted or kind == "brace_expression"
+            parts.text.append(text)
+            self.walk(node, depth)
+
+    def substitution(self, node: Node, depth: int) -> None:
+        """``$(…)``, `` `…` ``, ``<(…)``: its code runs with the caller's stdin, unseen."""
+        opener = node.children[0].type if node.children else ""
+        if opener == "`":
+            raw = _text(node)
+            if len(raw) < 2 or not raw.endswith("`"):
+                raise _reject("unterminated backquote; use $(…)")
+            self.visited.update(n.id for n in _descendants(node))
+            self.code_in_substitution(_unescape_backticks(raw[1:-1]), depth)
+            return
+        outer, self.stdin_readers = self.stdin_readers, {}
+        for child in node.named_children:
+            self.walk(child, depth)
+        self.check_substitution_stdin()
+        self.stdin_readers = outer
+
+    def code_in_substitution(self, code: str, depth: int) -> None:
+        outer, self.stdin_readers = self.stdin_readers, {}
+        self.shell(code, depth + 1)
+        self.check_substitution_stdin()
+        self.stdin_readers = outer
+
+    def check_substitution_stdin(self) -> None:
+        if self.stdin_readers:
+            raise _stdin_code("the caller's stdin (inside a substitution)", self.stdin_readers)
+
+    def test_command(self, node: Node, depth: int) -> None:
+        """``[[ … ]]``: operands of ``-eq`` & co are evaluated as arithmetic, where an array
+        subscript runs ``$(…)`` written as plain text (``[[ 'a[$(cmd)]' -eq 1 ]]``)."""
+        if node.children and node.children[0].type == "[":
+            self.out.programs.append("[")  # `[ … ]` is the builtin `[`
+            self.out.program_words.append("[")
+            self.out.commands.append(("[",))
+        stack = list(node.named_children)
+        while stack:
+            n = stack.pop()
+            if n.type in _SUBSTITUTIONS:
+                continue
+            if n.child_count == 0 and ("$(" in _text(n) or "`" in _text(n)):
+                raise _reject(
+                    f"`[[ … ]]` may evaluate {_text(n)!r} (arithmetic runs $(…) in array "
+                    "subscripts); the analyser cannot check that, so rewrite it"
+                )
+            stack.extend(n.named_children)
+        for child in node.named_children:
+            self.walk(child, depth)
+
+    def redirect(self, node: Node, depth: int) -> list[Node]:
+        """Analyse a redirection's target; returns the words after it (command arguments)."""
+        if node.type == "heredoc_redirect":
+            raise _reject("a here-document could not be set aside; put it in a simpler command")
+        _, op, target, extra = _redirect_parts(node, self.fds)
+        if target:
+            word = self.word(target, depth)
+            self.targets[node.id] = word
+            heredoc = (
+                self.heredocs.lookup(word.text) if op == "<" and word.raw == word.text else None
+            )
+            if heredoc is not None and not heredoc.quoted:
+                self.heredoc_substitutions(heredoc, depth)
+        return extra
+
+    def heredoc_substitutions(self, heredoc: _Heredoc, depth: int) -> None:
+        """An unquoted heredoc body expands ``$(…)``, ``${…}`` and backticks."""
+        if heredoc.node is not None:
+            for child in heredoc.node.named_children:
+                self.walk(child, depth)
+        self.backticks(heredoc.body, depth, "a here-document")  # tree-sitter does not parse them
+
+    def backticks(self, text: str, depth: int, where: str) -> None:
+        """Analyse the `` `…` `` in text that tree-sitter left unparsed."""
+        i = 0
+        while i < len(text):
+            if text[i] == "\\":
+                i += 2
+                continue
+            if text[i] == "`":
+                j = i + 1
+                while j < len(text) and text[j] != "`":
+                    j += 2 if text[j] == "\\" else 1
+                if j >= len(text):
+                    raise _reject(f"unterminated backquote inside {where}; use $(…)")
+                self.code_in_substitution(_unescape_backticks(text[i + 1 : j]), depth)
+                i = j
+            i += 1
+
+    def settle_stdin(self, redirects: Sequence[Node], depth: int) -> None:
         """Decide on programs that read their program from stdin, given these redirections.
 
         A literal heredoc or here-string is code in the command text: analysed when a POSIX
@@ -896,41 +1068,36 @@ class _Analyser:
         """
         if not self.stdin_readers:
             return
-        redirect = next(
-            (
-                p
-                for p in reversed(parts)
-                if p.kind == "redirect"
-                and p.type.startswith("<")
-                and getattr(p, "input", 0) in (None, 0)
-            ),
-            None,
-        )
-        if redirect is None:
+        for redirect in reversed(redirects):
+            fd, op, _, _ = _redirect_parts(redirect, self.fds)
+            if op.startswith("<") and fd in ("", "0"):
+                break
+        else:
             return
-        heredoc = getattr(redirect, "heredoc", None)
-        if heredoc is not None:
-            body = getattr(redirect, "agentbox_body", None)
-            if body is None:  # unquoted: drop the terminator line
-                body = "\n".join(str(heredoc.value).split("\n")[:-1])
-            self.stdin_text(body, depth)
-        elif redirect.type == "<<<" and isinstance(redirect.output, bashlex.ast.node):
-            word = self.word(redirect.output, src, depth)
+        word = self.targets.get(redirect.id)
+        if op == "<&-":
+            pass
+        elif word is None:
+            raise _stdin_code("a redirection the analyser cannot follow", self.stdin_readers)
+        elif op == "<<<":
             if word.dynamic or word.unsafe:
                 raise _dynamic_code("the code fed to the program on stdin")
             self.stdin_text(word.text, depth)
-        elif redirect.type == "<&":
-            target = getattr(redirect, "output", 0)
-            if target == 0:
+        elif op == "<&":
+            if word.text == "0" and not word.dynamic:
                 return  # the same stdin
-            if target != "-":
+            if word.text != "-" or word.dynamic:
                 raise _stdin_code("a duplicated file descriptor", self.stdin_readers)
-        elif isinstance(getattr(redirect, "output", None), bashlex.ast.node):
-            source = script_input(self.word(redirect.output, src, depth))
-            if source == "stdin":
-                return
-            if source != "elsewhere":
-                raise _stdin_code("a pipe or descriptor", self.stdin_readers)
+        else:
+            heredoc = self.heredocs.lookup(word.text) if word.raw == word.text else None
+            if heredoc is not None:
+                self.stdin_text(heredoc.body, depth)
+            else:
+                source = script_input(word)
+                if source == "stdin":
+                    return
+                if source != "elsewhere":
+                    raise _stdin_code("a pipe or descriptor", self.stdin_readers)
         self.stdin_readers = {}
 
     def stdin_text(self, code: str, depth: int) -> None:
@@ -940,28 +1107,20 @@ class _Analyser:
             self.shell(code, depth + 1)
         # an interpreter's code in the command text is not analysed, like `python3 -c CODE`
 
-    def substitution(self, run: Callable[[], object]) -> None:
-        """Run an analysis of ``$(…)``/``<(…)`` code: its stdin is the caller's, unseen."""
-        outer, self.stdin_readers = self.stdin_readers, {}
-        run()
-        if self.stdin_readers:
-            raise _stdin_code("the caller's stdin (inside a substitution)", self.stdin_readers)
-        self.stdin_readers = outer
-
-    def pipeline(self, node: Any, src: str, depth: int) -> None:
+    def pipeline(self, node: Node, depth: int) -> None:
         outer: list[tuple[str, ...]] = []
         inner: list[tuple[str, ...]] = []
         readers = self.stdin_readers
-        for part in node.parts:
-            if part.kind in ("pipe", "reservedword"):
+        for part in node.named_children:
+            if part.type == "comment":
                 continue
             self.stdin_readers = {}
-            argvs = self.walk(part, src, depth)
+            argvs = self.walk(part, depth)
             if self.stdin_readers and outer:
                 raise _stdin_code("a pipe", self.stdin_readers)
             readers = readers | self.stdin_readers
             if not argvs:
-                argvs = [tuple(src[part.pos[0] : part.pos[1]].split())]
+                argvs = [tuple(_text(part).split())]
             outer.append(argvs[0])
             inner.append(argvs[-1])
         self.stdin_readers = readers
@@ -969,146 +1128,6 @@ class _Analyser:
             self.out.pipelines.append(tuple(outer))
             if inner != outer:
                 self.out.pipelines.append(tuple(inner))
-
-    def compound(self, node: Any, src: str, depth: int) -> None:
-        items = list(getattr(node, "list", []))
-        if (
-            len(items) >= 2
-            and items[0].kind == "reservedword"
-            and items[0].word == "("
-            and items[1].kind == "compound"
-            and items[1].list
-            and items[1].list[0].kind == "reservedword"
-            and items[1].list[0].word == "("
-            and items[1].list[0].pos[0] == items[0].pos[1]
-        ):
-            raise _reject(
-                "cannot analyse this command: the arithmetic command `(( … ))` is not supported; "
-                "use `[ … ]` or `test`"
-            )
-        outer, self.stdin_readers = self.stdin_readers, {}
-        for child in _children(node):
-            self.walk(child, src, depth)
-        self.settle_stdin(getattr(node, "redirects", []), src, depth)  # `{ sh; } <<< code`
-        self.stdin_readers = outer | self.stdin_readers
-
-    def expansions(self, node: Any, src: str, depth: int) -> None:
-        for part in getattr(node, "parts", []):
-            self.walk(part, src, depth)
-
-    def redirect(self, node: Any, src: str, depth: int) -> None:
-        output = getattr(node, "output", None)
-        heredoc = getattr(node, "heredoc", None)
-        if heredoc is not None:
-            if not hasattr(node, "agentbox_body"):  # unquoted: $(…), `…`, ${…} are expanded
-                body = "\n".join(str(heredoc.value).split("\n")[:-1])
-                self.text_substitutions(body, depth, "an unquoted here-document")
-            return
-        if isinstance(output, bashlex.ast.node):
-            self.walk(output, src, depth)
-
-    def word(self, node: Any, src: str, depth: int) -> Word:
-        """A word node as a :class:`Word`, with its substitutions analysed.
-
-        bashlex truncates some substitutions (multi-line ``$(…)``, a comment before ``)``)
-        while the tokenizer still finds the word's true extent; such words are recovered by
-        re-parsing the substitution's text when the whole word is one substitution, and
-        refused otherwise.
-        """
-        try:
-            word = _make_word(node, src)
-            subs = [p for p in getattr(node, "parts", []) if p.kind in _SUBSTITUTIONS]
-            if not all(_substitution_sound(p, src) for p in subs):
-                raise _SuspectParse()
-        except _SuspectParse:
-            return self.recover_word(node, src, depth)
-        self.expansions(node, src, depth)
-        return word
-
-    def recover_word(self, node: Any, src: str, depth: int) -> Word:
-        raw = src[node.pos[0] : node.pos[1]]
-        body = raw
-        if node.kind == "assignment":
-            match = re.match(r"[A-Za-z_][A-Za-z0-9_]*\+?=", body)
-            body = body[match.end() :] if match else body
-        quoted = len(body) >= 2 and body[0] == '"' and body[-1] == '"'
-        if quoted:
-            body = body[1:-1]
-        if body[:2] in ("$(", "<(", ">(") and body.endswith(")"):
-            self.substitution(partial(self.shell, body[2:-1], depth + 1))
-            return Word(text=raw, raw=raw, dynamic=True, unsafe=not quoted)
-        if len(body) >= 2 and body[0] == "`" and body[-1] == "`" and "`" not in body[1:-1]:
-            code = re.sub(r"\\([$`\\])", r"\1", body[1:-1])
-            self.substitution(partial(self.shell, code, depth + 1))
-            return Word(text=raw, raw=raw, dynamic=True, unsafe=not quoted)
-        raise _reject(
-            f"the parser's view of this command disagrees with its text (near {raw[:40]!r}); "
-            "split it into simpler commands"
-        )
-
-    def text_substitutions(self, text: str, depth: int, where: str) -> None:
-        """Find and analyse ``$(…)`` and backticks in text that bash expands (heredoc, ``${}``)."""
-        if where == "${…}" and ("<(" in text or ">(" in text):
-            raise _reject(f"process substitution inside {where} is not analysed; simplify it")
-        i = 0
-        while i < len(text):
-            c = text[i]
-            if c == "\\":
-                i += 2
-                continue
-            if text.startswith(("$((", "$["), i):
-                raise _reject(
-                    f"arithmetic expansion inside {where} is not supported by the analyser; "
-                    "compute it in a separate command"
-                )
-            if c == "`":
-                j, buf = i + 1, []
-                while j < len(text) and text[j] != "`":
-                    if text[j] == "\\" and j + 1 < len(text):
-                        nxt = text[j + 1]
-                        buf.append(nxt if nxt in "$`\\" else text[j : j + 2])
-                        j += 2
-                        continue
-                    buf.append(text[j])
-                    j += 1
-                if j >= len(text):
-                    raise _reject(f"unterminated backquote inside {where}")
-                self.substitution(partial(self.shell, "".join(buf), depth + 1))
-                i = j + 1
-                continue
-            if text.startswith("$(", i):
-                i = self._comsub_in_text(text, i, depth, where)
-                continue
-            i += 1
-
-    def _comsub_in_text(self, text: str, i: int, depth: int, where: str) -> int:
-        """Analyse the ``$(…)`` starting at ``text[i]``; return the index after it."""
-        tried = 0
-        for j in range(i + 2, len(text)):
-            if text[j] != ")":
-                continue
-            tried += 1
-            if tried > _MAX_COMSUB_CANDIDATES:
-                break
-            candidate = ": " + text[i : j + 1]
-            try:
-                trees = _bashlex_parse(candidate)
-            except _ParseBudgetExceeded:
-                raise _reject("the parser could not handle this command; simplify it") from None
-            except Exception:  # not closed yet: try the next ")"
-                trees = []
-            node = trees[0] if len(trees) == 1 else None
-            if (
-                node is not None
-                and node.kind == "command"
-                and len(node.parts) == 2
-                and node.parts[1].kind == "word"
-                and node.parts[1].pos[1] == len(candidate)
-            ):
-                code = text[i + 2 : j]
-                self.substitution(partial(self.shell, code, depth + 1))
-                return j + 1
-        raise _reject(f"a $(…) inside {where} could not be parsed; simplify it")
 
     # ---- argv level: program names and wrappers
 
@@ -1120,6 +1139,11 @@ class _Analyser:
                 "(variable, substitution, glob or brace expansion), so the policy cannot check "
                 "it; write the program name literally",
                 RULE_DYNAMIC_NAME,
+            )
+        if text in _RESERVED and word.raw == text:
+            raise _reject(
+                f"cannot analyse this command: `{text}` here is a construct the shell parser "
+                "does not support (`coproc`, `time !`, or a misplaced reserved word); rewrite it"
             )
         name = normalise_program(text)
         if not name or name == "..":
@@ -1399,11 +1423,17 @@ class _Analyser:
         """``su``/``runuser``/``script``: ``-c STRING`` is shell code; ``flock`` also runs argv."""
         for i, w in enumerate(args):
             t = w.text
-            if t in ("-c", "--command", "--session-command") or t.startswith(("--command=",)):
-                if "=" in t:
-                    code: Word | None = Word.literal(t.partition("=")[2])
-                else:
-                    code = args[i + 1] if i + 1 < len(args) else None
+            following = args[i + 1] if i + 1 < len(args) else None
+            cluster = t[1:] if t[:1] == "-" and t[1:2] not in ("", "-") else ""
+            first = next((k for k, ch in enumerate(cluster) if ch in _STRING_CMD_VALUES[name]), -1)
+            is_code, code = True, following
+            if cluster and cluster[first : first + 1] == "c":  # -c CODE, -qc CODE, -cCODE
+                code = Word.literal(cluster[first + 1 :]) if cluster[first + 1 :] else following
+            elif t.startswith(("--command=", "--session-command=")):
+                code = Word.literal(t.partition("=")[2])
+            else:
+                is_code = t in ("--command", "--session-command")
+            if is_code:
                 self.code_string(f"`{name} -c`", code, depth)
                 return []
             if w.dynamic or w.unsafe:
@@ -1440,6 +1470,13 @@ class _Analyser:
                 self.code_string(f"`git -c {key}`", Word.literal(value.removeprefix("!")), depth)
         return []
 
+    def h_mapfile(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
+        """``mapfile -C CALLBACK``: bash evaluates the callback as shell code."""
+        res = _parse_options(name, args, _Opts("dnOsuCc"))
+        if "-C" in res.values:
+            self.code_string(f"`{name} -C`", Word.literal(res.values["-C"]), depth)
+        return []
+
     def h_watch(self, name: str, args: list[Word], depth: int) -> list[tuple[str, ...]]:
         res = _parse_options(name, args, _Opts("nq", frozenset({"--interval", "--equexit"})))
         if res.index is None:
@@ -1469,6 +1506,8 @@ _HANDLERS: dict[str, _Handler] = {
     "script": _Analyser.h_string_cmd,
     "flock": _Analyser.h_string_cmd,
     "watch": _Analyser.h_watch,
+    "mapfile": _Analyser.h_mapfile,
+    "readarray": _Analyser.h_mapfile,
     "git": _Analyser.h_git,
     **{s: _Analyser.h_shell for s in POSIX_SHELLS | OTHER_SHELLS},
 }
