@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,10 @@ from gateway_harness import RunningGateway, running_gateway
 from httpsink import Sink
 
 SECRET = "sk-planted-0123456789abcdef0123"
+# usage.db lives in the home and keeps a day's totals: a run's projects are its own, so a
+# second run in the same home starts from zero.
+TEAM = f"team-a-{secrets.token_hex(3)}"
+TIGHT = f"tight-{secrets.token_hex(3)}"
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +60,7 @@ providers:
     prices: {{fake-model: {{input_per_mtok: 1, output_per_mtok: 5}}}}
 retry: {{max_attempts: 2, base_seconds: 0.01, max_seconds: 0.05, jitter: full}}
 budgets:
-  - project: tight
+  - project: {TIGHT}
     tokens_per_day: 100
     alert_at: [0.5]
     alert_webhook_env: AGENTBOX_TEST_BUDGET_HOOK
@@ -71,7 +76,7 @@ budgets:
 def session(gw: RunningGateway) -> Iterator[tuple[str, str]]:
     with gw.operator() as op:
         sid = op.post("/v1/sandboxes", json={"memory": "64MiB", "disk": "32MiB",
-                                             "network": "none", "project": "team-a"}).json()["id"]  # fmt: skip
+                                             "network": "none", "project": TEAM}).json()["id"]  # fmt: skip
         token = op.post("/v1/tokens", json={"sandbox": sid}).json()["token"]
         yield sid, token
         op.delete(f"/v1/sandboxes/{sid}")
@@ -102,10 +107,10 @@ def test_openai_json_is_answered_and_accounted(
         usage = {u["project"]: u for u in op.get("/v1/usage").json()}
         records = op.get("/v1/audit", params={"decision": "model_call"}).json()
     # 1000 * $3/M + 200 * $15/M = $0.006, attributed to the sandbox's project
-    assert usage["team-a"]["usd"] == pytest.approx(0.006, abs=1e-12)
-    assert usage["team-a"]["tokens"] >= 1200
+    assert usage[TEAM]["usd"] == pytest.approx(0.006, abs=1e-12)
+    assert usage[TEAM]["tokens"] >= 1200
     last = records[-1]
-    assert last["sandbox"] == sid and last["project"] == "team-a"
+    assert last["sandbox"] == sid and last["project"] == TEAM
     assert last["tokens_in"] == 1000 and last["cost_usd"] == pytest.approx(0.006)
     assert "2+2" not in json.dumps(records)  # no prompt in the trail
 
@@ -190,7 +195,7 @@ def test_all_providers_failing_is_a_clear_503(
 
 def test_a_spent_budget_refuses_and_alerts(gw: RunningGateway, hook: Sink,
                                           fakes: tuple[FakeProvider, FakeProvider]) -> None:  # fmt: skip
-    headers = {"X-Agentbox-Project": "tight"}
+    headers = {"X-Agentbox-Project": TIGHT}
     for fake in fakes:  # whichever provider answers, each call costs 60 tokens
         fake.script(*[Reply(input_tokens=60, output_tokens=0)] * 2)
     with gw.client(gw.operator_token, headers=headers) as c:
@@ -202,8 +207,8 @@ def test_a_spent_budget_refuses_and_alerts(gw: RunningGateway, hook: Sink,
         assert int(r.headers["Retry-After"]) >= 1
     with gw.operator() as op:
         alerts = op.get("/v1/audit", params={"decision": "budget_alert"}).json()
-    assert any(a.get("project") == "tight" for a in alerts)
-    assert [(b["project"], b["threshold"]) for b in hook.json_bodies()] == [("tight", 0.5)]
+    assert any(a.get("project") == TIGHT for a in alerts)
+    assert [(b["project"], b["threshold"]) for b in hook.json_bodies()] == [(TIGHT, 0.5)]
 
 
 # Tool calling and images through the official SDKs, across formats ----------------------
