@@ -49,7 +49,7 @@ from agentbox.errors import (
 from agentbox.gateway import sealed
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.service import Gateway
-from agentbox.gateway.tools import TOOLS_BY_NAME, ToolSpec
+from agentbox.gateway.tools import ToolSpec
 
 INSTRUCTIONS = (
     "agentbox runs your commands in a disposable Linux sandbox: terminal_run for commands, "
@@ -200,7 +200,7 @@ def build_mcp_server(gateway: Gateway, resolve: PrincipalResolver) -> Server[Any
         )
 
     def input_schema(name: str) -> dict[str, Any] | None:
-        spec = TOOLS_BY_NAME.get(name)
+        spec = gateway.tools_by_name.get(name)
         return spec.input_schema if spec else None
 
     return Server(
