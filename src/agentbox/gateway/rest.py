@@ -694,7 +694,7 @@ async def _stream_command(
     try:
         yield _sse("result", await task)
     except AgentboxError as e:
-        yield _sse("error", e.to_dict())
+        yield _sse("error", e.to_dict("rest"))
 
 
 async def _stream_events(
@@ -821,4 +821,4 @@ def error_response(e: AgentboxError) -> JSONResponse:
     retry = e.details.get("retry_after")
     if retry is not None:
         headers["Retry-After"] = str(max(1, int(retry + 0.999)))
-    return JSONResponse({"error": e.to_dict()}, status_code=e.http_status, headers=headers)
+    return JSONResponse({"error": e.to_dict("rest")}, status_code=e.http_status, headers=headers)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentbox.errors import InvalidRequest, ProcessNotFound
+from agentbox.hints import Hint
 from agentbox.runtime.commands import (
     INPUT_QUIET_S,
     CommandRunner,
@@ -88,8 +89,8 @@ class ProcessTable:
         path = self.root / process_id
         if not path.is_dir():
             raise ProcessNotFound(
-                f"no background process {process_id} in this sandbox; list them with "
-                "processes.list()"
+                f"no background process {process_id} in this sandbox",
+                hint=Hint("process_list", {}, "{call} to list them"),
             )
         return path
 
