@@ -98,6 +98,12 @@ ACTIONS: dict[str, Action] = {
         tool_args={"encoding": "base64"},
     ),
     "process_list": Action("process_list", cli=None, sdk="call `sb.commands.list()`"),
+    "process_start_stdin": Action(
+        "process_start",
+        cli=None,
+        sdk="call `sb.commands.start(command, stdin=True)`",
+        tool_args={"stdin": True},
+    ),
     "shell_create": Action("shell_create", cli=None, sdk="call `sb.shell()`"),
     "sandbox_list": Action(
         None, cli="run `agentbox sandbox ls`", sdk="call `Sandbox.list()`", rest="GET /v1/sandboxes"

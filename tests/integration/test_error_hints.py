@@ -64,12 +64,16 @@ def mcp_errors(gw: RunningGateway, calls: list[tuple[str, dict[str, Any]]]) -> l
 
 
 def test_mcp_names_tools_and_arguments(gw: RunningGateway, sandbox_id: str) -> None:
-    missing, ambiguous, gone, denied, no_process = mcp_errors(gw, [
+    with gw.operator() as op:  # a background process without stdin
+        started = op.post(f"/v1/sandboxes/{sandbox_id}/processes", json={"command": "sleep 60"})
+    deaf = started.json()["process_id"]
+    missing, ambiguous, gone, denied, no_process, no_stdin = mcp_errors(gw, [
         ("fs_list", {"sandbox_id": sandbox_id, "path": MISSING}),
         ("fs_edit", {"sandbox_id": sandbox_id, "path": "twice.txt", "old": "= 1", "new": "= 2"}),
         ("fs_list", {"sandbox_id": GONE}),
         ("terminal_run", {"sandbox_id": sandbox_id, "command": "curl http://x"}),
         ("process_read", {"sandbox_id": sandbox_id, "process_id": "p-000000000000"}),
+        ("process_write", {"sandbox_id": sandbox_id, "process_id": deaf, "data": "y\n"}),
     ])  # fmt: skip
     assert missing.startswith("file_not_found: ")
     assert 'call `fs_list` with {"path": "/workspace/nope"} to see what exists' in missing
@@ -78,7 +82,8 @@ def test_mcp_names_tools_and_arguments(gw: RunningGateway, sandbox_id: str) -> N
     assert gone.startswith("sandbox_not_found: ") and "does not exist" in gone
     assert denied.startswith("policy_denied: ")
     assert "call `process_list` with {}" in no_process
-    for text in (missing, ambiguous, gone, denied, no_process):
+    assert 'call `process_start` with {"stdin": true}' in no_stdin
+    for text in (missing, ambiguous, gone, denied, no_process, no_stdin):
         assert not PYTHON_CALL.search(text), text
 
 

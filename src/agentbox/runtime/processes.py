@@ -260,7 +260,8 @@ class ProcessTable:
         fifo = self._dir(process_id) / "stdin"
         if not fifo.exists() or not stat.S_ISFIFO(fifo.stat().st_mode):
             raise InvalidRequest(
-                f"process {process_id} was started without stdin; start it with stdin=True"
+                f"process {process_id} was started without stdin",
+                hint=Hint("process_start_stdin", {}, "{call} to answer it next time"),
             )
         payload = data.encode() if isinstance(data, str) else data
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
