@@ -36,7 +36,10 @@
     │   └── AllProvidersFailed         all_providers_failed  no provider could answer (503)
     └── SandboxError                   sandbox_error         isolation failed (bug or host fault)
 
-Every message says what happened *and* what to do next.
+Every message says what happened *and* what to do next. A next step that is a call
+(list a directory, pass another count) travels as a structured hint (``details["hint"]``,
+see :mod:`agentbox.hints`) and each surface spells it its own way: ``message`` (and
+``str()``) is the SDK's spelling, ``hints.render(e, surface)`` any other.
 
 Provider failures are classified (``agentbox.providers.types.Category``) as
 ``rate_limited | server_error | timeout | connection | auth | bad_request | malformed``;
@@ -48,20 +51,30 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from agentbox import hints
+from agentbox.hints import Hint
+
 
 class AgentboxError(Exception):
-    """Base of every agentbox error."""
+    """Base of every agentbox error. ``reason``: what happened and what to do, but for a
+    ``hint`` (a call to make next, spelled per surface)."""
 
     code: ClassVar[str] = "agentbox_error"
     http_status: ClassVar[int] = 500
 
-    def __init__(self, message: str, **details: Any) -> None:
-        super().__init__(message)
-        self.message = message
+    def __init__(self, message: str, *, hint: Hint | None = None, **details: Any) -> None:
+        self.reason = message
         self.details = details
+        if hint is not None:
+            details["hint"] = hint.to_dict()
+        self.message = hints.render(self, "sdk")  # raised in-process: the SDK's spelling
+        super().__init__(self.message)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "details": self.details}
+    def to_dict(self, surface: hints.Surface = "sdk") -> dict[str, Any]:
+        data = {"code": self.code, "message": hints.render(self, surface), "details": self.details}
+        if "hint" in self.details:  # what from_dict re-renders the hint onto
+            data["reason"] = self.reason
+        return data
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> AgentboxError:
@@ -69,7 +82,12 @@ class AgentboxError(Exception):
         # Looked up at call time, so subclasses defined in other modules are found too.
         by_code = {c.code: c for c in _all_subclasses(AgentboxError)}
         cls = by_code.get(str(data.get("code")), AgentboxError)
-        return cls(str(data.get("message", "")), **dict(data.get("details") or {}))
+        details = dict(data.get("details") or {})
+        hint = Hint.from_dict(details.pop("hint", None))
+        # The reason without the sender's spelling of the hint: ours is added again.
+        reason = data.get("reason")
+        message = str(reason if isinstance(reason, str) else data.get("message", ""))
+        return cls(message, hint=hint, **details)
 
 
 class InvalidRequest(AgentboxError):

@@ -327,3 +327,25 @@ def test_saved_outputs_do_not_pile_up(gw: RunningGateway, sandbox_id: str) -> No
             assert left == set(paths[-SAVED_OUTPUTS_KEPT:])  # the newest, the last one too
 
     anyio.run(main)
+
+
+def test_tools_list_states_this_gateways_limits(gw: RunningGateway, sandbox_id: str) -> None:
+    """The harness config (timeout_ms 30000, max_output_bytes 65536, fs.read 1 MiB) is what
+    tools/list and GET /v1/tools tell the client, and what a call without them gets."""
+    token = issue(gw, sandbox_id)
+
+    async def main() -> None:
+        async with mcp_client(gw, token) as c:
+            tools = {t.name: t.input_schema["properties"] for t in (await c.list_tools()).tools}
+            assert tools["terminal_run"]["timeout_ms"]["default"] == 30000
+            assert "30000" in tools["terminal_run"]["timeout_ms"]["description"]
+            assert "65536" in tools["shell_run"]["max_output_bytes"]["description"]
+            assert tools["fs_read"]["length"]["default"] == 1048576
+            assert "1048576" in tools["fs_read"]["length"]["description"]
+            listed = await c.call_tool("fs_list", {})  # path and depth from their defaults
+            assert not listed.is_error, listed.content
+
+    anyio.run(main)
+    with gw.client(token) as rest:
+        listed = {t["name"]: t["input_schema"]["properties"] for t in rest.get("/v1/tools").json()}
+    assert listed["process_read"]["limit"]["default"] == 65536

@@ -408,7 +408,9 @@ def test_edit_counts(env: Env) -> None:
     assert f.edit("/workspace/e.py", "z = 2", "z = 3") == 1
     with pytest.raises(EditMismatch, match=r"expected 1 .* found 2") as exc:
         f.edit("/workspace/e.py", "= 1", "= 0")
-    assert exc.value.details == {"path": "/workspace/e.py", "expected": 1, "found": 2}
+    hint = {"action": "fs_edit_count", "args": {"count": 2}, "text": "to replace every one, {call}"}
+    assert exc.value.details == {"path": "/workspace/e.py", "expected": 1, "found": 2, "hint": hint}
+    assert "pass `count=2` to `sb.files.edit`" in exc.value.message  # the SDK's spelling
     assert f.read("/workspace/e.py") == b"x = 1\ny = 1\nz = 3\n"  # untouched on mismatch
     with pytest.raises(EditMismatch, match="found 0"):
         f.edit("/workspace/e.py", "absent", "x")

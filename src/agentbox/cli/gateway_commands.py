@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from agentbox import hints
 from agentbox.cli.params import DURATION, SuggestingGroup
 from agentbox.client.remote import GatewayClient
 from agentbox.config import agentbox_home
@@ -32,7 +33,7 @@ DEFAULT_URL = "http://127.0.0.1:8848"
 
 
 def _fail(e: AgentboxError) -> None:
-    click.echo(f"error[{e.code}]: {e.message}", err=True)
+    click.echo(f"error[{e.code}]: {hints.render(e, 'cli')}", err=True)
     sys.exit(1)
 
 

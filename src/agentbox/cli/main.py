@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import click
 
+from agentbox import hints
 from agentbox.cli.params import DURATION, SuggestingGroup
 from agentbox.client.sandbox import Backend
 from agentbox.client.sandbox import _runtime as backend_for
@@ -41,7 +42,7 @@ def handle_errors(exit_code: int = 1) -> Callable[[F], F]:
             try:
                 return func(*args, **kwargs)
             except AgentboxError as e:
-                click.echo(f"error[{e.code}]: {e.message}", err=True)
+                click.echo(f"error[{e.code}]: {hints.render(e, 'cli')}", err=True)
                 sys.exit(exit_code)
 
         return wrapper  # type: ignore[return-value]

@@ -16,6 +16,7 @@ from typing import ParamSpec
 
 import click
 
+from agentbox import hints
 from agentbox.cli.params import SuggestingGroup
 from agentbox.config import agentbox_home
 from agentbox.errors import AgentboxError
@@ -30,7 +31,7 @@ def _reports_errors(fn: Callable[P, None]) -> Callable[P, None]:
         try:
             fn(*args, **kwargs)
         except AgentboxError as exc:
-            click.echo(f"error: {exc.message}", err=True)
+            click.echo(f"error: {hints.render(exc, 'cli')}", err=True)
             raise SystemExit(1) from None
 
     return wrapper

@@ -62,7 +62,6 @@ from agentbox.gateway.rest import (
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.settings import GatewaySettings
 from agentbox.gateway.task_routes import build_task_router
-from agentbox.gateway.tools import TOOLS
 from agentbox.network.egressd import audit_path as egress_audit_path
 from agentbox.providers.types import ChatRequest, ChatResponse
 from agentbox.runtime.lifecycle import IdleWatcher
@@ -356,7 +355,7 @@ def task_workers(
 
     tools = [
         {"name": t.name, "description": t.description, "input_schema": t.input_schema}
-        for t in TOOLS
+        for t in gateway.tools
     ]
     return TaskWorkers(
         tasks,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 from agentbox.errors import Conflict, NotFound
+from agentbox.hints import Hint
 
 Status = Literal["pending", "approved", "denied", "expired"]
 
@@ -115,7 +116,10 @@ class ApprovalStore:
             .fetchone()
         )
         if row is None:
-            raise NotFound(f"no approval {approval_id}; list them with `agentbox approvals ls`")
+            raise NotFound(
+                f"no approval {approval_id}",
+                hint=Hint("approval_list", {}, "{call} to list them"),
+            )
         approval = Approval(**dict(row))
         if approval.status == "pending" and approval.deadline <= time.time():
             self._set(approval.id, "expired", "timeout")

@@ -29,7 +29,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from agentbox import __version__
+from agentbox import __version__, hints
 from agentbox.errors import (
     AgentboxError,
     ApprovalPending,
@@ -49,7 +49,7 @@ from agentbox.errors import (
 from agentbox.gateway import jsonbody, sealed
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.service import Gateway
-from agentbox.gateway.tools import TOOLS_BY_NAME, ToolSpec
+from agentbox.gateway.tools import ToolSpec
 
 INSTRUCTIONS = (
     "agentbox runs your commands in a disposable Linux sandbox: terminal_run for commands, "
@@ -90,7 +90,8 @@ _P = TypeVar("_P")
 def jsonrpc_error(e: AgentboxError) -> dict[str, Any]:
     """``e`` as a JSON-RPC error object (``code``, ``message``, ``data``)."""
     code = next(JSONRPC_CODES[c] for c in type(e).__mro__ if c in JSONRPC_CODES)
-    return {"code": code, "message": e.message, "data": {"code": e.code, "details": e.details}}
+    message = hints.render(e, "mcp")
+    return {"code": code, "message": message, "data": {"code": e.code, "details": e.details}}
 
 
 def _protocol_errors(
@@ -182,7 +183,7 @@ def build_mcp_server(gateway: Gateway, resolve: PrincipalResolver) -> Server[Any
                 input_requests={
                     "approval": types.ElicitRequest(
                         params=types.ElicitRequestFormParams(
-                            message=e.message, requested_schema=_RECHECK_SCHEMA
+                            message=hints.render(e, "mcp"), requested_schema=_RECHECK_SCHEMA
                         )
                     )
                 },
@@ -193,13 +194,13 @@ def build_mcp_server(gateway: Gateway, resolve: PrincipalResolver) -> Server[Any
         except (ToolNotFound, InsufficientScope):
             raise  # protocol and authorization errors (the HTTP layer answers 403 to the latter)
         except AgentboxError as e:
-            return _error(f"{e.code}: {e.message}")
+            return _error(f"{e.code}: {hints.render(e, 'mcp')}")
         return types.CallToolResult(
             content=result_content(outcome.result), structured_content=outcome.result
         )
 
     def input_schema(name: str) -> dict[str, Any] | None:
-        spec = TOOLS_BY_NAME.get(name)
+        spec = gateway.tools_by_name.get(name)
         return spec.input_schema if spec else None
 
     return Server(

@@ -700,7 +700,7 @@ async def _stream_command(
     try:
         yield _sse("result", await task)
     except AgentboxError as e:
-        yield _sse("error", e.to_dict())
+        yield _sse("error", e.to_dict("rest"))
 
 
 async def _stream_events(
@@ -826,5 +826,5 @@ def error_response(e: AgentboxError) -> JSONResponse:
     retry = e.details.get("retry_after")
     if retry is not None:
         headers["Retry-After"] = str(max(1, int(retry + 0.999)))
-    body = {"error": jsonbody.encodable(e.to_dict())}  # it may name a sandbox's file
+    body = {"error": jsonbody.encodable(e.to_dict("rest"))}  # it may name a sandbox's file
     return JSONResponse(body, status_code=e.http_status, headers=headers)

@@ -41,7 +41,16 @@ from agentbox.gateway.policy import WORKSPACE, CommandPolicy, Decision, FilePoli
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.gateway.telemetry import Telemetry
-from agentbox.gateway.tools import TOOLS, TOOLS_BY_NAME, CommandOutput, ToolCall, ToolSpec, payload
+from agentbox.gateway.tools import (
+    TOOLS,
+    TOOLS_BY_NAME,
+    CommandOutput,
+    ToolCall,
+    ToolLimits,
+    ToolSpec,
+    payload,
+    render_tools,
+)
 from agentbox.network.names import domain_matches, normalize_host
 from agentbox.runtime.files import Access, Guard
 from agentbox.runtime.output import OutputCallback
@@ -58,7 +67,6 @@ _VALIDATORS = {t.name: jsonschema.Draft202012Validator(t.input_schema) for t in 
 _REDACTED_FIELDS = (
     "stdout", "stderr", "prompt", "content", "data", "text", "snapshot", "title", "url",
 )  # fmt: skip
-_DEFAULT_MAX_OUTPUT = 262_144
 # Reads up to this size run on the event loop thread (page-cache reads of a few µs; a
 # worker-thread hop costs ~180 µs of CPU). Larger ones and everything else use a thread.
 INLINE_MAX_BYTES = 262_144
@@ -95,6 +103,11 @@ class Gateway:
         run = settings.tool("terminal.run") or TerminalRunTool(name="terminal.run")
         self.terminal: TerminalRunTool = run
         self.commands = CommandPolicy(run.allow, run.deny, run.approval)
+        # The tools as this gateway lists them and calls them: its limits in the argument
+        # descriptions and defaults (rendered once, here).
+        self.limits = ToolLimits.from_settings(settings)
+        self.tools = render_tools(self.limits)
+        self.tools_by_name = {t.name: t for t in self.tools}
         read, write = settings.tool("fs.read"), settings.tool("fs.write")
         self.read_policy = FilePolicy(
             root=read.root if read else "/", max_bytes=read.max_bytes if read else None
@@ -149,7 +162,7 @@ class Gateway:
 
     # discovery --------------------------------------------------------------------------
     def visible_tools(self, principal: Principal) -> list[ToolSpec]:
-        return [t for t in TOOLS if principal.may_use(t.name)]
+        return [t for t in self.tools if principal.may_use(t.name)]
 
     # the call path ----------------------------------------------------------------------
     async def call_tool(
@@ -189,6 +202,7 @@ class Gateway:
         try:
             spec = self._authorize(principal, name, sandbox)
             self._validate(spec, args)
+            args = spec.with_defaults(args)
             decision = self._check_policy(spec, args, sandbox)
             if decision is not None and decision.needs_approval:
                 await self._approve(
@@ -239,7 +253,7 @@ class Gateway:
         return Outcome(result, duration)
 
     def _authorize(self, principal: Principal, name: str, sandbox: str) -> ToolSpec:
-        spec = TOOLS_BY_NAME.get(name)
+        spec = self.tools_by_name.get(name)
         if spec is None or not principal.may_use(name):
             if spec is not None and principal.may_use(name) is False:
                 raise InsufficientScope(
@@ -404,16 +418,13 @@ class Gateway:
         """Timeout, byte cap and command output of a call, each within the configured
         maximum; a request above one is cut to it and noted (the result says which)."""
         applied: list[str] = []
-        run = self.terminal
-        timeout_ms = _within(args, "timeout_ms", run.timeout_ms, run.timeout_ms, applied)
+        run, lim = self.terminal, self.limits
+        timeout_ms = _within(args, "timeout_ms", lim.timeout_ms, lim.timeout_ms, applied)
         if spec.policy == "fs_read":
-            max_bytes = self.read_policy.max_bytes or _DEFAULT_MAX_OUTPUT
-            return timeout_ms / 1000, max_bytes, CommandOutput(), ()
-        max_bytes = run.max_output_bytes
-        default = min(run.output_bytes, max_bytes)
-        cap = _within(args, "max_output_bytes", default, max_bytes, applied)
+            return timeout_ms / 1000, lim.read_max_bytes, CommandOutput(), ()
+        cap = _within(args, "max_output_bytes", lim.output_bytes, lim.max_output_bytes, applied)
         output = CommandOutput(cap, run.output_dir, run.max_saved_output_bytes)
-        return timeout_ms / 1000, max_bytes, output, tuple(applied)
+        return timeout_ms / 1000, lim.max_output_bytes, output, tuple(applied)
 
     async def _diff_base(self, spec: ToolSpec, call: ToolCall) -> bytes | None:
         if spec.name not in ("fs_write", "fs_edit") or not self.write_policy.require_diff_summary:

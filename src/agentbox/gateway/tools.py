@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
+import dataclasses
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -17,9 +19,16 @@ from typing import Any, Literal
 
 from agentbox.browser.manager import BrowserManager
 from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported
+from agentbox.gateway.settings import (
+    BrowserOpenTool,
+    GatewaySettings,
+    TerminalRunTool,
+)
+from agentbox.runtime.commands import WORKSPACE
 from agentbox.runtime.files import Guard, SandboxFiles
 from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver
 from agentbox.runtime.runtime import Runtime
+from agentbox.units import human_size
 
 PolicyKind = Literal["command", "fs_read", "fs_write", "browser", "none"]
 Handler = Callable[["ToolCall"], dict[str, Any]]
@@ -34,6 +43,37 @@ class CommandOutput:
     cap: int = 16_384
     save_dir: str = "/tmp/agentbox-output"
     save_max_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class ToolLimits:
+    """The configured limits that tool arguments are cut to: the gateway renders them into
+    the argument descriptions and defaults it lists (:func:`render_tools`), and applies
+    the same values to each call."""
+
+    timeout_ms: int
+    output_bytes: int  # per stream, when the call asks for nothing
+    max_output_bytes: int
+    read_max_bytes: int  # fs_read's cap per call
+    write_max_bytes: int | None  # fs_write's cap (None: only the sandbox's disk)
+    viewport: str
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings) -> ToolLimits:
+        run = settings.tool("terminal.run") or TerminalRunTool(name="terminal.run")
+        read, write = settings.tool("fs.read"), settings.tool("fs.write")
+        browser = settings.tool("browser.open") or BrowserOpenTool(name="browser.open")
+        return cls(
+            timeout_ms=run.timeout_ms,
+            output_bytes=min(run.output_bytes, run.max_output_bytes),
+            max_output_bytes=run.max_output_bytes,
+            read_max_bytes=read.max_bytes if read else DEFAULT_READ_MAX,
+            write_max_bytes=write.max_bytes if write else None,
+            viewport=browser.viewport,
+        )
+
+
+DEFAULT_READ_MAX = 262_144  # fs_read's cap when no fs.read tool is configured
 
 
 @dataclass(frozen=True)
@@ -70,6 +110,13 @@ class ToolSpec:
     # Short, bounded and never waiting on the sandbox: may run on the event loop thread
     # when it reads at most INLINE_MAX_BYTES (a worker-thread hop costs more than the call).
     inline: bool = False
+
+    def with_defaults(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``args`` completed with the schema's defaults: the handler reads its defaults
+        from the schema the client was shown, so the two cannot differ."""
+        props = self.input_schema["properties"]
+        filled = {k: copy.deepcopy(v["default"]) for k, v in props.items() if "default" in v}
+        return filled | args
 
     def annotations(self) -> dict[str, bool]:
         return {
@@ -222,8 +269,8 @@ def _prune_saved(files: SandboxFiles, directory: str) -> None:
 def terminal_run(call: ToolCall) -> dict[str, Any]:
     result = call.runtime.commands(call.sandbox_id).run(
         call.args["command"],
-        cwd=call.args.get("cwd"),
-        env=call.args.get("env"),
+        cwd=call.args["cwd"],
+        env=call.args["env"],
         stdin=call.args.get("stdin"),
         timeout=call.timeout_s,
         max_output_bytes=call.output.cap,
@@ -238,7 +285,7 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
 
 def process_start(call: ToolCall) -> dict[str, Any]:
     info = call.runtime.processes(call.sandbox_id).start(
-        call.args["command"], cwd=call.args.get("cwd"), stdin=bool(call.args.get("stdin"))
+        call.args["command"], cwd=call.args["cwd"], stdin=call.args["stdin"]
     )
     return {"process_id": info.id, "running": True}
 
@@ -246,10 +293,8 @@ def process_start(call: ToolCall) -> dict[str, Any]:
 def process_read(call: ToolCall) -> dict[str, Any]:
     table = call.runtime.processes(call.sandbox_id)
     pid = call.args["process_id"]
-    limit = min(int(call.args.get("limit", call.max_output_bytes)), call.max_output_bytes)
-    out = table.read_output(
-        pid, call.args.get("stream", "stdout"), call.args.get("offset", 0), limit
-    )
+    limit = min(int(call.args["limit"]), call.max_output_bytes)
+    out = table.read_output(pid, call.args["stream"], call.args["offset"], limit)
     info = table.get(pid)
     result = {
         "data": out.text,
@@ -273,7 +318,7 @@ def process_write(call: ToolCall) -> dict[str, Any]:
 def process_signal(call: ToolCall) -> dict[str, Any]:
     table = call.runtime.processes(call.sandbox_id)
     pid = call.args["process_id"]
-    delivered = table.signal(pid, call.args.get("signal", "SIGTERM"))
+    delivered = table.signal(pid, call.args["signal"])
     info = table.get(pid)
     return {
         "process_id": pid,
@@ -288,7 +333,7 @@ def process_list(call: ToolCall) -> dict[str, Any]:
 
 
 def shell_create(call: ToolCall) -> dict[str, Any]:
-    session = call.runtime.sessions(call.sandbox_id).create(call.args.get("cwd", "/workspace"))
+    session = call.runtime.sessions(call.sandbox_id).create(call.args["cwd"])
     return {"session_id": session}
 
 
@@ -311,12 +356,9 @@ def shell_close(call: ToolCall) -> dict[str, Any]:
 
 def fs_read(call: ToolCall) -> dict[str, Any]:
     files = call.runtime.files(call.sandbox_id)
-    length = call.args.get("length")
-    cap = call.max_output_bytes
-    length = cap if length is None else min(int(length), cap)
-    data, size = files.read_sized(
-        call.args["path"], int(call.args.get("offset", 0)), length, guard=call.guard
-    )
+    offset = int(call.args["offset"])
+    length = min(int(call.args["length"]), call.max_output_bytes)
+    data, size = files.read_sized(call.args["path"], offset, length, guard=call.guard)
     try:
         content, encoding = data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
@@ -326,7 +368,7 @@ def fs_read(call: ToolCall) -> dict[str, Any]:
         "content": content,
         "encoding": encoding,
         "size": size,
-        "truncated": int(call.args.get("offset", 0)) + len(data) < size,
+        "truncated": offset + len(data) < size,
     }
 
 
@@ -341,14 +383,14 @@ def fs_write(call: ToolCall) -> dict[str, Any]:
     info = call.runtime.files(call.sandbox_id).write(
         call.args["path"],
         payload(call.args),
-        mode=call.args.get("mode", "overwrite"),
+        mode=call.args["mode"],
         guard=call.guard,
     )
     return {"path": info.path, "size": info.size}
 
 
 def fs_edit(call: ToolCall) -> dict[str, Any]:
-    count = call.args.get("count", 1)
+    count = call.args["count"]
     n = call.runtime.files(call.sandbox_id).edit(
         call.args["path"], call.args["old"], call.args["new"], count, guard=call.guard
     )
@@ -357,7 +399,7 @@ def fs_edit(call: ToolCall) -> dict[str, Any]:
 
 def fs_list(call: ToolCall) -> dict[str, Any]:
     entries = call.runtime.files(call.sandbox_id).list(
-        call.args.get("path", "/workspace"), int(call.args.get("depth", 1)), guard=call.guard
+        call.args["path"], int(call.args["depth"]), guard=call.guard
     )
     return {"entries": [e.to_dict() for e in entries]}
 
@@ -368,7 +410,7 @@ def fs_stat(call: ToolCall) -> dict[str, Any]:
 
 def fs_remove(call: ToolCall) -> dict[str, Any]:
     call.runtime.files(call.sandbox_id).remove(
-        call.args["path"], recursive=bool(call.args.get("recursive")), guard=call.guard
+        call.args["path"], recursive=bool(call.args["recursive"]), guard=call.guard
     )
     return {"path": call.args["path"], "removed": True}
 
@@ -377,7 +419,7 @@ def fs_move(call: ToolCall) -> dict[str, Any]:
     info = call.runtime.files(call.sandbox_id).move(
         call.args["path"],
         call.args["destination"],
-        overwrite=bool(call.args.get("overwrite")),
+        overwrite=bool(call.args["overwrite"]),
         guard=call.guard,
     )
     return info.to_dict()
@@ -399,7 +441,7 @@ def _browser(call: ToolCall) -> tuple[BrowserManager, float]:
 
 
 def _max_chars(call: ToolCall) -> int:
-    return min(int(call.args.get("max_chars", DEFAULT_TEXT_CHARS)), call.max_output_bytes)
+    return min(int(call.args["max_chars"]), call.max_output_bytes)
 
 
 def browser_open(call: ToolCall) -> dict[str, Any]:
@@ -416,7 +458,7 @@ def browser_snapshot(call: ToolCall) -> dict[str, Any]:
         call.args["handle"],
         timeout,
         _max_chars(call),
-        bool(call.args.get("text")),
+        bool(call.args["text"]),
     )
 
 
@@ -429,7 +471,7 @@ def browser_type(call: ToolCall) -> dict[str, Any]:
     browsers, timeout = _browser(call)
     a = call.args
     return browsers.type_text(
-        call.sandbox_id, a["handle"], a["ref"], a["text"], bool(a.get("submit")), timeout
+        call.sandbox_id, a["handle"], a["ref"], a["text"], bool(a["submit"]), timeout
     )
 
 
@@ -442,7 +484,7 @@ def browser_press(call: ToolCall) -> dict[str, Any]:
 def browser_screenshot(call: ToolCall) -> dict[str, Any]:
     browsers, timeout = _browser(call)
     return browsers.screenshot(
-        call.sandbox_id, call.args["handle"], bool(call.args.get("full_page")), timeout
+        call.sandbox_id, call.args["handle"], bool(call.args["full_page"]), timeout
     )
 
 
@@ -452,18 +494,11 @@ def browser_close(call: ToolCall) -> dict[str, Any]:
 
 
 COMMAND = {"type": "string", "minLength": 1, "description": "A bash command line"}
-TIMEOUT_MS = {
-    "type": "integer",
-    "minimum": 1,
-    "description": "Wall-clock limit in milliseconds (cut to the gateway's maximum; "
-    "limits_applied then says so)",
-}
-MAX_OUTPUT = {
-    "type": "integer",
-    "minimum": 1,
-    "description": "Bytes of each stream the result keeps, head and tail (default 16 KiB; "
-    "cut to the gateway's maximum). Longer output is saved whole in the sandbox: the "
-    "result's stdout_file / stderr_file name it for fs_read.",
+CWD = {
+    "type": "string",
+    "minLength": 1,
+    "default": WORKSPACE,
+    "description": f"Working directory in the sandbox (relative: to {WORKSPACE})",
 }
 PROCESS_ID = {"type": "string", "description": "Handle returned by process_start"}
 SESSION_ID = {"type": "string", "description": "Handle returned by shell_create"}
@@ -477,11 +512,109 @@ ELEMENT_REF = {
     "pattern": "^(f[0-9]+)?e[0-9]+$",
     "description": "An element ref from the latest browser_snapshot, e.g. e12",
 }
-MAX_CHARS = {
-    "type": "integer",
-    "minimum": 1,
-    "description": f"Cap on the text returned (default {DEFAULT_TEXT_CHARS} characters)",
+
+
+def _flag(default: bool, description: str) -> dict[str, Any]:
+    return {"type": "boolean", "default": default, "description": description}
+
+
+def _enum(values: list[str], description: str) -> dict[str, Any]:
+    return {"enum": values, "default": values[0], "description": description}
+
+
+# Arguments whose default or maximum comes from the gateway's config: render_tools puts
+# the configured values into the schemas a gateway lists (and its handlers then read).
+def _timeout_ms(lim: ToolLimits) -> dict[str, Any]:
+    return {
+        "type": "integer",
+        "minimum": 1,
+        "default": lim.timeout_ms,
+        "description": f"Wall-clock limit in milliseconds; default and maximum {lim.timeout_ms} "
+        "(a longer request is cut to it, and limits_applied says so)",
+    }
+
+
+def _max_output(lim: ToolLimits) -> dict[str, Any]:
+    return {
+        "type": "integer",
+        "minimum": 1,
+        "default": lim.output_bytes,
+        "description": f"Bytes of each stream the result keeps, head and tail; default "
+        f"{lim.output_bytes} ({human_size(lim.output_bytes)}), at most {lim.max_output_bytes} "
+        f"({human_size(lim.max_output_bytes)}). Longer output is saved whole in the sandbox: "
+        "the result's stdout_file / stderr_file name it for fs_read.",
+    }
+
+
+def _read_limit(lim: ToolLimits) -> dict[str, Any]:
+    return {
+        "type": "integer",
+        "minimum": 1,
+        "default": lim.max_output_bytes,
+        "description": f"Bytes to return at most; default and maximum {lim.max_output_bytes} "
+        f"({human_size(lim.max_output_bytes)})",
+    }
+
+
+def _read_length(lim: ToolLimits) -> dict[str, Any]:
+    return {
+        "type": "integer",
+        "minimum": 0,
+        "default": lim.read_max_bytes,
+        "description": f"Bytes to read from offset; default and maximum {lim.read_max_bytes} "
+        f"({human_size(lim.read_max_bytes)}): page a larger file with offset",
+    }
+
+
+def _content(lim: ToolLimits) -> dict[str, Any]:
+    cap = (
+        f"at most {lim.write_max_bytes} bytes ({human_size(lim.write_max_bytes)}) once decoded"
+        if lim.write_max_bytes
+        else "bounded by the sandbox's disk"
+    )
+    return {"type": "string", "description": f"The file's new content (see encoding); {cap}"}
+
+
+def _text_chars(lim: ToolLimits) -> dict[str, Any]:
+    default = min(DEFAULT_TEXT_CHARS, lim.max_output_bytes)
+    return {
+        "type": "integer",
+        "minimum": 1,
+        "default": default,
+        "description": f"Characters of page text returned at most; default {default}, "
+        f"maximum {lim.max_output_bytes} (beyond: truncated=true)",
+    }
+
+
+def _full_page(lim: ToolLimits) -> dict[str, Any]:
+    return _flag(False, f"true: the whole page; false: the viewport ({lim.viewport} pixels)")
+
+
+def _url(lim: ToolLimits) -> dict[str, Any]:
+    timeout = min(lim.timeout_ms / 1000, BROWSER_TIMEOUT_S)
+    return {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 8192,
+        "description": f"Absolute http(s) URL, at most 8192 characters; loading it times out "
+        f"after {timeout:g} s",
+    }
+
+
+CONFIGURED: dict[str, Callable[[ToolLimits], dict[str, Any]]] = {
+    "timeout_ms": _timeout_ms,
+    "max_output_bytes": _max_output,
+    "limit": _read_limit,
+    "length": _read_length,
+    "content": _content,
+    "max_chars": _text_chars,
+    "full_page": _full_page,
+    "url": _url,
 }
+DEFAULT_LIMITS = ToolLimits.from_settings(GatewaySettings())
+TIMEOUT_MS = _timeout_ms(DEFAULT_LIMITS)
+MAX_OUTPUT = _max_output(DEFAULT_LIMITS)
+MAX_CHARS = _text_chars(DEFAULT_LIMITS)
 PAGE_STATE = {
     "handle": STR,
     "url": STR,
@@ -502,11 +635,20 @@ TOOLS: list[ToolSpec] = [
         _obj(
             {
                 "command": COMMAND,
-                "cwd": PATH,
+                "cwd": CWD,
                 "timeout_ms": TIMEOUT_MS,
                 "max_output_bytes": MAX_OUTPUT,
-                "stdin": STR,
-                "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                "stdin": {
+                    "type": "string",
+                    "description": "Text fed to the command's stdin, then end of input "
+                    "(absent: an empty stdin, watched for prompts)",
+                },
+                "env": {
+                    "type": "object",
+                    "additionalProperties": {"type": "string"},
+                    "default": {},
+                    "description": "Environment variables added for this command",
+                },
             },
             ["command"],
         ),
@@ -522,7 +664,14 @@ TOOLS: list[ToolSpec] = [
         "Start a background process",
         "Start a command in the background; returns a process_id handle for process_read, "
         "process_write, process_signal.",
-        _obj({"command": COMMAND, "cwd": PATH, "stdin": BOOL}, ["command"]),
+        _obj(
+            {
+                "command": COMMAND,
+                "cwd": CWD,
+                "stdin": _flag(False, "true: keep its stdin open for process_write"),
+            },
+            ["command"],
+        ),
         _out({"process_id": STR, "running": BOOL}),
         read_only=False,
         destructive=True,
@@ -537,9 +686,14 @@ TOOLS: list[ToolSpec] = [
         _obj(
             {
                 "process_id": PROCESS_ID,
-                "stream": {"enum": ["stdout", "stderr"]},
-                "offset": {"type": "integer", "minimum": 0},
-                "limit": {"type": "integer", "minimum": 1},
+                "stream": _enum(["stdout", "stderr"], "Which output to read"),
+                "offset": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "default": 0,
+                    "description": "Byte offset in the stream: 0, or the last next_offset",
+                },
+                "limit": _read_limit(DEFAULT_LIMITS),
             },
             ["process_id"],
         ),
@@ -563,7 +717,13 @@ TOOLS: list[ToolSpec] = [
         "process_write",
         "Write to a background process's stdin",
         "Send text to the stdin of a process started with stdin=true.",
-        _obj({"process_id": PROCESS_ID, "data": STR}, ["process_id", "data"]),
+        _obj(
+            {
+                "process_id": PROCESS_ID,
+                "data": {"type": "string", "description": 'Text to send, e.g. "y\\n"'},
+            },
+            ["process_id", "data"],
+        ),
         _out({"written": INT}),
         read_only=False,
         destructive=False,
@@ -576,7 +736,17 @@ TOOLS: list[ToolSpec] = [
         "Signal a background process",
         "Send a signal (default SIGTERM; SIGKILL kills its whole tree). signalled=false: "
         "the process had already ended (exit_code says how).",
-        _obj({"process_id": PROCESS_ID, "signal": STR}, ["process_id"]),
+        _obj(
+            {
+                "process_id": PROCESS_ID,
+                "signal": {
+                    "type": "string",
+                    "default": "SIGTERM",
+                    "description": "A signal name (SIGTERM, SIGINT, SIGKILL, ...) or number",
+                },
+            },
+            ["process_id"],
+        ),
         _out(
             {
                 "process_id": STR,
@@ -607,7 +777,7 @@ TOOLS: list[ToolSpec] = [
         "shell_create",
         "Open a shell session",
         "Open a persistent shell: cd and export carry over between shell_run calls.",
-        _obj({"cwd": PATH}, []),
+        _obj({"cwd": CWD}, []),
         _out({"session_id": STR}),
         read_only=False,
         destructive=False,
@@ -654,8 +824,13 @@ TOOLS: list[ToolSpec] = [
         _obj(
             {
                 "path": PATH,
-                "offset": {"type": "integer", "minimum": 0},
-                "length": {"type": "integer", "minimum": 0},
+                "offset": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "default": 0,
+                    "description": "Byte offset to read from",
+                },
+                "length": _read_length(DEFAULT_LIMITS),
             },
             ["path"],
         ),
@@ -682,9 +857,15 @@ TOOLS: list[ToolSpec] = [
         _obj(
             {
                 "path": PATH,
-                "content": STR,
-                "mode": {"enum": ["overwrite", "append", "create"]},
-                "encoding": {"enum": ["utf-8", "base64"]},
+                "content": _content(DEFAULT_LIMITS),
+                "mode": _enum(
+                    ["overwrite", "append", "create"],
+                    "overwrite: replace the file; append: add to its end; create: fail if "
+                    "it exists",
+                ),
+                "encoding": _enum(
+                    ["utf-8", "base64"], "How content is written: text, or base64 of bytes"
+                ),
             },
             ["path", "content"],
         ),
@@ -702,9 +883,19 @@ TOOLS: list[ToolSpec] = [
         _obj(
             {
                 "path": PATH,
-                "old": {"type": "string", "minLength": 1},
-                "new": STR,
-                "count": {"type": "integer", "minimum": 1},
+                "old": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "The exact text to replace, whitespace included",
+                },
+                "new": {"type": "string", "description": "The text to put in its place"},
+                "count": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "default": 1,
+                    "description": "How many times old occurs (and is replaced); the edit "
+                    "fails, changing nothing, if the file holds another number",
+                },
             },
             ["path", "old", "new"],
         ),
@@ -719,7 +910,19 @@ TOOLS: list[ToolSpec] = [
         "fs_list",
         "List a directory",
         "Entries of a directory, optionally recursive (depth).",
-        _obj({"path": PATH, "depth": {"type": "integer", "minimum": 1, "maximum": 10}}, []),
+        _obj(
+            {
+                "path": PATH | {"default": WORKSPACE},
+                "depth": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 10,
+                    "default": 1,
+                    "description": "Levels to list: 1 the entries themselves, at most 10",
+                },
+            },
+            [],
+        ),
         _out({"entries": {"type": "array", "items": FILE_INFO}}),
         read_only=True,
         destructive=False,
@@ -743,7 +946,10 @@ TOOLS: list[ToolSpec] = [
         "fs_remove",
         "Remove a path",
         "Remove a file, or a directory with recursive=true.",
-        _obj({"path": PATH, "recursive": BOOL}, ["path"]),
+        _obj(
+            {"path": PATH, "recursive": _flag(False, "true: remove a directory and all below it")},
+            ["path"],
+        ),
         _out({"path": STR, "removed": BOOL}),
         read_only=False,
         destructive=True,
@@ -755,7 +961,14 @@ TOOLS: list[ToolSpec] = [
         "fs_move",
         "Move a path",
         "Move or rename a file or directory.",
-        _obj({"path": PATH, "destination": PATH, "overwrite": BOOL}, ["path", "destination"]),
+        _obj(
+            {
+                "path": PATH,
+                "destination": PATH,
+                "overwrite": _flag(False, "true: replace what is at destination"),
+            },
+            ["path", "destination"],
+        ),
         FILE_INFO | {"required": ["path"]},
         read_only=False,
         destructive=True,
@@ -784,8 +997,9 @@ TOOLS: list[ToolSpec] = [
         "title and the page's readable text (cut at max_chars, then truncated=true).",
         _obj(
             {
-                "url": {"type": "string", "minLength": 1, "maxLength": 8192},
-                "handle": BROWSER_HANDLE,
+                "url": _url(DEFAULT_LIMITS),
+                "handle": BROWSER_HANDLE
+                | {"description": "A page from browser_open to navigate (absent: a new page)"},
                 "max_chars": MAX_CHARS,
             },
             ["url"],
@@ -812,7 +1026,14 @@ TOOLS: list[ToolSpec] = [
         "inputs, each with a ref (e12) for browser_click / browser_type / browser_press. "
         "Refs stay valid until the page navigates or changes; then take a new snapshot. "
         "text=true also returns the page's readable text.",
-        _obj({"handle": BROWSER_HANDLE, "text": BOOL, "max_chars": MAX_CHARS}, ["handle"]),
+        _obj(
+            {
+                "handle": BROWSER_HANDLE,
+                "text": _flag(False, "true: also return the page's readable text"),
+                "max_chars": MAX_CHARS,
+            },
+            ["handle"],
+        ),
         _out(
             {
                 **PAGE_STATE,
@@ -850,7 +1071,12 @@ TOOLS: list[ToolSpec] = [
         "Replace the value of a text field (or choose a select option by its label) with "
         "text; submit=true then presses Enter.",
         _obj(
-            {"handle": BROWSER_HANDLE, "ref": ELEMENT_REF, "text": STR, "submit": BOOL},
+            {
+                "handle": BROWSER_HANDLE,
+                "ref": ELEMENT_REF,
+                "text": {"type": "string", "description": "The field's new value"},
+                "submit": _flag(False, "true: press Enter afterwards"),
+            },
             ["handle", "ref", "text"],
         ),
         ACTION_RESULT,
@@ -869,8 +1095,13 @@ TOOLS: list[ToolSpec] = [
         _obj(
             {
                 "handle": BROWSER_HANDLE,
-                "key": {"type": "string", "minLength": 1, "maxLength": 64},
-                "ref": ELEMENT_REF,
+                "key": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 64,
+                    "description": "A key or chord: Enter, Tab, ArrowDown, Control+A, ...",
+                },
+                "ref": ELEMENT_REF | {"description": "Element to press it on (absent: focus)"},
             },
             ["handle", "key"],
         ),
@@ -886,7 +1117,7 @@ TOOLS: list[ToolSpec] = [
         "browser_screenshot",
         "Screenshot a page",
         "A PNG of the viewport (full_page=true: the whole page), base64 in png_base64.",
-        _obj({"handle": BROWSER_HANDLE, "full_page": BOOL}, ["handle"]),
+        _obj({"handle": BROWSER_HANDLE, "full_page": _full_page(DEFAULT_LIMITS)}, ["handle"]),
         _out(
             {
                 **PAGE_STATE,
@@ -918,3 +1149,15 @@ TOOLS: list[ToolSpec] = [
 ]
 
 TOOLS_BY_NAME = {t.name: t for t in TOOLS}
+
+
+def render_tools(limits: ToolLimits) -> list[ToolSpec]:
+    """The tools as a gateway with these limits lists them: each configured argument
+    (CONFIGURED) states that gateway's default and maximum. Built once per app."""
+    rendered = []
+    for spec in TOOLS:
+        props = spec.input_schema["properties"]
+        configured = {k: build(limits) for k, build in CONFIGURED.items() if k in props}
+        schema = spec.input_schema | {"properties": props | configured}
+        rendered.append(dataclasses.replace(spec, input_schema=schema))
+    return rendered

@@ -73,6 +73,7 @@ from agentbox.errors import (
     SandboxError,
     SandboxNotRunning,
 )
+from agentbox.hints import Hint
 from agentbox.isolation import syscalls
 from agentbox.runtime import archive, export_safety
 
@@ -101,70 +102,82 @@ _IN_ROOT = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
 _CHILD = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_SYMLINKS | syscalls.RESOLVE_NO_MAGICLINKS
 
 
-_NOT_ALLOWED = (
+# What to tell the agent for an errno: the error class, the reason, and optionally a next
+# call: an action of agentbox.hints, the path it takes ("path" or "parent") and the
+# sentence naming it ({call}, spelled for the caller's surface).
+_ErrnoError = tuple[type[AgentboxError], str, tuple[str, str, str] | None]
+_NOT_ALLOWED: _ErrnoError = (
     PermissionDenied,
-    "the sandbox user is not allowed to; check owner and mode with files.stat({path!r}) "
-    "or work under {cwd}",
+    "the sandbox user is not allowed to; work under {cwd}, or check the owner and mode",
+    ("fs_stat", "path", "{call} to see them"),
 )
-_NO_SPACE = (
+_NO_SPACE: _ErrnoError = (
     LimitExceeded,
     "the sandbox's disk space or quota is used up; remove files you no longer need, then retry",
+    None,
 )
-_IN_USE = (
+_IN_USE: _ErrnoError = (
     Conflict,
-    "it is a non-empty directory, a mount point or in use; use remove(path, recursive=True) "
-    "to delete a directory tree",
+    "it is a non-empty directory, a mount point or in use",
+    ("fs_remove_tree", "path", "to delete a directory tree, {call}"),
 )
-# errno -> (error class, what to tell the agent). Unlisted errnos become SandboxError.
-_ERRNO_ERRORS: dict[int, tuple[type[AgentboxError], str]] = {
+# errno -> what to tell the agent. Unlisted errnos become SandboxError.
+_ERRNO_ERRORS: dict[int, _ErrnoError] = {
     errno.ENOENT: (
         FileNotFound,
-        "it (or a directory on the way) does not exist; "
-        "use files.list({parent!r}) to see what exists",
+        "it (or a directory on the way) does not exist",
+        ("fs_list", "parent", "{call} to see what exists"),
     ),
     errno.EEXIST: (
         FileExists,
         "something already exists there; remove it first, pick another name, "
         "or use the overwrite option",
+        None,
     ),
     errno.ENOTEMPTY: _IN_USE,
     errno.EBUSY: _IN_USE,
     errno.ETXTBSY: _IN_USE,
     errno.EACCES: _NOT_ALLOWED,
     errno.EPERM: _NOT_ALLOWED,
-    errno.EROFS: (PermissionDenied, "that filesystem is read-only; write under {cwd} instead"),
+    errno.EROFS: (
+        PermissionDenied,
+        "that filesystem is read-only; write under {cwd} instead",
+        None,
+    ),
     errno.ENOSPC: _NO_SPACE,
     errno.EDQUOT: _NO_SPACE,
     errno.EFBIG: _NO_SPACE,
     errno.EMLINK: _NO_SPACE,
     errno.EISDIR: (
         InvalidRequest,
-        "it is a directory; use files.list({path!r}) to see its entries",
+        "it is a directory",
+        ("fs_list", "path", "{call} to see its entries"),
     ),
     errno.ENOTDIR: (
         InvalidRequest,
-        "a component of the path is not a directory; use files.list({parent!r}) to check",
+        "a component of the path is not a directory",
+        ("fs_list", "parent", "{call} to check"),
     ),
     errno.ELOOP: (
         InvalidRequest,
         "too many levels of symbolic links, or a /proc magic link (those are never "
         "followed); point the path at the real file",
+        None,
     ),
-    errno.ENXIO: (InvalidRequest, "it is a fifo, socket or device, not a regular file"),
+    errno.ENXIO: (InvalidRequest, "it is a fifo, socket or device, not a regular file", None),
     errno.EXDEV: (
         InvalidRequest,
-        "source and destination are on different filesystems; copy with read/write "
-        "(or download_tar/upload_tar) and remove the source",
+        "source and destination are on different filesystems; copy it (read, then write) "
+        "and remove the source",
+        None,
     ),
-    errno.EINVAL: (
-        InvalidRequest,
-        "{strerror} (e.g. a directory moved into itself)",
-    ),
-    errno.ENAMETOOLONG: (InvalidRequest, "a name or the path is too long; shorten it"),
-    errno.EAGAIN: (Conflict, "the path kept changing while it was resolved; retry"),
+    errno.EINVAL: (InvalidRequest, "{strerror} (e.g. a directory moved into itself)", None),
+    errno.ENAMETOOLONG: (InvalidRequest, "a name or the path is too long; shorten it", None),
+    errno.EAGAIN: (Conflict, "the path kept changing while it was resolved; retry", None),
     errno.ENOSYS: (
         HostUnsupported,
         "the host kernel lacks openat2/renameat2 (Linux 5.6+ is needed)",
+        None,
     ),
 }
 
@@ -496,8 +509,8 @@ def _set_regular_blocking(fd: int, spath: str) -> None:
     """Refuse anything but a regular file (opened O_NONBLOCK so a fifo cannot hang us)."""
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         raise InvalidRequest(
-            f"{spath} is not a regular file (a directory, fifo, socket or device): "
-            f"use files.stat({spath!r}) to see what it is"
+            f"{spath} is not a regular file (a directory, fifo, socket or device)",
+            hint=Hint("fs_stat", {"path": spath}, "{call} to see what it is"),
         )
     os.set_blocking(fd, True)
 
@@ -565,15 +578,15 @@ class SandboxFiles:
     def _error(self, exc: OSError, action: str, spath: str) -> AgentboxError:
         """Map an OSError to the error tree; the message names ``spath`` and a next step."""
         code = exc.errno or 0
-        cls, hint = _ERRNO_ERRORS.get(code, (SandboxError, "{strerror}"))
-        text = hint.format(
-            path=spath,
-            parent=posixpath.dirname(spath) or "/",
-            cwd=self._cwd,
-            strerror=os.strerror(code),
-        )
+        cls, text, next_call = _ERRNO_ERRORS.get(code, (SandboxError, "{strerror}", None))
+        paths = {"path": spath, "parent": posixpath.dirname(spath) or "/"}
+        hint = None
+        if next_call is not None:
+            name, which, sentence = next_call
+            hint = Hint(name, {"path": paths[which]}, sentence)
+        reason = text.format(**paths, cwd=self._cwd, strerror=os.strerror(code))
         errname = errno.errorcode.get(code, str(code))
-        return cls(f"cannot {action} {spath}: {text}", path=spath, errno=errname)
+        return cls(f"cannot {action} {spath}: {reason}", hint=hint, path=spath, errno=errname)
 
     @contextlib.contextmanager
     def _mapped(self, action: str, spath: str) -> Iterator[None]:
@@ -618,8 +631,8 @@ class SandboxFiles:
     def _read_fd(self, fd: int, spath: str, offset: int, length: int | None) -> bytes:
         if length is not None and length > self._max_read:
             raise LimitExceeded(
-                f"cannot read {length} bytes of {spath} at once (cap {self._max_read}); "
-                "use read_stream or several reads with offset/length",
+                f"cannot read {length} bytes of {spath} at once (cap {self._max_read})",
+                hint=self._read_in_parts(spath),
                 path=spath,
             )
         limit = self._max_read + 1 if length is None else length
@@ -634,11 +647,15 @@ class SandboxFiles:
             got += len(chunk)
         if length is None and got > self._max_read:
             raise LimitExceeded(
-                f"{spath} is larger than the read cap of {self._max_read} bytes; "
-                "use read_stream or read with offset/length",
+                f"{spath} is larger than the read cap of {self._max_read} bytes",
+                hint=self._read_in_parts(spath),
                 path=spath,
             )
         return b"".join(parts)
+
+    def _read_in_parts(self, spath: str) -> Hint:
+        args = {"path": spath, "length": self._max_read}
+        return Hint("fs_read_range", args, "{call} (then the next offset) to read it in parts")
 
     def read(
         self, path: str, offset: int = 0, length: int | None = None, *, guard: Guard | None = None
@@ -778,20 +795,27 @@ class SandboxFiles:
                 except UnicodeDecodeError as exc:
                     raise InvalidRequest(
                         f"{spath} is not UTF-8 text (bad byte at offset {exc.start}); edit "
-                        "works on text only: use files.read and files.write for binary data",
+                        "works on text only",
+                        hint=Hint("fs_binary", {"path": spath}, "to change binary data, {call}"),
                         path=spath,
                     ) from None
                 found = text.count(old)
                 if count is not None and found != count:
-                    hint = (
-                        "read the file again and copy the old text exactly, whitespace included"
-                        if found == 0
-                        else "add surrounding lines to old to make it unique, or pass "
-                        f"count={found} (or None) to replace every occurrence"
-                    )
+                    what = f"expected {count} occurrence(s) of the old text in {spath} but found "
+                    if found == 0:
+                        raise EditMismatch(
+                            f"{what}0; nothing was changed: read the file again and copy the "
+                            "old text exactly, whitespace included",
+                            path=spath,
+                            expected=count,
+                            found=found,
+                        )
                     raise EditMismatch(
-                        f"expected {count} occurrence(s) of the old text in {spath} but found "
-                        f"{found}; nothing was changed: {hint}",
+                        f"{what}{found}; nothing was changed: add surrounding lines to old to "
+                        "make it unique",
+                        hint=Hint(
+                            "fs_edit_count", {"count": found}, "to replace every one, {call}"
+                        ),
                         path=spath,
                         expected=count,
                         found=found,

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from agentbox.errors import InvalidRequest, ProcessNotFound
 from agentbox.fsutil import stdin_bytes
+from agentbox.hints import Hint
 from agentbox.runtime.commands import (
     INPUT_QUIET_S,
     CommandRunner,
@@ -89,8 +90,8 @@ class ProcessTable:
         path = self.root / process_id
         if not path.is_dir():
             raise ProcessNotFound(
-                f"no background process {process_id} in this sandbox; list them with "
-                "processes.list()"
+                f"no background process {process_id} in this sandbox",
+                hint=Hint("process_list", {}, "{call} to list them"),
             )
         return path
 
@@ -260,7 +261,8 @@ class ProcessTable:
         fifo = self._dir(process_id) / "stdin"
         if not fifo.exists() or not stat.S_ISFIFO(fifo.stat().st_mode):
             raise InvalidRequest(
-                f"process {process_id} was started without stdin; start it with stdin=True"
+                f"process {process_id} was started without stdin",
+                hint=Hint("process_start_stdin", {}, "{call} to answer it next time"),
             )
         payload = stdin_bytes(data, "data")
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)

@@ -34,6 +34,7 @@ from agentbox.errors import (
     SandboxNotFound,
     SandboxNotRunning,
 )
+from agentbox.hints import Hint
 from agentbox.isolation import diskpool, seccomp
 from agentbox.isolation.cgroups import CgroupLayout, Limits, SandboxCgroup
 from agentbox.isolation.launcher import nsexec_path
@@ -365,8 +366,8 @@ class Runtime:
         record = self.store.get(sandbox_id)
         if record is None:
             raise SandboxNotFound(
-                f"sandbox {sandbox_id} does not exist (destroyed or never created); "
-                "list live sandboxes with `agentbox sandbox ls`"
+                f"sandbox {sandbox_id} does not exist (destroyed or never created)",
+                hint=Hint("sandbox_list", {}, "{call} to list live sandboxes"),
             )
         if record.state in ("running", "paused") and not self._alive(record):
             record.state = "exited"
@@ -451,8 +452,8 @@ class Runtime:
         if errors:
             self.store.set_state(sandbox_id, "error")
             raise SandboxError(
-                f"sandbox {sandbox_id} was only partly removed ({'; '.join(errors)}); "
-                "run `agentbox sandbox rm` again"
+                f"sandbox {sandbox_id} was only partly removed ({'; '.join(errors)})",
+                hint=Hint("sandbox_destroy", {"sandbox": sandbox_id}, "{call} again"),
             )
         self.store.delete(sandbox_id)
         try:

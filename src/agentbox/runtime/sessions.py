@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from agentbox.errors import InvalidRequest, SessionNotFound
 from agentbox.fsutil import exec_text
+from agentbox.hints import Hint
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.output import CommandResult, OutputSaver
 
@@ -70,7 +71,10 @@ class ShellSessions:
         state = self._state_file(session_id)
         exists = self.runner.run(["/bin/test", "-f", state], timeout=10)
         if exists.exit_code != 0:
-            raise SessionNotFound(f"no shell session {session_id}; create one first")
+            raise SessionNotFound(
+                f"no shell session {session_id}",
+                hint=Hint("shell_create", {}, "{call} to create one"),
+            )
         return self.runner.run(
             ["/bin/bash", "-c", _WRAPPER, "agentbox-session", state, command],
             timeout=timeout,

@@ -46,6 +46,7 @@ from typing import IO, Any
 import zstandard
 
 from agentbox.errors import InvalidRequest, SecretsFound, SnapshotNotFound
+from agentbox.hints import Hint
 from agentbox.isolation import disk, diskpool
 from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime, spec_from
@@ -265,8 +266,8 @@ class Snapshots:
                 self.store.get_file(meta_key(snapshot_id), staging)
             except SnapshotNotFound:
                 raise SnapshotNotFound(
-                    f"snapshot {snapshot_id} is not in {self.store.url}; list them with "
-                    "`agentbox snapshot ls`"
+                    f"snapshot {snapshot_id} is not in {self.store.url}",
+                    hint=Hint("snapshot_list", {}, "{call} to list them"),
                 ) from None
             return SnapshotInfo(**json.loads(staging.read_text()))
         finally:

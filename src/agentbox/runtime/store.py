@@ -16,6 +16,7 @@ from typing import Any
 
 from agentbox.config import Admission
 from agentbox.errors import CapacityExceeded, QuotaExceeded
+from agentbox.hints import Hint
 from agentbox.sqlitedb import SqliteDB
 
 _SCHEMA = """
@@ -153,8 +154,9 @@ class Store(SqliteDB):
                 from agentbox.errors import LimitExceeded
 
                 raise LimitExceeded(
-                    f"this host already runs {len(used)} sandboxes, its maximum; "
-                    "destroy some (agentbox sandbox ls / rm) and retry"
+                    f"this host already runs {len(used)} sandboxes, its maximum; destroy "
+                    "some and retry",
+                    hint=Hint("sandbox_list", {}, "{call} to see them"),
                 )
             now = time.time()
             db.execute(

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from agentbox import hints
 from agentbox.errors import AgentboxError, ProviderRejected
 from agentbox.gateway.auth import Principal
 from agentbox.providers.types import ChatRequest, ChatResponse, Message, Tool, ToolCall
@@ -170,6 +171,6 @@ async def run_task(
         try:
             result = await run_tool(principal, action["tool"], action["arguments"])
         except AgentboxError as e:  # the model hears what went wrong and may try again
-            result = {"error": {"code": e.code, "message": e.message}}
+            result = {"error": {"code": e.code, "message": hints.render(e, "mcp")}}
         store.add_step(task.id, n, action, result, tokens, cost)
         steps = store.steps(task.id)

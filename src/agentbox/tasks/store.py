@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbox.errors import Conflict, NotFound
+from agentbox.hints import Hint
 from agentbox.sqlitedb import SqliteDB
 
 _SCHEMA = """
@@ -235,7 +236,10 @@ class TaskStore(SqliteDB):
     def get(self, task_id: str) -> Task:
         row = self._conn().execute("SELECT * FROM tasks WHERE id=?", (task_id,)).fetchone()
         if row is None:
-            raise NotFound(f"task {task_id} does not exist; list tasks with `agentbox task ls`")
+            raise NotFound(
+                f"task {task_id} does not exist",
+                hint=Hint("task_list", {}, "{call} to list tasks"),
+            )
         return Task(**dict(row))
 
     def list(self, state: str | None = None, limit: int = 100) -> builtins.list[Task]:
