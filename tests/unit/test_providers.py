@@ -9,6 +9,7 @@ import http.server
 import json
 import logging
 import random
+import re
 import sqlite3
 import subprocess
 import sys
@@ -1134,10 +1135,13 @@ def test_budget_accounting_is_shared_across_processes(tmp_path: Path) -> None:
 def test_the_example_config_still_parses_and_builds_a_pool() -> None:
     settings = load_settings(EXAMPLE)
     assert [p.timeout_seconds for p in settings.providers] == [60, 60, 60]
-    sonnet = settings.providers[0].prices["claude-sonnet-4"]
+    # The prices are a commented example (the contract sets none): uncommented, they load.
+    priced = parse_settings(re.sub(r"(?m)^    # (prices:|  )", r"    \1", EXAMPLE.read_text()))
+    sonnet = priced.providers[0].prices["claude-sonnet-4"]
     assert (sonnet.cache_read_per_mtok, sonnet.cache_write_per_mtok) == (0.3, 3.75)
     assert sonnet.checked is not None and sonnet.source is not None
-    assert settings.providers[2].prices == {}  # a local model costs nothing
+    assert priced.providers[1].prices["gpt-4.1"].cache_read_per_mtok == 0.5
+    assert priced.providers[2].prices == {}  # a local model costs nothing
     assert settings.retry == RetrySettings(max_attempts=3, base_seconds=1, max_seconds=30)
 
     async def health() -> list[dict[str, Any]]:
