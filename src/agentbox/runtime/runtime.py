@@ -23,9 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from agentbox.config import Admission, SandboxSpec, agentbox_home, network_of
+from agentbox.config import Admission, agentbox_home
 from agentbox.errors import (
     AgentboxError,
     HostUnsupported,
@@ -48,6 +46,7 @@ from agentbox.runtime.templates import Template, TemplateStore
 
 if TYPE_CHECKING:
     from agentbox.runtime.snapshots import SnapshotInfo, Snapshots
+    from agentbox.specs import SandboxSpec
 
 MAX_SANDBOXES = 4096
 POOL_MAX_AGE = 3600.0  # a warm sandbox older than this is replaced by a fresh one
@@ -77,6 +76,12 @@ def pool_key(spec: SandboxSpec) -> str:
 
 def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
     """Validate user input into a spec; errors name the field and what was expected."""
+    # pydantic is imported here, not at the top: commands on existing sandboxes never
+    # validate a spec and so skip its import (tests/unit/test_import_weight.py).
+    from pydantic import ValidationError
+
+    from agentbox.specs import SandboxSpec
+
     if isinstance(values, SandboxSpec):
         return values
     try:
@@ -213,7 +218,7 @@ class Runtime:
             sandbox_id,
             SandboxHost(self.home, sandbox_id, record.slot),
             self.layout.sandbox(sandbox_id),
-            network_of(record.spec).mode != "none",
+            record.network_mode != "none",
             record.template_digest,
         )
         self.event(sandbox_id, "destroyed", "pool", "agentbox")
@@ -313,9 +318,9 @@ class Runtime:
         try:
             trust = None
             if networked:
-                from agentbox.network import egressd
+                from agentbox.network import egress_start
 
-                egressd.ensure_running(self.home)  # also loads the nft rules: before any link
+                egress_start.ensure_running(self.home)  # also loads the nft rules: before any link
                 if spec.network.credentials:
                     trust = self._egress_trust()
             host.prepare_filesystem(
@@ -392,7 +397,7 @@ class Runtime:
             sandbox_id,
             SandboxHost(self.home, sandbox_id, record.slot),
             self.layout.sandbox(sandbox_id),
-            network_of(record.spec).mode != "none",
+            record.network_mode != "none",
             record.template_digest,
         )
         self.event(sandbox_id, "destroyed", reason, actor)
@@ -526,7 +531,7 @@ class Runtime:
         with self._lock:
             cgroup.thaw()  # a frozen tree dies only once thawed on some kernels
             cgroup.remove_processes()
-            if network_of(record.spec).mode != "none":
+            if record.network_mode != "none":
                 net = plane.registered_home_net(self.home)
                 if net is not None:
                     plane.detach(net.link(record.slot))
@@ -622,9 +627,8 @@ class Runtime:
         record, host, cgroup = self.running(sandbox_id)
         assert record.init_pid is not None
         env = record.spec.get("env", {})
-        network = network_of(record.spec)
-        if network.mode != "none":
-            trust = plane.ca_env() if network.credentials else {}
+        if record.network_mode != "none":
+            trust = plane.ca_env() if record.has_credentials else {}
             env = {**self.net.proxy_env(), **trust, **env}
         return CommandRunner(self.paths, host, cgroup, record.init_pid, env)
 
