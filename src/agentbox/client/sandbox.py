@@ -25,18 +25,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar
 
-from agentbox.runtime.commands import CommandRunner
-from agentbox.runtime.files import FileInfo, SandboxFiles
-from agentbox.runtime.output import CommandResult
-from agentbox.runtime.processes import ProcessInfo, ProcessOutput, ProcessTable
 from agentbox.runtime.runtime import Runtime
-from agentbox.runtime.sessions import ShellSessions
-from agentbox.runtime.store import SandboxRecord
 
 # Imported where used, so the SDK loads light (tests/unit/test_import_weight.py).
 if TYPE_CHECKING:
     from agentbox.client.remote import RemoteCommands, RemoteFiles, RemoteProcesses, RemoteSessions
+    from agentbox.runtime.commands import CommandRunner
+    from agentbox.runtime.files import FileInfo, SandboxFiles
+    from agentbox.runtime.output import CommandResult
+    from agentbox.runtime.processes import ProcessInfo, ProcessOutput, ProcessTable
+    from agentbox.runtime.sessions import ShellSessions
     from agentbox.runtime.snapshots import SnapshotInfo
+    from agentbox.runtime.store import SandboxRecord
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -37,15 +38,17 @@ from agentbox.isolation.cgroups import CgroupLayout, Limits, SandboxCgroup
 from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
 from agentbox.runtime.commands import CommandRunner
-from agentbox.runtime.files import SandboxFiles
 from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
-from agentbox.runtime.processes import ProcessTable
-from agentbox.runtime.sessions import ShellSessions
 from agentbox.runtime.store import SandboxRecord, Store
-from agentbox.runtime.templates import Template, TemplateStore
 
+# Imported where used: a command on an existing sandbox (``agentbox sandbox exec``) needs
+# none of these (tests/unit/test_import_weight.py).
 if TYPE_CHECKING:
+    from agentbox.runtime.files import SandboxFiles
+    from agentbox.runtime.processes import ProcessTable
+    from agentbox.runtime.sessions import ShellSessions
     from agentbox.runtime.snapshots import SnapshotInfo, Snapshots
+    from agentbox.runtime.templates import Template, TemplateStore
     from agentbox.specs import SandboxSpec
 
 MAX_SANDBOXES = 4096
@@ -158,7 +161,6 @@ class Runtime:
             path.chmod(0o711)
         _check_traversable(self.home)
         self.store = Store(self.home / "state.db")
-        self.templates = TemplateStore(self.home, self.store)
         self._layout: CgroupLayout | None = None
         self._paths: LaunchPaths | None = None
         self._lock = threading.Lock()
@@ -166,6 +168,12 @@ class Runtime:
         self._net: plane.HomeNet | None = None
         self._touched: dict[str, float] = {}
         self.admission = Admission()  # the gateway sets its sandbox.admission here
+
+    @functools.cached_property
+    def templates(self) -> TemplateStore:
+        from agentbox.runtime.templates import TemplateStore
+
+        return TemplateStore(self.home, self.store)
 
     # host facts -----------------------------------------------------------------------
     @property
@@ -633,11 +641,17 @@ class Runtime:
         return CommandRunner(self.paths, host, cgroup, record.init_pid, env)
 
     def processes(self, sandbox_id: str) -> ProcessTable:
+        from agentbox.runtime.processes import ProcessTable
+
         return ProcessTable(self.commands(sandbox_id))
 
     def sessions(self, sandbox_id: str) -> ShellSessions:
+        from agentbox.runtime.sessions import ShellSessions
+
         return ShellSessions(self.commands(sandbox_id))
 
     def files(self, sandbox_id: str) -> SandboxFiles:
+        from agentbox.runtime.files import SandboxFiles
+
         record, host, _ = self.running(sandbox_id)
         return SandboxFiles(f"/proc/{record.init_pid}/root", host.host_uid, host.host_gid)
