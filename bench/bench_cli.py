@@ -2,7 +2,7 @@
 beside whole baseline processes, all in one interleaved run (A B C ... A B C ...), so
 that a shared machine's drift moves every row alike and the ratios stay honest.
 
-    .venv/bin/python bench/bench_cli.py [--quick] [-n N] [--write]   (as root)
+    .venv/bin/python bench/bench_cli.py [--quick] [-n N] [--before SRC] [--write]   (as root)
 
 Rows: bare ``true``; ``python -c pass`` (the interpreter's own start); a plain bwrap
 sandbox running ``true`` (``baselines.PlainBwrap``: agentbox's namespace shape, no disk,
@@ -11,7 +11,9 @@ when podman is installed; then ``agentbox --help``, ``agentbox sandbox exec ID -
 a one-shot SDK script (import, ``Sandbox.create()``, ``run('true')``, ``kill()``) and
 ``agentbox sandbox create`` / ``rm``. Each figure is one process from spawn to exit, wall
 clock; CPU (user + system of the child) is shown beside it, since on a loaded host wall
-time also counts waiting for a core.
+time also counts waiting for a core. ``--before SRC`` adds the CLI and SDK rows once more
+with another checkout's ``src`` first on the path (e.g. ``git archive BASE src | tar -x
+-C /var/tmp/base``), so a change is measured against its base in the same run.
 """
 
 from __future__ import annotations
@@ -94,12 +96,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="15 rounds instead of 31")
     parser.add_argument("-n", type=int, help="rounds (each row runs once per round)")
+    parser.add_argument("--before", type=Path, help="another checkout's src, measured beside")
     parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args()
     n = args.n or (15 if args.quick else 31)
     # What users run has its bytecode cached; PYTHONDONTWRITEBYTECODE (set on some hosts)
     # would otherwise make every run compile agentbox from source.
     compileall.compile_dir(str(Path(agentbox.__file__).parent), quiet=1)
+    if args.before is not None:
+        compileall.compile_dir(str(args.before / "agentbox"), quiet=1)
     podman = podman_path()
     with bench_home("cli") as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTBOX_")}
@@ -108,7 +113,7 @@ def main() -> None:
         target = NsenterTarget(plain)
         created = run_process([AGENTBOX, "sandbox", "create"], env)[2].decode().strip()
         try:
-            rows, rounds = _plan(env, plain, target, created, podman)
+            rows, rounds = _plan(env, plain, target, created, podman, args.before)
             progress(f"cli: {n} rounds of {len(rows)} rows, load {load()}")
             load_before = load()
             for i in range(n + 2):  # the first two rounds warm caches up, not counted
@@ -120,7 +125,7 @@ def main() -> None:
             load_after = load()
         finally:
             target.close()
-            subprocess.run([AGENTBOX, "sandbox", "rm", created], env=env, check=False)
+            run_process([AGENTBOX, "sandbox", "rm", created], env)
     table, met = _table(rows, podman)
     cpu_table = md_table(
         ["measurement", "CPU p50 (user + system)"],
@@ -150,9 +155,10 @@ def _plan(
     target: NsenterTarget,
     sandbox_id: str,
     podman: str | None,
+    before: Path | None,
 ) -> tuple[dict[str, Measured], list[tuple[Measured, Callable[[], tuple[int, float]]]]]:
-    def process(argv: list[str]) -> Callable[[], tuple[int, float]]:
-        return lambda: run_process(argv, env)[:2]
+    def process(argv: list[str], with_env: dict[str, str] = env) -> Callable[[], tuple[int, float]]:
+        return lambda: run_process(argv, with_env)[:2]
 
     def in_python(ns: Callable[[], int]) -> Callable[[], tuple[int, float]]:
         def once() -> tuple[int, float]:
@@ -199,6 +205,15 @@ def _plan(
         ("create", "agentbox sandbox create", create),
         ("rm", "agentbox sandbox rm ID", remove),
     ]  # fmt: skip
+    if before is not None:
+        old = {**env, "PYTHONPATH": str(before.resolve())}
+        plan += [
+            ("help_before", "before: agentbox --help", process([AGENTBOX, "--help"], old)),
+            ("exec_before", "before: agentbox sandbox exec ID -- true",
+             process([AGENTBOX, "sandbox", "exec", sandbox_id, "--", "true"], old)),
+            ("oneshot_before", "before: SDK script (as above)",
+             process([sys.executable, "-c", ONESHOT], old)),
+        ]  # fmt: skip
     rows = {key: Measured(what) for key, what, _ in plan}
     return rows, [(rows[key], once) for key, _, once in plan]
 
@@ -224,6 +239,9 @@ def _table(rows: dict[str, Measured], podman: str | None) -> tuple[list[str], li
             row.target, row.met = f"<= {ONESHOT_TARGET_MS:.0f} ms", oneshot_ok
         elif key in ("create", "rm"):
             row.ratio = f"{ratio(p50[key], p50['python'])} of python"
+        elif key.endswith("_before"):
+            now = key.removesuffix("_before")
+            row.ratio = f"now {ratio(p50[now], p50[key])} of this"
         out.append(row.cells())
     met = [
         f"- target `sandbox exec` p50 <= {EXEC_TARGET_MS:.0f} ms: {p50['exec']:.1f} ms, "
