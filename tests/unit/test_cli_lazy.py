@@ -1,6 +1,7 @@
-"""The CLI's command groups that live in other modules load only when one runs, and
-``agentbox --help`` lists them with short help kept in ``cli.main``: it must say what
-each command's own help says."""
+"""The CLI's short cuts at start-up: command groups that live in other modules load only
+when one runs (``agentbox --help`` lists them with short help kept in ``cli.main``: it must
+say what each command's own help says), and the plain ``sandbox exec ID -- ARGV`` runs
+without click (tests/integration/test_cli.py checks it behaves the same)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import importlib
 import click
 from click.testing import CliRunner
 
+from agentbox.cli.execute import plain_form
 from agentbox.cli.main import _LAZY, cli
 
 
@@ -34,3 +36,18 @@ def test_help_lists_every_command_and_each_lazy_one_runs() -> None:
         assert shown.exit_code == 0 and f"Usage: cli {name}" in shown.output, shown.output
     suggested = runner.invoke(cli, ["snapshots"])
     assert "Did you mean 'snapshot'?" in suggested.output  # lazy names are suggested too
+
+
+def test_only_the_plain_exec_form_skips_click() -> None:
+    assert plain_form(["sandbox", "exec", "sb-1", "--", "ls", "-la"]) == ("sb-1", ["ls", "-la"])
+    assert plain_form(["sandbox", "exec", "sb-1", "--", "--help"]) == ("sb-1", ["--help"])
+    for args in (
+        ["sandbox", "exec", "sb-1", "--timeout", "5", "--", "true"],  # an option: click
+        ["sandbox", "exec", "--cwd", "/", "sb-1", "--", "true"],
+        ["sandbox", "exec", "--help", "--", "true"],
+        ["sandbox", "exec", "sb-1", "true"],  # no `--`: click says what it makes of it
+        ["sandbox", "exec", "sb-1", "--"],  # no command: click's "missing argument"
+        ["sandbox", "ls", "a", "--", "b"],
+        ["files", "exec", "sb-1", "--", "true"],
+    ):
+        assert plain_form(args) is None, args

@@ -40,13 +40,14 @@ LAZY = ("asyncio", "pydantic", "pydantic_core", "pyseccomp")
 # Runs the code given, then writes the names of the loaded top-level packages to a file
 # (stdout belongs to the CLI), whatever way the code exits.
 _PROBE = """
-import atexit, json, runpy, sys
+import atexit, json, sys
 out = sys.argv.pop(1)
 atexit.register(lambda: open(out, "w").write(json.dumps(sorted({m.split(".")[0] for m in sys.modules}))))
 code = sys.argv.pop(1)
-if code == "cli":
+if code == "cli":  # as the console script does
     sys.argv[0] = "agentbox"
-    runpy.run_module("agentbox.cli.main", run_name="__main__")
+    from agentbox.cli.entry import main
+    main()
 else:
     exec(code)
 """
@@ -83,6 +84,11 @@ def test_cli_help_loads_no_command_module(tmp_path: Path) -> None:
 def test_cli_exec_on_a_sandbox_loads_nothing_heavy(tmp_path: Path, sandbox: Sandbox) -> None:
     modules = loaded(tmp_path, "cli", "sandbox", "exec", sandbox.id, "--", "true")
     assert heavy_in(modules) == []
+    assert "click" not in modules  # the plain form skips the command tree (cli.execute)
+    with_option = loaded(
+        tmp_path, "cli", "sandbox", "exec", "--cwd", "/tmp", sandbox.id, "--", "true"
+    )
+    assert heavy_in(with_option) == [] and "click" in with_option
 
 
 def test_sdk_run_on_a_sandbox_needs_no_pydantic(tmp_path: Path, sandbox: Sandbox) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from agentbox.cli import execute
 from agentbox.cli.params import DURATION, LazyGroup
 from agentbox.errors import AgentboxError, InvalidRequest
 from agentbox.units import human_size
@@ -24,8 +25,7 @@ if TYPE_CHECKING:  # the backend loads when a command needs one: `--help` never 
     from agentbox.client.sandbox import Backend
 
 F = TypeVar("F", bound=Callable[..., Any])
-EXEC_FAILED = 125
-EXEC_TIMED_OUT = 124
+EXEC_FAILED = execute.EXEC_FAILED
 
 
 def _print_json(data: object) -> None:
@@ -298,30 +298,14 @@ def sandbox_exec(
       agentbox sandbox exec $ID -- bash -c 'cd /tmp && make'
       echo data | agentbox sandbox exec $ID -- wc -c
     """
-    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
-    out = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
-
-    def passthrough(stream: str, chunk: bytes) -> None:
-        out[stream].write(chunk)
-        out[stream].flush()
-
-    result = (
-        _runtime()
-        .commands(sandbox_id)
-        .run(
-            list(argv),
-            cwd=cwd,
-            env=_parse_env(env),
-            stdin=stdin or None,
-            timeout=timeout,
-            max_output_bytes=0,
-            on_output=passthrough,
-        )
+    execute.run(
+        sandbox_id,
+        list(argv),
+        timeout,
+        cwd,
+        _parse_env(env),
+        lambda line: click.echo(line, err=True),
     )
-    if result.timed_out:
-        click.echo(f"agentbox: command timed out after {timeout}s and was killed", err=True)
-        sys.exit(EXEC_TIMED_OUT)
-    sys.exit(result.exit_code)
 
 
 @sandbox.command("shell")
