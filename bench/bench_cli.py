@@ -207,10 +207,12 @@ def _plan(
     ]  # fmt: skip
     if before is not None:
         old = {**env, "PYTHONPATH": str(before.resolve())}
+        # What that checkout's console script runs (its entry point may differ from ours).
+        script = [sys.executable, "-c", "import sys; from agentbox.cli.main import main; main()"]
         plan += [
-            ("help_before", "before: agentbox --help", process([AGENTBOX, "--help"], old)),
+            ("help_before", "before: agentbox --help", process([*script, "--help"], old)),
             ("exec_before", "before: agentbox sandbox exec ID -- true",
-             process([AGENTBOX, "sandbox", "exec", sandbox_id, "--", "true"], old)),
+             process([*script, "sandbox", "exec", sandbox_id, "--", "true"], old)),
             ("oneshot_before", "before: SDK script (as above)",
              process([sys.executable, "-c", ONESHOT], old)),
         ]  # fmt: skip
