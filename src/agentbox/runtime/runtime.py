@@ -13,7 +13,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import logging
 import os
 import secrets
 import select
@@ -55,7 +54,14 @@ MAX_SANDBOXES = 4096
 POOL_MAX_AGE = 3600.0  # a warm sandbox older than this is replaced by a fresh one
 POOL_LIFETIME = 7 * 24 * 3600.0  # its init's own end: the longest a claimed one can live
 POOL_PROJECT = "(warm pool)"  # pooled sandboxes count against no user project's quota
-log = logging.getLogger(__name__)
+
+
+def _warn(message: str, *args: object) -> None:
+    # logging is imported here: it brings traceback and linecache, a few ms of start-up
+    # that a command on an existing sandbox never needs.
+    import logging
+
+    logging.getLogger(__name__).warning(message, *args)
 
 
 def _check_traversable(home: Path) -> None:
@@ -358,7 +364,7 @@ class Runtime:
         try:
             self.store.add_event(sandbox_id, type_, reason, actor, details)
         except sqlite3.Error as e:  # the transition happened; losing its note must not undo it
-            log.warning("could not record the %s event of %s: %s", type_, sandbox_id, e)
+            _warn("could not record the %s event of %s: %s", type_, sandbox_id, e)
 
     def _egress_trust(self) -> dict[str, bytes]:
         """The egress CA's certificate (never its key) and a bundle of the host's CAs plus
@@ -471,7 +477,7 @@ class Runtime:
         try:
             self.templates.release(template_digest)
         except (OSError, AgentboxError) as e:  # the sandbox is gone; a later collection retries
-            log.warning("could not collect template %s: %s", template_digest, e)
+            _warn("could not collect template %s: %s", template_digest, e)
 
     def alive(self, record: SandboxRecord) -> bool:
         """Whether the sandbox's init still runs (pid and start time both match)."""
