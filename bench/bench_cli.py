@@ -136,7 +136,10 @@ def main() -> None:
     if args.write:
         write_doc_section(
             "cli", "CLI and one-shot SDK scripts: whole processes", "bench_cli.py",
-            f"-n {n}" if args.n else ("--quick" if args.quick else ""),
+            " ".join(
+                [*([f"-n {n}"] if args.n else ["--quick"] if args.quick else [])]
+                + ([f"--before {args.before}"] if args.before else [])
+            ),
             f"{n} interleaved rounds (two warm-up rounds first), every row one whole process "
             f"from spawn to exit, wall clock; 2 cores, shared: load average {load_before} "
             f"before, {load_after} after (a loaded host stretches every row; compare rows of "
@@ -144,7 +147,9 @@ def main() -> None:
             + ("" if podman else "podman is not installed on this host (25 Debian packages; "
                "not installed for this), so its rows are absent: plain bwrap and nsenter "
                "into plain bwrap stand in for `podman run` and `podman exec`. ")
-            + "The default sandbox (network allowlist, 2GiB, template default).",
+            + "The default sandbox (network allowlist, 2GiB, template default). "
+            + (f"`before:` rows: `{args.before}` holds the base commit's `src` "
+               "(`git archive BASE src`), run by the same interpreter." if args.before else ""),
             text,
         )  # fmt: skip
 
