@@ -6,9 +6,40 @@ with Sandbox.create(memory="512MiB") as sb:
     print(sb.commands.run("echo hello").stdout)
 """
 
-from agentbox.client.sandbox import AsyncSandbox, CommandHandle, Sandbox, Shell
-from agentbox.errors import AgentboxError
-from agentbox.runtime.output import CommandResult
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentbox.client.sandbox import AsyncSandbox, CommandHandle, Sandbox, Shell
+    from agentbox.errors import AgentboxError
+    from agentbox.runtime.output import CommandResult
 
 __all__ = ["AgentboxError", "AsyncSandbox", "CommandHandle", "CommandResult", "Sandbox", "Shell"]
 __version__ = "0.1.0"
+
+# Public name -> the module defining it. Imported on first use (PEP 562): importing any
+# agentbox submodule runs this file first, so an eager import here would make every CLI
+# command and every submodule user pay for the whole SDK.
+_PUBLIC = {
+    "AgentboxError": "agentbox.errors",
+    "AsyncSandbox": "agentbox.client.sandbox",
+    "CommandHandle": "agentbox.client.sandbox",
+    "CommandResult": "agentbox.runtime.output",
+    "Sandbox": "agentbox.client.sandbox",
+    "Shell": "agentbox.client.sandbox",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentbox' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookup is a plain global
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_PUBLIC])

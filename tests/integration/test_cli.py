@@ -66,6 +66,27 @@ def test_create_json_ls_json_rm(agentbox_home: Path, host_ready: None) -> None:
     assert b"error[sandbox_not_found]" in gone.stderr
 
 
+def test_exec_plain_form_behaves_as_through_click(agentbox_home: Path, sandbox_id: str) -> None:
+    """`sandbox exec ID -- ARGV` runs without click (cli.execute); an option before the id
+    sends the same call through click: streams, exit codes and errors must not differ."""
+    script = ["sh", "-c", "read x; echo out $x; echo err >&2; exit 7"]
+    plain = run(agentbox_home, "sandbox", "exec", sandbox_id, "--", *script, stdin=b"in\n")
+    clicked = run(
+        agentbox_home, "sandbox", "exec", "--cwd", "/workspace", sandbox_id, "--", *script,
+        stdin=b"in\n",
+    )  # fmt: skip
+    assert (plain.stdout, plain.stderr, plain.returncode) == (b"out in\n", b"err\n", 7)
+    assert (clicked.stdout, clicked.stderr, clicked.returncode) == (b"out in\n", b"err\n", 7)
+    for args in (
+        ["sb-000000000000", "--", "true"],
+        ["--cwd", "/", "sb-000000000000", "--", "true"],
+    ):
+        gone = run(agentbox_home, "sandbox", "exec", *args)
+        assert gone.returncode == 125, gone.stderr
+        assert gone.stderr.startswith(b"error[sandbox_not_found]: sandbox sb-000000000000 ")
+        assert gone.stdout == b""
+
+
 def test_bad_input_is_one_clear_line(agentbox_home: Path, host_ready: None) -> None:
     r = run(agentbox_home, "sandbox", "create", "--memory", "lots")
     assert r.returncode == 1

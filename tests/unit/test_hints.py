@@ -9,7 +9,7 @@ import click
 import pytest
 
 from agentbox import hints
-from agentbox.cli.main import _register_groups, cli
+from agentbox.cli.main import cli
 from agentbox.client.sandbox import Commands, Files, Sandbox
 from agentbox.errors import AgentboxError, EditMismatch
 from agentbox.gateway.tools import TOOLS_BY_NAME
@@ -29,7 +29,6 @@ def test_every_spelling_names_something_that_exists(name: str) -> None:
     for call in re.findall(r"`((?:sb|Sandbox)[\w.]*)\(", action.sdk or ""):
         owner, _, method = call.rpartition(".")
         assert callable(getattr(SDK_OWNERS[owner], method, None)), call
-    _register_groups()
     for command in re.findall(r"`agentbox ([a-z]+(?: [a-z]+)?)", action.cli or ""):
         group: click.Command | None = cli
         for word in command.split():

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pyseccomp
+import pytest
 
 from agentbox.isolation import seccomp
 
@@ -47,3 +52,25 @@ def test_compiles_to_bpf_and_is_cached_by_content(tmp_path) -> None:  # type: ig
     path = seccomp.compiled_filter_path(tmp_path)
     assert path.read_bytes() == program
     assert seccomp.compiled_filter_path(tmp_path) == path
+
+
+def test_a_cached_filter_is_not_compiled_again_until_the_profile_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = seccomp.compiled_filter_path(tmp_path)
+    real_compile = seccomp.compile_profile
+    compiled: list[int] = []
+
+    def counting(profile: dict[str, Any]) -> bytes:
+        compiled.append(1)
+        return real_compile(profile)
+
+    monkeypatch.setattr(seccomp, "compile_profile", counting)
+    assert seccomp.compiled_filter_path(tmp_path) == first  # a later process: a stat only
+    assert compiled == []
+    profile = json.loads(seccomp._profile_bytes())
+    profile["rules"] = profile["rules"][1:]
+    monkeypatch.setattr(seccomp, "_profile_bytes", lambda: json.dumps(profile).encode())
+    changed = seccomp.compiled_filter_path(tmp_path)
+    assert compiled == [1] and changed != first
+    assert changed.read_bytes() == real_compile(profile)

@@ -342,6 +342,31 @@ def test_default_digest_is_the_hash_of_its_content(
     assert names == {"format": 1, "names": {"default": changed.digest}}
 
 
+def test_a_new_process_reuses_the_default_digest_until_an_input_changes(
+    tmp_path: Path, store: TemplateStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = tmp_path / "ca.crt"
+    bundle.write_text("first\n")
+    monkeypatch.setattr(templates, "_CA_BUNDLE", bundle)
+    first = store.get("default")
+    computed: list[int] = []
+    real_entries = templates._default_entries
+
+    def counting_entries() -> list[templates._Entry]:
+        computed.append(1)
+        return real_entries()
+
+    # A fresh process: no in-memory cache, a new store on the same home.
+    monkeypatch.setattr(templates, "_default_cache", None)
+    monkeypatch.setattr(templates, "_default_entries", counting_entries)
+    assert TemplateStore(store.root.parent).get("default") == first
+    assert computed == []  # served from what the first process remembered
+    bundle.write_text("second, longer\n")  # the host's CA bundle is updated
+    changed = TemplateStore(store.root.parent).get("default")
+    assert computed == [1] and changed.digest != first.digest
+    assert (changed.rootfs / "etc/ssl/certs/ca-certificates.crt").read_text() == "second, longer\n"
+
+
 def test_unknown_template_says_what_exists_and_how_to_make_one(store: TemplateStore) -> None:
     with pytest.raises(TemplateNotFound) as err:
         store.get("nope")

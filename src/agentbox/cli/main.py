@@ -12,21 +12,21 @@ import subprocess
 import sys
 from collections.abc import Callable
 from functools import wraps
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from agentbox import hints
-from agentbox.cli.params import DURATION, SuggestingGroup
-from agentbox.client.sandbox import Backend
-from agentbox.client.sandbox import _runtime as backend_for
+from agentbox.cli import execute
+from agentbox.cli.params import DURATION, LazyGroup
 from agentbox.errors import AgentboxError, InvalidRequest
-from agentbox.runtime.commands import CommandRunner
 from agentbox.units import human_size
 
+if TYPE_CHECKING:  # the backend loads when a command needs one: `--help` never does
+    from agentbox.client.sandbox import Backend
+
 F = TypeVar("F", bound=Callable[..., Any])
-EXEC_FAILED = 125
-EXEC_TIMED_OUT = 124
+EXEC_FAILED = execute.EXEC_FAILED
 
 
 def _print_json(data: object) -> None:
@@ -52,6 +52,8 @@ def handle_errors(exit_code: int = 1) -> Callable[[F], F]:
 
 def _runtime() -> Backend:
     """Through a gateway when AGENTBOX_URL is set, else in-process (as root)."""
+    from agentbox.client.sandbox import _runtime as backend_for
+
     return backend_for(None)
 
 
@@ -65,7 +67,30 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
-@click.group(cls=SuggestingGroup, context_settings={"help_option_names": ["-h", "--help"]})
+# The command groups in other modules, imported when one runs; their short help is here
+# so that `agentbox --help` imports none of them (tests/unit/test_cli_lazy.py).
+_LAZY = {
+    "approvals": ("agentbox.cli.gateway_commands", "approvals",
+                  "List and decide commands waiting for a person's approval (operator token)."),
+    "audit": ("agentbox.cli.audit_commands", "audit",
+              "Check and read the gateway's tamper-evident audit trail."),
+    "mcp": ("agentbox.cli.gateway_commands", "mcp_stdio",
+            "Serve MCP over stdio, for clients that spawn their servers (runs as root)."),
+    "serve": ("agentbox.cli.gateway_commands", "serve",
+              "Run the gateway: REST API, MCP at /mcp, health checks."),
+    "snapshot": ("agentbox.cli.snapshot_commands", "snapshot",
+                 "Snapshots: a sandbox's writable layer and /workspace, scanned for secrets "
+                 "and kept (zstd, content-addressed) in the snapshot store."),
+    "task": ("agentbox.cli.task_commands", "task",
+             "Batch tasks: a goal, run by the reference agent loop in a fresh sandbox."),
+    "template": ("agentbox.cli.template_commands", "template",
+                 "Manage sandbox templates: the read-only root filesystems sandboxes start from."),
+    "token": ("agentbox.cli.gateway_commands", "token",
+              "Issue, list and revoke session tokens (talks to the gateway)."),
+}  # fmt: skip
+
+
+@click.group(cls=LazyGroup, lazy=_LAZY, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="agentbox")
 def cli() -> None:
     """agentbox: disposable, least-privileged Linux sandboxes for AI coding agents.
@@ -274,30 +299,14 @@ def sandbox_exec(
       agentbox sandbox exec $ID -- bash -c 'cd /tmp && make'
       echo data | agentbox sandbox exec $ID -- wc -c
     """
-    stdin = None if sys.stdin is None or sys.stdin.isatty() else sys.stdin.buffer.read()
-    out = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
-
-    def passthrough(stream: str, chunk: bytes) -> None:
-        out[stream].write(chunk)
-        out[stream].flush()
-
-    result = (
-        _runtime()
-        .commands(sandbox_id)
-        .run(
-            list(argv),
-            cwd=cwd,
-            env=_parse_env(env),
-            stdin=stdin or None,
-            timeout=timeout,
-            max_output_bytes=0,
-            on_output=passthrough,
-        )
+    execute.run(
+        sandbox_id,
+        list(argv),
+        timeout,
+        cwd,
+        _parse_env(env),
+        lambda line: click.echo(line, err=True),
     )
-    if result.timed_out:
-        click.echo(f"agentbox: command timed out after {timeout}s and was killed", err=True)
-        sys.exit(EXEC_TIMED_OUT)
-    sys.exit(result.exit_code)
 
 
 @sandbox.command("shell")
@@ -306,6 +315,8 @@ def sandbox_exec(
 @handle_errors(EXEC_FAILED)
 def sandbox_shell(sandbox_id: str, cwd: str) -> None:
     """Open an interactive bash in a sandbox (a terminal on stdin), or run stdin as a script."""
+    from agentbox.runtime.commands import CommandRunner
+
     runner = _runtime().commands(sandbox_id)
     if not isinstance(runner, CommandRunner):
         raise InvalidRequest(
@@ -410,19 +421,7 @@ def recover_command(as_json: bool) -> None:
         click.echo(f"removed orphan {orphan}")
 
 
-def _register_groups() -> None:
-    from agentbox.cli.audit_commands import audit
-    from agentbox.cli.gateway_commands import approvals, mcp_stdio, serve, token
-    from agentbox.cli.snapshot_commands import snapshot
-    from agentbox.cli.task_commands import task
-    from agentbox.cli.template_commands import template
-
-    for command in (template, snapshot, task, serve, mcp_stdio, token, approvals, audit):
-        cli.add_command(command)
-
-
 def main() -> None:
-    _register_groups()
     cli()
 
 

@@ -17,31 +17,26 @@ The SDK drives the runtime in-process (this process needs root, like the daemon)
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Literal, ParamSpec, Protocol, TypeVar
+from typing import IO, TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar
 
-from agentbox.client.remote import (
-    GatewayClient,
-    RemoteCommands,
-    RemoteFiles,
-    RemoteProcesses,
-    RemoteRuntime,
-    RemoteSessions,
-)
-from agentbox.runtime.commands import CommandRunner
-from agentbox.runtime.files import FileInfo, SandboxFiles
-from agentbox.runtime.output import CommandResult
-from agentbox.runtime.processes import ProcessInfo, ProcessOutput, ProcessTable
 from agentbox.runtime.runtime import Runtime
-from agentbox.runtime.sessions import ShellSessions
-from agentbox.runtime.snapshots import SnapshotInfo
-from agentbox.runtime.store import SandboxRecord
+
+# Imported where used, so the SDK loads light (tests/unit/test_import_weight.py).
+if TYPE_CHECKING:
+    from agentbox.client.remote import RemoteCommands, RemoteFiles, RemoteProcesses, RemoteSessions
+    from agentbox.runtime.commands import CommandRunner
+    from agentbox.runtime.files import FileInfo, SandboxFiles
+    from agentbox.runtime.output import CommandResult
+    from agentbox.runtime.processes import ProcessInfo, ProcessOutput, ProcessTable
+    from agentbox.runtime.sessions import ShellSessions
+    from agentbox.runtime.snapshots import SnapshotInfo
+    from agentbox.runtime.store import SandboxRecord
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -80,6 +75,8 @@ def _runtime(home: Path | None) -> Backend:
     if home is None and url:
         key: Path | str | None = url
         if key not in _backends:
+            from agentbox.client.remote import GatewayClient, RemoteRuntime
+
             _backends[key] = RemoteRuntime(GatewayClient.from_env())
         return _backends[key]
     if home not in _backends:
@@ -386,10 +383,16 @@ class Sandbox:
         self.kill()
 
 
+async def _to_thread(func: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    import asyncio  # loaded already under a running loop; sync users never pay for it
+
+    return await asyncio.to_thread(func, *args, **kwargs)
+
+
 def _threaded(func: Callable[P, R]) -> Callable[P, Any]:
     @functools.wraps(func)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        return await asyncio.to_thread(func, *args, **kwargs)
+        return await _to_thread(func, *args, **kwargs)
 
     return wrapper
 
@@ -416,43 +419,43 @@ class AsyncSandbox:
 
     @classmethod
     async def create(cls, template: str = "default", **kwargs: Any) -> AsyncSandbox:
-        return cls(await asyncio.to_thread(Sandbox.create, template, **kwargs))
+        return cls(await _to_thread(Sandbox.create, template, **kwargs))
 
     @classmethod
     async def connect(cls, sandbox_id: str, *, home: Path | None = None) -> AsyncSandbox:
-        return cls(await asyncio.to_thread(Sandbox.connect, sandbox_id, home=home))
+        return cls(await _to_thread(Sandbox.connect, sandbox_id, home=home))
 
     @classmethod
     async def list(cls, *, home: Path | None = None) -> list[SandboxRecord]:
-        return await asyncio.to_thread(Sandbox.list, home=home)
+        return await _to_thread(Sandbox.list, home=home)
 
     async def info(self) -> SandboxRecord:
-        return await asyncio.to_thread(self._sync.info)
+        return await _to_thread(self._sync.info)
 
     async def shell(self, cwd: str = "/workspace") -> Any:
-        return _AsyncProxy(await asyncio.to_thread(self._sync.shell, cwd))
+        return _AsyncProxy(await _to_thread(self._sync.shell, cwd))
 
     async def pause(self) -> SandboxRecord:
-        return await asyncio.to_thread(self._sync.pause)
+        return await _to_thread(self._sync.pause)
 
     async def resume(self) -> SandboxRecord:
-        return await asyncio.to_thread(self._sync.resume)
+        return await _to_thread(self._sync.resume)
 
     async def stop(self) -> None:
-        await asyncio.to_thread(self._sync.stop)
+        await _to_thread(self._sync.stop)
 
     async def fork(self) -> AsyncSandbox:
-        return AsyncSandbox(await asyncio.to_thread(self._sync.fork))
+        return AsyncSandbox(await _to_thread(self._sync.fork))
 
     async def snapshot(self, **kwargs: Any) -> SnapshotInfo:
-        return await asyncio.to_thread(functools.partial(self._sync.snapshot, **kwargs))
+        return await _to_thread(functools.partial(self._sync.snapshot, **kwargs))
 
     @classmethod
     async def restore(cls, snapshot_id: str, *, home: Path | None = None) -> AsyncSandbox:
-        return cls(await asyncio.to_thread(Sandbox.restore, snapshot_id, home=home))
+        return cls(await _to_thread(Sandbox.restore, snapshot_id, home=home))
 
     async def kill(self) -> None:
-        await asyncio.to_thread(self._sync.kill)
+        await _to_thread(self._sync.kill)
 
     async def __aenter__(self) -> AsyncSandbox:
         return self

@@ -3,6 +3,10 @@
 The same compiled bytes confine a sandbox's first process (handed to bubblewrap with
 ``--seccomp FD``) and every later command (loaded by ``agentbox-nsexec`` before exec),
 so both get an identical filter.
+
+Compiling costs tens of milliseconds (importing pyseccomp alone runs ``ldconfig`` to find
+libseccomp), so the program is cached on disk, keyed by what it is made from, and a
+process that only launches sandboxes never imports pyseccomp.
 """
 
 from __future__ import annotations
@@ -16,32 +20,26 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import pyseccomp
-
 PROFILE_RESOURCE = "seccomp_profile.json"
-
 _OPS = {
-    "eq": pyseccomp.EQ,
-    "ne": pyseccomp.NE,
-    "lt": pyseccomp.LT,
-    "le": pyseccomp.LE,
-    "gt": pyseccomp.GT,
-    "ge": pyseccomp.GE,
-    "masked_eq": pyseccomp.MASKED_EQ,
-}
+    op: op.upper() for op in ("eq", "ne", "lt", "le", "gt", "ge", "masked_eq")
+}  # -> pyseccomp constant
 
 
 def load_profile(path: Path | None = None) -> dict[str, Any]:
     """The profile shipped with the package, or one from ``path``."""
-    if path is None:
-        text = resources.files("agentbox.isolation").joinpath(PROFILE_RESOURCE).read_text()
-    else:
-        text = path.read_text()
+    text = _profile_bytes() if path is None else path.read_bytes()
     profile: dict[str, Any] = json.loads(text)
     return profile
 
 
+def _profile_bytes() -> bytes:
+    return resources.files("agentbox.isolation").joinpath(PROFILE_RESOURCE).read_bytes()
+
+
 def _action(rule: dict[str, Any]) -> Any:
+    import pyseccomp
+
     kind = rule["action"]
     if kind == "errno":
         return pyseccomp.ERRNO(getattr(errno, rule["errno"]))
@@ -53,9 +51,12 @@ def _action(rule: dict[str, Any]) -> Any:
 
 
 def _arg(a: dict[str, Any]) -> Any:
+    import pyseccomp
+
+    op = getattr(pyseccomp, _OPS[a["op"]])
     if a["op"] == "masked_eq":
-        return pyseccomp.Arg(a["index"], _OPS[a["op"]], a["mask"], a["value"])
-    return pyseccomp.Arg(a["index"], _OPS[a["op"]], a["value"])
+        return pyseccomp.Arg(a["index"], op, a["mask"], a["value"])
+    return pyseccomp.Arg(a["index"], op, a["value"])
 
 
 def _conditions(rule: dict[str, Any]) -> list[list[Any]]:
@@ -67,6 +68,8 @@ def _conditions(rule: dict[str, Any]) -> list[list[Any]]:
     ``gt`` that value. The comparisons are on all 64 bits, so a value with upper bits set
     (which the kernel might truncate to an allowed int) is refused too.
     """
+    import pyseccomp
+
     args = [_arg(a) for a in rule.get("args", [])]
     not_in = rule.get("arg_not_in")
     if not_in is None:
@@ -79,6 +82,8 @@ def _conditions(rule: dict[str, Any]) -> list[list[Any]]:
 
 def compile_profile(profile: dict[str, Any]) -> bytes:
     """Return the BPF program for ``profile`` for this machine's architecture."""
+    import pyseccomp
+
     default = profile.get("default_action", "allow")
     filt = pyseccomp.SyscallFilter(_action({"action": default}))
     for rule in profile["rules"]:
@@ -97,14 +102,19 @@ def compile_profile(profile: dict[str, Any]) -> bytes:
 
 
 def compiled_filter_path(cache_dir: Path) -> Path:
-    """Compile the default profile once and keep it, named by its content hash."""
-    program = compile_profile(load_profile())
-    digest = hashlib.sha256(program).hexdigest()[:16]
-    path = cache_dir / f"seccomp-{digest}.bpf"
+    """The default profile compiled, kept in ``cache_dir`` under a hash of its inputs: the
+    profile, this compiler's source and the architecture, so a change to any of them
+    compiles anew (libseccomp's version is not in the key: it changes how the program is
+    laid out, not what it refuses). Later calls, in any process, cost a stat."""
+    inputs = b"\0".join(
+        [_profile_bytes(), Path(__file__).read_bytes(), os.uname().machine.encode()]
+    )
+    path = cache_dir / f"seccomp-{hashlib.sha256(inputs).hexdigest()[:16]}.bpf"
     if not path.exists():
+        program = compile_profile(load_profile())
         cache_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=cache_dir)
         with os.fdopen(fd, "wb") as f:
             f.write(program)
-        Path(tmp).rename(path)
+        Path(tmp).rename(path)  # atomic: concurrent compilers agree on the result
     return path

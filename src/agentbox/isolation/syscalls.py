@@ -10,7 +10,6 @@ import ctypes.util
 import errno
 import fcntl
 import os
-import platform
 import struct
 from collections.abc import Sequence
 
@@ -174,20 +173,20 @@ def renameat2(olddirfd: int, oldpath: str, newdirfd: int, newpath: str, flags: i
 
 
 # The raw syscall, because glibc's setgroups() broadcasts the change to every thread.
-_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(platform.machine())
+_SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(os.uname().machine)
 
 
 def thread_setgroups(groups: Sequence[int]) -> None:
     """setgroups(2) for the calling thread only (the kernel keeps credentials per thread)."""
     if _SYS_SETGROUPS is None:
-        raise OSError(errno.ENOSYS, f"setgroups syscall number unknown on {platform.machine()}")
+        raise OSError(errno.ENOSYS, f"setgroups syscall number unknown on {os.uname().machine}")
     arr = (ctypes.c_uint * len(groups))(*groups)
     _check(_libc.syscall(_SYS_SETGROUPS, ctypes.c_size_t(len(groups)), arr), "setgroups")
 
 
 # Raw too: glibc's setresuid/setresgid also broadcast to every thread.
-_SYS_SETRESUID = {"x86_64": 117, "aarch64": 147}.get(platform.machine())
-_SYS_SETRESGID = {"x86_64": 119, "aarch64": 149}.get(platform.machine())
+_SYS_SETRESUID = {"x86_64": 117, "aarch64": 147}.get(os.uname().machine)
+_SYS_SETRESGID = {"x86_64": 119, "aarch64": 149}.get(os.uname().machine)
 _UNCHANGED = ctypes.c_uint(0xFFFFFFFF)
 
 
@@ -199,7 +198,7 @@ def thread_set_effective_ids(uid: int, gid: int) -> None:
     real and saved uids stay 0; leaving 0 clears the thread's effective capabilities.
     """
     if _SYS_SETRESUID is None or _SYS_SETRESGID is None:
-        raise OSError(errno.ENOSYS, f"setresuid syscall number unknown on {platform.machine()}")
+        raise OSError(errno.ENOSYS, f"setresuid syscall number unknown on {os.uname().machine}")
     _check(_libc.syscall(_SYS_SETRESGID, _UNCHANGED, ctypes.c_uint(gid), _UNCHANGED), "setresgid")
     _check(_libc.syscall(_SYS_SETRESUID, _UNCHANGED, ctypes.c_uint(uid), _UNCHANGED), "setresuid")
 

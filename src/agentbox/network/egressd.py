@@ -1,8 +1,8 @@
 """The egress daemon: the filtering proxy every networked sandbox talks to.
 
 One per AGENTBOX_HOME, started on demand by whoever creates the first networked sandbox
-(``ensure_running``), detached from it, so sandboxes keep their network when their
-creator — or the gateway — exits or restarts. It exits by itself once no networked
+(``egress_start.ensure_running``), detached from it, so sandboxes keep their network when
+their creator — or the gateway — exits or restarts. It exits by itself once no networked
 sandbox has been running for ``IDLE_EXIT`` seconds.
 
 It knows a client by its source address (nftables drops spoofed ones), finds the sandbox
@@ -27,37 +27,29 @@ import ipaddress
 import json
 import logging
 import os
-import select
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from agentbox.config import network_of
-from agentbox.errors import SandboxError
 from agentbox.gateway.audit import AuditLog
 from agentbox.network import egressca, plane
 from agentbox.network.credentials import Credential
+from agentbox.network.egress_start import SPAWN_LOCK, lock_path
 from agentbox.network.proxy import EgressDecision, EgressPolicy, EgressProxy, upstream_context
 from agentbox.runtime.store import Store
 
 log = logging.getLogger("agentbox.egress")
 IDLE_EXIT = 60.0
-SPAWN_LOCK = "egress.spawn.lock"
 PID_FILE = "egress.pid"  # the serving daemon's pid (valid while egress.lock is held)
-_READY_TIMEOUT = 15.0
 UPSTREAM_CA_ENV = "AGENTBOX_EGRESS_UPSTREAM_CA"
 
 
 def audit_path(home: Path) -> Path:
     return home / "audit" / "egress.jsonl"
-
-
-def _lock_path(home: Path) -> Path:
-    return home / "egress.lock"
 
 
 def host_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
@@ -198,61 +190,6 @@ async def serve(home: Path, ready_fd: int | None) -> None:
         # the audit log is closed (fsynced, head written) on leaving the with-block
 
 
-@contextlib.contextmanager
-def _held(path: Path, blocking: bool) -> Iterator[bool]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)
-
-
-def ensure_running(home: Path) -> None:
-    """Start the home's egress daemon unless one runs; return once it is listening."""
-    plane.ensure_host_setup(plane.home_net(home))
-    with _held(home / SPAWN_LOCK, blocking=True):
-        with _held(_lock_path(home), blocking=False) as free:
-            if not free:
-                return  # a daemon holds the lock: it is listening (it locks, then listens)
-        ready_r, ready_w = os.pipe()
-        try:
-            with (home / "egress.log").open("ab") as log_file:
-                # The daemon forks once more and this child exits at once: the daemon is
-                # nobody's child (no zombie, nothing tied to this process's lifetime).
-                subprocess.run(
-                    [sys.executable, "-m", "agentbox.network.egressd", "--home", str(home),
-                     "--ready-fd", str(ready_w)],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=log_file,
-                    pass_fds=(ready_w,),
-                    start_new_session=True,
-                    check=True,
-                )  # fmt: skip
-            os.close(ready_w)
-            ready_w = -1
-            if not _wait_ready(ready_r):
-                raise SandboxError(f"the egress proxy did not start; see {home / 'egress.log'}")
-        finally:
-            os.close(ready_r)
-            if ready_w != -1:
-                os.close(ready_w)
-
-
-def _wait_ready(fd: int) -> bool:
-    deadline = time.monotonic() + _READY_TIMEOUT
-    while (left := deadline - time.monotonic()) > 0:
-        if select.select([fd], [], [], left)[0]:
-            return os.read(fd, 16).startswith(b"ready")
-    return False
-
-
 def _lock_for_life(path: Path) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -273,7 +210,7 @@ def main() -> None:
         os._exit(0)  # the spawner waits for this parent only; the child is the daemon
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s egress %(message)s")
     # Locks are taken before listening and held for life: holding them means "serving".
-    if not _lock_for_life(_lock_path(args.home)):
+    if not _lock_for_life(lock_path(args.home)):
         sys.exit(0)
     if not _lock_for_life(plane.number_lock(plane.home_net(args.home).index)):
         sys.exit("the egress daemon of a removed home still holds this home's number")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import re
 import struct
 from pathlib import Path
@@ -36,7 +35,7 @@ _SYSCALLS: dict[str, dict[str, tuple[int, ...]]] = {
         "epoll": (22, 441),
     },
 }
-_CALLS = _SYSCALLS.get(platform.machine(), _SYSCALLS["x86_64"])
+_CALLS = _SYSCALLS.get(os.uname().machine, _SYSCALLS["x86_64"])  # os.uname: platform costs ms
 _MAX_WATCHED = 1024  # fds of a poll/select set we look at
 _POLLIN = 0x1
 _ANSI = re.compile(rb"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07]*\x07|[()][A-Z0-9]|[=>])")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import hashlib
 import json
-import logging
 import os
 import secrets
 import select
@@ -23,9 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from agentbox.config import Admission, SandboxSpec, agentbox_home, network_of
+from agentbox.config import Admission, agentbox_home
 from agentbox.errors import (
     AgentboxError,
     HostUnsupported,
@@ -40,21 +38,31 @@ from agentbox.isolation.cgroups import CgroupLayout, Limits, SandboxCgroup
 from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
 from agentbox.runtime.commands import CommandRunner
-from agentbox.runtime.files import SandboxFiles
 from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
-from agentbox.runtime.processes import ProcessTable
-from agentbox.runtime.sessions import ShellSessions
 from agentbox.runtime.store import SandboxRecord, Store
-from agentbox.runtime.templates import Template, TemplateStore
 
+# Imported where used: a command on an existing sandbox (``agentbox sandbox exec``) needs
+# none of these (tests/unit/test_import_weight.py).
 if TYPE_CHECKING:
+    from agentbox.runtime.files import SandboxFiles
+    from agentbox.runtime.processes import ProcessTable
+    from agentbox.runtime.sessions import ShellSessions
     from agentbox.runtime.snapshots import SnapshotInfo, Snapshots
+    from agentbox.runtime.templates import Template, TemplateStore
+    from agentbox.specs import SandboxSpec
 
 MAX_SANDBOXES = 4096
 POOL_MAX_AGE = 3600.0  # a warm sandbox older than this is replaced by a fresh one
 POOL_LIFETIME = 7 * 24 * 3600.0  # its init's own end: the longest a claimed one can live
 POOL_PROJECT = "(warm pool)"  # pooled sandboxes count against no user project's quota
-log = logging.getLogger(__name__)
+
+
+def _warn(message: str, *args: object) -> None:
+    # logging is imported here: it brings traceback and linecache, a few ms of start-up
+    # that a command on an existing sandbox never needs.
+    import logging
+
+    logging.getLogger(__name__).warning(message, *args)
 
 
 def _check_traversable(home: Path) -> None:
@@ -78,6 +86,12 @@ def pool_key(spec: SandboxSpec) -> str:
 
 def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
     """Validate user input into a spec; errors name the field and what was expected."""
+    # pydantic is imported here, not at the top: commands on existing sandboxes never
+    # validate a spec and so skip its import (tests/unit/test_import_weight.py).
+    from pydantic import ValidationError
+
+    from agentbox.specs import SandboxSpec
+
     if isinstance(values, SandboxSpec):
         return values
     try:
@@ -154,7 +168,6 @@ class Runtime:
             path.chmod(0o711)
         _check_traversable(self.home)
         self.store = Store(self.home / "state.db")
-        self.templates = TemplateStore(self.home, self.store)
         self._layout: CgroupLayout | None = None
         self._paths: LaunchPaths | None = None
         self._lock = threading.Lock()
@@ -162,6 +175,12 @@ class Runtime:
         self._net: plane.HomeNet | None = None
         self._touched: dict[str, float] = {}
         self.admission = Admission()  # the gateway sets its sandbox.admission here
+
+    @functools.cached_property
+    def templates(self) -> TemplateStore:
+        from agentbox.runtime.templates import TemplateStore
+
+        return TemplateStore(self.home, self.store)
 
     # host facts -----------------------------------------------------------------------
     @property
@@ -214,7 +233,7 @@ class Runtime:
             sandbox_id,
             SandboxHost(self.home, sandbox_id, record.slot),
             self.layout.sandbox(sandbox_id),
-            network_of(record.spec).mode != "none",
+            record.network_mode != "none",
             record.template_digest,
         )
         self.event(sandbox_id, "destroyed", "pool", "agentbox")
@@ -314,9 +333,9 @@ class Runtime:
         try:
             trust = None
             if networked:
-                from agentbox.network import egressd
+                from agentbox.network import egress_start
 
-                egressd.ensure_running(self.home)  # also loads the nft rules: before any link
+                egress_start.ensure_running(self.home)  # also loads the nft rules: before any link
                 if spec.network.credentials:
                     trust = self._egress_trust()
             host.prepare_filesystem(
@@ -346,7 +365,7 @@ class Runtime:
         try:
             self.store.add_event(sandbox_id, type_, reason, actor, details)
         except sqlite3.Error as e:  # the transition happened; losing its note must not undo it
-            log.warning("could not record the %s event of %s: %s", type_, sandbox_id, e)
+            _warn("could not record the %s event of %s: %s", type_, sandbox_id, e)
 
     def _egress_trust(self) -> dict[str, bytes]:
         """The egress CA's certificate (never its key) and a bundle of the host's CAs plus
@@ -393,7 +412,7 @@ class Runtime:
             sandbox_id,
             SandboxHost(self.home, sandbox_id, record.slot),
             self.layout.sandbox(sandbox_id),
-            network_of(record.spec).mode != "none",
+            record.network_mode != "none",
             record.template_digest,
         )
         self.event(sandbox_id, "destroyed", reason, actor)
@@ -459,7 +478,7 @@ class Runtime:
         try:
             self.templates.release(template_digest)
         except (OSError, AgentboxError) as e:  # the sandbox is gone; a later collection retries
-            log.warning("could not collect template %s: %s", template_digest, e)
+            _warn("could not collect template %s: %s", template_digest, e)
 
     def alive(self, record: SandboxRecord) -> bool:
         """Whether the sandbox's init still runs (pid and start time both match)."""
@@ -527,7 +546,7 @@ class Runtime:
         with self._lock:
             cgroup.thaw()  # a frozen tree dies only once thawed on some kernels
             cgroup.remove_processes()
-            if network_of(record.spec).mode != "none":
+            if record.network_mode != "none":
                 net = plane.registered_home_net(self.home)
                 if net is not None:
                     plane.detach(net.link(record.slot))
@@ -623,18 +642,23 @@ class Runtime:
         record, host, cgroup = self.running(sandbox_id)
         assert record.init_pid is not None
         env = record.spec.get("env", {})
-        network = network_of(record.spec)
-        if network.mode != "none":
-            trust = plane.ca_env() if network.credentials else {}
+        if record.network_mode != "none":
+            trust = plane.ca_env() if record.has_credentials else {}
             env = {**self.net.proxy_env(), **trust, **env}
         return CommandRunner(self.paths, host, cgroup, record.init_pid, env)
 
     def processes(self, sandbox_id: str) -> ProcessTable:
+        from agentbox.runtime.processes import ProcessTable
+
         return ProcessTable(self.commands(sandbox_id))
 
     def sessions(self, sandbox_id: str) -> ShellSessions:
+        from agentbox.runtime.sessions import ShellSessions
+
         return ShellSessions(self.commands(sandbox_id))
 
     def files(self, sandbox_id: str) -> SandboxFiles:
+        from agentbox.runtime.files import SandboxFiles
+
         record, host, _ = self.running(sandbox_id)
         return SandboxFiles(f"/proc/{record.init_pid}/root", host.host_uid, host.host_gid)

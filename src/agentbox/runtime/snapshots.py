@@ -43,8 +43,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import zstandard
-
 from agentbox.errors import InvalidRequest, SecretsFound, SnapshotNotFound
 from agentbox.hints import Hint
 from agentbox.isolation import disk, diskpool
@@ -182,6 +180,8 @@ class Snapshots:
         for f in findings:
             by_path.setdefault(f.path, []).append(f)
         with target.open("wb") as out:
+            import zstandard  # only snapshot and restore pay for the codec's import
+
             compressor = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, threads=-1)
             with compressor.stream_writer(out, closefd=False) as zout:
                 hashing = _HashingWriter(zout)
@@ -376,6 +376,8 @@ def _extract(archive: Path, target: Path, host: SandboxHost, sha256: str) -> Non
     through a symlink, no device but overlay whiteouts; the agent's files get this
     sandbox's host ids. The whole stream must match the snapshot's digest."""
     directories: list[tuple[Path, tarfile.TarInfo]] = []
+    import zstandard
+
     with archive.open("rb") as raw:
         hashing = _HashingReader(zstandard.ZstdDecompressor().stream_reader(raw))
         buffered = io.BufferedReader(hashing, _CHUNK)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentbox.config import Admission
+from agentbox.config import Admission, stored_network
 from agentbox.errors import CapacityExceeded, QuotaExceeded
 from agentbox.hints import Hint
 from agentbox.sqlitedb import SqliteDB
@@ -69,6 +69,16 @@ class SandboxRecord:
         "idle_timeout",
         "on_idle",
     )
+
+    @property
+    def network_mode(self) -> str:
+        """``none``, ``allowlist`` or ``open``, read without pydantic (see stored_network)."""
+        return str(stored_network(self.spec)["mode"])
+
+    @property
+    def has_credentials(self) -> bool:
+        """Whether the egress proxy injects credentials for it (see ``specs.CredentialSpec``)."""
+        return bool(stored_network(self.spec).get("credentials"))
 
     def to_dict(self) -> dict[str, Any]:
         """What clients see (the CLI's --json, the REST API); host details stay out."""

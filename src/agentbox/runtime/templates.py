@@ -91,6 +91,7 @@ from agentbox.errors import (
     SandboxError,
     TemplateNotFound,
 )
+from agentbox.fsutil import atomic_file
 from agentbox.isolation import syscalls
 from agentbox.runtime.store import Store
 
@@ -159,6 +160,7 @@ class TemplateStore:
         self._digests = self.root / "sha256"
         self._staging = self.root / "tmp"
         self._pins = self.root / "pins"
+        self._default_digest_file = self.root / "default-digest.json"
         self._state_db = Path(home) / "state.db"
         self._sandboxes = sandboxes  # the home's sandbox records; opened when first needed
 
@@ -382,6 +384,24 @@ class TemplateStore:
     # ---- the default template ---------------------------------------------------------------
 
     def _ensure_default(self) -> Template:
+        # The digest as a previous process computed it from the same host inputs: a create
+        # then skips reading and hashing them (a first create in a process cost as much as
+        # a second one); any change to them, or to this code, computes it again.
+        inputs = _default_inputs_key()
+        try:
+            remembered = json.loads(self._default_digest_file.read_text())
+        except (OSError, ValueError):
+            remembered = None
+        if isinstance(remembered, dict) and remembered.get("inputs") == inputs:
+            digest = str(remembered.get("digest"))
+            if self._read_names().get(DEFAULT_NAME) == digest and self._has_digest(digest):
+                return self._template(DEFAULT_NAME, digest)
+        template = self._synthesize_default()
+        with atomic_file(self._default_digest_file, 0o644) as out:
+            out.write(json.dumps({"inputs": inputs, "digest": template.digest}).encode())
+        return template
+
+    def _synthesize_default(self) -> Template:
         entries, digest = _default_synthesis()
         if self._read_names().get(DEFAULT_NAME) == digest and self._has_digest(digest):
             return self._template(DEFAULT_NAME, digest)
@@ -688,6 +708,14 @@ def _default_synthesis() -> tuple[list[_Entry], str]:
         entries = _default_entries()
         _default_cache = (key, entries, "sha256:" + _digest_entries(entries))
     return _default_cache[1], _default_cache[2]
+
+
+def _default_inputs_key() -> str:
+    """What the default template is made from, cheaply: the host files' stat keys and the
+    source of this module (which holds the rest of its content)."""
+    stats = [_stat_key(p) for p in (_CA_BUNDLE, _HOST_ALTERNATIVES, _LD_SO_CACHE)]
+    source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    return _sha256_json([_DEFAULT_FORMAT, source, stats])
 
 
 def _stat_key(path: Path) -> tuple[int, int, int] | None:

@@ -29,11 +29,12 @@ import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+from typing import TYPE_CHECKING
 
 from agentbox.errors import InvalidRequest
-from agentbox.gateway.redaction import Redactor, _slug
+
+if TYPE_CHECKING:
+    from agentbox.gateway.redaction import Redactor
 
 MAX_FILE_BYTES = 8 * 1024**2
 _BINARY_PROBE = 8192
@@ -84,8 +85,20 @@ class _Match:
 @functools.cache
 def _engine() -> tuple[Redactor, dict[str, str]]:
     """The gateway's detectors, and their kind slugs mapped back to detect-secrets' names."""
+    # detect-secrets (and requests under it) costs ~50 ms to import: only a scan pays it.
+    from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
+
+    from agentbox.gateway.redaction import Redactor
+
     names = {_slug(t): t for t in get_mapping_from_secret_type_to_class()}
     return Redactor(), names
+
+
+def _slug(kind: str) -> str:
+    """The gateway's short name of a detect-secrets kind (imported on use, as above)."""
+    from agentbox.gateway.redaction import _slug as slug
+
+    return slug(kind)
 
 
 def _matches(text: str) -> list[_Match]:

@@ -1,0 +1,104 @@
+"""What a process imports to use agentbox: each entry point, in a fresh interpreter, must
+not load a heavy module it does not use. Startup is most of what a short CLI call or SDK
+script costs (docs/benchmarks.md, CLI); one eager import in the wrong module undoes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from agentbox import Sandbox
+
+# Never needed to import the SDK or run the CLI's sandbox commands: the remote client,
+# the secret scanner, snapshot codecs, the gateway's web and MCP stacks, cloud SDKs.
+HEAVY = (
+    "aiohttp",
+    "boto3",
+    "botocore",
+    "cryptography",
+    "detect_secrets",
+    "fastapi",
+    "httpx2",
+    "jsonschema",
+    "mcp",
+    "opentelemetry",
+    "playwright",
+    "requests",
+    "starlette",
+    "uvicorn",
+    "uvloop",
+    "zstandard",
+)
+# Also absent until a call needs them: asyncio (AsyncSandbox only: sync users and the CLI
+# never run a loop), pydantic (validating a spec: create, not exec) and pyseccomp
+# (compiling the seccomp filter, cached on disk after the first time).
+LAZY = ("asyncio", "pydantic", "pydantic_core", "pyseccomp")
+
+# Runs the code given, then writes the names of the loaded top-level packages to a file
+# (stdout belongs to the CLI), whatever way the code exits.
+_PROBE = """
+import atexit, json, sys
+out = sys.argv.pop(1)
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted({m.split(".")[0] for m in sys.modules}))))
+code = sys.argv.pop(1)
+if code == "cli":  # as the console script does
+    sys.argv[0] = "agentbox"
+    from agentbox.cli.entry import main
+    main()
+else:
+    exec(code)
+"""
+
+
+def loaded(tmp_path: Path, code: str, *argv: str) -> set[str]:
+    out = tmp_path / "modules.json"
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(out), code, *argv],
+        capture_output=True,
+        env={**os.environ, "AGENTBOX_URL": ""},
+        timeout=120,
+        check=False,
+    )
+    assert out.exists(), result.stderr.decode()
+    return set(json.loads(out.read_text()))
+
+
+def heavy_in(modules: set[str], allowed: tuple[str, ...] = ()) -> list[str]:
+    return sorted(m for m in (*HEAVY, *LAZY) if m in modules and m not in allowed)
+
+
+def test_importing_the_package_and_the_sdk_loads_nothing_heavy(tmp_path: Path) -> None:
+    assert heavy_in(loaded(tmp_path, "import agentbox")) == []
+    assert heavy_in(loaded(tmp_path, "from agentbox import Sandbox, AsyncSandbox")) == []
+
+
+def test_cli_help_loads_no_command_module(tmp_path: Path) -> None:
+    modules = loaded(tmp_path, "cli", "--help")
+    assert heavy_in(modules) == []
+    assert "agentbox" in modules and "sqlite3" not in modules  # not even the runtime
+
+
+def test_cli_exec_on_a_sandbox_loads_nothing_heavy(tmp_path: Path, sandbox: Sandbox) -> None:
+    modules = loaded(tmp_path, "cli", "sandbox", "exec", sandbox.id, "--", "true")
+    assert heavy_in(modules) == []
+    assert "click" not in modules  # the plain form skips the command tree (cli.execute)
+    with_option = loaded(
+        tmp_path, "cli", "sandbox", "exec", "--cwd", "/tmp", sandbox.id, "--", "true"
+    )
+    assert heavy_in(with_option) == [] and "click" in with_option
+
+
+def test_sdk_run_on_a_sandbox_needs_no_pydantic(tmp_path: Path, sandbox: Sandbox) -> None:
+    code = (
+        "from agentbox import Sandbox\n"
+        f"assert Sandbox.connect({sandbox.id!r}).commands.run('true').exit_code == 0\n"
+    )
+    assert heavy_in(loaded(tmp_path, code)) == []
+
+
+def test_sdk_create_loads_pydantic_but_nothing_heavy(tmp_path: Path, sandbox: Sandbox) -> None:
+    code = "from agentbox import Sandbox\nSandbox.create(memory='128MiB', disk='64MiB').kill()\n"
+    assert heavy_in(loaded(tmp_path, code), allowed=("pydantic", "pydantic_core")) == []
