@@ -33,6 +33,8 @@ from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.auth import Principal, TokenStore
 from agentbox.gateway.console import mount_console
+from agentbox.gateway.e2b import PREFIX as E2B_PREFIX
+from agentbox.gateway.e2b import build_e2b
 from agentbox.gateway.egress_ingest import EgressIngest
 from agentbox.gateway.lifecycle_events import LifecycleIngest
 from agentbox.gateway.mcp_server import build_mcp_server
@@ -465,6 +467,7 @@ def create_app(
     app.include_router(
         build_task_router(tasks, authenticate, workers.wake, bool(settings.providers))
     )
+    app.mount(E2B_PREFIX, build_e2b(gateway))  # the E2B SDKs' front door (gateway/e2b)
     mount_console(app)  # GET / and /console/*: static, no data, no token
     # An ASGI endpoint (not a Mount, which would redirect POST /mcp to /mcp/).
     mcp_endpoint: Any = StreamableHTTPASGIApp(session_manager)

@@ -138,7 +138,10 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
 
 def process_start(call: ToolCall) -> dict[str, Any]:
     info = call.runtime.processes(call.sandbox_id).start(
-        call.args["command"], cwd=call.args.get("cwd"), stdin=bool(call.args.get("stdin"))
+        call.args["command"],
+        cwd=call.args.get("cwd"),
+        env=call.args.get("env"),
+        stdin=bool(call.args.get("stdin")),
     )
     return {"process_id": info.id, "running": True}
 
@@ -330,6 +333,7 @@ def browser_close(call: ToolCall) -> dict[str, Any]:
 
 
 COMMAND = {"type": "string", "minLength": 1, "description": "A bash command line"}
+ENV = {"type": "object", "additionalProperties": {"type": "string"}}
 TIMEOUT_MS = {"type": "integer", "minimum": 1, "description": "Wall-clock limit in milliseconds"}
 PROCESS_ID = {"type": "string", "description": "Handle returned by process_start"}
 SESSION_ID = {"type": "string", "description": "Handle returned by shell_create"}
@@ -367,7 +371,7 @@ TOOLS: list[ToolSpec] = [
                 "cwd": PATH,
                 "timeout_ms": TIMEOUT_MS,
                 "stdin": STR,
-                "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                "env": ENV,
             },
             ["command"],
         ),
@@ -383,7 +387,7 @@ TOOLS: list[ToolSpec] = [
         "Start a background process",
         "Start a command in the background; returns a process_id handle for process_read, "
         "process_write, process_signal.",
-        _obj({"command": COMMAND, "cwd": PATH, "stdin": BOOL}, ["command"]),
+        _obj({"command": COMMAND, "cwd": PATH, "env": ENV, "stdin": BOOL}, ["command"]),
         _out({"process_id": STR, "running": BOOL}),
         read_only=False,
         destructive=True,
