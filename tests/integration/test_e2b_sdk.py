@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -226,3 +227,44 @@ def test_list_pages_with_next_token(e2b_env: None) -> None:
     finally:
         for b in boxes:
             b.kill()
+
+
+SERVICE = r"""
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"path": self.path, "host": self.headers.get("Host"),
+                           "token": self.headers.get("e2b-traffic-access-token")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8765), H).serve_forever()
+"""
+
+
+def test_get_host_reaches_a_port_with_the_sandbox_token(e2b_env: None, gw: RunningGateway) -> None:
+    sb = Sandbox.create(timeout=120)
+    other = Sandbox.create(timeout=120)
+    try:
+        sb.commands.run(f"python3 -c '{SERVICE}'", background=True, timeout=0)
+        host = sb.get_host(8765)
+        assert host == f"8765-{sb.sandbox_id}.e2b.localhost"
+        token = {"e2b-traffic-access-token": str(sb.traffic_access_token)}
+        with gw.client(headers={"Host": f"{host}:{gw.port}"}) as client:
+            deadline = time.monotonic() + 10
+            while (r := client.get("/items?x=1", headers=token)).status_code == 404:
+                assert time.monotonic() < deadline, r.text  # the service is still starting
+                time.sleep(0.05)
+            assert r.status_code == 200, r.text
+            seen = r.json()
+            assert seen["path"] == "/items?x=1" and seen["token"] is None  # not forwarded
+            assert client.get("/").status_code == 401  # no token: ports are never public
+            wrong = {"e2b-traffic-access-token": str(other.traffic_access_token)}
+            assert client.get("/", headers=wrong).status_code == 401
+    finally:
+        sb.kill()
+        other.kill()
+    ports = [r for r in audit_records(gw) if r.get("tool") == "ports"]
+    assert ports and ports[-1]["actor"] == "token:e2b-key:team-a"

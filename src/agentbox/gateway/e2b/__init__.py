@@ -3,23 +3,35 @@
 Mounted at ``/e2b`` by the gateway: ``E2B_API_URL`` and ``E2B_SANDBOX_URL`` both point
 there (the control-plane and envd paths do not overlap; envd requests carry
 ``E2b-Sandbox-Id``). ``control`` is the control plane, ``envd`` the in-sandbox daemon's
-API, ``connect`` the Connect RPC framing, ``models`` the wire shapes, ``access`` the keys.
+API, ``connect`` the Connect RPC framing, ``models`` the wire shapes, ``access`` the keys,
+``ports`` the ``PORT-ID.DOMAIN`` hosts of ``get_host``.
 """
 
 from __future__ import annotations
 
 from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from agentbox.gateway.e2b.access import E2BAccess
 from agentbox.gateway.e2b.control import ControlPlane
 from agentbox.gateway.e2b.envd import Envd
+from agentbox.gateway.e2b.ports import PortHosts
 from agentbox.gateway.service import Gateway
 
 PREFIX = "/e2b"
 
 
-def build_e2b(gateway: Gateway) -> Starlette:
-    settings = gateway.settings.e2b
-    access = E2BAccess(settings, gateway.tokens, gateway.runtime.home, gateway.state_key)
-    control = ControlPlane(gateway, access, settings.domain)
-    return Starlette(routes=[*control.routes(), *Envd(gateway, access).routes()])
+class E2BFrontDoor:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.settings = gateway.settings.e2b
+        self.access = E2BAccess(
+            self.settings, gateway.tokens, gateway.runtime.home, gateway.state_key
+        )
+        control = ControlPlane(gateway, self.access, self.settings.domain)
+        self.app = Starlette(routes=[*control.routes(), *Envd(gateway, self.access).routes()])
+
+    def port_hosts(self, app: ASGIApp) -> ASGIApp:
+        """``app`` behind the layer that sends ``PORT-ID.DOMAIN`` requests to the port."""
+        max_body = self.gateway.settings.gateway.max_body_bytes
+        return PortHosts(app, self.gateway, self.access, self.settings.domain, max_body)
