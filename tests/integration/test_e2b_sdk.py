@@ -268,3 +268,32 @@ def test_get_host_reaches_a_port_with_the_sandbox_token(e2b_env: None, gw: Runni
         other.kill()
     ports = [r for r in audit_records(gw) if r.get("tool") == "ports"]
     assert ports and ports[-1]["actor"] == "token:e2b-key:team-a"
+
+
+def test_watch_dir_sync_and_async(e2b_env: None) -> None:
+    sb = Sandbox.create(timeout=120)
+    try:
+        sb.files.make_dir("/workspace/w")
+        handle = sb.files.watch_dir("/workspace/w")
+        sb.files.write("/workspace/w/new.txt", "1")
+        events = handle.get_new_events()
+        assert [(e.name, e.type.value) for e in events] == [("new.txt", "create")]
+        sb.files.write("/workspace/w/new.txt", "12")
+        sb.files.remove("/workspace/w/new.txt")
+        assert [(e.name, e.type.value) for e in handle.get_new_events()] == [("new.txt", "remove")]
+        handle.stop()
+
+        async def watch() -> list[tuple[str, str]]:
+            asb = await AsyncSandbox.connect(sb.sandbox_id)
+            seen: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+            watcher = await asb.files.watch_dir(
+                "/workspace/w", lambda e: seen.put_nowait((e.name, e.type.value)), recursive=True
+            )
+            await asb.files.write("/workspace/w/sub/deep.txt", "x")
+            got = [await asyncio.wait_for(seen.get(), 30), await asyncio.wait_for(seen.get(), 30)]
+            await watcher.stop()
+            return got
+
+        assert sorted(asyncio.run(watch())) == [("sub", "create"), ("sub/deep.txt", "create")]
+    finally:
+        sb.kill()

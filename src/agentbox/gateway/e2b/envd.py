@@ -16,6 +16,7 @@ import asyncio
 import base64
 import logging
 import posixpath
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -41,6 +42,7 @@ from agentbox.gateway.e2b.models import (
     sandbox_path,
 )
 from agentbox.gateway.service import Gateway
+from agentbox.runtime.files import SandboxFiles
 
 log = logging.getLogger(__name__)
 Unary = Callable[["Call", dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -48,6 +50,9 @@ Streaming = Callable[["Call", dict[str, Any]], AsyncIterator[dict[str, Any]]]
 _CHUNK = 64 * 1024
 _KEEPALIVE_S = 50.0
 _POLL_MIN_S, _POLL_MAX_S = 0.002, 0.05
+_WATCH_POLL_S = 0.1
+_WATCH_DEPTH = 10  # fs_list's deepest
+_MAX_WATCHERS = 256
 
 
 class Call:
@@ -77,10 +82,15 @@ class Envd:
             f"{FILESYSTEM_SERVICE}/MakeDir": self.make_dir,
             f"{FILESYSTEM_SERVICE}/Move": self.move,
             f"{FILESYSTEM_SERVICE}/Remove": self.remove,
+            f"{FILESYSTEM_SERVICE}/CreateWatcher": self.create_watcher,
+            f"{FILESYSTEM_SERVICE}/GetWatcherEvents": self.get_watcher_events,
+            f"{FILESYSTEM_SERVICE}/RemoveWatcher": self.remove_watcher,
         }
+        self.watchers: dict[str, Watcher] = {}
         self.streaming: dict[str, Streaming] = {
             f"{PROCESS_SERVICE}/Start": self.start,
             f"{PROCESS_SERVICE}/Connect": self.connect,
+            f"{FILESYSTEM_SERVICE}/WatchDir": self.watch_dir,
         }
 
     def routes(self) -> list[Route]:
@@ -274,6 +284,53 @@ class Envd:
         await call.tool("fs_remove", path=_path(message), recursive=True)
         return {}
 
+    # watching: listings compared (what changed between two looks, not every step) ------
+    async def _watcher(self, call: Call, message: dict[str, Any]) -> Watcher:
+        path, recursive = _path(message), bool(message.get("recursive"))
+        depth = _WATCH_DEPTH if recursive else 1
+        await call.tool("fs_list", path=path, depth=depth)  # the read policy, audited once
+        watcher = Watcher(self.gateway.runtime.files(call.sandbox_id), path, depth)
+        await asyncio.to_thread(watcher.changes)  # the baseline
+        return watcher
+
+    async def create_watcher(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        watcher = await self._watcher(call, message)
+        if len(self.watchers) >= _MAX_WATCHERS:
+            self.watchers.pop(next(iter(self.watchers)))  # the oldest goes
+        watcher_id = f"{call.sandbox_id}/{secrets.token_hex(8)}"
+        self.watchers[watcher_id] = watcher
+        return {"watcherId": watcher_id}
+
+    def _watcher_of(self, call: Call, message: dict[str, Any]) -> tuple[str, Watcher]:
+        watcher_id = str(message.get("watcherId", ""))
+        watcher = self.watchers.get(watcher_id)
+        if watcher is None or not watcher_id.startswith(call.sandbox_id + "/"):
+            raise ConnectError("not_found", f"watcher {watcher_id!r} not found")
+        return watcher_id, watcher
+
+    async def get_watcher_events(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        _, watcher = self._watcher_of(call, message)
+        return {"events": await asyncio.to_thread(watcher.changes)}
+
+    async def remove_watcher(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        watcher_id, _ = self._watcher_of(call, message)
+        del self.watchers[watcher_id]
+        return {}
+
+    async def watch_dir(self, call: Call, message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        watcher = await self._watcher(call, message)
+        yield {"start": {}}
+        quiet = 0.0
+        while call.deadline is None or time.monotonic() < call.deadline:
+            await asyncio.sleep(_WATCH_POLL_S)
+            events = await asyncio.to_thread(watcher.changes)
+            for event in events:
+                yield {"filesystem": event}
+            quiet = 0.0 if events else quiet + _WATCH_POLL_S
+            if quiet >= _KEEPALIVE_S:
+                quiet = 0.0
+                yield {"keepalive": {}}
+
     # HTTP: /health, /files ---------------------------------------------------------------
     async def health(self, request: Request) -> Response:
         try:
@@ -326,6 +383,36 @@ class Envd:
             await call.tool("fs_mkdir", path=parent)
         await call.tool("fs_write", path=path, content=content, encoding="base64")
         return {"name": posixpath.basename(path), "type": "file", "path": path}
+
+
+class Watcher:
+    """A directory's listing, compared with the last one on each look."""
+
+    def __init__(self, files: SandboxFiles, path: str, depth: int) -> None:
+        self.files, self.path, self.depth = files, path, depth
+        self.seen: dict[str, tuple[str, int, float]] | None = None
+
+    def changes(self) -> list[dict[str, Any]]:
+        try:
+            entries = self.files.list(self.path, self.depth)
+        except AgentboxError:
+            entries = []  # the directory went: everything in it was removed
+        now = {e.path: (str(e.type), e.size, e.mtime) for e in entries}
+        before, self.seen = self.seen, now
+        if before is None:
+            return []
+        events = []
+        for path, state in now.items():
+            if path not in before:
+                events.append(_event(self.path, path, "EVENT_TYPE_CREATE"))
+            elif before[path] != state and state[0] != "dir":
+                events.append(_event(self.path, path, "EVENT_TYPE_WRITE"))
+        events += [_event(self.path, p, "EVENT_TYPE_REMOVE") for p in before if p not in now]
+        return events
+
+
+def _event(root: str, path: str, kind: str) -> dict[str, Any]:
+    return {"name": posixpath.relpath(path, root), "type": kind}
 
 
 def _path(message: dict[str, Any]) -> str:
