@@ -21,6 +21,8 @@ DEV=0
 PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs xfsprogs util-linux
           gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates curl
           chromium fonts-dejavu-core)
+# nodejs/npm (tests only): the E2B JS SDK's test (tests/js) runs under Debian's node.
+[ "$DEV" = 1 ] && PACKAGES+=(nodejs npm)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -40,6 +42,8 @@ echo "==> pip install agentbox into .venv"
 .venv/bin/pip install -q --disable-pip-version-check --upgrade "pip==25.3"
 if [ "$DEV" = 1 ]; then
   .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+  echo "==> npm ci (tests/js: the E2B JS SDK, pinned by its package-lock.json)"
+  npm ci --prefix tests/js --no-audit --no-fund --silent
 else
   .venv/bin/pip install -q --disable-pip-version-check -e .
 fi
