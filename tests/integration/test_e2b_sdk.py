@@ -7,6 +7,7 @@ Only the three variables an E2B user sets change: ``E2B_API_URL``, ``E2B_SANDBOX
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import secrets
 import time
@@ -22,6 +23,7 @@ from e2b import (
     Sandbox,
     SandboxException,
     SandboxQuery,
+    TimeoutException,
 )
 
 from gateway_harness import RunningGateway, running_gateway
@@ -297,3 +299,57 @@ def test_watch_dir_sync_and_async(e2b_env: None) -> None:
         assert sorted(asyncio.run(watch())) == [("sub", "create"), ("sub/deep.txt", "create")]
     finally:
         sb.kill()
+
+
+def test_details_the_sdk_relies_on(e2b_env: None) -> None:
+    """What E2B's own suite checks and a first cut got wrong (each was a failing test)."""
+    sb = Sandbox.create(timeout=120, metadata={"details": "1"})
+    try:
+        sb.files.make_dir("/workspace/d")
+        sb.files.write("/workspace/d/f.txt", "x")
+        assert sb.files.get_info("/workspace/d").permissions == "drwxr-xr-x"
+        assert sb.files.get_info("/workspace/d/f.txt").permissions.startswith("-rw")
+        sb.commands.run("python3 -c \"import os; os.symlink('f.txt', '/workspace/d/link')\"")
+        assert sb.files.get_info("/workspace/d/link").symlink_target == "/workspace/d/f.txt"
+        sb.files.remove("/workspace/d/never-was")  # envd: nothing to remove is fine
+        sb.files.write("/workspace/d/z.txt", "zipped", gzip=True)  # Content-Encoding: gzip
+        assert sb.files.read("/workspace/d/z.txt") == "zipped"
+        newer = Sandbox.create(timeout=120, metadata={"details": "1"})
+        try:
+            listed = Sandbox.list(query=SandboxQuery(metadata={"details": "1"})).next_items()
+            assert [s.sandbox_id for s in listed] == [
+                newer.sandbox_id,
+                sb.sandbox_id,
+            ]  # newest first
+            started = sb.get_info().started_at
+            after = Sandbox.list(
+                query=SandboxQuery(metadata={"details": "1"}, started_after=started)
+            )
+            assert sb.sandbox_id in [s.sandbox_id for s in after.next_items()]
+            later = SandboxQuery(
+                metadata={"details": "1"}, started_after=newer.get_info().started_at
+            )
+            assert [s.sandbox_id for s in Sandbox.list(query=later).next_items()] == [
+                newer.sandbox_id
+            ]
+        finally:
+            newer.kill()
+        past = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=2)
+        assert sb.get_metrics(start=past, end=past + datetime.timedelta(minutes=1)) == []
+        sleeper = sb.commands.run("sleep 60", background=True)
+        sb.kill()
+        with pytest.raises(TimeoutException, match="sandbox was killed or reached its end of life"):
+            sleeper.wait()
+    finally:
+        sb.kill()
+
+
+def test_a_shortened_timeout_ends_the_sandbox(e2b_env: None) -> None:
+    sb = Sandbox.create(timeout=120)
+    set_at = time.time()
+    sb.set_timeout(1)
+    time.sleep(max(0.0, set_at + 1.2 - time.time()))  # the end is an instant of the clock
+    # Gone for the SDK at once, not at the next lifecycle sweep.
+    assert not sb.is_running()
+    with pytest.raises(NotFoundException):
+        Sandbox.get_info(sb.sandbox_id)

@@ -10,11 +10,14 @@ API, ``connect`` the Connect RPC framing, ``models`` the wire shapes, ``access``
 from __future__ import annotations
 
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp
 
 from agentbox.gateway.e2b.access import E2BAccess
 from agentbox.gateway.e2b.control import ControlPlane
 from agentbox.gateway.e2b.envd import Envd
+from agentbox.gateway.e2b.models import e2b_error
 from agentbox.gateway.e2b.ports import PortHosts
 from agentbox.gateway.service import Gateway
 
@@ -29,9 +32,18 @@ class E2BFrontDoor:
             self.settings, gateway.tokens, gateway.runtime.home, gateway.state_key
         )
         control = ControlPlane(gateway, self.access, self.settings.domain)
-        self.app = Starlette(routes=[*control.routes(), *Envd(gateway, self.access).routes()])
+        self.app = Starlette(
+            routes=[*control.routes(), *Envd(gateway, self.access).routes()],
+            exception_handlers={404: _not_found, 405: _not_found},
+        )
 
     def port_hosts(self, app: ASGIApp) -> ASGIApp:
         """``app`` behind the layer that sends ``PORT-ID.DOMAIN`` requests to the port."""
         max_body = self.gateway.settings.gateway.max_body_bytes
         return PortHosts(app, self.gateway, self.access, self.settings.domain, max_body)
+
+
+async def _not_found(request: Request, exc: Exception) -> JSONResponse:
+    """E2B routes agentbox does not serve (templates, snapshots, fork, ...): E2B's shape."""
+    what = f"{request.method} {request.url.path}"
+    return JSONResponse(e2b_error(404, f"{what} is not served by agentbox's E2B API"), 404)

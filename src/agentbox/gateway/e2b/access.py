@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentbox.errors import HostUnsupported, NotFound, Unauthenticated
+from agentbox.errors import HostUnsupported, NotFound, SandboxNotRunning, Unauthenticated
 from agentbox.gateway.auth import OPERATOR, Principal, TokenStore
 from agentbox.gateway.settings import E2BSettings
 
@@ -134,6 +134,11 @@ class E2BAccess:
         if not token or not hmac.compare_digest(token, self.envd_token(sandbox_id)):
             raise Unauthenticated(f"missing or wrong X-Access-Token for sandbox {sandbox_id}")
         owned = self.owned(sandbox_id)
-        if owned is None:
-            raise NotFound(f"sandbox {sandbox_id} was not made through the E2B API")
+        if owned is None:  # the token was valid: the sandbox existed and is gone
+            raise gone(sandbox_id)
         return owned.caller
+
+
+def gone(sandbox_id: str) -> SandboxNotRunning:
+    # "was not found" is what the SDKs look for to report a killed or timed-out sandbox.
+    return SandboxNotRunning(f"The sandbox {sandbox_id} was not found (killed or timed out)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ from agentbox.gateway.e2b.models import (
     NewSandbox,
     Timeout,
     e2b_error,
+    ended,
     iso,
 )
 from agentbox.gateway.service import Gateway
@@ -84,7 +86,7 @@ class ControlPlane:
             record = self.runtime.get(sandbox_id)
         except NotFound:
             record = None
-        if record is None or record.state not in STATES:
+        if record is None or record.state not in STATES or ended(record.expires_at):
             raise SandboxNotFound(f"sandbox {sandbox_id} not found")
         if not self.access.may_reach(caller, record.spec):
             raise SandboxNotFound(f"sandbox {sandbox_id} not found")
@@ -164,24 +166,34 @@ class ControlPlane:
         query = request.query_params
         states = {s for s in query.get("state", "running,paused").split(",") if s}
         wanted = dict(urllib.parse.parse_qsl(query.get("metadata", "")))
+        template = query.get("template")
         try:
             limit = min(int(query.get("limit", "100")), MAX_PAGE)
-        except ValueError:
-            raise InvalidRequest("limit must be an integer") from None
+            after = query.get("startedAfter")
+            started_after = datetime.datetime.fromisoformat(after).timestamp() if after else None
+        except ValueError as e:
+            raise InvalidRequest(f"limit or startedAfter: {e}") from None
         records = await asyncio.to_thread(self.runtime.list)
         owned = await asyncio.to_thread(self.access.all_owned)
         rows = []
         for record in sorted(records, key=lambda r: (r.created_at, r.id)):
             mine = owned.get(record.id)
-            if record.state not in STATES or not self.access.may_reach(caller, record.spec):
+            if record.state not in STATES or ended(record.expires_at):
+                continue
+            if not self.access.may_reach(caller, record.spec):
+                continue
+            # startedAt is shown to the microsecond: a time read back from it is "at" it.
+            if started_after is not None and record.created_at < started_after - 1e-3:
                 continue
             alias, metadata = (mine.alias, mine.metadata) if mine else (record.template, {})
             if STATES[record.state] not in states:
                 continue
             if any(metadata.get(k) != v for k, v in wanted.items()):
                 continue
+            if template is not None and template not in (alias, record.template):
+                continue
             rows.append(self._listed(record, alias, metadata))
-        if query.get("order") == "desc":
+        if query.get("order", "desc") == "desc":  # E2B lists the newest first
             rows.reverse()
         start = 0
         token = query.get("nextToken")
@@ -272,7 +284,13 @@ class ControlPlane:
     async def metrics(self, request: Request) -> Response:
         caller = self._caller(request)
         record = self._reachable(caller, request.path_params["sandbox_id"])
-        if record.state != "running":
+        try:
+            start = float(request.query_params.get("start", 0))
+            end = float(request.query_params.get("end", "inf"))
+        except ValueError:
+            raise InvalidRequest("start and end are Unix times in seconds") from None
+        # One sample, now: a range that leaves now out has none.
+        if record.state != "running" or not start <= time.time() <= end + 1:
             return JSONResponse([])
         cgroup = self.runtime.layout.sandbox(record.id)
         spec = record.spec
@@ -282,7 +300,7 @@ class ControlPlane:
         with contextlib.suppress(OSError):
             cpu_s = cgroup.cpu_usage_us() / 1e6
             memory = cgroup.memory_current()
-            # One sample, now: memory as it is, CPU averaged over the sandbox's life.
+            # Memory as it is, CPU averaged over the sandbox's life.
             return JSONResponse(
                 [
                     {

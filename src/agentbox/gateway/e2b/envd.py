@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import hmac
 import logging
 import posixpath
 import secrets
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -26,9 +29,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from agentbox.errors import AgentboxError, FileExists, LimitExceeded, ProcessNotFound
+from agentbox.errors import (
+    AgentboxError,
+    FileExists,
+    FileNotFound,
+    InvalidRequest,
+    LimitExceeded,
+    NotFound,
+    ProcessNotFound,
+    SandboxNotRunning,
+    Unauthenticated,
+)
 from agentbox.gateway.e2b import connect
-from agentbox.gateway.e2b.access import Caller, E2BAccess
+from agentbox.gateway.e2b.access import Caller, E2BAccess, gone
 from agentbox.gateway.e2b.connect import ConnectError
 from agentbox.gateway.e2b.models import (
     FILESYSTEM_SERVICE,
@@ -37,6 +50,7 @@ from agentbox.gateway.e2b.models import (
     SIGNALS,
     command_of,
     e2b_error,
+    ended,
     entry_info,
     pid_of,
     sandbox_path,
@@ -51,6 +65,8 @@ _CHUNK = 64 * 1024
 _KEEPALIVE_S = 50.0
 _POLL_MIN_S, _POLL_MAX_S = 0.002, 0.05
 _WATCH_POLL_S = 0.1
+# Ambiguous on purpose: the SDKs then ask /health whether the sandbox ended.
+_SANDBOX_WENT = "the stream ended before the command did: the sandbox went"
 _WATCH_DEPTH = 10  # fs_list's deepest
 _MAX_WATCHERS = 256
 
@@ -185,7 +201,10 @@ class Envd:
         offsets = {"stdout": out_at, "stderr": err_at}
         delay, quiet = _POLL_MIN_S, 0.0
         while True:
-            info = await asyncio.to_thread(table.get, process_id)
+            try:
+                info = await asyncio.to_thread(table.get, process_id)
+            except (NotFound, SandboxNotRunning):
+                raise ConnectError("unavailable", _SANDBOX_WENT) from None
             got = False
             for stream in ("stdout", "stderr"):
                 while True:
@@ -200,6 +219,9 @@ class Envd:
                     data = base64.b64encode(text.encode()).decode()
                     yield {"event": {"data": {stream: data}}}
             if not info.running:  # output read after the exit was seen: nothing is lost
+                record = await asyncio.to_thread(self.gateway.runtime.store.get, call.sandbox_id)
+                if record is None or record.state != "running":  # killed with its sandbox
+                    raise ConnectError("unavailable", _SANDBOX_WENT)
                 code = info.exit_code if info.exit_code is not None else -1
                 yield {"event": {"end": _end(code)}}
                 return
@@ -281,7 +303,8 @@ class Envd:
         return {"entry": entry_info(entry)}
 
     async def remove(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
-        await call.tool("fs_remove", path=_path(message), recursive=True)
+        with contextlib.suppress(FileNotFound):  # envd: removing what is not there is done
+            await call.tool("fs_remove", path=_path(message), recursive=True)
         return {}
 
     # watching: listings compared (what changed between two looks, not every step) ------
@@ -333,12 +356,19 @@ class Envd:
 
     # HTTP: /health, /files ---------------------------------------------------------------
     async def health(self, request: Request) -> Response:
+        """204 while the sandbox runs; 502 once it ended, as E2B's proxy answers (the SDKs
+        tell a killed sandbox from a network fault by it)."""
+        sandbox_id = request.headers.get("e2b-sandbox-id") or ""
+        token = request.headers.get("x-access-token") or ""
+        if not hmac.compare_digest(token, self.access.envd_token(sandbox_id)):
+            return _http_error(Unauthenticated("missing or wrong X-Access-Token"))
         try:
-            call = self._call(request)
-            running = self.gateway.runtime.get(call.sandbox_id).state == "running"
-        except AgentboxError as e:
-            return _http_error(e)
-        return Response(status_code=204 if running else 502)
+            record = self.gateway.runtime.get(sandbox_id)
+        except AgentboxError:
+            record = None
+        if record is not None and record.state == "running" and not ended(record.expires_at):
+            return Response(status_code=204)
+        return _http_error(gone(sandbox_id))
 
     async def files(self, request: Request) -> Response:
         try:
@@ -371,8 +401,23 @@ class Envd:
                     target = default if default and len(form) == 1 else part.filename
                     written.append(await self._write(call, target or "", await part.read()))
         else:
-            written.append(await self._write(call, default or "", await request.body()))
+            body = await request.body()
+            if request.headers.get("content-encoding", "").lower() == "gzip":
+                body = self._gunzip(body)
+            written.append(await self._write(call, default or "", body))
         return JSONResponse(written)
+
+    def _gunzip(self, data: bytes) -> bytes:
+        """A gzip upload, decompressed no further than fs.write allows (no gzip bombs)."""
+        cap = self.gateway.write_policy.max_bytes or self.gateway.settings.gateway.max_body_bytes
+        inflater = zlib.decompressobj(wbits=31)
+        try:
+            out = inflater.decompress(data, cap + 1)
+        except zlib.error as e:
+            raise InvalidRequest(f"the gzip body is corrupt: {e}") from None
+        if len(out) > cap or inflater.unconsumed_tail:
+            raise LimitExceeded(f"the upload is over {cap} bytes once decompressed")
+        return out
 
     async def _write(self, call: Call, target: str, data: bytes) -> dict[str, Any]:
         path = sandbox_path(target)
@@ -431,5 +476,6 @@ def _sizes(table: Any, process_id: str) -> tuple[int, int]:
 
 def _http_error(e: Exception) -> Response:
     error = connect.as_connect(e)
-    status = connect.HTTP_STATUS[error.code]
+    # E2B's proxy answers 502 for a sandbox that is gone; the SDKs read it so.
+    status = 502 if error.code == "unavailable" else connect.HTTP_STATUS[error.code]
     return JSONResponse(e2b_error(status, error.message), status_code=status)

@@ -10,6 +10,7 @@ import datetime
 import posixpath
 import shlex
 import stat as stat_module
+import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,6 +50,11 @@ def iso(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
+def ended(expires_at: float | None) -> bool:
+    """Past its E2B timeout: gone for the E2B API before the lifecycle sweep destroys it."""
+    return expires_at is not None and expires_at <= time.time()
+
+
 def e2b_error(status: int, message: str) -> dict[str, Any]:
     """E2B's error body: the SDK raises ``message`` (and branches on the status)."""
     return {"code": status, "message": message}
@@ -58,6 +64,11 @@ def e2b_error(status: int, message: str) -> dict[str, Any]:
 PROCESS_SERVICE = "process.Process"
 FILESYSTEM_SERVICE = "filesystem.Filesystem"
 FILE_TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_FILE"}
+_MODE_TYPES = {
+    "file": stat_module.S_IFREG,
+    "dir": stat_module.S_IFDIR,
+    "symlink": stat_module.S_IFLNK,
+}
 SIGNALS = {"SIGNAL_SIGKILL": "SIGKILL", "SIGNAL_SIGTERM": "SIGTERM"}
 
 
@@ -68,10 +79,11 @@ def sandbox_path(path: str) -> str:
 
 def entry_info(info: dict[str, Any]) -> dict[str, Any]:
     """EntryInfo from an agentbox file entry (fs_stat / fs_list / fs_mkdir / fs_move)."""
-    mode = int(info.get("mode", 0))
+    kind = str(info["type"])
+    mode = stat_module.S_IMODE(int(info.get("mode", 0))) | _MODE_TYPES.get(kind, 0)
     entry: dict[str, Any] = {
         "name": info["name"],
-        "type": FILE_TYPES.get(str(info["type"]), "FILE_TYPE_UNSPECIFIED"),
+        "type": FILE_TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
         "path": info["path"],
         "size": str(int(info.get("size", 0))),  # int64: a JSON string in protobuf JSON
         "mode": stat_module.S_IMODE(mode),
@@ -80,8 +92,11 @@ def entry_info(info: dict[str, Any]) -> dict[str, Any]:
         "group": "user",
         "modifiedTime": iso(float(info.get("mtime", 0))),
     }
-    if info.get("symlink_target"):
-        entry["symlinkTarget"] = info["symlink_target"]
+    if info.get("symlink_target"):  # envd reports the target as an absolute path
+        where = posixpath.dirname(str(info["path"]))
+        entry["symlinkTarget"] = posixpath.normpath(
+            posixpath.join(where, str(info["symlink_target"]))
+        )
     return entry
 
 
