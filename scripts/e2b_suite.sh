@@ -31,5 +31,5 @@ cd "$suite/packages/python-sdk"
 E2B_API_URL="http://127.0.0.1:$port/e2b" E2B_SANDBOX_URL="http://127.0.0.1:$port/e2b" \
 E2B_API_KEY="$token" PYTHONPATH="$repo/tests/e2b_suite" \
   "$venv/bin/python" -m pytest -p expected -p no:cacheprovider -o asyncio_mode=auto \
-  --timeout 60 -q -rfX tests/sync/sandbox_sync tests/sync/api_sync \
+  --timeout 60 --tb=line -q -rfX tests/sync/sandbox_sync tests/sync/api_sync \
   tests/async/sandbox_async tests/async/api_async "$@"

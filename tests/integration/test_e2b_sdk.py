@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import gzip
 import json
 import secrets
 import time
@@ -353,3 +354,17 @@ def test_a_shortened_timeout_ends_the_sandbox(e2b_env: None) -> None:
     assert not sb.is_running()
     with pytest.raises(NotFoundException):
         Sandbox.get_info(sb.sandbox_id)
+
+
+def test_a_gzip_upload_is_bounded_once_decompressed(e2b_env: None, gw: RunningGateway) -> None:
+    sb = Sandbox.create(timeout=120)
+    try:
+        bomb = gzip.compress(b"\0" * (17 << 20))  # 17 MiB: past fs.write's 16 MiB default
+        headers = {"E2b-Sandbox-Id": sb.sandbox_id, "X-Access-Token": str(sb._envd_access_token),
+                   "Content-Type": "application/octet-stream", "Content-Encoding": "gzip"}  # fmt: skip
+        with gw.client(headers=headers) as envd:
+            r = envd.post("/e2b/files", params={"path": "/workspace/bomb"}, content=bomb)
+        assert r.status_code == 429 and "decompressed" in r.json()["message"], r.text
+        assert not sb.files.exists("/workspace/bomb")
+    finally:
+        sb.kill()
