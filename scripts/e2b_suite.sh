@@ -22,9 +22,9 @@ port="$("$repo/.venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("
 token="e2b_$("$repo/.venv/bin/python" -c 'import secrets; print(secrets.token_hex(20))')"
 E2B_SUITE_OPERATOR_TOKEN="$token" "$repo/.venv/bin/python" "$repo/tests/e2b_suite/serve.py" "$port" &
 gateway=$!
-trap 'kill "$gateway"' EXIT
-for _ in $(seq 300); do
-  curl -fs "http://127.0.0.1:$port/healthz" >/dev/null && break
+trap 'kill "$gateway" 2>/dev/null; wait "$gateway" || true' EXIT
+until curl -fs "http://127.0.0.1:$port/healthz" >/dev/null; do
+  kill -0 "$gateway" 2>/dev/null || { echo "the gateway did not start" >&2; exit 1; }
   sleep 0.1
 done
 cd "$suite/packages/python-sdk"
