@@ -368,3 +368,19 @@ def test_a_gzip_upload_is_bounded_once_decompressed(e2b_env: None, gw: RunningGa
         assert not sb.files.exists("/workspace/bomb")
     finally:
         sb.kill()
+
+
+def test_malformed_envd_messages_get_connect_errors(e2b_env: None, gw: RunningGateway) -> None:
+    sb = Sandbox.create(timeout=120)
+    try:
+        headers = {"E2b-Sandbox-Id": sb.sandbox_id, "X-Access-Token": str(sb._envd_access_token)}
+        with gw.client(headers=headers) as envd:
+            r = envd.post("/e2b/process.Process/SendSignal", json={"process": {"pid": "x"}})
+            assert (r.status_code, r.json()["code"]) == (500, "internal"), r.text
+            r = envd.post("/e2b/filesystem.Filesystem/Stat", content=b"[1]",
+                          headers={"Content-Type": "application/json"})  # fmt: skip
+            assert (r.status_code, r.json()["code"]) == (400, "invalid_argument"), r.text
+            r = envd.post("/e2b/process.Process/Nope", json={})
+            assert (r.status_code, r.json()["code"]) == (501, "unimplemented"), r.text
+    finally:
+        sb.kill()

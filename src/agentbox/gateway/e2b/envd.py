@@ -140,6 +140,9 @@ class Envd:
             return JSONResponse(await handler(call, message), media_type=connect.UNARY_TYPE)
         except (AgentboxError, ConnectError) as e:
             return connect.unary_error(e)
+        except Exception as e:  # a malformed message: Connect's "internal", logged here
+            log.exception("envd %s failed", name)
+            return connect.unary_error(e)
 
     async def _streaming(self, request: Request, handler: Streaming) -> Response:
         try:
@@ -147,7 +150,9 @@ class Envd:
             messages = connect.read_envelopes(await request.body())
             events = handler(call, messages[0] if messages else {})
             first = await anext(events)  # errors before the first message: the stream's end
-        except (AgentboxError, ConnectError) as e:
+        except Exception as e:
+            if not isinstance(e, (AgentboxError, ConnectError)):
+                log.exception("envd stream failed")
             error = e
 
             async def failed() -> AsyncIterator[bytes]:
@@ -160,7 +165,9 @@ class Envd:
             try:
                 async for event in events:
                     yield connect.envelope(event)
-            except (AgentboxError, ConnectError) as e:
+            except Exception as e:
+                if not isinstance(e, (AgentboxError, ConnectError)):
+                    log.exception("envd stream failed")
                 yield connect.end_stream(e)
                 return
             yield connect.end_stream()
