@@ -20,9 +20,12 @@ venv=/var/tmp/agentbox-e2b-suite-venv
 port="$("$repo/.venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 # Older SDKs (2.45) accept only keys shaped like E2B's: e2b_ and 40 hex digits.
 token="e2b_$("$repo/.venv/bin/python" -c 'import secrets; print(secrets.token_hex(20))')"
-E2B_SUITE_OPERATOR_TOKEN="$token" "$repo/.venv/bin/python" "$repo/tests/e2b_suite/serve.py" "$port" &
+# A trail of its own: a previous run's gateway may still be closing its streams.
+audit="$(mktemp -d /var/tmp/agentbox-e2b-suite-audit.XXXXXX)"
+E2B_SUITE_OPERATOR_TOKEN="$token" "$repo/.venv/bin/python" "$repo/tests/e2b_suite/serve.py" \
+  "$port" "$audit/audit.jsonl" &
 gateway=$!
-trap 'kill "$gateway" 2>/dev/null; wait "$gateway" || true' EXIT
+trap 'kill "$gateway" 2>/dev/null; wait "$gateway" || true; rm -rf "$audit"' EXIT
 until curl -fs "http://127.0.0.1:$port/healthz" >/dev/null; do
   kill -0 "$gateway" 2>/dev/null || { echo "the gateway did not start" >&2; exit 1; }
   sleep 0.1

@@ -1,7 +1,7 @@
 """A gateway for E2B's own SDK suite: permissive tools (the suite runs arbitrary commands
 and writes under /home/user), the E2B front door at /e2b. Runs until killed.
 
-    serve.py PORT    (operator token in $E2B_SUITE_OPERATOR_TOKEN; AGENTBOX_HOME as usual)
+    serve.py PORT AUDIT_FILE    (operator token in $E2B_SUITE_OPERATOR_TOKEN; AGENTBOX_HOME)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ audit:
 def main() -> None:
     port = int(sys.argv[1])
     home = Path(os.environ["AGENTBOX_HOME"])
-    text = CONFIG.format(port=port, audit=home / "e2b-suite-audit.jsonl")
+    text = CONFIG.format(port=port, audit=sys.argv[2])
     token = os.environ["E2B_SUITE_OPERATOR_TOKEN"]
     app = create_app(parse_settings(text, "e2b-suite.yaml"), operator_token=token, home=home)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
