@@ -384,3 +384,25 @@ def test_malformed_envd_messages_get_connect_errors(e2b_env: None, gw: RunningGa
             assert (r.status_code, r.json()["code"]) == (501, "unimplemented"), r.text
     finally:
         sb.kill()
+
+
+def test_signed_file_urls(e2b_env: None, gw: RunningGateway) -> None:
+    sb = Sandbox.create(timeout=120)
+    try:
+        sb.files.write("/workspace/signed.txt", "signed content")
+        url = sb.download_url("/workspace/signed.txt")
+        assert url.startswith(f"{gw.url}/files?") and "signature=v1_" in url
+        with gw.client() as anonymous:  # no token, no sandbox header: the signature says it
+            assert anonymous.get(url).text == "signed content"
+            timed = sb.download_url("/workspace/signed.txt", use_signature_expiration=60)
+            assert anonymous.get(timed).text == "signed content"
+            expired = sb.download_url("/workspace/signed.txt", use_signature_expiration=-10)
+            assert anonymous.get(expired).status_code == 401
+            forged = url.replace("signed.txt", "other.txt")
+            assert anonymous.get(forged).status_code == 401
+            upload = sb.upload_url("/workspace/up.txt")
+            r = anonymous.post(upload, files={"file": ("up.txt", b"uploaded")})
+            assert r.status_code == 200, r.text
+        assert sb.files.read("/workspace/up.txt") == "uploaded"
+    finally:
+        sb.kill()

@@ -38,9 +38,10 @@ class E2BFrontDoor:
         )
 
     def port_hosts(self, app: ASGIApp) -> ASGIApp:
-        """``app`` behind the layer that sends ``PORT-ID.DOMAIN`` requests to the port."""
+        """``app`` behind the layer that sends ``PORT-ID.DOMAIN`` requests to the port
+        (and signed file URLs, which the SDKs address at the root, to envd)."""
         max_body = self.gateway.settings.gateway.max_body_bytes
-        return PortHosts(app, self.gateway, self.access, self.settings.domain, max_body)
+        return PortHosts(app, self.app, self.gateway, self.access, self.settings.domain, max_body)
 
 
 async def _not_found(request: Request, exc: Exception) -> JSONResponse:

@@ -52,6 +52,7 @@ from agentbox.gateway.e2b.models import (
     e2b_error,
     ended,
     entry_info,
+    file_signature,
     pid_of,
     sandbox_path,
 )
@@ -116,8 +117,28 @@ class Envd:
             Route("/{service}/{method}", self.rpc, methods=["POST"]),
         ]
 
+    def _signed(self, request: Request) -> Call:
+        """A signed download_url/upload_url: no headers, so the sandbox is the one whose
+        envd token makes the signature (expired or forged ones are refused)."""
+        query = request.query_params
+        operation = "read" if request.method == "GET" else "write"
+        expiration = query.get("signature_expiration")
+        args = (query.get("path", ""), operation, query.get("username", ""))
+        for sandbox_id, owned in self.access.all_owned().items():
+            token = self.access.envd_token(sandbox_id)
+            wanted = file_signature(*args, token, expiration)
+            if hmac.compare_digest(wanted, query.get("signature", "")):
+                if expiration is not None and (
+                    not expiration.isdigit() or int(expiration) < time.time()
+                ):
+                    raise ConnectError("unauthenticated", "signature is already expired")
+                return Call(self.gateway, owned.caller, sandbox_id, None)
+        raise Unauthenticated("the URL's signature matches no sandbox")
+
     def _call(self, request: Request) -> Call:
         sandbox_id = request.headers.get("e2b-sandbox-id")
+        if sandbox_id is None and "signature" in request.query_params:
+            return self._signed(request)
         caller = self.access.envd_caller(sandbox_id, request.headers.get("x-access-token"))
         assert sandbox_id is not None
         timeout_ms = request.headers.get("connect-timeout-ms")

@@ -6,7 +6,9 @@ protobuf JSON ``exitCode``, ``FILE_TYPE_DIRECTORY``, ...); the values come from 
 
 from __future__ import annotations
 
+import base64
 import datetime
+import hashlib
 import posixpath
 import shlex
 import stat as stat_module
@@ -98,6 +100,13 @@ def entry_info(info: dict[str, Any]) -> dict[str, Any]:
             posixpath.join(where, str(info["symlink_target"]))
         )
     return entry
+
+
+def file_signature(path: str, operation: str, user: str, token: str, expiration: str | None) -> str:
+    """The v1 signature of a download_url/upload_url, as the SDKs compute it."""
+    raw = f"{path}:{operation}:{user}:{token}" + (f":{expiration}" if expiration else "")
+    digest = hashlib.sha256(raw.encode()).digest()
+    return "v1_" + base64.b64encode(digest).rstrip(b"=").decode()
 
 
 def pid_of(process_id: str) -> int:

@@ -6,6 +6,10 @@ the key that made the sandbox, audited as ``ports``; anything else goes on uncha
 The request must carry the sandbox's token (``e2b-traffic-access-token``, the
 ``trafficAccessToken`` of the create answer, or ``X-Access-Token``): unlike E2B's
 default, ports are never public. The body is capped like every gateway request.
+
+The same layer serves the SDKs' signed ``download_url``/``upload_url``: the SDKs join
+``/files`` to the gateway's root (dropping ``/e2b``), and such a URL has no sandbox
+header; the signature names the sandbox (``envd.Envd._signed``).
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from agentbox.gateway.service import Gateway
 
 class PortHosts:
     def __init__(
-        self, app: ASGIApp, gateway: Gateway, access: E2BAccess, domain: str, max_body: int
-    ) -> None:
-        self.app, self.gateway, self.access, self.max_body = app, gateway, access, max_body
+        self, app: ASGIApp, e2b: ASGIApp, gateway: Gateway, access: E2BAccess, domain: str,
+        max_body: int,
+    ) -> None:  # fmt: skip
+        self.app, self.e2b, self.gateway, self.access = app, e2b, gateway, access
+        self.max_body = max_body
         self.pattern = re.compile(
             rf"^([0-9]{{1,5}})-(sb-[0-9a-f]+)\.{re.escape(domain.lower())}(?::[0-9]+)?$"
         )
@@ -38,6 +44,14 @@ class PortHosts:
             for key, value in scope["headers"]:
                 if key == b"host":
                     match = self.pattern.match(value.decode("latin-1").lower())
+        if match is None and _signed_files(scope):
+            length = dict(scope["headers"]).get(b"content-length", b"0")
+            if not length.isdigit() or int(length) > self.max_body:
+                too_big = e2b_error(413, f"the body must have a length under {self.max_body}")
+                await JSONResponse(too_big, 413)(scope, receive, send)
+                return
+            await self.e2b(scope, receive, send)
+            return
         if match is None:
             await self.app(scope, receive, send)
             return
@@ -71,3 +85,11 @@ class PortHosts:
         return await port_forward.forward(
             self.gateway, principal, sandbox_id, port, request.method, target, headers, bytes(body)
         )
+
+
+def _signed_files(scope: Scope) -> bool:
+    return bool(
+        scope["type"] == "http"
+        and scope["path"] == "/files"
+        and b"signature=" in scope.get("query_string", b"")
+    )
