@@ -58,6 +58,7 @@ from agentbox.gateway.e2b.models import (
 )
 from agentbox.gateway.service import Gateway
 from agentbox.runtime.files import SandboxFiles
+from agentbox.runtime.processes import ProcessOutput
 
 log = logging.getLogger(__name__)
 Unary = Callable[["Call", dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -228,17 +229,22 @@ class Envd:
         redact = self.gateway.redactor.redact
         offsets = {"stdout": out_at, "stderr": err_at}
         delay, quiet = _POLL_MIN_S, 0.0
+
+        def read(stream: str) -> ProcessOutput:
+            try:
+                return table.read_output(process_id, stream, offsets[stream], _CHUNK)
+            except (NotFound, SandboxNotRunning, OSError):  # its disk went with the sandbox
+                raise ConnectError("unavailable", _SANDBOX_WENT) from None
+
         while True:
             try:
                 info = await asyncio.to_thread(table.get, process_id)
-            except (NotFound, SandboxNotRunning):
+            except (NotFound, SandboxNotRunning, OSError):
                 raise ConnectError("unavailable", _SANDBOX_WENT) from None
             got = False
             for stream in ("stdout", "stderr"):
                 while True:
-                    chunk = await asyncio.to_thread(
-                        table.read_output, process_id, stream, offsets[stream], _CHUNK
-                    )
+                    chunk = await asyncio.to_thread(read, stream)
                     if not chunk.data:
                         break
                     offsets[stream] = chunk.next_offset
