@@ -34,6 +34,8 @@ from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.auth import Principal, TokenStore
 from agentbox.gateway.console import mount_console
+from agentbox.gateway.e2b import PREFIX as E2B_PREFIX
+from agentbox.gateway.e2b import E2BFrontDoor
 from agentbox.gateway.egress_ingest import EgressIngest
 from agentbox.gateway.lifecycle_events import LifecycleIngest
 from agentbox.gateway.mcp_http import (
@@ -558,14 +560,18 @@ def create_app(
     app.include_router(
         build_task_router(tasks, authenticate, workers.wake, bool(settings.providers))
     )
+    e2b = E2BFrontDoor(gateway)  # the E2B SDKs' front door (gateway/e2b)
+    app.mount(E2B_PREFIX, e2b.app)
     mount_console(app)  # GET / and /console/*: static, no data, no token
     # An ASGI endpoint (not a Mount, which would redirect POST /mcp to /mcp/).
     mcp_endpoint: Any = McpAuth(StreamableHTTPASGIApp(session_manager), principal_of)
     app.router.add_route(MCP_PATH, mcp_endpoint, methods=["GET", "POST", "DELETE"])
-    app.front = HostAndSizeGuard(
-        ToolFastPath(app.serve_routes, call_tool, model_handlers),
-        hosts=hosts,
-        origins=origins,
-        max_body=settings.gateway.max_body_bytes,
+    app.front = e2b.port_hosts(
+        HostAndSizeGuard(
+            ToolFastPath(app.serve_routes, call_tool, model_handlers),
+            hosts=hosts,
+            origins=origins,
+            max_body=settings.gateway.max_body_bytes,
+        )
     )
     return app

@@ -12,10 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import h11
+from starlette.responses import StreamingResponse
 
 from agentbox.errors import SandboxError
+from agentbox.network import ports
+
+if TYPE_CHECKING:
+    from agentbox.gateway.auth import Principal
+    from agentbox.gateway.service import Gateway
 
 HOP_BY_HOP = frozenset(
     {
@@ -96,3 +103,31 @@ def response_headers(response: h11.Response) -> dict[str, str]:
         for k, v in response.headers
         if k.decode("latin-1").lower() not in HOP_BY_HOP
     }
+
+
+async def forward(
+    gateway: Gateway, principal: Principal, sandbox_id: str, port: int, method: str,
+    target: str, headers: list[tuple[str, str]], body: bytes,
+) -> StreamingResponse:  # fmt: skip
+    """One request to ``port`` in the sandbox, audited as ``ports``; the response streams.
+    The caller has checked that ``principal`` may reach the sandbox's ports."""
+    record = gateway.runtime.running(sandbox_id)[0]
+    assert record.init_pid is not None
+    head = request_head(method, target, port, headers, body)
+    sock = await asyncio.to_thread(ports.connect_to_port, record.init_pid, port)
+    reader, writer = await asyncio.open_connection(sock=sock)
+    upstream = Upstream(reader, writer)
+    try:
+        await upstream.send(head, body)
+        response = await upstream.response()
+    except BaseException:
+        upstream.close()
+        raise
+    await gateway.audit_event(
+        principal, "allowed", sandbox=sandbox_id, tool="ports",
+        args={"port": port, "method": method, "path": target},
+        status=response.status_code,
+    )  # fmt: skip
+    return StreamingResponse(
+        upstream.body(), status_code=response.status_code, headers=response_headers(response)
+    )

@@ -33,7 +33,6 @@ from agentbox.gateway import port_forward as port_forward_http
 from agentbox.gateway.auth import OPERATOR, Principal, challenge
 from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
-from agentbox.network import ports
 from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord
 
@@ -767,32 +766,11 @@ def _port_routes(api: APIRouter, gateway: Gateway, auth: Any) -> None:
             )
         p.require_sandbox(sandbox_id)
         gateway.rate.check(p.actor)
-        record = gateway.runtime.running(sandbox_id)[0]
-        assert record.init_pid is not None
-        body = await request.body()
         target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
-        head = port_forward_http.request_head(
-            request.method, target, port, list(request.headers.items()), body
-        )
-        sock = await asyncio.to_thread(ports.connect_to_port, record.init_pid, port)
-        reader, writer = await asyncio.open_connection(sock=sock)
-        upstream = port_forward_http.Upstream(reader, writer)
-        try:
-            await upstream.send(head, body)
-            response = await upstream.response()
-        except BaseException:
-            upstream.close()
-            raise
-        await gateway.audit_event(
-            p, "allowed", sandbox=sandbox_id, tool="ports",
-            args={"port": port, "method": request.method, "path": target},
-            status=response.status_code,
+        return await port_forward_http.forward(
+            gateway, p, sandbox_id, port, request.method, target,
+            list(request.headers.items()), await request.body(),
         )  # fmt: skip
-        return StreamingResponse(
-            upstream.body(),
-            status_code=response.status_code,
-            headers=port_forward_http.response_headers(response),
-        )
 
     for method in ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"):
         api.add_api_route(

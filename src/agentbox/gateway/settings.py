@@ -377,6 +377,22 @@ class TelemetrySettings(Strict):
     service_name: str = "agentbox"
 
 
+class E2BKey(Strict):
+    """An E2B API key (``X-API-KEY``) for one project: its sandboxes only."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    project: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    key_env: str  # the variable holding the key; never the key itself in the file
+
+
+class E2BSettings(Strict):
+    """The E2B-compatible front door under ``/e2b`` (see gateway/e2b)."""
+
+    # get_host(port) answers PORT-ID.DOMAIN; requests with such a Host reach the port.
+    domain: str = "e2b.localhost"
+    api_keys: list[E2BKey] = Field(default_factory=list)
+
+
 class GatewaySettings(Strict):
     gateway: GatewaySection = GatewaySection()
     sandbox: SandboxSection = SandboxSection()
@@ -390,6 +406,7 @@ class GatewaySettings(Strict):
     providers: list[ProviderSettings] = Field(default_factory=list)
     retry: RetrySettings = RetrySettings()
     budgets: list[BudgetSettings] = Field(default_factory=list)
+    e2b: E2BSettings = E2BSettings()
 
     @field_validator("providers")
     @classmethod

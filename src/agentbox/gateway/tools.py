@@ -285,7 +285,7 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
 
 def process_start(call: ToolCall) -> dict[str, Any]:
     info = call.runtime.processes(call.sandbox_id).start(
-        call.args["command"], cwd=call.args["cwd"], stdin=call.args["stdin"]
+        call.args["command"], cwd=call.args["cwd"], env=call.args["env"], stdin=call.args["stdin"]
     )
     return {"process_id": info.id, "running": True}
 
@@ -500,6 +500,12 @@ CWD = {
     "default": WORKSPACE,
     "description": f"Working directory in the sandbox (relative: to {WORKSPACE})",
 }
+ENV = {
+    "type": "object",
+    "additionalProperties": {"type": "string"},
+    "default": {},
+    "description": "Environment variables added for this command",
+}
 PROCESS_ID = {"type": "string", "description": "Handle returned by process_start"}
 SESSION_ID = {"type": "string", "description": "Handle returned by shell_create"}
 BROWSER_HANDLE = {
@@ -643,12 +649,7 @@ TOOLS: list[ToolSpec] = [
                     "description": "Text fed to the command's stdin, then end of input "
                     "(absent: an empty stdin, watched for prompts)",
                 },
-                "env": {
-                    "type": "object",
-                    "additionalProperties": {"type": "string"},
-                    "default": {},
-                    "description": "Environment variables added for this command",
-                },
+                "env": ENV,
             },
             ["command"],
         ),
@@ -668,6 +669,7 @@ TOOLS: list[ToolSpec] = [
             {
                 "command": COMMAND,
                 "cwd": CWD,
+                "env": ENV,
                 "stdin": _flag(False, "true: keep its stdin open for process_write"),
             },
             ["command"],

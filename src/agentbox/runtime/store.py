@@ -325,6 +325,11 @@ class Store(SqliteDB):
         )
         return [self._record(r) for r in rows]
 
+    def set_expiry(self, sandbox_id: str, expires_at: float | None) -> None:
+        """A new end of life (the lifecycle sweep destroys the sandbox then)."""
+        with self._tx() as db:
+            db.execute("UPDATE sandboxes SET expires_at=? WHERE id=?", (expires_at, sandbox_id))
+
     def delete(self, sandbox_id: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM sandboxes WHERE id=?", (sandbox_id,))

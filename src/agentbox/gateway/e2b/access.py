@@ -1,0 +1,144 @@
+"""Who an E2B request is, and which sandboxes it may reach.
+
+* ``X-API-KEY`` (control plane) is the operator token (every project) or one of the
+  project keys of ``e2b.api_keys`` (read from the environment at start): a project key
+  reaches only its project's sandboxes; another project's look like no sandbox at all.
+* ``X-Access-Token`` (envd) is the sandbox's envd token: an HMAC of its id under the
+  gateway's sealing key, so it needs no storage, dies with the sandbox and cannot be
+  made for another one. The calls it makes are audited as the key that created it.
+* ``e2b_sandboxes`` (state database) keeps what E2B has and agentbox does not: the key
+  that made the sandbox, its template alias and its metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentbox.errors import HostUnsupported, NotFound, SandboxNotRunning, Unauthenticated
+from agentbox.gateway.auth import OPERATOR, Principal, TokenStore
+from agentbox.gateway.settings import E2BSettings
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS e2b_sandboxes (
+    id TEXT PRIMARY KEY,
+    key TEXT NOT NULL,
+    alias TEXT NOT NULL,
+    metadata TEXT NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class Caller:
+    key: str  # "operator" or the project key's name
+    project: str | None  # None: every project (the operator)
+
+    def principal(self, sandbox_id: str | None = None) -> Principal:
+        """The agentbox principal the pipeline sees: the operator, or a session principal
+        named after the key and bound to the one sandbox it acts on."""
+        if self.key == OPERATOR:
+            return Principal("operator")
+        return Principal("session", token_id=f"e2b-key:{self.key}", sandbox_id=sandbox_id)
+
+
+@dataclass(frozen=True)
+class Owned:
+    id: str
+    caller: Caller
+    alias: str
+    metadata: dict[str, str]
+
+
+class E2BAccess:
+    def __init__(self, settings: E2BSettings, tokens: TokenStore, home: Path, key: bytes) -> None:
+        self.tokens = tokens
+        self._key = key
+        self._keys: list[tuple[str, Caller]] = []
+        for entry in settings.api_keys:
+            value = os.environ.get(entry.key_env, "").strip()
+            if len(value) < 16:
+                raise HostUnsupported(
+                    f"e2b.api_keys {entry.name}: set ${entry.key_env} to a random secret of "
+                    "16 characters or more"
+                )
+            self._keys.append((value, Caller(entry.name, entry.project)))
+        self._db_path = home / "gateway.db"
+        self._local = threading.local()
+        self._db().executescript(_SCHEMA)
+
+    def _db(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self._db_path, timeout=30, isolation_level=None)
+            self._local.conn = conn
+        return conn
+
+    # control plane -----------------------------------------------------------------------
+    def caller(self, api_key: str | None) -> Caller:
+        if not api_key:
+            raise Unauthenticated("missing X-API-KEY: set E2B_API_KEY to an agentbox key")
+        found = None
+        for value, caller in self._keys:  # every key compared: constant time in the match
+            if hmac.compare_digest(value.encode(), api_key.encode()):
+                found = caller
+        if found is not None:
+            return found
+        if self.tokens.authenticate(api_key).is_operator:  # raises for anything else
+            return Caller(OPERATOR, None)
+        raise Unauthenticated("a session token is not an E2B API key; use a project key")
+
+    def record(self, sandbox_id: str, caller: Caller, alias: str, metadata: dict[str, str]) -> None:
+        self._db().execute(
+            "INSERT OR REPLACE INTO e2b_sandboxes (id, key, alias, metadata) VALUES (?, ?, ?, ?)",
+            (sandbox_id, caller.key, alias, json.dumps(metadata)),
+        )
+
+    def forget(self, sandbox_id: str) -> None:
+        self._db().execute("DELETE FROM e2b_sandboxes WHERE id = ?", (sandbox_id,))
+
+    def owned(self, sandbox_id: str) -> Owned | None:
+        row = (
+            self._db()
+            .execute("SELECT key, alias, metadata FROM e2b_sandboxes WHERE id = ?", (sandbox_id,))
+            .fetchone()
+        )
+        if row is None:
+            return None
+        project = next((c.project for _, c in self._keys if c.key == row[0]), None)
+        return Owned(sandbox_id, Caller(row[0], project), row[1], json.loads(row[2]))
+
+    def all_owned(self) -> dict[str, Owned]:
+        ids = [r[0] for r in self._db().execute("SELECT id FROM e2b_sandboxes").fetchall()]
+        return {i: o for i in ids if (o := self.owned(i)) is not None}
+
+    @staticmethod
+    def may_reach(caller: Caller, spec: dict[str, Any]) -> bool:
+        return caller.project is None or str(spec.get("project") or "default") == caller.project
+
+    # envd -------------------------------------------------------------------------------
+    def envd_token(self, sandbox_id: str) -> str:
+        return hmac.new(self._key, f"e2b-envd:{sandbox_id}".encode(), hashlib.sha256).hexdigest()
+
+    def envd_caller(self, sandbox_id: str | None, token: str | None) -> Caller:
+        """The key behind an envd request, from its sandbox id and access token."""
+        if not sandbox_id:
+            raise NotFound("no E2b-Sandbox-Id header: set E2B_SANDBOX_URL to this gateway")
+        if not token or not hmac.compare_digest(token, self.envd_token(sandbox_id)):
+            raise Unauthenticated(f"missing or wrong X-Access-Token for sandbox {sandbox_id}")
+        owned = self.owned(sandbox_id)
+        if owned is None:  # the token was valid: the sandbox existed and is gone
+            raise gone(sandbox_id)
+        return owned.caller
+
+
+def gone(sandbox_id: str) -> SandboxNotRunning:
+    # "was not found" is what the SDKs look for to report a killed or timed-out sandbox.
+    return SandboxNotRunning(f"The sandbox {sandbox_id} was not found (killed or timed out)")

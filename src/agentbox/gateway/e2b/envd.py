@@ -1,0 +1,515 @@
+"""envd (``E2B_SANDBOX_URL``): process and filesystem RPCs and ``/files``, per sandbox.
+
+One port serves every sandbox: requests are routed by their ``E2b-Sandbox-Id`` header
+and authenticated by ``X-Access-Token``. Every operation is a ``Gateway.call_tool`` of
+agentbox's own tools (process_start, fs_read, ...), so policy, approvals, limits,
+redaction and the audit trail apply exactly as over MCP or ``/v1``; a denial reaches the
+SDK as a Connect error carrying agentbox's message.
+
+Output of a started process is streamed by following its output files (the tool call
+that started it was checked and audited; the chunks are redacted as they go).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import logging
+import posixpath
+import secrets
+import time
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from agentbox.errors import (
+    AgentboxError,
+    FileExists,
+    FileNotFound,
+    InvalidRequest,
+    LimitExceeded,
+    NotFound,
+    ProcessNotFound,
+    SandboxNotRunning,
+    Unauthenticated,
+)
+from agentbox.gateway.e2b import connect
+from agentbox.gateway.e2b.access import Caller, E2BAccess, gone
+from agentbox.gateway.e2b.connect import ConnectError
+from agentbox.gateway.e2b.models import (
+    FILESYSTEM_SERVICE,
+    HOME,
+    PROCESS_SERVICE,
+    SIGNALS,
+    command_of,
+    e2b_error,
+    ended,
+    entry_info,
+    file_signature,
+    pid_of,
+    sandbox_path,
+)
+from agentbox.gateway.service import Gateway
+from agentbox.runtime.files import SandboxFiles
+from agentbox.runtime.processes import ProcessOutput
+
+log = logging.getLogger(__name__)
+Unary = Callable[["Call", dict[str, Any]], Awaitable[dict[str, Any]]]
+Streaming = Callable[["Call", dict[str, Any]], AsyncIterator[dict[str, Any]]]
+_CHUNK = 64 * 1024
+_KEEPALIVE_S = 50.0
+_POLL_MIN_S, _POLL_MAX_S = 0.002, 0.05
+_WATCH_POLL_S = 0.1
+# Ambiguous on purpose: the SDKs then ask /health whether the sandbox ended.
+_SANDBOX_WENT = "the stream ended before the command did: the sandbox went"
+_WATCH_DEPTH = 10  # fs_list's deepest
+_MAX_WATCHERS = 256
+
+
+class Call:
+    """One envd request: which sandbox, as whom, until when."""
+
+    def __init__(self, gateway: Gateway, caller: Caller, sandbox_id: str, deadline: float | None):
+        self.gateway, self.caller, self.sandbox_id = gateway, caller, sandbox_id
+        self.deadline = deadline
+
+    async def tool(self, name: str, **args: Any) -> dict[str, Any]:
+        args = {k: v for k, v in args.items() if v is not None}
+        outcome = await self.gateway.call_tool(
+            self.caller.principal(self.sandbox_id), name, {**args, "sandbox_id": self.sandbox_id}
+        )
+        return outcome.result
+
+
+class Envd:
+    def __init__(self, gateway: Gateway, access: E2BAccess) -> None:
+        self.gateway, self.access = gateway, access
+        self.unary: dict[str, Unary] = {
+            f"{PROCESS_SERVICE}/List": self.list_processes,
+            f"{PROCESS_SERVICE}/SendInput": self.send_input,
+            f"{PROCESS_SERVICE}/SendSignal": self.send_signal,
+            f"{FILESYSTEM_SERVICE}/Stat": self.stat,
+            f"{FILESYSTEM_SERVICE}/ListDir": self.list_dir,
+            f"{FILESYSTEM_SERVICE}/MakeDir": self.make_dir,
+            f"{FILESYSTEM_SERVICE}/Move": self.move,
+            f"{FILESYSTEM_SERVICE}/Remove": self.remove,
+            f"{FILESYSTEM_SERVICE}/CreateWatcher": self.create_watcher,
+            f"{FILESYSTEM_SERVICE}/GetWatcherEvents": self.get_watcher_events,
+            f"{FILESYSTEM_SERVICE}/RemoveWatcher": self.remove_watcher,
+        }
+        self.watchers: dict[str, Watcher] = {}
+        self.streaming: dict[str, Streaming] = {
+            f"{PROCESS_SERVICE}/Start": self.start,
+            f"{PROCESS_SERVICE}/Connect": self.connect,
+            f"{FILESYSTEM_SERVICE}/WatchDir": self.watch_dir,
+        }
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/files", self.files, methods=["GET", "POST"]),
+            Route("/{service}/{method}", self.rpc, methods=["POST"]),
+        ]
+
+    def _signed(self, request: Request) -> Call:
+        """A signed download_url/upload_url: no headers, so the sandbox is the one whose
+        envd token makes the signature (expired or forged ones are refused)."""
+        query = request.query_params
+        operation = "read" if request.method == "GET" else "write"
+        expiration = query.get("signature_expiration")
+        args = (query.get("path", ""), operation, query.get("username", ""))
+        for sandbox_id, owned in self.access.all_owned().items():
+            token = self.access.envd_token(sandbox_id)
+            wanted = file_signature(*args, token, expiration)
+            if hmac.compare_digest(wanted, query.get("signature", "")):
+                if expiration is not None and (
+                    not expiration.isdigit() or int(expiration) < time.time()
+                ):
+                    raise ConnectError("unauthenticated", "signature is already expired")
+                return Call(self.gateway, owned.caller, sandbox_id, None)
+        raise Unauthenticated("the URL's signature matches no sandbox")
+
+    def _call(self, request: Request) -> Call:
+        sandbox_id = request.headers.get("e2b-sandbox-id")
+        if sandbox_id is None and "signature" in request.query_params:
+            return self._signed(request)
+        caller = self.access.envd_caller(sandbox_id, request.headers.get("x-access-token"))
+        assert sandbox_id is not None
+        timeout_ms = request.headers.get("connect-timeout-ms")
+        deadline = None
+        if timeout_ms and timeout_ms.isdigit() and int(timeout_ms) > 0:
+            deadline = time.monotonic() + int(timeout_ms) / 1000
+        return Call(self.gateway, caller, sandbox_id, deadline)
+
+    # Connect RPC -------------------------------------------------------------------------
+    async def rpc(self, request: Request) -> Response:
+        name = f"{request.path_params['service']}/{request.path_params['method']}"
+        if name in self.streaming:
+            return await self._streaming(request, self.streaming[name])
+        try:
+            handler = self.unary.get(name)
+            if handler is None:
+                raise ConnectError("unimplemented", f"{name} is not implemented by agentbox")
+            call = self._call(request)
+            message = connect.parse(await request.body())
+            return JSONResponse(await handler(call, message), media_type=connect.UNARY_TYPE)
+        except (AgentboxError, ConnectError) as e:
+            return connect.unary_error(e)
+        except Exception as e:  # a malformed message: Connect's "internal", logged here
+            log.exception("envd %s failed", name)
+            return connect.unary_error(e)
+
+    async def _streaming(self, request: Request, handler: Streaming) -> Response:
+        try:
+            call = self._call(request)
+            messages = connect.read_envelopes(await request.body())
+            events = handler(call, messages[0] if messages else {})
+            first = await anext(events)  # errors before the first message: the stream's end
+        except Exception as e:
+            if not isinstance(e, (AgentboxError, ConnectError)):
+                log.exception("envd stream failed")
+            error = e
+
+            async def failed() -> AsyncIterator[bytes]:
+                yield connect.end_stream(error)
+
+            return StreamingResponse(failed(), media_type=connect.STREAM_TYPE)
+
+        async def frames() -> AsyncIterator[bytes]:
+            yield connect.envelope(first)
+            try:
+                async for event in events:
+                    yield connect.envelope(event)
+            except Exception as e:
+                if not isinstance(e, (AgentboxError, ConnectError)):
+                    log.exception("envd stream failed")
+                yield connect.end_stream(e)
+                return
+            yield connect.end_stream()
+
+        return StreamingResponse(frames(), media_type=connect.STREAM_TYPE)
+
+    # process.Process ---------------------------------------------------------------------
+    async def start(self, call: Call, message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        if message.get("pty"):
+            raise ConnectError("unimplemented", "PTY sessions are not implemented by agentbox")
+        process = message.get("process") or {}
+        result = await call.tool(
+            "process_start",
+            command=command_of(process),
+            cwd=sandbox_path(process.get("cwd") or HOME),
+            env=process.get("envs") or None,
+            stdin=bool(message.get("stdin", False)),
+        )
+        process_id = str(result["process_id"])
+        yield {"event": {"start": {"pid": pid_of(process_id)}}}
+        async for event in self._follow(call, process_id, 0, 0):
+            yield event
+
+    async def connect(self, call: Call, message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        process_id = await self._process_id(call, message)
+        table = self.gateway.runtime.processes(call.sandbox_id)
+        sizes = await asyncio.to_thread(_sizes, table, process_id)
+        yield {"event": {"start": {"pid": pid_of(process_id)}}}
+        async for event in self._follow(call, process_id, *sizes):
+            yield event
+
+    async def _follow(
+        self, call: Call, process_id: str, out_at: int, err_at: int
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Data events as the output files grow, then the end event (exit code)."""
+        table = self.gateway.runtime.processes(call.sandbox_id)
+        redact = self.gateway.redactor.redact
+        offsets = {"stdout": out_at, "stderr": err_at}
+        delay, quiet = _POLL_MIN_S, 0.0
+
+        def read(stream: str) -> ProcessOutput:
+            try:
+                return table.read_output(process_id, stream, offsets[stream], _CHUNK)
+            except (NotFound, SandboxNotRunning, OSError):  # its disk went with the sandbox
+                raise ConnectError("unavailable", _SANDBOX_WENT) from None
+
+        while True:
+            try:
+                info = await asyncio.to_thread(table.get, process_id)
+            except (NotFound, SandboxNotRunning, OSError):
+                raise ConnectError("unavailable", _SANDBOX_WENT) from None
+            got = False
+            for stream in ("stdout", "stderr"):
+                while True:
+                    chunk = await asyncio.to_thread(read, stream)
+                    if not chunk.data:
+                        break
+                    offsets[stream] = chunk.next_offset
+                    got = True
+                    text = redact(chunk.data.decode("utf-8", "replace"))
+                    data = base64.b64encode(text.encode()).decode()
+                    yield {"event": {"data": {stream: data}}}
+            if not info.running:  # output read after the exit was seen: nothing is lost
+                record = await asyncio.to_thread(self.gateway.runtime.store.get, call.sandbox_id)
+                if record is None or record.state != "running":  # killed with its sandbox
+                    raise ConnectError("unavailable", _SANDBOX_WENT)
+                code = info.exit_code if info.exit_code is not None else -1
+                yield {"event": {"end": _end(code)}}
+                return
+            if call.deadline is not None and time.monotonic() >= call.deadline:
+                await asyncio.to_thread(table.signal, process_id, "SIGKILL")
+                raise ConnectError("deadline_exceeded", "the command ran past its timeout")
+            delay = _POLL_MIN_S if got else min(delay * 2, _POLL_MAX_S)
+            quiet = 0.0 if got else quiet + delay
+            if quiet >= _KEEPALIVE_S:
+                quiet = 0.0
+                yield {"event": {"keepalive": {}}}
+            await asyncio.sleep(delay)
+
+    async def _process_id(self, call: Call, message: dict[str, Any]) -> str:
+        """The agentbox handle of a running process's ProcessSelector (pid; tags are not
+        kept). An ended one is not found, as envd answers."""
+        selector = message.get("process") or {}
+        if "pid" not in selector:
+            raise ConnectError("not_found", "only pid selectors are supported (tags are not)")
+        pid = int(selector["pid"])
+        listed = await call.tool("process_list")
+        for entry in listed["processes"]:
+            if entry["running"] and pid_of(str(entry["id"])) == pid:
+                return str(entry["id"])
+        raise ProcessNotFound(f"process {pid} not found")
+
+    async def list_processes(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        listed = await call.tool("process_list")
+        return {
+            "processes": [
+                {
+                    "config": {"cmd": "/bin/bash", "args": ["-l", "-c", p["argv"][-1]]},
+                    "pid": pid_of(str(p["id"])),
+                }
+                for p in listed["processes"]
+                if p["running"]
+            ]
+        }
+
+    async def send_input(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        process_id = await self._process_id(call, message)
+        data = (message.get("input") or {}).get("stdin")
+        if data is None:
+            raise ConnectError("unimplemented", "PTY input is not implemented by agentbox")
+        text = base64.b64decode(data).decode("utf-8", "replace")
+        await call.tool("process_write", process_id=process_id, data=text)
+        return {}
+
+    async def send_signal(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        process_id = await self._process_id(call, message)
+        signal = SIGNALS.get(str(message.get("signal")))
+        if signal is None:
+            raise ConnectError("invalid_argument", f"unknown signal {message.get('signal')!r}")
+        await call.tool("process_signal", process_id=process_id, signal=signal)
+        return {}
+
+    # filesystem.Filesystem ---------------------------------------------------------------
+    async def stat(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        return {"entry": entry_info(await call.tool("fs_stat", path=_path(message)))}
+
+    async def list_dir(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        depth = max(1, int(message.get("depth") or 1))
+        listed = await call.tool("fs_list", path=_path(message), depth=depth)
+        return {"entries": [entry_info(e) for e in listed["entries"]]}
+
+    async def make_dir(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        path = _path(message)
+        files = self.gateway.runtime.files(call.sandbox_id)
+        existed = await asyncio.to_thread(files.exists, path)
+        entry = await call.tool("fs_mkdir", path=path)  # checked and audited either way
+        if existed:
+            raise FileExists(f"{path} already exists")
+        return {"entry": entry_info(entry)}
+
+    async def move(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        source = sandbox_path(str(message.get("source", "")))
+        destination = sandbox_path(str(message.get("destination", "")))
+        entry = await call.tool("fs_move", path=source, destination=destination, overwrite=True)
+        return {"entry": entry_info(entry)}
+
+    async def remove(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        with contextlib.suppress(FileNotFound):  # envd: removing what is not there is done
+            await call.tool("fs_remove", path=_path(message), recursive=True)
+        return {}
+
+    # watching: listings compared (what changed between two looks, not every step) ------
+    async def _watcher(self, call: Call, message: dict[str, Any]) -> Watcher:
+        path, recursive = _path(message), bool(message.get("recursive"))
+        depth = _WATCH_DEPTH if recursive else 1
+        await call.tool("fs_list", path=path, depth=depth)  # the read policy, audited once
+        watcher = Watcher(self.gateway.runtime.files(call.sandbox_id), path, depth)
+        await asyncio.to_thread(watcher.changes)  # the baseline
+        return watcher
+
+    async def create_watcher(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        watcher = await self._watcher(call, message)
+        if len(self.watchers) >= _MAX_WATCHERS:
+            self.watchers.pop(next(iter(self.watchers)))  # the oldest goes
+        watcher_id = f"{call.sandbox_id}/{secrets.token_hex(8)}"
+        self.watchers[watcher_id] = watcher
+        return {"watcherId": watcher_id}
+
+    def _watcher_of(self, call: Call, message: dict[str, Any]) -> tuple[str, Watcher]:
+        watcher_id = str(message.get("watcherId", ""))
+        watcher = self.watchers.get(watcher_id)
+        if watcher is None or not watcher_id.startswith(call.sandbox_id + "/"):
+            raise ConnectError("not_found", f"watcher {watcher_id!r} not found")
+        return watcher_id, watcher
+
+    async def get_watcher_events(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        _, watcher = self._watcher_of(call, message)
+        return {"events": await asyncio.to_thread(watcher.changes)}
+
+    async def remove_watcher(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        watcher_id, _ = self._watcher_of(call, message)
+        del self.watchers[watcher_id]
+        return {}
+
+    async def watch_dir(self, call: Call, message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        watcher = await self._watcher(call, message)
+        yield {"start": {}}
+        quiet = 0.0
+        while call.deadline is None or time.monotonic() < call.deadline:
+            await asyncio.sleep(_WATCH_POLL_S)
+            events = await asyncio.to_thread(watcher.changes)
+            for event in events:
+                yield {"filesystem": event}
+            quiet = 0.0 if events else quiet + _WATCH_POLL_S
+            if quiet >= _KEEPALIVE_S:
+                quiet = 0.0
+                yield {"keepalive": {}}
+
+    # HTTP: /health, /files ---------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        """204 while the sandbox runs; 502 once it ended, as E2B's proxy answers (the SDKs
+        tell a killed sandbox from a network fault by it)."""
+        sandbox_id = request.headers.get("e2b-sandbox-id") or ""
+        token = request.headers.get("x-access-token") or ""
+        if not hmac.compare_digest(token, self.access.envd_token(sandbox_id)):
+            return _http_error(Unauthenticated("missing or wrong X-Access-Token"))
+        try:
+            record = self.gateway.runtime.get(sandbox_id)
+        except AgentboxError:
+            record = None
+        if record is not None and record.state == "running" and not ended(record.expires_at):
+            return Response(status_code=204)
+        return _http_error(gone(sandbox_id))
+
+    async def files(self, request: Request) -> Response:
+        try:
+            call = self._call(request)
+            if request.method == "GET":
+                return await self._download(call, request)
+            return await self._upload(call, request)
+        except (AgentboxError, ConnectError) as e:
+            return _http_error(e)
+
+    async def _download(self, call: Call, request: Request) -> Response:
+        path = sandbox_path(request.query_params.get("path", ""))
+        result = await call.tool("fs_read", path=path)
+        if result["truncated"]:
+            raise LimitExceeded(
+                f"{path} is {result['size']} bytes, over the fs.read max_bytes of this gateway"
+            )
+        content = str(result["content"])
+        data = base64.b64decode(content) if result["encoding"] == "base64" else content.encode()
+        return Response(data, media_type="application/octet-stream")
+
+    async def _upload(self, call: Call, request: Request) -> Response:
+        default = request.query_params.get("path")
+        written = []
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            async with request.form() as form:
+                for _, part in form.multi_items():
+                    if not isinstance(part, UploadFile):
+                        continue
+                    target = default if default and len(form) == 1 else part.filename
+                    written.append(await self._write(call, target or "", await part.read()))
+        else:
+            body = await request.body()
+            if request.headers.get("content-encoding", "").lower() == "gzip":
+                body = self._gunzip(body)
+            written.append(await self._write(call, default or "", body))
+        return JSONResponse(written)
+
+    def _gunzip(self, data: bytes) -> bytes:
+        """A gzip upload, decompressed no further than fs.write allows (no gzip bombs)."""
+        cap = self.gateway.write_policy.max_bytes or self.gateway.settings.gateway.max_body_bytes
+        inflater = zlib.decompressobj(wbits=31)
+        try:
+            out = inflater.decompress(data, cap + 1)
+        except zlib.error as e:
+            raise InvalidRequest(f"the gzip body is corrupt: {e}") from None
+        if len(out) > cap or inflater.unconsumed_tail:
+            raise LimitExceeded(f"the upload is over {cap} bytes once decompressed")
+        return out
+
+    async def _write(self, call: Call, target: str, data: bytes) -> dict[str, Any]:
+        path = sandbox_path(target)
+        content = base64.b64encode(data).decode()
+        parent = posixpath.dirname(path)
+        # E2B makes missing parents; an existing one is left alone (no write to judge).
+        if not await asyncio.to_thread(self.gateway.runtime.files(call.sandbox_id).exists, parent):
+            await call.tool("fs_mkdir", path=parent)
+        await call.tool("fs_write", path=path, content=content, encoding="base64")
+        return {"name": posixpath.basename(path), "type": "file", "path": path}
+
+
+class Watcher:
+    """A directory's listing, compared with the last one on each look."""
+
+    def __init__(self, files: SandboxFiles, path: str, depth: int) -> None:
+        self.files, self.path, self.depth = files, path, depth
+        self.seen: dict[str, tuple[str, int, float]] | None = None
+
+    def changes(self) -> list[dict[str, Any]]:
+        try:
+            entries = self.files.list(self.path, self.depth)
+        except AgentboxError:
+            entries = []  # the directory went: everything in it was removed
+        now = {e.path: (str(e.type), e.size, e.mtime) for e in entries}
+        before, self.seen = self.seen, now
+        if before is None:
+            return []
+        events = []
+        for path, state in now.items():
+            if path not in before:
+                events.append(_event(self.path, path, "EVENT_TYPE_CREATE"))
+            elif before[path] != state and state[0] != "dir":
+                events.append(_event(self.path, path, "EVENT_TYPE_WRITE"))
+        events += [_event(self.path, p, "EVENT_TYPE_REMOVE") for p in before if p not in now]
+        return events
+
+
+def _event(root: str, path: str, kind: str) -> dict[str, Any]:
+    return {"name": posixpath.relpath(path, root), "type": kind}
+
+
+def _path(message: dict[str, Any]) -> str:
+    return sandbox_path(str(message.get("path", "")))
+
+
+def _end(code: int) -> dict[str, Any]:
+    status = f"exit status {code}" if code >= 0 else f"signal: {-code}"
+    return {"exitCode": code, "exited": True, "status": status}
+
+
+def _sizes(table: Any, process_id: str) -> tuple[int, int]:
+    out_dir = table.root / process_id
+    return (out_dir / "stdout").stat().st_size, (out_dir / "stderr").stat().st_size
+
+
+def _http_error(e: Exception) -> Response:
+    error = connect.as_connect(e)
+    # E2B's proxy answers 502 for a sandbox that is gone; the SDKs read it so.
+    status = 502 if error.code == "unavailable" else connect.HTTP_STATUS[error.code]
+    return JSONResponse(e2b_error(status, error.message), status_code=status)

@@ -1,0 +1,123 @@
+"""The E2B wire shapes agentbox answers: control-plane bodies and envd messages.
+
+The names are the interface (E2B's OpenAPI ``sandboxID``, ``envdVersion``, ...; envd's
+protobuf JSON ``exitCode``, ``FILE_TYPE_DIRECTORY``, ...); the values come from agentbox.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import hashlib
+import posixpath
+import shlex
+import stat as stat_module
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# The envd release whose features the SDKs enable for what agentbox implements: stdin
+# choice (0.3.0), the default user (0.4.0), octet-stream uploads (0.5.7). Not 0.6.2+
+# (file metadata on writes, entry info in watch events).
+ENVD_VERSION = "0.5.7"
+ENVD_PORT = 49983
+CLIENT_ID = "agentbox"
+HOME = "/home/user"  # the E2B user's home: where relative paths and commands start
+BASE_TEMPLATE = "base"  # E2B's default template: agentbox's configured default
+
+
+class Loose(BaseModel):
+    # Newer SDKs add fields (auto-pause, volume mounts, ...): ignored, never refused.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class NewSandbox(Loose):
+    template_id: str = Field(default=BASE_TEMPLATE, alias="templateID")
+    timeout: int = Field(default=300, ge=1, le=30 * 86400)
+    metadata: dict[str, str] = Field(default_factory=dict)
+    env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
+    allow_internet_access: bool | None = Field(default=None, alias="allow_internet_access")
+
+
+class Timeout(Loose):
+    timeout: int = Field(ge=0, le=30 * 86400)
+
+
+class ConnectSandbox(Loose):
+    timeout: int | None = Field(default=None, ge=1, le=30 * 86400)
+
+
+def iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def ended(expires_at: float | None) -> bool:
+    """Past its E2B timeout: gone for the E2B API before the lifecycle sweep destroys it."""
+    return expires_at is not None and expires_at <= time.time()
+
+
+def e2b_error(status: int, message: str) -> dict[str, Any]:
+    """E2B's error body: the SDK raises ``message`` (and branches on the status)."""
+    return {"code": status, "message": message}
+
+
+# envd: process.Process / filesystem.Filesystem ----------------------------------------------
+PROCESS_SERVICE = "process.Process"
+FILESYSTEM_SERVICE = "filesystem.Filesystem"
+FILE_TYPES = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_FILE"}
+_MODE_TYPES = {
+    "file": stat_module.S_IFREG,
+    "dir": stat_module.S_IFDIR,
+    "symlink": stat_module.S_IFLNK,
+}
+SIGNALS = {"SIGNAL_SIGKILL": "SIGKILL", "SIGNAL_SIGTERM": "SIGTERM"}
+
+
+def sandbox_path(path: str) -> str:
+    """An envd path: relative ones are under the user's home, as E2B resolves them."""
+    return posixpath.normpath(posixpath.join(HOME, path or "."))
+
+
+def entry_info(info: dict[str, Any]) -> dict[str, Any]:
+    """EntryInfo from an agentbox file entry (fs_stat / fs_list / fs_mkdir / fs_move)."""
+    kind = str(info["type"])
+    mode = stat_module.S_IMODE(int(info.get("mode", 0))) | _MODE_TYPES.get(kind, 0)
+    entry: dict[str, Any] = {
+        "name": info["name"],
+        "type": FILE_TYPES.get(kind, "FILE_TYPE_UNSPECIFIED"),
+        "path": info["path"],
+        "size": str(int(info.get("size", 0))),  # int64: a JSON string in protobuf JSON
+        "mode": stat_module.S_IMODE(mode),
+        "permissions": stat_module.filemode(mode),
+        "owner": "user",
+        "group": "user",
+        "modifiedTime": iso(float(info.get("mtime", 0))),
+    }
+    if info.get("symlink_target"):  # envd reports the target as an absolute path
+        where = posixpath.dirname(str(info["path"]))
+        entry["symlinkTarget"] = posixpath.normpath(
+            posixpath.join(where, str(info["symlink_target"]))
+        )
+    return entry
+
+
+def file_signature(path: str, operation: str, user: str, token: str, expiration: str | None) -> str:
+    """The v1 signature of a download_url/upload_url, as the SDKs compute it."""
+    raw = f"{path}:{operation}:{user}:{token}" + (f":{expiration}" if expiration else "")
+    digest = hashlib.sha256(raw.encode()).digest()
+    return "v1_" + base64.b64encode(digest).rstrip(b"=").decode()
+
+
+def pid_of(process_id: str) -> int:
+    """A stable uint32 pid for an agentbox process handle (``p-`` + 12 hex digits)."""
+    return int(process_id[2:], 16) & 0x7FFFFFFF
+
+
+def command_of(process: dict[str, Any]) -> str:
+    """The shell command line of a ProcessConfig: the SDKs send ``/bin/bash -l -c CMD``;
+    the command is what agentbox's policy judges."""
+    cmd, args = str(process.get("cmd", "")), [str(a) for a in process.get("args", [])]
+    if posixpath.basename(cmd) in ("bash", "sh") and len(args) >= 2 and args[-2] == "-c":
+        return args[-1]
+    return shlex.join([cmd, *args])
