@@ -22,8 +22,6 @@ DEV=0
 PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs xfsprogs util-linux
           gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates curl
           chromium fonts-dejavu-core)
-# nodejs/npm (tests only): the E2B JS SDK's test (tests/js) runs under Debian's node.
-[ "$DEV" = 1 ] && PACKAGES+=(nodejs npm)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
