@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from agentbox.browser.manager import BrowserManager
 from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported
+from agentbox.runtime.commands import Cancellation
 from agentbox.runtime.files import Guard, SandboxFiles
 from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver
 from agentbox.runtime.runtime import Runtime
@@ -52,6 +53,8 @@ class ToolCall:
     output: CommandOutput = CommandOutput()
     # Human-readable notes on limits that cut what the call asked for.
     limits_applied: tuple[str, ...] = ()
+    # Set when the caller gives up (MCP notifications/cancelled): the command is killed.
+    cancel: Cancellation | None = None
 
 
 @dataclass(frozen=True)
@@ -106,7 +109,16 @@ PATH = {
     "minLength": 1,
     "description": "Path in the sandbox (relative: /workspace)",
 }
-NULL_STR = {"type": ["string", "null"]}
+
+
+def nullable(kind: str) -> dict[str, Any]:
+    """A value of ``kind`` or null, as ``anyOf`` (a ``type`` list is less portable: some
+    clients map schemas onto a one-type dialect)."""
+    return {"anyOf": [{"type": kind}, {"type": "null"}]}
+
+
+NULL_STR = nullable("string")
+NULL_INT = nullable("integer")
 WAITING = {
     "waiting_for_input": BOOL,
     "prompt": NULL_STR | {"description": "What it printed last, when waiting for input"},
@@ -116,10 +128,8 @@ RESULT_SCHEMA = _out(
     {
         "stdout": STR,
         "stderr": STR,
-        "exit_code": {
-            "type": ["integer", "null"],
-            "description": "null while it runs on as process_id (it waited for input)",
-        },
+        "exit_code": NULL_INT
+        | {"description": "null while it runs on as process_id (it waited for input)"},
         "timed_out": BOOL,
         "truncated": BOOL,
         "duration_ms": {"type": "number"},
@@ -154,7 +164,7 @@ FILE_INFO = {
         "size": INT,
         "mode": INT,
         "mtime": {"type": "number"},
-        "symlink_target": {"type": ["string", "null"]},
+        "symlink_target": NULL_STR,
     },
 }
 
@@ -232,6 +242,7 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
         save_max_bytes=call.output.save_max_bytes,
         detect_input=True,
         adopt=call.runtime.processes(call.sandbox_id).adopt,
+        cancel=call.cancel,
     )
     return result_dict(result, call)
 
@@ -548,7 +559,7 @@ TOOLS: list[ToolSpec] = [
                 "data": STR,
                 "next_offset": INT,
                 "running": BOOL,
-                "exit_code": {"type": ["integer", "null"]},
+                "exit_code": NULL_INT,
                 **WAITING,
             },
             ["data", "next_offset", "running", "exit_code", "waiting_for_input"],
@@ -582,7 +593,7 @@ TOOLS: list[ToolSpec] = [
                 "process_id": STR,
                 "signalled": BOOL,
                 "running": BOOL,
-                "exit_code": {"type": ["integer", "null"]},
+                "exit_code": NULL_INT,
             }
         ),
         read_only=False,
@@ -596,7 +607,7 @@ TOOLS: list[ToolSpec] = [
         "List background processes",
         "Background processes of the sandbox.",
         _obj({}, []),
-        _out({"processes": {"type": "array"}}),
+        _out({"processes": {"type": "array", "items": {"type": "object"}}}),
         read_only=True,
         destructive=False,
         idempotent=True,
@@ -793,7 +804,7 @@ TOOLS: list[ToolSpec] = [
         _out(
             {
                 **PAGE_STATE,
-                "status": {"type": ["integer", "null"]},
+                "status": NULL_INT,
                 "text": STR,
                 "truncated": BOOL,
             }
