@@ -156,7 +156,13 @@ def _error(message: str) -> types.CallToolResult:
 
 RESOURCE_SCHEME = "sandbox://"
 # The results' fields that name a sandbox file for the agent to look at.
-_FILE_FIELDS = {"stdout_file": "full stdout", "stderr_file": "full stderr"}
+_FILE_FIELDS = {
+    "stdout_file": ("The full stdout of the command (the result keeps its head and tail)",
+                    "text/plain"),
+    "stderr_file": ("The full stderr of the command (the result keeps its head and tail)",
+                    "text/plain"),
+    "file": ("The screenshot, saved in the sandbox", "image/png"),
+}  # fmt: skip
 LOG_LEVELS: tuple[types.LoggingLevel, ...] = (
     "debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"
 )  # fmt: skip
@@ -185,18 +191,22 @@ def result_content(result: dict[str, Any], sandbox_id: str = "") -> list[types.C
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=json.dumps(rest))]
     if isinstance(image, str):
         content.append(types.ImageContent(type="image", data=image, mime_type="image/png"))
-    for field, what in _FILE_FIELDS.items():
+    for field, (what, mime) in _FILE_FIELDS.items():
         path = result.get(field)
         if isinstance(path, str) and sandbox_id:
             content.append(
                 types.ResourceLink(
                     uri=resource_uri(sandbox_id, path),
                     name=posixpath.basename(path),
-                    description=f"The {what} of the command (the result keeps its head and tail)",
-                    mime_type="text/plain",
+                    description=what,
+                    mime_type=mime,
                 )
             )
     return content
+
+
+def _mime(path: str) -> str:
+    return mimetypes.guess_type(path)[0] or "text/plain"  # .stdout/.stderr: text
 
 
 class LogLevels:
@@ -419,7 +429,7 @@ def build_mcp_server(
                 types.Resource(
                     uri=resource_uri(sandbox, e.path),
                     name=e.name,
-                    mime_type="text/plain",
+                    mime_type=_mime(e.path),
                     size=e.size,
                 )
                 for e in sorted(entries, key=lambda e: e.mtime)
@@ -453,7 +463,7 @@ def build_mcp_server(
             resolve(ctx), "fs_read", {"path": path, "sandbox_id": sandbox}
         )
         result = outcome.result
-        mime = mimetypes.guess_type(path)[0] or "text/plain"
+        mime = _mime(path)
         if result["encoding"] == "base64":
             blob = types.BlobResourceContents(
                 uri=params.uri, mime_type=mime, blob=result["content"]

@@ -451,10 +451,20 @@ def browser_press(call: ToolCall) -> dict[str, Any]:
 
 
 def browser_screenshot(call: ToolCall) -> dict[str, Any]:
+    """The PNG, and the same PNG saved beside the saved outputs (``file``; MCP clients get
+    it as a resource link), or ``file`` None when it could not be saved (a full disk)."""
     browsers, timeout = _browser(call)
-    return browsers.screenshot(
+    shot = browsers.screenshot(
         call.sandbox_id, call.args["handle"], bool(call.args.get("full_page")), timeout
     )
+    files = call.runtime.files(call.sandbox_id)
+    path = f"{call.output.save_dir}/r-{secrets.token_hex(6)}.png"
+    try:
+        _prune_saved(files, call.output.save_dir)
+        files.write(path, [base64.b64decode(shot["png_base64"])], perms=0o600)
+    except AgentboxError:
+        return shot | {"file": None}
+    return shot | {"file": path}
 
 
 def browser_close(call: ToolCall) -> dict[str, Any]:
@@ -905,6 +915,7 @@ TOOLS: list[ToolSpec] = [
                 "width": INT,
                 "height": INT,
                 "png_base64": STR,
+                "file": NULL_STR,
             }
         ),
         read_only=True,
