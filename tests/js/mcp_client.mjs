@@ -5,6 +5,8 @@
 //
 // Connects, lists tools and, when TOOL is given, calls it. Prints one JSON line:
 // {"ok": true, "protocol": ..., "tools": [...], "result": {...}} or
+// (with CANCEL_ON_PROGRESS=TEXT: the call asks for progress and is cancelled once a
+// progress message contains TEXT) {"ok": true, ..., "progress": [messages], "cancelled": true} or
 // {"ok": false, "stage": "connect"|"list"|"call", "error": {"name", "status", "code", "message"}}
 // where name is the error's class (UnauthorizedError, StreamableHTTPError, McpError, ...).
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
@@ -63,7 +65,21 @@ try {
   stage = "list";
   const tools = (await client.listTools()).tools.map((t) => t.name);
   const out = { ok: true, protocol: transport.protocolVersion ?? null, tools };
-  if (call.length) {
+  const cancelOn = process.env.CANCEL_ON_PROGRESS;
+  if (call.length && cancelOn) {
+    stage = "call";
+    const abort = new AbortController();
+    out.progress = [];
+    const onprogress = (p) => {
+      out.progress.push(p.message ?? "");
+      if ((p.message ?? "").includes(cancelOn)) abort.abort("enough");
+    };
+    const request = { name: call[0], arguments: JSON.parse(call[1] ?? "{}") };
+    await client.callTool(request, undefined, { onprogress, signal: abort.signal }).then(
+      (result) => { out.result = result; },
+      (error) => { out.cancelled = abort.signal.aborted; out.error = described(error); },
+    );
+  } else if (call.length) {
     stage = "call";
     out.result = await client.callTool({ name: call[0], arguments: JSON.parse(call[1] ?? "{}") });
   }

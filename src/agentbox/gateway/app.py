@@ -48,7 +48,7 @@ from agentbox.gateway.mcp_http import (
     principal_from,
     resource_metadata,
 )
-from agentbox.gateway.mcp_server import build_mcp_server
+from agentbox.gateway.mcp_server import InFlight, LogLevels, build_mcp_server, wants_stream
 from agentbox.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentbox.gateway.model_routes import build_model_router
 from agentbox.gateway.models import Attribution, ModelService
@@ -417,14 +417,21 @@ def create_app(
     hosts = allowed_hosts(settings.gateway.listen, settings.gateway.allowed_hosts)
     origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]
     origins += settings.gateway.allowed_origins
-    session_manager = StreamableHTTPSessionManager(
-        app=build_mcp_server(gateway, principal_from),
-        stateless=True,
-        json_response=True,
-        security_settings=TransportSecuritySettings(
-            enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
-        ),
-        max_request_body_size=settings.gateway.max_body_bytes,
+    logs, in_flight = LogLevels(), InFlight()
+    mcp_server = build_mcp_server(gateway, principal_from, logs, in_flight)
+    # One server, two stateless transports: JSON answers (HTTP statuses for auth failures)
+    # and SSE for the calls that send notifications while they run (progress, logs).
+    session_manager, streaming_manager = (
+        StreamableHTTPSessionManager(
+            app=mcp_server,
+            stateless=True,
+            json_response=json_response,
+            security_settings=TransportSecuritySettings(
+                enable_dns_rebinding_protection=True, allowed_hosts=hosts, allowed_origins=origins
+            ),
+            max_request_body_size=settings.gateway.max_body_bytes,
+        )
+        for json_response in (True, False)
     )
 
     gateway.metrics.observe_state(
@@ -465,7 +472,7 @@ def create_app(
         idle_watcher.start()
         keeper.start()
         workers.start()
-        async with session_manager.run():
+        async with session_manager.run(), streaming_manager.run():
             try:
                 yield
             finally:
@@ -564,7 +571,13 @@ def create_app(
     app.mount(E2B_PREFIX, e2b.app)
     mount_console(app)  # GET / and /console/*: static, no data, no token
     # An ASGI endpoint (not a Mount, which would redirect POST /mcp to /mcp/).
-    mcp_endpoint: Any = McpAuth(StreamableHTTPASGIApp(session_manager), principal_of)
+    mcp_endpoint: Any = McpAuth(
+        StreamableHTTPASGIApp(session_manager),
+        principal_of,
+        StreamableHTTPASGIApp(streaming_manager),
+        lambda body, principal: wants_stream(body, principal, logs),
+        in_flight.observe,
+    )
     app.router.add_route(MCP_PATH, mcp_endpoint, methods=["GET", "POST", "DELETE"])
     app.front = e2b.port_hosts(
         HostAndSizeGuard(

@@ -85,11 +85,26 @@ def principal_from(ctx: ServerRequestContext[Any, Any]) -> Principal:
 
 
 class McpAuth:
-    """ASGI around the MCP endpoint: authenticate first, answer auth failures with 401/403."""
+    """ASGI around the MCP endpoint: authenticate first, answer auth failures with 401/403.
 
-    def __init__(self, app: ASGIApp, principal_of: Callable[[str | None], Principal]) -> None:
+    ``app`` answers with JSON; a request for which ``streams(body, principal)`` holds
+    (notifications to send while it runs: progress, logs) goes to ``streaming``, the
+    same server over SSE. ``observe(body, principal)`` sees each authenticated POST
+    first (a cancellation of a call in flight)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        principal_of: Callable[[str | None], Principal],
+        streaming: ASGIApp | None = None,
+        streams: Callable[[bytes, Principal], bool] | None = None,
+        observe: Callable[[bytes, Principal], None] | None = None,
+    ) -> None:
         self.app = app
         self.principal_of = principal_of
+        self.streaming = streaming
+        self.streams = streams
+        self.observe = observe
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         authorization = None
@@ -114,6 +129,8 @@ class McpAuth:
             await _send_error(send, e, _request_id(body), www)
             return
         scope.setdefault("state", {})[_PRINCIPAL] = principal
+        if self.observe is not None:
+            self.observe(body, principal)
         replayed = False
 
         async def replay() -> Message:
@@ -123,6 +140,14 @@ class McpAuth:
             replayed = True
             return {"type": "http.request", "body": body, "more_body": False}
 
+        if (
+            self.streaming is not None
+            and self.streams is not None
+            and _accepts_sse(scope)
+            and self.streams(body, principal)
+        ):
+            await self.streaming(scope, replay, send)
+            return
         await self.app(scope, replay, _AuthStatus(send, metadata))
 
 
@@ -165,6 +190,10 @@ class _AuthStatus:
         www = challenge(e, self.metadata)
         headers = [*start.get("headers", []), (b"www-authenticate", str(www).encode())]
         return {**start, "status": e.http_status, "headers": headers}
+
+
+def _accepts_sse(scope: Scope) -> bool:
+    return any(k == b"accept" and b"text/event-stream" in v for k, v in scope["headers"])
 
 
 def _content_type(message: Message) -> bytes:

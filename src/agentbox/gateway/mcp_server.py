@@ -12,20 +12,35 @@ the tool's scope) are JSON-RPC errors, with codes from :data:`JSONRPC_CODES`. A 
 needs a person's approval returns MCP's input-required result to 2026-07-28 clients (the
 client asks its user to check again and retries); handshake-era clients, which cannot
 receive that result, wait up to ``approval_timeout`` like plain HTTP callers.
+
+Files an agent should look at (a command's full output, saved when the result cuts it)
+come back as ``resource_link`` blocks, ``sandbox://<sandbox id>/<absolute path>``, which
+``resources/read`` reads through ``fs_read``'s one call path (its scope, the sandbox the
+token is bound to, the read policy, redaction and the audit trail). A call that sends
+``_meta.progressToken`` gets ``notifications/progress`` with the command's latest output
+lines; ``notifications/cancelled`` kills the command (its cgroup). ``logging/setLevel``
+(handshake-era clients) turns on log notifications about tool calls at that level and up.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import mimetypes
+import posixpath
+import warnings
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
+from urllib.parse import quote, unquote
 
 import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
@@ -35,6 +50,7 @@ from agentbox.errors import (
     ApprovalPending,
     CommandTimeout,
     Conflict,
+    FileNotFound,
     HostUnsupported,
     InsufficientScope,
     InvalidRequest,
@@ -49,7 +65,8 @@ from agentbox.errors import (
 from agentbox.gateway import jsonbody, sealed
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.service import Gateway
-from agentbox.gateway.tools import ToolSpec
+from agentbox.gateway.tools import CommandOutput, ToolSpec
+from agentbox.runtime.commands import Cancellation
 
 INSTRUCTIONS = (
     "agentbox runs your commands in a disposable Linux sandbox: terminal_run for commands, "
@@ -137,20 +154,198 @@ def _error(message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
-def result_content(result: dict[str, Any]) -> list[types.ContentBlock]:
-    """A result as MCP content: its JSON, and a screenshot as an image block of its own
-    (the text then leaves out the base64, which the structured content still carries)."""
+RESOURCE_SCHEME = "sandbox://"
+# The results' fields that name a sandbox file for the agent to look at.
+_FILE_FIELDS = {
+    "stdout_file": ("The full stdout of the command (the result keeps its head and tail)",
+                    "text/plain"),
+    "stderr_file": ("The full stderr of the command (the result keeps its head and tail)",
+                    "text/plain"),
+    "file": ("The screenshot, saved in the sandbox", "image/png"),
+}  # fmt: skip
+LOG_LEVELS: tuple[types.LoggingLevel, ...] = (
+    "debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"
+)  # fmt: skip
+_PROGRESS_LINES = 5  # of the latest output, in a progress notification's message
+
+
+def resource_uri(sandbox_id: str, path: str) -> str:
+    """``sandbox://<sandbox id>/<absolute path>``, the path percent-encoded."""
+    return RESOURCE_SCHEME + sandbox_id + quote(posixpath.join("/", path), safe="/")
+
+
+def parse_resource_uri(uri: str) -> tuple[str, str]:
+    """(sandbox id, absolute path) of a ``sandbox://`` URI."""
+    sandbox, slash, path = uri.removeprefix(RESOURCE_SCHEME).partition("/")
+    if not uri.startswith(RESOURCE_SCHEME) or not sandbox or not slash:
+        raise FileNotFound(f"no resource {uri!r}: resources are sandbox://<sandbox id>/<path>")
+    return sandbox, "/" + unquote(path)
+
+
+def result_content(result: dict[str, Any], sandbox_id: str = "") -> list[types.ContentBlock]:
+    """A result as MCP content: its JSON, a screenshot as an image block of its own (the
+    text then leaves out the base64, which the structured content still carries), and a
+    ``resource_link`` to each saved file the result names."""
     image = result.get("png_base64")
-    if not isinstance(image, str):
-        return [types.TextContent(type="text", text=json.dumps(result))]
     rest = {k: v for k, v in result.items() if k != "png_base64"}
-    return [
-        types.TextContent(type="text", text=json.dumps(rest)),
-        types.ImageContent(type="image", data=image, mime_type="image/png"),
-    ]
+    content: list[types.ContentBlock] = [types.TextContent(type="text", text=json.dumps(rest))]
+    if isinstance(image, str):
+        content.append(types.ImageContent(type="image", data=image, mime_type="image/png"))
+    for field, (what, mime) in _FILE_FIELDS.items():
+        path = result.get(field)
+        if isinstance(path, str) and sandbox_id:
+            content.append(
+                types.ResourceLink(
+                    uri=resource_uri(sandbox_id, path),
+                    name=posixpath.basename(path),
+                    description=what,
+                    mime_type=mime,
+                )
+            )
+    return content
 
 
-def build_mcp_server(gateway: Gateway, resolve: PrincipalResolver) -> Server[Any]:
+def _mime(path: str) -> str:
+    return mimetypes.guess_type(path)[0] or "text/plain"  # .stdout/.stderr: text
+
+
+class LogLevels:
+    """The ``logging/setLevel`` of each token (handshake era): over stateless HTTP a
+    token, not a connection, is the session. None set: no log notifications."""
+
+    def __init__(self) -> None:
+        self._levels: dict[str, int] = {}
+
+    def set(self, principal: Principal, level: types.LoggingLevel) -> None:
+        self._levels[principal.actor] = LOG_LEVELS.index(level)
+
+    def wanted(self, principal: Principal) -> bool:
+        return principal.actor in self._levels
+
+    async def log(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        principal: Principal,
+        level: types.LoggingLevel,
+        data: Any,
+    ) -> None:
+        floor = self._levels.get(principal.actor)
+        if floor is None or LOG_LEVELS.index(level) < floor:
+            return
+        notification = types.LoggingMessageNotification(
+            params=types.LoggingMessageNotificationParams(level=level, logger="agentbox", data=data)
+        )
+        with contextlib.suppress(Exception):  # a client gone away misses its log line
+            await ctx.session.send_notification(notification, related_request_id=ctx.request_id)
+
+
+class InFlight:
+    """Tool calls running, by (token, JSON-RPC id). A handshake-era client's
+    ``notifications/cancelled`` comes as a POST of its own, which over stateless HTTP no
+    transport relates to the call: :meth:`observe` (McpAuth shows it every POST) cancels
+    the call it names, when the same token made it."""
+
+    def __init__(self) -> None:
+        self._calls: dict[tuple[str, str], Cancellation] = {}
+
+    @contextlib.contextmanager
+    def track(self, principal: Principal, request_id: Any) -> Iterator[Cancellation]:
+        key = (principal.actor, json.dumps(request_id))
+        self._calls[key] = cancel = Cancellation()
+        try:
+            yield cancel
+        finally:
+            if self._calls.get(key) is cancel:
+                del self._calls[key]
+
+    def observe(self, body: bytes, principal: Principal) -> None:
+        if b"notifications/cancelled" not in body:
+            return
+        try:
+            message = json.loads(body)
+            if message["method"] != "notifications/cancelled":
+                return
+            key = (principal.actor, json.dumps(message["params"]["requestId"]))
+        except (ValueError, TypeError, KeyError):
+            return
+        cancel = self._calls.get(key)
+        if cancel is not None:
+            cancel.cancel()
+
+
+def wants_stream(body: bytes, principal: Principal, logs: LogLevels) -> bool:
+    """Whether a POST to /mcp needs the SSE transport: a tools/call that asks for progress,
+    or whose token set a log level (the JSON transport has no wire for notifications),
+    and whose authorization cannot fail (an auth failure is an HTTP 401/403 with its
+    challenge, which a stream already begun with 200 cannot carry)."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return False
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return False
+    params = message.get("params")
+    if not isinstance(params, dict):
+        return False
+    if progress_token_from_params(params) is None and not logs.wanted(principal):
+        return False
+    name, args = params.get("name"), params.get("arguments") or {}
+    sandbox = args.get("sandbox_id") if isinstance(args, dict) else None
+    return (
+        isinstance(name, str)
+        and principal.may_use(name)
+        and (principal.is_operator or sandbox in (None, principal.sandbox_id))
+    )
+
+
+@contextlib.asynccontextmanager
+async def _progress(ctx: ServerRequestContext[Any, Any], redact: Callable[[str], str]) -> Any:
+    """An output listener that reports the latest output lines as MCP progress (None
+    when the call sent no progress token). The command's thread calls it; notifications
+    go out from the event loop, the newest output only when the client is slower."""
+    if progress_token_from_params(ctx.params) is None:
+        yield None
+        return
+    loop = asyncio.get_running_loop()
+    tail = bytearray()
+    total = 0
+    changed = asyncio.Event()
+
+    def listener(stream: str, chunk: bytes) -> None:
+        def note() -> None:
+            nonlocal total
+            total += len(chunk)
+            tail.extend(chunk)
+            del tail[:-4096]
+            changed.set()
+
+        loop.call_soon_threadsafe(note)
+
+    async def report() -> None:
+        while True:
+            await changed.wait()
+            changed.clear()
+            lines = tail.decode("utf-8", "replace").splitlines()[-_PROGRESS_LINES:]
+            await ctx.session.report_progress(total, message=redact("\n".join(lines)))
+
+    task = asyncio.create_task(report())
+    try:
+        yield listener
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+def build_mcp_server(
+    gateway: Gateway,
+    resolve: PrincipalResolver,
+    logs: LogLevels | None = None,
+    in_flight: InFlight | None = None,
+) -> Server[Any]:
+    logs = logs or LogLevels()
+    calls = in_flight or InFlight()
+
     @_protocol_errors
     async def list_tools(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -170,14 +365,19 @@ def build_mcp_server(gateway: Gateway, resolve: PrincipalResolver) -> Server[Any
             state = sealed.unseal(gateway.state_key, params.request_state) or {}
             found = state.get("approval_id")
             approval_id = found if isinstance(found, str) else None
+        sandbox = str((params.arguments or {}).get("sandbox_id") or principal.sandbox_id or "")
         try:
-            outcome = await gateway.call_tool(
-                principal,
-                params.name,
-                params.arguments,
-                approval_mode="handle" if modern else "wait",
-                approval_id=approval_id,
-            )
+            with calls.track(principal, ctx.request_id) as cancel:
+                async with _progress(ctx, gateway.redactor.redact) as listener:
+                    outcome = await gateway.call_tool(
+                        principal,
+                        params.name,
+                        params.arguments,
+                        approval_mode="handle" if modern else "wait",
+                        approval_id=approval_id,
+                        output_listener=listener,
+                        cancel=cancel,
+                    )
         except ApprovalPending as e:
             return types.InputRequiredResult(
                 input_requests={
@@ -194,20 +394,100 @@ def build_mcp_server(gateway: Gateway, resolve: PrincipalResolver) -> Server[Any
         except (ToolNotFound, InsufficientScope):
             raise  # protocol and authorization errors (the HTTP layer answers 403 to the latter)
         except AgentboxError as e:
+            failed = {"tool": params.name, "error": e.code, "message": e.message}
+            await logs.log(ctx, principal, "warning", failed)
             return _error(f"{e.code}: {hints.render(e, 'mcp')}")
+        done = {"tool": params.name, "duration_ms": round(outcome.duration_ms)}
+        await logs.log(ctx, principal, "info", done)
         return types.CallToolResult(
-            content=result_content(outcome.result), structured_content=outcome.result
+            content=result_content(outcome.result, sandbox), structured_content=outcome.result
         )
+
+    @_protocol_errors
+    async def set_level(
+        ctx: ServerRequestContext[Any, Any], params: types.SetLevelRequestParams
+    ) -> types.EmptyResult:
+        logs.set(resolve(ctx), params.level)
+        return types.EmptyResult()
+
+    @_protocol_errors
+    async def list_resources(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        """The saved outputs in the token's own sandbox (when it may read files)."""
+        principal = resolve(ctx)
+        sandbox = principal.sandbox_id
+        if not sandbox or not principal.may_use("fs_read"):
+            return types.ListResourcesResult(resources=[])
+        files = gateway.runtime.files(sandbox)
+        try:
+            entries = await asyncio.to_thread(files.list, CommandOutput.save_dir)
+        except FileNotFound:
+            entries = []
+        return types.ListResourcesResult(
+            resources=[
+                types.Resource(
+                    uri=resource_uri(sandbox, e.path),
+                    name=e.name,
+                    mime_type=_mime(e.path),
+                    size=e.size,
+                )
+                for e in sorted(entries, key=lambda e: e.mtime)
+                if e.type == "file"
+            ]
+        )
+
+    @_protocol_errors
+    async def list_templates(
+        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        principal = resolve(ctx)
+        templates = []
+        if principal.may_use("fs_read"):
+            templates.append(
+                types.ResourceTemplate(
+                    uri_template=RESOURCE_SCHEME + "{sandbox_id}/{+path}",
+                    name="sandbox-file",
+                    description="A file in a sandbox (read as fs_read reads it)",
+                )
+            )
+        return types.ListResourceTemplatesResult(resource_templates=templates)
+
+    @_protocol_errors
+    async def read_resource(
+        ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        """fs_read of the URI's file: the same scope, sandbox, policy, redaction, audit."""
+        sandbox, path = parse_resource_uri(params.uri)
+        outcome = await gateway.call_tool(
+            resolve(ctx), "fs_read", {"path": path, "sandbox_id": sandbox}
+        )
+        result = outcome.result
+        mime = _mime(path)
+        if result["encoding"] == "base64":
+            blob = types.BlobResourceContents(
+                uri=params.uri, mime_type=mime, blob=result["content"]
+            )
+            return types.ReadResourceResult(contents=[blob])
+        text = types.TextResourceContents(uri=params.uri, mime_type=mime, text=result["content"])
+        return types.ReadResourceResult(contents=[text])
 
     def input_schema(name: str) -> dict[str, Any] | None:
         spec = gateway.tools_by_name.get(name)
         return spec.input_schema if spec else None
 
-    return Server(
-        "agentbox",
-        version=__version__,
-        instructions=INSTRUCTIONS,
-        on_list_tools=list_tools,
-        on_call_tool=call_tool,
-        get_tool_input_schema=input_schema,
-    )
+    with warnings.catch_warnings():
+        # logging/setLevel is gone in 2026-07-28; handshake-era clients still send it.
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        return Server(
+            "agentbox",
+            version=__version__,
+            instructions=INSTRUCTIONS,
+            on_list_tools=list_tools,
+            on_call_tool=call_tool,
+            on_list_resources=list_resources,
+            on_list_resource_templates=list_templates,
+            on_read_resource=read_resource,
+            on_set_logging_level=set_level,
+            get_tool_input_schema=input_schema,
+        )

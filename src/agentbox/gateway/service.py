@@ -52,6 +52,7 @@ from agentbox.gateway.tools import (
     render_tools,
 )
 from agentbox.network.names import domain_matches, normalize_host
+from agentbox.runtime.commands import Cancellation
 from agentbox.runtime.files import Access, Guard
 from agentbox.runtime.output import OutputCallback
 from agentbox.runtime.runtime import Runtime
@@ -173,12 +174,15 @@ class Gateway:
         approval_mode: ApprovalMode = "wait",
         approval_id: str | None = None,
         output_listener: OutputCallback | None = None,
+        cancel: Cancellation | None = None,
     ) -> Outcome:
+        """``cancel``: the caller's handle to kill the call's command (MCP cancellation)."""
         sandbox_id = str((arguments or {}).get("sandbox_id") or principal.sandbox_id or "")
         with self.telemetry.tool_span(name, sandbox_id or None):
             return await self._call_tool(
-                principal, name, arguments, approval_mode, approval_id, output_listener
-            )
+                principal, name, arguments, approval_mode, approval_id, output_listener,
+                cancel or Cancellation(),
+            )  # fmt: skip
 
     async def _call_tool(
         self,
@@ -188,6 +192,7 @@ class Gateway:
         approval_mode: ApprovalMode,
         approval_id: str | None,
         output_listener: OutputCallback | None,
+        cancel: Cancellation,
     ) -> Outcome:
         started = time.monotonic()
         args = dict(arguments or {})
@@ -220,12 +225,19 @@ class Gateway:
                 guard=self.path_guard(spec.policy, spec.name),
                 output=output,
                 limits_applied=applied,
+                cancel=cancel,
             )
             before = await self._diff_base(spec, call)
             if spec.inline and _read_bound(call) <= INLINE_MAX_BYTES:
                 result = spec.handler(call)
             else:
-                result = await asyncio.to_thread(spec.handler, call)
+                try:
+                    result = await asyncio.to_thread(spec.handler, call)
+                except asyncio.CancelledError:
+                    # The caller gave up (MCP cancellation, a closed connection): the thread
+                    # would run the command on unseen, so it is killed (its cgroup).
+                    cancel.cancel()
+                    raise
             if before is not None:
                 result["diff"] = self._diff(spec, call, before, result)
             result = jsonbody.encodable(self._redact(result))

@@ -24,7 +24,7 @@ from agentbox.gateway.settings import (
     GatewaySettings,
     TerminalRunTool,
 )
-from agentbox.runtime.commands import WORKSPACE
+from agentbox.runtime.commands import WORKSPACE, Cancellation
 from agentbox.runtime.files import Guard, SandboxFiles
 from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver
 from agentbox.runtime.runtime import Runtime
@@ -92,6 +92,8 @@ class ToolCall:
     output: CommandOutput = CommandOutput()
     # Human-readable notes on limits that cut what the call asked for.
     limits_applied: tuple[str, ...] = ()
+    # Set when the caller gives up (MCP notifications/cancelled): the command is killed.
+    cancel: Cancellation | None = None
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,16 @@ PATH = {
     "minLength": 1,
     "description": "Path in the sandbox (relative: /workspace)",
 }
-NULL_STR = {"type": ["string", "null"]}
+
+
+def nullable(kind: str) -> dict[str, Any]:
+    """A value of ``kind`` or null, as ``anyOf`` (a ``type`` list is less portable: some
+    clients map schemas onto a one-type dialect)."""
+    return {"anyOf": [{"type": kind}, {"type": "null"}]}
+
+
+NULL_STR = nullable("string")
+NULL_INT = nullable("integer")
 WAITING = {
     "waiting_for_input": BOOL,
     "prompt": NULL_STR | {"description": "What it printed last, when waiting for input"},
@@ -163,10 +174,8 @@ RESULT_SCHEMA = _out(
     {
         "stdout": STR,
         "stderr": STR,
-        "exit_code": {
-            "type": ["integer", "null"],
-            "description": "null while it runs on as process_id (it waited for input)",
-        },
+        "exit_code": NULL_INT
+        | {"description": "null while it runs on as process_id (it waited for input)"},
         "timed_out": BOOL,
         "truncated": BOOL,
         "duration_ms": {"type": "number"},
@@ -201,7 +210,7 @@ FILE_INFO = {
         "size": INT,
         "mode": INT,
         "mtime": {"type": "number"},
-        "symlink_target": {"type": ["string", "null"]},
+        "symlink_target": NULL_STR,
     },
 }
 
@@ -279,6 +288,7 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
         save_max_bytes=call.output.save_max_bytes,
         detect_input=True,
         adopt=call.runtime.processes(call.sandbox_id).adopt,
+        cancel=call.cancel,
     )
     return result_dict(result, call)
 
@@ -482,10 +492,20 @@ def browser_press(call: ToolCall) -> dict[str, Any]:
 
 
 def browser_screenshot(call: ToolCall) -> dict[str, Any]:
+    """The PNG, and the same PNG saved beside the saved outputs (``file``; MCP clients get
+    it as a resource link), or ``file`` None when it could not be saved (a full disk)."""
     browsers, timeout = _browser(call)
-    return browsers.screenshot(
+    shot = browsers.screenshot(
         call.sandbox_id, call.args["handle"], bool(call.args["full_page"]), timeout
     )
+    files = call.runtime.files(call.sandbox_id)
+    path = f"{call.output.save_dir}/r-{secrets.token_hex(6)}.png"
+    try:
+        _prune_saved(files, call.output.save_dir)
+        files.write(path, [base64.b64decode(shot["png_base64"])], perms=0o600)
+    except AgentboxError:
+        return shot | {"file": None}
+    return shot | {"file": path}
 
 
 def browser_close(call: ToolCall) -> dict[str, Any]:
@@ -704,7 +724,7 @@ TOOLS: list[ToolSpec] = [
                 "data": STR,
                 "next_offset": INT,
                 "running": BOOL,
-                "exit_code": {"type": ["integer", "null"]},
+                "exit_code": NULL_INT,
                 **WAITING,
             },
             ["data", "next_offset", "running", "exit_code", "waiting_for_input"],
@@ -754,7 +774,7 @@ TOOLS: list[ToolSpec] = [
                 "process_id": STR,
                 "signalled": BOOL,
                 "running": BOOL,
-                "exit_code": {"type": ["integer", "null"]},
+                "exit_code": NULL_INT,
             }
         ),
         read_only=False,
@@ -768,7 +788,7 @@ TOOLS: list[ToolSpec] = [
         "List background processes",
         "Background processes of the sandbox.",
         _obj({}, []),
-        _out({"processes": {"type": "array"}}),
+        _out({"processes": {"type": "array", "items": {"type": "object"}}}),
         read_only=True,
         destructive=False,
         idempotent=True,
@@ -1009,7 +1029,7 @@ TOOLS: list[ToolSpec] = [
         _out(
             {
                 **PAGE_STATE,
-                "status": {"type": ["integer", "null"]},
+                "status": NULL_INT,
                 "text": STR,
                 "truncated": BOOL,
             }
@@ -1127,6 +1147,7 @@ TOOLS: list[ToolSpec] = [
                 "width": INT,
                 "height": INT,
                 "png_base64": STR,
+                "file": NULL_STR,
             }
         ),
         read_only=True,

@@ -18,6 +18,7 @@ import secrets
 import selectors
 import struct
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,29 @@ _RECENT_BYTES = 4096
 FOREGROUND_LEAF = "c"  # leaves of commands someone waits on; "p": background processes
 DEFAULT_SHELL = "/bin/bash"
 WORKSPACE = "/workspace"
+
+
+class Cancellation:
+    """Cancels a foreground command from another thread (a client that gave up on the
+    call): its cgroup leaf is killed, its whole tree with it, and ``run`` returns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kill: Callable[[], None] | None = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            if self._kill is not None:
+                self._kill()
+
+    def bind(self, kill: Callable[[], None] | None) -> None:
+        """What ``cancel`` kills from now on (None: nothing; the command is over)."""
+        with self._lock:
+            self._kill = kill
+            if kill is not None and self.cancelled:
+                kill()
 
 
 @dataclass(frozen=True)
@@ -181,6 +205,7 @@ class CommandRunner:
         save_max_bytes: int = 0,
         detect_input: bool = False,
         adopt: Adopter | None = None,
+        cancel: Cancellation | None = None,
     ) -> CommandResult:
         """Run to completion. On timeout the command's whole process tree is killed.
 
@@ -191,6 +216,7 @@ class CommandRunner:
         With ``detect_input`` (pipes, no ``stdin``) the command's stdin is an open, empty
         pipe, and a command found waiting on it returns early (``waiting_for_input``):
         handed to ``adopt``, which keeps it running and returns its process id, or killed.
+        ``cancel`` kills it (its cgroup leaf) from another thread while it runs.
         """
         argv = normalise_argv(command)
         if timeout is not None and timeout <= 0:
@@ -205,6 +231,8 @@ class CommandRunner:
         out = BoundedCapture(max_output_bytes, "stdout", on_output, keep)
         err = BoundedCapture(max_output_bytes, "stderr", on_output, keep)
         started = time.monotonic()
+        if cancel is not None:
+            cancel.bind(lambda: self.cgroup.kill_leaf(leaf))
         try:
             try:
                 if pty:
@@ -236,6 +264,8 @@ class CommandRunner:
                 exit_code=RUNNING if process_id else result.exit_code,
             )
         finally:
+            if cancel is not None:  # an adopted command runs on: no longer ours to kill
+                cancel.bind(None)
             out.close()
             err.close()
 
