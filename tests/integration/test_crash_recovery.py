@@ -74,7 +74,9 @@ def host_resources(home: Path) -> dict[str, Any]:
     links = (
         sorted(p.name for p in Path("/sys/class/net").glob(f"{net.ifname_prefix}*")) if net else []
     )
-    nft = subprocess.run(["nft", "list", "ruleset"], capture_output=True, text=True).stdout
+    # The sandboxes' table only: tests before this one may still be taking down their own.
+    nft = subprocess.run(["nft", "list", "table", "inet", "agentbox"], capture_output=True,
+                         text=True).stdout  # fmt: skip
     nft = "\n".join(line for line in nft.splitlines() if "counter packets" not in line)
     processes = []
     for proc in Path("/proc").glob("[0-9]*"):
@@ -137,6 +139,9 @@ def test_sigkill_during_50_creates_then_restart(home: Path) -> None:
     assert runtime.commands(kept).run("echo still").stdout == "still\n"
     runtime.destroy(kept)
     after = host_resources(home)
+    # Cgroups are named by sandbox, not by home: one that ended meanwhile may be another
+    # home's (an earlier test's sandbox going away); none may be new.
+    assert set(after.pop("cgroups")) <= set(before.pop("cgroups"))
     assert after == before
 
 
