@@ -17,7 +17,6 @@ import hmac
 import json
 import os
 import sqlite3
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 from agentbox.errors import HostUnsupported, NotFound, SandboxNotRunning, Unauthenticated
 from agentbox.gateway.auth import OPERATOR, Principal, TokenStore
 from agentbox.gateway.settings import E2BSettings
+from agentbox.sqlitedb import SqliteDB
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS e2b_sandboxes (
@@ -57,7 +57,7 @@ class Owned:
     metadata: dict[str, str]
 
 
-class E2BAccess:
+class E2BAccess(SqliteDB):
     def __init__(self, settings: E2BSettings, tokens: TokenStore, home: Path, key: bytes) -> None:
         self.tokens = tokens
         self._key = key
@@ -70,16 +70,7 @@ class E2BAccess:
                     "16 characters or more"
                 )
             self._keys.append((value, Caller(entry.name, entry.project)))
-        self._db_path = home / "gateway.db"
-        self._local = threading.local()
-        self._db().executescript(_SCHEMA)
-
-    def _db(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self._db_path, timeout=30, isolation_level=None)
-            self._local.conn = conn
-        return conn
+        super().__init__(home / "gateway.db", _SCHEMA)
 
     # control plane -----------------------------------------------------------------------
     def caller(self, api_key: str | None) -> Caller:
@@ -96,28 +87,27 @@ class E2BAccess:
         raise Unauthenticated("a session token is not an E2B API key; use a project key")
 
     def record(self, sandbox_id: str, caller: Caller, alias: str, metadata: dict[str, str]) -> None:
-        self._db().execute(
+        self._conn().execute(
             "INSERT OR REPLACE INTO e2b_sandboxes (id, key, alias, metadata) VALUES (?, ?, ?, ?)",
             (sandbox_id, caller.key, alias, json.dumps(metadata)),
         )
 
     def forget(self, sandbox_id: str) -> None:
-        self._db().execute("DELETE FROM e2b_sandboxes WHERE id = ?", (sandbox_id,))
+        self._conn().execute("DELETE FROM e2b_sandboxes WHERE id = ?", (sandbox_id,))
 
     def owned(self, sandbox_id: str) -> Owned | None:
-        row = (
-            self._db()
-            .execute("SELECT key, alias, metadata FROM e2b_sandboxes WHERE id = ?", (sandbox_id,))
-            .fetchone()
-        )
-        if row is None:
-            return None
-        project = next((c.project for _, c in self._keys if c.key == row[0]), None)
-        return Owned(sandbox_id, Caller(row[0], project), row[1], json.loads(row[2]))
+        query = "SELECT id, key, alias, metadata FROM e2b_sandboxes WHERE id = ?"
+        row = self._conn().execute(query, (sandbox_id,)).fetchone()
+        return None if row is None else self._owned(row)
 
     def all_owned(self) -> dict[str, Owned]:
-        ids = [r[0] for r in self._db().execute("SELECT id FROM e2b_sandboxes").fetchall()]
-        return {i: o for i in ids if (o := self.owned(i)) is not None}
+        rows = self._conn().execute("SELECT id, key, alias, metadata FROM e2b_sandboxes")
+        return {row[0]: self._owned(row) for row in rows.fetchall()}
+
+    def _owned(self, row: sqlite3.Row) -> Owned:
+        sandbox_id, key, alias, metadata = row
+        project = next((c.project for _, c in self._keys if c.key == key), None)
+        return Owned(sandbox_id, Caller(key, project), alias, json.loads(metadata))
 
     @staticmethod
     def may_reach(caller: Caller, spec: dict[str, Any]) -> bool:
