@@ -236,18 +236,14 @@ class Snapshots:
         info = self.get(snapshot_id)
         template = self.runtime.templates.exact(info.template, info.template_digest)
         self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
-        staging = self.scratch / f"restore-{secrets.token_hex(8)}.tar.zst"
-        try:
-            self.store.get_file(data_key(info.id), staging)
+        with self.store.reading(data_key(info.id), self.scratch) as archive:
 
             def fill(host: SandboxHost, target: Path) -> None:
-                _extract(staging, target, host, info.sha256)
+                _extract(archive, target, host, info.sha256)
 
             return self.runtime.create_filled(
                 spec_from(info.spec), template, fill, actor=actor, snapshot=info.id
             )
-        finally:
-            staging.unlink(missing_ok=True)
 
     # listing ------------------------------------------------------------------------------
     def get(self, snapshot_id: str) -> SnapshotInfo:
@@ -330,13 +326,13 @@ def _open_nofollow(path: Path) -> IO[bytes]:
     return f
 
 
-def _extract(archive: Path, target: Path, host: SandboxHost, sha256: str) -> None:
+def _extract(archive: IO[bytes], target: Path, host: SandboxHost, sha256: str) -> None:
     """Unpack a snapshot into a fresh disk (nothing else writes to it meanwhile). Every
     entry is checked: only the kept parts, no absolute path or ``..``, never written
     through a symlink, no device but overlay whiteouts; the agent's files get this
     sandbox's host ids. The whole stream must match the snapshot's digest."""
     directories: list[tuple[Path, tarfile.TarInfo]] = []
-    with archive.open("rb") as raw, hashedzstd.HashingZstdReader(raw) as hashing:
+    with hashedzstd.HashingZstdReader(archive) as hashing:
         buffered = io.BufferedReader(hashing, hashedzstd.CHUNK)
         with tarfile.open(fileobj=buffered, mode="r|") as tar:
             for member in tar:
