@@ -16,8 +16,14 @@ from agentbox.errors import InvalidRequest, NotFound, SandboxNotRunning
 from agentbox.isolation import syscalls
 
 
-def socket_in_netns(init_pid: int) -> socket.socket:
-    """A TCP socket in the network namespace of ``init_pid``. Call from a worker thread."""
+def socket_in_netns(
+    init_pid: int,
+    family: int = socket.AF_INET,
+    kind: int = socket.SOCK_STREAM,
+    proto: int = 0,
+) -> socket.socket:
+    """A socket (TCP unless said) in the network namespace of ``init_pid``. Call from a
+    worker thread."""
     try:
         target = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -26,7 +32,7 @@ def socket_in_netns(init_pid: int) -> socket.socket:
     try:
         syscalls.setns(target, syscalls.CLONE_NEWNET)
         try:
-            return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            return socket.socket(family, kind, proto)
         finally:
             try:
                 syscalls.setns(own, syscalls.CLONE_NEWNET)
