@@ -45,6 +45,11 @@ _CHOICE: dict[str, dict[str, Any]] = {
     "required": {"type": "any"},
     "none": {"type": "none"},
 }
+# OpenAI's text.verbosity, which Anthropic has no field for, said to the model instead.
+VERBOSITY = {
+    "low": "Keep your answers short: say what is needed and no more.",
+    "high": "Give thorough answers: explain your reasoning and the details.",
+}
 # What POST /v1/messages/count_tokens accepts of a messages request.
 _COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers")
 _ERROR_CATEGORY = {
@@ -159,8 +164,11 @@ class AnthropicAdapter(Adapter):
             "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
             "messages": _messages(request.messages),
         }
-        if request.system:
-            body["system"] = request.system
+        system = [request.system] if request.system else []
+        if request.verbosity in VERBOSITY:
+            system.append(VERBOSITY[request.verbosity])
+        if system:
+            body["system"] = "\n\n".join(system)
         if request.temperature is not None:
             # Anthropic refuses more than 1 (OpenAI's scale goes to 2): clamp, not fail.
             body["temperature"] = min(request.temperature, 1.0)
