@@ -600,3 +600,78 @@ def test_an_anthropic_providers_cache_reads_reach_a_responses_client(
     assert done.type == "response.completed" and done.response.usage is not None
     assert done.response.usage.input_tokens == 10000
     assert done.response.usage.input_tokens_details.cached_tokens == 6000
+
+
+# anthropic-beta --------------------------------------------------------------------------
+# What Claude Code 2.1.328 sends on every call (captured from the real client).
+CLAUDE_CODE_BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14",
+                     "context-management-2025-06-27", "mid-conversation-tool-changes-2026-07-01",
+                     "thinking-token-count-2026-05-13", "effort-2025-11-24"]  # fmt: skip
+ASK: Any = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_safe_betas_reach_an_anthropic_provider_and_unknown_ones_are_named(
+    claude: anthropic.Anthropic, fakes: dict[str, FakeProvider], stream: bool
+) -> None:
+    fake = fakes["anthropic"]
+    fake.script(Reply(text="hello"))
+    betas = [*CLAUDE_CODE_BETAS, "future-feature-2027-01-01"]
+    raw = claude.beta.messages.with_raw_response.create(
+        model="claude-fake", max_tokens=100, messages=ASK, betas=betas, stream=stream,
+        context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]})  # fmt: skip
+    assert raw.headers["X-Agentbox-Dropped-Betas"] == "future-feature-2027-01-01"
+    if stream:
+        assert "".join(e.delta.text for e in raw.parse() if e.type == "content_block_delta"
+                       and e.delta.type == "text_delta") == "hello"  # fmt: skip
+    else:
+        assert raw.parse().content[0].text == "hello"  # type: ignore[union-attr]
+    upstream = fake.requests[-1]
+    assert upstream.headers["anthropic-beta"] == ",".join(CLAUDE_CODE_BETAS)
+    assert upstream.json()["context_management"]["edits"][0]["keep"] == "all"
+
+
+def test_betas_ride_along_to_count_tokens_and_nowhere_else(
+    claude: anthropic.Anthropic, fakes: dict[str, FakeProvider]
+) -> None:
+    fakes["anthropic"].script(Reply(input_tokens=5))
+    counted = claude.beta.messages.count_tokens(model="claude-fake", messages=ASK,
+                                                betas=CLAUDE_CODE_BETAS)  # fmt: skip
+    assert counted.input_tokens == 5
+    # (the SDK adds its own token-counting beta to count_tokens calls)
+    assert fakes["anthropic"].requests[-1].headers["anthropic-beta"] == ",".join(
+        [*CLAUDE_CODE_BETAS, "token-counting-2024-11-01"]
+    )
+    # Without betas no header; an OpenAI provider has no such features.
+    claude.messages.create(model="claude-fake", max_tokens=10, messages=ASK)
+    assert "anthropic-beta" not in fakes["anthropic"].requests[-1].headers
+    claude.beta.messages.create(model="gpt-fake", max_tokens=10, messages=ASK,
+                                betas=CLAUDE_CODE_BETAS)  # fmt: skip
+    assert "anthropic-beta" not in fakes["openai"].requests[-1].headers
+
+
+@pytest.mark.parametrize(
+    ("beta", "says"),
+    [
+        ("mcp-client-2025-04-04", "connect to MCP servers itself"),
+        ("mcp-client-2030-01-01", "connect to MCP servers itself"),  # any version of it
+        ("web-fetch-2025-09-10", "fetch URLs from its servers"),
+        ("code-execution-2025-08-25", "run code on its servers"),
+        ("files-api-2025-04-14", "past redaction"),
+        ("extended-cache-ttl-2025-04-11", "cache_write price"),
+        ("context-1m-2025-08-07", "budgets would undercount"),
+    ],
+)
+def test_a_beta_that_would_escape_the_sandbox_or_the_prices_is_refused_by_name(
+    claude: anthropic.Anthropic, fakes: dict[str, FakeProvider], beta: str, says: str
+) -> None:
+    sent = len(fakes["anthropic"].requests)
+    betas = ["claude-code-20250219", beta]
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.beta.messages.create(model="claude-fake", max_tokens=10, messages=ASK,
+                                    betas=betas)  # fmt: skip
+    with pytest.raises(anthropic.BadRequestError) as refused_count:
+        claude.beta.messages.count_tokens(model="claude-fake", messages=ASK, betas=betas)
+    for error in (refused.value, refused_count.value):
+        assert f"anthropic-beta {beta!r}" in str(error) and says in str(error)
+    assert len(fakes["anthropic"].requests) == sent  # nothing left the host

@@ -98,6 +98,9 @@ class ChatRequest(_Strict):
     # it sends instead of a translation, so thinking blocks and their signatures,
     # cache_control marks and documents arrive as they left the client.
     native: dict[str, Any] | None = None
+    # Anthropic betas the client asked for that are safe (anthropic.SAFE_BETAS): sent
+    # as anthropic-beta to an Anthropic provider; another has no such features.
+    betas: tuple[str, ...] = ()
     # Why only a provider of ``extra_kind`` can serve the request (content with no
     # translation, such as a document), or None.
     native_only: str | None = None
