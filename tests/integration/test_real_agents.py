@@ -269,6 +269,11 @@ def test_claude_code(tmp_path: Path, agentbox_home: Path, host_ready: None,
         assert done.returncode == 0, detail
         assert json.loads(done.stdout)["result"] == FINAL, detail
         check_the_work(gw, box, model, host, before)
+    # Its betas (which its context_management and effort fields need) reached the model.
+    betas = {
+        r.headers.get("anthropic-beta", "") for r in model.requests if r.path == "/v1/messages"
+    }
+    assert betas and all("claude-code-20250219" in b for b in betas), betas
 
 
 def test_codex(tmp_path: Path, agentbox_home: Path, host_ready: None, site: Path) -> None:
