@@ -148,10 +148,12 @@ def _entries(body: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
     outside one), namespaces opened; a tool loaded twice counts once."""
     found: list[tuple[str | None, dict[str, Any]]] = []
     seen: set[str] = set()
+    tools = [*(body.get("tools") or []), *_loaded(body)]
+    searching = any(isinstance(t, dict) and t.get("type") == "tool_search" for t in tools)
 
     def add(namespace: str | None, tool: dict[str, Any]) -> None:
         name = _flat(namespace, tool.get("name"))
-        if name == SEARCH and tool.get("type") in ("function", "custom"):
+        if searching and name == SEARCH and tool.get("type") in ("function", "custom"):
             raise InvalidRequest(
                 f"a tool named {SEARCH!r} besides the tool_search tool is not supported "
                 "(the names would collide)",
@@ -161,7 +163,7 @@ def _entries(body: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
             seen.add(name)
             found.append((namespace, tool))
 
-    for entry in [*(body.get("tools") or []), *_loaded(body)]:
+    for entry in tools:
         entry = wire._object(entry, "a tool")
         if entry.get("type") == "tool_search":
             continue  # the search tool itself: search_tool()
