@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from agentbox.gateway.audit import read_records
+from agentbox.gateway.settings import ProviderSettings
 from agentbox.network import egressd
 from agentbox.providers import anthropic as anthropic_adapter
 from browserkit import require_browser
@@ -125,7 +126,7 @@ def _gateway_yaml(model: ScriptedAgentModel, aliases: dict[str, str]) -> str:
 def readme_aliases() -> dict[str, str]:
     """The model aliases of the README's providers example."""
     (provider,) = yaml.safe_load(snippet("model", "providers"))["providers"]
-    return dict(provider["aliases"])
+    return ProviderSettings.model_validate(provider).aliases  # a valid provider, too
 
 
 @contextlib.contextmanager
