@@ -15,7 +15,8 @@ tool is a function ``tool_search`` for the provider, the model's call of it goes
 ``tool_search_call`` item, and the tools a ``tool_search_output`` item loaded join the
 provider's tool list (under their flat names) from then on, as OpenAI makes them callable.
 A search OpenAI would run itself (``execution: "server"``) is refused: no provider here
-can run it.
+can run it. A tool listed with ``defer_loading`` is offered at once (more input tokens; a
+call of it is as valid as after a search).
 """
 
 from __future__ import annotations
