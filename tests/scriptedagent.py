@@ -7,6 +7,10 @@ conversation it is sent, not from a queue: the number of tool results in the req
 which step is next, so a client that retries or sends side requests (titles, summaries)
 does not shift the script. A request that offers no agentbox tool is such a side request
 and gets plain text.
+
+A client that defers its MCP tools (Codex with its GPT models) offers a ``tool_search``
+tool instead: a step whose tool is not offered yet is preceded by a search for it, which
+loads it; searches are not steps.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any
 from fakeproviders import FakeProvider, Reply
 
 SERVER = "agentbox"  # the MCP server's name in the agent's config: its tools carry it
+SEARCH = "tool_search"  # a client's search for its deferred tools
+MAX_SEARCHES = 2  # for one step: then the tool is not there to be found
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class Outcome:
     results: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     tool_names: list[str] = field(default_factory=list)  # the agent's tools, last main request
+    searches: list[str] = field(default_factory=list)  # the tool each search looked for
     finished: bool = False
 
 
@@ -52,14 +59,30 @@ def _text(content: Any) -> str:
     return "".join(b.get("text", "") for b in content or [] if isinstance(b, dict))
 
 
-def _tool_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _blocks(messages: list[dict[str, Any]], role: str, kind: str) -> list[dict[str, Any]]:
     return [
         block
         for m in messages
-        if m.get("role") == "user" and isinstance(m.get("content"), list)
+        if m.get("role") == role and isinstance(m.get("content"), list)
         for block in m["content"]
-        if isinstance(block, dict) and block.get("type") == "tool_result"
+        if isinstance(block, dict) and block.get("type") == kind
     ]
+
+
+def _tool_results(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The results of the script's steps, and how many searches came back since the last
+    one."""
+    searches = {b.get("id") for b in _blocks(messages, "assistant", "tool_use")
+                if b.get("name") == SEARCH}  # fmt: skip
+    results: list[dict[str, Any]] = []
+    since = 0
+    for block in _blocks(messages, "user", "tool_result"):
+        if block.get("tool_use_id") in searches:
+            since += 1
+        else:
+            results.append(block)
+            since = 0
+    return results, since
 
 
 class ScriptedAgentModel(FakeProvider):
@@ -73,12 +96,12 @@ class ScriptedAgentModel(FakeProvider):
     def reply_for(self, body: bytes) -> Reply:
         request = json.loads(body)
         names = [str(t.get("name")) for t in request.get("tools") or []]
-        if not any(SERVER in name for name in names):
+        if not any(SERVER in name for name in names) and SEARCH not in names:
             return Reply(text="ok")
         with self._turns:
-            return self._turn(names, _tool_results(request.get("messages") or []))
+            return self._turn(names, *_tool_results(request.get("messages") or []))
 
-    def _turn(self, names: list[str], results: list[dict[str, Any]]) -> Reply:
+    def _turn(self, names: list[str], results: list[dict[str, Any]], searched: int) -> Reply:
         out = self.outcome
         out.tool_names = names
         done = len(results)
@@ -96,6 +119,11 @@ class ScriptedAgentModel(FakeProvider):
             return Reply(text=self.final)
         step = self.steps[done]
         name = step.tool if step.local else self._resolve(names, step.tool)
+        if name is None and SEARCH in names and searched < MAX_SEARCHES:
+            out.searches.append(step.tool)
+            query = {"query": step.tool.replace("_", " "), "limit": 8}
+            return Reply(text=f"Looking for {step.tool}.", tool_call=(SEARCH, query),
+                         call_id=f"toolu_s{len(out.searches):02d}")  # fmt: skip
         if name is None:
             out.failures.append(f"step {done + 1}: no tool {step.tool!r} among {names}")
             return Reply(text=f"FAILED: no tool {step.tool}")

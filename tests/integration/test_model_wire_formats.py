@@ -19,6 +19,7 @@ import anthropic
 import openai
 import pytest
 
+from agentbox.providers import anthropic as anthropic_adapter
 from fakeproviders import FakeProvider, Reply
 from gateway_harness import RunningGateway, running_gateway
 
@@ -200,19 +201,112 @@ def test_web_search_is_left_out_and_says_so(gw: RunningGateway,
     ]
 
 
-def test_reasoning_effort_and_verbosity_reach_an_openai_provider_only(
+def test_reasoning_effort_and_verbosity_across_providers(
     client: openai.OpenAI, fakes: dict[str, FakeProvider]
 ) -> None:
+    # Codex sends both for its GPT models. An OpenAI provider gets them as fields; an
+    # Anthropic one gets the verbosity in words (no such field there) and reasons as it
+    # does by default (no thinking switched on: its signed blocks could not come back).
     client.responses.create(model="gpt-fake", input="think", reasoning={"effort": "high"},
                             text={"verbosity": "low"})  # fmt: skip
     sent = fakes["openai"].requests[-1].json()
     assert (sent["reasoning_effort"], sent["verbosity"]) == ("high", "low")
-    with pytest.raises(openai.BadRequestError, match=r"kind 'openai'.*reasoning\.effort"):
-        client.responses.create(model="claude-fake", input="think", reasoning={"effort": "high"})
-    with pytest.raises(openai.BadRequestError, match=r"kind 'openai'.*text\.verbosity"):
-        client.responses.create(model="claude-fake", input="think", text={"verbosity": "high"})
-    fakes["anthropic"].script(Reply(text="ok"))  # medium, the default, is no constraint
+    for verbosity in ("low", "high"):
+        fakes["anthropic"].script(Reply(text="ok"))
+        r = client.responses.create(model="claude-fake", instructions="be kind", input="x",
+                                    reasoning={"effort": "high"},
+                                    text={"verbosity": verbosity})  # fmt: skip
+        assert r.output_text == "ok"
+        sent = fakes["anthropic"].requests[-1].json()
+        assert sent["system"] == f"be kind\n\n{anthropic_adapter.VERBOSITY[verbosity]}"
+        assert not {"thinking", "reasoning_effort", "verbosity"} & set(sent)
+    fakes["anthropic"].script(Reply(text="ok"))  # medium, the default, says nothing
     client.responses.create(model="claude-fake", input="x", text={"verbosity": "medium"})
+    assert "system" not in fakes["anthropic"].requests[-1].json()
+
+
+# Codex's tool search (its GPT models get their MCP tools deferred): the search tool, as
+# Codex 0.169 sends it, and what its search loads (a namespace of deferred functions).
+SEARCH: Any = {"type": "tool_search", "execution": "client", "description": "Find tools.",
+               "parameters": {"type": "object", "properties": {
+                   "query": {"type": "string"}, "limit": {"type": "number"}},
+                   "required": ["query"], "additionalProperties": False}}  # fmt: skip
+RUN: Any = {"type": "function", "name": "terminal_run", "description": "Run a command.",
+            "strict": False, "defer_loading": True, "parameters": {"type": "object",
+            "properties": {"command": {"type": "string"}}, "required": ["command"]}}  # fmt: skip
+LOADED: Any = [{"type": "namespace", "name": "mcp__agentbox", "description": "the sandbox",
+                "tools": [RUN]}]  # fmt: skip
+
+
+def _tool_names(kind: str, sent: dict[str, Any]) -> list[str]:
+    return [t["function"]["name"] if kind == "openai" else t["name"] for t in sent["tools"]]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_tool_search_and_the_tools_it_loads(client: openai.OpenAI,
+                                              fakes: dict[str, FakeProvider], kind: str,
+                                              stream: bool) -> None:  # fmt: skip
+    fake = fakes[kind]
+    fake.script(Reply(text="", tool_call=("tool_search", {"query": "run", "limit": 3})))
+    ask: Any = {"type": "message", "role": "user", "content": "run ls"}
+    if stream:
+        with client.responses.stream(model=MODEL[kind], input=[ask], tools=[SHELL, SEARCH]
+                                     ) as events:  # fmt: skip
+            added = [e.item.type for e in events if e.type == "response.output_item.added"]
+            first = events.get_final_response()
+        assert added == ["tool_search_call"]
+    else:
+        first = client.responses.create(model=MODEL[kind], input=[ask], tools=[SHELL, SEARCH])
+    search = first.output[-1]
+    assert search.type == "tool_search_call"
+    assert (search.execution, search.status, search.arguments) == (
+        "client", "completed", {"query": "run", "limit": 3})  # fmt: skip
+    sent = fake.requests[-1].json()
+    assert _tool_names(kind, sent) == ["tool_search", "shell"]
+    schema = sent["tools"][0]["function" if kind == "openai" else "input_schema"]
+    assert (schema.get("parameters") if kind == "openai" else schema) == SEARCH["parameters"]
+
+    # The client ran the search: the tools it loaded are callable from now on.
+    fake.script(Reply(text="", tool_call=("mcp__agentbox__terminal_run", {"command": "ls"})))
+    history: Any = [ask, search.model_dump(exclude_none=True),
+                    {"type": "tool_search_output", "call_id": search.call_id,
+                     "execution": "client", "status": "completed", "tools": LOADED}]  # fmt: skip
+    second = client.responses.create(model=MODEL[kind], input=history, tools=[SHELL, SEARCH],
+                                     stream=False)  # fmt: skip
+    call = second.output[-1]
+    assert call.type == "function_call"
+    assert (call.namespace, call.name, json.loads(call.arguments)) == (
+        "mcp__agentbox", "terminal_run", {"command": "ls"})  # fmt: skip
+    sent = fake.requests[-1].json()
+    assert _tool_names(kind, sent) == ["tool_search", "shell", "mcp__agentbox__terminal_run"]
+    result = "These tools are now available to call:\n- mcp__agentbox__terminal_run: Run a command."
+    if kind == "openai":
+        assert sent["messages"][-2]["tool_calls"][0]["function"] == {
+            "name": "tool_search", "arguments": json.dumps({"query": "run", "limit": 3})}  # fmt: skip
+        assert sent["messages"][-1] == {"role": "tool", "tool_call_id": search.call_id,
+                                        "content": result}  # fmt: skip
+    else:
+        assert sent["messages"][-2]["content"] == [{"type": "tool_use", "id": search.call_id,
+                                                    "name": "tool_search",
+                                                    "input": {"query": "run", "limit": 3}}]  # fmt: skip
+        assert sent["messages"][-1]["content"] == [{"type": "tool_result",
+                                                    "tool_use_id": search.call_id,
+                                                    "content": result}]  # fmt: skip
+
+
+def test_a_search_that_found_nothing_says_so(client: openai.OpenAI,
+                                             fakes: dict[str, FakeProvider]) -> None:  # fmt: skip
+    fakes["anthropic"].script(Reply(text="nothing to use"))
+    client.responses.create(model="claude-fake", tools=[SEARCH], input=[
+        {"type": "message", "role": "user", "content": "find"},
+        {"type": "tool_search_call", "call_id": "ts1", "execution": "client",
+         "status": "completed", "arguments": {"query": "x"}},
+        {"type": "tool_search_output", "call_id": "ts1", "execution": "client",
+         "status": "completed", "tools": []}])  # fmt: skip
+    sent = fakes["anthropic"].requests[-1].json()
+    assert _tool_names("anthropic", sent) == ["tool_search"]
+    assert sent["messages"][-1]["content"][0]["content"] == "No tools matched the search."
 
 
 @pytest.mark.parametrize(
@@ -227,9 +321,15 @@ def test_reasoning_effort_and_verbosity_reach_an_openai_provider_only(
         ({"service_tier": "priority"}, "service_tier 'priority'"),
         ({"include": ["message.output_text.logprobs"]}, "include 'message.output_text"),
         ({"tools": [{**SHELL, "strict": True}]}, "strict schemas"),
+        ({"tools": [{"type": "tool_search"}]}, "tool_search run by the server"),
+        ({"tools": [{**SEARCH, "execution": "server"}]}, "tool_search run by the server"),
+        ({"tools": [SEARCH, {**SHELL, "name": "tool_search"}]}, "names would collide"),
+        ({"input": [{"type": "tool_search_call", "execution": "server", "arguments": {}}]},
+         "tool_search_call run by the server"),
     ],
     ids=["previous-response", "unknown-field", "local-shell", "json-schema", "item-reference",
-         "service-tier", "include", "strict"],
+         "service-tier", "include", "strict", "server-search", "server-search-explicit",
+         "search-name-collision", "server-search-call"],
 )  # fmt: skip
 def test_what_cannot_be_honoured_is_a_400_naming_it(gw: RunningGateway, extra: dict[str, Any],
                                                     says: str) -> None:  # fmt: skip
@@ -500,3 +600,78 @@ def test_an_anthropic_providers_cache_reads_reach_a_responses_client(
     assert done.type == "response.completed" and done.response.usage is not None
     assert done.response.usage.input_tokens == 10000
     assert done.response.usage.input_tokens_details.cached_tokens == 6000
+
+
+# anthropic-beta --------------------------------------------------------------------------
+# What Claude Code 2.1.328 sends on every call (captured from the real client).
+CLAUDE_CODE_BETAS = ["claude-code-20250219", "interleaved-thinking-2025-05-14",
+                     "context-management-2025-06-27", "mid-conversation-tool-changes-2026-07-01",
+                     "thinking-token-count-2026-05-13", "effort-2025-11-24"]  # fmt: skip
+ASK: Any = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_safe_betas_reach_an_anthropic_provider_and_unknown_ones_are_named(
+    claude: anthropic.Anthropic, fakes: dict[str, FakeProvider], stream: bool
+) -> None:
+    fake = fakes["anthropic"]
+    fake.script(Reply(text="hello"))
+    betas = [*CLAUDE_CODE_BETAS, "future-feature-2027-01-01"]
+    raw = claude.beta.messages.with_raw_response.create(
+        model="claude-fake", max_tokens=100, messages=ASK, betas=betas, stream=stream,
+        context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]})  # fmt: skip
+    assert raw.headers["X-Agentbox-Dropped-Betas"] == "future-feature-2027-01-01"
+    if stream:
+        assert "".join(e.delta.text for e in raw.parse() if e.type == "content_block_delta"
+                       and e.delta.type == "text_delta") == "hello"  # fmt: skip
+    else:
+        assert raw.parse().content[0].text == "hello"  # type: ignore[union-attr]
+    upstream = fake.requests[-1]
+    assert upstream.headers["anthropic-beta"] == ",".join(CLAUDE_CODE_BETAS)
+    assert upstream.json()["context_management"]["edits"][0]["keep"] == "all"
+
+
+def test_betas_ride_along_to_count_tokens_and_nowhere_else(
+    claude: anthropic.Anthropic, fakes: dict[str, FakeProvider]
+) -> None:
+    fakes["anthropic"].script(Reply(input_tokens=5))
+    counted = claude.beta.messages.count_tokens(model="claude-fake", messages=ASK,
+                                                betas=CLAUDE_CODE_BETAS)  # fmt: skip
+    assert counted.input_tokens == 5
+    # (the SDK adds its own token-counting beta to count_tokens calls)
+    assert fakes["anthropic"].requests[-1].headers["anthropic-beta"] == ",".join(
+        [*CLAUDE_CODE_BETAS, "token-counting-2024-11-01"]
+    )
+    # Without betas no header; an OpenAI provider has no such features.
+    claude.messages.create(model="claude-fake", max_tokens=10, messages=ASK)
+    assert "anthropic-beta" not in fakes["anthropic"].requests[-1].headers
+    claude.beta.messages.create(model="gpt-fake", max_tokens=10, messages=ASK,
+                                betas=CLAUDE_CODE_BETAS)  # fmt: skip
+    assert "anthropic-beta" not in fakes["openai"].requests[-1].headers
+
+
+@pytest.mark.parametrize(
+    ("beta", "says"),
+    [
+        ("mcp-client-2025-04-04", "connect to MCP servers itself"),
+        ("mcp-client-2030-01-01", "connect to MCP servers itself"),  # any version of it
+        ("web-fetch-2025-09-10", "fetch URLs from its servers"),
+        ("code-execution-2025-08-25", "run code on its servers"),
+        ("files-api-2025-04-14", "past redaction"),
+        ("extended-cache-ttl-2025-04-11", "cache_write price"),
+        ("context-1m-2025-08-07", "budgets would undercount"),
+    ],
+)
+def test_a_beta_that_would_escape_the_sandbox_or_the_prices_is_refused_by_name(
+    claude: anthropic.Anthropic, fakes: dict[str, FakeProvider], beta: str, says: str
+) -> None:
+    sent = len(fakes["anthropic"].requests)
+    betas = ["claude-code-20250219", beta]
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.beta.messages.create(model="claude-fake", max_tokens=10, messages=ASK,
+                                    betas=betas)  # fmt: skip
+    with pytest.raises(anthropic.BadRequestError) as refused_count:
+        claude.beta.messages.count_tokens(model="claude-fake", messages=ASK, betas=betas)
+    for error in (refused.value, refused_count.value):
+        assert f"anthropic-beta {beta!r}" in str(error) and says in str(error)
+    assert len(fakes["anthropic"].requests) == sent  # nothing left the host

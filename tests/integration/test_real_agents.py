@@ -18,14 +18,18 @@ import json
 import os
 import shlex
 import subprocess
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from agentbox.gateway.audit import read_records
+from agentbox.gateway.settings import ProviderSettings
 from agentbox.network import egressd
+from agentbox.providers import anthropic as anthropic_adapter
 from browserkit import require_browser
 from gateway_harness import RunningGateway, running_gateway
 from pkgindex import (
@@ -107,7 +111,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield root
 
 
-def _gateway_yaml(model: ScriptedAgentModel) -> str:
+def _gateway_yaml(model: ScriptedAgentModel, aliases: dict[str, str]) -> str:
     return f"""sandbox:
   limits: {{memory: 1GiB, disk: 1GiB, idle_timeout: 0}}
 {NETWORK_YAML}providers:
@@ -115,15 +119,24 @@ def _gateway_yaml(model: ScriptedAgentModel) -> str:
     kind: anthropic
     base_url: {model.base_url}
     api_key_env: SCRIPTED_MODEL_KEY
+    aliases: {json.dumps(aliases)}
 """
 
 
+def readme_aliases() -> dict[str, str]:
+    """The model aliases of the README's providers example."""
+    (provider,) = yaml.safe_load(snippet("model", "providers"))["providers"]
+    return ProviderSettings.model_validate(provider).aliases  # a valid provider, too
+
+
 @contextlib.contextmanager
-def agent_world(tmp: Path, model: ScriptedAgentModel, agentbox_home: Path
+def agent_world(tmp: Path, model: ScriptedAgentModel, agentbox_home: Path,
+                aliases: dict[str, str] | None = None
                 ) -> Iterator[tuple[RunningGateway, Box]]:  # fmt: skip
-    """The scripted model, a gateway whose provider it is, and a sandbox holding the
-    project, with a session token for the agent."""
-    with model, running_gateway(agentbox_home, tmp / "gw", extra_yaml=_gateway_yaml(model),
+    """The scripted model, a gateway whose provider it is (serving ``aliases`` as their
+    targets), and a sandbox holding the project, with a session token for the agent."""
+    extra = _gateway_yaml(model, aliases or {})
+    with model, running_gateway(agentbox_home, tmp / "gw", extra_yaml=extra,
                                 env={"SCRIPTED_MODEL_KEY": "k"},
                                 timeout_ms=INSTALL_TIMEOUT_MS) as gw:  # fmt: skip
         with gw.operator() as op:
@@ -257,6 +270,11 @@ def test_claude_code(tmp_path: Path, agentbox_home: Path, host_ready: None,
         assert done.returncode == 0, detail
         assert json.loads(done.stdout)["result"] == FINAL, detail
         check_the_work(gw, box, model, host, before)
+    # Its betas (which its context_management and effort fields need) reached the model.
+    betas = {
+        r.headers.get("anthropic-beta", "") for r in model.requests if r.path == "/v1/messages"
+    }
+    assert betas and all("claude-code-20250219" in b for b in betas), betas
 
 
 def test_codex(tmp_path: Path, agentbox_home: Path, host_ready: None, site: Path) -> None:
@@ -264,13 +282,21 @@ def test_codex(tmp_path: Path, agentbox_home: Path, host_ready: None, site: Path
     host = Host.make(tmp_path)
     patch = f"*** Begin Patch\n*** Add File: {host.marker}\n+x\n*** End Patch\n"
     refused = r"^unsupported call: "  # Codex's answer to a call of a tool it does not have
+    # Its GPT models' profile keeps apply_patch: the read-only sandbox refuses the write.
+    blocked = r"^patch rejected: writing is blocked by read-only sandbox"
     model = ScriptedAgentModel(chain([
         Step("shell", {"command": ["touch", str(host.marker)]}, refused, local=True),
         Step("exec_command", {"cmd": f"touch {host.marker}"}, refused, local=True),
-        Step("apply_patch", {"input": patch}, refused, local=True),
+        Step("apply_patch", {"input": patch}, f"{refused}|{blocked}", local=True),
         Step("view_image", {"path": str(host.cwd / "notes.txt")}, refused, local=True),
     ]), FINAL)  # fmt: skip
-    with agent_world(tmp_path, model, agentbox_home) as (gw, box):
+    # Codex's own GPT model name, as the README sets it (Codex then defers its MCP tools
+    # behind tool_search, and sends reasoning.effort and text.verbosity), served by the
+    # scripted Anthropic model through the README's alias.
+    codex_model = tomllib.loads(snippet("model", "codex"))["model"]
+    aliases = readme_aliases()
+    assert codex_model.startswith("gpt-") and codex_model in aliases, (codex_model, aliases)
+    with agent_world(tmp_path, model, agentbox_home, aliases) as (gw, box):
         codex_home = host.home / ".codex"
         codex_home.mkdir()
         # The README's two blocks, its model settings first (top-level keys before tables).
@@ -286,3 +312,11 @@ def test_codex(tmp_path: Path, agentbox_home: Path, host_ready: None, site: Path
         assert done.returncode == 0, detail
         assert last.read_text().strip() == FINAL, detail
         check_the_work(gw, box, model, host, before)
+    # Every sandbox tool was found by a search first (deferred), and asked for under the
+    # alias's target model, with Codex's verbosity in words.
+    assert sorted(set(model.outcome.searches)) == sorted(
+        {s.tool for s in model.steps if not s.local}
+    ), model.outcome
+    main = [r.json() for r in model.requests if "tool_search" in r.body.decode()]
+    assert main and {r["model"] for r in main} == {aliases[codex_model]}
+    assert all(anthropic_adapter.VERBOSITY["low"] in r["system"] for r in main)

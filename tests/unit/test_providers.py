@@ -333,6 +333,24 @@ def test_routing_by_model(
     assert [r.json()["model"] for r in openai.requests] == ["gpt-x"]
 
 
+def test_an_alias_is_served_under_the_providers_own_model_name(
+    openai: FakeProvider, anthropic: FakeProvider, fake_time: FakeTime
+) -> None:
+    # Codex keeps its GPT model name; the operator maps it to a model a provider has.
+    pool = make_pool(
+        openai.settings("oai", models=["gpt-x"]),
+        anthropic.settings("claude", models=["claude-x"], aliases={"gpt-5.5": "claude-x"}),
+        time=fake_time,
+    )
+
+    async def scenario(pool: ProviderPool) -> None:
+        assert (await pool.complete(ask(model="gpt-5.5"))).provider == "claude"
+        assert (await pool.complete(ask(model="gpt-x"))).provider == "oai"
+
+    run(pool, scenario)
+    assert [r.json()["model"] for r in anthropic.requests] == ["claude-x"]
+
+
 # Retries and failover -------------------------------------------------------------------
 def test_failover_order_follows_health_then_configuration(
     openai: FakeProvider, anthropic: FakeProvider, fake_time: FakeTime

@@ -98,3 +98,47 @@ def test_a_malformed_namespace_is_refused_with_the_reason(tool: dict[str, Any]) 
     with pytest.raises(InvalidRequest) as raised:
         rw.from_responses({"model": "m", "input": "hi", "tools": [tool]})
     assert raised.value.details.get("field") == "tools"
+
+
+SEARCHED: dict[str, Any] = {
+    "model": "m",
+    "tools": [{"type": "tool_search", "execution": "client"}],
+    "input": [
+        {"type": "message", "role": "user", "content": "go"},
+        *[item for n in (1, 2) for item in (
+            {"type": "tool_search_call", "call_id": f"s{n}", "execution": "client",
+             "arguments": '{"query": "patch"}'},  # a string, as some clients replay it
+            {"type": "tool_search_output", "call_id": f"s{n}", "execution": "client",
+             "tools": [{"type": "namespace", "name": "mcp__fs", "tools": [
+                 {"type": "custom", "name": "patch", "description": "edit a file"}]}]},
+        )],
+    ],
+}  # fmt: skip
+
+
+def test_a_tool_loaded_twice_is_offered_once_and_called_back_as_what_it_is() -> None:
+    chat = rw.from_responses(SEARCHED)
+    assert [t.name for t in chat.tools or []] == ["tool_search", "mcp__fs__patch"]
+    assert chat.tools is not None and chat.tools[0].parameters["required"] == ["query"]
+    assert chat.messages[1].tool_calls[0].arguments == '{"query": "patch"}'
+    assert chat.messages[2].content == (
+        "These tools are now available to call:\n- mcp__fs__patch: edit a file"
+    )
+    patch = ToolCall("c6", "mcp__fs__patch", '{"input": "*** Begin Patch"}')
+    search = ToolCall("c7", "tool_search", "not json")
+    response = rw.responses_json(_answer(patch, search), SEARCHED, BackgroundTask(lambda: None))
+    output = json.loads(bytes(response.body))["output"]
+    assert output[0] | {"id": ""} == {"type": "custom_tool_call", "id": "", "call_id": "c6",
+                                      "namespace": "mcp__fs", "name": "patch",
+                                      "input": "*** Begin Patch", "status": "completed"}  # fmt: skip
+    assert output[1] == {"type": "tool_search_call", "id": "tsc_c7", "call_id": "c7",
+                         "execution": "client", "arguments": {"arguments": "not json"},
+                         "status": "completed"}  # fmt: skip
+
+
+def test_without_a_search_tool_a_call_named_tool_search_is_a_function_call() -> None:
+    body = {"model": "m", "input": "hi", "tools": [
+        {"type": "function", "name": "tool_search", "parameters": {"type": "object"}}]}  # fmt: skip
+    response = rw.responses_json(_answer(ToolCall("c8", "tool_search", "{}")), body,
+                                 BackgroundTask(lambda: None))  # fmt: skip
+    assert json.loads(bytes(response.body))["output"][0]["type"] == "function_call"

@@ -7,11 +7,19 @@ Authentication is the gateway's: a session token (as ``Authorization: Bearer`` o
 Anthropic clients, ``x-api-key``) attributes the call to its sandbox and that sandbox's
 project; the operator token may name a project (``X-Agentbox-Project``). A batch task's
 calls carry ``X-Agentbox-Task``.
+
+An Anthropic client's ``anthropic-beta`` features reach an Anthropic provider when they
+are known to be safe (``anthropic.SAFE_BETAS``); a beta that would let the provider act
+outside the sandbox or its prices is a 400 naming it (``anthropic.REFUSED_BETAS``); an
+unknown one is dropped and named in ``X-Agentbox-Dropped-Betas`` (clients send every beta
+they know on every call, so refusing unknown ones would break each client upgrade; the
+provider refuses any field that needed a dropped beta, naming the field).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -25,8 +33,24 @@ from agentbox.gateway import jsonbody, responses_wire
 from agentbox.gateway import model_wire as wire
 from agentbox.gateway.auth import Principal
 from agentbox.gateway.models import Attribution, ModelService
+from agentbox.providers import anthropic
 from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent
 from agentbox.runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
+_WARNED: set[str] = set()  # dropped betas already logged (once each, not per call)
+
+
+def _with_betas(request: Request, chat: ChatRequest) -> tuple[ChatRequest, dict[str, str]]:
+    """The request with its client's safe Anthropic betas, and the response headers that
+    name those dropped."""
+    kept, dropped = anthropic.betas(request.headers.get("anthropic-beta"))
+    for beta in set(dropped) - _WARNED:
+        _WARNED.add(beta)
+        log.warning("anthropic-beta %r is not known to be safe: dropped (add it to "
+                    "providers/anthropic.py SAFE_BETAS if it is)", beta)  # fmt: skip
+    headers = {"X-Agentbox-Dropped-Betas": ",".join(dropped)} if dropped else {}
+    return (chat.model_copy(update={"betas": kept}) if kept else chat), headers
 
 
 def build_model_router(
@@ -68,19 +92,27 @@ def build_model_router(
         ],
         answer: Callable[[ChatResponse, dict[str, Any], BackgroundTask], Response],
         stream_headers: Callable[[dict[str, Any]], dict[str, str]] = lambda _: {},
+        betas: bool = False,
     ) -> Callable[[Request], Awaitable[Response]]:
-        """One wire format's handler: parse, then a stream or a JSON answer."""
+        """One wire format's handler: parse, then a stream or a JSON answer. With
+        ``betas``, the client's Anthropic betas are judged (an Anthropic client)."""
 
         async def handle(request: Request) -> Response:
             who = await caller(request)
             body = await body_of(request)
             chat = parse(body)
+            headers: dict[str, str] = {}
+            if betas and "anthropic-beta" in request.headers:
+                chat, headers = _with_betas(request, chat)
             if chat.stream:
                 events = service.stream(chat, who)
                 first = await _first(events)
-                return EventStream(sse(first, events, body, chat), stream_headers(body))
+                return EventStream(sse(first, events, body, chat),
+                                   stream_headers(body) | headers)  # fmt: skip
             response, settle = await service.complete_deferred(chat, who)
-            return answer(response, body, BackgroundTask(settle))
+            answered = answer(response, body, BackgroundTask(settle))
+            answered.headers.update(headers)
+            return answered
 
         handle.__name__, handle.__doc__ = name, doc  # the schema's operation and summary
         return handle
@@ -100,6 +132,7 @@ def build_model_router(
         wire.from_anthropic,
         lambda first, rest, _, chat: wire.anthropic_sse(first, rest, chat),
         lambda response, _, background: wire.anthropic_json(response, background),
+        betas=True,
     )
     responses = endpoint(
         "responses",
@@ -127,9 +160,9 @@ def build_model_router(
         """Anthropic's count_tokens: exact from an Anthropic provider, else an estimate;
         ``X-Agentbox-Token-Count`` says which (exact, estimated)."""
         principal(request)  # any valid token; counting spends nothing
-        chat = wire.from_anthropic(await body_of(request))
+        chat, headers = _with_betas(request, wire.from_anthropic(await body_of(request)))
         tokens, provider = await service.count_tokens(chat)
-        headers = {"X-Agentbox-Token-Count": "estimated" if provider is None else "exact"}
+        headers["X-Agentbox-Token-Count"] = "estimated" if provider is None else "exact"
         if provider is not None:
             headers["X-Agentbox-Provider"] = provider
         return JSONResponse({"input_tokens": tokens}, headers=headers)

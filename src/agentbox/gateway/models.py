@@ -82,7 +82,7 @@ class ModelService:
         the providers are configured."""
         seen: dict[str, str] = {}
         for provider in self.settings.providers:
-            for model in provider.models:
+            for model in [*provider.models, *provider.aliases]:
                 seen.setdefault(model, provider.name)
         return list(seen.items())
 

@@ -8,6 +8,15 @@ refused with a 400 naming it (``_FIELDS``); nothing that would change the answer
 dropped in silence. The conversation is stateless: ``store`` is never honoured (nothing
 is kept), so ``previous_response_id`` is refused: send the whole input each turn, as
 Codex does by default (``store: false``).
+
+Tool search (what Codex sends for its GPT models: its MCP tools are deferred, found by a
+``tool_search`` tool it runs itself, ``execution: "client"``) translates too: the search
+tool is a function ``tool_search`` for the provider, the model's call of it goes back as a
+``tool_search_call`` item, and the tools a ``tool_search_output`` item loaded join the
+provider's tool list (under their flat names) from then on, as OpenAI makes them callable.
+A search OpenAI would run itself (``execution: "server"``) is refused: no provider here
+can run it. A tool listed with ``defer_loading`` is offered at once (more input tokens; a
+call of it is as valid as after a search).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from starlette.background import BackgroundTask
 
 from agentbox.errors import AgentboxError, InvalidRequest
 from agentbox.gateway import model_wire as wire
+from agentbox.providers.anthropic import tool_input
 from agentbox.providers.types import (
     ChatRequest,
     ChatResponse,
@@ -62,6 +72,12 @@ _FIELDS: dict[str, str | None] = {
 _DROPPED_TOOLS = ("web_search", "web_search_preview")
 _CUSTOM_INPUT = {"type": "object", "properties": {"input": {"type": "string"}},
                  "required": ["input"]}  # fmt: skip
+SEARCH = "tool_search"  # the client's tool search, as a function for the provider
+# For a client's tool_search that comes without a description or parameters.
+_SEARCH_DESCRIPTION = "Search the deferred tools; the matching ones become callable."
+_SEARCH_INPUT = {"type": "object", "properties": {"query": {"type": "string"},
+                 "limit": {"type": "number"}}, "required": ["query"]}  # fmt: skip
+_MAX_SHOWN = 200  # characters of a loaded tool's description in the search's result text
 
 
 def _check_fields(body: dict[str, Any]) -> None:
@@ -102,14 +118,58 @@ def _flat(namespace: Any, name: Any) -> str:
     return f"{namespace}__{name}" if namespace else str(name or "")
 
 
-def _entries(body: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
-    """The request's tools, each with its namespace (None outside one), namespaces
-    opened."""
-    found: list[tuple[str | None, dict[str, Any]]] = []
+def _loaded(body: dict[str, Any]) -> list[Any]:
+    """The tools the input's ``tool_search_output`` items loaded, in order: callable from
+    then on, though the client does not repeat them in ``tools``."""
+    items = body.get("input")
+    if not isinstance(items, list):
+        return []
+    return [tool for item in items
+            if isinstance(item, dict) and item.get("type") == "tool_search_output"
+            for tool in wire._list(item.get("tools"), "a tool_search_output's tools")]  # fmt: skip
+
+
+def search_tool(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The request's client-run ``tool_search`` tool, if it has one."""
     for entry in body.get("tools") or []:
+        if isinstance(entry, dict) and entry.get("type") == "tool_search":
+            if entry.get("execution") != "client":
+                raise InvalidRequest(
+                    "tool_search run by the server (execution 'server', the default) is not "
+                    "supported: no provider here can search deferred tools; use execution "
+                    "'client' (as Codex does) or send the tools without defer_loading",
+                    field="tools",
+                )
+            return entry
+    return None
+
+
+def _entries(body: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
+    """The request's tools and those a tool search loaded, each with its namespace (None
+    outside one), namespaces opened; a tool loaded twice counts once."""
+    found: list[tuple[str | None, dict[str, Any]]] = []
+    seen: set[str] = set()
+    tools = [*(body.get("tools") or []), *_loaded(body)]
+    searching = any(isinstance(t, dict) and t.get("type") == "tool_search" for t in tools)
+
+    def add(namespace: str | None, tool: dict[str, Any]) -> None:
+        name = _flat(namespace, tool.get("name"))
+        if searching and name == SEARCH and tool.get("type") in ("function", "custom"):
+            raise InvalidRequest(
+                f"a tool named {SEARCH!r} besides the tool_search tool is not supported "
+                "(the names would collide)",
+                field="tools",
+            )
+        if name not in seen or tool.get("type") not in ("function", "custom"):
+            seen.add(name)
+            found.append((namespace, tool))
+
+    for entry in tools:
         entry = wire._object(entry, "a tool")
+        if entry.get("type") == "tool_search":
+            continue  # the search tool itself: search_tool()
         if entry.get("type") != "namespace":
-            found.append((None, entry))
+            add(None, entry)
             continue
         namespace = entry.get("name")
         if not isinstance(namespace, str) or not namespace:
@@ -123,7 +183,7 @@ def _entries(body: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
             if kind not in ("function", "custom"):
                 raise InvalidRequest(f"namespace {namespace!r}: tool type {kind!r} is not "
                                      "supported (function, custom)", field="tools")  # fmt: skip
-            found.append((namespace, tool))
+            add(namespace, tool)
     return found
 
 
@@ -134,6 +194,7 @@ class ToolNames:
 
     custom: frozenset[str]
     namespaced: dict[str, tuple[str, str]]  # provider name -> (namespace, name)
+    search: bool = False  # a call of ``tool_search`` goes back as a tool_search_call
 
 
 def tool_names(body: dict[str, Any]) -> ToolNames:
@@ -141,6 +202,7 @@ def tool_names(body: dict[str, Any]) -> ToolNames:
     return ToolNames(
         frozenset(_flat(ns, t.get("name")) for ns, t in entries if t.get("type") == "custom"),
         {_flat(ns, t.get("name")): (ns, str(t.get("name"))) for ns, t in entries if ns},
+        search_tool(body) is not None,
     )
 
 
@@ -151,6 +213,9 @@ def dropped_tools(body: dict[str, Any]) -> list[str]:
 
 def _tools(body: dict[str, Any]) -> list[Tool] | None:
     tools = []
+    if (search := search_tool(body)) is not None:
+        tools.append(wire._tool(SEARCH, search.get("description") or _SEARCH_DESCRIPTION,
+                                search.get("parameters") or _SEARCH_INPUT))  # fmt: skip
     for namespace, entry in _entries(body):
         kind, name = entry.get("type"), _flat(namespace, entry.get("name"))
         if kind == "function":
@@ -170,7 +235,7 @@ def _tools(body: dict[str, Any]) -> list[Tool] | None:
         elif kind not in _DROPPED_TOOLS:
             raise InvalidRequest(
                 f"tool type {kind!r} is not supported (function and custom tools, also in "
-                "namespaces; web_search "
+                "namespaces, and a client-run tool_search; web_search "
                 "is left out; local_shell and OpenAI's other server tools are not: give the "
                 "agent a function shell tool)",
                 field="tools",
@@ -255,6 +320,15 @@ def _turns(items: Any) -> tuple[list[Message], list[str]]:
             call(ToolCall(str(item.get("call_id") or ""),
                           _flat(item.get("namespace"), item.get("name")),
                           json.dumps({"input": str(item.get("input") or "")})))  # fmt: skip
+        elif kind == "tool_search_call":
+            if item.get("execution") != "client":
+                raise InvalidRequest("a tool_search_call run by the server is not supported "
+                                     "(execution 'client' only)", field="input")  # fmt: skip
+            call(ToolCall(str(item.get("call_id") or ""), SEARCH,
+                          wire._arguments(item.get("arguments"))))  # fmt: skip
+        elif kind == "tool_search_output":
+            turns.append(Message(role="tool", content=_search_result(item),
+                                 tool_call_id=str(item.get("call_id") or "")))  # fmt: skip
         elif kind in ("function_call_output", "custom_tool_call_output"):
             text, images = _output_text(item.get("output"))
             turns.append(Message(role="tool", content=text, images=images,
@@ -266,10 +340,24 @@ def _turns(items: Any) -> tuple[list[Message], list[str]]:
         else:
             raise InvalidRequest(
                 f"input item of type {kind!r} is not supported (message, function_call, "
-                "function_call_output, custom_tool_call, custom_tool_call_output, reasoning)"
+                "function_call_output, custom_tool_call, custom_tool_call_output, "
+                "tool_search_call, tool_search_output, reasoning)"
                 + ("; " + _STATELESS if kind == "item_reference" else "")
             )
     return turns, system
+
+
+def _search_result(item: dict[str, Any]) -> str:
+    """A tool search's result as the provider's model reads it: the tools now callable
+    (their definitions join the request's tools)."""
+    loaded = _entries({"tools": wire._list(item.get("tools"), "a tool_search_output's tools")})
+    if not loaded:
+        return "No tools matched the search."
+    lines = []
+    for namespace, tool in loaded:
+        description = " ".join(str(tool.get("description") or "").split())
+        lines.append(f"- {_flat(namespace, tool.get('name'))}: {description[:_MAX_SHOWN]}")
+    return "These tools are now available to call:\n" + "\n".join(lines)
 
 
 def from_responses(body: dict[str, Any]) -> ChatRequest:
@@ -298,10 +386,12 @@ def from_responses(body: dict[str, Any]) -> ChatRequest:
             tools=_tools(body),
             tool_choice=_choice(body.get("tool_choice")),
             parallel_tool_calls=body.get("parallel_tool_calls"),
-            # The effort an OpenAI provider honours; summaries are not produced (no
+            # The effort an OpenAI provider honours (another reasons as it does by
+            # default: ChatRequest.reasoning_effort); summaries are not produced (no
             # reasoning items come back), which changes what is shown, not the answer.
             reasoning_effort=reasoning.get("effort"),
-            # Medium is every model's default: it needs no provider that takes the field.
+            # Medium is every model's default; low and high reach an Anthropic model as
+            # words in its system prompt (ChatRequest.verbosity).
             verbosity=None if verbosity == "medium" else verbosity,
         )
     except (ValueError, TypeError) as e:
@@ -320,6 +410,11 @@ def _usage(u: Usage | None) -> dict[str, Any]:
 
 def _call_item(call: ToolCall, names: ToolNames, done: bool = True) -> dict[str, Any]:
     status = "completed" if done else "in_progress"
+    if names.search and call.name == SEARCH:
+        # Arguments as an object (as OpenAI sends them), whatever the model wrote.
+        arguments = tool_input(call.arguments) if done else {}
+        return {"type": "tool_search_call", "id": "tsc_" + call.id, "call_id": call.id,
+                "execution": "client", "arguments": arguments, "status": status}  # fmt: skip
     namespace, name = names.namespaced.get(call.name, (None, call.name))
     where = {"namespace": namespace} if namespace else {}
     if call.name in names.custom:
@@ -451,7 +546,9 @@ async def responses_sse(first: StreamEvent, rest: AsyncGenerator[StreamEvent, No
                     item, index = _call_item(event.tool_call, names), len(output)
                     started = _call_item(event.tool_call, names, done=False)
                     out += sse("response.output_item.added", output_index=index, item=started)
-                    if item["type"] == "custom_tool_call":
+                    if item["type"] == "tool_search_call":
+                        pass  # no argument deltas: the item arrives whole
+                    elif item["type"] == "custom_tool_call":
                         delta = "response.custom_tool_call_input"
                         out += sse(delta + ".delta", item_id=item["id"], output_index=index,
                                    delta=item["input"])  # fmt: skip

@@ -300,6 +300,11 @@ class ProviderSettings(Strict):
     A model missing from ``prices`` costs 0 USD (its tokens still count against token
     budgets, and the usage summary reports them as unpriced). A dated name such as
     ``claude-sonnet-4-20250514`` takes the price of ``claude-sonnet-4``.
+
+    ``aliases`` map a model name clients ask for to the model this provider is asked for
+    instead (``{gpt-5.5: claude-sonnet-4-5}``: Codex keeps the GPT name it has tuned
+    settings for, and an Anthropic provider serves it); an alias is served even when
+    ``models`` does not list it.
     """
 
     name: str
@@ -307,6 +312,7 @@ class ProviderSettings(Strict):
     base_url: str | None = None
     api_key_env: str | None = None
     models: list[str] = Field(default_factory=list)
+    aliases: dict[str, str] = Field(default_factory=dict)
     timeout_seconds: float = Field(default=60.0, gt=0)
     prices: dict[str, ModelPrice] = Field(default_factory=dict)
 

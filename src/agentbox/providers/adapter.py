@@ -204,6 +204,10 @@ class Adapter(ABC):
     @abstractmethod
     def headers(self) -> dict[str, str]: ...
 
+    def request_headers(self, request: ChatRequest) -> dict[str, str]:
+        """Headers this request adds (Anthropic's betas)."""
+        return {}
+
     @abstractmethod
     def payload(self, request: ChatRequest, stream: bool) -> dict[str, Any]: ...
 
@@ -228,7 +232,11 @@ class Adapter(ABC):
             self.url(),
             proxy=self._proxy,
             data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", **self.headers()},
+            headers={
+                "Content-Type": "application/json",
+                **self.headers(),
+                **self.request_headers(request),
+            },
             allow_redirects=False,  # a key must not travel to another host
         )
 
@@ -276,7 +284,8 @@ class Adapter(ABC):
         has no counting (then the caller estimates)."""
         return None
 
-    async def _post_json(self, url: str, body: dict[str, Any]) -> Any:
+    async def _post_json(self, url: str, body: dict[str, Any],
+                         headers: dict[str, str] | None = None) -> Any:  # fmt: skip
         """One JSON POST to ``url`` (not retried), its parsed answer; failures classified."""
         self._check_key()
         if self._http is None or self._http.closed:
@@ -286,7 +295,7 @@ class Adapter(ABC):
                 url,
                 proxy=self._proxy,
                 data=json.dumps(body).encode(),
-                headers={"Content-Type": "application/json", **self.headers()},
+                headers={"Content-Type": "application/json", **self.headers(), **(headers or {})},
                 allow_redirects=False,
             ) as response:
                 raw = await _read_capped(response)

@@ -9,12 +9,14 @@ block start/stop carry nothing we need; ``error`` can arrive mid-stream.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
 from httpx2 import ServerSentEvent
 
+from agentbox.errors import InvalidRequest
 from agentbox.providers.adapter import Adapter
 from agentbox.providers.types import (
     Category,
@@ -44,6 +46,67 @@ _CHOICE: dict[str, dict[str, Any]] = {
     "auto": {"type": "auto"},
     "required": {"type": "any"},
     "none": {"type": "none"},
+}
+# The ``anthropic-beta`` features an Anthropic client may ask an Anthropic provider for,
+# by family (the name without its date: a new version of a family is judged as the
+# family), each with why it is safe: it changes how the model reads the request or writes
+# the answer, and reaches nothing the request does not carry.
+SAFE_BETAS = {
+    "claude-code": "names the client as Claude Code; changes no field",
+    "interleaved-thinking": "thinking between tool calls: blocks the gateway passes through",
+    "context-management": "the provider drops old tool results or thinking from what the "
+                          "model reads (context_management): less input, nothing new",
+    "effort": "output_config.effort: how much the model thinks",
+    "thinking-token-count": "the usage also counts thinking tokens (already billed as output)",
+    "mid-conversation-tool-changes": "the tool list may change between turns",
+    "fine-grained-tool-streaming": "tool input streamed unbuffered; the gateway gathers it",
+    "token-efficient-tools": "a denser tool-call encoding; the same calls",
+    "output-128k": "longer answers, at the same price per token",
+    "prompt-caching": "cache_control marks (generally available; cache reads and writes are "
+                      "priced)",
+    "pdfs": "inline PDF documents (sent inline, redacted around)",
+    "token-counting": "count_tokens",
+}  # fmt: skip
+# Families refused with a 400 that says why: the provider would act outside the sandbox
+# and its egress policy, hold data the gateway cannot see, or bill at prices the price
+# tables do not have.
+REFUSED_BETAS = {
+    "mcp-client": "the provider would connect to MCP servers itself, outside the "
+                  "sandbox's egress policy: give the agent agentbox's MCP tools",
+    "web-fetch": "the provider would fetch URLs from its servers, outside the sandbox's "
+                 "egress policy: browse from the sandbox",
+    "web-search": "the provider would search the web from its servers, outside the "
+                  "sandbox's egress policy",
+    "code-execution": "the provider would run code on its servers, outside the sandbox",
+    "skills": "skills run in the provider's code execution, outside the sandbox",
+    "files-api": "files stored at the provider are sent by reference, past redaction",
+    "extended-cache-ttl": "1-hour cache writes cost 2x input, not the cache_write price "
+                          "budgets are counted with",
+    "context-1m": "input beyond 200k tokens costs more than the price tables say, so "
+                  "budgets would undercount",
+}  # fmt: skip
+_DATED = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8})$")
+
+
+def betas(header: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """An ``anthropic-beta`` header judged: the betas to forward and those dropped
+    (unknown: the provider refuses any field that needed one, naming it). A refused
+    beta raises ``InvalidRequest`` naming it and why."""
+    kept: list[str] = []
+    dropped: list[str] = []
+    for beta in filter(None, (b.strip() for b in (header or "").split(","))):
+        family = _DATED.sub("", beta)
+        if family in REFUSED_BETAS:
+            raise InvalidRequest(f"anthropic-beta {beta!r} is not allowed through agentbox: "
+                                 f"{REFUSED_BETAS[family]}", beta=beta)  # fmt: skip
+        (kept if family in SAFE_BETAS else dropped).append(beta)
+    return tuple(kept), tuple(dropped)
+
+
+# OpenAI's text.verbosity, which Anthropic has no field for, said to the model instead.
+VERBOSITY = {
+    "low": "Keep your answers short: say what is needed and no more.",
+    "high": "Give thorough answers: explain your reasoning and the details.",
 }
 # What POST /v1/messages/count_tokens accepts of a messages request.
 _COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers")
@@ -147,6 +210,9 @@ class AnthropicAdapter(Adapter):
             headers["x-api-key"] = self._api_key
         return headers
 
+    def request_headers(self, request: ChatRequest) -> dict[str, str]:
+        return {"anthropic-beta": ",".join(request.betas)} if request.betas else {}
+
     def payload(self, request: ChatRequest, stream: bool) -> dict[str, Any]:
         if request.native is not None and request.extra_kind == self.kind:
             # An Anthropic client's own body, as it sent it (redacted): nothing lost.
@@ -159,8 +225,11 @@ class AnthropicAdapter(Adapter):
             "max_tokens": request.max_tokens or DEFAULT_MAX_TOKENS,
             "messages": _messages(request.messages),
         }
-        if request.system:
-            body["system"] = request.system
+        system = [request.system] if request.system else []
+        if request.verbosity in VERBOSITY:
+            system.append(VERBOSITY[request.verbosity])
+        if system:
+            body["system"] = "\n\n".join(system)
         if request.temperature is not None:
             # Anthropic refuses more than 1 (OpenAI's scale goes to 2): clamp, not fail.
             body["temperature"] = min(request.temperature, 1.0)
@@ -189,7 +258,8 @@ class AnthropicAdapter(Adapter):
     async def count_tokens(self, request: ChatRequest) -> int | None:
         # The counting endpoint takes only what shapes the input (no max_tokens, stream …).
         body = {k: v for k, v in self.payload(request, stream=False).items() if k in _COUNTED}
-        data = await self._post_json(f"{self.base_url}/v1/messages/count_tokens", body)
+        data = await self._post_json(f"{self.base_url}/v1/messages/count_tokens", body,
+                                     self.request_headers(request))  # fmt: skip
         try:
             return int(data["input_tokens"])
         except (KeyError, TypeError, ValueError) as e:

@@ -221,9 +221,11 @@ class ProviderPool:
         for index, adapter in enumerate(self._adapters):
             if required is not None and adapter.kind != required[0]:
                 continue
-            models = adapter.settings.models
+            models, aliases = adapter.settings.models, adapter.settings.aliases
             if request.model is None and models:
                 model = models[0]
+            elif request.model in aliases:
+                model = aliases[request.model]
             elif request.model is not None and (not models or request.model in models):
                 model = request.model
             else:

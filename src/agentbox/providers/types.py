@@ -83,9 +83,13 @@ class ChatRequest(_Strict):
     # auto (the default), required (some tool), none, or one tool's name (that tool)
     tool_choice: str | None = None
     parallel_tool_calls: bool | None = None  # False: at most one call per answer
-    # OpenAI's reasoning effort (minimal … high): only an openai provider can honour it.
+    # OpenAI's reasoning effort (minimal … high): sent to an openai provider; another
+    # model reasons as it does by default (Anthropic's thinking would come back as signed
+    # blocks that an OpenAI-format client cannot carry to the next turn).
     reasoning_effort: str | None = None
-    verbosity: str | None = None  # OpenAI's (low, high): an openai provider only, likewise
+    # OpenAI's answer length (low, high): sent to an openai provider; for Anthropic the
+    # same request in words, in the system prompt (anthropic.VERBOSITY).
+    verbosity: str | None = None
     # The client's other top-level fields (response_format, metadata, seed, …), in its
     # own format: sent only to a provider of that kind, never translated.
     extra: dict[str, Any] | None = None
@@ -94,6 +98,9 @@ class ChatRequest(_Strict):
     # it sends instead of a translation, so thinking blocks and their signatures,
     # cache_control marks and documents arrive as they left the client.
     native: dict[str, Any] | None = None
+    # Anthropic betas the client asked for that are safe (anthropic.SAFE_BETAS): sent
+    # as anthropic-beta to an Anthropic provider; another has no such features.
+    betas: tuple[str, ...] = ()
     # Why only a provider of ``extra_kind`` can serve the request (content with no
     # translation, such as a document), or None.
     native_only: str | None = None
@@ -101,10 +108,6 @@ class ChatRequest(_Strict):
     def requires(self) -> tuple[str, str] | None:
         """(provider kind, why) when only a provider of that kind can serve the request
         as asked; None when any provider can."""
-        if self.reasoning_effort is not None:
-            return "openai", "reasoning.effort (only an OpenAI provider takes it)"
-        if self.verbosity is not None:
-            return "openai", "text.verbosity (only an OpenAI provider takes it)"
         if self.native_only is not None and self.extra_kind is not None:
             return self.extra_kind, self.native_only
         return None
