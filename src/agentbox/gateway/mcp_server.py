@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import mimetypes
@@ -130,6 +131,30 @@ def _protocol_errors(
             raise MCPError(types.INTERNAL_ERROR, "internal error; see the gateway log") from e
 
     return wrapped
+
+
+def _state_for(principal: Principal, params: types.CallToolRequestParams) -> dict[str, str]:
+    """What a call's ``requestState`` is bound to: the token and the call itself."""
+    call = json.dumps([params.name, params.arguments or {}], sort_keys=True)
+    return {"actor": principal.actor, "call": hashlib.sha256(call.encode()).hexdigest()}
+
+
+def _approval_from_state(
+    key: bytes, principal: Principal, params: types.CallToolRequestParams
+) -> str:
+    """The approval a returned ``requestState`` names. State that fails verification
+    (altered, forged, not made here) or that was given to another token or for another
+    call is refused with a JSON-RPC error, as SEP-2322 requires, rather than read as no
+    state: the client learns its state is bad instead of being asked for a new approval."""
+    state = sealed.unseal(key, params.request_state)
+    approval_id = state.get("approval_id") if state else None
+    bound = _state_for(principal, params)
+    if not isinstance(approval_id, str) or any(state.get(k) != v for k, v in bound.items()):
+        raise InvalidRequest(
+            "requestState failed verification (altered, or given to another token or for "
+            "another call); call the tool again without requestState to ask for a new approval"
+        )
+    return approval_id
 
 
 def _tool(spec: ToolSpec) -> types.Tool:
@@ -360,11 +385,8 @@ def build_mcp_server(
         principal = resolve(ctx)
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
         approval_id = None
-        if modern:
-            # Forged or malformed state (the client is untrusted) counts as none.
-            state = sealed.unseal(gateway.state_key, params.request_state) or {}
-            found = state.get("approval_id")
-            approval_id = found if isinstance(found, str) else None
+        if modern and params.request_state is not None:
+            approval_id = _approval_from_state(gateway.state_key, principal, params)
         sandbox = str((params.arguments or {}).get("sandbox_id") or principal.sandbox_id or "")
         try:
             with calls.track(principal, ctx.request_id) as cancel:
@@ -388,7 +410,8 @@ def build_mcp_server(
                     )
                 },
                 request_state=sealed.seal(
-                    gateway.state_key, {"approval_id": e.details["approval_id"]}
+                    gateway.state_key,
+                    {"approval_id": e.details["approval_id"], **_state_for(principal, params)},
                 ),
             )
         except (ToolNotFound, InsufficientScope):
