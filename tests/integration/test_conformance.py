@@ -180,6 +180,40 @@ def test_log_notifications_follow_set_level(gw: RunningGateway, sandbox_id: str)
     assert logged[0].data["error"] == "file_not_found"
 
 
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+def test_log_notifications_of_a_current_request_follow_its_meta(
+    gw: RunningGateway, sandbox_id: str
+) -> None:
+    """A 2026-07-28 request gets log notifications only at the level its own ``_meta``
+    asks for (the suite's sep-2575-server-no-log-without-loglevel, which needs a fixture
+    tool): never because a handshake-era client of the same token set a level."""
+    token = issue(gw, sandbox_id)
+    logged: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logged.append(params)
+
+    def level(name: str) -> dict[str, Any]:
+        return {types.LOG_LEVEL_META_KEY: name}
+
+    async def main() -> None:
+        async with mcp_client(gw, token, "legacy") as legacy:
+            await legacy.set_logging_level("debug")  # this token's handshake-era level
+        async with mcp_client(gw, token, logging_callback=on_log) as c:
+            assert c.protocol_version == "2026-07-28"
+            await c.call_tool("terminal_run", {"command": "true"})
+            await c.call_tool("fs_read", {"path": "missing.txt"})
+            assert logged == []  # the request asked for none
+            await c.call_tool("terminal_run", {"command": "true"}, meta=level("warning"))
+            await c.call_tool("fs_read", {"path": "missing.txt"}, meta=level("warning"))
+            await c.call_tool("terminal_run", {"command": "true"}, meta=level("info"))
+
+    anyio.run(main)
+    assert [(m.level, m.data["tool"]) for m in logged] == [
+        ("warning", "fs_read"), ("info", "terminal_run")
+    ]  # fmt: skip
+
+
 def _ticker_gone(c: Any) -> Any:
     async def gone() -> bool:
         r = await c.call_tool(

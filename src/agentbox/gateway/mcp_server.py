@@ -18,8 +18,9 @@ come back as ``resource_link`` blocks, ``sandbox://<sandbox id>/<absolute path>`
 ``resources/read`` reads through ``fs_read``'s one call path (its scope, the sandbox the
 token is bound to, the read policy, redaction and the audit trail). A call that sends
 ``_meta.progressToken`` gets ``notifications/progress`` with the command's latest output
-lines; ``notifications/cancelled`` kills the command (its cgroup). ``logging/setLevel``
-(handshake-era clients) turns on log notifications about tool calls at that level and up.
+lines; ``notifications/cancelled`` kills the command (its cgroup). Log notifications
+about tool calls come at the level a 2026-07-28 request's ``_meta`` asks for, or that a
+handshake-era client set with ``logging/setLevel``, and up; none otherwise.
 """
 
 from __future__ import annotations
@@ -235,8 +236,11 @@ def _mime(path: str) -> str:
 
 
 class LogLevels:
-    """The ``logging/setLevel`` of each token (handshake era): over stateless HTTP a
-    token, not a connection, is the session. None set: no log notifications."""
+    """Which log notifications a tool call gets. A 2026-07-28 request asks for them itself
+    (``_meta`` ``io.modelcontextprotocol/logLevel``; absent: none, the server MUST NOT
+    send any). A handshake-era client sets a level with ``logging/setLevel``, kept per
+    token (over stateless HTTP a token, not a connection, is the session); it never
+    applies to a 2026-07-28 request of the same token."""
 
     def __init__(self) -> None:
         self._levels: dict[str, int] = {}
@@ -244,8 +248,19 @@ class LogLevels:
     def set(self, principal: Principal, level: types.LoggingLevel) -> None:
         self._levels[principal.actor] = LOG_LEVELS.index(level)
 
-    def wanted(self, principal: Principal) -> bool:
+    def wanted(self, principal: Principal, params: dict[str, Any]) -> bool:
+        """Whether a tools/call with these (raw) params may get log notifications."""
+        meta = params.get("_meta")
+        meta = meta if isinstance(meta, dict) else {}
+        if types.PROTOCOL_VERSION_META_KEY in meta:  # a 2026-07-28 request
+            return meta.get(types.LOG_LEVEL_META_KEY) in LOG_LEVELS
         return principal.actor in self._levels
+
+    def _floor(self, ctx: ServerRequestContext[Any, Any], principal: Principal) -> int | None:
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            requested = (ctx.meta or {}).get(types.LOG_LEVEL_META_KEY)
+            return LOG_LEVELS.index(requested) if requested in LOG_LEVELS else None
+        return self._levels.get(principal.actor)
 
     async def log(
         self,
@@ -254,7 +269,7 @@ class LogLevels:
         level: types.LoggingLevel,
         data: Any,
     ) -> None:
-        floor = self._levels.get(principal.actor)
+        floor = self._floor(ctx, principal)
         if floor is None or LOG_LEVELS.index(level) < floor:
             return
         notification = types.LoggingMessageNotification(
@@ -299,8 +314,8 @@ class InFlight:
 
 
 def wants_stream(body: bytes, principal: Principal, logs: LogLevels) -> bool:
-    """Whether a POST to /mcp needs the SSE transport: a tools/call that asks for progress,
-    or whose token set a log level (the JSON transport has no wire for notifications),
+    """Whether a POST to /mcp needs the SSE transport: a tools/call that asks for progress
+    or may get logs (:meth:`LogLevels.wanted`; the JSON transport has no wire for them),
     and whose authorization cannot fail (an auth failure is an HTTP 401/403 with its
     challenge, which a stream already begun with 200 cannot carry)."""
     try:
@@ -312,7 +327,7 @@ def wants_stream(body: bytes, principal: Principal, logs: LogLevels) -> bool:
     params = message.get("params")
     if not isinstance(params, dict):
         return False
-    if progress_token_from_params(params) is None and not logs.wanted(principal):
+    if progress_token_from_params(params) is None and not logs.wanted(principal, params):
         return False
     name, args = params.get("name"), params.get("arguments") or {}
     sandbox = args.get("sandbox_id") if isinstance(args, dict) else None
