@@ -115,9 +115,17 @@ def test_saved_output_is_a_resource_link(gw: RunningGateway, sandbox_id: str) ->
             assert template.uri_template == "sandbox://{sandbox_id}/{+path}"
             small = await c.call_tool("terminal_run", {"command": "echo hi"})
             assert not [b for b in small.content if isinstance(b, types.ResourceLink)]
+            nope = f"sandbox://{sandbox_id}/tmp/agentbox-output/nope"
             with pytest.raises(MCPError) as missing:
-                await c.read_resource(f"sandbox://{sandbox_id}/tmp/agentbox-output/nope")
-            assert missing.value.code == -32002  # MCP's resource not found
+                await c.read_resource(nope)
+            # MCP's resource not found since 2026-07-28 (SEP-2164), naming the URI.
+            assert missing.value.code == -32602 and missing.value.error.data["uri"] == nope
+        async with mcp_client(gw, token, "legacy") as c:
+            for uri in (nope, "test://static-text"):
+                with pytest.raises(MCPError) as missing:
+                    await c.read_resource(uri)
+                # ... and until 2025-11-25
+                assert missing.value.code == -32002 and missing.value.error.data["uri"] == uri
 
     anyio.run(main)
 

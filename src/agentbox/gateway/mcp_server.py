@@ -90,7 +90,7 @@ log = logging.getLogger(__name__)
 JSONRPC_CODES: dict[type[AgentboxError], int] = {
     ToolNotFound: types.INVALID_PARAMS,  # MCP: an unknown tool is invalid params
     InvalidRequest: types.INVALID_PARAMS,
-    NotFound: -32002,  # MCP's "resource not found"
+    NotFound: -32002,  # MCP's "resource not found" until 2025-11-25 (_resource_not_found)
     Unauthenticated: -32050,
     PermissionDenied: -32051,  # insufficient_scope, policy_denied, path_escape, ...
     Conflict: -32052,
@@ -206,6 +206,16 @@ def parse_resource_uri(uri: str) -> tuple[str, str]:
     if not uri.startswith(RESOURCE_SCHEME) or not sandbox or not slash:
         raise FileNotFound(f"no resource {uri!r}: resources are sandbox://<sandbox id>/<path>")
     return sandbox, "/" + unquote(path)
+
+
+def _resource_not_found(e: NotFound, uri: str, protocol_version: str) -> MCPError:
+    """MCP's "resource not found", with the URI in ``data.uri``: -32602 from 2026-07-28
+    (SEP-2164), -32002 for the handshake-era revisions that defined that code."""
+    error = jsonrpc_error(e)
+    error["data"]["uri"] = uri
+    if protocol_version in MODERN_PROTOCOL_VERSIONS:
+        error["code"] = types.INVALID_PARAMS
+    return MCPError(**error)
 
 
 def result_content(result: dict[str, Any], sandbox_id: str = "") -> list[types.ContentBlock]:
@@ -496,10 +506,13 @@ def build_mcp_server(
         ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         """fs_read of the URI's file: the same scope, sandbox, policy, redaction, audit."""
-        sandbox, path = parse_resource_uri(params.uri)
-        outcome = await gateway.call_tool(
-            resolve(ctx), "fs_read", {"path": path, "sandbox_id": sandbox}
-        )
+        try:
+            sandbox, path = parse_resource_uri(params.uri)
+            outcome = await gateway.call_tool(
+                resolve(ctx), "fs_read", {"path": path, "sandbox_id": sandbox}
+            )
+        except NotFound as e:
+            raise _resource_not_found(e, params.uri, ctx.protocol_version) from e
         result = outcome.result
         mime = _mime(path)
         if result["encoding"] == "base64":
