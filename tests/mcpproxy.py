@@ -5,6 +5,10 @@ It adds ``Authorization: Bearer <token>`` and rewrites a Host or Origin naming t
 itself to the gateway's own address, so the gateway sees what a client talking to it
 directly would send; any other Host or Origin (``evil.example.com``) passes unchanged, so
 the gateway's DNS-rebinding checks still judge it. Responses (SSE included) are streamed.
+Header values are forwarded without their surrounding whitespace, as RFC 9110 lets a
+recipient read them (the HTTP client refuses to send trailing OWS); the gateway's own
+handling of it is tested directly: test_gateway_mcp.py,
+test_header_values_are_read_without_surrounding_whitespace.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ class _Proxy:
         if scope["type"] != "http":
             return
         request = Request(scope, receive)
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP]
+        headers = [(k, v.strip(b" \t")) for k, v in scope["headers"] if k.lower() not in _HOP]
         for key in (b"host", b"origin"):
             for k, v in scope["headers"]:
                 if k.lower() == key:

@@ -115,9 +115,17 @@ def test_saved_output_is_a_resource_link(gw: RunningGateway, sandbox_id: str) ->
             assert template.uri_template == "sandbox://{sandbox_id}/{+path}"
             small = await c.call_tool("terminal_run", {"command": "echo hi"})
             assert not [b for b in small.content if isinstance(b, types.ResourceLink)]
+            nope = f"sandbox://{sandbox_id}/tmp/agentbox-output/nope"
             with pytest.raises(MCPError) as missing:
-                await c.read_resource(f"sandbox://{sandbox_id}/tmp/agentbox-output/nope")
-            assert missing.value.code == -32002  # MCP's resource not found
+                await c.read_resource(nope)
+            # MCP's resource not found since 2026-07-28 (SEP-2164), naming the URI.
+            assert missing.value.code == -32602 and missing.value.error.data["uri"] == nope
+        async with mcp_client(gw, token, "legacy") as c:
+            for uri in (nope, "test://static-text"):
+                with pytest.raises(MCPError) as missing:
+                    await c.read_resource(uri)
+                # ... and until 2025-11-25
+                assert missing.value.code == -32002 and missing.value.error.data["uri"] == uri
 
     anyio.run(main)
 
@@ -178,6 +186,40 @@ def test_log_notifications_follow_set_level(gw: RunningGateway, sandbox_id: str)
         ("warning", "fs_read"), ("info", "terminal_run")
     ]  # fmt: skip
     assert logged[0].data["error"] == "file_not_found"
+
+
+@pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+def test_log_notifications_of_a_current_request_follow_its_meta(
+    gw: RunningGateway, sandbox_id: str
+) -> None:
+    """A 2026-07-28 request gets log notifications only at the level its own ``_meta``
+    asks for (the suite's sep-2575-server-no-log-without-loglevel, which needs a fixture
+    tool): never because a handshake-era client of the same token set a level."""
+    token = issue(gw, sandbox_id)
+    logged: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logged.append(params)
+
+    def level(name: str) -> dict[str, Any]:
+        return {types.LOG_LEVEL_META_KEY: name}
+
+    async def main() -> None:
+        async with mcp_client(gw, token, "legacy") as legacy:
+            await legacy.set_logging_level("debug")  # this token's handshake-era level
+        async with mcp_client(gw, token, logging_callback=on_log) as c:
+            assert c.protocol_version == "2026-07-28"
+            await c.call_tool("terminal_run", {"command": "true"})
+            await c.call_tool("fs_read", {"path": "missing.txt"})
+            assert logged == []  # the request asked for none
+            await c.call_tool("terminal_run", {"command": "true"}, meta=level("warning"))
+            await c.call_tool("fs_read", {"path": "missing.txt"}, meta=level("warning"))
+            await c.call_tool("terminal_run", {"command": "true"}, meta=level("info"))
+
+    anyio.run(main)
+    assert [(m.level, m.data["tool"]) for m in logged] == [
+        ("warning", "fs_read"), ("info", "terminal_run")
+    ]  # fmt: skip
 
 
 def _ticker_gone(c: Any) -> Any:

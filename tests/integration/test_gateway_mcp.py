@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -121,6 +123,56 @@ def test_mcp_rejects_bad_tokens(gw: RunningGateway) -> None:
         (error,) = error.exceptions
     assert isinstance(error, MCPError), error
     assert error.code == -32050 and error.error.data["code"] == "unauthenticated"
+
+
+def _raw_post(gw: RunningGateway, token: str, body: dict[str, Any],
+              headers: list[tuple[str, str]]) -> tuple[int, Any]:  # fmt: skip
+    """POST /mcp with header values sent byte for byte (httpx refuses trailing OWS)."""
+    data = json.dumps(body).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=60)
+    try:
+        conn.putrequest("POST", "/mcp", skip_accept_encoding=True)
+        for key, value in [("Content-Type", "application/json"),
+                           ("Accept", "application/json, text/event-stream"),
+                           ("Authorization", f"Bearer {token}"),
+                           ("Content-Length", str(len(data))), *headers]:  # fmt: skip
+            conn.putheader(key, value)
+        conn.endheaders(data)
+        response = conn.getresponse()
+        text = response.read().decode()
+    finally:
+        conn.close()
+    if response.getheader("content-type", "").startswith("text/event-stream"):
+        text = [line[5:] for line in text.splitlines() if line.startswith("data:")][-1]
+    return response.status, json.loads(text)
+
+
+def test_header_values_are_read_without_surrounding_whitespace(
+    gw: RunningGateway, sandbox_id: str
+) -> None:
+    """RFC 9110 section 5.5: a field value excludes its leading and trailing OWS, so
+    ``Mcp-Name:  terminal_run \t`` names terminal_run (the conformance suite's
+    sep-2243-server-accepts-whitespace-header-value; it was a 400 mismatch here, and the
+    test proxy's 500)."""
+    token = issue(gw, sandbox_id)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}  # fmt: skip
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "terminal_run", "arguments": {"command": "echo ows-ok"},
+                       "_meta": meta}}  # fmt: skip
+    for pad in (" ", "\t", "  \t "):
+        status, reply = _raw_post(gw, token, call, [
+            ("MCP-Protocol-Version", f"2026-07-28{pad}"),
+            ("Mcp-Method", f"{pad}tools/call{pad}"),
+            ("Mcp-Name", f"{pad}terminal_run{pad}"),
+        ])  # fmt: skip
+        assert status == 200, reply
+        assert reply["result"]["structuredContent"]["stdout"] == "ows-ok\n", reply
+    # Whitespace inside the value is still a mismatch.
+    status, reply = _raw_post(gw, token, call, [("MCP-Protocol-Version", "2026-07-28"),
+                                                ("Mcp-Method", "tools/call"),
+                                                ("Mcp-Name", "terminal _run")])  # fmt: skip
+    assert status == 400 and reply["error"]["code"] == -32020, reply
 
 
 def test_input_required_approval_for_current_clients(gw: RunningGateway, sandbox_id: str) -> None:

@@ -13,6 +13,10 @@
   ``authorization_servers`` is absent and the metadata says where tokens come from.
   Clients are configured with the header (see the README's connect snippets); an OAuth
   client that falls back to registering at ``/register`` is told so in an RFC 7591 error.
+* Header values reach the SDK without surrounding whitespace (RFC 9110 section 5.5: a
+  field value excludes its leading and trailing OWS). The HTTP parser drops the leading
+  OWS but may keep the trailing, and the SDK compares ``Mcp-Name``/``Mcp-Method`` with
+  the body byte for byte, so ``Mcp-Name: terminal_run `` was refused as a mismatch.
 """
 
 from __future__ import annotations
@@ -107,6 +111,7 @@ class McpAuth:
         self.observe = observe
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope = {**scope, "headers": [(k, v.strip(b" \t")) for k, v in scope["headers"]]}
         authorization = None
         for key, value in scope["headers"]:
             if key == b"authorization":

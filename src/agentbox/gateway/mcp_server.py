@@ -18,8 +18,9 @@ come back as ``resource_link`` blocks, ``sandbox://<sandbox id>/<absolute path>`
 ``resources/read`` reads through ``fs_read``'s one call path (its scope, the sandbox the
 token is bound to, the read policy, redaction and the audit trail). A call that sends
 ``_meta.progressToken`` gets ``notifications/progress`` with the command's latest output
-lines; ``notifications/cancelled`` kills the command (its cgroup). ``logging/setLevel``
-(handshake-era clients) turns on log notifications about tool calls at that level and up.
+lines; ``notifications/cancelled`` kills the command (its cgroup). Log notifications
+about tool calls come at the level a 2026-07-28 request's ``_meta`` asks for, or that a
+handshake-era client set with ``logging/setLevel``, and up; none otherwise.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import mimetypes
@@ -88,7 +90,7 @@ log = logging.getLogger(__name__)
 JSONRPC_CODES: dict[type[AgentboxError], int] = {
     ToolNotFound: types.INVALID_PARAMS,  # MCP: an unknown tool is invalid params
     InvalidRequest: types.INVALID_PARAMS,
-    NotFound: -32002,  # MCP's "resource not found"
+    NotFound: -32002,  # MCP's "resource not found" until 2025-11-25 (_resource_not_found)
     Unauthenticated: -32050,
     PermissionDenied: -32051,  # insufficient_scope, policy_denied, path_escape, ...
     Conflict: -32052,
@@ -130,6 +132,30 @@ def _protocol_errors(
             raise MCPError(types.INTERNAL_ERROR, "internal error; see the gateway log") from e
 
     return wrapped
+
+
+def _state_for(principal: Principal, params: types.CallToolRequestParams) -> dict[str, str]:
+    """What a call's ``requestState`` is bound to: the token and the call itself."""
+    call = json.dumps([params.name, params.arguments or {}], sort_keys=True)
+    return {"actor": principal.actor, "call": hashlib.sha256(call.encode()).hexdigest()}
+
+
+def _approval_from_state(
+    key: bytes, principal: Principal, params: types.CallToolRequestParams
+) -> str:
+    """The approval a returned ``requestState`` names. State that fails verification
+    (altered, forged, not made here) or that was given to another token or for another
+    call is refused with a JSON-RPC error, as SEP-2322 requires, rather than read as no
+    state: the client learns its state is bad instead of being asked for a new approval."""
+    state = sealed.unseal(key, params.request_state)
+    approval_id = state.get("approval_id") if state else None
+    bound = _state_for(principal, params)
+    if not isinstance(approval_id, str) or any(state.get(k) != v for k, v in bound.items()):
+        raise InvalidRequest(
+            "requestState failed verification (altered, or given to another token or for "
+            "another call); call the tool again without requestState to ask for a new approval"
+        )
+    return approval_id
 
 
 def _tool(spec: ToolSpec) -> types.Tool:
@@ -182,6 +208,16 @@ def parse_resource_uri(uri: str) -> tuple[str, str]:
     return sandbox, "/" + unquote(path)
 
 
+def _resource_not_found(e: NotFound, uri: str, protocol_version: str) -> MCPError:
+    """MCP's "resource not found", with the URI in ``data.uri``: -32602 from 2026-07-28
+    (SEP-2164), -32002 for the handshake-era revisions that defined that code."""
+    error = jsonrpc_error(e)
+    error["data"]["uri"] = uri
+    if protocol_version in MODERN_PROTOCOL_VERSIONS:
+        error["code"] = types.INVALID_PARAMS
+    return MCPError(**error)
+
+
 def result_content(result: dict[str, Any], sandbox_id: str = "") -> list[types.ContentBlock]:
     """A result as MCP content: its JSON, a screenshot as an image block of its own (the
     text then leaves out the base64, which the structured content still carries), and a
@@ -210,8 +246,11 @@ def _mime(path: str) -> str:
 
 
 class LogLevels:
-    """The ``logging/setLevel`` of each token (handshake era): over stateless HTTP a
-    token, not a connection, is the session. None set: no log notifications."""
+    """Which log notifications a tool call gets. A 2026-07-28 request asks for them itself
+    (``_meta`` ``io.modelcontextprotocol/logLevel``; absent: none, the server MUST NOT
+    send any). A handshake-era client sets a level with ``logging/setLevel``, kept per
+    token (over stateless HTTP a token, not a connection, is the session); it never
+    applies to a 2026-07-28 request of the same token."""
 
     def __init__(self) -> None:
         self._levels: dict[str, int] = {}
@@ -219,8 +258,19 @@ class LogLevels:
     def set(self, principal: Principal, level: types.LoggingLevel) -> None:
         self._levels[principal.actor] = LOG_LEVELS.index(level)
 
-    def wanted(self, principal: Principal) -> bool:
+    def wanted(self, principal: Principal, params: dict[str, Any]) -> bool:
+        """Whether a tools/call with these (raw) params may get log notifications."""
+        meta = params.get("_meta")
+        meta = meta if isinstance(meta, dict) else {}
+        if types.PROTOCOL_VERSION_META_KEY in meta:  # a 2026-07-28 request
+            return meta.get(types.LOG_LEVEL_META_KEY) in LOG_LEVELS
         return principal.actor in self._levels
+
+    def _floor(self, ctx: ServerRequestContext[Any, Any], principal: Principal) -> int | None:
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            requested = (ctx.meta or {}).get(types.LOG_LEVEL_META_KEY)
+            return LOG_LEVELS.index(requested) if requested in LOG_LEVELS else None
+        return self._levels.get(principal.actor)
 
     async def log(
         self,
@@ -229,7 +279,7 @@ class LogLevels:
         level: types.LoggingLevel,
         data: Any,
     ) -> None:
-        floor = self._levels.get(principal.actor)
+        floor = self._floor(ctx, principal)
         if floor is None or LOG_LEVELS.index(level) < floor:
             return
         notification = types.LoggingMessageNotification(
@@ -274,8 +324,8 @@ class InFlight:
 
 
 def wants_stream(body: bytes, principal: Principal, logs: LogLevels) -> bool:
-    """Whether a POST to /mcp needs the SSE transport: a tools/call that asks for progress,
-    or whose token set a log level (the JSON transport has no wire for notifications),
+    """Whether a POST to /mcp needs the SSE transport: a tools/call that asks for progress
+    or may get logs (:meth:`LogLevels.wanted`; the JSON transport has no wire for them),
     and whose authorization cannot fail (an auth failure is an HTTP 401/403 with its
     challenge, which a stream already begun with 200 cannot carry)."""
     try:
@@ -287,7 +337,7 @@ def wants_stream(body: bytes, principal: Principal, logs: LogLevels) -> bool:
     params = message.get("params")
     if not isinstance(params, dict):
         return False
-    if progress_token_from_params(params) is None and not logs.wanted(principal):
+    if progress_token_from_params(params) is None and not logs.wanted(principal, params):
         return False
     name, args = params.get("name"), params.get("arguments") or {}
     sandbox = args.get("sandbox_id") if isinstance(args, dict) else None
@@ -360,11 +410,8 @@ def build_mcp_server(
         principal = resolve(ctx)
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
         approval_id = None
-        if modern:
-            # Forged or malformed state (the client is untrusted) counts as none.
-            state = sealed.unseal(gateway.state_key, params.request_state) or {}
-            found = state.get("approval_id")
-            approval_id = found if isinstance(found, str) else None
+        if modern and params.request_state is not None:
+            approval_id = _approval_from_state(gateway.state_key, principal, params)
         sandbox = str((params.arguments or {}).get("sandbox_id") or principal.sandbox_id or "")
         try:
             with calls.track(principal, ctx.request_id) as cancel:
@@ -388,7 +435,8 @@ def build_mcp_server(
                     )
                 },
                 request_state=sealed.seal(
-                    gateway.state_key, {"approval_id": e.details["approval_id"]}
+                    gateway.state_key,
+                    {"approval_id": e.details["approval_id"], **_state_for(principal, params)},
                 ),
             )
         except (ToolNotFound, InsufficientScope):
@@ -458,10 +506,13 @@ def build_mcp_server(
         ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         """fs_read of the URI's file: the same scope, sandbox, policy, redaction, audit."""
-        sandbox, path = parse_resource_uri(params.uri)
-        outcome = await gateway.call_tool(
-            resolve(ctx), "fs_read", {"path": path, "sandbox_id": sandbox}
-        )
+        try:
+            sandbox, path = parse_resource_uri(params.uri)
+            outcome = await gateway.call_tool(
+                resolve(ctx), "fs_read", {"path": path, "sandbox_id": sandbox}
+            )
+        except NotFound as e:
+            raise _resource_not_found(e, params.uri, ctx.protocol_version) from e
         result = outcome.result
         mime = _mime(path)
         if result["encoding"] == "base64":
