@@ -540,12 +540,13 @@ ENV = {
     "description": "Environment variables added for this command",
 }
 PROCESS_ID = {"type": "string", "description": "Handle returned by process_start"}
+PTY_SIDES = {
+    "cols": {"type": "integer", "minimum": 1, "maximum": 10_000, "description": "Columns"},
+    "rows": {"type": "integer", "minimum": 1, "maximum": 10_000, "description": "Rows"},
+}
 PTY_SIZE = {
     "type": "object",
-    "properties": {
-        "cols": {"type": "integer", "minimum": 1, "maximum": 10_000, "description": "Columns"},
-        "rows": {"type": "integer", "minimum": 1, "maximum": 10_000, "description": "Rows"},
-    },
+    "properties": PTY_SIDES,
     "required": ["cols", "rows"],
     "additionalProperties": False,
 }
@@ -791,7 +792,7 @@ TOOLS: list[ToolSpec] = [
         "process_resize",
         "Resize a background process's terminal",
         "Set the size of the terminal of a process started with pty; it gets SIGWINCH.",
-        _obj({"process_id": PROCESS_ID, **PTY_SIZE["properties"]}, ["process_id", "cols", "rows"]),
+        _obj({"process_id": PROCESS_ID, **PTY_SIDES}, ["process_id", "cols", "rows"]),
         _out({"process_id": STR, "cols": INT, "rows": INT}),
         read_only=False,
         destructive=False,

@@ -36,7 +36,6 @@ _DRAIN_MAX_S = 1.0  # a background child that keeps writing does not hold the re
 _WRITE_WAIT_S = 5.0
 
 
-
 class _Master:
     """The master fd; ``lock`` keeps it open while a caller uses it (a closed number
     could be reused by another open before the write)."""
@@ -60,9 +59,7 @@ def set_size(fd: int, cols: int, rows: int) -> None:
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
 
-def attach(
-    pdir: Path, proc: subprocess.Popen[bytes], master: int, ids: tuple[int, int]
-) -> None:
+def attach(pdir: Path, proc: subprocess.Popen[bytes], master: int, ids: tuple[int, int]) -> None:
     """Hold ``master`` for the command ``proc`` launched; relay its output until it ends."""
     os.set_blocking(master, False)
     held = _Master(master)
