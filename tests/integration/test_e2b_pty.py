@@ -17,6 +17,8 @@ import pytest
 from e2b import AsyncSandbox, CommandExitException, Sandbox, SandboxException
 from e2b.sandbox.commands.command_handle import PtySize
 
+from agentbox import Sandbox as AgentboxSandbox
+from agentbox.errors import InvalidRequest
 from gateway_harness import RunningGateway, running_gateway
 
 KEY = "kp-" + secrets.token_hex(16)
@@ -196,6 +198,27 @@ def test_a_terminal_program_is_still_judged(gw: RunningGateway) -> None:
             assert r.status_code == 200 and r.json()["written"] == 7
         finally:
             http.delete(f"/v1/sandboxes/{sb}")
+
+
+def test_agentbox_sdk_over_the_gateway_closes_stdin_and_resizes(
+    gw: RunningGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """agentbox's own SDK, remote backend: the same calls as in-process (REST routes)."""
+    monkeypatch.setenv("AGENTBOX_URL", gw.url)
+    monkeypatch.setenv("AGENTBOX_TOKEN", gw.operator_token)
+    with AgentboxSandbox.create(memory="128MiB", disk="64MiB") as sb:
+        cat = sb.commands.start("cat", stdin=True)
+        cat.send_stdin("remote")
+        cat.close_stdin()
+        assert cat.wait(timeout=30).exit_code == 0 and cat.read().text == "remote"
+        size = "import os, sys; sys.stdin.readline(); print(*os.get_terminal_size())"
+        term = sb.commands.start(f"python3 -c '{size}'", pty=(80, 24))
+        term.resize(101, 33)
+        term.send_stdin("\n")
+        assert term.wait(timeout=30).exit_code == 0
+        assert "101 33" in term.read().text
+        with pytest.raises(InvalidRequest, match="no terminal"):
+            cat.resize(80, 24)
 
 
 def _audit(gw: RunningGateway) -> list[dict[str, object]]:

@@ -130,7 +130,8 @@ class Commands:
         """Start ``cmd`` in the background and return a handle to it. ``stdin=True``
         keeps its stdin open for ``send_stdin`` until ``close_stdin``; ``pty=(cols, rows)``
         runs it on a terminal of that size (input typed with ``send_stdin``, one output
-        stream read as ``stdout``, ``resize`` to change the size)."""
+        stream read as ``stdout``, ``resize`` to change the size). A terminal lives as long
+        as the process that holds its master end: the gateway, or in-process this one."""
         info = self._rt.processes(self._id).start(cmd, cwd=cwd, env=env, stdin=stdin, pty=pty)
         return CommandHandle(self._rt, self._id, info.id)
 
