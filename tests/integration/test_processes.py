@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -205,6 +207,24 @@ def test_stdin_stays_open_until_closed(sandbox: Sandbox, runtime: Runtime) -> No
     handle.close_stdin()
     assert table.wait(info.id, timeout=30).exit_code == 0
     assert table.read_output(info.id).text == "one\ntwo\n"
+
+
+def test_stdin_outlives_the_process_that_started_it(sandbox: Sandbox, agentbox_home) -> None:  # type: ignore[no-untyped-def]
+    """The launcher, not the caller, holds the write end: a process started by a program
+    that has since exited (an SDK script, a restarted daemon) still reads what is sent."""
+    code = (
+        "from agentbox import Sandbox; "
+        "from pathlib import Path; "
+        f"sb = Sandbox.connect({sandbox.id!r}, home=Path({str(agentbox_home)!r})); "
+        "print(sb.commands.start('cat', stdin=True).id)"
+    )
+    started = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert started.returncode == 0, started.stderr
+    handle = sandbox.commands.connect(started.stdout.strip())
+    handle.send_stdin("after\n")
+    handle.close_stdin()
+    assert handle.wait(timeout=30).exit_code == 0
+    assert handle.read().text == "after\n"
 
 
 def test_close_stdin_needs_a_stdin(sandbox: Sandbox, runtime: Runtime) -> None:
