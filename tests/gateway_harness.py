@@ -125,15 +125,17 @@ def running_gateway(
     env: dict[str, str] | None = None,
     extra_yaml: str = "",
     timeout_ms: int = 30000,
+    terminals: bool = False,
 ) -> Iterator[RunningGateway]:
     """A gateway with the test policy (plus ``extra_yaml``: more top-level sections, or a
     ``sandbox:`` section that replaces the policy's), its environment set for its
     lifetime only. ``timeout_ms``: the longest a command may run (a pip install needs
-    more than the default on a loaded machine)."""
+    more than the default on a loaded machine). ``terminals``: terminal.run's switch for
+    interactive terminals (pty processes)."""
     with pytest.MonkeyPatch.context() as mp:
         for key, value in (env or {}).items():
             mp.setenv(key, value)
-        yield from _serve(home, tmp, approval_timeout, mp, extra_yaml, timeout_ms)
+        yield from _serve(home, tmp, approval_timeout, mp, extra_yaml, timeout_ms, terminals)
 
 
 def _serve(
@@ -143,6 +145,7 @@ def _serve(
     monkeypatch: Any,
     extra_yaml: str = "",
     timeout_ms: int = 30000,
+    terminals: bool = False,
 ) -> Iterator[RunningGateway]:
     port = free_port()
     token = "op-" + secrets.token_hex(16)
@@ -150,6 +153,10 @@ def _serve(
     audit_path = tmp / "audit" / "audit.jsonl"
     text = POLICY_YAML.format(port=port, audit_path=audit_path, approval_timeout=approval_timeout,
                               timeout_ms=timeout_ms)  # fmt: skip
+    if terminals:
+        text = text.replace(
+            "  - name: terminal.run\n", "  - name: terminal.run\n    terminals: true\n"
+        )
     if extra_yaml.lstrip().startswith("sandbox:"):
         text = text.replace("sandbox:\n  template: default\n", "")
     text += extra_yaml

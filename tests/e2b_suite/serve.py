@@ -24,6 +24,7 @@ sandbox:
 tools:
   - name: terminal.run
     timeout_ms: 120000
+    terminals: true  # sandbox.pty: an interactive shell on a terminal
   - name: fs.read
     root: /
     max_bytes: 16777216

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
+import pytest
+
 from agentbox import Sandbox
+from agentbox.errors import InvalidRequest, ProcessNotFound
 from agentbox.runtime.commands import FOREGROUND_LEAF
 from agentbox.runtime.runtime import Runtime
 
@@ -176,3 +183,97 @@ def test_an_adopted_command_whose_daemon_is_gone_ends(sandbox: Sandbox, runtime:
             break
         table.wait(process_id, timeout=0.05)
     assert not info.running and info.exit_code is None and not info.waiting_for_input
+
+
+def test_close_stdin_sends_eof(sandbox: Sandbox, runtime: Runtime) -> None:
+    table = runtime.processes(sandbox.id)
+    info = table.start("cat; echo eof-seen", stdin=True)
+    table.write_stdin(info.id, "sent\n")
+    table.close_stdin(info.id)
+    assert table.wait(info.id, timeout=30).exit_code == 0
+    assert table.read_output(info.id).text == "sent\neof-seen\n"
+    with pytest.raises(InvalidRequest, match="was closed"):
+        table.write_stdin(info.id, "more")
+
+
+def test_stdin_stays_open_until_closed(sandbox: Sandbox, runtime: Runtime) -> None:
+    """The launcher holds the write end: writes that come and go are no EOF."""
+    table = runtime.processes(sandbox.id)
+    info = table.start("cat", stdin=True)
+    for word in ("one\n", "two\n"):
+        table.write_stdin(info.id, word)
+    assert table.wait(info.id, timeout=0.3).running
+    handle = sandbox.commands.connect(info.id)
+    handle.close_stdin()
+    assert table.wait(info.id, timeout=30).exit_code == 0
+    assert table.read_output(info.id).text == "one\ntwo\n"
+
+
+def test_stdin_outlives_the_process_that_started_it(sandbox: Sandbox, agentbox_home) -> None:  # type: ignore[no-untyped-def]
+    """The launcher, not the caller, holds the write end: a process started by a program
+    that has since exited (an SDK script, a restarted daemon) still reads what is sent."""
+    code = (
+        "from agentbox import Sandbox; "
+        "from pathlib import Path; "
+        f"sb = Sandbox.connect({sandbox.id!r}, home=Path({str(agentbox_home)!r})); "
+        "print(sb.commands.start('cat', stdin=True).id)"
+    )
+    started = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert started.returncode == 0, started.stderr
+    handle = sandbox.commands.connect(started.stdout.strip())
+    handle.send_stdin("after\n")
+    handle.close_stdin()
+    assert handle.wait(timeout=30).exit_code == 0
+    assert handle.read().text == "after\n"
+
+
+def test_close_stdin_needs_a_stdin(sandbox: Sandbox, runtime: Runtime) -> None:
+    table = runtime.processes(sandbox.id)
+    info = table.start("sleep 300")
+    with pytest.raises(InvalidRequest, match="no stdin"):
+        table.close_stdin(info.id)
+    table.signal(info.id, "SIGKILL")
+
+
+def test_a_process_on_a_terminal(sandbox: Sandbox, runtime: Runtime) -> None:
+    table = runtime.processes(sandbox.id)
+    script = (
+        "trap 'echo winch; stty size; read line; echo got:$line; exit 0' WINCH; "
+        "tty; stty size; echo ready; while :; do sleep 0.05; done"
+    )
+    info = table.start(["/bin/bash", "-c", script], pty=(90, 30))
+    assert table.get(info.id).terminal
+
+    def output_has(text: str) -> bool:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if text in table.read_output(info.id).text:
+                return True
+            table.wait(info.id, timeout=0.02)
+        return False
+
+    assert output_has("ready")
+    assert "30 90" in table.read_output(info.id).text
+    table.resize(info.id, 120, 40)
+    assert output_has("winch")
+    table.write_stdin(info.id, "hello\n")
+    assert table.wait(info.id, timeout=30).exit_code == 0
+    out = table.read_output(info.id).text
+    assert out.startswith("/dev/pts/"), out
+    assert "40 120" in out and "got:hello" in out
+    assert table.read_output(info.id, "stderr").text == ""
+    with pytest.raises(InvalidRequest, match="terminal"):
+        table.close_stdin(info.id)
+
+
+def test_a_terminal_process_is_signalled_and_killed(sandbox: Sandbox, runtime: Runtime) -> None:
+    table = runtime.processes(sandbox.id)
+    info = table.start(["/bin/bash", "-i"], pty=(80, 24))
+    assert table.signal(info.id, "SIGKILL")
+    assert table.wait(info.id, timeout=30).exit_code == 137
+    with pytest.raises(ProcessNotFound, match="terminal"):
+        table.write_stdin(info.id, "echo late\n")
+    with pytest.raises(InvalidRequest, match="no terminal"):
+        table.resize(table.start("true").id, 80, 24)
+    with pytest.raises(InvalidRequest, match="cols"):
+        table.start("true", pty=(0, 24))

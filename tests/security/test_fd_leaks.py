@@ -1,6 +1,7 @@
 """Attack 4 — leaked file descriptors and magic-link working directories (CVE-2024-21626).
 
-Covers: a command (pipes, pty, background, shell session) holds only fds 0-2; the init
+Covers: a command (pipes, pty, background, on a terminal or with a closable stdin, shell
+session) holds only fds 0-2; the init
 holds none (checked inside and from the host); no process of the sandbox holds a
 directory fd on a host path; ``cwd=/proc/self/fd/N`` for N = 3..15 either fails cleanly
 or (if it existed) stays inside; ``cwd=/proc/1/cwd`` and ``cwd=/proc/1/root`` stay inside
@@ -55,6 +56,25 @@ def test_background_command_holds_only_stdio(shared_sandbox: Sandbox) -> None:
     assert _fds(fds) == {"0", "1", "2", "3"}
     # fd 1 is the host-side output file: a file, never a way into its directory.
     assert "stdout" not in climb and "exit" not in climb and "meta.json" not in climb, climb
+
+
+def test_terminal_and_stdin_processes_hold_only_stdio(shared_sandbox: Sandbox) -> None:
+    """A process on a terminal gets the slave end only (the daemon keeps the master), a
+    process with a closable stdin the FIFO's read end only (the launcher keeps the write
+    end); a command started while both live inherits neither."""
+    terminal = shared_sandbox.commands.start(
+        "ls -1 /proc/self/fd; readlink /proc/self/fd/0; read x", pty=(80, 24)
+    )
+    held = shared_sandbox.commands.start(
+        "ls /proc/self/fd; stat -L -c %F /proc/self/fd/0; cat", stdin=True
+    )
+    assert _fds(shared_sandbox.commands.run(FD_PROBE).stdout) == {"0", "1", "2", "3"}
+    terminal.send_stdin("\n")
+    held.close_stdin()
+    assert terminal.wait(timeout=30).exit_code == 0 and held.wait(timeout=30).exit_code == 0
+    *fds, tty = terminal.read().text.split()
+    assert set(fds) == {"0", "1", "2", "3"} and tty.startswith("/dev/pts/"), fds
+    assert held.read().text.split() == ["0", "1", "2", "3", "fifo"]
 
 
 def test_init_holds_no_fds(shared_sandbox: Sandbox) -> None:

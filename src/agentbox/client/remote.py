@@ -216,12 +216,14 @@ class RemoteProcesses:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bool = False,
+        pty: tuple[int, int] | None = None,
     ) -> ProcessInfo:
         text = command if isinstance(command, str) else shlex.join(command)
-        data = self._c.request(
-            "POST", self._base, json={"command": text, "cwd": cwd, "stdin": stdin}
-        )
-        return ProcessInfo(data["process_id"], [text], 0.0, True, None)
+        body: dict[str, object] = {"command": text, "cwd": cwd, "stdin": stdin}
+        if pty is not None:
+            body["pty"] = {"cols": pty[0], "rows": pty[1]}
+        data = self._c.request("POST", self._base, json=body)
+        return ProcessInfo(data["process_id"], [text], 0.0, True, None, terminal=pty is not None)
 
     def list(self) -> list[ProcessInfo]:
         data = self._c.request("GET", self._base)
@@ -245,6 +247,14 @@ class RemoteProcesses:
         text = data.decode() if isinstance(data, bytes) else data
         out = self._c.request("POST", f"{self._base}/{process_id}/stdin", json={"data": text})
         return int(out["written"])
+
+    def close_stdin(self, process_id: str) -> None:
+        body = {"data": "", "eof": True}
+        self._c.request("POST", f"{self._base}/{process_id}/stdin", json=body)
+
+    def resize(self, process_id: str, cols: int, rows: int) -> None:
+        body = {"cols": cols, "rows": rows}
+        self._c.request("POST", f"{self._base}/{process_id}/resize", json=body)
 
     def signal(self, process_id: str, sig: int | str = "SIGTERM") -> None:
         self._c.request("POST", f"{self._base}/{process_id}/signal", json={"signal": str(sig)})

@@ -125,9 +125,14 @@ class Commands:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bool = False,
+        pty: tuple[int, int] | None = None,
     ) -> CommandHandle:
-        """Start ``cmd`` in the background and return a handle to it."""
-        info = self._rt.processes(self._id).start(cmd, cwd=cwd, env=env, stdin=stdin)
+        """Start ``cmd`` in the background and return a handle to it. ``stdin=True``
+        keeps its stdin open for ``send_stdin`` until ``close_stdin``; ``pty=(cols, rows)``
+        runs it on a terminal of that size (input typed with ``send_stdin``, one output
+        stream read as ``stdout``, ``resize`` to change the size). A terminal lives as long
+        as the process that holds its master end: the gateway, or in-process this one."""
+        info = self._rt.processes(self._id).start(cmd, cwd=cwd, env=env, stdin=stdin, pty=pty)
         return CommandHandle(self._rt, self._id, info.id)
 
     def list(self) -> list[ProcessInfo]:
@@ -161,6 +166,14 @@ class CommandHandle:
     def send_stdin(self, data: bytes | str) -> int:
         written: int = self._table().write_stdin(self.id, data)
         return written
+
+    def close_stdin(self) -> None:
+        """Close its stdin: the process reads EOF after what was sent."""
+        self._table().close_stdin(self.id)
+
+    def resize(self, cols: int, rows: int) -> None:
+        """Set the size of its terminal (started with ``pty``); the program gets SIGWINCH."""
+        self._table().resize(self.id, cols, rows)
 
     def signal(self, sig: int | str = "SIGTERM") -> None:
         self._table().signal(self.id, sig)

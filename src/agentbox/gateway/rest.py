@@ -79,14 +79,21 @@ class RunCommand(Body):
     timeout_ms: int | None = Field(default=None, gt=0)
 
 
+class PtySize(Body):
+    cols: int = Field(ge=1, le=10_000)
+    rows: int = Field(ge=1, le=10_000)
+
+
 class StartProcess(Body):
     command: str = Field(min_length=1)
     cwd: str | None = None
     stdin: bool = False
+    pty: PtySize | None = None
 
 
 class WriteStdin(Body):
-    data: str
+    data: str = ""
+    eof: bool = False  # then close its stdin: it reads EOF after ``data``
 
 
 class SignalProcess(Body):
@@ -437,9 +444,15 @@ def build_router(
     async def write_process(
         sandbox_id: str, process_id: str, body: WriteStdin, p: Principal = auth
     ) -> Any:
-        return await tool(
-            p, "process_write", sandbox_id, {"process_id": process_id, "data": body.data}
-        )
+        args = {"process_id": process_id, "data": body.data, "eof": body.eof}
+        return await tool(p, "process_write", sandbox_id, args)
+
+    @api.post("/sandboxes/{sandbox_id}/processes/{process_id}/resize", tags=["processes"])
+    async def resize_process(
+        sandbox_id: str, process_id: str, body: PtySize, p: Principal = auth
+    ) -> Any:
+        args = {"process_id": process_id, "cols": body.cols, "rows": body.rows}
+        return await tool(p, "process_resize", sandbox_id, args)
 
     @api.post("/sandboxes/{sandbox_id}/processes/{process_id}/signal", tags=["processes"])
     async def signal_process(

@@ -295,8 +295,11 @@ class Gateway:
                 self._check_url(spec, str(args["url"]))
             return None
         if spec.policy == "command":
+            command = args["command"]
+            if args.get("pty") is not None:
+                command = self._terminal_command(spec, command)
             decision = self.commands.check(
-                args["command"],
+                command,
                 # a shell session's cwd is wherever earlier calls left it: relative program
                 # paths are resolved only for a fresh command (cwd from the call, or the default)
                 resolve=self._program_resolver(
@@ -314,6 +317,23 @@ class Gateway:
         if not decision.allowed:
             raise PolicyDenied(decision.reason, rule=decision.rule, tool=spec.name)
         return decision
+
+    def _terminal_command(self, spec: ToolSpec, command: str) -> str:
+        """What the policy judges for a program started on a terminal. It reads its code
+        from the terminal (``bash -i``): allowed only with terminal.run's ``terminals``,
+        and then judged as if its stdin were given; the rest of the rules stand."""
+        if not self.terminal.terminals:
+            raise PolicyDenied(
+                "interactive terminals are off on this gateway: what is typed into one runs "
+                "as code the command policy cannot see. Run each command with terminal_run "
+                "or process_start, or ask the operator to set `terminals: true` on the "
+                "terminal.run tool",
+                rule="tools.terminal.run.terminals",
+                tool=spec.name,
+            )
+        # The newline ends a trailing comment; an unbalanced quote or heredoc in the
+        # command swallows the closing brace and the whole is unparseable (denied).
+        return "{ " + command + "\n} </dev/null"
 
     def _program_resolver(self, sandbox: str, cwd: str | None) -> Callable[[str], str | None]:
         """Where a program path in a command leads in the sandbox (see resolve_to_system);

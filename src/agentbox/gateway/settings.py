@@ -173,6 +173,11 @@ class TerminalRunTool(Strict):
     output_dir: str = "/tmp/agentbox-output"
     approval: list[str] = Field(default_factory=list)
     approval_timeout: float = 300.0
+    # Interactive terminals (process_start with a pty; E2B's sandbox.pty): what is typed
+    # into one runs as code the command policy cannot see (like a shell reading its
+    # stdin), so they are refused unless turned on. Their program is still judged, and
+    # every input is an audited process_write.
+    terminals: bool = False
 
     _timeout = field_validator("approval_timeout", mode="before")(
         classmethod(lambda c, v: _seconds(v))

@@ -294,8 +294,13 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
 
 
 def process_start(call: ToolCall) -> dict[str, Any]:
+    pty = call.args.get("pty")
     info = call.runtime.processes(call.sandbox_id).start(
-        call.args["command"], cwd=call.args["cwd"], env=call.args["env"], stdin=call.args["stdin"]
+        call.args["command"],
+        cwd=call.args["cwd"],
+        env=call.args["env"],
+        stdin=call.args["stdin"],
+        pty=None if pty is None else (pty["cols"], pty["rows"]),
     )
     return {"process_id": info.id, "running": True}
 
@@ -319,10 +324,18 @@ def process_read(call: ToolCall) -> dict[str, Any]:
 
 
 def process_write(call: ToolCall) -> dict[str, Any]:
-    written = call.runtime.processes(call.sandbox_id).write_stdin(
-        call.args["process_id"], call.args["data"]
-    )
+    table = call.runtime.processes(call.sandbox_id)
+    pid, data = call.args["process_id"], call.args["data"]
+    written = table.write_stdin(pid, data) if data or not call.args["eof"] else 0
+    if call.args["eof"]:
+        table.close_stdin(pid)
     return {"written": written}
+
+
+def process_resize(call: ToolCall) -> dict[str, Any]:
+    pid = call.args["process_id"]
+    call.runtime.processes(call.sandbox_id).resize(pid, call.args["cols"], call.args["rows"])
+    return {"process_id": pid, "cols": call.args["cols"], "rows": call.args["rows"]}
 
 
 def process_signal(call: ToolCall) -> dict[str, Any]:
@@ -527,6 +540,16 @@ ENV = {
     "description": "Environment variables added for this command",
 }
 PROCESS_ID = {"type": "string", "description": "Handle returned by process_start"}
+PTY_SIDES = {
+    "cols": {"type": "integer", "minimum": 1, "maximum": 10_000, "description": "Columns"},
+    "rows": {"type": "integer", "minimum": 1, "maximum": 10_000, "description": "Rows"},
+}
+PTY_SIZE = {
+    "type": "object",
+    "properties": PTY_SIDES,
+    "required": ["cols", "rows"],
+    "additionalProperties": False,
+}
 SESSION_ID = {"type": "string", "description": "Handle returned by shell_create"}
 BROWSER_HANDLE = {
     "type": "string",
@@ -691,6 +714,12 @@ TOOLS: list[ToolSpec] = [
                 "cwd": CWD,
                 "env": ENV,
                 "stdin": _flag(False, "true: keep its stdin open for process_write"),
+                "pty": {
+                    "anyOf": [PTY_SIZE, {"type": "null"}],
+                    "default": None,
+                    "description": "Run it on a terminal of this size ({cols, rows}); "
+                    "process_write types into it, process_read's stdout is its screen output",
+                },
             },
             ["command"],
         ),
@@ -738,19 +767,37 @@ TOOLS: list[ToolSpec] = [
     ToolSpec(
         "process_write",
         "Write to a background process's stdin",
-        "Send text to the stdin of a process started with stdin=true.",
+        "Send text to the stdin of a process started with stdin=true (or type it into its "
+        "terminal); eof=true then closes its stdin.",
         _obj(
             {
                 "process_id": PROCESS_ID,
-                "data": {"type": "string", "description": 'Text to send, e.g. "y\\n"'},
+                "data": {
+                    "type": "string",
+                    "default": "",
+                    "description": 'Text to send, e.g. "y\\n"',
+                },
+                "eof": _flag(False, "true: close its stdin after data (it reads EOF)"),
             },
-            ["process_id", "data"],
+            ["process_id"],
         ),
         _out({"written": INT}),
         read_only=False,
         destructive=False,
         idempotent=False,
         handler=process_write,
+        policy="none",
+    ),
+    ToolSpec(
+        "process_resize",
+        "Resize a background process's terminal",
+        "Set the size of the terminal of a process started with pty; it gets SIGWINCH.",
+        _obj({"process_id": PROCESS_ID, **PTY_SIDES}, ["process_id", "cols", "rows"]),
+        _out({"process_id": STR, "cols": INT, "rows": INT}),
+        read_only=False,
+        destructive=False,
+        idempotent=True,
+        handler=process_resize,
         policy="none",
     ),
     ToolSpec(

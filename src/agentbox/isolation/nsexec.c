@@ -18,7 +18,8 @@
  *     uid/gid, exec ARGV (bubblewrap).
  *
  *   enter  --leaf DIR [--cgroup DIR...] --ns-pid PID --uid U --gid G --seccomp FILE [--cwd DIR]
- *          [--exit-file FILE] [--detach] [--setsid] [--ctty] [--keep-fds N] -- ARGV
+ *          [--exit-file FILE] [--hold-stdin FIFO] [--detach] [--setsid] [--ctty]
+ *          [--keep-fds N] -- ARGV
  *     Three processes: the launcher forks a middle process that joins the v1 cgroups
  *     (--cgroup, hybrid hosts) and every namespace of PID (user namespace last, so
  *     nested user namespaces are handled) and clones the command straight into the
@@ -33,6 +34,9 @@
  *     processes that outlive their creator). With --keep-fds N the command also keeps fds
  *     3..3+N-1 as the caller passed them (the browser's DevTools pipe: a pipe or socket
  *     each, checked before anything else is opened; nothing else is allowed there).
+ *     With --hold-stdin FIFO (stdin is that FIFO's read end) the launcher holds its write
+ *     end while the command runs, so the command sees EOF only when SIGUSR1 asks the
+ *     launcher to let go (close_stdin), or never: a restart of the daemon changes nothing.
  *
  * Order follows NOTES-linux: cgroup -> setns -> ids -> caps -> no_new_privs ->
  * seccomp -> exec. Any failure before exec exits 125 with a message on stderr
@@ -70,6 +74,16 @@
 
 /* With --exit-file, a launch failure is recorded there too, so nobody waits forever. */
 static int g_exit_fd = -1;
+
+/* --hold-stdin: the write end of the command's stdin FIFO; SIGUSR1 closes it (EOF). */
+static volatile int g_stdin_fd = -1;
+
+static void release_held_stdin(int sig) {
+  (void)sig;
+  int fd = g_stdin_fd;
+  g_stdin_fd = -1;
+  if (fd >= 0) close(fd);
+}
 
 static void record_launch_failure(void) {
   if (g_exit_fd >= 0) {
@@ -354,7 +368,7 @@ int main(int argc, char **argv) {
   const char *cgroups[MAX_CGROUPS];
   int ncgroups = 0, ns_pid = -1, uid = -1, gid = -1, want_setsid = 0, want_ctty = 0;
   int want_detach = 0, keep_fds = 0;
-  const char *cwd = NULL, *seccomp = NULL, *exit_file = NULL, *leaf = NULL;
+  const char *cwd = NULL, *seccomp = NULL, *exit_file = NULL, *leaf = NULL, *hold = NULL;
   int i = 2;
   for (; i < argc; i++) {
     const char *a = argv[i];
@@ -371,6 +385,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--leaf") == 0) leaf = argv[++i];
     else if (strcmp(a, "--seccomp") == 0) seccomp = argv[++i];
     else if (strcmp(a, "--exit-file") == 0) exit_file = argv[++i];
+    else if (strcmp(a, "--hold-stdin") == 0) hold = argv[++i];
     else if (strcmp(a, "--setsid") == 0) want_setsid = 1;
     else if (strcmp(a, "--ctty") == 0) want_ctty = 1;
     else if (strcmp(a, "--detach") == 0) want_detach = 1;
@@ -427,6 +442,18 @@ int main(int argc, char **argv) {
     if (pid > 0) _exit(0);
     if (setsid() < 0) die("setsid");
   }
+  if (hold) {
+    /* Opened by the waiting half (after --detach), which lives exactly as long as the
+     * command; non-blocking: the FIFO's reader is our stdin, so this never waits. The
+     * handler is installed first: a SIGUSR1 can only come once the command runs. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = release_held_stdin;
+    sa.sa_flags = SA_RESTART;
+    if (sigaction(SIGUSR1, &sa, NULL) < 0) die("sigaction");
+    g_stdin_fd = open(hold, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (g_stdin_fd < 0) die(hold);
+  }
   struct sock_fprog filter = read_seccomp(seccomp);
   /* The launcher stays outside the sandbox's cgroup, so killing a command's cgroup
    * (timeout, kill) never kills the process that records how the command ended. */
@@ -434,6 +461,8 @@ int main(int argc, char **argv) {
   if (middle < 0) die("fork");
   if (middle == 0) {
     g_exit_fd = -1; /* only the launcher records the exit */
+    signal(SIGUSR1, SIG_DFL);
+    release_held_stdin(0); /* only the launcher holds the command's stdin open */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die("pdeathsig");
     /* v1 hierarchies (hybrid hosts): the middle joins them and the command inherits. */
     for (int c = 0; c < ncgroups; c++) join_cgroup(cgroups[c]);

@@ -151,6 +151,7 @@ class CommandRunner:
         cwd: str | None,
         *,
         exit_file: str | None = None,
+        hold_stdin: str | None = None,
         setsid: bool = False,
         ctty: bool = False,
         detach: bool = False,
@@ -176,6 +177,8 @@ class CommandRunner:
         ]
         if exit_file:
             out += ["--exit-file", exit_file]
+        if hold_stdin:  # the launcher holds the FIFO's write end: EOF on request
+            out += ["--hold-stdin", hold_stdin]
         if detach:
             out.append("--detach")
         if setsid:

@@ -4,6 +4,11 @@ Each process has a directory on the sandbox's disk, *outside* the sandbox's view
 (``disk/procs/ID``): ``stdout`` and ``stderr`` (the command writes them through inherited
 fds), ``stdin`` (a FIFO, only when asked for), ``meta.json`` and ``exit``, which the
 host-side launcher writes after ``waitpid`` — nothing in the sandbox can forge it.
+The launcher also holds the FIFO's write end while the command runs (``--hold-stdin``):
+``close_stdin`` asks it to let go (SIGUSR1), and the command reads EOF.
+
+A process started with a terminal (``pty``) has a pty instead of pipes; see
+``terminals``: its output (one stream) goes to ``stdout``, its input to the terminal.
 
 A foreground command found waiting for input can be *adopted*: it keeps running, a relay
 thread of this daemon copies its pipes to those files (and the FIFO to its stdin) and
@@ -33,6 +38,7 @@ from pathlib import Path
 from agentbox.errors import InvalidRequest, ProcessNotFound
 from agentbox.fsutil import stdin_bytes
 from agentbox.hints import Hint
+from agentbox.runtime import terminals
 from agentbox.runtime.commands import (
     INPUT_QUIET_S,
     CommandRunner,
@@ -56,6 +62,8 @@ class ProcessInfo:
     # Blocked reading its stdin with no output for a while (and what it printed last).
     waiting_for_input: bool = False
     prompt: str | None = None
+    # Runs on a terminal (pty): one output stream (stdout), input typed into the terminal.
+    terminal: bool = False
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -66,6 +74,7 @@ class ProcessInfo:
             "exit_code": self.exit_code,
             "waiting_for_input": self.waiting_for_input,
             "prompt": self.prompt,
+            "terminal": self.terminal,
         }
 
 
@@ -102,20 +111,29 @@ class ProcessTable:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bool = False,
+        pty: tuple[int, int] | None = None,
     ) -> ProcessInfo:
+        """Start ``command`` in the background. ``stdin``: keep its stdin open for
+        ``write_stdin`` (and ``close_stdin``). ``pty=(cols, rows)``: run it on a terminal
+        of that size (its input then goes to the terminal; ``stdin`` is not needed)."""
         argv = normalise_argv(command)
+        if pty is not None:
+            pty = terminals.check_size(*pty)
         environment = self.runner.environment(env)
         process_id = "p-" + secrets.token_hex(6)
         pdir = self.root / process_id
         leaf = self.runner.new_leaf("p")
         try:
-            started = self._launch(pdir, argv, environment, leaf, cwd, stdin)
+            if pty is not None:
+                started = self._launch_terminal(pdir, argv, environment, leaf, cwd, pty)
+            else:
+                started = self._launch(pdir, argv, environment, leaf, cwd, stdin)
         except OSError as e:
             self.runner.cgroup.remove_leaf(leaf)
             shutil.rmtree(pdir, ignore_errors=True)
             raise launch_error(e) from None
         self._wait_running(pdir, self.runner.cgroup.unified / leaf)
-        return ProcessInfo(process_id, argv, started, True, None)
+        return ProcessInfo(process_id, argv, started, True, None, terminal=pty is not None)
 
     @staticmethod
     def _wait_running(pdir: Path, leaf: Path, timeout: float = 10.0) -> None:
@@ -141,16 +159,21 @@ class ProcessTable:
         pdir.mkdir(mode=0o700)
         exit_file = pdir / "exit"
         started = time.time()
-        (pdir / "meta.json").write_text(
-            json.dumps({"argv": argv, "started_at": started, "leaf": leaf, "cwd": cwd})
-        )
-        launcher = self.runner.launcher_argv(
-            argv, leaf, cwd, exit_file=str(exit_file), setsid=True, detach=True
-        )
+        meta = {"argv": argv, "started_at": started, "leaf": leaf, "cwd": cwd}
         if stdin:
-            os.mkfifo(pdir / "stdin", 0o600)
-            # O_RDWR: opening never blocks, and the reader sees no EOF between writers.
-            stdin_fd = os.open(pdir / "stdin", os.O_RDWR | os.O_CLOEXEC)
+            meta["stdin"] = "held"  # the launcher holds the write end: close_stdin works
+        (pdir / "meta.json").write_text(json.dumps(meta))
+        fifo = pdir / "stdin"
+        launcher = self.runner.launcher_argv(
+            argv, leaf, cwd, exit_file=str(exit_file), setsid=True, detach=True,
+            hold_stdin=str(fifo) if stdin else None,
+        )  # fmt: skip
+        if stdin:
+            os.mkfifo(fifo, 0o600)
+            # The read end alone (non-blocking open: no writer yet), blocking for the
+            # command; the launcher opens the write end and holds it until close_stdin.
+            stdin_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            os.set_blocking(stdin_fd, True)
         else:
             stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         out_fd = os.open(pdir / "stdout", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
@@ -175,6 +198,37 @@ class ProcessTable:
                 os.close(fd)
         return started
 
+    def _launch_terminal(
+        self, pdir: Path, argv: list[str], environment: dict[str, str], leaf: str,
+        cwd: str | None, size: tuple[int, int],
+    ) -> float:  # fmt: skip
+        """The command on a new pty of the sandbox; the launcher stays our child, and the
+        relay thread that holds the master records its exit after the last output."""
+        pdir.mkdir(mode=0o700)
+        started = time.time()
+        meta = {
+            "argv": argv, "started_at": started, "leaf": leaf, "cwd": cwd,
+            "terminal": True, "relay_pid": os.getpid(),
+        }  # fmt: skip
+        (pdir / "meta.json").write_text(json.dumps(meta))
+        for name in ("stdout", "stderr"):  # stderr stays empty: a terminal has one stream
+            os.close(os.open(pdir / name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        launcher = self.runner.launcher_argv(argv, leaf, cwd, setsid=True, ctty=True)
+        master, slave = self.runner.open_pty()
+        try:
+            terminals.set_size(master, *size)
+            proc = subprocess.Popen(
+                launcher, stdin=slave, stdout=slave, stderr=slave, env=environment,
+                close_fds=True, start_new_session=True,
+            )  # fmt: skip
+        except BaseException:
+            os.close(master)
+            raise
+        finally:
+            os.close(slave)
+        terminals.attach(pdir, proc, master, (self.runner.host.host_uid, self.runner.host.host_gid))
+        return started
+
     def list(self) -> list[ProcessInfo]:
         if not self.root.exists():
             return []
@@ -188,8 +242,11 @@ class ProcessTable:
         if running and not _alive(meta.get("relay_pid")):
             # Adopted by a daemon that is gone: its exit will never be recorded.
             running = self.runner.cgroup.populated(self.runner.cgroup.unified / meta["leaf"])
-        info = ProcessInfo(process_id, meta["argv"], meta["started_at"], running, code)
-        if running and self._waiting(pdir, meta):
+        terminal = bool(meta.get("terminal"))
+        info = ProcessInfo(
+            process_id, meta["argv"], meta["started_at"], running, code, terminal=terminal
+        )
+        if running and not terminal and self._waiting(pdir, meta):
             recent = b"".join(_tail(pdir / name, 4096) for name in ("stderr", "stdout"))
             info = dataclasses.replace(info, waiting_for_input=True, prompt=prompt_text(recent))
         return info
@@ -258,7 +315,16 @@ class ProcessTable:
         return ProcessOutput(data, offset + len(data))
 
     def write_stdin(self, process_id: str, data: bytes | str) -> int:
-        fifo = self._dir(process_id) / "stdin"
+        """Send ``data`` to the process's stdin (or type it into its terminal)."""
+        pdir = self._dir(process_id)
+        if _meta(pdir).get("terminal"):
+            return terminals.write(pdir, stdin_bytes(data, "data"))
+        fifo = pdir / "stdin"
+        if (pdir / "stdin.closed").exists():
+            raise InvalidRequest(
+                f"the stdin of process {process_id} was closed (it read EOF); start a new "
+                "process to send more"
+            )
         if not fifo.exists() or not stat.S_ISFIFO(fifo.stat().st_mode):
             raise InvalidRequest(
                 f"process {process_id} was started without stdin",
@@ -270,6 +336,60 @@ class ProcessTable:
             return os.write(fd, payload)
         finally:
             os.close(fd)
+
+    def close_stdin(self, process_id: str) -> None:
+        """Close the process's stdin: once it has read what was sent, it reads EOF."""
+        pdir = self._dir(process_id)
+        meta = _meta(pdir)
+        if meta.get("terminal"):
+            raise InvalidRequest(
+                f"process {process_id} runs on a terminal, which has no stdin to close; "
+                'send Ctrl-D ("\u0004") as input to end a line-reading program'
+            )
+        if meta.get("stdin") != "held":
+            raise InvalidRequest(
+                f"process {process_id} has no stdin that can be closed (it was started "
+                "without stdin, or adopted from a foreground command)",
+                hint=Hint("process_start_stdin", {}, "{call} to be able to close it"),
+            )
+        (pdir / "stdin.closed").touch()  # first: no write may follow the EOF
+        if _read_exit(pdir / "exit") is not None:
+            return
+        launcher = self._stdin_holder(pdir, meta)
+        if launcher is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(launcher, signals.SIGUSR1)
+
+    def _stdin_holder(self, pdir: Path, meta: dict[str, object]) -> int | None:
+        """The launcher holding the command's stdin: the parent of the command's parent
+        (the middle launcher), checked to be root's and launched for this FIFO."""
+        leaf = self.runner.cgroup.unified / str(meta["leaf"])
+        try:
+            pids = [int(p) for p in (leaf / "cgroup.procs").read_text().split()]
+        except FileNotFoundError:
+            return None
+        fifo = os.fsencode(pdir / "stdin")
+        for pid in pids:
+            middle = _parent(pid)
+            if _is_launcher(pid) or not _is_launcher(middle):
+                continue
+            launcher = _parent(middle)
+            try:
+                argv = Path(f"/proc/{launcher}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if _is_launcher(launcher) and b"--hold-stdin" in argv and fifo in argv:
+                return launcher
+        return None
+
+    def resize(self, process_id: str, cols: int, rows: int) -> None:
+        """Set the terminal's size; the program on it gets SIGWINCH."""
+        pdir = self._dir(process_id)
+        if not _meta(pdir).get("terminal"):
+            raise InvalidRequest(
+                f"process {process_id} has no terminal to resize; start it with pty=(cols, rows)"
+            )
+        terminals.resize(pdir, cols, rows)
 
     def signal(self, process_id: str, sig: int | str = "SIGTERM") -> bool:
         """Signal the command (the launcher's child); SIGKILL takes its whole tree.
@@ -311,6 +431,11 @@ class ProcessTable:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
         return self.get(process_id)
+
+
+def _meta(pdir: Path) -> dict[str, object]:
+    meta: dict[str, object] = json.loads((pdir / "meta.json").read_text())
+    return meta
 
 
 def _read_exit(path: Path) -> int | None:

@@ -54,6 +54,7 @@ from agentbox.gateway.e2b.models import (
     entry_info,
     file_signature,
     pid_of,
+    pty_size,
     sandbox_path,
 )
 from agentbox.gateway.service import Gateway
@@ -63,6 +64,7 @@ from agentbox.runtime.processes import ProcessOutput
 log = logging.getLogger(__name__)
 Unary = Callable[["Call", dict[str, Any]], Awaitable[dict[str, Any]]]
 Streaming = Callable[["Call", dict[str, Any]], AsyncIterator[dict[str, Any]]]
+ClientStreaming = Callable[["Call", list[dict[str, Any]]], Awaitable[dict[str, Any]]]
 _CHUNK = 64 * 1024
 _KEEPALIVE_S = 50.0
 _POLL_MIN_S, _POLL_MAX_S = 0.002, 0.05
@@ -95,6 +97,8 @@ class Envd:
             f"{PROCESS_SERVICE}/List": self.list_processes,
             f"{PROCESS_SERVICE}/SendInput": self.send_input,
             f"{PROCESS_SERVICE}/SendSignal": self.send_signal,
+            f"{PROCESS_SERVICE}/CloseStdin": self.close_stdin,
+            f"{PROCESS_SERVICE}/Update": self.update,
             f"{FILESYSTEM_SERVICE}/Stat": self.stat,
             f"{FILESYSTEM_SERVICE}/ListDir": self.list_dir,
             f"{FILESYSTEM_SERVICE}/MakeDir": self.make_dir,
@@ -109,6 +113,10 @@ class Envd:
             f"{PROCESS_SERVICE}/Start": self.start,
             f"{PROCESS_SERVICE}/Connect": self.connect,
             f"{FILESYSTEM_SERVICE}/WatchDir": self.watch_dir,
+        }
+        # Client streaming: every request message, one response message.
+        self.client_streaming: dict[str, ClientStreaming] = {
+            f"{PROCESS_SERVICE}/StreamInput": self.stream_input,
         }
 
     def routes(self) -> list[Route]:
@@ -153,6 +161,8 @@ class Envd:
         name = f"{request.path_params['service']}/{request.path_params['method']}"
         if name in self.streaming:
             return await self._streaming(request, self.streaming[name])
+        if name in self.client_streaming:
+            return await self._client_streaming(request, self.client_streaming[name])
         try:
             handler = self.unary.get(name)
             if handler is None:
@@ -196,17 +206,31 @@ class Envd:
 
         return StreamingResponse(frames(), media_type=connect.STREAM_TYPE)
 
+    async def _client_streaming(self, request: Request, handler: ClientStreaming) -> Response:
+        """The request's messages (the whole body: the client ends its stream first) to
+        ``handler``; its answer and the end of the stream, or the error as that end."""
+        try:
+            call = self._call(request)
+            messages = connect.read_envelopes(await request.body())
+            reply = connect.envelope(await handler(call, messages))
+            end = connect.end_stream()
+        except Exception as e:
+            if not isinstance(e, (AgentboxError, ConnectError)):
+                log.exception("envd stream failed")
+            reply, end = b"", connect.end_stream(e)
+        return Response(reply + end, media_type=connect.STREAM_TYPE)
+
     # process.Process ---------------------------------------------------------------------
     async def start(self, call: Call, message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        if message.get("pty"):
-            raise ConnectError("unimplemented", "PTY sessions are not implemented by agentbox")
         process = message.get("process") or {}
+        pty = message.get("pty")
         result = await call.tool(
             "process_start",
             command=command_of(process),
             cwd=sandbox_path(process.get("cwd") or HOME),
             env=process.get("envs") or None,
-            stdin=bool(message.get("stdin", False)),
+            stdin=bool(message.get("stdin", False)) and pty is None,
+            pty=None if pty is None else pty_size(pty),
         )
         process_id = str(result["process_id"])
         yield {"event": {"start": {"pid": pid_of(process_id)}}}
@@ -229,6 +253,7 @@ class Envd:
         redact = self.gateway.redactor.redact
         offsets = {"stdout": out_at, "stderr": err_at}
         delay, quiet = _POLL_MIN_S, 0.0
+        terminal: bool | None = None  # a terminal's output is the ``pty`` data
 
         def read(stream: str) -> ProcessOutput:
             try:
@@ -241,6 +266,7 @@ class Envd:
                 info = await asyncio.to_thread(table.get, process_id)
             except (NotFound, SandboxNotRunning, OSError):
                 raise ConnectError("unavailable", _SANDBOX_WENT) from None
+            terminal = info.terminal if terminal is None else terminal
             got = False
             for stream in ("stdout", "stderr"):
                 while True:
@@ -251,7 +277,8 @@ class Envd:
                     got = True
                     text = redact(chunk.data.decode("utf-8", "replace"))
                     data = base64.b64encode(text.encode()).decode()
-                    yield {"event": {"data": {stream: data}}}
+                    kind = "pty" if terminal and stream == "stdout" else stream
+                    yield {"event": {"data": {kind: data}}}
             if not info.running:  # output read after the exit was seen: nothing is lost
                 record = await asyncio.to_thread(self.gateway.runtime.store.get, call.sandbox_id)
                 if record is None or record.state != "running":  # killed with its sandbox
@@ -297,11 +324,32 @@ class Envd:
 
     async def send_input(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         process_id = await self._process_id(call, message)
-        data = (message.get("input") or {}).get("stdin")
-        if data is None:
-            raise ConnectError("unimplemented", "PTY input is not implemented by agentbox")
-        text = base64.b64decode(data).decode("utf-8", "replace")
-        await call.tool("process_write", process_id=process_id, data=text)
+        await call.tool("process_write", process_id=process_id, data=_input(message))
+        return {}
+
+    async def stream_input(self, call: Call, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """A start event (the process), then data events, sent as one process_write: the
+        order holds and the audit trail gets one record per stream, not per chunk."""
+        if not messages or "start" not in messages[0]:
+            raise ConnectError("invalid_argument", "the input stream must begin with a start event")
+        process_id = await self._process_id(call, messages[0]["start"])
+        text = "".join(_input(m["data"]) for m in messages[1:] if "data" in m)
+        if text:
+            await call.tool("process_write", process_id=process_id, data=text)
+        return {}
+
+    async def close_stdin(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        process_id = await self._process_id(call, message)
+        await call.tool("process_write", process_id=process_id, eof=True)
+        return {}
+
+    async def update(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
+        """PTY resize: the program on the terminal gets SIGWINCH."""
+        process_id = await self._process_id(call, message)
+        pty = message.get("pty")
+        if pty is None:  # nothing to change
+            return {}
+        await call.tool("process_resize", process_id=process_id, **pty_size(pty))
         return {}
 
     async def send_signal(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
@@ -496,6 +544,15 @@ def _event(root: str, path: str, kind: str) -> dict[str, Any]:
 
 def _path(message: dict[str, Any]) -> str:
     return sandbox_path(str(message.get("path", "")))
+
+
+def _input(message: dict[str, Any]) -> str:
+    """The text of a ProcessInput (``stdin`` or ``pty``, base64 bytes)."""
+    given = message.get("input") or {}
+    data = given.get("stdin", given.get("pty"))
+    if not isinstance(data, str):
+        raise ConnectError("invalid_argument", "the input has neither stdin nor pty data")
+    return base64.b64decode(data).decode("utf-8", "replace")
 
 
 def _end(code: int) -> dict[str, Any]:

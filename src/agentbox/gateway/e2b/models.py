@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 # The envd release whose features the SDKs enable for what agentbox implements: stdin
-# choice (0.3.0), the default user (0.4.0), octet-stream uploads (0.5.7). Not 0.6.2+
+# choice (0.3.0), the default user (0.4.0), CloseStdin (0.5.2), octet-stream uploads
+# (0.5.7); PTY and StreamInput are not gated by version. Not 0.6.2+
 # (file metadata on writes, entry info in watch events).
 ENVD_VERSION = "0.5.7"
 ENVD_PORT = 49983
@@ -112,6 +113,12 @@ def file_signature(path: str, operation: str, user: str, token: str, expiration:
 def pid_of(process_id: str) -> int:
     """A stable uint32 pid for an agentbox process handle (``p-`` + 12 hex digits)."""
     return int(process_id[2:], 16) & 0x7FFFFFFF
+
+
+def pty_size(pty: dict[str, Any]) -> dict[str, int]:
+    """``{cols, rows}`` of a PTY message (``{"size": {"cols": 80, "rows": 24}}``)."""
+    size = pty.get("size") or {}
+    return {"cols": int(size.get("cols", 0)), "rows": int(size.get("rows", 0))}
 
 
 def command_of(process: dict[str, Any]) -> str:
