@@ -134,8 +134,9 @@ def sandbox() -> None:
 @click.option("--project", help="Project the sandbox belongs to (default: default).")
 @click.option(
     "--network",
-    type=click.Choice(["none", "allowlist", "open"]),
-    help="Egress: loopback only, the --allow names (default), or any public address. "
+    type=click.Choice(["none", "allowlist", "open", "ask"]),
+    help="Egress: loopback only, the --allow names (default), any public address, or the "
+    "--allow names and others once a person approves (agentbox approvals). "
     "Internal ranges and the metadata address are unreachable in every mode.",
 )
 @click.option(
