@@ -209,8 +209,7 @@ def token_revoke(token_id: str) -> None:
 
 @click.group(cls=SuggestingGroup)
 def approvals() -> None:
-    """List and decide commands and new egress names waiting for a person's approval
-    (operator token)."""
+    """Decide commands and egress names waiting for approval (operator token)."""
 
 
 @approvals.command("ls")
