@@ -88,6 +88,11 @@ class NetworkSpec(BaseModel):
     def _mode_only(cls, value: object) -> object:
         return {"mode": value} if isinstance(value, str) else value
 
+    @field_validator("ask_timeout", mode="before")
+    @classmethod
+    def _ask_timeout(cls, value: float | str) -> float:
+        return parse_duration(value, "ask_timeout")
+
     @field_validator("deny")
     @classmethod
     def _deny(cls, value: tuple[str, ...]) -> tuple[str, ...]:

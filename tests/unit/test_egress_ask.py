@@ -268,3 +268,16 @@ def test_nothing_is_resolved_before_the_decision(tmp_path: Path) -> None:
 
     asyncio.run(main())
     assert order == ["denied"]
+
+
+def test_mode_ask_in_the_spec_and_the_gateway_config() -> None:
+    from agentbox.gateway.settings import NetworkSettings
+    from agentbox.specs import NetworkSpec
+
+    spec = NetworkSpec.model_validate({"mode": "ask", "ask_timeout": "2m"})
+    assert (spec.mode, spec.ask_timeout) == ("ask", 120.0)
+    assert NetworkSpec.model_validate("ask").ask_timeout == 60.0
+    configured = NetworkSettings.model_validate({"mode": "ask", "ask_timeout": "90s"})
+    assert NetworkSpec.model_validate(configured.model_dump()).ask_timeout == 90.0
+    with pytest.raises(InvalidRequest, match="ask_timeout must be positive"):
+        NetworkSpec.model_validate({"mode": "ask", "ask_timeout": 0})
