@@ -16,7 +16,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx2
+import mcp_types as types
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from agentbox import Sandbox
 from agentbox.gateway.audit import read_records
@@ -325,3 +330,40 @@ def test_held_and_decided_connections_are_counted(
         return all(any(w in line for line in lines) for w in wanted)
 
     _eventually(counted, f"/metrics lacks agentbox_egress_approvals_total with {wanted}")
+
+
+def test_an_mcp_client_is_asked_and_its_call_goes_on_after_the_decision(
+    gw: RunningGateway, make: Callable[..., Sandbox], net: Internet
+) -> None:
+    """A current (2026-07-28) MCP client with the agent's session token: its
+    ``terminal_run`` held by an egress question gets an input-required elicitation naming
+    the name and approval; its user decides (here: the operator, in the callback), and the
+    client's retry returns the result of the same command, which ran on meanwhile."""
+    hosts = _names("mcp")
+    (name, _), = hosts.items()  # fmt: skip
+    sb = make(hosts)
+    with gw.operator() as op:
+        token = op.post("/v1/tokens", json={"sandbox": sb.id}).json()["token"]
+    prompts: list[str] = []
+
+    async def user_decides(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        prompts.append(params.message)
+        (approval,) = await anyio.to_thread.run_sync(_pending, gw, sb.id)
+        await anyio.to_thread.run_sync(_decide, gw, approval["id"], "approve")
+        return types.ElicitResult(action="accept", content={"recheck": True})
+
+    fetch = f"import urllib.request as u; print(u.urlopen('http://{name}/').read().decode())"
+
+    async def main() -> Any:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"},
+                                      timeout=120) as http:  # fmt: skip
+            async with Client(streamable_http_client(f"{gw.url}/mcp", http_client=http),
+                              elicitation_callback=user_decides) as client:  # fmt: skip
+                return await client.call_tool("terminal_run", {"command": f'python3 -c "{fetch}"'})
+
+    result = anyio.run(main)
+    assert not result.is_error, result.content
+    assert f"hello from {name}" in result.structured_content["stdout"]
+    assert len(prompts) == 1 and name in prompts[0], prompts
+    assert "agentbox approvals approve ap-" in prompts[0]
+    assert net.seen().count(f"http 80 {name}") == 1  # one command, run once

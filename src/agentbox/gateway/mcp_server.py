@@ -11,7 +11,9 @@ model reads it). Protocol and authorization failures (an unknown tool, a token w
 the tool's scope) are JSON-RPC errors, with codes from :data:`JSONRPC_CODES`. A command that
 needs a person's approval returns MCP's input-required result to 2026-07-28 clients (the
 client asks its user to check again and retries); handshake-era clients, which cannot
-receive that result, wait up to ``approval_timeout`` like plain HTTP callers.
+receive that result, wait up to ``approval_timeout`` like plain HTTP callers. A command
+held by an egress question (network mode ``ask``) gets the same input-required result
+while it runs on (:mod:`agentbox.gateway.egress_elicit`).
 
 Files an agent should look at (a command's full output, saved when the result cuts it)
 come back as ``resource_link`` blocks, ``sandbox://<sandbox id>/<absolute path>``, which
@@ -64,6 +66,7 @@ from agentbox.errors import (
 )
 from agentbox.gateway import jsonbody, sealed
 from agentbox.gateway.auth import Principal
+from agentbox.gateway.egress_elicit import HeldCalls, Waiting
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.tools import CommandOutput, ToolSpec
 from agentbox.runtime.commands import Cancellation
@@ -337,6 +340,20 @@ async def _progress(ctx: ServerRequestContext[Any, Any], redact: Callable[[str],
             await task
 
 
+def _egress_question(gateway: Gateway, waiting: Waiting, tool: str) -> types.InputRequiredResult:
+    """The input-required result of a call held by an egress question (see egress_elicit)."""
+    return types.InputRequiredResult(
+        input_requests={
+            "egress": types.ElicitRequest(
+                params=types.ElicitRequestFormParams(
+                    message=waiting.message(tool), requested_schema=_RECHECK_SCHEMA
+                )
+            )
+        },
+        request_state=sealed.seal(gateway.state_key, {"egress_call": waiting.key}),
+    )
+
+
 def build_mcp_server(
     gateway: Gateway,
     resolve: PrincipalResolver,
@@ -345,6 +362,7 @@ def build_mcp_server(
 ) -> Server[Any]:
     logs = logs or LogLevels()
     calls = in_flight or InFlight()
+    held = HeldCalls(gateway.approvals, gateway.runtime)
 
     @_protocol_errors
     async def list_tools(
@@ -359,25 +377,37 @@ def build_mcp_server(
     ) -> types.CallToolResult | types.InputRequiredResult:
         principal = resolve(ctx)
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
-        approval_id = None
+        approval_id = held_call = None
         if modern:
             # Forged or malformed state (the client is untrusted) counts as none.
             state = sealed.unseal(gateway.state_key, params.request_state) or {}
             found = state.get("approval_id")
             approval_id = found if isinstance(found, str) else None
+            found = state.get("egress_call")
+            held_call = found if isinstance(found, str) else None
         sandbox = str((params.arguments or {}).get("sandbox_id") or principal.sandbox_id or "")
         try:
             with calls.track(principal, ctx.request_id) as cancel:
                 async with _progress(ctx, gateway.redactor.redact) as listener:
-                    outcome = await gateway.call_tool(
-                        principal,
-                        params.name,
-                        params.arguments,
-                        approval_mode="handle" if modern else "wait",
-                        approval_id=approval_id,
-                        output_listener=listener,
-                        cancel=cancel,
-                    )
+
+                    def start() -> Any:
+                        return gateway.call_tool(
+                            principal,
+                            params.name,
+                            params.arguments,
+                            approval_mode="handle" if modern else "wait",
+                            approval_id=approval_id,
+                            output_listener=listener,
+                            cancel=cancel,
+                        )
+
+                    if modern and (held_call or held.applies(params.name, sandbox)):
+                        owner = (principal.actor, params.name, sandbox)
+                        outcome = await held.run(owner, held_call, start)
+                    else:
+                        outcome = await start()
+                    if isinstance(outcome, Waiting):
+                        return _egress_question(gateway, outcome, params.name)
         except ApprovalPending as e:
             return types.InputRequiredResult(
                 input_requests={
