@@ -10,7 +10,9 @@ host map, so no packet leaves the host.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import secrets
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 from agentbox import Sandbox
 from agentbox.gateway.audit import read_records
 from agentbox.network import egressd
-from gateway_harness import RunningGateway, running_gateway
+from gateway_harness import AGENTBOX, RunningGateway, running_gateway
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
 
 WAIT = 60.0  # bound on every poll below (a loaded host is slow, never this slow)
@@ -116,6 +118,15 @@ def _eventually(check: Callable[[], Any], what: str) -> Any:
         assert time.monotonic() < deadline, what
         time.sleep(0.05)
     return found
+
+
+def _cli(gw: RunningGateway, *args: str) -> str:
+    """``agentbox approvals ...``, the real CLI, against ``gw`` with the operator token."""
+    env = {**os.environ, "AGENTBOX_URL": gw.url, "AGENTBOX_TOKEN": gw.operator_token}
+    done = subprocess.run([AGENTBOX, "approvals", *args], env=env, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def _egress(home: Path, sandbox: str, decision: str | None = None) -> list[dict[str, Any]]:
@@ -235,7 +246,10 @@ def test_sandbox_scope_lasts_for_the_sandbox_only(
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         held = pool.submit(_curl, sb, f"http://{name}/")
         (approval,) = _pending(gw, sb.id)
-        assert _decide(gw, approval["id"], "approve", "sandbox")["scope"] == "sandbox"
+        listed = _cli(gw, "ls", "--status", "pending")
+        assert f"connect to {name}:80" in listed and approval["id"] in listed
+        out = _cli(gw, "approve", approval["id"], "--scope", "sandbox")
+        assert out.strip() == f"{approval['id']} approved (sandbox)"
         assert held.result(WAIT)[0] == 200
     assert _curl(sb, f"http://{name}/")[0] == 200  # no second question
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
@@ -266,13 +280,14 @@ def test_always_is_the_projects_allowlist_and_survives_a_gateway_restart(
             assert [(g["host"], g["decided_by"], g["approval"]) for g in listed] == [
                 (name, "operator", approval["id"])
             ]
+            assert name in _cli(second, "allowlist", "--project", project)
             made.append(_create(second, hosts, project))  # a new sandbox of the project
             for sb in made:
                 code, body = _curl(sb, f"http://{name}/")
                 assert code == 200 and body.startswith(f"hello from {name}"), body
             # Taken off the list, the name is asked about again.
-            with second.operator() as op:
-                assert op.delete(f"/v1/egress/allowlist/{project}/{name}").status_code == 200
+            _cli(second, "forget", name, "--project", project)
+            assert name not in _cli(second, "allowlist", "--project", project)
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 held = pool.submit(_curl, made[1], f"http://{name}/")
                 (again,) = _pending(second, made[1].id)
