@@ -197,7 +197,11 @@ def test_a_restarted_daemon_waits_on_the_pending_approval(tmp_path: Path) -> Non
 
     async def main() -> str:
         held = asyncio.create_task(ask(_policy(), "new.test", 80, _conn()))
-        await _until_held(steps, 1)
+        for _ in range(2000):  # bounded: the ask files (here: finds) its request in a thread
+            if any(s[0] == "egress_approval_rejoined" for s in steps):
+                break
+            await asyncio.sleep(0.005)
+        assert [s[2]["approval"] for s in steps if s[0] == "egress_approval_rejoined"] == [left.id]
         assert [p.id for p in store.list("pending")] == [left.id]
         store.decide(left.id, True, "alice")
         return await held

@@ -26,6 +26,7 @@ _CARRIED = ("host", "port", "address", "reason", "kind", "bytes_up")
 _ASK_STEPS = {
     "egress_held": "held",
     "egress_approval_requested": "requested",
+    "egress_approval_rejoined": "rejoined",  # an open question a restarted daemon found
     "egress_approval_decided": "",  # the record's outcome: approved, denied or expired
 }
 _ASK_CARRIED = ("approval", "outcome", "scope", "by")

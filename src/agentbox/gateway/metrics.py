@@ -40,8 +40,8 @@ class Metrics:
         )
         self.egress_approvals = Counter(
             "agentbox_egress_approvals",
-            "Egress mode ask: connections held, approvals requested, and their outcomes "
-            "(approved, denied, expired).",
+            "Egress mode ask: connections held, approvals requested (or rejoined after an "
+            "egress daemon restart), and their outcomes (approved, denied, expired).",
             ["outcome"],
             registry=self.registry,
         )

@@ -176,7 +176,9 @@ async def decide(
         raise Denied(f"{name} matches the deny pattern {blocked}")
     if policy.mode == "none":
         raise Denied("egress is disabled for this sandbox (mode none)")
-    pattern = next((p for p in policy.allow if domain_matches(name, p)), None)
+    pattern = None
+    if policy.mode != "open":
+        pattern = next((p for p in policy.allow if domain_matches(name, p)), None)
     if policy.mode == "allowlist" and pattern is None:
         raise Denied(f"{name} is not on this sandbox's allowlist")
     if port not in policy.ports:

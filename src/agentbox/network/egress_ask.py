@@ -14,7 +14,8 @@ The round trip is the state database of the home (``gateway.db``): the daemon wr
 the request, the gateway's operator routes write the decision, the daemon reads it. A
 sandbox reaches neither: its only peer is the proxy, and deciding takes the operator's
 token, never a session token. What happened is appended to the daemon's audit log
-(``egress_held`` per held connection, ``egress_approval_requested`` and
+(``egress_held`` per held connection, ``egress_approval_requested`` (or
+``egress_approval_rejoined``: an open one filed before a daemon restart) and
 ``egress_approval_decided`` per approval, with who decided) and counted by the
 gateway's metrics through the egress ingest.
 """
@@ -118,6 +119,11 @@ class EgressAsk:
         digest = request_hash(name)
         found = self.approvals.find_pending(policy.sandbox_id, EGRESS_TOOL, digest)
         if found is not None:
+            self._note(
+                "egress_approval_rejoined",
+                policy.sandbox_id,
+                {"host": name, "port": port, "approval": found.id, "kind": kind},
+            )
             return found
         approval = self.approvals.request(
             policy.sandbox_id,
