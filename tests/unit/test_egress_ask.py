@@ -285,3 +285,42 @@ def test_mode_ask_in_the_spec_and_the_gateway_config() -> None:
     assert NetworkSpec.model_validate(configured.model_dump()).ask_timeout == 90.0
     with pytest.raises(InvalidRequest, match="ask_timeout must be positive"):
         NetworkSpec.model_validate({"mode": "ask", "ask_timeout": 0})
+
+
+def test_a_held_mcp_call_is_resumed_only_by_its_own_caller(tmp_path: Path) -> None:
+    """gateway/egress_elicit.py: while an egress question of the sandbox is open the call
+    is handed back as Waiting (it runs on); only the same (token, tool, sandbox) may
+    attach to it again, once."""
+    from agentbox.gateway.egress_elicit import HeldCalls, Waiting
+
+    store = ApprovalStore(tmp_path / "g.db")
+    calls = HeldCalls(store, runtime=None)  # type: ignore[arg-type]  # applies() unused here
+    owner = ("token:t1", "terminal_run", "sb-1")
+
+    async def main() -> None:
+        finish = asyncio.Event()
+        runs: list[int] = []
+
+        async def start() -> str:
+            runs.append(1)
+            await finish.wait()
+            return "the command's result"
+
+        question = store.request("sb-1", "egress", "connect to new.test:80", "sha256:" + "3" * 64,
+                                 "sandbox sb-1", "network.mode: ask", 30)  # fmt: skip
+        waiting = await calls.run(owner, None, start)
+        assert isinstance(waiting, Waiting) and [q.id for q in waiting.questions] == [question.id]
+        assert question.id in waiting.message("terminal_run")
+        for stranger in (("token:t2", "terminal_run", "sb-1"), ("token:t1", "fs_read", "sb-1")):
+            with pytest.raises(Conflict):
+                await calls.run(stranger, waiting.key, start)
+        again = await calls.run(owner, waiting.key, start)  # still open: asked again
+        assert isinstance(again, Waiting) and again.key != waiting.key
+        store.decide(question.id, True, "alice")
+        finish.set()
+        assert await calls.run(owner, again.key, start) == "the command's result"
+        assert runs == [1]  # one command, attached to twice
+        with pytest.raises(Conflict):
+            await calls.run(owner, again.key, start)  # a key serves once
+
+    asyncio.run(main())
