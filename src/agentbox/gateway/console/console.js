@@ -330,8 +330,9 @@ async function refreshApprovals() {
   pending.sort((a, b) => (a.created_at || 0) - (b.created_at || 0));
   syncRows($("approvals-rows"), pending, (a) => a.id, buildApprovalRow, updateApprovalRow,
     "Nothing waits for a decision.");
-  const text = pending.length === 1 ? "1 command waits for a decision." :
-    `${pending.length} commands wait for a decision.`;
+  // Commands and new egress names (network mode ask) wait in the one queue.
+  const text = pending.length === 1 ? "1 request waits for a decision." :
+    `${pending.length} requests wait for a decision.`;
   // Assigned only when it changes: a live region re-reads every assignment.
   if ($("approvals-status").textContent !== text) $("approvals-status").textContent = text;
   const badge = $("approvals-badge");
