@@ -88,7 +88,8 @@ class EgressAsk:
         if approval.status == "expired":
             raise Denied(
                 f"{name} is not on this sandbox's allowlist and nobody approved it within "
-                f"{policy.ask_timeout:g} s ({approval.id})"
+                f"{policy.ask_timeout:g} s ({approval.id}); retry when a person can answer "
+                "(the agentbox console or `agentbox approvals`)"
             )
         raise Denied(f"{name} was denied by {approval.decided_by} ({approval.id})")
 
