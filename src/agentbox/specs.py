@@ -65,13 +65,17 @@ class NetworkSpec(BaseModel):
     """What a sandbox may reach. ``none``: loopback only; ``allowlist``: the names in
     ``allow`` (``*.example.com`` = any name below it); ``open``: any public address. In
     every mode internal ranges, the metadata address and the host stay unreachable, and
-    so do the names matching ``deny`` (same syntax as ``allow``). ``credentials``: headers
-    the egress proxy injects for one host each (see :class:`CredentialSpec`)."""
+    so do the names matching ``deny`` (same syntax as ``allow``). ``ask``: like
+    ``allowlist``, but a connection to any other name is held until a person approves or
+    denies it, at most ``ask_timeout`` seconds (then denied; see
+    :mod:`agentbox.network.egress_ask`). ``credentials``: headers the egress proxy
+    injects for one host each (see :class:`CredentialSpec`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Literal["none", "allowlist", "open"] = "allowlist"
+    mode: Literal["none", "allowlist", "open", "ask"] = "allowlist"
     allow: tuple[str, ...] = ()
+    ask_timeout: float = Field(default=60.0, gt=0, le=3600)
     ports: tuple[Annotated[int, Field(gt=0, lt=65536)], ...] = (80, 443)
     # name -> IP literal, resolved by the egress proxy instead of DNS (private deployments,
     # tests); the address is still checked against the denied ranges.
@@ -83,6 +87,11 @@ class NetworkSpec(BaseModel):
     @classmethod
     def _mode_only(cls, value: object) -> object:
         return {"mode": value} if isinstance(value, str) else value
+
+    @field_validator("ask_timeout", mode="before")
+    @classmethod
+    def _ask_timeout(cls, value: float | str) -> float:
+        return parse_duration(value, "ask_timeout")
 
     @field_validator("deny")
     @classmethod

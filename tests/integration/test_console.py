@@ -286,7 +286,7 @@ def test_operator_approves_a_command_and_manages_a_sandbox(
         approval = page.locator("#approvals-rows tr").filter(has_text="rm -rf /tmp/x")
         expect(approval).to_be_visible()
         expect(approval).to_contain_text(sandbox_id)
-        expect(page.locator("#approvals-status")).to_contain_text("1 command waits")
+        expect(page.locator("#approvals-status")).to_contain_text("1 request waits")
         approval_id = approval.get_attribute("data-id")
         assert approval_id
         # The tail shows the request as it happens.
@@ -396,3 +396,54 @@ def test_usage_and_providers_render_as_text_once_served(
     snap(page, artifacts, "usage-and-providers", capsys)
     assert page.evaluate("() => document.querySelectorAll('img, [onerror]').length") == 0
     assert watched.errors == []
+
+
+def test_operator_approves_a_new_egress_name_always(
+    watched: Watched,
+    gw: RunningGateway,
+    artifacts: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Network mode ask: a sandbox's held connection shows as an approval with four
+    choices; "Approve always" lets the held curl through and puts the name on the
+    project's allowlist."""
+    import concurrent.futures
+    import secrets
+
+    from agentbox import Sandbox
+    from nettopo import UPSTREAM_A, internet
+
+    name = f"console-{secrets.token_hex(3)}.test"
+    project = f"console-{secrets.token_hex(3)}"
+    page = watched.page
+    logged_in(page, gw)
+    with internet(tmp_path) as net, gw.operator() as op:
+        network = {"mode": "ask", "hosts": {name: UPSTREAM_A}}
+        r = op.post("/v1/sandboxes", json={"memory": "256MiB", "disk": "64MiB",
+                                            "project": project, "network": network})  # fmt: skip
+        assert r.status_code == 201, r.text
+        sb = Sandbox.connect(r.json()["id"], home=gw.home)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                held = pool.submit(sb.commands.run, f"curl -sS --max-time 60 http://{name}/",
+                                   timeout=90)  # fmt: skip
+                approval = page.locator("#approvals-rows tr").filter(has_text=f"{name}:80")
+                expect(approval).to_be_visible()
+                expect(approval).to_contain_text(sb.id)
+                expect(approval).to_contain_text(f"project {project}")
+                for label in ("Approve once", "Approve for this sandbox", "Approve always",
+                              "Deny"):  # fmt: skip
+                    expect(approval.get_by_role("button", name=re.compile(f"^{label}:"))
+                           ).to_be_visible()  # fmt: skip
+                assert name not in net.seen()
+                snap(page, artifacts, "egress-approval-pending", capsys)
+                approval.get_by_role("button", name=re.compile("^Approve always:")).click()
+                result = held.result(90)
+            assert result.stdout.startswith(f"hello from {name}"), result.stdout + result.stderr
+            expect(approval).to_have_count(0)
+            listed = op.get("/v1/egress/allowlist", params={"project": project}).json()
+            assert [g["host"] for g in listed] == [name]
+        finally:
+            sb.kill()
+            op.delete(f"/v1/egress/allowlist/{project}/{name}")

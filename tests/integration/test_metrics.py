@@ -62,6 +62,7 @@ def test_names_types_and_labels_follow_prometheus_rules(gw: RunningGateway) -> N
         "agentbox_approvals_pending": "gauge",
         "agentbox_sandbox_create_duration_seconds": "histogram",
         "agentbox_egress_decisions": "counter",
+        "agentbox_egress_approvals": "counter",
         "agentbox_lifecycle_events": "counter",
         "agentbox_provider_requests": "counter",
         "agentbox_model_tokens": "counter",

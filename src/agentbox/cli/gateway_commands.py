@@ -209,7 +209,7 @@ def token_revoke(token_id: str) -> None:
 
 @click.group(cls=SuggestingGroup)
 def approvals() -> None:
-    """List and decide commands waiting for a person's approval (operator token)."""
+    """Decide commands and egress names waiting for approval (operator token)."""
 
 
 @approvals.command("ls")
@@ -231,20 +231,31 @@ def approvals_ls(status: str | None, as_json: bool) -> None:
         click.echo(f"{a['id']:<16} {a['status']:<9} {a['sandbox']:<16} {a['summary']}")
 
 
-def _decide(approval_id: str, verdict: str) -> None:
+def _decide(approval_id: str, verdict: str, scope: str = "once") -> None:
     try:
-        result = _client().request("POST", f"/v1/approvals/{approval_id}/{verdict}")
+        result = _client().request(
+            "POST", f"/v1/approvals/{approval_id}/{verdict}", params={"scope": scope}
+        )
     except AgentboxError as e:
         _fail(e)
         return
-    click.echo(f"{result['id']} {result['status']}")
+    scoped = f" ({result['scope']})" if result.get("scope") not in (None, "once") else ""
+    click.echo(f"{result['id']} {result['status']}{scoped}")
 
 
 @approvals.command("approve")
 @click.argument("approval_id")
-def approvals_approve(approval_id: str) -> None:
-    """Let the waiting command run."""
-    _decide(approval_id, "approve")
+@click.option(
+    "--scope",
+    type=click.Choice(["once", "sandbox", "always"]),
+    default="once",
+    show_default=True,
+    help="Egress approvals: the connections held now, this name for the sandbox's life, "
+    "or the project's allowlist (kept across restarts).",
+)
+def approvals_approve(approval_id: str, scope: str) -> None:
+    """Let the waiting command run, or the held connections through."""
+    _decide(approval_id, "approve", scope)
 
 
 @approvals.command("deny")
@@ -252,3 +263,35 @@ def approvals_approve(approval_id: str) -> None:
 def approvals_deny(approval_id: str) -> None:
     """Refuse the waiting command (the agent gets an error saying so)."""
     _decide(approval_id, "deny")
+
+
+@approvals.command("allowlist")
+@click.option("--project", help="One project's names only.")
+@click.option("--json", "as_json", is_flag=True)
+def approvals_allowlist(project: str | None, as_json: bool) -> None:
+    """Names approved with --scope always (egress mode ask), per project."""
+    try:
+        items = _client().request(
+            "GET", "/v1/egress/allowlist", params={"project": project} if project else None
+        )
+    except AgentboxError as e:
+        _fail(e)
+        return
+    if as_json:
+        click.echo(json.dumps(items, indent=2))
+        return
+    for g in items:
+        click.echo(f"{g['owner']:<16} {g['host']:<40} {g['decided_by']} ({g['approval']})")
+
+
+@approvals.command("forget")
+@click.argument("host")
+@click.option("--project", default="default", show_default=True)
+def approvals_forget(host: str, project: str) -> None:
+    """Take HOST off a project's egress allowlist (its sandboxes will ask again)."""
+    try:
+        _client().request("DELETE", f"/v1/egress/allowlist/{project}/{host}")
+    except AgentboxError as e:
+        _fail(e)
+        return
+    click.echo(f"{host} removed from project {project}'s allowlist")

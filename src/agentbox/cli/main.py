@@ -71,7 +71,7 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
 # so that `agentbox --help` imports none of them (tests/unit/test_cli_lazy.py).
 _LAZY = {
     "approvals": ("agentbox.cli.gateway_commands", "approvals",
-                  "List and decide commands waiting for a person's approval (operator token)."),
+                  "Decide commands and egress names waiting for approval (operator token)."),
     "audit": ("agentbox.cli.audit_commands", "audit",
               "Check and read the gateway's tamper-evident audit trail."),
     "mcp": ("agentbox.cli.gateway_commands", "mcp_stdio",
@@ -134,8 +134,9 @@ def sandbox() -> None:
 @click.option("--project", help="Project the sandbox belongs to (default: default).")
 @click.option(
     "--network",
-    type=click.Choice(["none", "allowlist", "open"]),
-    help="Egress: loopback only, the --allow names (default), or any public address. "
+    type=click.Choice(["none", "allowlist", "open", "ask"]),
+    help="Egress: loopback only, the --allow names (default), any public address, or the "
+    "--allow names and others once a person approves (agentbox approvals). "
     "Internal ranges and the metadata address are unreachable in every mode.",
 )
 @click.option(

@@ -298,7 +298,7 @@ class Sandbox:
         home: Path | None = None,
     ) -> Sandbox:
         """Create and start a sandbox. ``timeout``: max lifetime in seconds (default 24h);
-        ``network``: a mode (``none``, ``allowlist``, ``open``) or a dict such as
+        ``network``: a mode (``none``, ``allowlist``, ``open``, ``ask``) or a dict such as
         ``{"mode": "allowlist", "allow": ["pypi.org", "*.pythonhosted.org"]}``;
         ``idle_timeout`` (default 15m, 0: never) and ``on_idle`` (``pause``, ``stop`` or
         ``destroy``): what happens to a sandbox nothing has used for that long, applied

@@ -1,28 +1,39 @@
-"""Human approval of high-risk tool calls.
+"""Human approval of high-risk tool calls and of new egress names.
 
 A call that matches an approval pattern creates a *pending* approval (persisted, so it
 survives a gateway restart) and waits: plain HTTP callers block up to
 ``approval_timeout``; MCP clients of the 2026-07-28 revision get an input-required result
 and retry. Only the operator decides (``agentbox approvals approve|deny`` or the REST
 API); a session token never can. No answer before the deadline means *deny*.
+
+The egress daemon of a sandbox in network mode ``ask`` asks through the same table (tool
+``egress``; it opens this database itself, see :mod:`agentbox.network.egress_ask`). An
+egress approval is decided with a *scope*: ``once`` (the connections held now),
+``sandbox`` (this name for the rest of the sandbox's life) or ``always`` (the project's
+persistent allowlist, :mod:`agentbox.gateway.egress_grants`), written in the same
+transaction as the decision.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast, get_args
 
-from agentbox.errors import Conflict, NotFound
+from agentbox.errors import Conflict, InvalidRequest, NotFound
+from agentbox.gateway import egress_grants
 from agentbox.hints import Hint
 
 Status = Literal["pending", "approved", "denied", "expired"]
+Scope = Literal["once", "sandbox", "always"]
+EGRESS_TOOL = "egress"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS gateway_approvals (
@@ -40,6 +51,13 @@ CREATE TABLE IF NOT EXISTS gateway_approvals (
     decided_by TEXT
 );
 """
+# Columns added after the first release: (name, type), added to older databases in place.
+_ADDED = (("scope", "TEXT"), ("detail", "TEXT"))
+_INSERT = (
+    "INSERT INTO gateway_approvals (id, sandbox, tool, summary, args_hash, requested_by, rule,"
+    " status, created_at, deadline, decided_at, decided_by, scope, detail)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+)
 
 
 @dataclass(frozen=True)
@@ -56,16 +74,31 @@ class Approval:
     deadline: float
     decided_at: float | None
     decided_by: str | None
+    scope: Scope | None = None  # how far an approval reaches (egress); None: undecided
+    detail: dict[str, Any] | None = None  # egress: host, port, project, kind
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
+
+    @staticmethod
+    def from_row(row: sqlite3.Row) -> Approval:
+        values = dict(row)
+        values["detail"] = json.loads(values["detail"]) if values.get("detail") else None
+        return Approval(**values)
 
 
 class ApprovalStore:
     def __init__(self, db_path: Path) -> None:
         self._db_path = db_path
         self._local = threading.local()
-        self._db().executescript(_SCHEMA)
+        db = self._db()
+        db.executescript(_SCHEMA)
+        have = {r["name"] for r in db.execute("PRAGMA table_info(gateway_approvals)")}
+        for name, kind in _ADDED:
+            if name not in have:
+                with contextlib.suppress(sqlite3.OperationalError):  # another process won
+                    db.execute(f"ALTER TABLE gateway_approvals ADD COLUMN {name} {kind}")
+        egress_grants.create(db)
         self._events: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -87,6 +120,7 @@ class ApprovalStore:
         requested_by: str,
         rule: str | None,
         timeout: float,
+        detail: dict[str, Any] | None = None,
     ) -> Approval:
         now = time.time()
         approval = Approval(
@@ -102,12 +136,27 @@ class ApprovalStore:
             now + timeout,
             None,
             None,
+            None,
+            detail,
         )
-        self._db().execute(
-            "INSERT INTO gateway_approvals VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            tuple(approval.__dict__.values()),
-        )
+        values = {**approval.__dict__, "detail": json.dumps(detail) if detail else None}
+        self._db().execute(_INSERT, tuple(values.values()))
         return approval
+
+    def find_pending(self, sandbox: str, tool: str, args_hash: str) -> Approval | None:
+        """The pending approval of this exact request, if one waits (asked again after the
+        asker restarted: the person sees one request, not two)."""
+        self.expire_overdue()
+        row = (
+            self._db()
+            .execute(
+                "SELECT * FROM gateway_approvals WHERE sandbox = ? AND tool = ? AND"
+                " args_hash = ? AND status = 'pending' ORDER BY created_at LIMIT 1",
+                (sandbox, tool, args_hash),
+            )
+            .fetchone()
+        )
+        return None if row is None else Approval.from_row(row)
 
     def get(self, approval_id: str) -> Approval:
         row = (
@@ -120,7 +169,7 @@ class ApprovalStore:
                 f"no approval {approval_id}",
                 hint=Hint("approval_list", {}, "{call} to list them"),
             )
-        approval = Approval(**dict(row))
+        approval = Approval.from_row(row)
         if approval.status == "pending" and approval.deadline <= time.time():
             self._set(approval.id, "expired", "timeout")
             return self.get(approval_id)
@@ -132,14 +181,49 @@ class ApprovalStore:
         if status:
             query, args = query + " WHERE status = ?", (status,)
         rows = self._db().execute(query + " ORDER BY created_at", args).fetchall()
-        return [Approval(**dict(r)) for r in rows]
+        return [Approval.from_row(r) for r in rows]
 
-    def decide(self, approval_id: str, approve: bool, by: str) -> Approval:
+    def decide(self, approval_id: str, approve: bool, by: str, scope: Scope = "once") -> Approval:
+        """Approve or deny; ``scope`` (egress approvals only) ``sandbox`` or ``always``
+        also grants the name beyond the connections held now."""
+        if scope not in get_args(Scope):
+            raise InvalidRequest(f"scope must be once, sandbox or always, not {scope!r}")
         current = self.get(approval_id)
         if current.status != "pending":
             raise Conflict(f"approval {approval_id} is already {current.status}")
-        self._set(approval_id, "approved" if approve else "denied", by)
+        if scope != "once" and current.tool != EGRESS_TOOL:
+            raise InvalidRequest(
+                f"approval {approval_id} is for a command: it can only be decided once"
+            )
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            self._set(
+                approval_id, "approved" if approve else "denied", by, scope if approve else None
+            )
+            if not db.execute("SELECT changes()").fetchone()[0]:
+                raise Conflict(f"approval {approval_id} was decided meanwhile")
+            if approve and scope != "once" and current.detail:
+                owner = current.sandbox if scope == "sandbox" else current.detail["project"]
+                egress_grants.grant(
+                    db, scope, owner, current.detail["host"], approval_id, by, time.time()
+                )
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self._wake(approval_id)
         return self.get(approval_id)
+
+    def egress_grant(self, sandbox: str, project: str, host: str) -> egress_grants.Grant | None:
+        """The standing approval of ``host`` for this sandbox or its project, if any."""
+        return egress_grants.find(self._db(), sandbox, project, host)
+
+    def egress_allowlist(self, project: str | None = None) -> tuple[egress_grants.Grant, ...]:
+        return tuple(egress_grants.listing(self._db(), project))
+
+    def egress_revoke(self, project: str, host: str) -> bool:
+        return egress_grants.revoke(self._db(), project, host)
 
     def expire_overdue(self) -> None:
         now = time.time()
@@ -154,12 +238,17 @@ class ApprovalStore:
         for (approval_id,) in rows:
             self._set(approval_id, "expired", "timeout")
 
-    def _set(self, approval_id: str, status: Status, by: str) -> None:
+    def _set(self, approval_id: str, status: Status, by: str, scope: Scope | None = None) -> None:
         self._db().execute(
-            "UPDATE gateway_approvals SET status = ?, decided_at = ?, decided_by = ?"
+            "UPDATE gateway_approvals SET status = ?, decided_at = ?, decided_by = ?, scope = ?"
             " WHERE id = ? AND status = 'pending'",
-            (status, time.time(), by, approval_id),
+            (status, time.time(), by, scope, approval_id),
         )
+        if self._db().in_transaction:
+            return  # decide() wakes the waiters once it has committed
+        self._wake(approval_id)
+
+    def _wake(self, approval_id: str) -> None:
         event = self._events.get(approval_id)
         if event is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(event.set)

@@ -22,6 +22,14 @@ from agentbox.gateway.metrics import Metrics
 
 log = logging.getLogger(__name__)
 _CARRIED = ("host", "port", "address", "reason", "kind", "bytes_up")
+# Mode ask's steps (agentbox.network.egress_ask) and what they carry besides.
+_ASK_STEPS = {
+    "egress_held": "held",
+    "egress_approval_requested": "requested",
+    "egress_approval_rejoined": "rejoined",  # an open question a restarted daemon found
+    "egress_approval_decided": "",  # the record's outcome: approved, denied or expired
+}
+_ASK_CARRIED = ("approval", "outcome", "scope", "by")
 
 
 def position_path(egress_log: Path) -> Path:
@@ -67,13 +75,8 @@ class EgressIngest:
 
     def _copy(self, record: Record) -> None:
         if self.metrics is not None:
-            self.metrics.egress_decision(
-                record["decision"],
-                str(record.get("kind") or ""),
-                int(record.get("bytes_up") or 0),
-                int(record.get("bytes_out") or 0),
-            )
-        extra = {k: record[k] for k in _CARRIED if k in record}
+            self._count(self.metrics, record)
+        extra = {k: record[k] for k in (*_CARRIED, *_ASK_CARRIED) if k in record}
         extra["egress_seq"], extra["egress_ts"] = record["seq"], record.get("ts")
         self.audit.append(
             decision=record["decision"],
@@ -84,4 +87,17 @@ class EgressIngest:
             bytes_out=record.get("bytes_out"),
             error=record.get("error"),
             extra=extra,
+        )
+
+    @staticmethod
+    def _count(metrics: Metrics, record: Record) -> None:
+        step = _ASK_STEPS.get(record["decision"])
+        if step is not None:
+            metrics.egress_approval(step or str(record.get("outcome") or "unknown"))
+            return
+        metrics.egress_decision(
+            record["decision"],
+            str(record.get("kind") or ""),
+            int(record.get("bytes_up") or 0),
+            int(record.get("bytes_out") or 0),
         )

@@ -11,7 +11,9 @@ model reads it). Protocol and authorization failures (an unknown tool, a token w
 the tool's scope) are JSON-RPC errors, with codes from :data:`JSONRPC_CODES`. A command that
 needs a person's approval returns MCP's input-required result to 2026-07-28 clients (the
 client asks its user to check again and retries); handshake-era clients, which cannot
-receive that result, wait up to ``approval_timeout`` like plain HTTP callers.
+receive that result, wait up to ``approval_timeout`` like plain HTTP callers. A command
+held by an egress question (network mode ``ask``) gets the same input-required result
+while it runs on (:mod:`agentbox.gateway.egress_elicit`).
 
 Files an agent should look at (a command's full output, saved when the result cuts it)
 come back as ``resource_link`` blocks, ``sandbox://<sandbox id>/<absolute path>``, which
@@ -66,6 +68,7 @@ from agentbox.errors import (
 )
 from agentbox.gateway import jsonbody, sealed
 from agentbox.gateway.auth import Principal
+from agentbox.gateway.egress_elicit import HeldCalls, Waiting
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.tools import CommandOutput, ToolSpec
 from agentbox.runtime.commands import Cancellation
@@ -140,22 +143,27 @@ def _state_for(principal: Principal, params: types.CallToolRequestParams) -> dic
     return {"actor": principal.actor, "call": hashlib.sha256(call.encode()).hexdigest()}
 
 
-def _approval_from_state(
+def _state_from(
     key: bytes, principal: Principal, params: types.CallToolRequestParams
-) -> str:
-    """The approval a returned ``requestState`` names. State that fails verification
-    (altered, forged, not made here) or that was given to another token or for another
-    call is refused with a JSON-RPC error, as SEP-2322 requires, rather than read as no
-    state: the client learns its state is bad instead of being asked for a new approval."""
-    state = sealed.unseal(key, params.request_state)
-    approval_id = state.get("approval_id") if state else None
+) -> tuple[str | None, str | None]:
+    """(the approval, the call held by an egress question) a returned ``requestState``
+    names. State that fails verification (altered, forged, not made here) or that was
+    given to another token or for another call is refused with a JSON-RPC error, as
+    SEP-2322 requires, rather than read as no state: the client learns its state is bad
+    instead of being asked again."""
+    state = sealed.unseal(key, params.request_state) or {}
+    approval_id, held_call = state.get("approval_id"), state.get("egress_call")
+    approval_id = approval_id if isinstance(approval_id, str) else None
+    held_call = held_call if isinstance(held_call, str) else None
     bound = _state_for(principal, params)
-    if not isinstance(approval_id, str) or any(state.get(k) != v for k, v in bound.items()):
+    if (approval_id is None and held_call is None) or any(
+        state.get(k) != v for k, v in bound.items()
+    ):
         raise InvalidRequest(
             "requestState failed verification (altered, or given to another token or for "
-            "another call); call the tool again without requestState to ask for a new approval"
+            "another call); call the tool again without requestState to ask anew"
         )
-    return approval_id
+    return approval_id, held_call
 
 
 def _tool(spec: ToolSpec) -> types.Tool:
@@ -387,6 +395,24 @@ async def _progress(ctx: ServerRequestContext[Any, Any], redact: Callable[[str],
             await task
 
 
+def _egress_question(
+    gateway: Gateway, waiting: Waiting, principal: Principal, params: types.CallToolRequestParams
+) -> types.InputRequiredResult:
+    """The input-required result of a call held by an egress question (see egress_elicit)."""
+    return types.InputRequiredResult(
+        input_requests={
+            "egress": types.ElicitRequest(
+                params=types.ElicitRequestFormParams(
+                    message=waiting.message(params.name), requested_schema=_RECHECK_SCHEMA
+                )
+            )
+        },
+        request_state=sealed.seal(
+            gateway.state_key, {"egress_call": waiting.key, **_state_for(principal, params)}
+        ),
+    )
+
+
 def build_mcp_server(
     gateway: Gateway,
     resolve: PrincipalResolver,
@@ -395,6 +421,7 @@ def build_mcp_server(
 ) -> Server[Any]:
     logs = logs or LogLevels()
     calls = in_flight or InFlight()
+    held = HeldCalls(gateway.approvals, gateway.runtime)
 
     @_protocol_errors
     async def list_tools(
@@ -409,22 +436,32 @@ def build_mcp_server(
     ) -> types.CallToolResult | types.InputRequiredResult:
         principal = resolve(ctx)
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
-        approval_id = None
+        approval_id = held_call = None
         if modern and params.request_state is not None:
-            approval_id = _approval_from_state(gateway.state_key, principal, params)
+            approval_id, held_call = _state_from(gateway.state_key, principal, params)
         sandbox = str((params.arguments or {}).get("sandbox_id") or principal.sandbox_id or "")
         try:
             with calls.track(principal, ctx.request_id) as cancel:
                 async with _progress(ctx, gateway.redactor.redact) as listener:
-                    outcome = await gateway.call_tool(
-                        principal,
-                        params.name,
-                        params.arguments,
-                        approval_mode="handle" if modern else "wait",
-                        approval_id=approval_id,
-                        output_listener=listener,
-                        cancel=cancel,
-                    )
+
+                    def start() -> Any:
+                        return gateway.call_tool(
+                            principal,
+                            params.name,
+                            params.arguments,
+                            approval_mode="handle" if modern else "wait",
+                            approval_id=approval_id,
+                            output_listener=listener,
+                            cancel=cancel,
+                        )
+
+                    if modern and (held_call or held.applies(params.name, sandbox)):
+                        owner = (principal.actor, params.name, sandbox)
+                        outcome = await held.run(owner, held_call, start)
+                    else:
+                        outcome = await start()
+                    if isinstance(outcome, Waiting):
+                        return _egress_question(gateway, outcome, principal, params)
         except ApprovalPending as e:
             return types.InputRequiredResult(
                 input_requests={

@@ -38,6 +38,13 @@ class Metrics:
             ["direction"],
             registry=self.registry,
         )
+        self.egress_approvals = Counter(
+            "agentbox_egress_approvals",
+            "Egress mode ask: connections held, approvals requested (or rejoined after an "
+            "egress daemon restart), and their outcomes (approved, denied, expired).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.tool_calls = Counter(
             "agentbox_tool_calls",
             "Tool calls through the gateway, by tool and decision.",
@@ -155,6 +162,9 @@ class Metrics:
             self.egress_bytes.labels("up").inc(up)
         if down:
             self.egress_bytes.labels("down").inc(down)
+
+    def egress_approval(self, outcome: str) -> None:
+        self.egress_approvals.labels(outcome).inc()
 
     def tool_call(self, tool: str, decision: str, duration_ms: float | None) -> None:
         self.tool_calls.labels(tool, decision).inc()

@@ -25,6 +25,7 @@ from agentbox.errors import (
     AgentboxError,
     InsufficientScope,
     InvalidRequest,
+    NotFound,
     PolicyDenied,
     SecretsFound,
 )
@@ -56,7 +57,7 @@ class CreateSandbox(Body):
     project: str | None = None
     network: str | dict[str, Any] | None = Field(
         default=None,
-        description='A mode ("none", "allowlist", "open") or {"mode", "allow", "ports", '
+        description='A mode ("none", "allowlist", "open", "ask") or {"mode", "allow", "ports", '
         '"hosts"}; default: the sandbox.network section of the gateway config',
     )
 
@@ -641,13 +642,20 @@ def build_router(
 
     @api.post("/approvals/{approval_id}/{verdict}", tags=["approvals"])
     async def decide(
-        approval_id: str, verdict: Literal["approve", "deny"], p: Principal = auth
+        approval_id: str,
+        verdict: Literal["approve", "deny"],
+        p: Principal = auth,
+        scope: Literal["once", "sandbox", "always"] = Query(
+            "once",
+            description="Egress approvals: once (the connections held now), sandbox (this "
+            "name for the sandbox's life) or always (the project's allowlist)",
+        ),
     ) -> Any:
         if not p.is_operator:  # a sandbox's own token must never approve its own commands
             raise InsufficientScope(
                 "only the operator can approve or deny; a session token cannot", scope=OPERATOR
             )
-        approval = gateway.approvals.decide(approval_id, verdict == "approve", p.actor)
+        approval = gateway.approvals.decide(approval_id, verdict == "approve", p.actor, scope)
         await gateway.audit_event(
             p,
             f"approval_{'granted' if verdict == 'approve' else 'denied'}",
@@ -655,8 +663,25 @@ def build_router(
             tool=approval.tool,
             approval=approval_id,
             by_operator=True,
+            scope=approval.scope,
+            summary=approval.summary,
         )
         return approval.to_dict()
+
+    @api.get("/egress/allowlist", tags=["approvals"])
+    async def egress_allowlist(p: Principal = auth, project: str | None = None) -> Any:
+        """The names approved with scope ``always``, per project (mode ask)."""
+        p.require_operator("listing the egress allowlist")
+        return [g.to_dict() for g in gateway.approvals.egress_allowlist(project)]
+
+    @api.delete("/egress/allowlist/{project}/{host}", tags=["approvals"])
+    async def egress_forget(project: str, host: str, p: Principal = auth) -> Any:
+        p.require_operator("changing the egress allowlist")
+        removed = gateway.approvals.egress_revoke(project, host)
+        if not removed:
+            raise NotFound(f"{host} is not on project {project}'s egress allowlist")
+        await gateway.audit_event(p, "egress_allowlist_removed", project=project, host=host)
+        return {"project": project, "host": host, "removed": True}
 
     # audit --------------------------------------------------------------------------------
     @api.get("/audit", tags=["audit"])

@@ -100,11 +100,14 @@ class CredentialSettings(Strict):
 
 
 class NetworkSettings(Strict):
-    mode: Literal["none", "allowlist", "open"] = "allowlist"
+    mode: Literal["none", "allowlist", "open", "ask"] = "allowlist"
     allow: list[str] = Field(default_factory=list)
+    ask_timeout: float = Field(default=60.0, gt=0, le=3600)  # seconds ("2m"); then denied
     ports: list[Annotated[int, Field(gt=0, lt=65536)]] = Field(default_factory=lambda: [80, 443])
     credentials: list[CredentialSettings] = Field(default_factory=list)
     hosts: dict[str, str] = Field(default_factory=dict)
+
+    _ask = field_validator("ask_timeout", mode="before")(classmethod(lambda c, v: _seconds(v)))
 
 
 class AdmissionSettings(Strict):

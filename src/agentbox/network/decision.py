@@ -25,10 +25,13 @@ from agentbox.network.names import (
     parse_ip_literal,
 )
 
-Mode = Literal["none", "allowlist", "open"]
+Mode = Literal["none", "allowlist", "open", "ask"]
 Kind = Literal["connect", "http", "transparent"]
 # (name, port) -> every address the name resolves to; raises Denied when it cannot.
 Resolver = Callable[[str, int], Awaitable[tuple[IPAddress, ...]]]
+# Mode ask, a name on neither list: (policy, name, port, conn) -> why it is allowed, once a
+# person said so; raises Denied otherwise (see agentbox.network.egress_ask).
+Asker = Callable[["EgressPolicy", str, int, "Conn"], Awaitable[str]]
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,16 @@ class EgressPolicy:
     deny: tuple[str, ...] = ()
     # Headers the proxy sets on requests to one host (values from its own environment).
     credentials: tuple[Credential, ...] = ()
+    # Mode ask: the longest a connection is held for a person's decision, in seconds.
+    ask_timeout: float = 60.0
+    # The sandbox's project (mode ask: whose persistent allowlist applies).
+    project: str = "default"
 
     def __post_init__(self) -> None:
-        if self.mode not in ("none", "allowlist", "open"):
-            raise InvalidRequest(f"egress mode must be none, allowlist or open, not {self.mode!r}")
+        if self.mode not in ("none", "allowlist", "open", "ask"):
+            raise InvalidRequest(
+                f"egress mode must be none, allowlist, open or ask, not {self.mode!r}"
+            )
         allow = tuple(normalize_pattern(p) for p in self.allow)
         deny = tuple(normalize_pattern(p) for p in self.deny)
         credentials = tuple(self.credentials)
@@ -144,10 +153,13 @@ async def decide(
     conn: Conn,
     resolve: Resolver,
     extra_denied: Iterable[IPNetwork] = (),
+    ask: Asker | None = None,
 ) -> Target:
     """The target ``raw:port`` if ``policy`` allows it, else :class:`Denied`.
 
-    Records the normalised name (and a refused address) on ``conn`` as it goes.
+    Records the normalised name (and a refused address) on ``conn`` as it goes. In mode
+    ``ask`` a name on neither list goes to ``ask`` (no asker: denied) after the port is
+    checked and before it is resolved: a name nobody approved is never looked up.
     """
     conn.host, conn.port = printable(raw, 255), port
     literal = parse_ip_literal(raw)
@@ -164,16 +176,22 @@ async def decide(
         raise Denied(f"{name} matches the deny pattern {blocked}")
     if policy.mode == "none":
         raise Denied("egress is disabled for this sandbox (mode none)")
-    if policy.mode == "allowlist":
+    pattern = None
+    if policy.mode != "open":
         pattern = next((p for p in policy.allow if domain_matches(name, p)), None)
-        if pattern is None:
-            raise Denied(f"{name} is not on this sandbox's allowlist")
-        why = f"{name} matches {pattern}"
-    else:
-        why = "open mode"
+    if policy.mode == "allowlist" and pattern is None:
+        raise Denied(f"{name} is not on this sandbox's allowlist")
     if port not in policy.ports:
         allowed = ", ".join(str(p) for p in policy.ports) or "none"
         raise Denied(f"port {port} is not allowed (allowed ports: {allowed})")
+    if policy.mode == "open":
+        why = "open mode"
+    elif pattern is not None:
+        why = f"{name} matches {pattern}"
+    elif ask is None:
+        raise Denied(f"{name} is not on this sandbox's allowlist and nobody can be asked")
+    else:
+        why = await ask(policy, name, port, conn)
     mapped = policy.hosts.get(name)
     addresses = (ipaddress.ip_address(mapped),) if mapped else await resolve(name, port)
     for address in addresses:

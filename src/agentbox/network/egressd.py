@@ -10,6 +10,10 @@ that owns that address in the state database, and applies that sandbox's network
 Every decision is appended to its own hash-chained audit log, ``audit/egress.jsonl``
 (same format and ``agentbox audit verify``/``tail`` as the gateway's trail).
 
+Mode ``ask``: a connection to a name on neither list is held while a person decides
+(:mod:`egress_ask`); the request and the decision go through the gateway's approval table
+in this home's ``gateway.db``.
+
 Credentials: the daemon inherits the environment of the process that started it (the
 gateway in production, which holds the secrets) and reads a credential's variable when a
 request to its host is forwarded. ``AGENTBOX_EGRESS_UPSTREAM_CA`` (a PEM file), if set
@@ -31,13 +35,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from agentbox.config import network_of
+from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
 from agentbox.network import egressca, plane
 from agentbox.network.credentials import Credential
+from agentbox.network.egress_ask import EgressAsk
 from agentbox.network.egress_start import SPAWN_LOCK, lock_path
 from agentbox.network.proxy import EgressDecision, EgressPolicy, EgressProxy, upstream_context
 from agentbox.runtime.store import Store
@@ -101,6 +108,8 @@ class PolicyBook:
             ports=spec.ports,
             hosts=dict(spec.hosts),
             deny=spec.deny,
+            ask_timeout=spec.ask_timeout,
+            project=str(record_spec.get("project") or "default"),
             credentials=tuple(
                 Credential(
                     domain=c.domain, secret_env=c.secret_env, header=c.header, format=c.format
@@ -114,6 +123,11 @@ class PolicyBook:
             r.state in ("creating", "running") and network_of(r.spec).mode != "none"
             for r in self.store.list()
         )
+
+
+def _note(audit: AuditLog, decision: str, sandbox: str, extra: Mapping[str, Any]) -> None:
+    """A step of mode ask (held, requested, decided) into the egress audit log."""
+    audit.append(decision=decision, actor="egress", sandbox=sandbox, tool="egress", extra=extra)
 
 
 def _record(audit: AuditLog, d: EgressDecision) -> None:
@@ -152,12 +166,14 @@ async def serve(home: Path, ready_fd: int | None) -> None:
         ca = None
     upstream = upstream_context(os.environ.get(UPSTREAM_CA_ENV) or None)
     with AuditLog(audit_path(home), fsync="batch") as audit:
+        ask = EgressAsk(ApprovalStore(home / "gateway.db"), lambda *step: _note(audit, *step))
         proxy = EgressProxy(
             book.policy_for,
             lambda d: _record(audit, d),
             extra_denied=extra,
             ca=ca,
             upstream_tls=upstream,
+            ask=ask,
         )
         servers = [
             await proxy.serve_explicit(net.proxy_address, plane.EXPLICIT_PORT),
@@ -187,6 +203,7 @@ async def serve(home: Path, ready_fd: int | None) -> None:
                 idle_since = None
         for server in servers:
             server.close()
+        ask.close()
         # the audit log is closed (fsynced, head written) on leaving the with-block
 
 

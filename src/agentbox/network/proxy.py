@@ -40,6 +40,7 @@ from agentbox.errors import InvalidRequest
 from agentbox.network import clienthello, credentials, forward, httphead, peek, relay, tlsserver
 from agentbox.network.addresses import IPAddress, IPNetwork
 from agentbox.network.decision import (
+    Asker,
     Conn,
     Denied,
     EgressDecision,
@@ -140,6 +141,7 @@ class EgressProxy:
         ca: EgressCA | None = None,
         upstream_tls: ssl.SSLContext | None = None,
         secrets: Mapping[str, str] | None = None,
+        ask: Asker | None = None,
     ) -> None:
         self._policy_for = policy_for
         self._on_decision = on_decision
@@ -157,6 +159,7 @@ class EgressProxy:
         self.ca = ca
         self._upstream_tls = upstream_tls
         self._secrets: Mapping[str, str] = os.environ if secrets is None else secrets
+        self._ask = ask  # mode ask: holds a connection for a person's decision
         self._active: dict[str, int] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -306,7 +309,7 @@ class EgressProxy:
     # -- resolving and connecting ----------------------------------------------------------
 
     async def _decide(self, policy: EgressPolicy, raw: str, port: int, conn: Conn) -> Target:
-        return await decide(policy, raw, port, conn, self._resolve, self.extra_denied)
+        return await decide(policy, raw, port, conn, self._resolve, self.extra_denied, self._ask)
 
     async def _resolve(self, name: str, port: int) -> tuple[IPAddress, ...]:
         """Every address the system resolver gives for ``name`` (not in the host map)."""

@@ -72,7 +72,8 @@ class SandboxRecord:
 
     @property
     def network_mode(self) -> str:
-        """``none``, ``allowlist`` or ``open``, read without pydantic (see stored_network)."""
+        """``none``, ``allowlist``, ``open`` or ``ask``, read without pydantic (see
+        stored_network)."""
         return str(stored_network(self.spec)["mode"])
 
     @property

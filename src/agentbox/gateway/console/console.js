@@ -295,12 +295,18 @@ function buildApprovalRow(approval) {
   head.scope = "row";
   row.append(head, el("td", null, "mono"), el("td"), el("td"), el("td"), el("td"));
   const actions = el("td", null, "actions");
-  for (const [verdict, label] of [["approve", "Approve"], ["deny", "Deny"]]) {
+  // A new egress name (network mode ask) is approved for the held connections only, for
+  // the sandbox's life, or always (the project's allowlist); a command only once.
+  const choices = approval.tool === "egress"
+    ? [["approve", "once", "Approve once"], ["approve", "sandbox", "Approve for this sandbox"],
+       ["approve", "always", "Approve always"], ["deny", "once", "Deny"]]
+    : [["approve", "once", "Approve"], ["deny", "once", "Deny"]];
+  for (const [verdict, scope, label] of choices) {
     const button = el("button", label, verdict === "deny" ? "danger" : "primary");
     button.type = "button";
     button.dataset.verdict = verdict;
-    button.setAttribute("aria-label", `${label} approval ${approval.id}`);
-    button.addEventListener("click", () => decide(approval.id, verdict, row));
+    button.setAttribute("aria-label", `${label}: approval ${approval.id}`);
+    button.addEventListener("click", () => decide(approval.id, verdict, row, scope));
     actions.append(button);
   }
   row.append(actions);
@@ -324,8 +330,9 @@ async function refreshApprovals() {
   pending.sort((a, b) => (a.created_at || 0) - (b.created_at || 0));
   syncRows($("approvals-rows"), pending, (a) => a.id, buildApprovalRow, updateApprovalRow,
     "Nothing waits for a decision.");
-  const text = pending.length === 1 ? "1 command waits for a decision." :
-    `${pending.length} commands wait for a decision.`;
+  // Commands and new egress names (network mode ask) wait in the one queue.
+  const text = pending.length === 1 ? "1 request waits for a decision." :
+    `${pending.length} requests wait for a decision.`;
   // Assigned only when it changes: a live region re-reads every assignment.
   if ($("approvals-status").textContent !== text) $("approvals-status").textContent = text;
   const badge = $("approvals-badge");
@@ -333,10 +340,10 @@ async function refreshApprovals() {
   badge.hidden = pending.length === 0;
 }
 
-async function decide(id, verdict, row) {
+async function decide(id, verdict, row, scope) {
   for (const button of row.querySelectorAll("button")) button.disabled = true;
   try {
-    await api("POST", `/v1/approvals/${encodeURIComponent(id)}/${verdict}`);
+    await api("POST", `/v1/approvals/${encodeURIComponent(id)}/${verdict}?scope=${scope}`);
     announce(`${verdict === "approve" ? "Approved" : "Denied"} ${id}.`);
   } catch (e) {
     if (!handleAuthError(e)) {
