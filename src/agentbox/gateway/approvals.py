@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import sqlite3
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,8 @@ from typing import Literal, cast
 
 from agentbox.errors import Conflict, NotFound
 from agentbox.hints import Hint
+from agentbox.state.db import Connection, Database
+from agentbox.state.sqlite import SqliteDB
 
 Status = Literal["pending", "approved", "denied", "expired"]
 
@@ -62,21 +62,15 @@ class Approval:
 
 
 class ApprovalStore:
-    def __init__(self, db_path: Path) -> None:
-        self._db_path = db_path
-        self._local = threading.local()
-        self._db().executescript(_SCHEMA)
+    """``where``: the SQLite file (``HOME/gateway.db``), or the shared database."""
+
+    def __init__(self, where: Path | Database) -> None:
+        self.db = where if isinstance(where, Database) else SqliteDB(where, _SCHEMA)
         self._events: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _db(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self._db_path, timeout=30, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.row_factory = sqlite3.Row
-            self._local.conn = conn
-        return conn
+    def _db(self) -> Connection:
+        return self.db.conn()
 
     def request(
         self,
@@ -177,7 +171,7 @@ class ApprovalStore:
                 if approval.status != "pending" or left <= 0:
                     return approval
                 # Woken by decide(); the short cap also notices decisions made by another
-                # process sharing the database.
+                # process (or gateway replica) sharing the database.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), timeout=min(left, 0.5))
                 event.clear()

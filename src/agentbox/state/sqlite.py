@@ -1,6 +1,10 @@
 """A SQLite file that several processes share (the daemon, the CLI, SDK users): WAL, one
 connection per thread (reused: opening one costs ~0.2 ms), and short ``BEGIN IMMEDIATE``
-write transactions, so writers queue instead of failing."""
+write transactions, so writers queue instead of failing.
+
+Each store creates its own tables when it opens its file (``CREATE … IF NOT EXISTS``):
+whoever touches a home first, the CLI, the SDK or the gateway, finds it ready, with no
+migration step to run on a single host."""
 
 from __future__ import annotations
 
@@ -9,16 +13,22 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar, Literal
+
+from agentbox.state.db import Database
 
 
-class SqliteDB:
+class SqliteDB(Database):
+    dialect: ClassVar[Literal["sqlite", "postgresql"]] = "sqlite"
+    skip_locked: ClassVar[str] = ""  # BEGIN IMMEDIATE: one writer at a time already
+
     def __init__(self, path: Path, schema: str) -> None:
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        self._conn().executescript(schema)  # idempotent; executescript commits itself
+        self.conn().executescript(schema)  # idempotent; executescript commits itself
 
-    def _conn(self) -> sqlite3.Connection:
+    def conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
@@ -29,9 +39,9 @@ class SqliteDB:
         return conn
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        db = self._conn()
-        db.execute("BEGIN IMMEDIATE")  # one writer at a time, across processes
+    def tx(self, lock: str | None = None) -> Iterator[sqlite3.Connection]:
+        db = self.conn()
+        db.execute("BEGIN IMMEDIATE")  # one writer at a time, across processes: any lock
         try:
             yield db
         except BaseException:
@@ -39,14 +49,16 @@ class SqliteDB:
             raise
         db.execute("COMMIT")
 
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        """This thread's connection, for reads (each statement sees a committed state)."""
-        yield self._conn()
-
     def close(self) -> None:
-        """Close this thread's connection (others close when their thread ends)."""
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
             self._local.conn = None
+
+    @staticmethod
+    def json_text(column: str, key: str) -> str:
+        return f"json_extract({column}, '$.{key}')"
+
+    @staticmethod
+    def json_int(column: str, key: str) -> str:
+        return f"CAST(json_extract({column}, '$.{key}') AS INTEGER)"
