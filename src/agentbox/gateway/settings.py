@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentbox.errors import InvalidConfig, InvalidRequest
+from agentbox.state.db import state_url_error
 from agentbox.units import parse_duration, parse_size
 
 
@@ -54,7 +55,11 @@ class TLSSettings(Strict):
 class GatewaySection(Strict):
     listen: str = "127.0.0.1:8848"
     auth: AuthSettings = AuthSettings()
-    state: str = "sqlite:///var/lib/agentbox/state.db"
+    # Shared state (sandbox registry, tokens, approvals, usage, tasks, E2B keys): "sqlite",
+    # files in $AGENTBOX_HOME where the CLI and egress daemon find them (a sqlite:/// URL
+    # means the same: the path is not used), or postgresql://USER@HOST:PORT/DB for many
+    # gateways (no password here: $PGPASSWORD or ~/.pgpass; `agentbox db migrate` first).
+    state: str = "sqlite"
     # Where snapshots go: file:///path or s3://bucket/prefix; default $AGENTBOX_HOME/snapshots.
     store: str | None = None
     tls: TLSSettings | None = None
@@ -66,6 +71,16 @@ class GatewaySection(Strict):
     # What a graceful shutdown does to the home's sandboxes: they outlive the gateway
     # (keep, the default; a restart adopts them), or are stopped or destroyed with it.
     on_shutdown: Literal["keep", "stop", "destroy"] = "keep"
+
+    @field_validator("state")
+    @classmethod
+    def _state(cls, value: str) -> str:
+        if value.startswith("sqlite:"):
+            return "sqlite"
+        problem = state_url_error(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @field_validator("listen")
     @classmethod

@@ -79,6 +79,12 @@ class _Conn:
         self.raw = db.connect()
         self.in_tx = False
 
+    def __del__(self) -> None:
+        # Its thread ended (thread-locals go with it): hang up rather than leak the socket.
+        raw = getattr(self, "raw", None)  # None: the connection was never made
+        if raw is not None:
+            raw.close()
+
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[Row]:
         retry = not self.in_tx and sql.lstrip()[:6].upper() in ("SELECT", "BEGIN")
         try:
@@ -121,7 +127,11 @@ class PostgresDB(Database):
         if self._check_schema and not self._checked:
             from agentbox.state.migrations import check_version
 
-            check_version(raw, self.where)
+            try:
+                check_version(raw, self.where)
+            except BaseException:
+                raw.close()
+                raise
             self._checked = True
         return raw
 
