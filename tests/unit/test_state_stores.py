@@ -7,6 +7,9 @@ test_providers.py, on the same fixture."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +40,7 @@ from agentbox.tasks.store import TaskStore
 from pgkit import PgServer, StateKit
 
 T = TypeVar("T")
+AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 MiB = 2**20
 
 
@@ -285,3 +289,30 @@ def poll(check: Callable[[], T | None], timeout: float = 10.0) -> T:
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.02)
     return found
+
+
+def test_db_migrate_command(postgres: PgServer, tmp_path: Path) -> None:
+    url = postgres.new_database()
+    config = tmp_path / "gateway.yaml"
+    config.write_text(f"gateway:\n  state: {url}\n")
+
+    def agentbox(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([AGENTBOX, "db", "migrate", *args], capture_output=True,
+                              text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+
+    first = agentbox("--config", str(config))
+    assert first.returncode == 0 and "applied 1 (was 0)" in first.stdout, first.stderr
+    again = agentbox("--url", url, "--json")
+    assert json.loads(again.stdout) == {"state": "postgresql", "before": LATEST,
+                                        "applied": [], "version": LATEST}  # fmt: skip
+    assert "nothing to migrate" in agentbox().stdout  # no config: the embedded sqlite
+    leaked = agentbox("--url", url.replace("postgres@", "postgres:hunter2@"))
+    assert leaked.returncode == 1 and "error[invalid_config]" in leaked.stderr
+    assert "hunter2" not in leaked.stderr and "PGPASSWORD" in leaked.stderr
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO schema_version VALUES (%s, 'future', 0)", (LATEST + 1,))
+    newer = agentbox("--url", url)
+    assert newer.returncode == 1 and "error[schema_mismatch]" in newer.stderr
+    assert "upgrade agentbox" in newer.stderr
+    down = agentbox("--url", "postgresql://postgres@127.0.0.1:1/nothing")
+    assert down.returncode == 1 and "error[state_unavailable]" in down.stderr
