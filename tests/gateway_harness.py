@@ -31,6 +31,7 @@ gateway:
     operator_token_env: AGENTBOX_TEST_OPERATOR_TOKEN
     ttl_seconds: 600
     rate_limit_per_minute: 100000
+  state: {state}
 sandbox:
   template: default
 tools:
@@ -125,15 +126,16 @@ def running_gateway(
     env: dict[str, str] | None = None,
     extra_yaml: str = "",
     timeout_ms: int = 30000,
+    state: str = "sqlite",
 ) -> Iterator[RunningGateway]:
     """A gateway with the test policy (plus ``extra_yaml``: more top-level sections, or a
     ``sandbox:`` section that replaces the policy's), its environment set for its
     lifetime only. ``timeout_ms``: the longest a command may run (a pip install needs
-    more than the default on a loaded machine)."""
+    more than the default on a loaded machine). ``state``: its ``gateway.state``."""
     with pytest.MonkeyPatch.context() as mp:
         for key, value in (env or {}).items():
             mp.setenv(key, value)
-        yield from _serve(home, tmp, approval_timeout, mp, extra_yaml, timeout_ms)
+        yield from _serve(home, tmp, approval_timeout, mp, extra_yaml, timeout_ms, state)
 
 
 def _serve(
@@ -143,13 +145,14 @@ def _serve(
     monkeypatch: Any,
     extra_yaml: str = "",
     timeout_ms: int = 30000,
+    state: str = "sqlite",
 ) -> Iterator[RunningGateway]:
     port = free_port()
     token = "op-" + secrets.token_hex(16)
     monkeypatch.setenv("AGENTBOX_TEST_OPERATOR_TOKEN", token)
     audit_path = tmp / "audit" / "audit.jsonl"
     text = POLICY_YAML.format(port=port, audit_path=audit_path, approval_timeout=approval_timeout,
-                              timeout_ms=timeout_ms)  # fmt: skip
+                              timeout_ms=timeout_ms, state=state)  # fmt: skip
     if extra_yaml.lstrip().startswith("sandbox:"):
         text = text.replace("sandbox:\n  template: default\n", "")
     text += extra_yaml

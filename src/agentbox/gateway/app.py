@@ -70,6 +70,7 @@ from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.recovery import recover
 from agentbox.runtime.runtime import Runtime, spec_from
 from agentbox.runtime.warmpool import Pool, PoolKeeper
+from agentbox.state import open_shared
 from agentbox.tasks.store import Task, TaskStore
 from agentbox.tasks.worker import TaskWorkers
 
@@ -395,8 +396,11 @@ def create_app(
         admission.max_sandboxes, admission.max_per_project, admission.max_memory_bytes()
     )
     auth = settings.gateway.auth
-    tokens = TokenStore(home / "gateway.db", operator_token, auth.ttl_seconds)
-    approvals = ApprovalStore(home / "gateway.db")
+    # gateway.state: PostgreSQL shares tokens, approvals, usage, tasks and E2B keys with the
+    # other replicas; the sandbox registry stays the home's until nodes exist (issue 17).
+    shared = open_shared(settings.gateway.state)
+    tokens = TokenStore(shared or home / "gateway.db", operator_token, auth.ttl_seconds)
+    approvals = ApprovalStore(shared or home / "gateway.db")
     redactor = Redactor.from_env(
         settings.redaction.literals_from_env, detectors=settings.redaction.detectors != "none"
     )
@@ -454,9 +458,9 @@ def create_app(
     keeper = PoolKeeper(runtime, pools)
     gateway.pool_keeper = keeper
     models = ModelService(
-        settings, home, audit, gateway.metrics, redactor.redact, gateway.telemetry
+        settings, home, audit, gateway.metrics, redactor.redact, gateway.telemetry, shared
     )
-    tasks = TaskStore(home / "tasks.db")
+    tasks = TaskStore(shared or home / "tasks.db")
     workers = task_workers(gateway, models, tasks, settings)
 
     @contextlib.asynccontextmanager
