@@ -411,7 +411,8 @@ def create_app(
         principal = tokens.authenticate(bearer(authorization))
         # Tokens die with their sandbox, even when it ended without the gateway.
         if principal.sandbox_id is not None and not runtime.exists(principal.sandbox_id):
-            tokens.revoke_sandbox(principal.sandbox_id)
+            if shared is None:  # shared tokens: another replica's home may hold it
+                tokens.revoke_sandbox(principal.sandbox_id)
             raise Unauthenticated("this token's sandbox no longer exists")
         return principal
 
