@@ -20,7 +20,7 @@ from typing import Literal, cast
 from agentbox.errors import Conflict, NotFound
 from agentbox.hints import Hint
 from agentbox.state.db import Connection, Database
-from agentbox.state.sqlite import SqliteDB
+from agentbox.state.sqlite import database
 
 Status = Literal["pending", "approved", "denied", "expired"]
 
@@ -65,7 +65,7 @@ class ApprovalStore:
     """``where``: the SQLite file (``HOME/gateway.db``), or the shared database."""
 
     def __init__(self, where: Path | Database) -> None:
-        self.db = where if isinstance(where, Database) else SqliteDB(where, _SCHEMA)
+        self.db = database(where, _SCHEMA, synchronous="FULL")
         self._events: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 

@@ -31,7 +31,7 @@ from agentbox.errors import (
     Unauthenticated,
 )
 from agentbox.state.db import Connection, Database
-from agentbox.state.sqlite import SqliteDB
+from agentbox.state.sqlite import database
 
 if TYPE_CHECKING:
     from agentbox.gateway.settings import AuthSettings
@@ -186,7 +186,7 @@ class TokenStore:
     def __init__(self, where: Path | Database, operator_token: str, default_ttl: int) -> None:
         self._operator_hash = _hash(operator_token)
         self.default_ttl = default_ttl
-        self.db = where if isinstance(where, Database) else SqliteDB(where, _SCHEMA)
+        self.db = database(where, _SCHEMA, synchronous="FULL")
 
     def _db(self) -> Connection:
         return self.db.conn()

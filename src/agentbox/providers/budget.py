@@ -27,7 +27,7 @@ from agentbox.errors import BudgetExceeded
 from agentbox.gateway.settings import BudgetSettings, GatewaySettings, ModelPrice
 from agentbox.providers.types import Usage
 from agentbox.state.db import Connection, Database
-from agentbox.state.sqlite import SqliteDB
+from agentbox.state.sqlite import database
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +150,7 @@ class BudgetLedger:
         self._prices = prices or {}
         self._clock = clock
         self._unpriced_warned: set[tuple[str, str]] = set()
-        self.db = where if isinstance(where, Database) else SqliteDB(where, _SCHEMA)
+        self.db = database(where, _SCHEMA)
         with self.db.tx() as db:
             if self.db.dialect == "sqlite":
                 columns = {row[1] for row in db.execute("PRAGMA table_info(usage)")}

@@ -19,7 +19,7 @@ from agentbox.config import Admission, stored_network
 from agentbox.errors import CapacityExceeded, QuotaExceeded
 from agentbox.hints import Hint
 from agentbox.state.db import Connection, Database
-from agentbox.state.sqlite import SqliteDB
+from agentbox.state.sqlite import database
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -143,7 +143,7 @@ class Store:
     """``where``: the SQLite file, or the shared database (already migrated)."""
 
     def __init__(self, where: Path | Database) -> None:
-        self.db = where if isinstance(where, Database) else SqliteDB(where, _SCHEMA)
+        self.db = database(where, _SCHEMA)
         self._pool = self.db.json_text("spec", "pool")
 
     def close(self) -> None:

@@ -22,8 +22,11 @@ class SqliteDB(Database):
     dialect: ClassVar[Literal["sqlite", "postgresql"]] = "sqlite"
     skip_locked: ClassVar[str] = ""  # BEGIN IMMEDIATE: one writer at a time already
 
-    def __init__(self, path: Path, schema: str) -> None:
+    def __init__(self, path: Path, schema: str, *, synchronous: str = "NORMAL") -> None:
+        """``synchronous``: NORMAL (a power cut may lose the last commits, never corrupts)
+        or FULL (each commit on disk: tokens and approvals, as they always were)."""
         self.path = path
+        self._synchronous = synchronous
         path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self.conn().executescript(schema)  # idempotent; executescript commits itself
@@ -33,7 +36,7 @@ class SqliteDB(Database):
         if conn is None:
             conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
             conn.row_factory = sqlite3.Row
             self._local.conn = conn
         return conn
@@ -62,3 +65,11 @@ class SqliteDB(Database):
     @staticmethod
     def json_int(column: str, key: str) -> str:
         return f"CAST(json_extract({column}, '$.{key}') AS INTEGER)"
+
+
+def database(where: Path | Database, schema: str, *, synchronous: str = "NORMAL") -> Database:
+    """A store's database: ``where`` itself when shared, else the SQLite file at ``where``
+    with the store's ``schema``."""
+    if isinstance(where, Database):
+        return where
+    return SqliteDB(where, schema, synchronous=synchronous)

@@ -20,7 +20,7 @@ from typing import Any
 from agentbox.errors import Conflict, NotFound
 from agentbox.hints import Hint
 from agentbox.state.db import Database
-from agentbox.state.sqlite import SqliteDB
+from agentbox.state.sqlite import database
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -120,7 +120,7 @@ class TaskStore:
     """``where``: the SQLite file, or the shared database (already migrated)."""
 
     def __init__(self, where: Path | Database) -> None:
-        self.db = where if isinstance(where, Database) else SqliteDB(where, _SCHEMA)
+        self.db = database(where, _SCHEMA)
 
     def close(self) -> None:
         self.db.close()
