@@ -30,8 +30,11 @@ USER = "postgres"
 
 
 class PgServer:
-    def __init__(self, base: Path) -> None:
+    """``durable``: fsync on (benchmarks); tests run without it."""
+
+    def __init__(self, base: Path, durable: bool = False) -> None:
         self.base = base
+        self.durable = durable
         self.data = base / "data"
         self.port = free_port()
         self.log = base / "server.log"
@@ -54,8 +57,8 @@ class PgServer:
 
     def start(self) -> None:
         options = (
-            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c max_connections=200"
+            f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 "
+            f"-c fsync={'on' if self.durable else 'off'} -c max_connections=200"
         )
         self._run(str(BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
                   "-o", options, "-w", "-t", "60", "start")  # fmt: skip
