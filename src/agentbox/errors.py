@@ -30,8 +30,8 @@
     │   └── BudgetExceeded             budget_exceeded       a daily model budget is spent (429)
     ├── CommandTimeout                 command_timeout       (raised only by wait(); run() reports)
     ├── HostUnsupported                host_unsupported      the host lacks a kernel feature/tool
+    │   └── SchemaMismatch             schema_mismatch       state schema of another release
     ├── StateUnavailable               state_unavailable     state database unreachable (503, retry)
-    │   └── SchemaMismatch             schema_mismatch       schema not this release's: migrate
     ├── ProviderError                  provider_error        a model provider call failed (502)
     │   ├── ProviderRejected           provider_rejected     the request itself was refused (400)
     │   ├── ProviderStreamBroken       provider_stream_broken  stream cut after its first token
@@ -246,9 +246,10 @@ class StateUnavailable(AgentboxError):
     http_status = 503
 
 
-class SchemaMismatch(StateUnavailable):
+class SchemaMismatch(HostUnsupported):
     """The state database's schema is older (run ``agentbox db migrate``) or newer
-    (upgrade agentbox) than this release: no retry helps until that is done."""
+    (upgrade agentbox) than this release: no retry helps until that is done (so it is no
+    ``StateUnavailable``, which callers retry)."""
 
     code = "schema_mismatch"
 
