@@ -24,6 +24,7 @@ from agentbox.config import Admission
 from agentbox.errors import (
     CapacityExceeded,
     Conflict,
+    InvalidConfig,
     NotFound,
     QuotaExceeded,
     SchemaMismatch,
@@ -316,3 +317,16 @@ def test_db_migrate_command(postgres: PgServer, tmp_path: Path) -> None:
     assert "upgrade agentbox" in newer.stderr
     down = agentbox("--url", "postgresql://postgres@127.0.0.1:1/nothing")
     assert down.returncode == 1 and "error[state_unavailable]" in down.stderr
+
+
+def test_a_state_password_never_sits_in_the_config_nor_in_its_errors() -> None:
+    for url in ("postgresql://agentbox:hunter2@db:5432/a", "postgres://:hunter2@db/a"):
+        with pytest.raises(InvalidConfig, match="PGPASSWORD") as err:
+            parse_settings(f"gateway:\n  state: {url}\n", "g.yaml")
+        assert "hunter2" not in err.value.message and "g.yaml:2" in err.value.message
+    with pytest.raises(InvalidConfig, match="postgresql://USER@HOST"):
+        parse_settings("gateway:\n  state: mysql://agentbox@db/a\n")
+    # Any refused URL-valued setting masks its password the same way.
+    with pytest.raises(InvalidConfig) as err:
+        parse_settings("telemetry:\n  otlp_endpoint: ftp://u:hunter2@collector/\n")
+    assert "hunter2" not in err.value.message and "u:***@" in err.value.message

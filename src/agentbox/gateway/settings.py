@@ -9,6 +9,7 @@ Without a file, ``GatewaySettings()`` is the embedded default.
 from __future__ import annotations
 
 import os
+import re
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -498,11 +499,18 @@ def parse_settings(text: str, source: str = "<config>") -> GatewaySettings:
         if err["type"] == "extra_forbidden":
             problem = "unknown key (check its spelling against gateway.example.yaml)"
         else:
-            problem = f"{err['msg']} (got {err.get('input')!r})"
+            problem = f"{err['msg']} (got {_masked(err.get('input'))!r})"
         more = f" (+{len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""
         raise InvalidConfig(
             f"{where}: {key}: {problem}{more}", file=source, line=line, key=key
         ) from None
+
+
+def _masked(value: Any) -> Any:
+    """A refused value as the error shows it: a URL's password never (logs keep errors)."""
+    if isinstance(value, str):
+        return re.sub(r"(://[^/@:\s]*:)[^/@\s]*@", r"\1***@", value)
+    return value
 
 
 def load_settings(path: Path | None) -> GatewaySettings:
