@@ -8,6 +8,7 @@ test_providers.py, on the same fixture."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -39,6 +40,7 @@ from agentbox.state.migrations import LATEST, migrate
 from agentbox.state.postgres import PostgresDB
 from agentbox.tasks.store import TaskStore
 from pgkit import PgServer, StateKit
+from s3kit import free_port
 
 T = TypeVar("T")
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
@@ -292,7 +294,7 @@ def poll(check: Callable[[], T | None], timeout: float = 10.0) -> T:
     return found
 
 
-def test_db_migrate_command(postgres: PgServer, tmp_path: Path) -> None:
+def test_db_migrate_command(postgres: PgServer, tmp_path: Path, agentbox_home: Path) -> None:
     url = postgres.new_database()
     config = tmp_path / "gateway.yaml"
     config.write_text(f"gateway:\n  state: {url}\n")
@@ -301,6 +303,13 @@ def test_db_migrate_command(postgres: PgServer, tmp_path: Path) -> None:
         return subprocess.run([AGENTBOX, "db", "migrate", *args], capture_output=True,
                               text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
 
+    env = {**os.environ, "AGENTBOX_HOME": str(agentbox_home),
+           "AGENTBOX_OPERATOR_TOKEN": "operator-token-0123456789abcdef"}  # fmt: skip
+    config.write_text(f"gateway:\n  listen: 127.0.0.1:{free_port()}\n  state: {url}\n")
+    serve = subprocess.run([AGENTBOX, "serve", "--config", str(config)], env=env, text=True,
+                           capture_output=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert serve.returncode == 1 and "error[schema_mismatch]" in serve.stderr  # not migrated
+    assert "run `agentbox db migrate`" in serve.stderr
     first = agentbox("--config", str(config))
     assert first.returncode == 0 and "applied 1 (was 0)" in first.stdout, first.stderr
     again = agentbox("--url", url, "--json")
