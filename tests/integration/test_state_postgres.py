@@ -96,3 +96,21 @@ def test_tokens_and_approvals_are_shared_by_replicas(
     finally:
         with a.operator() as op:
             op.delete(f"/v1/sandboxes/{sandbox}")
+
+
+def test_readiness_follows_the_state_database(
+    replicas: tuple[RunningGateway, RunningGateway, str], postgres: PgServer
+) -> None:
+    a, _, _ = replicas
+    with a.client() as c:
+        assert c.get("/readyz").status_code == 200
+        postgres.stop()
+        try:
+            r = c.get("/readyz")
+            assert r.status_code == 503, r.text
+            [failing] = [f for f in r.json()["failing"] if f["name"] == "state database"]
+            assert "unreachable" in failing["detail"] and "PostgreSQL" in failing["fix"]
+        finally:
+            postgres.start()
+        r = c.get("/readyz")  # the first call after the restart reconnects
+        assert r.status_code == 200, r.text

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import __version__
 from agentbox.config import Admission
-from agentbox.errors import AgentboxError, InvalidRequest, Unauthenticated
+from agentbox.errors import AgentboxError, InvalidRequest, StateUnavailable, Unauthenticated
 from agentbox.gateway import jsonbody
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
@@ -559,9 +559,15 @@ def create_app(
 
     @app.get("/readyz", tags=["health"])
     async def readyz() -> JSONResponse:
-        from agentbox.isolation.hostcheck import run_checks
+        from agentbox.isolation.hostcheck import Check, run_checks
 
         failing = [c.to_dict() for c in run_checks() if c.required and not c.ok]
+        if shared is not None:  # a replica that cannot reach the shared state is not ready
+            try:
+                await asyncio.to_thread(shared.ping)
+            except StateUnavailable as e:
+                fix = "start PostgreSQL or correct gateway.state; calls fail until then"
+                failing.append(Check("state database", False, e.message, fix).to_dict())
         body = {"status": "ready" if not failing else "not ready", "failing": failing}
         return JSONResponse(body, status_code=200 if not failing else 503)
 

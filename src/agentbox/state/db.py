@@ -52,6 +52,10 @@ class Database(ABC):
         """A write transaction: committed on exit, rolled back on an exception. With
         ``lock``, transactions holding the same key run one at a time."""
 
+    def ping(self) -> None:
+        """One round trip; raises ``StateUnavailable`` when the database cannot answer."""
+        self.conn().execute("SELECT 1").fetchone()
+
     @abstractmethod
     def close(self) -> None:
         """Close this thread's connection (others close when their thread ends)."""
