@@ -22,6 +22,9 @@ DEV=0
 PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs xfsprogs util-linux
           gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates curl
           chromium fonts-dejavu-core)
+# --dev: postgresql runs the state-store tests on a real server (tests/pgkit.py starts its
+# own cluster in a temp directory with /usr/lib/postgresql/15/bin; the system one is unused).
+[ "$DEV" = 1 ] && PACKAGES+=(postgresql)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

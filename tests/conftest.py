@@ -17,7 +17,10 @@ from agentbox import Sandbox
 from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime
 
-pytest_plugins = ["s3kit"]  # the moto S3 server fixtures: moto_endpoint, s3_env, bucket
+pytest_plugins = [
+    "s3kit",
+    "pgkit",
+]  # moto S3 (moto_endpoint, s3_env, bucket); PostgreSQL (postgres, state)
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,7 @@ gateway:
     operator_token_env: AGENTBOX_TEST_OPERATOR_TOKEN
     ttl_seconds: 600
     rate_limit_per_minute: 100000
+  state: {state}
 sandbox:
   template: default
 tools:
@@ -126,16 +127,17 @@ def running_gateway(
     extra_yaml: str = "",
     timeout_ms: int = 30000,
     terminals: bool = False,
+    state: str = "sqlite",
 ) -> Iterator[RunningGateway]:
     """A gateway with the test policy (plus ``extra_yaml``: more top-level sections, or a
     ``sandbox:`` section that replaces the policy's), its environment set for its
     lifetime only. ``timeout_ms``: the longest a command may run (a pip install needs
     more than the default on a loaded machine). ``terminals``: terminal.run's switch for
-    interactive terminals (pty processes)."""
+    interactive terminals (pty processes). ``state``: its ``gateway.state``."""
     with pytest.MonkeyPatch.context() as mp:
         for key, value in (env or {}).items():
             mp.setenv(key, value)
-        yield from _serve(home, tmp, approval_timeout, mp, extra_yaml, timeout_ms, terminals)
+        yield from _serve(home, tmp, approval_timeout, mp, extra_yaml, timeout_ms, terminals, state)
 
 
 def _serve(
@@ -146,13 +148,14 @@ def _serve(
     extra_yaml: str = "",
     timeout_ms: int = 30000,
     terminals: bool = False,
+    state: str = "sqlite",
 ) -> Iterator[RunningGateway]:
     port = free_port()
     token = "op-" + secrets.token_hex(16)
     monkeypatch.setenv("AGENTBOX_TEST_OPERATOR_TOKEN", token)
     audit_path = tmp / "audit" / "audit.jsonl"
     text = POLICY_YAML.format(port=port, audit_path=audit_path, approval_timeout=approval_timeout,
-                              timeout_ms=timeout_ms)  # fmt: skip
+                              timeout_ms=timeout_ms, state=state)  # fmt: skip
     if terminals:
         text = text.replace(
             "  - name: terminal.run\n", "  - name: terminal.run\n    terminals: true\n"

@@ -30,6 +30,8 @@
     │   └── BudgetExceeded             budget_exceeded       a daily model budget is spent (429)
     ├── CommandTimeout                 command_timeout       (raised only by wait(); run() reports)
     ├── HostUnsupported                host_unsupported      the host lacks a kernel feature/tool
+    │   └── SchemaMismatch             schema_mismatch       state schema of another release
+    ├── StateUnavailable               state_unavailable     state database unreachable (503, retry)
     ├── ProviderError                  provider_error        a model provider call failed (502)
     │   ├── ProviderRejected           provider_rejected     the request itself was refused (400)
     │   ├── ProviderStreamBroken       provider_stream_broken  stream cut after its first token
@@ -233,6 +235,23 @@ class CommandTimeout(AgentboxError):
 class HostUnsupported(AgentboxError):
     code = "host_unsupported"
     http_status = 503
+
+
+class StateUnavailable(AgentboxError):
+    """The shared state database (PostgreSQL) could not be reached or lost the connection
+    mid-call: retry (``details["retry_after"]``); whatever the call wrote was rolled back,
+    unless it failed while committing."""
+
+    code = "state_unavailable"
+    http_status = 503
+
+
+class SchemaMismatch(HostUnsupported):
+    """The state database's schema is older (run ``agentbox db migrate``) or newer
+    (upgrade agentbox) than this release: no retry helps until that is done (so it is no
+    ``StateUnavailable``, which callers retry)."""
+
+    code = "schema_mismatch"
 
 
 class ProviderError(AgentboxError):

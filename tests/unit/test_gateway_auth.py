@@ -1,9 +1,9 @@
-"""Tokens (hashed, scoped, expiring, revocable), the rate limiter, approvals storage."""
+"""Tokens (hashed, scoped, expiring, revocable), the rate limiter, approvals storage.
+The stores' tests run on SQLite and on PostgreSQL (``state``, see tests/pgkit.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from pathlib import Path
 
@@ -12,22 +12,23 @@ import pytest
 from agentbox.errors import Conflict, HostUnsupported, RateLimited, Unauthenticated
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.auth import RateLimiter, TokenStore, load_operator_token
+from pgkit import StateKit
 
 OPERATOR = "operator-token-0123456789abcdef"
 
 
-def test_tokens_are_stored_only_as_hashes(tmp_path: Path) -> None:
-    store = TokenStore(tmp_path / "g.db", OPERATOR, default_ttl=60)
+def test_tokens_are_stored_only_as_hashes(state: StateKit) -> None:
+    store = TokenStore(state.where("g"), OPERATOR, default_ttl=60)
     token, info = store.issue("sb-1", tools=["fs_read"])
-    dump = "\n".join(sqlite3.connect(tmp_path / "g.db").iterdump())
+    dump = repr([tuple(r) for r in store.db.conn().execute("SELECT * FROM gateway_tokens")])
     assert token not in dump and info.id in dump
     p = store.authenticate(token)
     assert (p.kind, p.sandbox_id, p.tools) == ("session", "sb-1", frozenset({"fs_read"}))
     assert store.authenticate(OPERATOR).is_operator
 
 
-def test_expiry_revocation_and_unknown(tmp_path: Path) -> None:
-    store = TokenStore(tmp_path / "g.db", OPERATOR, default_ttl=60)
+def test_expiry_revocation_and_unknown(state: StateKit) -> None:
+    store = TokenStore(state.where("g"), OPERATOR, default_ttl=60)
     short, _ = store.issue("sb-1", ttl=1)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
@@ -40,9 +41,19 @@ def test_expiry_revocation_and_unknown(tmp_path: Path) -> None:
     else:
         raise AssertionError("a 1-second token never expired")
     token, _ = store.issue("sb-2")
+    other = TokenStore(state.where("g"), OPERATOR, default_ttl=60)  # another replica
+    assert other.authenticate(token).sandbox_id == "sb-2"
     assert store.revoke_sandbox("sb-2") == 1
     with pytest.raises(Unauthenticated, match="revoked"):
-        store.authenticate(token)
+        other.authenticate(token)
+    kept, kept_info = store.issue("sb-3", tools=["terminal_run", "fs_read"])
+    assert store.revoke(kept_info.id) and not store.revoke(kept_info.id)  # once
+    with pytest.raises(Unauthenticated, match="revoked"):
+        store.authenticate(kept)
+    listed = {t.id: t for t in other.list()}
+    assert listed[kept_info.id].tools == ["fs_read", "terminal_run"]
+    assert listed[kept_info.id].revoked_at is not None
+    assert [t.sandbox for t in other.list("sb-3")] == ["sb-3"]
     for bad in ("", "abx_nope", OPERATOR + "x"):
         with pytest.raises(Unauthenticated):
             store.authenticate(bad or None)
@@ -72,10 +83,10 @@ def test_rate_limiter_refuses_with_retry_after() -> None:
     limiter.check("token-b")  # buckets are per token
 
 
-def test_approvals_persist_decide_once_and_expire(tmp_path: Path) -> None:
-    store = ApprovalStore(tmp_path / "g.db")
+def test_approvals_persist_decide_once_and_expire(state: StateKit) -> None:
+    store = ApprovalStore(state.where("g"))
     a = store.request("sb-1", "terminal_run", "rm -rf x", "sha256:" + "0" * 64, "token:t", None, 60)
-    again = ApprovalStore(tmp_path / "g.db")  # a restart keeps pending approvals
+    again = ApprovalStore(state.where("g"))  # a restart (or another replica) sees it
     assert [p.id for p in again.list("pending")] == [a.id]
     assert again.decide(a.id, True, "operator").status == "approved"
     with pytest.raises(Conflict):
@@ -84,8 +95,8 @@ def test_approvals_persist_decide_once_and_expire(tmp_path: Path) -> None:
     assert asyncio.run(store.wait(late.id)).status == "expired"
 
 
-def test_waiters_wake_on_decision(tmp_path: Path) -> None:
-    store = ApprovalStore(tmp_path / "g.db")
+def test_waiters_wake_on_decision(state: StateKit) -> None:
+    store = ApprovalStore(state.where("g"))
     a = store.request("sb-1", "terminal_run", "x", "sha256:" + "2" * 64, "t", None, 60)
 
     async def main() -> str:

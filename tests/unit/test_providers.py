@@ -56,6 +56,7 @@ from agentbox.providers.adapter import retry_after_seconds
 from agentbox.providers.budget import cost_nanousd
 from fakeproviders import FakeProvider, Reply, closed_port_url
 from httpsink import Sink
+from pgkit import StateKit
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway.example.yaml"
 T = TypeVar("T")
@@ -999,10 +1000,10 @@ PRICES = {
 
 
 def test_tokens_and_cost_are_exact_to_the_cent(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    state: StateKit, caplog: pytest.LogCaptureFixture
 ) -> None:
     ledger = BudgetLedger(
-        tmp_path / "usage.db", prices=PRICES, clock=WallClock("2025-03-01T12:00:00+00:00")
+        state.where("usage"), prices=PRICES, clock=WallClock("2025-03-01T12:00:00+00:00")
     )
     # A dated name takes its base model's price: 3.703701 + 1.33518 USD.
     ledger.record(
@@ -1060,12 +1061,12 @@ def test_cache_reads_and_writes_cost_their_own_prices(tmp_path: Path) -> None:
     assert web["usd"] == 0.017775
 
 
-def test_budget_alerts_fire_once_per_threshold_and_refuse_when_spent(tmp_path: Path) -> None:
+def test_budget_alerts_fire_once_per_threshold_and_refuse_when_spent(state: StateKit) -> None:
     clock = WallClock("2025-03-01T23:00:00+00:00")
     budget = BudgetSettings(
         project="p", tokens_per_day=1000, alert_at=[0.5, 0.8, 1.0], alert_webhook_env="HOOK"
     )
-    ledger = BudgetLedger(tmp_path / "usage.db", [budget], PRICES, clock=clock)
+    ledger = BudgetLedger(state.where("usage"), [budget], PRICES, clock=clock)
 
     def spend(tokens: int) -> list[float]:
         alerts = ledger.record("p", None, None, "x", "m", Usage(tokens, 0))
@@ -1096,11 +1097,11 @@ def test_budget_alerts_fire_once_per_threshold_and_refuse_when_spent(tmp_path: P
     assert ledger.usage("p", day="2025-03-01")[0]["tokens"] == 1360
 
 
-def test_usd_budget_is_refused_once_spent(tmp_path: Path) -> None:
+def test_usd_budget_is_refused_once_spent(state: StateKit) -> None:
     budget = BudgetSettings(project="p", usd_per_day=1.5, alert_at=[0.5, 1.0])
     prices = {"claude": {"claude-haiku": ModelPrice(input_per_mtok=0.8, output_per_mtok=4)}}
     ledger = BudgetLedger(
-        tmp_path / "u.db", [budget], prices, clock=WallClock("2025-03-01T00:00:00+00:00")
+        state.where("u"), [budget], prices, clock=WallClock("2025-03-01T00:00:00+00:00")
     )
     usage = Usage(250_000, 137_500)  # 0.2 + 0.55 = 0.75 USD: exactly half
     assert [
@@ -1116,27 +1117,27 @@ def test_usd_budget_is_refused_once_spent(tmp_path: Path) -> None:
     assert [s["project"] for s in ledger.usage()] == ["p"]
 
 
-def test_budget_accounting_is_shared_across_processes(tmp_path: Path) -> None:
-    path = tmp_path / "usage.db"
+def test_budget_accounting_is_shared_across_processes(state: StateKit) -> None:
+    path = state.arg("usage")
     script = textwrap.dedent(
         """
         import json, sys
         from pathlib import Path
         from agentbox.gateway.settings import BudgetSettings
         from agentbox.providers import BudgetLedger, Usage
+        from agentbox.state.postgres import PostgresDB
+        where = PostgresDB(sys.argv[1]) if "://" in sys.argv[1] else Path(sys.argv[1])
         budget = BudgetSettings(project="p", tokens_per_day=1000, alert_at=[0.25, 0.5, 0.75, 1.0])
-        ledger = BudgetLedger(Path(sys.argv[1]), [budget])
+        ledger = BudgetLedger(where, [budget])
         crossed = []
         for _ in range(25):
             crossed += [a.threshold for a in ledger.record("p", None, None, "x", "m", Usage(6, 4))]
         print(json.dumps(crossed))
         """
     )
-    BudgetLedger(path)  # the schema, before four writers race
+    BudgetLedger(state.where("usage"))  # the schema, before four writers race
     workers = [
-        subprocess.Popen(
-            [sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True
-        )
+        subprocess.Popen([sys.executable, "-c", script, path], stdout=subprocess.PIPE, text=True)
         for _ in range(4)
     ]
     crossed: list[float] = []
@@ -1145,7 +1146,7 @@ def test_budget_accounting_is_shared_across_processes(tmp_path: Path) -> None:
         assert worker.returncode == 0
         crossed += json.loads(out)
     assert sorted(crossed) == [0.25, 0.5, 0.75, 1.0]  # each crossed once, by one process
-    ledger = BudgetLedger(path, [BudgetSettings(project="p", tokens_per_day=1000)])
+    ledger = BudgetLedger(state.where("usage"), [BudgetSettings(project="p", tokens_per_day=1000)])
     assert ledger.usage("p")[0]["tokens"] == 1000 and ledger.usage("p")[0]["requests"] == 100
 
 

@@ -74,6 +74,8 @@ _LAZY = {
                   "Decide commands and egress names waiting for approval (operator token)."),
     "audit": ("agentbox.cli.audit_commands", "audit",
               "Check and read the gateway's tamper-evident audit trail."),
+    "db": ("agentbox.cli.db_commands", "db",
+           "The shared state database: schema migrations for PostgreSQL."),
     "mcp": ("agentbox.cli.gateway_commands", "mcp_stdio",
             "Serve MCP over stdio, for clients that spawn their servers (runs as root)."),
     "serve": ("agentbox.cli.gateway_commands", "serve",

@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import __version__
 from agentbox.config import Admission
-from agentbox.errors import AgentboxError, InvalidRequest, Unauthenticated
+from agentbox.errors import AgentboxError, InvalidRequest, StateUnavailable, Unauthenticated
 from agentbox.gateway import jsonbody
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
@@ -70,6 +70,7 @@ from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.recovery import recover
 from agentbox.runtime.runtime import Runtime, spec_from
 from agentbox.runtime.warmpool import Pool, PoolKeeper
+from agentbox.state import open_shared
 from agentbox.tasks.store import Task, TaskStore
 from agentbox.tasks.worker import TaskWorkers
 
@@ -395,8 +396,11 @@ def create_app(
         admission.max_sandboxes, admission.max_per_project, admission.max_memory_bytes()
     )
     auth = settings.gateway.auth
-    tokens = TokenStore(home / "gateway.db", operator_token, auth.ttl_seconds)
-    approvals = ApprovalStore(home / "gateway.db")
+    # gateway.state: PostgreSQL shares tokens, approvals, usage, tasks and E2B keys with the
+    # other replicas; the sandbox registry stays the home's until nodes exist (issue 17).
+    shared = open_shared(settings.gateway.state)
+    tokens = TokenStore(shared or home / "gateway.db", operator_token, auth.ttl_seconds)
+    approvals = ApprovalStore(shared or home / "gateway.db")
     redactor = Redactor.from_env(
         settings.redaction.literals_from_env, detectors=settings.redaction.detectors != "none"
     )
@@ -407,7 +411,8 @@ def create_app(
         principal = tokens.authenticate(bearer(authorization))
         # Tokens die with their sandbox, even when it ended without the gateway.
         if principal.sandbox_id is not None and not runtime.exists(principal.sandbox_id):
-            tokens.revoke_sandbox(principal.sandbox_id)
+            if shared is None:  # shared tokens: another replica's home may hold it
+                tokens.revoke_sandbox(principal.sandbox_id)
             raise Unauthenticated("this token's sandbox no longer exists")
         return principal
 
@@ -454,9 +459,9 @@ def create_app(
     keeper = PoolKeeper(runtime, pools)
     gateway.pool_keeper = keeper
     models = ModelService(
-        settings, home, audit, gateway.metrics, redactor.redact, gateway.telemetry
+        settings, home, audit, gateway.metrics, redactor.redact, gateway.telemetry, shared
     )
-    tasks = TaskStore(home / "tasks.db")
+    tasks = TaskStore(shared or home / "tasks.db")
     workers = task_workers(gateway, models, tasks, settings)
 
     @contextlib.asynccontextmanager
@@ -554,9 +559,15 @@ def create_app(
 
     @app.get("/readyz", tags=["health"])
     async def readyz() -> JSONResponse:
-        from agentbox.isolation.hostcheck import run_checks
+        from agentbox.isolation.hostcheck import Check, run_checks
 
         failing = [c.to_dict() for c in run_checks() if c.required and not c.ok]
+        if shared is not None:  # a replica that cannot reach the shared state is not ready
+            try:
+                await asyncio.to_thread(shared.ping)
+            except StateUnavailable as e:
+                fix = "start PostgreSQL or correct gateway.state; calls fail until then"
+                failing.append(Check("state database", False, e.message, fix).to_dict())
         body = {"status": "ready" if not failing else "not ready", "failing": failing}
         return JSONResponse(body, status_code=200 if not failing else 503)
 

@@ -21,7 +21,6 @@ import contextlib
 import json
 import secrets
 import sqlite3
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,8 @@ from typing import Any, Literal, cast, get_args
 from agentbox.errors import Conflict, InvalidRequest, NotFound
 from agentbox.gateway import egress_grants
 from agentbox.hints import Hint
+from agentbox.state.db import Connection, Database
+from agentbox.state.sqlite import SqliteDB, database
 
 Status = Literal["pending", "approved", "denied", "expired"]
 Scope = Literal["once", "sandbox", "always"]
@@ -81,35 +82,31 @@ class Approval:
         return dict(self.__dict__)
 
     @staticmethod
-    def from_row(row: sqlite3.Row) -> Approval:
+    def from_row(row: Any) -> Approval:
         values = dict(row)
         values["detail"] = json.loads(values["detail"]) if values.get("detail") else None
         return Approval(**values)
 
 
 class ApprovalStore:
-    def __init__(self, db_path: Path) -> None:
-        self._db_path = db_path
-        self._local = threading.local()
-        db = self._db()
-        db.executescript(_SCHEMA)
-        have = {r["name"] for r in db.execute("PRAGMA table_info(gateway_approvals)")}
-        for name, kind in _ADDED:
-            if name not in have:
-                with contextlib.suppress(sqlite3.OperationalError):  # another process won
-                    db.execute(f"ALTER TABLE gateway_approvals ADD COLUMN {name} {kind}")
-        egress_grants.create(db)
+    """``where``: the SQLite file (``HOME/gateway.db``), or the shared database (whose
+    schema ``agentbox db migrate`` made)."""
+
+    def __init__(self, where: Path | Database) -> None:
+        self.db = database(where, _SCHEMA, synchronous="FULL")
+        if isinstance(self.db, SqliteDB):
+            db = self.db.conn()
+            have = {r["name"] for r in db.execute("PRAGMA table_info(gateway_approvals)")}
+            for name, kind in _ADDED:
+                if name not in have:
+                    with contextlib.suppress(sqlite3.OperationalError):  # another process won
+                        db.execute(f"ALTER TABLE gateway_approvals ADD COLUMN {name} {kind}")
+            egress_grants.create(db)
         self._events: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _db(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self._db_path, timeout=30, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.row_factory = sqlite3.Row
-            self._local.conn = conn
-        return conn
+    def _db(self) -> Connection:
+        return self.db.conn()
 
     def request(
         self,
@@ -195,23 +192,18 @@ class ApprovalStore:
             raise InvalidRequest(
                 f"approval {approval_id} is for a command: it can only be decided once"
             )
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            self._set(
-                approval_id, "approved" if approve else "denied", by, scope if approve else None
-            )
-            if not db.execute("SELECT changes()").fetchone()[0]:
+        with self.db.tx("approvals") as db:
+            changed = self._set(
+                approval_id, "approved" if approve else "denied", by, scope if approve else None,
+                db=db,
+            )  # fmt: skip
+            if not changed:
                 raise Conflict(f"approval {approval_id} was decided meanwhile")
             if approve and scope != "once" and current.detail:
                 owner = current.sandbox if scope == "sandbox" else current.detail["project"]
                 egress_grants.grant(
                     db, scope, owner, current.detail["host"], approval_id, by, time.time()
                 )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
         self._wake(approval_id)
         return self.get(approval_id)
 
@@ -238,15 +230,24 @@ class ApprovalStore:
         for (approval_id,) in rows:
             self._set(approval_id, "expired", "timeout")
 
-    def _set(self, approval_id: str, status: Status, by: str, scope: Scope | None = None) -> None:
-        self._db().execute(
+    def _set(
+        self,
+        approval_id: str,
+        status: Status,
+        by: str,
+        scope: Scope | None = None,
+        db: Connection | None = None,
+    ) -> int:
+        """Decide a pending approval; the rows changed (0: decided meanwhile). Inside the
+        caller's transaction (``db``) the caller wakes the waiters once it has committed."""
+        cursor = (db or self._db()).execute(
             "UPDATE gateway_approvals SET status = ?, decided_at = ?, decided_by = ?, scope = ?"
             " WHERE id = ? AND status = 'pending'",
             (status, time.time(), by, scope, approval_id),
         )
-        if self._db().in_transaction:
-            return  # decide() wakes the waiters once it has committed
-        self._wake(approval_id)
+        if db is None:
+            self._wake(approval_id)
+        return cursor.rowcount
 
     def _wake(self, approval_id: str) -> None:
         event = self._events.get(approval_id)

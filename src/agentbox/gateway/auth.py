@@ -3,7 +3,8 @@
 * The operator token is injected at start (environment variable or file), never read from
   the configuration file, and compared in constant time.
 * Session tokens are random 256-bit strings shown once; only their SHA-256 is stored
-  (``gateway_tokens`` in the state database, so tokens survive a restart). They expire
+  (``gateway_tokens`` in the state database, so tokens survive a restart and work on
+  every gateway replica sharing a PostgreSQL state). They expire
   after their TTL, are revoked with their sandbox, and carry a tool scope.
 * A per-token token bucket bounds the call rate.
 """
@@ -15,7 +16,6 @@ import hmac
 import json
 import os
 import secrets
-import sqlite3
 import threading
 import time
 from dataclasses import dataclass
@@ -30,6 +30,8 @@ from agentbox.errors import (
     RateLimited,
     Unauthenticated,
 )
+from agentbox.state.db import Connection, Database
+from agentbox.state.sqlite import database
 
 if TYPE_CHECKING:
     from agentbox.gateway.settings import AuthSettings
@@ -179,20 +181,15 @@ def find_operator_token(auth: AuthSettings, home: Path) -> str | None:
 
 
 class TokenStore:
-    def __init__(self, db_path: Path, operator_token: str, default_ttl: int) -> None:
+    """``where``: the SQLite file (``HOME/gateway.db``), or the shared database."""
+
+    def __init__(self, where: Path | Database, operator_token: str, default_ttl: int) -> None:
         self._operator_hash = _hash(operator_token)
         self.default_ttl = default_ttl
-        self._db_path = db_path
-        self._local = threading.local()
-        self._db().executescript(_SCHEMA)
+        self.db = database(where, _SCHEMA, synchronous="FULL")
 
-    def _db(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self._db_path, timeout=30, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            self._local.conn = conn
-        return conn
+    def _db(self) -> Connection:
+        return self.db.conn()
 
     def issue(
         self, sandbox_id: str, ttl: int | None = None, tools: list[str] | None = None

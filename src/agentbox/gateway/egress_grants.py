@@ -16,6 +16,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Literal
 
+from agentbox.state.db import Connection
+
 Kind = Literal["sandbox", "always"]
 
 _SCHEMA = """
@@ -45,11 +47,12 @@ class Grant:
 
 
 def create(db: sqlite3.Connection) -> None:
+    """The table in a SQLite file (PostgreSQL gets it from its migrations)."""
     db.executescript(_SCHEMA)
 
 
 def grant(
-    db: sqlite3.Connection,
+    db: Connection,
     scope: Kind,
     owner: str,
     host: str,
@@ -58,12 +61,14 @@ def grant(
     now: float,
 ) -> None:
     db.execute(
-        "INSERT OR REPLACE INTO egress_grants VALUES (?,?,?,?,?,?)",
+        "INSERT INTO egress_grants VALUES (?,?,?,?,?,?) ON CONFLICT (scope, owner, host)"
+        " DO UPDATE SET approval = excluded.approval, decided_by = excluded.decided_by,"
+        " created_at = excluded.created_at",
         (scope, owner, host, approval, by, now),
     )
 
 
-def find(db: sqlite3.Connection, sandbox: str, project: str, host: str) -> Grant | None:
+def find(db: Connection, sandbox: str, project: str, host: str) -> Grant | None:
     row = db.execute(
         "SELECT scope, owner, host, approval, decided_by, created_at FROM egress_grants"
         " WHERE host = ? AND ((scope = 'sandbox' AND owner = ?) OR"
@@ -73,7 +78,7 @@ def find(db: sqlite3.Connection, sandbox: str, project: str, host: str) -> Grant
     return None if row is None else Grant(*row)
 
 
-def listing(db: sqlite3.Connection, project: str | None = None) -> list[Grant]:
+def listing(db: Connection, project: str | None = None) -> list[Grant]:
     """The projects' persistent allowlists (scope ``always``), or one project's."""
     query = "SELECT scope, owner, host, approval, decided_by, created_at FROM egress_grants"
     query += " WHERE scope = 'always'" + (" AND owner = ?" if project else "")
@@ -81,7 +86,7 @@ def listing(db: sqlite3.Connection, project: str | None = None) -> list[Grant]:
     return [Grant(*r) for r in rows.fetchall()]
 
 
-def revoke(db: sqlite3.Connection, project: str, host: str) -> bool:
+def revoke(db: Connection, project: str, host: str) -> bool:
     """Take ``host`` off ``project``'s allowlist; False when it was not on it."""
     cursor = db.execute(
         "DELETE FROM egress_grants WHERE scope = 'always' AND owner = ? AND host = ?",

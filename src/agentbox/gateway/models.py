@@ -29,6 +29,7 @@ from agentbox.gateway.telemetry import Telemetry
 from agentbox.providers.budget import NANO, Alert, BudgetLedger, cost_nanousd
 from agentbox.providers.pool import ProviderPool
 from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent, Usage
+from agentbox.state.db import Database
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class ModelService:
         metrics: Metrics,
         redact: Any,
         telemetry: Telemetry | None = None,
+        state: Database | None = None,
     ) -> None:
         self.pool = (
             ProviderPool(
@@ -67,7 +69,8 @@ class ModelService:
             else None
         )
         self.settings = settings
-        self.ledger = BudgetLedger.from_settings(home / "usage.db", settings)
+        # The shared database when gateway.state names one, else the home's usage.db.
+        self.ledger = BudgetLedger.from_settings(state or home / "usage.db", settings)
         self.audit = audit
         self.metrics = metrics
         self.budgets = {b.project: b for b in settings.budgets}

@@ -9,6 +9,7 @@ Without a file, ``GatewaySettings()`` is the embedded default.
 from __future__ import annotations
 
 import os
+import re
 from datetime import date
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -17,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentbox.errors import InvalidConfig, InvalidRequest
+from agentbox.state.db import state_url_error
 from agentbox.units import parse_duration, parse_size
 
 
@@ -54,7 +56,11 @@ class TLSSettings(Strict):
 class GatewaySection(Strict):
     listen: str = "127.0.0.1:8848"
     auth: AuthSettings = AuthSettings()
-    state: str = "sqlite:///var/lib/agentbox/state.db"
+    # Shared state (sandbox registry, tokens, approvals, usage, tasks, E2B keys): "sqlite",
+    # files in $AGENTBOX_HOME where the CLI and egress daemon find them (a sqlite:/// URL
+    # means the same: the path is not used), or postgresql://USER@HOST:PORT/DB for many
+    # gateways (no password here: $PGPASSWORD or ~/.pgpass; `agentbox db migrate` first).
+    state: str = "sqlite"
     # Where snapshots go: file:///path or s3://bucket/prefix; default $AGENTBOX_HOME/snapshots.
     store: str | None = None
     tls: TLSSettings | None = None
@@ -66,6 +72,16 @@ class GatewaySection(Strict):
     # What a graceful shutdown does to the home's sandboxes: they outlive the gateway
     # (keep, the default; a restart adopts them), or are stopped or destroyed with it.
     on_shutdown: Literal["keep", "stop", "destroy"] = "keep"
+
+    @field_validator("state")
+    @classmethod
+    def _state(cls, value: str) -> str:
+        if value.startswith("sqlite:"):
+            return "sqlite"
+        problem = state_url_error(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @field_validator("listen")
     @classmethod
@@ -497,11 +513,18 @@ def parse_settings(text: str, source: str = "<config>") -> GatewaySettings:
         if err["type"] == "extra_forbidden":
             problem = "unknown key (check its spelling against gateway.example.yaml)"
         else:
-            problem = f"{err['msg']} (got {err.get('input')!r})"
+            problem = f"{err['msg']} (got {_masked(err.get('input'))!r})"
         more = f" (+{len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""
         raise InvalidConfig(
             f"{where}: {key}: {problem}{more}", file=source, line=line, key=key
         ) from None
+
+
+def _masked(value: Any) -> Any:
+    """A refused value as the error shows it: a URL's password never (logs keep errors)."""
+    if isinstance(value, str):
+        return re.sub(r"(://[^/@:\s]*:)[^/@\s]*@", r"\1***@", value)
+    return value
 
 
 def load_settings(path: Path | None) -> GatewaySettings:

@@ -6,15 +6,15 @@ this call crossed, each crossed once per project and day, so the caller sends th
 webhook, writes the audit record and bumps the metric exactly once). A call that starts
 under budget may finish over it; the next one is refused.
 
-Kept in SQLite (WAL; every write one short ``BEGIN IMMEDIATE`` transaction) so several
-gateway processes share one account. Cost is stored in integer nano-dollars, so sums are
-exact: a price with up to three decimals per million tokens is never rounded.
+Kept in SQLite (WAL; every write one short ``BEGIN IMMEDIATE`` transaction) or the shared
+PostgreSQL database, so several gateway processes share one account. Cost is stored in
+integer nano-dollars, so sums are exact: a price with up to three decimals per million
+tokens is never rounded.
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -26,7 +26,8 @@ from typing import Any
 from agentbox.errors import BudgetExceeded
 from agentbox.gateway.settings import BudgetSettings, GatewaySettings, ModelPrice
 from agentbox.providers.types import Usage
-from agentbox.sqlitedb import SqliteDB
+from agentbox.state.db import Connection, Database
+from agentbox.state.sqlite import database
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +132,14 @@ class Alert:
         return asdict(self) | {"message": self.message}
 
 
-class BudgetLedger(SqliteDB):
-    """``path`` is the SQLite file (e.g. ``$AGENTBOX_HOME/usage.db``); ``clock`` gives wall
-    time (seconds since the epoch), which decides the UTC day."""
+class BudgetLedger:
+    """``where`` is the SQLite file (e.g. ``$AGENTBOX_HOME/usage.db``) or the shared
+    database (already migrated); ``clock`` gives wall time (seconds since the epoch), which
+    decides the UTC day."""
 
     def __init__(
         self,
-        path: Path,
+        where: Path | Database,
         budgets: Sequence[BudgetSettings] = (),
         prices: PriceTable | None = None,
         *,
@@ -148,20 +150,26 @@ class BudgetLedger(SqliteDB):
         self._prices = prices or {}
         self._clock = clock
         self._unpriced_warned: set[tuple[str, str]] = set()
-        super().__init__(path, _SCHEMA)
-        with self._tx() as db:
-            columns = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
-            for column in ("cache_read_tokens", "cache_write_tokens"):
-                if column not in columns:  # a usage.db from before prompt-cache accounting
-                    db.execute(f"ALTER TABLE usage ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+        self.db = database(where, _SCHEMA)
+        with self.db.tx() as db:
+            if self.db.dialect == "sqlite":
+                columns = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
+                for column in ("cache_read_tokens", "cache_write_tokens"):
+                    if column not in columns:  # a usage.db from before prompt-cache accounting
+                        db.execute(
+                            f"ALTER TABLE usage ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
+                        )
             oldest = _day(self._clock() - keep_days * 86400)
             db.execute("DELETE FROM usage WHERE day < ?", (oldest,))
             db.execute("DELETE FROM budget_alerts WHERE day < ?", (oldest,))
 
     @classmethod
-    def from_settings(cls, path: Path, settings: GatewaySettings) -> BudgetLedger:
+    def from_settings(cls, where: Path | Database, settings: GatewaySettings) -> BudgetLedger:
         prices = {p.name: p.prices for p in settings.providers}
-        return cls(path, settings.budgets, prices)
+        return cls(where, settings.budgets, prices)
+
+    def close(self) -> None:
+        self.db.close()
 
     def price_of(self, provider: str, model: str) -> ModelPrice | None:
         """The configured price; a dated name (``gpt-4o-2024-08-06``) takes its base's."""
@@ -172,7 +180,7 @@ class BudgetLedger(SqliteDB):
         return table[max(bases, key=len)] if bases else None
 
     @staticmethod
-    def _spent(db: sqlite3.Connection, day: str, project: str) -> tuple[int, int]:
+    def _spent(db: Connection, day: str, project: str) -> tuple[int, int]:
         tokens, nanos = db.execute(
             "SELECT COALESCE(SUM(input_tokens + output_tokens), 0), "
             "COALESCE(SUM(cost_nanousd), 0) FROM usage WHERE day = ? AND project = ?",
@@ -187,8 +195,7 @@ class BudgetLedger(SqliteDB):
             return
         now = self._clock()
         day = _day(now)
-        with self._read() as db:
-            tokens, nanos = self._spent(db, day, project)
+        tokens, nanos = self._spent(self.db.conn(), day, project)
         spent = []
         if budget.tokens_per_day and tokens >= budget.tokens_per_day:
             spent.append(f"{tokens} of {budget.tokens_per_day} tokens")
@@ -234,7 +241,8 @@ class BudgetLedger(SqliteDB):
         day = _day(now)
         budget = self._budgets.get(project)
         alerts: list[Alert] = []
-        with self._tx() as db:
+        # Per project: the sum a crossing is judged on includes every call before it.
+        with self.db.tx(f"usage:{project}") as db:
             db.execute(
                 "INSERT INTO usage (at, day, project, sandbox, task, provider, model, "
                 "input_tokens, output_tokens, cost_nanousd, priced, cache_read_tokens, "
@@ -263,8 +271,8 @@ class BudgetLedger(SqliteDB):
                 if fraction < threshold:
                     break
                 crossed = db.execute(
-                    "INSERT OR IGNORE INTO budget_alerts (day, project, threshold, at) "
-                    "VALUES (?, ?, ?, ?)",
+                    "INSERT INTO budget_alerts (day, project, threshold, at) "
+                    "VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING",
                     (day, project, threshold, now),
                 ).rowcount
                 if crossed:
@@ -298,8 +306,7 @@ class BudgetLedger(SqliteDB):
             query += " AND project = ?"
             args += (project,)
         query += " GROUP BY project, provider, model ORDER BY project, provider, model"
-        with self._read() as db:
-            rows = db.execute(query, args).fetchall()
+        rows = self.db.conn().execute(query, args).fetchall()
         budgeted = {p for p in self._budgets if project is None or p == project}
         names = sorted({r[0] for r in rows} | budgeted)
         models: dict[str, list[dict[str, Any]]] = {name: [] for name in names}

@@ -1,14 +1,15 @@
-"""Sandbox state in SQLite under ``$AGENTBOX_HOME/state.db``.
+"""The sandbox registry: SQLite under ``$AGENTBOX_HOME/state.db`` on one host, or the
+shared PostgreSQL database (see :mod:`agentbox.state`).
 
-Several processes share it (the daemon, CLI invocations, in-process SDK users), so it
-runs in WAL mode and every write is a short ``BEGIN IMMEDIATE`` transaction.
+Several processes share it (the daemon, CLI invocations, in-process SDK users); every
+write is one short transaction, and those that read before they write (admission, the
+free slot, warm-pool claims) hold the registry's lock.
 """
 
 from __future__ import annotations
 
 import builtins
 import json
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import Any
 from agentbox.config import Admission, stored_network
 from agentbox.errors import CapacityExceeded, QuotaExceeded
 from agentbox.hints import Hint
-from agentbox.sqlitedb import SqliteDB
+from agentbox.state.db import Connection, Database
+from agentbox.state.sqlite import database
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -94,10 +96,16 @@ class SandboxRecord:
         }
 
 
-def _admit(db: sqlite3.Connection, admission: Admission, spec: dict[str, Any]) -> None:
+_LOCK = "sandboxes"  # reads that decide a write (slots, admission, claims) hold it
+_LIVE = "state IN ('creating', 'running', 'paused', 'pooled')"
+
+
+def _admit(
+    db: Connection, dialect: type[Database], admission: Admission, spec: dict[str, Any]
+) -> None:
     count, memory, soonest = db.execute(
-        "SELECT COUNT(*), COALESCE(SUM(json_extract(spec, '$.memory')), 0), MIN(expires_at)"
-        " FROM sandboxes WHERE state IN ('creating', 'running', 'paused', 'pooled')"
+        f"SELECT COUNT(*), COALESCE(SUM({dialect.json_int('spec', 'memory')}), 0),"  # noqa: S608 - constant SQL
+        f" MIN(expires_at) FROM sandboxes WHERE {_LIVE}"
     ).fetchone()
     # When a place may free up: the next expiry, within reason.
     retry = 30.0 if soonest is None else min(max(soonest - time.time(), 1.0), 300.0)
@@ -119,9 +127,8 @@ def _admit(db: sqlite3.Connection, admission: Admission, spec: dict[str, Any]) -
     project = str(spec.get("project") or "default")
     if admission.max_per_project is not None:
         (in_project,) = db.execute(
-            "SELECT COUNT(*) FROM sandboxes"
-            " WHERE state IN ('creating', 'running', 'paused', 'pooled')"
-            " AND COALESCE(json_extract(spec, '$.project'), 'default') = ?",
+            f"SELECT COUNT(*) FROM sandboxes WHERE {_LIVE}"  # noqa: S608 - constant SQL
+            f" AND COALESCE({dialect.json_text('spec', 'project')}, 'default') = ?",
             (project,),
         ).fetchone()
         if in_project >= admission.max_per_project:
@@ -133,12 +140,18 @@ def _admit(db: sqlite3.Connection, admission: Admission, spec: dict[str, Any]) -
             )
 
 
-class Store(SqliteDB):
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, _SCHEMA)
+class Store:
+    """``where``: the SQLite file, or the shared database (already migrated)."""
+
+    def __init__(self, where: Path | Database) -> None:
+        self.db = database(where, _SCHEMA)
+        self._pool = self.db.json_text("spec", "pool")
+
+    def close(self) -> None:
+        self.db.close()
 
     @staticmethod
-    def _record(row: sqlite3.Row) -> SandboxRecord:
+    def _record(row: Any) -> SandboxRecord:
         data = dict(row)
         data["spec"] = json.loads(data["spec"])
         return SandboxRecord(**data)
@@ -156,9 +169,9 @@ class Store(SqliteDB):
         """Insert a ``creating`` record holding the lowest free slot (the slot picks the uid),
         if ``admission`` lets it in: checked in the same transaction, so concurrent creators
         in any process cannot overshoot."""
-        with self._tx() as db:
+        with self.db.tx(_LOCK) as db:
             if admission is not None:
-                _admit(db, admission, spec)
+                _admit(db, type(self.db), admission, spec)
             used = {r[0] for r in db.execute("SELECT slot FROM sandboxes")}
             slot = next((s for s in range(max_slots) if s not in used), None)
             if slot is None:
@@ -182,7 +195,7 @@ class Store(SqliteDB):
     def mark_running(
         self, sandbox_id: str, init_pid: int, init_start_time: int, state: str = "running"
     ) -> None:
-        with self._tx() as db:
+        with self.db.tx() as db:
             db.execute(
                 "UPDATE sandboxes SET state=?, init_pid=?, init_start_time=? WHERE id=?",
                 (state, init_pid, init_start_time, sandbox_id),
@@ -201,26 +214,27 @@ class Store(SqliteDB):
         ``spec`` (one transaction: two claimers never get the same), or None. It expires
         at ``lifetime`` from now, but never after its init's own end (created + max_age)."""
         probe = (
-            self._conn()
+            self.db.conn()
             .execute(
-                "SELECT 1 FROM sandboxes WHERE state='pooled' AND template_digest=?"
-                " AND json_extract(spec, '$.pool')=? LIMIT 1",
+                "SELECT 1 FROM sandboxes WHERE state='pooled' AND template_digest=?"  # noqa: S608 - constant SQL
+                f" AND {self._pool}=? LIMIT 1",
                 (template_digest, pool_key),
             )
             .fetchone()
         )
         if probe is None:  # no warm one: no write lock taken (every create asks)
             return None
-        with self._tx() as db:
+        with self.db.tx(_LOCK) as db:
             row = db.execute(
-                "SELECT * FROM sandboxes WHERE state='pooled' AND template_digest=?"
-                " AND json_extract(spec, '$.pool')=? ORDER BY created_at LIMIT 1",
+                "SELECT * FROM sandboxes WHERE state='pooled' AND template_digest=?"  # noqa: S608 - constant SQL
+                f" AND {self._pool}=? ORDER BY created_at LIMIT 1",
                 (template_digest, pool_key),
             ).fetchone()
             if row is None:
                 return None
             if admission is not None and admission.max_per_project is not None:
-                _admit(db, Admission(max_per_project=admission.max_per_project), spec)
+                limit = Admission(max_per_project=admission.max_per_project)
+                _admit(db, type(self.db), limit, spec)
             expires = min(time.time() + lifetime, float(row["created_at"]) + max_age)
             db.execute(
                 "UPDATE sandboxes SET state='running', spec=?, expires_at=? WHERE id=?",
@@ -232,7 +246,7 @@ class Store(SqliteDB):
 
     def take_pooled(self, sandbox_id: str) -> bool:
         """Mark a still-pooled sandbox ``destroying`` (False: claimed meanwhile)."""
-        with self._tx() as db:
+        with self.db.tx() as db:
             cursor = db.execute(
                 "UPDATE sandboxes SET state='destroying' WHERE id=? AND state='pooled'",
                 (sandbox_id,),
@@ -241,10 +255,10 @@ class Store(SqliteDB):
 
     def pooled(self, pool_key: str) -> builtins.list[SandboxRecord]:
         rows = (
-            self._conn()
+            self.db.conn()
             .execute(
-                "SELECT * FROM sandboxes WHERE state IN ('pooled', 'creating')"
-                " AND json_extract(spec, '$.pool')=? ORDER BY created_at",
+                "SELECT * FROM sandboxes WHERE state IN ('pooled', 'creating')"  # noqa: S608 - constant SQL
+                f" AND {self._pool}=? ORDER BY created_at",
                 (pool_key,),
             )
             .fetchall()
@@ -252,21 +266,21 @@ class Store(SqliteDB):
         return [self._record(r) for r in rows]
 
     def set_state(self, sandbox_id: str, state: str) -> None:
-        with self._tx() as db:
+        with self.db.tx() as db:
             db.execute("UPDATE sandboxes SET state=? WHERE id=?", (state, sandbox_id))
 
     def get(self, sandbox_id: str) -> SandboxRecord | None:
-        row = self._conn().execute("SELECT * FROM sandboxes WHERE id=?", (sandbox_id,)).fetchone()
+        row = self.db.conn().execute("SELECT * FROM sandboxes WHERE id=?", (sandbox_id,)).fetchone()
         return self._record(row) if row else None
 
     def by_slot(self, slot: int) -> SandboxRecord | None:
-        row = self._conn().execute("SELECT * FROM sandboxes WHERE slot=?", (slot,)).fetchone()
+        row = self.db.conn().execute("SELECT * FROM sandboxes WHERE slot=?", (slot,)).fetchone()
         return self._record(row) if row else None
 
     def running_in_slot(self, slot: int) -> str | None:
         """The id of the running sandbox holding ``slot`` (no spec decoding: per connection)."""
         row = (
-            self._conn()
+            self.db.conn()
             .execute("SELECT id FROM sandboxes WHERE slot=? AND state='running'", (slot,))
             .fetchone()
         )
@@ -276,16 +290,16 @@ class Store(SqliteDB):
     def add_event(
         self, sandbox: str, type_: str, reason: str, actor: str, details: dict[str, Any]
     ) -> int:
-        with self._tx() as db:
-            cursor = db.execute(
+        # Under the lock, ids commit in order: a reader past id N never misses a later N-1.
+        with self.db.tx("events") as db:
+            (event_id,) = db.execute(
                 "INSERT INTO events (at, sandbox, type, reason, actor, details)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
+                " VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
                 (time.time(), sandbox, type_, reason, actor, json.dumps(details)),
-            )
-            event_id = int(cursor.lastrowid or 0)
+            ).fetchone()
             if event_id % 1000 == 0:
                 db.execute("DELETE FROM events WHERE id <= ?", (event_id - MAX_EVENTS,))
-        return event_id
+        return int(event_id)
 
     def events_after(
         self, after: int, limit: int = 1000, sandbox: str | None = None
@@ -295,30 +309,30 @@ class Store(SqliteDB):
         if sandbox is not None:
             query += " AND sandbox = ?"
             args += (sandbox,)
-        rows = self._conn().execute(query + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
+        rows = self.db.conn().execute(query + " ORDER BY id LIMIT ?", (*args, limit)).fetchall()
         return [{**dict(r), "details": json.loads(r["details"])} for r in rows]
 
     def count_by_state(self) -> dict[str, int]:
-        rows = self._conn().execute("SELECT state, COUNT(*) FROM sandboxes GROUP BY state")
+        rows = self.db.conn().execute("SELECT state, COUNT(*) FROM sandboxes GROUP BY state")
         return {str(state): int(n) for state, n in rows}
 
     def last_event_id(self) -> int:
-        row = self._conn().execute("SELECT MAX(id) FROM events").fetchone()
+        row = self.db.conn().execute("SELECT MAX(id) FROM events").fetchone()
         return int(row[0] or 0)
 
     def template_digests(self) -> set[str]:
         """The template digests of every record, whatever its state: each one's tree is
         in use (overlaid, or needed to start, fork or finish removing it)."""
-        rows = self._conn().execute("SELECT DISTINCT template_digest FROM sandboxes")
+        rows = self.db.conn().execute("SELECT DISTINCT template_digest FROM sandboxes")
         return {str(r[0]) for r in rows}
 
     def list(self) -> list[SandboxRecord]:
-        rows = self._conn().execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
+        rows = self.db.conn().execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
         return [self._record(r) for r in rows]
 
     def expired(self, now: float) -> builtins.list[SandboxRecord]:
         rows = (
-            self._conn()
+            self.db.conn()
             .execute(
                 "SELECT * FROM sandboxes WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
             )
@@ -328,9 +342,9 @@ class Store(SqliteDB):
 
     def set_expiry(self, sandbox_id: str, expires_at: float | None) -> None:
         """A new end of life (the lifecycle sweep destroys the sandbox then)."""
-        with self._tx() as db:
+        with self.db.tx() as db:
             db.execute("UPDATE sandboxes SET expires_at=? WHERE id=?", (expires_at, sandbox_id))
 
     def delete(self, sandbox_id: str) -> None:
-        with self._tx() as db:
+        with self.db.tx() as db:
             db.execute("DELETE FROM sandboxes WHERE id=?", (sandbox_id,))

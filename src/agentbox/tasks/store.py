@@ -1,5 +1,5 @@
-"""Batch tasks in SQLite (``$AGENTBOX_HOME/tasks.db``): the queue, each task's steps and
-its accounting, shared by every process using the home.
+"""Batch tasks in SQLite (``$AGENTBOX_HOME/tasks.db``) or the shared PostgreSQL database:
+the queue, each task's steps and its accounting, shared by every process using them.
 
 A task is ``queued`` → ``running`` (leased by a worker, which renews the lease) →
 ``succeeded`` | ``failed`` | ``cancelled``. A step is appended in the same transaction
@@ -19,7 +19,8 @@ from typing import Any
 
 from agentbox.errors import Conflict, NotFound
 from agentbox.hints import Hint
-from agentbox.sqlitedb import SqliteDB
+from agentbox.state.db import Database
+from agentbox.state.sqlite import database
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -115,14 +116,19 @@ class Step:
         return asdict(self)
 
 
-class TaskStore(SqliteDB):
-    def __init__(self, path: Path) -> None:
-        super().__init__(path, _SCHEMA)
+class TaskStore:
+    """``where``: the SQLite file, or the shared database (already migrated)."""
+
+    def __init__(self, where: Path | Database) -> None:
+        self.db = database(where, _SCHEMA)
+
+    def close(self) -> None:
+        self.db.close()
 
     # the queue ----------------------------------------------------------------------------
     def submit(self, goal: str, template: str, project: str, max_steps: int) -> Task:
         task_id = "task-" + secrets.token_hex(6)
-        with self._tx() as db:
+        with self.db.tx() as db:
             db.execute(
                 "INSERT INTO tasks (id, project, template, goal, state, max_steps, created_at)"
                 " VALUES (?, ?, ?, ?, 'queued', ?, ?)",
@@ -131,11 +137,13 @@ class TaskStore(SqliteDB):
         return self.get(task_id)
 
     def claim(self, worker: str, lease: float) -> Task | None:
-        """The oldest queued task, leased to ``worker`` (one transaction: never twice)."""
+        """The oldest queued task, leased to ``worker`` (one transaction: never twice;
+        on PostgreSQL, concurrent claimers skip the row another one holds)."""
         now = time.time()
-        with self._tx() as db:
+        with self.db.tx() as db:
             row = db.execute(
-                "SELECT id FROM tasks WHERE state='queued' ORDER BY created_at LIMIT 1"
+                "SELECT id FROM tasks WHERE state='queued' ORDER BY created_at LIMIT 1"  # noqa: S608 - constant SQL
+                + self.db.skip_locked
             ).fetchone()
             if row is None:
                 return None
@@ -148,7 +156,7 @@ class TaskStore(SqliteDB):
 
     def renew(self, task_id: str, worker: str, lease: float) -> bool:
         """Extend the lease; False when the task is no longer this worker's."""
-        with self._tx() as db:
+        with self.db.tx() as db:
             cursor = db.execute(
                 "UPDATE tasks SET lease_until=? WHERE id=? AND worker=? AND state='running'",
                 (time.time() + lease, task_id, worker),
@@ -158,20 +166,17 @@ class TaskStore(SqliteDB):
     def requeue_expired(self) -> list[str]:
         """Running tasks whose lease ran out (their worker died): queued again, to resume
         after their last completed step."""
-        with self._tx() as db:
+        with self.db.tx() as db:
             rows = db.execute(
-                "SELECT id FROM tasks WHERE state='running' AND lease_until < ?", (time.time(),)
+                "UPDATE tasks SET state='queued', worker=NULL, lease_until=NULL"
+                " WHERE state='running' AND lease_until < ? RETURNING id",
+                (time.time(),),
             ).fetchall()
-            for row in rows:
-                db.execute(
-                    "UPDATE tasks SET state='queued', worker=NULL, lease_until=NULL WHERE id=?",
-                    (row["id"],),
-                )
         return [str(r["id"]) for r in rows]
 
     # progress -----------------------------------------------------------------------------
     def set_sandbox(self, task_id: str, sandbox: str) -> None:
-        with self._tx() as db:
+        with self.db.tx() as db:
             db.execute("UPDATE tasks SET sandbox=? WHERE id=?", (sandbox, task_id))
 
     def add_step(
@@ -186,7 +191,7 @@ class TaskStore(SqliteDB):
         """Append step ``n`` and count it, atomically; a step is recorded once."""
         tool = "tool" in action
         failed = tool and bool(result.get("error"))
-        with self._tx() as db:
+        with self.db.tx() as db:
             db.execute(
                 "INSERT INTO task_steps VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (task_id, n, time.time(), json.dumps(action), json.dumps(result),
@@ -201,7 +206,7 @@ class TaskStore(SqliteDB):
 
     def add_usage(self, task_id: str, tokens: tuple[int, int], cost_usd: float) -> None:
         """Tokens spent on a model turn that produced no step (it failed)."""
-        with self._tx() as db:
+        with self.db.tx() as db:
             db.execute(
                 "UPDATE tasks SET tokens_in=tokens_in+?, tokens_out=tokens_out+?,"
                 " cost_usd=cost_usd+? WHERE id=?",
@@ -211,7 +216,7 @@ class TaskStore(SqliteDB):
     def finish(
         self, task_id: str, state: str, failure: str | None = None, result: str | None = None
     ) -> None:
-        with self._tx() as db:
+        with self.db.tx() as db:
             db.execute(
                 "UPDATE tasks SET state=?, failure=?, result=?, finished_at=?, lease_until=NULL"
                 " WHERE id=? AND state NOT IN ('succeeded', 'failed', 'cancelled')",
@@ -222,7 +227,7 @@ class TaskStore(SqliteDB):
         task = self.get(task_id)
         if task.state in FINAL_STATES:
             raise Conflict(f"task {task_id} is {task.state} already; nothing to cancel")
-        with self._tx() as db:
+        with self.db.tx() as db:
             db.execute("UPDATE tasks SET cancel_requested=1 WHERE id=?", (task_id,))
             if task.state == "queued":  # nobody runs it: it ends now
                 db.execute(
@@ -234,7 +239,7 @@ class TaskStore(SqliteDB):
 
     # reading ------------------------------------------------------------------------------
     def get(self, task_id: str) -> Task:
-        row = self._conn().execute("SELECT * FROM tasks WHERE id=?", (task_id,)).fetchone()
+        row = self.db.conn().execute("SELECT * FROM tasks WHERE id=?", (task_id,)).fetchone()
         if row is None:
             raise NotFound(
                 f"task {task_id} does not exist",
@@ -246,12 +251,12 @@ class TaskStore(SqliteDB):
         query, args = "SELECT * FROM tasks", ()  # type: tuple[str, tuple[Any, ...]]
         if state:
             query, args = query + " WHERE state=?", (state,)
-        rows = self._conn().execute(query + " ORDER BY created_at DESC LIMIT ?", (*args, limit))
+        rows = self.db.conn().execute(query + " ORDER BY created_at DESC LIMIT ?", (*args, limit))
         return [Task(**dict(r)) for r in rows]
 
     def steps(self, task_id: str) -> builtins.list[Step]:
         rows = (
-            self._conn()
+            self.db.conn()
             .execute("SELECT * FROM task_steps WHERE task=? ORDER BY n", (task_id,))
             .fetchall()
         )

@@ -16,7 +16,6 @@ import hashlib
 import hmac
 import json
 import os
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,8 @@ from typing import Any
 from agentbox.errors import HostUnsupported, NotFound, SandboxNotRunning, Unauthenticated
 from agentbox.gateway.auth import OPERATOR, Principal, TokenStore
 from agentbox.gateway.settings import E2BSettings
-from agentbox.sqlitedb import SqliteDB
+from agentbox.state.db import Database
+from agentbox.state.sqlite import SqliteDB
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS e2b_sandboxes (
@@ -57,7 +57,10 @@ class Owned:
     metadata: dict[str, str]
 
 
-class E2BAccess(SqliteDB):
+class E2BAccess:
+    """Its table lives beside the session tokens: ``HOME/gateway.db``, or the shared
+    database ``tokens`` uses."""
+
     def __init__(self, settings: E2BSettings, tokens: TokenStore, home: Path, key: bytes) -> None:
         self.tokens = tokens
         self._key = key
@@ -70,7 +73,8 @@ class E2BAccess(SqliteDB):
                     "16 characters or more"
                 )
             self._keys.append((value, Caller(entry.name, entry.project)))
-        super().__init__(home / "gateway.db", _SCHEMA)
+        shared = tokens.db if not isinstance(tokens.db, SqliteDB) else None
+        self.db: Database = shared or SqliteDB(home / "gateway.db", _SCHEMA)
 
     # control plane -----------------------------------------------------------------------
     def caller(self, api_key: str | None) -> Caller:
@@ -87,24 +91,26 @@ class E2BAccess(SqliteDB):
         raise Unauthenticated("a session token is not an E2B API key; use a project key")
 
     def record(self, sandbox_id: str, caller: Caller, alias: str, metadata: dict[str, str]) -> None:
-        self._conn().execute(
-            "INSERT OR REPLACE INTO e2b_sandboxes (id, key, alias, metadata) VALUES (?, ?, ?, ?)",
+        self.db.conn().execute(
+            "INSERT INTO e2b_sandboxes (id, key, alias, metadata) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (id) DO UPDATE SET key = excluded.key, alias = excluded.alias,"
+            " metadata = excluded.metadata",
             (sandbox_id, caller.key, alias, json.dumps(metadata)),
         )
 
     def forget(self, sandbox_id: str) -> None:
-        self._conn().execute("DELETE FROM e2b_sandboxes WHERE id = ?", (sandbox_id,))
+        self.db.conn().execute("DELETE FROM e2b_sandboxes WHERE id = ?", (sandbox_id,))
 
     def owned(self, sandbox_id: str) -> Owned | None:
         query = "SELECT id, key, alias, metadata FROM e2b_sandboxes WHERE id = ?"
-        row = self._conn().execute(query, (sandbox_id,)).fetchone()
+        row = self.db.conn().execute(query, (sandbox_id,)).fetchone()
         return None if row is None else self._owned(row)
 
     def all_owned(self) -> dict[str, Owned]:
-        rows = self._conn().execute("SELECT id, key, alias, metadata FROM e2b_sandboxes")
+        rows = self.db.conn().execute("SELECT id, key, alias, metadata FROM e2b_sandboxes")
         return {row[0]: self._owned(row) for row in rows.fetchall()}
 
-    def _owned(self, row: sqlite3.Row) -> Owned:
+    def _owned(self, row: Any) -> Owned:
         sandbox_id, key, alias, metadata = row
         project = next((c.project for _, c in self._keys if c.key == key), None)
         return Owned(sandbox_id, Caller(key, project), alias, json.loads(metadata))

@@ -1,0 +1,62 @@
+"""``agentbox db``: the state database's schema (PostgreSQL; SQLite needs nothing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from agentbox.cli.main import _print_json as print_json
+from agentbox.cli.main import handle_errors
+from agentbox.cli.params import SuggestingGroup
+from agentbox.errors import InvalidConfig
+
+
+@click.group("db", cls=SuggestingGroup)
+def db() -> None:
+    """The shared state database: schema migrations for PostgreSQL."""
+
+
+@db.command("migrate")
+@click.option("--config", "config_path", type=click.Path(path_type=Path), help="Gateway YAML.")
+@click.option("--url", help="postgresql://USER@HOST:PORT/DB (default: the config's gateway.state).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@handle_errors()
+def migrate_command(config_path: Path | None, url: str | None, as_json: bool) -> None:
+    """Bring the PostgreSQL schema to this release (idempotent; safe to run again).
+
+    Run it once before starting the gateways of a new release, from any one host: a
+    gateway never migrates by itself, and refuses a schema older or newer than its own.
+    The password comes from $PGPASSWORD or ~/.pgpass, never from the URL. With SQLite
+    (gateway.state: sqlite, the default) there is nothing to do: each file keeps its
+    own schema.
+
+    \b
+    Examples:
+      agentbox db migrate --config /etc/agentbox/gateway.yaml
+      agentbox db migrate --url postgresql://agentbox@db.internal:5432/agentbox
+    """
+    from agentbox.gateway.settings import load_settings
+    from agentbox.state.db import state_url_error
+    from agentbox.state.migrations import LATEST, migrate
+
+    if url is None:
+        url = load_settings(config_path).gateway.state
+    elif problem := state_url_error(url):
+        raise InvalidConfig(f"--url: {problem}")
+    result: dict[str, object]
+    if url == "sqlite":
+        result = {"state": "sqlite", "applied": [], "version": None}
+        message = "gateway.state is sqlite: nothing to migrate (each file keeps its schema)"
+    else:
+        before, applied = migrate(url)
+        result = {"state": "postgresql", "before": before, "applied": applied, "version": LATEST}
+        message = (
+            f"schema version {LATEST}: applied {', '.join(map(str, applied))} (was {before})"
+            if applied
+            else f"schema version {LATEST}: up to date"
+        )
+    if as_json:
+        print_json(result)
+    else:
+        click.echo(message)

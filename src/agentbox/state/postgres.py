@@ -1,0 +1,189 @@
+"""The stores on PostgreSQL (``gateway.state: postgresql://…``): many gateway replicas
+and nodes share one database.
+
+One connection per thread, in autocommit (like the SQLite side, so store code is the
+same); the schema comes from ``agentbox db migrate`` (see :mod:`agentbox.state.migrations`)
+and is checked once per process: a replica never migrates by itself.
+
+When the server restarts, every open connection breaks. A broken connection is dropped
+and the call that found it retried once on a new one when that is safe (a ``SELECT``
+outside a transaction, or the ``BEGIN`` that opens one); otherwise the call raises
+:class:`~agentbox.errors.StateUnavailable` (retryable) and the next call reconnects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from decimal import Decimal
+from functools import lru_cache
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg.rows import RowMaker
+
+from agentbox.errors import StateUnavailable
+from agentbox.state.db import Database
+
+CONNECT_TIMEOUT_S = 5
+
+
+class Row(tuple[Any, ...]):
+    """A result row as sqlite3.Row has it: by position, by column name, and ``dict(row)``."""
+
+    _names: dict[str, int]
+
+    def __getitem__(self, key: Any) -> Any:
+        return super().__getitem__(self._names[key] if isinstance(key, str) else key)
+
+    def keys(self) -> list[str]:
+        return list(self._names)
+
+
+def _plain(value: Any) -> Any:
+    # SUM() over BIGINT is NUMERIC in PostgreSQL; the stores (and SQLite) deal in int/float.
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    return value
+
+
+def _row_factory(cursor: psycopg.Cursor[Any]) -> RowMaker[Row]:
+    names = {c.name: i for i, c in enumerate(cursor.description or ())}
+
+    def make(values: Sequence[Any]) -> Row:
+        row = Row(_plain(v) for v in values)
+        row._names = names
+        return row
+
+    return make
+
+
+@lru_cache(maxsize=512)
+def _sql(portable: str) -> str:
+    """``?`` placeholders (the stores' portable spelling) as psycopg's ``%s``."""
+    return portable.replace("%", "%%").replace("?", "%s")
+
+
+def _lock_key(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+class _Conn:
+    """One thread's connection; ``execute`` speaks the stores' SQL."""
+
+    def __init__(self, db: PostgresDB) -> None:
+        self._db = db
+        self.raw = db.connect()
+        self.in_tx = False
+
+    def __del__(self) -> None:
+        # Its thread ended (thread-locals go with it): hang up rather than leak the socket.
+        raw = getattr(self, "raw", None)  # None: the connection was never made
+        if raw is not None:
+            raw.close()
+
+    def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[Row]:
+        retry = not self.in_tx and sql.lstrip()[:6].upper() in ("SELECT", "BEGIN")
+        try:
+            return self.raw.execute(_sql(sql), tuple(parameters))
+        except psycopg.OperationalError as e:
+            self._db.drop(self)
+            if not retry:
+                raise self._db.unavailable(e) from e
+        fresh = self._db.conn()  # the server may be back already: one more try
+        try:
+            return fresh.raw.execute(_sql(sql), tuple(parameters))
+        except psycopg.OperationalError as e:
+            self._db.drop(fresh)
+            raise self._db.unavailable(e) from e
+
+
+class PostgresDB(Database):
+    dialect: ClassVar[Literal["sqlite", "postgresql"]] = "postgresql"
+    skip_locked: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
+
+    def __init__(self, url: str, *, check_schema: bool = True) -> None:
+        self.url = url
+        parts = urlsplit(url)
+        self.where = f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
+        self._check_schema = check_schema
+        self._checked = False
+        self._local = threading.local()
+
+    def connect(self) -> psycopg.Connection[Row]:
+        try:
+            raw = psycopg.connect(
+                self.url,
+                autocommit=True,
+                row_factory=_row_factory,
+                connect_timeout=CONNECT_TIMEOUT_S,
+                application_name="agentbox",
+            )
+        except psycopg.OperationalError as e:
+            raise self.unavailable(e) from e
+        if self._check_schema and not self._checked:
+            from agentbox.state.migrations import check_version
+
+            try:
+                check_version(raw, self.where)
+            except BaseException:
+                raw.close()
+                raise
+            self._checked = True
+        return raw
+
+    def unavailable(self, e: Exception) -> StateUnavailable:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return StateUnavailable(
+            f"the state database (PostgreSQL at {self.where}) is unreachable: {first}; "
+            "retry in a moment, and check that the server runs if it persists",
+            retry_after=1.0,
+        )
+
+    def drop(self, conn: _Conn) -> None:
+        conn.raw.close()
+        if getattr(self._local, "conn", None) is conn:
+            self._local.conn = None
+
+    def conn(self) -> _Conn:
+        conn: _Conn | None = getattr(self._local, "conn", None)
+        if conn is not None and (conn.raw.closed or conn.raw.broken):
+            self._local.conn = conn = None
+        if conn is None:
+            conn = self._local.conn = _Conn(self)
+        return conn
+
+    @contextmanager
+    def tx(self, lock: str | None = None) -> Iterator[_Conn]:
+        conn = self.conn()
+        conn.execute("BEGIN")  # may land on a fresh connection: take the current one
+        conn = self.conn()
+        conn.in_tx = True
+        try:
+            if lock is not None:
+                conn.execute("SELECT pg_advisory_xact_lock(?)", (_lock_key(lock),))
+            yield conn
+        except BaseException:
+            conn.in_tx = False
+            if not (conn.raw.closed or conn.raw.broken):
+                conn.raw.execute("ROLLBACK")
+            raise
+        conn.in_tx = False
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        conn: _Conn | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.raw.close()
+            self._local.conn = None
+
+    @staticmethod
+    def json_text(column: str, key: str) -> str:
+        return f"({column}::jsonb ->> '{key}')"
+
+    @staticmethod
+    def json_int(column: str, key: str) -> str:
+        return f"({column}::jsonb ->> '{key}')::bigint"
