@@ -95,6 +95,26 @@ def test_approvals_persist_decide_once_and_expire(state: StateKit) -> None:
     assert asyncio.run(store.wait(late.id)).status == "expired"
 
 
+def test_egress_grants_are_decided_in_one_transaction(state: StateKit) -> None:
+    """Egress approvals (mode ask): a decision's scope and its standing grant are written
+    together, on SQLite and PostgreSQL alike."""
+    store = ApprovalStore(state.where("g"))
+    detail = {"host": "pkg.test", "port": 443, "project": "p1", "kind": "connect"}
+    a = store.request("sb-1", "egress", "pkg.test:443", "h1", "egressd", None, 60, detail)
+    b = store.request("sb-2", "egress", "pkg.test:443", "h2", "egressd", None, 60, detail)
+    assert store.decide(a.id, True, "operator", "always").scope == "always"
+    assert store.decide(b.id, True, "operator", "sandbox").scope == "sandbox"
+    again = ApprovalStore(state.where("g"))  # a restart sees both grants
+    assert [g.host for g in again.egress_allowlist("p1")] == ["pkg.test"]
+    found = again.egress_grant("sb-9", "p1", "pkg.test")
+    assert found is not None and found.scope == "always"
+    found = again.egress_grant("sb-2", "other", "pkg.test")
+    assert found is not None and found.scope == "sandbox"
+    assert again.egress_revoke("p1", "pkg.test") and again.egress_allowlist("p1") == ()
+    with pytest.raises(Conflict):
+        again.decide(a.id, False, "operator")
+
+
 def test_waiters_wake_on_decision(state: StateKit) -> None:
     store = ApprovalStore(state.where("g"))
     a = store.request("sb-1", "terminal_run", "x", "sha256:" + "2" * 64, "t", None, 60)
