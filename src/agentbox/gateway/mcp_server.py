@@ -156,8 +156,8 @@ def _approval_from_state(
     (altered, forged, not made here) or that was given to another token or for another
     call is refused with a JSON-RPC error, as SEP-2322 requires, rather than read as no
     state: the client learns its state is bad instead of being asked for a new approval."""
-    state = sealed.unseal(key, params.request_state)
-    approval_id = state.get("approval_id") if state else None
+    state = sealed.unseal(key, params.request_state) or {}
+    approval_id = state.get("approval_id")
     bound = _state_for(principal, params)
     if not isinstance(approval_id, str) or any(state.get(k) != v for k, v in bound.items()):
         raise InvalidRequest(
