@@ -1,11 +1,14 @@
 """MCP conformance and client fidelity against a real gateway: the conformance suite's
-server scenarios (with tests/conformance/expected-failures.yaml as the baseline), the
+server scenarios of each revision the gateway serves (``--requirements 2025-11-25`` and
+``2026-07-28``, with tests/conformance/expected-failures.yaml as the baseline), the
 Inspector CLI's schema checks, progress and cancellation, resource links and
 resources/read under the file policy, and log notifications after logging/setLevel."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,16 +26,14 @@ from mcpproxy import auth_proxy
 from tsclient import JS, run_ts_client, ts_sdk
 
 BASELINE = Path(__file__).resolve().parents[1] / "conformance" / "expected-failures.yaml"
-# Each revision the gateway serves, and the suite release that covers it.
-SUITES = {
-    "2025-11-25": "@modelcontextprotocol/conformance",
-    "2026-07-28": "conformance-next",  # 0.2.0-alpha.12: the first with the stateless revision
-}
-# Baseline entries that the stateless revision passes (its scenario opens its streams
-# without a session), left out of the baseline for that revision's run.
-PASSING_AT = {"2026-07-28": {"server-sse-multiple-streams"}}
+# The suite release whose frozen requirement sets cover each revision the gateway serves
+# (0.1.16 has no --requirements; 0.2.0-alpha.12 has both sets).
+SUITE = "conformance-next"
+REVISIONS = ("2025-11-25", "2026-07-28")
 # Prints a line every 0.2 s, for long enough that only a cancellation ends it.
 TICKER = "for i in $(seq 1 600); do echo tick-$i; sleep 0.2; done"
+_RUN_DIR = re.compile(r"^server-(?P<scenario>.+)-\d{4}-\d{2}-\d{2}T[\d-]+Z$")
+_FAILING = {"FAILURE", "WARNING"}  # as the suite's baseline check counts them
 
 
 def node22() -> str:
@@ -58,27 +59,72 @@ def sandbox_id(gw: RunningGateway) -> Iterator[str]:
         op.delete(f"/v1/sandboxes/{sid}")
 
 
-@pytest.mark.parametrize("revision", sorted(SUITES))
+def baseline_for(revision: str) -> list[str]:
+    """The baseline's entries for ``revision`` (its own and those of both)."""
+    baseline = yaml.safe_load(BASELINE.read_text())
+    return [*baseline["both"], *baseline[revision]]
+
+
+def run_results(out: Path) -> dict[str, dict[str, str]]:
+    """{scenario: {check id: worst status}} from the suite's -o directory."""
+    rank = {"INFO": 0, "SUCCESS": 1, "WARNING": 2, "FAILURE": 3}
+    results: dict[str, dict[str, str]] = {}
+    for checks in out.glob("*/checks.json"):
+        match = _RUN_DIR.match(checks.parent.name)
+        assert match, checks
+        worst = results.setdefault(match["scenario"], {})
+        for check in json.loads(checks.read_text()):
+            now = worst.get(check["id"], "INFO")
+            worst[check["id"]] = max(now, check["status"], key=lambda s: rank.get(s, 3))
+    return results
+
+
+def compare(results: dict[str, dict[str, str]], entries: list[str]) -> tuple[list[str], list[str]]:
+    """(failures the baseline does not list, entries that are stale), over every scenario
+    run, scored or not: the suite checks only the scored ones against a baseline."""
+    whole = {e for e in entries if ":" not in e}
+    per_check = {tuple(e.split(":", 1)) for e in entries if ":" in e}
+    unexpected = [
+        f"{scenario}:{check}"
+        for scenario, checks in sorted(results.items())
+        for check, status in sorted(checks.items())
+        if status in _FAILING and scenario not in whole and (scenario, check) not in per_check
+    ]
+    stale = [s for s in sorted(whole) if not _FAILING & set(results.get(s, {}).values())]
+    stale += [f"{s}:{c}" for s, c in sorted(per_check) if results.get(s, {}).get(c) not in _FAILING]
+    return unexpected, stale
+
+
+@pytest.mark.parametrize("revision", REVISIONS)
 def test_conformance_suite_server_scenarios(
     gw: RunningGateway, sandbox_id: str, revision: str, tmp_path: Path
 ) -> None:
-    """Every scenario passes except those in the baseline (each with its reason); one
-    that passes while listed fails too (the suite calls the baseline stale)."""
-    suite = JS / "node_modules" / SUITES[revision] / "dist" / "index.js"
-    baseline = yaml.safe_load(BASELINE.read_text())
-    baseline["server"] = [s for s in baseline["server"] if s not in PASSING_AT.get(revision, ())]
+    """``conformance server --requirements <revision>``: every scenario the revision
+    requires, plus those it runs but does not score (extensions, pending), passes except
+    the baseline's entries (each with its reason); one that passes while listed, or names
+    what did not run, fails too. Results: see the baseline file's header."""
+    suite = JS / "node_modules" / SUITE / "dist" / "index.js"
+    entries = baseline_for(revision)
     expected = tmp_path / "expected-failures.yaml"
-    expected.write_text(yaml.safe_dump(baseline))
+    expected.write_text(yaml.safe_dump({"server": entries}))
+    out = tmp_path / "out"
     token = issue(gw, sandbox_id)
     with auth_proxy(gw.port, token) as url:
         proc = subprocess.run(
-            [node22(), str(suite), "server", "--url", url, "--spec-version", revision,
-             "--expected-failures", str(expected), "-o", str(tmp_path / "out")],
+            [node22(), str(suite), "server", "--url", url, "--requirements", revision,
+             "--expected-failures", str(expected), "-o", str(out)],
             capture_output=True, text=True, timeout=900, cwd=JS,
         )  # fmt: skip
     summary = proc.stdout[proc.stdout.find("=== SUMMARY ===") :]
     assert proc.returncode == 0, summary + proc.stderr[-3000:]
-    assert "Baseline check passed" in summary, summary
+    assert "Baseline check passed" in summary, summary  # the scored scenarios
+    planned = re.search(r"Running requirements \S+ \((\d+) scenarios\)", proc.stdout)
+    assert planned, proc.stdout[:2000]
+    results = run_results(out)
+    assert len(results) == int(planned[1]), sorted(results)  # every scenario left results
+    unexpected, stale = compare(results, entries)
+    assert not unexpected, f"failing, not in {BASELINE.name}: {unexpected}\n{summary}"
+    assert not stale, f"passing (or not run) but listed in {BASELINE.name}: {stale}"
 
 
 def test_inspector_cli_finds_no_schema_problems(gw: RunningGateway, sandbox_id: str) -> None:

@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,38 @@ def test_input_required_approval_for_current_clients(gw: RunningGateway, sandbox
 
     anyio.run(main)
     assert prompts and "approval" in prompts[0]
+
+
+def test_approval_waits_for_a_current_client_without_elicitation(
+    gw: RunningGateway, sandbox_id: str
+) -> None:
+    """A 2026-07-28 client that declares no elicitation is never sent the approval's
+    elicitation (SEP-2322: only input requests the client declared; the suite's
+    input-required-result-capability-check): its call waits for the operator instead."""
+    token = issue(gw, sandbox_id)
+
+    def operator_approves() -> None:
+        with gw.operator() as op:
+            for _ in range(600):  # the request lands asynchronously; bounded
+                pending = op.get("/v1/approvals", params={"status": "pending"}).json()
+                mine = [a for a in pending if "/tmp/waited" in a["summary"]]
+                if mine:
+                    op.post(f"/v1/approvals/{mine[0]['id']}/approve").raise_for_status()
+                    return
+                time.sleep(0.05)
+        raise AssertionError("no approval was asked for")
+
+    async def main() -> None:
+        async with mcp_client(gw, token) as c:  # no elicitation_callback: none declared
+            assert c.protocol_version == "2026-07-28"
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.to_thread.run_sync, operator_approves)
+                r = await c.session.call_tool(
+                    "terminal_run", {"command": "rm -rf /tmp/waited"}, allow_input_required=True
+                )
+            assert isinstance(r, types.CallToolResult) and not r.is_error, r
+
+    anyio.run(main)
 
 
 def test_stdio_server_beside_the_gateway(gw: RunningGateway) -> None:

@@ -17,6 +17,7 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx2
@@ -53,10 +54,17 @@ def issue(gw: RunningGateway, sandbox: str) -> str:
         return str(op.post("/v1/tokens", json={"sandbox": sandbox}).json()["token"])
 
 
+async def _never_asked(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    raise AssertionError("the test answers the approval's elicitation itself")
+
+
 @contextlib.asynccontextmanager
 async def mcp_client(gw: RunningGateway, token: str) -> AsyncIterator[Client]:
+    """A 2026-07-28 client that declares elicitation (so approvals come as input-required
+    results with requestState)."""
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as h:
-        async with Client(streamable_http_client(f"{gw.url}/mcp", http_client=h)) as client:
+        transport = streamable_http_client(f"{gw.url}/mcp", http_client=h)
+        async with Client(transport, elicitation_callback=_never_asked) as client:
             yield client
 
 

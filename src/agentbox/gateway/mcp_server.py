@@ -9,11 +9,12 @@ sandbox's permitted tools.
 A tool's failure comes back as an ``isError`` result whose text says what to do next (the
 model reads it). Protocol and authorization failures (an unknown tool, a token without
 the tool's scope) are JSON-RPC errors, with codes from :data:`JSONRPC_CODES`. A command that
-needs a person's approval returns MCP's input-required result to 2026-07-28 clients (the
-client asks its user to check again and retries); handshake-era clients, which cannot
-receive that result, wait up to ``approval_timeout`` like plain HTTP callers. A command
-held by an egress question (network mode ``ask``) gets the same input-required result
-while it runs on (:mod:`agentbox.gateway.egress_elicit`).
+needs a person's approval returns MCP's input-required result to 2026-07-28 clients that
+declare form elicitation (the client asks its user to check again and retries);
+handshake-era clients, which cannot receive that result, and clients without the
+capability wait up to ``approval_timeout`` like plain HTTP callers. A command held by an
+egress question (network mode ``ask``) gets the same input-required result while it runs
+on (:mod:`agentbox.gateway.egress_elicit`).
 
 Files an agent should look at (a command's full output, saved when the result cuts it)
 come back as ``resource_link`` blocks, ``sandbox://<sandbox id>/<absolute path>``, which
@@ -135,6 +136,14 @@ def _protocol_errors(
             raise MCPError(types.INTERNAL_ERROR, "internal error; see the gateway log") from e
 
     return wrapped
+
+
+def _elicits_forms(ctx: ServerRequestContext[Any, Any]) -> bool:
+    """Whether this request's client declared form elicitation (an empty ``elicitation``
+    capability means form mode, for backward compatibility)."""
+    capabilities = ctx.session.client_capabilities
+    elicitation = capabilities.elicitation if capabilities else None
+    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
 
 
 def _state_for(principal: Principal, params: types.CallToolRequestParams) -> dict[str, str]:
@@ -436,6 +445,9 @@ def build_mcp_server(
     ) -> types.CallToolResult | types.InputRequiredResult:
         principal = resolve(ctx)
         modern = ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+        # The approval's recheck is a form elicitation: a client that did not declare it
+        # is never sent one (SEP-2322); its call waits for the operator instead.
+        asks = modern and _elicits_forms(ctx)
         approval_id = held_call = None
         if modern and params.request_state is not None:
             approval_id, held_call = _state_from(gateway.state_key, principal, params)
@@ -449,13 +461,13 @@ def build_mcp_server(
                             principal,
                             params.name,
                             params.arguments,
-                            approval_mode="handle" if modern else "wait",
+                            approval_mode="handle" if asks else "wait",
                             approval_id=approval_id,
                             output_listener=listener,
                             cancel=cancel,
                         )
 
-                    if modern and (held_call or held.applies(params.name, sandbox)):
+                    if asks and (held_call or held.applies(params.name, sandbox)):
                         owner = (principal.actor, params.name, sandbox)
                         outcome = await held.run(owner, held_call, start)
                     else:
