@@ -35,6 +35,7 @@ from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
 from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord
+from agentbox.specs import NetworkSpec
 
 
 class Body(BaseModel):
@@ -54,10 +55,12 @@ class CreateSandbox(Body):
     on_idle: Literal["pause", "stop", "destroy"] | None = None
     env: dict[str, str] | None = None
     project: str | None = None
-    network: str | dict[str, Any] | None = Field(
+    # The one network spec (validated and normalised as the egress proxy applies it); a
+    # mode string alone is accepted too. Its JSON Schema describes every field.
+    network: NetworkSpec | None = Field(
         default=None,
-        description='A mode ("none", "allowlist", "open") or {"mode", "allow", "ports", '
-        '"hosts"}; default: the sandbox.network section of the gateway config',
+        description='The network spec, or a mode alone ("none", "allowlist", "open"); '
+        "default: the sandbox.network section of the gateway config",
     )
 
 

@@ -13,7 +13,7 @@ import asyncio
 import posixpath
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -588,7 +588,7 @@ def _bytes_out(result: dict[str, Any]) -> int:
     return sum(len(str(result[k]).encode()) for k in _REDACTED_FIELDS if k in result)
 
 
-def _check_credentials(network: object, configured: list[Any]) -> None:
+def _check_credentials(network: object, configured: Sequence[Any]) -> None:
     """A create may only use the credentials the gateway config grants (else an API caller
     could point any variable of the gateway's environment at a host of its choosing)."""
     asked = network.get("credentials", []) if isinstance(network, dict) else []

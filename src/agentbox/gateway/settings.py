@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentbox.errors import InvalidConfig, InvalidRequest
+from agentbox.specs import CredentialSpec, NetworkSpec
 from agentbox.units import parse_duration, parse_size
 
 
@@ -92,19 +93,10 @@ class LimitsSettings(Strict):
     )
 
 
-class CredentialSettings(Strict):
-    domain: str
-    header: str = "Authorization"
-    secret_env: str
-    format: str = "Bearer {secret}"
-
-
-class NetworkSettings(Strict):
-    mode: Literal["none", "allowlist", "open"] = "allowlist"
-    allow: list[str] = Field(default_factory=list)
-    ports: list[Annotated[int, Field(gt=0, lt=65536)]] = Field(default_factory=lambda: [80, 443])
-    credentials: list[CredentialSettings] = Field(default_factory=list)
-    hosts: dict[str, str] = Field(default_factory=dict)
+# sandbox.network is the network spec a create takes (one shape, one checker): names in
+# the config are normalised, and a bad one refused, when the gateway starts.
+NetworkSettings = NetworkSpec
+CredentialSettings = CredentialSpec
 
 
 class AdmissionSettings(Strict):
@@ -148,7 +140,7 @@ class SandboxSection(Strict):
     template: str = "default"
     runtime: Literal["bwrap", "crun", "runc", "runsc", "kata"] = "bwrap"
     limits: LimitsSettings = LimitsSettings()
-    network: NetworkSettings = NetworkSettings()
+    network: NetworkSpec = NetworkSpec()
     # Warm sandboxes of `template` with these limits and network, or {template: count}.
     warm_pool: (
         Annotated[int, Field(ge=0, le=1000)] | dict[str, Annotated[int, Field(ge=0, le=1000)]]
