@@ -7,7 +7,7 @@ Apart from ``agentbox.config`` so that a process which only uses existing sandbo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -24,7 +24,7 @@ from agentbox.errors import InvalidRequest
 from agentbox.fsutil import exec_text
 from agentbox.network import credentials as _credentials
 from agentbox.network import policy_fields
-from agentbox.network.policy_fields import EgressMode
+from agentbox.network.modes import EgressMode
 from agentbox.units import parse_duration, parse_size
 
 T = TypeVar("T")
@@ -94,7 +94,7 @@ class NetworkSpec(BaseModel):
         "A-labels, no trailing dot; IP literals, empty labels, NUL and other control "
         "characters are refused",
     )
-    ports: tuple[int, ...] = Field(
+    ports: tuple[Annotated[int, Field(ge=1, le=65535)], ...] = Field(
         default=policy_fields.DEFAULT_PORTS, description="TCP ports reachable (1-65535)"
     )
     hosts: dict[str, str] = Field(

@@ -20,6 +20,7 @@ from agentbox import hints
 from agentbox.cli import execute
 from agentbox.cli.params import DURATION, LazyGroup
 from agentbox.errors import AgentboxError, InvalidRequest
+from agentbox.network.modes import EGRESS_MODES
 from agentbox.units import human_size
 
 if TYPE_CHECKING:  # the backend loads when a command needs one: `--help` never does
@@ -134,7 +135,7 @@ def sandbox() -> None:
 @click.option("--project", help="Project the sandbox belongs to (default: default).")
 @click.option(
     "--network",
-    type=click.Choice(["none", "allowlist", "open"]),
+    type=click.Choice(EGRESS_MODES),
     help="Egress: loopback only, the --allow names (default), or any public address. "
     "Internal ranges and the metadata address are unreachable in every mode.",
 )

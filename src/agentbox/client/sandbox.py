@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from agentbox.runtime.sessions import ShellSessions
     from agentbox.runtime.snapshots import SnapshotInfo
     from agentbox.runtime.store import SandboxRecord
+    from agentbox.specs import NetworkSpec
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -82,6 +83,14 @@ def _runtime(home: Path | None) -> Backend:
     if home not in _backends:
         _backends[home] = Runtime(home)
     return _backends[home]
+
+
+def _network(value: NetworkSpec | str | Mapping[str, object]) -> dict[str, object]:
+    """``value`` validated and normalised into the one network spec, as its JSON form (what
+    the REST body and a record hold)."""
+    from agentbox.specs import NetworkSpec  # pydantic: only a create with a network pays
+
+    return NetworkSpec.parse(value).model_dump(mode="json")
 
 
 class Commands:
@@ -279,14 +288,16 @@ class Sandbox:
         disk: int | str | None = None,
         timeout: float | str | None = None,
         env: Mapping[str, str] | None = None,
-        network: str | Mapping[str, object] | None = None,
+        network: NetworkSpec | str | Mapping[str, object] | None = None,
         idle_timeout: float | str | None = None,
         on_idle: str | None = None,
         home: Path | None = None,
     ) -> Sandbox:
         """Create and start a sandbox. ``timeout``: max lifetime in seconds (default 24h);
-        ``network``: a mode (``none``, ``allowlist``, ``open``) or a dict such as
-        ``{"mode": "allowlist", "allow": ["pypi.org", "*.pythonhosted.org"]}``;
+        ``network``: a ``NetworkSpec`` (``agentbox.specs``), a mode alone (``none``,
+        ``allowlist``, ``open``) or a dict such as
+        ``{"mode": "allowlist", "allow": ["pypi.org", "*.pythonhosted.org"]}``, checked
+        here whatever the backend (``InvalidRequest`` naming the field and value);
         ``idle_timeout`` (default 15m, 0: never) and ``on_idle`` (``pause``, ``stop`` or
         ``destroy``): what happens to a sandbox nothing has used for that long, applied
         by a running gateway (activity is defined in docs/design.md)."""
@@ -298,7 +309,7 @@ class Sandbox:
             ("disk", disk),
             ("lifetime", timeout),
             ("env", dict(env) if env else None),
-            ("network", network),
+            ("network", None if network is None else _network(network)),
             ("idle_timeout", idle_timeout),
             ("on_idle", on_idle),
         ):

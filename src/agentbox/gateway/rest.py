@@ -33,6 +33,7 @@ from agentbox.gateway import port_forward as port_forward_http
 from agentbox.gateway.auth import OPERATOR, Principal, challenge
 from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
+from agentbox.network.modes import EGRESS_MODES
 from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord
 from agentbox.specs import NetworkSpec
@@ -61,7 +62,14 @@ class CreateSandbox(Body):
         default=None,
         description='The network spec, or a mode alone ("none", "allowlist", "open"); '
         "default: the sandbox.network section of the gateway config",
+        json_schema_extra=lambda schema: _with_mode_alone(schema),
     )
+
+
+def _with_mode_alone(schema: dict[str, Any]) -> None:
+    """The network field's schema also says that a mode string alone is accepted."""
+    alone = {"type": "string", "enum": list(EGRESS_MODES), "description": "a mode alone"}
+    schema["anyOf"].insert(1, alone)
 
 
 class TakeSnapshot(Body):

@@ -19,10 +19,10 @@ from agentbox.errors import InvalidRequest
 from agentbox.network import policy_fields as fields
 from agentbox.network.addresses import IPAddress, IPNetwork, denied_reason
 from agentbox.network.credentials import Credential, check_unique
+from agentbox.network.modes import EgressMode
 from agentbox.network.names import domain_matches, normalize_host, parse_ip_literal
-from agentbox.network.policy_fields import EgressMode
 
-Mode = EgressMode  # declared in policy_fields, with its checks
+Mode = EgressMode  # declared in network/modes.py
 Kind = Literal["connect", "http", "transparent"]
 # (name, port) -> every address the name resolves to; raises Denied when it cannot.
 Resolver = Callable[[str, int], Awaitable[tuple[IPAddress, ...]]]

@@ -8,20 +8,19 @@ is one the daemon can apply: it never meets a name it cannot parse.
 Each error is an :class:`InvalidRequest` whose details name the ``field`` (a path inside
 the network spec: ``allow.1``, ``hosts.a.test``, ``ports.0``) and the ``value`` refused.
 
-Egress modes are declared here, once (:data:`EgressMode`); extend that Literal to add one.
+Egress modes are declared in :mod:`agentbox.network.modes`.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, cast, get_args
+from typing import Any, cast
 
 from agentbox.errors import InvalidRequest
+from agentbox.network.modes import EGRESS_MODES, EgressMode
 from agentbox.network.names import normalize_host, normalize_pattern, parse_ip_literal
 
-EgressMode = Literal["none", "allowlist", "open"]
-EGRESS_MODES: tuple[str, ...] = get_args(EgressMode)
 DEFAULT_PORTS = (80, 443)
 
 
