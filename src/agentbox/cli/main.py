@@ -24,7 +24,7 @@ from agentbox.network.modes import EGRESS_MODES
 from agentbox.units import human_size
 
 if TYPE_CHECKING:  # the backend loads when a command needs one: `--help` never does
-    from agentbox.client.sandbox import Backend
+    from agentbox.client.interfaces import Backend
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXEC_FAILED = execute.EXEC_FAILED

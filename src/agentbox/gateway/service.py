@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import posixpath
+import shlex
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -379,7 +380,9 @@ class Gateway:
         mode: ApprovalMode,
         approval_id: str | None,
     ) -> None:
-        summary = self.redactor.redact(str(args.get("command", "")))
+        command = args.get("command", "")  # a shell string, or an argv (shown quoted)
+        text = command if isinstance(command, str) else shlex.join(map(str, command))
+        summary = self.redactor.redact(text)
         if approval_id:
             approval = self.approvals.get(approval_id)
             if approval.args_hash != record["args_hash"] or approval.sandbox != sandbox:

@@ -343,7 +343,7 @@ def process_list(call: ToolCall) -> dict[str, Any]:
 
 
 def shell_create(call: ToolCall) -> dict[str, Any]:
-    session = call.runtime.sessions(call.sandbox_id).create(call.args["cwd"])
+    session = call.runtime.sessions(call.sandbox_id).create(call.args["cwd"], call.args["env"])
     return {"session_id": session}
 
 
@@ -352,6 +352,7 @@ def shell_run(call: ToolCall) -> dict[str, Any]:
         call.args["session_id"],
         call.args["command"],
         timeout=call.timeout_s,
+        stdin=call.args.get("stdin"),
         max_output_bytes=call.output.cap,
         save=_saver(call),
         save_max_bytes=call.output.save_max_bytes,
@@ -394,6 +395,8 @@ def fs_write(call: ToolCall) -> dict[str, Any]:
         call.args["path"],
         payload(call.args),
         mode=call.args["mode"],
+        perms=call.args["perms"],
+        make_parents=call.args["make_parents"],
         guard=call.guard,
     )
     return {"path": info.path, "size": info.size}
@@ -436,7 +439,13 @@ def fs_move(call: ToolCall) -> dict[str, Any]:
 
 
 def fs_mkdir(call: ToolCall) -> dict[str, Any]:
-    return call.runtime.files(call.sandbox_id).mkdir(call.args["path"], guard=call.guard).to_dict()
+    info = call.runtime.files(call.sandbox_id).mkdir(
+        call.args["path"],
+        parents=call.args["parents"],
+        exist_ok=call.args["exist_ok"],
+        guard=call.guard,
+    )
+    return info.to_dict()
 
 
 # browser ----------------------------------------------------------------------------------
@@ -514,6 +523,23 @@ def browser_close(call: ToolCall) -> dict[str, Any]:
 
 
 COMMAND = {"type": "string", "minLength": 1, "description": "A bash command line"}
+# A command line run by bash, or an argv run as is (no shell: what the SDK's list form means).
+COMMAND_OR_ARGV = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    ],
+    "description": "A bash command line, or an argv list run without a shell "
+    '(["python3", "-c", "print(1)"])',
+}
+PERMS = {
+    "type": "integer",
+    "minimum": 0,
+    "maximum": 0o777,
+    "default": 0o644,
+    "description": "Permission bits of a file this call creates (420 = 0o644); an existing "
+    "file keeps its own",
+}
 CWD = {
     "type": "string",
     "minLength": 1,
@@ -660,7 +686,7 @@ TOOLS: list[ToolSpec] = [
         "(process_id) that process_write can answer.",
         _obj(
             {
-                "command": COMMAND,
+                "command": COMMAND_OR_ARGV,
                 "cwd": CWD,
                 "timeout_ms": TIMEOUT_MS,
                 "max_output_bytes": MAX_OUTPUT,
@@ -687,7 +713,7 @@ TOOLS: list[ToolSpec] = [
         "process_write, process_signal.",
         _obj(
             {
-                "command": COMMAND,
+                "command": COMMAND_OR_ARGV,
                 "cwd": CWD,
                 "env": ENV,
                 "stdin": _flag(False, "true: keep its stdin open for process_write"),
@@ -799,7 +825,9 @@ TOOLS: list[ToolSpec] = [
         "shell_create",
         "Open a shell session",
         "Open a persistent shell: cd and export carry over between shell_run calls.",
-        _obj({"cwd": CWD}, []),
+        _obj(
+            {"cwd": CWD, "env": ENV | {"description": "Environment variables of the session"}}, []
+        ),
         _out({"session_id": STR}),
         read_only=False,
         destructive=False,
@@ -817,6 +845,11 @@ TOOLS: list[ToolSpec] = [
                 "command": COMMAND,
                 "timeout_ms": TIMEOUT_MS,
                 "max_output_bytes": MAX_OUTPUT,
+                "stdin": {
+                    "type": "string",
+                    "description": "Text fed to the command's stdin, then end of input "
+                    "(absent: an empty stdin)",
+                },
             },
             ["session_id", "command"],
         ),
@@ -875,7 +908,8 @@ TOOLS: list[ToolSpec] = [
     ToolSpec(
         "fs_write",
         "Write a file",
-        "Create, overwrite or append to a file (parents are created).",
+        "Create, overwrite or append to a file (missing parents are created unless "
+        "make_parents=false).",
         _obj(
             {
                 "path": PATH,
@@ -888,6 +922,8 @@ TOOLS: list[ToolSpec] = [
                 "encoding": _enum(
                     ["utf-8", "base64"], "How content is written: text, or base64 of bytes"
                 ),
+                "perms": PERMS,
+                "make_parents": _flag(True, "true: create missing parent directories"),
             },
             ["path", "content"],
         ),
@@ -1001,8 +1037,15 @@ TOOLS: list[ToolSpec] = [
     ToolSpec(
         "fs_mkdir",
         "Make a directory",
-        "Create a directory and its parents.",
-        _obj({"path": PATH}, ["path"]),
+        "Create a directory (and its parents, unless parents=false).",
+        _obj(
+            {
+                "path": PATH,
+                "parents": _flag(True, "true: create missing parent directories"),
+                "exist_ok": _flag(True, "true: an existing directory is no error"),
+            },
+            ["path"],
+        ),
         FILE_INFO | {"required": ["path"]},
         read_only=False,
         destructive=False,
