@@ -118,9 +118,11 @@ def test_run_carries_every_argument(backends: dict[str, Backend]) -> None:
             outcome(lambda: run("seq 1 20000", max_output_bytes=1000)),
             outcome(lambda: run("echo out; echo err >&2; exit 7")),
             outcome(lambda: run("sleep 5", timeout=0.5)),
+            outcome(lambda: run("echo hidden", max_output_bytes=0)),  # a streaming caller's
         ]
 
-    (env, argv, dollar0, stdin, stdin_bytes, capped, exits, timed) = agree(backends, scenario)
+    results = agree(backends, scenario)
+    (env, argv, dollar0, stdin, stdin_bytes, capped, exits, timed, nothing) = results
     assert env["stdout"] == "hi from /tmp\n"
     assert argv["stdout"] == "a b|$HOME|*|;|'|"  # an argv, not a shell line
     assert dollar0["stdout"] == "zero:one\n"
@@ -133,6 +135,8 @@ def test_run_carries_every_argument(backends: dict[str, Backend]) -> None:
     assert len(capped["stdout"]) < 2 * 1000 + 100  # head and tail of 1000 bytes at most
     assert (exits["stdout"], exits["stderr"], exits["exit_code"]) == ("out\n", "err\n", 7)
     assert timed["timed_out"]
+    assert nothing["truncated"] and "hidden" not in nothing["stdout"]
+    assert nothing["stdout_total"] == len("hidden\n")
 
 
 def test_an_argv_is_never_run_through_a_shell(backends: dict[str, Backend]) -> None:

@@ -94,7 +94,7 @@ class RunCommand(Body):
     stdin: str | None = None
     timeout_ms: int | None = Field(default=None, gt=0)
     max_output_bytes: int | None = Field(
-        default=None, gt=0, description="bytes of each stream kept (head and tail)"
+        default=None, ge=0, description="bytes of each stream kept (head and tail)"
     )
 
 
@@ -122,7 +122,7 @@ class ShellRun(Body):
     command: str = Field(min_length=1)
     timeout_ms: int | None = Field(default=None, gt=0)
     stdin: str | None = None
-    max_output_bytes: int | None = Field(default=None, gt=0)
+    max_output_bytes: int | None = Field(default=None, ge=0)
 
 
 class WriteFile(Body):

@@ -248,7 +248,9 @@ def _saver(call: ToolCall) -> OutputSaver | None:
     """Saves a cut stream through the file API, as the sandbox user: the sandbox's own
     permissions and disk quota apply, and the agent reads it back with fs_read. Only the
     newest SAVED_OUTPUTS_KEPT files stay, so forgotten ones do not fill the disk."""
-    if not call.output.save_max_bytes:
+    if not call.output.save_max_bytes or not call.output.cap:
+        # cap 0: the caller asked for no output in the result (it streams it, like the
+        # CLI's exec through a gateway), so there is nothing to page back either.
         return None
     files = call.runtime.files(call.sandbox_id)
     name = "r-" + secrets.token_hex(6)
@@ -589,12 +591,13 @@ def _timeout_ms(lim: ToolLimits) -> dict[str, Any]:
 def _max_output(lim: ToolLimits) -> dict[str, Any]:
     return {
         "type": "integer",
-        "minimum": 1,
+        "minimum": 0,
         "default": lim.output_bytes,
         "description": f"Bytes of each stream the result keeps, head and tail; default "
         f"{lim.output_bytes} ({human_size(lim.output_bytes)}), at most {lim.max_output_bytes} "
         f"({human_size(lim.max_output_bytes)}). Longer output is saved whole in the sandbox: "
-        "the result's stdout_file / stderr_file name it for fs_read.",
+        "the result's stdout_file / stderr_file name it for fs_read (0: no output kept "
+        "and none saved).",
     }
 
 
