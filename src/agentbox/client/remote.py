@@ -280,15 +280,19 @@ class RemoteProcesses:
         return [_process_info(p) for p in data["processes"]]
 
     def get(self, process_id: str) -> ProcessInfo:
-        # The list carries what a process is (argv, start); the output route whether it
-        # is still there (a typed process_not_found otherwise).
-        out = self._c.request("GET", f"{self._base}/{process_id}/output", params={"limit": 1})
+        # The output route says whether it runs (a typed process_not_found when there is
+        # no such process); the list carries what it is (argv, start time).
+        state = self._state(process_id)
         known = next((p for p in self.list() if p.id == process_id), None)
         argv, started = (known.argv, known.started_at) if known else ([], 0.0)
         return ProcessInfo(
-            process_id, argv, started, out["running"], out["exit_code"],
-            waiting_for_input=bool(out.get("waiting_for_input")), prompt=out.get("prompt"),
+            process_id, argv, started, state["running"], state["exit_code"],
+            waiting_for_input=bool(state.get("waiting_for_input")), prompt=state.get("prompt"),
         )  # fmt: skip
+
+    def _state(self, process_id: str) -> dict[str, Any]:
+        path = f"{self._base}/{process_id}/output"
+        return dict(self._c.request("GET", path, params={"limit": 1}))
 
     def read_output(
         self, process_id: str, stream: str = "stdout", offset: int = 0, limit: int = 1 << 20
@@ -309,12 +313,12 @@ class RemoteProcesses:
     def wait(self, process_id: str, timeout: float | None = None) -> ProcessInfo:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.01
-        while True:
-            info = self.get(process_id)
-            if not info.running or (deadline is not None and time.monotonic() >= deadline):
-                return info
+        while self._state(process_id)["running"]:  # one request a poll
+            if deadline is not None and time.monotonic() >= deadline:
+                break
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
+        return self.get(process_id)
 
 
 class RemoteSessions:
