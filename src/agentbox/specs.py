@@ -7,6 +7,7 @@ Apart from ``agentbox.config`` so that a process which only uses existing sandbo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -15,6 +16,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -97,8 +99,8 @@ class NetworkSpec(BaseModel):
     ports: tuple[Annotated[int, Field(ge=1, le=65535)], ...] = Field(
         default=policy_fields.DEFAULT_PORTS, description="TCP ports reachable (1-65535)"
     )
-    hosts: dict[str, str] = Field(
-        default_factory=dict,
+    hosts: Mapping[str, str] = Field(
+        default_factory=lambda: MappingProxyType({}),
         description="Host name -> IP address, used by the egress proxy instead of DNS "
         "(private deployments, tests); the address is still checked against the denied "
         "ranges on every connection",
@@ -138,6 +140,23 @@ class NetworkSpec(BaseModel):
     @classmethod
     def _hosts(cls, value: object) -> dict[str, str]:
         return _field_check(policy_fields.host_map, value)
+
+    @field_validator("hosts")
+    @classmethod
+    def _read_only(cls, value: Mapping[str, str]) -> Mapping[str, str]:
+        return MappingProxyType(dict(value))  # frozen all the way down
+
+    @field_serializer("hosts")
+    def _hosts_out(self, value: Mapping[str, str]) -> dict[str, str]:
+        return dict(value)
+
+    # Immutable all the way down: a copy is the spec itself (pydantic deep-copies model
+    # defaults, and a read-only mapping cannot be copied or pickled field by field).
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> NetworkSpec:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (NetworkSpec.model_validate, (self.model_dump(mode="json"),))
 
     @field_validator("credentials")
     @classmethod

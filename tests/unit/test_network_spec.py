@@ -70,6 +70,8 @@ def test_valid_specs_are_normalised_as_the_proxy_compares() -> None:
     )  # fmt: skip
     with pytest.raises(Exception, match="frozen"):
         spec.mode = "open"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        spec.hosts["d.test"] = "203.0.113.1"  # type: ignore[index]
 
 
 def test_the_rest_body_schema_describes_every_field() -> None:
