@@ -202,7 +202,7 @@ def invalid_request(
     reason``, the first one's ``field`` (a dotted path, ``network.allow.0``) and the
     ``value`` refused in details. ``prefix``: the path of what was validated (``network``);
     ``skip``: location parts that are no field (FastAPI's ``body``)."""
-    problems = [_problem(e, prefix, skip) for e in errors] or [("spec", None, "invalid")]
+    problems = [problem_of(e, prefix, skip) for e in errors] or [("spec", None, "invalid")]
     field, value, _ = problems[0]
     text = "; ".join(f"{f}: {reason}" for f, _, reason in problems)
     return InvalidRequest(
@@ -211,9 +211,10 @@ def invalid_request(
     )  # fmt: skip
 
 
-def _problem(
-    error: Mapping[str, Any], prefix: str, skip: tuple[str, ...]
+def problem_of(
+    error: Mapping[str, Any], prefix: str = "", skip: tuple[str, ...] = ()
 ) -> tuple[str, object, str]:
+    """One pydantic error as (field, value, reason); a network check names the item."""
     loc = [str(p) for p in error.get("loc", ()) if p not in skip]
     loc = [prefix, *loc] if prefix else loc
     cause = (error.get("ctx") or {}).get("error")

@@ -94,9 +94,15 @@ def test_the_gateway_default_is_the_same_spec() -> None:
     assert isinstance(settings.sandbox.network, NetworkSpec)
     assert settings.sandbox.network.allow == ("pypi.org",)
     assert settings.sandbox.network.deny == ("*.ads.test",)
-    for bad in ("allow: ['bad..name']", "hosts: {a.test: not-an-ip}", "ports: [0]"):
-        with pytest.raises(InvalidConfig, match=r"sandbox\.network"):
+    for bad, key in (
+        ("allow: [ok.test, 'bad..name']", "allow.1"),
+        ("hosts: {a.test: not-an-ip}", "hosts.a.test"),
+        ("ports: [0]", "ports.0"),
+    ):
+        with pytest.raises(InvalidConfig) as e:
             parse_settings(f"sandbox:\n  network:\n    {bad}\n", "gw.yaml")
+        assert e.value.details["key"] == f"sandbox.network.{key}"
+        assert e.value.message.startswith(f"gw.yaml:3: sandbox.network.{key}: ")
 
 
 def test_the_sdk_refuses_before_anything_is_made(tmp_path: Path) -> None:

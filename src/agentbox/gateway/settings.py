@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentbox.errors import InvalidConfig, InvalidRequest
-from agentbox.specs import CredentialSpec, NetworkSpec
+from agentbox.specs import CredentialSpec, NetworkSpec, problem_of
 from agentbox.units import parse_duration, parse_size
 
 
@@ -474,6 +474,9 @@ def parse_settings(text: str, source: str = "<config>") -> GatewaySettings:
         where = f"{source}:{line}" if line else source
         if err["type"] == "extra_forbidden":
             problem = "unknown key (check its spelling against gateway.example.yaml)"
+        elif key.startswith("sandbox.network"):  # the network checks name the item
+            key, value, reason = problem_of(err)
+            problem = f"{reason} (got {value!r})"
         else:
             problem = f"{err['msg']} (got {err.get('input')!r})"
         more = f" (+{len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""
