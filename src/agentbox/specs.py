@@ -6,17 +6,30 @@ Apart from ``agentbox.config`` so that a process which only uses existing sandbo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Annotated, Literal
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from agentbox.config import stored_network
 from agentbox.errors import InvalidRequest
 from agentbox.fsutil import exec_text
 from agentbox.network import credentials as _credentials
-from agentbox.network.names import normalize_pattern
+from agentbox.network import policy_fields
+from agentbox.network.modes import EgressMode
 from agentbox.units import parse_duration, parse_size
+
+T = TypeVar("T")
 
 
 def _checked(check: Callable[[str], str], value: str) -> str:
@@ -62,26 +75,54 @@ class CredentialSpec(BaseModel):
 
 
 class NetworkSpec(BaseModel):
-    """What a sandbox may reach. ``none``: loopback only; ``allowlist``: the names in
-    ``allow`` (``*.example.com`` = any name below it); ``open``: any public address. In
-    every mode internal ranges, the metadata address and the host stay unreachable, and
-    so do the names matching ``deny`` (same syntax as ``allow``). ``ask``: like
-    ``allowlist``, but a connection to any other name is held until a person approves or
-    denies it, at most ``ask_timeout`` seconds (then denied; see
-    :mod:`agentbox.network.egress_ask`). ``credentials``: headers the egress proxy
-    injects for one host each (see :class:`CredentialSpec`)."""
+    """What a sandbox may reach: the one shape of a network spec (SDK argument, REST body,
+    the gateway config's ``sandbox.network``, a record's ``network``; the egress daemon's
+    policy is built from it). Every field is normalised here by the checks the egress
+    proxy applies (:mod:`agentbox.network.policy_fields`), so a spec that exists is one
+    the proxy can apply. A mode string alone (``"none"``) stands for ``{"mode": ...}``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    mode: Literal["none", "allowlist", "open", "ask"] = "allowlist"
-    allow: tuple[str, ...] = ()
-    ask_timeout: float = Field(default=60.0, gt=0, le=3600)
-    ports: tuple[Annotated[int, Field(gt=0, lt=65536)], ...] = (80, 443)
-    # name -> IP literal, resolved by the egress proxy instead of DNS (private deployments,
-    # tests); the address is still checked against the denied ranges.
-    hosts: dict[str, str] = Field(default_factory=dict)
-    deny: tuple[str, ...] = ()
-    credentials: tuple[CredentialSpec, ...] = ()
+    mode: EgressMode = Field(
+        default="allowlist",
+        description="none: loopback only; allowlist: the names in allow; open: any public "
+        "address; ask: like allowlist, but a connection to any other name is held until a "
+        "person approves or denies it (at most ask_timeout). In every mode internal ranges, "
+        "the cloud metadata address, the host and the names matching deny stay unreachable",
+    )
+    ask_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Mode ask: seconds (or a duration like 2m) a held connection waits for "
+        "a person's decision; then it is denied (see agentbox.network.egress_ask)",
+    )
+    allow: tuple[str, ...] = Field(
+        default=(),
+        description="Host names reachable in allowlist mode; *.example.com matches every "
+        "name below example.com (not example.com itself). Normalised: lower case, IDNA "
+        "A-labels, no trailing dot; IP literals, empty labels, NUL and other control "
+        "characters are refused",
+    )
+    ports: tuple[Annotated[int, Field(ge=1, le=65535)], ...] = Field(
+        default=policy_fields.DEFAULT_PORTS, description="TCP ports reachable (1-65535)"
+    )
+    hosts: Mapping[str, str] = Field(
+        default_factory=lambda: MappingProxyType({}),
+        description="Host name -> IP address, used by the egress proxy instead of DNS "
+        "(private deployments, tests); the address is still checked against the denied "
+        "ranges on every connection",
+    )
+    deny: tuple[str, ...] = Field(
+        default=(),
+        description="Host names refused in every mode, checked before allow (same syntax)",
+    )
+    credentials: tuple[CredentialSpec, ...] = Field(
+        default=(),
+        description="Headers the egress proxy sets on requests to one host each, from a "
+        "secret of its own environment; the value never enters the sandbox (a gateway "
+        "allows only the ones its config grants)",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -93,24 +134,115 @@ class NetworkSpec(BaseModel):
     def _ask_timeout(cls, value: float | str) -> float:
         return parse_duration(value, "ask_timeout")
 
-    @field_validator("deny")
+    @field_validator("mode", mode="before")
     @classmethod
-    def _deny(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple(_checked(normalize_pattern, p) for p in value)
+    def _mode(cls, value: object) -> str:
+        return _field_check(policy_fields.mode, value)
+
+    @field_validator("allow", "deny", mode="before")
+    @classmethod
+    def _patterns(cls, value: object, info: ValidationInfo) -> tuple[str, ...]:
+        return _field_check(policy_fields.patterns, value, info.field_name)
+
+    @field_validator("ports", mode="before")
+    @classmethod
+    def _ports(cls, value: object) -> tuple[int, ...]:
+        return _field_check(policy_fields.ports, value)
+
+    @field_validator("hosts", mode="before")
+    @classmethod
+    def _hosts(cls, value: object) -> dict[str, str]:
+        return _field_check(policy_fields.host_map, value)
+
+    @field_validator("hosts")
+    @classmethod
+    def _read_only(cls, value: Mapping[str, str]) -> Mapping[str, str]:
+        return MappingProxyType(dict(value))  # frozen all the way down
+
+    @field_serializer("hosts")
+    def _hosts_out(self, value: Mapping[str, str]) -> dict[str, str]:
+        return dict(value)
+
+    # Immutable all the way down: a copy is the spec itself (pydantic deep-copies model
+    # defaults, and a read-only mapping cannot be copied or pickled field by field).
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> NetworkSpec:
+        return self
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (NetworkSpec.model_validate, (self.model_dump(mode="json"),))
 
     @field_validator("credentials")
     @classmethod
     def _unique(cls, value: tuple[CredentialSpec, ...]) -> tuple[CredentialSpec, ...]:
+        return _field_check(_unique_credentials, value)
+
+    @classmethod
+    def parse(cls, value: NetworkSpec | str | Mapping[str, object]) -> NetworkSpec:
+        """``value`` as a spec; :class:`InvalidRequest` naming the field and value if it
+        is not one."""
+        if isinstance(value, NetworkSpec):
+            return value
         try:
-            _credentials.check_unique(value)
-        except InvalidRequest as e:
-            raise ValueError(e.message) from None
-        return value
+            return cls.model_validate(value)
+        except ValidationError as e:
+            raise invalid_request(e.errors(), "invalid network", prefix="network") from None
+
+
+def _unique_credentials(value: tuple[CredentialSpec, ...]) -> tuple[CredentialSpec, ...]:
+    _credentials.check_unique(value)
+    return value
+
+
+class _FieldError(ValueError):
+    """A network check's refusal, carried through pydantic to :func:`invalid_request`."""
+
+    def __init__(self, error: InvalidRequest) -> None:
+        super().__init__(error.reason)
+        self.error = error
+
+
+def _field_check(check: Callable[..., T], *args: Any) -> T:
+    try:
+        return check(*args)
+    except InvalidRequest as e:
+        raise _FieldError(e) from None
+
+
+def invalid_request(
+    errors: Sequence[Mapping[str, Any]], what: str, prefix: str = "", skip: tuple[str, ...] = ()
+) -> InvalidRequest:
+    """One :class:`InvalidRequest` for pydantic's ``errors``: each problem as ``field:
+    reason``, the first one's ``field`` (a dotted path, ``network.allow.0``) and the
+    ``value`` refused in details. ``prefix``: the path of what was validated (``network``);
+    ``skip``: location parts that are no field (FastAPI's ``body``)."""
+    problems = [problem_of(e, prefix, skip) for e in errors] or [("spec", None, "invalid")]
+    field, value, _ = problems[0]
+    text = "; ".join(f"{f}: {reason}" for f, _, reason in problems)
+    return InvalidRequest(
+        f"{what}: {text}" if what else text,
+        field=field, value=policy_fields.shown(value), problems=len(problems),
+    )  # fmt: skip
+
+
+def problem_of(
+    error: Mapping[str, Any], prefix: str = "", skip: tuple[str, ...] = ()
+) -> tuple[str, object, str]:
+    """One pydantic error as (field, value, reason); a network check names the item."""
+    loc = [str(p) for p in error.get("loc", ()) if p not in skip]
+    loc = [prefix, *loc] if prefix else loc
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, _FieldError) and loc:
+        # The check names the field inside the network spec (with the item) itself.
+        inner = str(cause.error.details.get("field", loc[-1]))
+        reason = cause.error.reason.removeprefix(f"{inner}: ")
+        return ".".join([*loc[:-1], inner]), cause.error.details.get("value"), reason
+    reason = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    return ".".join(loc) or "spec", error.get("input"), reason
 
 
 def network_of(spec: Mapping[str, object]) -> NetworkSpec:
     """The network part of a stored spec (a record's ``spec`` dict), validated."""
-    return NetworkSpec.model_validate(stored_network(spec))
+    return NetworkSpec.parse(stored_network(spec))
 
 
 MAX_MEMORY = 1024**5

@@ -20,10 +20,11 @@ from agentbox import hints
 from agentbox.cli import execute
 from agentbox.cli.params import DURATION, LazyGroup
 from agentbox.errors import AgentboxError, InvalidRequest
+from agentbox.network.modes import EGRESS_MODES
 from agentbox.units import human_size
 
 if TYPE_CHECKING:  # the backend loads when a command needs one: `--help` never does
-    from agentbox.client.sandbox import Backend
+    from agentbox.client.interfaces import Backend
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXEC_FAILED = execute.EXEC_FAILED
@@ -136,7 +137,7 @@ def sandbox() -> None:
 @click.option("--project", help="Project the sandbox belongs to (default: default).")
 @click.option(
     "--network",
-    type=click.Choice(["none", "allowlist", "open", "ask"]),
+    type=click.Choice(EGRESS_MODES),
     help="Egress: loopback only, the --allow names (default), any public address, or the "
     "--allow names and others once a person approves (agentbox approvals). "
     "Internal ranges and the metadata address are unreachable in every mode.",

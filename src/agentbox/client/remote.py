@@ -12,14 +12,15 @@ import base64
 import builtins
 import json
 import os
-import shlex
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any
 
 import httpx2
 
-from agentbox.errors import AgentboxError, Unauthenticated
+from agentbox.client.interfaces import DEFAULT_MAX_OUTPUT, WriteMode
+from agentbox.client.interfaces import DEFAULT_TIMEOUT_S as DEFAULT_RUN_TIMEOUT_S
+from agentbox.errors import AgentboxError, InvalidRequest, Unauthenticated
 from agentbox.runtime.files import FileInfo
 from agentbox.runtime.output import CommandResult, OutputCallback
 from agentbox.runtime.processes import ProcessInfo, ProcessOutput
@@ -157,6 +158,13 @@ def _result(data: dict[str, Any]) -> CommandResult:
     )
 
 
+def _process_info(data: dict[str, Any]) -> ProcessInfo:
+    return ProcessInfo(
+        data["id"], data["argv"], data["started_at"], data["running"], data["exit_code"],
+        waiting_for_input=bool(data.get("waiting_for_input")), prompt=data.get("prompt"),
+    )  # fmt: skip
+
+
 def _file_info(data: dict[str, Any]) -> FileInfo:
     return FileInfo(
         path=data["path"],
@@ -167,6 +175,33 @@ def _file_info(data: dict[str, Any]) -> FileInfo:
         mtime=data.get("mtime", 0.0),
         symlink_target=data.get("symlink_target"),
     )
+
+
+def _command(command: str | Sequence[str]) -> str | list[str]:
+    """A shell string as is, an argv as a JSON list: run without a shell there too."""
+    return command if isinstance(command, str) else [str(a) for a in command]
+
+
+def _text(data: bytes | str, what: str) -> str:
+    """``data`` as the JSON string REST carries; bytes must be UTF-8 text."""
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise InvalidRequest(
+            f"{what} must be UTF-8 text through a gateway; write binary input to a file "
+            "with files.write and redirect it"
+        ) from None
+
+
+def _timeout_ms(timeout: float | None) -> int | None:
+    """None: the gateway's own limit (a gateway never runs a command without one)."""
+    if timeout is None:
+        return None
+    if timeout <= 0:
+        raise InvalidRequest("timeout must be positive (seconds)")
+    return max(1, int(timeout * 1000))
 
 
 class RemoteCommands:
@@ -180,18 +215,28 @@ class RemoteCommands:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
-        timeout: float | None = 60.0,
-        max_output_bytes: int = 1 << 20,
+        timeout: float | None = DEFAULT_RUN_TIMEOUT_S,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT,
         pty: bool = False,
         on_output: OutputCallback | None = None,
     ) -> CommandResult:
-        if not isinstance(command, str):
-            command = shlex.join(command)
-        body: dict[str, Any] = {"command": command, "cwd": cwd, "env": dict(env) if env else None}
+        """As the in-process run; ``max_output_bytes`` is cut to the gateway's maximum
+        (``limits_applied`` says so). ``pty`` has no REST route: refused, never ignored."""
+        if pty:
+            raise InvalidRequest(
+                "pty=True is not available through a gateway yet: run without a pty, or "
+                "in-process (unset AGENTBOX_URL)",
+                field="pty",
+            )
+        body: dict[str, Any] = {
+            "command": _command(command),
+            "cwd": cwd,
+            "env": dict(env) if env else None,
+            "max_output_bytes": max_output_bytes,
+            "timeout_ms": _timeout_ms(timeout),
+        }
         if stdin is not None:
-            body["stdin"] = stdin.decode() if isinstance(stdin, bytes) else stdin
-        if timeout is not None:
-            body["timeout_ms"] = int(timeout * 1000)
+            body["stdin"] = _text(stdin, "stdin")
         path = f"/v1/sandboxes/{self._id}/commands"
         if on_output is None:
             return _result(self._c.request("POST", path, json=body))
@@ -218,23 +263,39 @@ class RemoteProcesses:
         stdin: bool = False,
         pty: tuple[int, int] | None = None,
     ) -> ProcessInfo:
-        text = command if isinstance(command, str) else shlex.join(command)
-        body: dict[str, object] = {"command": text, "cwd": cwd, "stdin": stdin}
+        body: dict[str, object] = {
+            "command": _command(command),
+            "cwd": cwd,
+            "env": dict(env) if env else None,
+            "stdin": stdin,
+        }
         if pty is not None:
             body["pty"] = {"cols": pty[0], "rows": pty[1]}
-        data = self._c.request("POST", self._base, json=body)
-        return ProcessInfo(data["process_id"], [text], 0.0, True, None, terminal=pty is not None)
+        process_id = self._c.request("POST", self._base, json=body)["process_id"]
+        # As the in-process start: just started (running), argv as it runs (a shell
+        # string as bash's argv), from the list.
+        known = next((p for p in self.list() if p.id == process_id), None)
+        argv, started = (known.argv, known.started_at) if known else ([], 0.0)
+        return ProcessInfo(process_id, argv, started, True, None, terminal=pty is not None)
 
     def list(self) -> list[ProcessInfo]:
         data = self._c.request("GET", self._base)
-        return [
-            ProcessInfo(p["id"], p["argv"], p["started_at"], p["running"], p["exit_code"])
-            for p in data["processes"]
-        ]
+        return [_process_info(p) for p in data["processes"]]
 
     def get(self, process_id: str) -> ProcessInfo:
-        out = self._c.request("GET", f"{self._base}/{process_id}/output", params={"limit": 1})
-        return ProcessInfo(process_id, [], 0.0, out["running"], out["exit_code"])
+        # The output route says whether it runs (a typed process_not_found when there is
+        # no such process); the list carries what it is (argv, start time).
+        state = self._state(process_id)
+        known = next((p for p in self.list() if p.id == process_id), None)
+        argv, started = (known.argv, known.started_at) if known else ([], 0.0)
+        return ProcessInfo(
+            process_id, argv, started, state["running"], state["exit_code"],
+            waiting_for_input=bool(state.get("waiting_for_input")), prompt=state.get("prompt"),
+        )  # fmt: skip
+
+    def _state(self, process_id: str) -> dict[str, Any]:
+        path = f"{self._base}/{process_id}/output"
+        return dict(self._c.request("GET", path, params={"limit": 1}))
 
     def read_output(
         self, process_id: str, stream: str = "stdout", offset: int = 0, limit: int = 1 << 20
@@ -244,30 +305,30 @@ class RemoteProcesses:
         return ProcessOutput(out["data"].encode(), out["next_offset"])
 
     def write_stdin(self, process_id: str, data: bytes | str) -> int:
-        text = data.decode() if isinstance(data, bytes) else data
+        text = _text(data, "data")
         out = self._c.request("POST", f"{self._base}/{process_id}/stdin", json={"data": text})
         return int(out["written"])
 
     def close_stdin(self, process_id: str) -> None:
-        body = {"data": "", "eof": True}
-        self._c.request("POST", f"{self._base}/{process_id}/stdin", json=body)
+        self._c.request("POST", f"{self._base}/{process_id}/stdin", json={"eof": True})
 
     def resize(self, process_id: str, cols: int, rows: int) -> None:
         body = {"cols": cols, "rows": rows}
         self._c.request("POST", f"{self._base}/{process_id}/resize", json=body)
 
-    def signal(self, process_id: str, sig: int | str = "SIGTERM") -> None:
-        self._c.request("POST", f"{self._base}/{process_id}/signal", json={"signal": str(sig)})
+    def signal(self, process_id: str, sig: int | str = "SIGTERM") -> bool:
+        path = f"{self._base}/{process_id}/signal"
+        return bool(self._c.request("POST", path, json={"signal": str(sig)})["signalled"])
 
     def wait(self, process_id: str, timeout: float | None = None) -> ProcessInfo:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.01
-        while True:
-            info = self.get(process_id)
-            if not info.running or (deadline is not None and time.monotonic() >= deadline):
-                return info
+        while self._state(process_id)["running"]:  # one request a poll
+            if deadline is not None and time.monotonic() >= deadline:
+                break
             time.sleep(delay)
             delay = min(delay * 2, 0.5)
+        return self.get(process_id)
 
 
 class RemoteSessions:
@@ -275,20 +336,24 @@ class RemoteSessions:
         self._c, self._base = client, f"/v1/sandboxes/{sandbox_id}/sessions"
 
     def create(self, cwd: str = "/workspace", env: Mapping[str, str] | None = None) -> str:
-        return str(self._c.request("POST", self._base, json={"cwd": cwd})["session_id"])
+        body = {"cwd": cwd, "env": dict(env) if env else None}
+        return str(self._c.request("POST", self._base, json=body)["session_id"])
 
     def run(
         self,
         session_id: str,
         command: str,
         *,
-        timeout: float | None = 60.0,
+        timeout: float | None = DEFAULT_RUN_TIMEOUT_S,
         stdin: bytes | str | None = None,
-        max_output_bytes: int = 1 << 20,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT,
     ) -> CommandResult:
-        body: dict[str, Any] = {"command": command}
-        if timeout is not None:
-            body["timeout_ms"] = int(timeout * 1000)
+        body: dict[str, Any] = {
+            "command": command,
+            "timeout_ms": _timeout_ms(timeout),
+            "max_output_bytes": max_output_bytes,
+            "stdin": None if stdin is None else _text(stdin, "stdin"),
+        }
         return _result(self._c.request("POST", f"{self._base}/{session_id}/run", json=body))
 
     def close(self, session_id: str) -> None:
@@ -320,7 +385,7 @@ class RemoteFiles:
         self,
         path: str,
         data: bytes | Iterable[bytes],
-        mode: str = "overwrite",
+        mode: WriteMode = "overwrite",
         perms: int = 0o644,
         make_parents: bool = True,
     ) -> FileInfo:
@@ -330,6 +395,8 @@ class RemoteFiles:
             "content": base64.b64encode(payload).decode(),
             "mode": mode,
             "encoding": "base64",
+            "perms": perms,
+            "make_parents": make_parents,
         }
         self._c.request("PUT", self._base, json=body)
         return self.stat(path)
@@ -351,7 +418,8 @@ class RemoteFiles:
         return True
 
     def mkdir(self, path: str, parents: bool = True, exist_ok: bool = True) -> FileInfo:
-        return _file_info(self._c.request("POST", f"{self._base}/mkdir", json={"path": path}))
+        body = {"path": path, "parents": parents, "exist_ok": exist_ok}
+        return _file_info(self._c.request("POST", f"{self._base}/mkdir", json=body))
 
     def move(self, src: str, dst: str, overwrite: bool = False) -> FileInfo:
         body = {"path": src, "destination": dst, "overwrite": overwrite}

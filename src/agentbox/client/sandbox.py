@@ -20,49 +20,26 @@ from __future__ import annotations
 import builtins
 import functools
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar
+from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from agentbox.client.interfaces import Backend, ProcessesAPI, WriteMode
 from agentbox.runtime.runtime import Runtime
 
 # Imported where used, so the SDK loads light (tests/unit/test_import_weight.py).
 if TYPE_CHECKING:
-    from agentbox.client.remote import RemoteCommands, RemoteFiles, RemoteProcesses, RemoteSessions
-    from agentbox.runtime.commands import CommandRunner
-    from agentbox.runtime.files import FileInfo, SandboxFiles
+    from agentbox.runtime.files import FileInfo
     from agentbox.runtime.output import CommandResult
-    from agentbox.runtime.processes import ProcessInfo, ProcessOutput, ProcessTable
-    from agentbox.runtime.sessions import ShellSessions
+    from agentbox.runtime.processes import ProcessInfo, ProcessOutput
     from agentbox.runtime.snapshots import SnapshotInfo
     from agentbox.runtime.store import SandboxRecord
+    from agentbox.specs import NetworkSpec
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class Backend(Protocol):
-    """What the SDK needs: the in-process ``Runtime`` or ``RemoteRuntime`` (a gateway)."""
-
-    def create(self, spec: Mapping[str, object] | None = None) -> SandboxRecord: ...
-    def get(self, sandbox_id: str) -> SandboxRecord: ...
-    def list(self) -> builtins.list[SandboxRecord]: ...
-    def destroy(self, sandbox_id: str) -> None: ...
-    def pause(self, sandbox_id: str) -> SandboxRecord: ...
-    def resume(self, sandbox_id: str) -> SandboxRecord: ...
-    def stop(self, sandbox_id: str) -> SandboxRecord: ...
-    def fork(self, sandbox_id: str) -> SandboxRecord: ...
-    def snapshot(
-        self, sandbox_id: str, *, redact: bool = False, allowlist: str | None = None
-    ) -> SnapshotInfo: ...
-    def restore(self, snapshot_id: str) -> SandboxRecord: ...
-    def list_snapshots(self) -> builtins.list[SnapshotInfo]: ...
-    def delete_snapshot(self, snapshot_id: str) -> None: ...
-    def commands(self, sandbox_id: str) -> CommandRunner | RemoteCommands: ...
-    def processes(self, sandbox_id: str) -> ProcessTable | RemoteProcesses: ...
-    def sessions(self, sandbox_id: str) -> ShellSessions | RemoteSessions: ...
-    def files(self, sandbox_id: str) -> SandboxFiles | RemoteFiles: ...
+W = TypeVar("W")
 
 
 _backends: dict[Path | str | None, Backend] = {}
@@ -82,6 +59,14 @@ def _runtime(home: Path | None) -> Backend:
     if home not in _backends:
         _backends[home] = Runtime(home)
     return _backends[home]
+
+
+def _network(value: NetworkSpec | str | Mapping[str, object]) -> dict[str, object]:
+    """``value`` validated and normalised into the one network spec, as its JSON form (what
+    the REST body and a record hold)."""
+    from agentbox.specs import NetworkSpec  # pydantic: only a create with a network pays
+
+    return NetworkSpec.parse(value).model_dump(mode="json")
 
 
 class Commands:
@@ -151,21 +136,18 @@ class CommandHandle:
         self.sandbox_id = sandbox_id
         self.id = process_id
 
-    def _table(self) -> Any:
+    def _table(self) -> ProcessesAPI:
         return self._rt.processes(self.sandbox_id)
 
     def info(self) -> ProcessInfo:
-        info: ProcessInfo = self._table().get(self.id)
-        return info
+        return self._table().get(self.id)
 
     def read(self, stream: str = "stdout", offset: int = 0, limit: int = 1 << 20) -> ProcessOutput:
         """Output written since byte ``offset``; pass ``next_offset`` back to continue."""
-        out: ProcessOutput = self._table().read_output(self.id, stream, offset, limit)
-        return out
+        return self._table().read_output(self.id, stream, offset, limit)
 
     def send_stdin(self, data: bytes | str) -> int:
-        written: int = self._table().write_stdin(self.id, data)
-        return written
+        return self._table().write_stdin(self.id, data)
 
     def close_stdin(self) -> None:
         """Close its stdin: the process reads EOF after what was sent."""
@@ -175,16 +157,16 @@ class CommandHandle:
         """Set the size of its terminal (started with ``pty``); the program gets SIGWINCH."""
         self._table().resize(self.id, cols, rows)
 
-    def signal(self, sig: int | str = "SIGTERM") -> None:
-        self._table().signal(self.id, sig)
+    def signal(self, sig: int | str = "SIGTERM") -> bool:
+        """Whether it was delivered (False: the process had already ended)."""
+        return self._table().signal(self.id, sig)
 
-    def kill(self) -> None:
-        self._table().signal(self.id, "SIGKILL")
+    def kill(self) -> bool:
+        return self._table().signal(self.id, "SIGKILL")
 
     def wait(self, timeout: float | None = None) -> ProcessInfo:
         """Wait up to ``timeout`` seconds; ``info.running`` says whether it ended."""
-        info: ProcessInfo = self._table().wait(self.id, timeout)
-        return info
+        return self._table().wait(self.id, timeout)
 
 
 class Files:
@@ -208,11 +190,16 @@ class Files:
         path: str,
         data: str | bytes | Iterable[bytes],
         *,
-        mode: Literal["overwrite", "append", "create"] = "overwrite",
+        mode: WriteMode = "overwrite",
         perms: int = 0o644,
+        make_parents: bool = True,
     ) -> FileInfo:
+        """``perms``: permission bits of a file this creates; ``make_parents``: create
+        missing parent directories."""
         payload = data.encode() if isinstance(data, str) else data
-        return self._rt.files(self._id).write(path, payload, mode=mode, perms=perms)
+        return self._rt.files(self._id).write(
+            path, payload, mode=mode, perms=perms, make_parents=make_parents
+        )
 
     def list(self, path: str = "/workspace", *, depth: int = 1) -> list[FileInfo]:
         return self._rt.files(self._id).list(path, depth)
@@ -223,8 +210,8 @@ class Files:
     def exists(self, path: str) -> bool:
         return self._rt.files(self._id).exists(path)
 
-    def mkdir(self, path: str, *, parents: bool = True) -> FileInfo:
-        return self._rt.files(self._id).mkdir(path, parents=parents)
+    def mkdir(self, path: str, *, parents: bool = True, exist_ok: bool = True) -> FileInfo:
+        return self._rt.files(self._id).mkdir(path, parents=parents, exist_ok=exist_ok)
 
     def move(self, src: str, dst: str, *, overwrite: bool = False) -> FileInfo:
         return self._rt.files(self._id).move(src, dst, overwrite=overwrite)
@@ -264,8 +251,18 @@ class Shell:
         self.sandbox_id = sandbox_id
         self.id = session_id
 
-    def run(self, cmd: str, *, timeout: float | None = 60.0) -> CommandResult:
-        return self._rt.sessions(self.sandbox_id).run(self.id, cmd, timeout=timeout)
+    def run(
+        self,
+        cmd: str,
+        *,
+        timeout: float | None = 60.0,
+        stdin: bytes | str | None = None,
+        max_output_bytes: int = 1 << 20,
+    ) -> CommandResult:
+        """Run ``cmd`` in the session; ``timeout`` in seconds."""
+        return self._rt.sessions(self.sandbox_id).run(
+            self.id, cmd, timeout=timeout, stdin=stdin, max_output_bytes=max_output_bytes
+        )
 
     def close(self) -> None:
         self._rt.sessions(self.sandbox_id).close(self.id)
@@ -292,14 +289,16 @@ class Sandbox:
         disk: int | str | None = None,
         timeout: float | str | None = None,
         env: Mapping[str, str] | None = None,
-        network: str | Mapping[str, object] | None = None,
+        network: NetworkSpec | str | Mapping[str, object] | None = None,
         idle_timeout: float | str | None = None,
         on_idle: str | None = None,
         home: Path | None = None,
     ) -> Sandbox:
         """Create and start a sandbox. ``timeout``: max lifetime in seconds (default 24h);
-        ``network``: a mode (``none``, ``allowlist``, ``open``, ``ask``) or a dict such as
-        ``{"mode": "allowlist", "allow": ["pypi.org", "*.pythonhosted.org"]}``;
+        ``network``: a ``NetworkSpec`` (``agentbox.specs``), a mode alone (``none``,
+        ``allowlist``, ``open``, ``ask``) or a dict such as
+        ``{"mode": "allowlist", "allow": ["pypi.org", "*.pythonhosted.org"]}``, checked
+        here whatever the backend (``InvalidRequest`` naming the field and value);
         ``idle_timeout`` (default 15m, 0: never) and ``on_idle`` (``pause``, ``stop`` or
         ``destroy``): what happens to a sandbox nothing has used for that long, applied
         by a running gateway (activity is defined in docs/design.md)."""
@@ -311,7 +310,7 @@ class Sandbox:
             ("disk", disk),
             ("lifetime", timeout),
             ("env", dict(env) if env else None),
-            ("network", network),
+            ("network", None if network is None else _network(network)),
             ("idle_timeout", idle_timeout),
             ("on_idle", on_idle),
         ):
@@ -402,7 +401,10 @@ async def _to_thread(func: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs)
     return await asyncio.to_thread(func, *args, **kwargs)
 
 
-def _threaded(func: Callable[P, R]) -> Callable[P, Any]:
+def _threaded(func: Callable[P, R]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """``func`` as a coroutine function running it in a worker thread: the same parameters
+    (typed through the ParamSpec), so the async twin never restates and never drifts."""
+
     @functools.wraps(func)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         return await _to_thread(func, *args, **kwargs)
@@ -410,65 +412,93 @@ def _threaded(func: Callable[P, R]) -> Callable[P, Any]:
     return wrapper
 
 
-class _AsyncProxy:
-    """Exposes every public method of a sync object as a coroutine running in a thread."""
+def _threaded_as(
+    func: Callable[P, R], wrap: Callable[[R], W]
+) -> Callable[P, Coroutine[Any, Any, W]]:
+    """:func:`_threaded`, its result wrapped (a sync handle into its async twin)."""
 
-    def __init__(self, target: object) -> None:
-        self._target = target
+    @functools.wraps(func)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> W:
+        return wrap(await _to_thread(func, *args, **kwargs))
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._target, name)
-        return _threaded(attr) if callable(attr) else attr
+    return wrapper
+
+
+class AsyncCommandHandle:
+    """:class:`CommandHandle`, awaited."""
+
+    def __init__(self, handle: CommandHandle) -> None:
+        self.sandbox_id, self.id = handle.sandbox_id, handle.id
+        self.info = _threaded(handle.info)
+        self.read = _threaded(handle.read)
+        self.send_stdin = _threaded(handle.send_stdin)
+        self.signal = _threaded(handle.signal)
+        self.kill = _threaded(handle.kill)
+        self.wait = _threaded(handle.wait)
+
+
+class AsyncCommands:
+    """:class:`Commands` (``sb.commands``), awaited."""
+
+    def __init__(self, commands: Commands) -> None:
+        self.run = _threaded(commands.run)
+        self.start = _threaded_as(commands.start, AsyncCommandHandle)
+        self.list = _threaded(commands.list)
+        self.connect = _threaded_as(commands.connect, AsyncCommandHandle)
+
+
+class AsyncFiles:
+    """:class:`Files` (``sb.files``), awaited."""
+
+    def __init__(self, files: Files) -> None:
+        self.read = _threaded(files.read)
+        self.read_bytes = _threaded(files.read_bytes)
+        self.write = _threaded(files.write)
+        self.list = _threaded(files.list)
+        self.stat = _threaded(files.stat)
+        self.exists = _threaded(files.exists)
+        self.mkdir = _threaded(files.mkdir)
+        self.move = _threaded(files.move)
+        self.remove = _threaded(files.remove)
+        self.edit = _threaded(files.edit)
+        self.upload_tar = _threaded(files.upload_tar)
+        self.download_tar = _threaded(files.download_tar)
+
+
+class AsyncShell:
+    """:class:`Shell`, awaited."""
+
+    def __init__(self, shell: Shell) -> None:
+        self.sandbox_id, self.id = shell.sandbox_id, shell.id
+        self.run = _threaded(shell.run)
+        self.close = _threaded(shell.close)
 
 
 class AsyncSandbox:
-    """The async twin of ``Sandbox``: same methods, awaited."""
+    """The async twin of ``Sandbox``: same methods and parameters, awaited."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self._sync = sandbox
         self.id = sandbox.id
-        self.commands: Any = _AsyncProxy(sandbox.commands)
-        self.files: Any = _AsyncProxy(sandbox.files)
+        self.record = sandbox.record
+        self.commands = AsyncCommands(sandbox.commands)
+        self.files = AsyncFiles(sandbox.files)
+        self.info = _threaded(sandbox.info)
+        self.is_running = _threaded(sandbox.is_running)
+        self.shell = _threaded_as(sandbox.shell, AsyncShell)
+        self.pause = _threaded(sandbox.pause)
+        self.resume = _threaded(sandbox.resume)
+        self.stop = _threaded(sandbox.stop)
+        self.fork = _threaded_as(sandbox.fork, AsyncSandbox)
+        self.snapshot = _threaded(sandbox.snapshot)
+        self.kill = _threaded(sandbox.kill)
 
-    @classmethod
-    async def create(cls, template: str = "default", **kwargs: Any) -> AsyncSandbox:
-        return cls(await _to_thread(Sandbox.create, template, **kwargs))
-
-    @classmethod
-    async def connect(cls, sandbox_id: str, *, home: Path | None = None) -> AsyncSandbox:
-        return cls(await _to_thread(Sandbox.connect, sandbox_id, home=home))
-
-    @classmethod
-    async def list(cls, *, home: Path | None = None) -> list[SandboxRecord]:
-        return await _to_thread(Sandbox.list, home=home)
-
-    async def info(self) -> SandboxRecord:
-        return await _to_thread(self._sync.info)
-
-    async def shell(self, cwd: str = "/workspace") -> Any:
-        return _AsyncProxy(await _to_thread(self._sync.shell, cwd))
-
-    async def pause(self) -> SandboxRecord:
-        return await _to_thread(self._sync.pause)
-
-    async def resume(self) -> SandboxRecord:
-        return await _to_thread(self._sync.resume)
-
-    async def stop(self) -> None:
-        await _to_thread(self._sync.stop)
-
-    async def fork(self) -> AsyncSandbox:
-        return AsyncSandbox(await _to_thread(self._sync.fork))
-
-    async def snapshot(self, **kwargs: Any) -> SnapshotInfo:
-        return await _to_thread(functools.partial(self._sync.snapshot, **kwargs))
-
-    @classmethod
-    async def restore(cls, snapshot_id: str, *, home: Path | None = None) -> AsyncSandbox:
-        return cls(await _to_thread(Sandbox.restore, snapshot_id, home=home))
-
-    async def kill(self) -> None:
-        await _to_thread(self._sync.kill)
+    create = staticmethod(_threaded_as(Sandbox.create, lambda sb: AsyncSandbox(sb)))
+    connect = staticmethod(_threaded_as(Sandbox.connect, lambda sb: AsyncSandbox(sb)))
+    restore = staticmethod(_threaded_as(Sandbox.restore, lambda sb: AsyncSandbox(sb)))
+    list = staticmethod(_threaded(Sandbox.list))
+    snapshots = staticmethod(_threaded(Sandbox.snapshots))
+    delete_snapshot = staticmethod(_threaded(Sandbox.delete_snapshot))
 
     async def __aenter__(self) -> AsyncSandbox:
         return self

@@ -70,6 +70,7 @@ from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.recovery import recover
 from agentbox.runtime.runtime import Runtime, spec_from
 from agentbox.runtime.warmpool import Pool, PoolKeeper
+from agentbox.specs import invalid_request
 from agentbox.state import open_shared
 from agentbox.tasks.store import Task, TaskStore
 from agentbox.tasks.worker import TaskWorkers
@@ -510,11 +511,11 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
-        return error_response(
-            InvalidRequest(f"{where}: {first.get('msg')}", problems=len(exc.errors()))
-        )
+        # The first problem, its field and value in details (a network spec's checks name
+        # the item: network.allow.1).
+        error = invalid_request(exc.errors()[:1], "", skip=("body",))
+        error.details["problems"] = len(exc.errors())
+        return error_response(error)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:

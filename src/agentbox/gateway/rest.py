@@ -14,7 +14,7 @@ import json
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi import Path as FastAPIPath
@@ -34,8 +34,10 @@ from agentbox.gateway import port_forward as port_forward_http
 from agentbox.gateway.auth import OPERATOR, Principal, challenge
 from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
+from agentbox.network.modes import EGRESS_MODES
 from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord
+from agentbox.specs import NetworkSpec
 
 
 class Body(BaseModel):
@@ -55,11 +57,20 @@ class CreateSandbox(Body):
     on_idle: Literal["pause", "stop", "destroy"] | None = None
     env: dict[str, str] | None = None
     project: str | None = None
-    network: str | dict[str, Any] | None = Field(
+    # The one network spec (validated and normalised as the egress proxy applies it); a
+    # mode string alone is accepted too. Its JSON Schema describes every field.
+    network: NetworkSpec | None = Field(
         default=None,
-        description='A mode ("none", "allowlist", "open", "ask") or {"mode", "allow", "ports", '
-        '"hosts"}; default: the sandbox.network section of the gateway config',
+        description='The network spec, or a mode alone ("none", "allowlist", "open", "ask"); '
+        "default: the sandbox.network section of the gateway config",
+        json_schema_extra=lambda schema: _with_mode_alone(schema),
     )
+
+
+def _with_mode_alone(schema: dict[str, Any]) -> None:
+    """The network field's schema also says that a mode string alone is accepted."""
+    alone = {"type": "string", "enum": list(EGRESS_MODES), "description": "a mode alone"}
+    schema["anyOf"].insert(1, alone)
 
 
 class TakeSnapshot(Body):
@@ -72,12 +83,20 @@ class TakeSnapshot(Body):
     )
 
 
+# A bash command line, or an argv run as is (no shell), like the SDK's str | list.
+Command = Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1)]
+COMMAND_DESCRIPTION = "A bash command line, or an argv list run without a shell"
+
+
 class RunCommand(Body):
-    command: str = Field(min_length=1, description="A bash command line")
+    command: Command = Field(description=COMMAND_DESCRIPTION)
     cwd: str | None = None
     env: dict[str, str] | None = None
     stdin: str | None = None
     timeout_ms: int | None = Field(default=None, gt=0)
+    max_output_bytes: int | None = Field(
+        default=None, ge=0, description="bytes of each stream kept (head and tail)"
+    )
 
 
 class PtySize(Body):
@@ -86,8 +105,9 @@ class PtySize(Body):
 
 
 class StartProcess(Body):
-    command: str = Field(min_length=1)
+    command: Command = Field(description=COMMAND_DESCRIPTION)
     cwd: str | None = None
+    env: dict[str, str] | None = None
     stdin: bool = False
     pty: PtySize | None = None
 
@@ -103,11 +123,14 @@ class SignalProcess(Body):
 
 class ShellCreate(Body):
     cwd: str = "/workspace"
+    env: dict[str, str] | None = None
 
 
 class ShellRun(Body):
     command: str = Field(min_length=1)
     timeout_ms: int | None = Field(default=None, gt=0)
+    stdin: str | None = None
+    max_output_bytes: int | None = Field(default=None, ge=0)
 
 
 class WriteFile(Body):
@@ -115,6 +138,8 @@ class WriteFile(Body):
     content: str
     mode: Literal["overwrite", "append", "create"] = "overwrite"
     encoding: Literal["utf-8", "base64"] = "utf-8"
+    perms: int = Field(default=0o644, ge=0, le=0o777, description="bits of a new file")
+    make_parents: bool = True
 
 
 class EditFile(Body):
@@ -133,6 +158,12 @@ class MovePath(Body):
 class PathBody(Body):
     path: str
     recursive: bool = False
+
+
+class MakeDir(Body):
+    path: str
+    parents: bool = True
+    exist_ok: bool = True
 
 
 # Scopes a token's tool list may name besides the tools: routes that are not tool calls.
@@ -514,8 +545,8 @@ def build_router(
         return await tool(p, "fs_stat", sandbox_id, {"path": path})
 
     @api.post("/sandboxes/{sandbox_id}/files/mkdir", tags=["files"])
-    async def make_dir(sandbox_id: str, body: PathBody, p: Principal = auth) -> Any:
-        return await tool(p, "fs_mkdir", sandbox_id, {"path": body.path})
+    async def make_dir(sandbox_id: str, body: MakeDir, p: Principal = auth) -> Any:
+        return await tool(p, "fs_mkdir", sandbox_id, body.model_dump())
 
     @api.post("/sandboxes/{sandbox_id}/files/move", tags=["files"])
     async def move_path(sandbox_id: str, body: MovePath, p: Principal = auth) -> Any:

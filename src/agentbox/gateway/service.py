@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import posixpath
+import shlex
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -399,7 +400,9 @@ class Gateway:
         mode: ApprovalMode,
         approval_id: str | None,
     ) -> None:
-        summary = self.redactor.redact(str(args.get("command", "")))
+        command = args.get("command", "")  # a shell string, or an argv (shown quoted)
+        text = command if isinstance(command, str) else shlex.join(map(str, command))
+        summary = self.redactor.redact(text)
         if approval_id:
             approval = self.approvals.get(approval_id)
             if approval.args_hash != record["args_hash"] or approval.sandbox != sandbox:
@@ -608,7 +611,7 @@ def _bytes_out(result: dict[str, Any]) -> int:
     return sum(len(str(result[k]).encode()) for k in _REDACTED_FIELDS if k in result)
 
 
-def _check_credentials(network: object, configured: list[Any]) -> None:
+def _check_credentials(network: object, configured: Sequence[Any]) -> None:
     """A create may only use the credentials the gateway config grants (else an API caller
     could point any variable of the gateway's environment at a host of its choosing)."""
     asked = network.get("credentials", []) if isinstance(network, dict) else []

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from agentbox.errors import InvalidConfig, InvalidRequest
+from agentbox.specs import CredentialSpec, NetworkSpec, problem_of
 from agentbox.state.db import state_url_error
 from agentbox.units import parse_duration, parse_size
 
@@ -108,22 +109,10 @@ class LimitsSettings(Strict):
     )
 
 
-class CredentialSettings(Strict):
-    domain: str
-    header: str = "Authorization"
-    secret_env: str
-    format: str = "Bearer {secret}"
-
-
-class NetworkSettings(Strict):
-    mode: Literal["none", "allowlist", "open", "ask"] = "allowlist"
-    allow: list[str] = Field(default_factory=list)
-    ask_timeout: float = Field(default=60.0, gt=0, le=3600)  # seconds ("2m"); then denied
-    ports: list[Annotated[int, Field(gt=0, lt=65536)]] = Field(default_factory=lambda: [80, 443])
-    credentials: list[CredentialSettings] = Field(default_factory=list)
-    hosts: dict[str, str] = Field(default_factory=dict)
-
-    _ask = field_validator("ask_timeout", mode="before")(classmethod(lambda c, v: _seconds(v)))
+# sandbox.network is the network spec a create takes (one shape, one checker): names in
+# the config are normalised, and a bad one refused, when the gateway starts.
+NetworkSettings = NetworkSpec
+CredentialSettings = CredentialSpec
 
 
 class AdmissionSettings(Strict):
@@ -167,7 +156,7 @@ class SandboxSection(Strict):
     template: str = "default"
     runtime: Literal["bwrap", "crun", "runc", "runsc", "kata"] = "bwrap"
     limits: LimitsSettings = LimitsSettings()
-    network: NetworkSettings = NetworkSettings()
+    network: NetworkSpec = NetworkSpec()
     # Warm sandboxes of `template` with these limits and network, or {template: count}.
     warm_pool: (
         Annotated[int, Field(ge=0, le=1000)] | dict[str, Annotated[int, Field(ge=0, le=1000)]]
@@ -512,6 +501,9 @@ def parse_settings(text: str, source: str = "<config>") -> GatewaySettings:
         where = f"{source}:{line}" if line else source
         if err["type"] == "extra_forbidden":
             problem = "unknown key (check its spelling against gateway.example.yaml)"
+        elif key.startswith("sandbox.network"):  # the network checks name the item
+            key, value, reason = problem_of(err)
+            problem = f"{reason} (got {value!r})"
         else:
             problem = f"{err['msg']} (got {_masked(err.get('input'))!r})"
         more = f" (+{len(e.errors()) - 1} more problems)" if len(e.errors()) > 1 else ""

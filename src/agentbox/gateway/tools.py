@@ -248,7 +248,9 @@ def _saver(call: ToolCall) -> OutputSaver | None:
     """Saves a cut stream through the file API, as the sandbox user: the sandbox's own
     permissions and disk quota apply, and the agent reads it back with fs_read. Only the
     newest SAVED_OUTPUTS_KEPT files stay, so forgotten ones do not fill the disk."""
-    if not call.output.save_max_bytes:
+    if not call.output.save_max_bytes or not call.output.cap:
+        # cap 0: the caller asked for no output in the result (it streams it, like the
+        # CLI's exec through a gateway), so there is nothing to page back either.
         return None
     files = call.runtime.files(call.sandbox_id)
     name = "r-" + secrets.token_hex(6)
@@ -356,7 +358,7 @@ def process_list(call: ToolCall) -> dict[str, Any]:
 
 
 def shell_create(call: ToolCall) -> dict[str, Any]:
-    session = call.runtime.sessions(call.sandbox_id).create(call.args["cwd"])
+    session = call.runtime.sessions(call.sandbox_id).create(call.args["cwd"], call.args["env"])
     return {"session_id": session}
 
 
@@ -365,6 +367,7 @@ def shell_run(call: ToolCall) -> dict[str, Any]:
         call.args["session_id"],
         call.args["command"],
         timeout=call.timeout_s,
+        stdin=call.args.get("stdin"),
         max_output_bytes=call.output.cap,
         save=_saver(call),
         save_max_bytes=call.output.save_max_bytes,
@@ -407,6 +410,8 @@ def fs_write(call: ToolCall) -> dict[str, Any]:
         call.args["path"],
         payload(call.args),
         mode=call.args["mode"],
+        perms=call.args["perms"],
+        make_parents=call.args["make_parents"],
         guard=call.guard,
     )
     return {"path": info.path, "size": info.size}
@@ -449,7 +454,13 @@ def fs_move(call: ToolCall) -> dict[str, Any]:
 
 
 def fs_mkdir(call: ToolCall) -> dict[str, Any]:
-    return call.runtime.files(call.sandbox_id).mkdir(call.args["path"], guard=call.guard).to_dict()
+    info = call.runtime.files(call.sandbox_id).mkdir(
+        call.args["path"],
+        parents=call.args["parents"],
+        exist_ok=call.args["exist_ok"],
+        guard=call.guard,
+    )
+    return info.to_dict()
 
 
 # browser ----------------------------------------------------------------------------------
@@ -527,6 +538,23 @@ def browser_close(call: ToolCall) -> dict[str, Any]:
 
 
 COMMAND = {"type": "string", "minLength": 1, "description": "A bash command line"}
+# A command line run by bash, or an argv run as is (no shell: what the SDK's list form means).
+COMMAND_OR_ARGV = {
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+    ],
+    "description": "A bash command line, or an argv list run without a shell "
+    '(["python3", "-c", "print(1)"])',
+}
+PERMS = {
+    "type": "integer",
+    "minimum": 0,
+    "maximum": 0o777,
+    "default": 0o644,
+    "description": "Permission bits of a file this call creates (420 = 0o644); an existing "
+    "file keeps its own",
+}
 CWD = {
     "type": "string",
     "minLength": 1,
@@ -586,12 +614,13 @@ def _timeout_ms(lim: ToolLimits) -> dict[str, Any]:
 def _max_output(lim: ToolLimits) -> dict[str, Any]:
     return {
         "type": "integer",
-        "minimum": 1,
+        "minimum": 0,
         "default": lim.output_bytes,
         "description": f"Bytes of each stream the result keeps, head and tail; default "
         f"{lim.output_bytes} ({human_size(lim.output_bytes)}), at most {lim.max_output_bytes} "
         f"({human_size(lim.max_output_bytes)}). Longer output is saved whole in the sandbox: "
-        "the result's stdout_file / stderr_file name it for fs_read.",
+        "the result's stdout_file / stderr_file name it for fs_read (0: no output kept "
+        "and none saved).",
     }
 
 
@@ -683,7 +712,7 @@ TOOLS: list[ToolSpec] = [
         "(process_id) that process_write can answer.",
         _obj(
             {
-                "command": COMMAND,
+                "command": COMMAND_OR_ARGV,
                 "cwd": CWD,
                 "timeout_ms": TIMEOUT_MS,
                 "max_output_bytes": MAX_OUTPUT,
@@ -710,7 +739,7 @@ TOOLS: list[ToolSpec] = [
         "process_write, process_signal.",
         _obj(
             {
-                "command": COMMAND,
+                "command": COMMAND_OR_ARGV,
                 "cwd": CWD,
                 "env": ENV,
                 "stdin": _flag(False, "true: keep its stdin open for process_write"),
@@ -846,7 +875,9 @@ TOOLS: list[ToolSpec] = [
         "shell_create",
         "Open a shell session",
         "Open a persistent shell: cd and export carry over between shell_run calls.",
-        _obj({"cwd": CWD}, []),
+        _obj(
+            {"cwd": CWD, "env": ENV | {"description": "Environment variables of the session"}}, []
+        ),
         _out({"session_id": STR}),
         read_only=False,
         destructive=False,
@@ -864,6 +895,11 @@ TOOLS: list[ToolSpec] = [
                 "command": COMMAND,
                 "timeout_ms": TIMEOUT_MS,
                 "max_output_bytes": MAX_OUTPUT,
+                "stdin": {
+                    "type": "string",
+                    "description": "Text fed to the command's stdin, then end of input "
+                    "(absent: an empty stdin)",
+                },
             },
             ["session_id", "command"],
         ),
@@ -922,7 +958,8 @@ TOOLS: list[ToolSpec] = [
     ToolSpec(
         "fs_write",
         "Write a file",
-        "Create, overwrite or append to a file (parents are created).",
+        "Create, overwrite or append to a file (missing parents are created unless "
+        "make_parents=false).",
         _obj(
             {
                 "path": PATH,
@@ -935,6 +972,8 @@ TOOLS: list[ToolSpec] = [
                 "encoding": _enum(
                     ["utf-8", "base64"], "How content is written: text, or base64 of bytes"
                 ),
+                "perms": PERMS,
+                "make_parents": _flag(True, "true: create missing parent directories"),
             },
             ["path", "content"],
         ),
@@ -1048,8 +1087,15 @@ TOOLS: list[ToolSpec] = [
     ToolSpec(
         "fs_mkdir",
         "Make a directory",
-        "Create a directory and its parents.",
-        _obj({"path": PATH}, ["path"]),
+        "Create a directory (and its parents, unless parents=false).",
+        _obj(
+            {
+                "path": PATH,
+                "parents": _flag(True, "true: create missing parent directories"),
+                "exist_ok": _flag(True, "true: an existing directory is no error"),
+            },
+            ["path"],
+        ),
         FILE_INFO | {"required": ["path"]},
         read_only=False,
         destructive=False,

@@ -10,28 +10,56 @@ service is refused before anything connects (DNS rebinding).
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, Protocol
 
 from agentbox.errors import InvalidRequest
+from agentbox.network import policy_fields as fields
 from agentbox.network.addresses import IPAddress, IPNetwork, denied_reason
 from agentbox.network.credentials import Credential, check_unique
-from agentbox.network.names import (
-    domain_matches,
-    normalize_host,
-    normalize_pattern,
-    parse_ip_literal,
-)
+from agentbox.network.modes import EgressMode
+from agentbox.network.names import domain_matches, normalize_host, parse_ip_literal
 
-Mode = Literal["none", "allowlist", "open", "ask"]
+Mode = EgressMode  # declared in network/modes.py
 Kind = Literal["connect", "http", "transparent"]
 # (name, port) -> every address the name resolves to; raises Denied when it cannot.
 Resolver = Callable[[str, int], Awaitable[tuple[IPAddress, ...]]]
 # Mode ask, a name on neither list: (policy, name, port, conn) -> why it is allowed, once a
 # person said so; raises Denied otherwise (see agentbox.network.egress_ask).
 Asker = Callable[["EgressPolicy", str, int, "Conn"], Awaitable[str]]
+
+
+class _Granted(Protocol):
+    @property
+    def domain(self) -> str: ...
+    @property
+    def secret_env(self) -> str: ...
+    @property
+    def header(self) -> str: ...
+    @property
+    def format(self) -> str: ...
+
+
+class NetworkFields(Protocol):
+    """What :meth:`EgressPolicy.from_spec` reads: ``specs.NetworkSpec`` (not imported:
+    this library stays free of pydantic)."""
+
+    @property
+    def mode(self) -> EgressMode: ...
+    @property
+    def allow(self) -> Sequence[str]: ...
+    @property
+    def ports(self) -> Sequence[int]: ...
+    @property
+    def hosts(self) -> Mapping[str, str]: ...
+    @property
+    def deny(self) -> Sequence[str]: ...
+    @property
+    def ask_timeout(self) -> float: ...
+    @property
+    def credentials(self) -> Sequence[_Granted]: ...
 
 
 @dataclass(frozen=True)
@@ -55,33 +83,37 @@ class EgressPolicy:
     project: str = "default"
 
     def __post_init__(self) -> None:
-        if self.mode not in ("none", "allowlist", "open", "ask"):
-            raise InvalidRequest(
-                f"egress mode must be none, allowlist, open or ask, not {self.mode!r}"
-            )
-        allow = tuple(normalize_pattern(p) for p in self.allow)
-        deny = tuple(normalize_pattern(p) for p in self.deny)
+        # The same checks as specs.NetworkSpec (policy_fields): one checker for both.
         credentials = tuple(self.credentials)
         for c in credentials:
             if not isinstance(c, Credential):
                 raise InvalidRequest(f"egress credential {c!r} is not a Credential")
         check_unique(credentials)
-        ports = tuple(self.ports)
-        for port in ports:
-            if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-                raise InvalidRequest(f"egress port {port!r} is not a TCP port (1-65535)")
-        hosts: dict[str, str] = {}
-        for name, value in dict(self.hosts).items():
-            try:
-                address = ipaddress.ip_address(value)
-            except ValueError as e:
-                raise InvalidRequest(f"hosts entry {name!r}: {value!r} is not an IP address") from e
-            hosts[normalize_host(name)] = str(address)
-        object.__setattr__(self, "allow", allow)
-        object.__setattr__(self, "deny", deny)
+        object.__setattr__(self, "mode", fields.mode(self.mode))
+        object.__setattr__(self, "allow", fields.patterns(self.allow, "allow"))
+        object.__setattr__(self, "deny", fields.patterns(self.deny, "deny"))
         object.__setattr__(self, "credentials", credentials)
-        object.__setattr__(self, "ports", ports)
-        object.__setattr__(self, "hosts", MappingProxyType(hosts))
+        object.__setattr__(self, "ports", fields.ports(self.ports))
+        object.__setattr__(self, "hosts", MappingProxyType(fields.host_map(self.hosts)))
+
+    @classmethod
+    def from_spec(cls, sandbox_id: str, spec: NetworkFields) -> EgressPolicy:
+        """The policy of a validated network spec (``specs.NetworkSpec``)."""
+        return cls(
+            sandbox_id=sandbox_id,
+            mode=spec.mode,
+            allow=tuple(spec.allow),
+            ports=tuple(spec.ports),
+            hosts=dict(spec.hosts),
+            deny=tuple(spec.deny),
+            ask_timeout=spec.ask_timeout,
+            credentials=tuple(
+                Credential(
+                    domain=c.domain, secret_env=c.secret_env, header=c.header, format=c.format
+                )
+                for c in spec.credentials
+            ),
+        )
 
     def credentials_for(self, name: str) -> tuple[Credential, ...]:
         """The credentials to inject on requests to the normalised host ``name``."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import ipaddress
 import json
@@ -40,10 +41,10 @@ from pathlib import Path
 from typing import Any
 
 from agentbox.config import network_of
+from agentbox.errors import AgentboxError
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
 from agentbox.network import egressca, plane
-from agentbox.network.credentials import Credential
 from agentbox.network.egress_ask import EgressAsk
 from agentbox.network.egress_start import SPAWN_LOCK, lock_path
 from agentbox.network.proxy import EgressDecision, EgressPolicy, EgressProxy, upstream_context
@@ -100,27 +101,22 @@ class PolicyBook:
 
     @staticmethod
     def _build(sandbox_id: str, record_spec: dict[str, Any]) -> EgressPolicy:
-        spec = network_of(record_spec)
-        return EgressPolicy(
-            sandbox_id=sandbox_id,
-            mode=spec.mode,
-            allow=spec.allow,
-            ports=spec.ports,
-            hosts=dict(spec.hosts),
-            deny=spec.deny,
-            ask_timeout=spec.ask_timeout,
-            project=str(record_spec.get("project") or "default"),
-            credentials=tuple(
-                Credential(
-                    domain=c.domain, secret_env=c.secret_env, header=c.header, format=c.format
-                )
-                for c in spec.credentials
-            ),
-        )
+        """The policy of a record. Create validated its spec (``NetworkSpec``, the checks
+        the policy runs too); one that fails anyway (a record written by an older version,
+        an edited database) is logged once and its sandbox gets no egress: the proxy
+        never meets a spec it cannot parse on a connection."""
+        try:
+            policy = EgressPolicy.from_spec(sandbox_id, network_of(record_spec))
+        except AgentboxError as e:
+            log.warning("sandbox %s: its network spec is refused, no egress: %s", sandbox_id, e)
+            return EgressPolicy(sandbox_id, "none")
+        # Mode ask: whose persistent allowlist applies.
+        return dataclasses.replace(policy, project=str(record_spec.get("project") or "default"))
 
     def networked_alive(self) -> bool:
+        # The mode alone, read without validating: this runs every few seconds.
         return any(
-            r.state in ("creating", "running") and network_of(r.spec).mode != "none"
+            r.state in ("creating", "running") and r.network_mode != "none"
             for r in self.store.list()
         )
 

@@ -27,7 +27,6 @@ from agentbox.config import Admission, agentbox_home
 from agentbox.errors import (
     AgentboxError,
     HostUnsupported,
-    InvalidRequest,
     SandboxError,
     SandboxNotFound,
     SandboxNotRunning,
@@ -90,17 +89,14 @@ def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
     # validate a spec and so skip its import (tests/unit/test_import_weight.py).
     from pydantic import ValidationError
 
-    from agentbox.specs import SandboxSpec
+    from agentbox.specs import SandboxSpec, invalid_request
 
     if isinstance(values, SandboxSpec):
         return values
     try:
         return SandboxSpec.model_validate(dict(values or {}))
     except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'spec'}: {err['msg']}" for err in e.errors()
-        )
-        raise InvalidRequest(f"invalid sandbox settings: {problems}") from None
+        raise invalid_request(e.errors(), "invalid sandbox settings") from None
 
 
 _Running = tuple[SandboxRecord, SandboxHost, SandboxCgroup]
