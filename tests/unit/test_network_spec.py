@@ -77,7 +77,9 @@ def test_valid_specs_are_normalised_as_the_proxy_compares() -> None:
 def test_the_rest_body_schema_describes_every_field() -> None:
     schema = CreateSandbox.model_json_schema()
     network = schema["$defs"]["NetworkSpec"]
-    assert set(network["properties"]) == {"mode", "allow", "ports", "hosts", "deny", "credentials"}
+    assert set(network["properties"]) == {
+        "mode", "allow", "ports", "hosts", "deny", "credentials", "ask_timeout"
+    }  # fmt: skip
     for name, field in network["properties"].items():
         assert field.get("description"), f"network.{name} has no description"
     assert network["properties"]["mode"]["enum"] == list(EGRESS_MODES)
