@@ -48,3 +48,19 @@ def test_bubblewrap_sees_no_other_sandbox(runtime: Runtime, agentbox_home: Path)
     finally:
         first.kill()
         second.kill()
+
+
+def test_a_home_under_tmp(tmp_path: Path, host_ready: None) -> None:
+    """The launcher's root is a tmpfs it mounts on /tmp (covered only in its namespace), and
+    bubblewrap stages on /tmp too: a home below /tmp still launches."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o711)
+    for parent in (tmp_path, *tmp_path.parents):  # the sandbox uid traverses to its root
+        if parent != Path("/"):
+            parent.chmod(parent.stat().st_mode | 0o111)
+    assert str(home).startswith("/tmp/")
+    sb = Sandbox.create(memory="64MiB", disk="64MiB", network="none", home=home)
+    try:
+        assert sb.commands.run("echo ok").stdout == "ok\n"
+    finally:
+        sb.kill()

@@ -209,7 +209,8 @@ static void private_view(const char **views, int nviews) {
     close(target);
     close(source);
   }
-  if (mkdirat(root, "tmp", 01777) < 0) die("mkdir /tmp in the launcher's root"); /* bwrap's */
+  /* bubblewrap mounts its staging tmpfs there (it exists already when a PATH lies under it) */
+  if (mkdirat(root, "tmp", 01777) < 0 && errno != EEXIST) die("mkdir /tmp in the launcher's root");
   close(root);
   /* pivot_root(".", "."): the old root is stacked under the new one; detach it whole. */
   if (chdir(VIEW_ROOT) < 0) die(VIEW_ROOT);
