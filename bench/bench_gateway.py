@@ -267,7 +267,7 @@ def run_mode(
                 direct = " / ".join(f"{sdk[c]:.0f}" for c in CLIENTS) if sdk else ""
                 rows.append(
                     f"| {label}, fsync={fsync} | {one.p50_ms:.2f} | {one.p95_ms:.2f} | "
-                    f"{one.p99_ms:.2f} | {base:.2f} | +{one.p50_ms - base:.2f} | {rate} | "
+                    f"{one.p99_ms:.2f} | {base:.2f} | {one.p50_ms - base:+.2f} | {rate} | "
                     f"{floor} | {share} | {direct} |"
                 )
                 if fsync == "batch":
