@@ -137,11 +137,16 @@ def render(
         "",
         "## Why the slow steps are slow",
         "",
-        "- **bwrap start grows with the host's mount count.** Every sandbox keeps two mounts "
+        "- **bwrap start grows with the mount count it sees.** Every sandbox keeps two mounts "
         "in the host mount namespace (its ext4 disk and its overlay root). bubblewrap copies "
-        "that namespace and parses `/proc/self/mountinfo` for each of its bind mounts (9 "
-        "times per start, seen with strace), so each start costs O(mounts): compare the two "
-        "plain-bwrap rows of row 3 and the `launch` line of the growth table.",
+        "the namespace it starts in and parses `/proc/self/mountinfo` for each of its bind "
+        "mounts (9 times per start, seen with strace), so each start costs O(mounts): see the "
+        "two plain-bwrap rows of row 3. agentbox's launcher (`nsexec spawn --view`) starts "
+        "bubblewrap in a namespace of its own that shows only that sandbox's mounts and the "
+        "host's system directories, so its create no longer grows with the sandboxes alive "
+        "(the create-alive section measures it with and without the view); what remains is "
+        "the kernel's copy of the host's mount table when the launcher unshares (a few "
+        "microseconds per mount).",
         "- **`sweep_expired` runs on every create and loads every record** (`Store.list()`: "
         "every row, its JSON spec decoded) to find the expired ones, so create is O(live "
         "sandboxes) on top of that (see its line in the growth table).",

@@ -44,6 +44,14 @@ echo "==> pip install agentbox into .venv"
 .venv/bin/pip install -q --disable-pip-version-check --upgrade "pip==25.3"
 if [ "$DEV" = 1 ]; then
   .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+  # wrk: the C load generator bench/bench_gateway.py drives the gateway with (a Python
+  # client would take the gateway's CPU on a small host).
+  if ! command -v wrk >/dev/null; then
+    echo "==> apt-get install wrk"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends wrk >/dev/null
+  fi
   # The real coding agents the end-to-end tests drive (tests/agents/package.json pins
   # them). Their native binaries come in npm's platform packages: no install script runs.
   if ! command -v npm >/dev/null; then

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,11 @@ from agentbox.tasks.store import Task, TaskStore
 from agentbox.tasks.worker import TaskWorkers
 
 log = logging.getLogger(__name__)
+# Threads of the loop's default executor (asyncio.to_thread): a terminal_run holds one while
+# its command runs, mostly waiting on the sandbox. Python's default, min(32, cpus + 4), is 6
+# on a 2-core host: past 6 concurrent callers, commands queued behind sleeping threads and
+# throughput fell as clients were added.
+TOOL_THREADS = 64
 INTERNAL_ERROR = {
     "error": {"code": "internal", "message": "internal error; see the gateway log", "details": {}}
 }
@@ -467,6 +473,8 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        executor = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="agentbox-call")
+        asyncio.get_running_loop().set_default_executor(executor)
         # A gateway killed mid-work left half-made or half-removed sandboxes: finish them
         # off before serving; running ones are adopted as they are.
         recovered = await asyncio.to_thread(recover, runtime)

@@ -131,12 +131,15 @@ class Decision(StrEnum):
 # -- hashing --------------------------------------------------------------------------------
 
 
+# One encoder for every record: json.dumps with options builds a new one per call.
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_json(value: object) -> bytes:
     """Sorted keys, no whitespace, UTF-8, no NaN: the bytes every hash here is taken over."""
-    text = json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
-    return text.encode("utf-8")
+    return _CANONICAL.encode(value).encode("utf-8")
 
 
 def record_hash(record: Mapping[str, Any]) -> str:
@@ -151,9 +154,7 @@ def args_hash(args: object) -> str:
     Key order does not matter. Arguments must be JSON values (as tool calls are).
     """
     try:
-        text = json.dumps(
-            args, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        text = _CANONICAL.encode(args)
     except (TypeError, ValueError) as e:
         raise InvalidRequest(f"tool arguments must be JSON values to be audited: {e}") from None
     return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

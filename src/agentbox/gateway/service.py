@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import jsonschema
+import jsonschema_rs
 
 from agentbox.browser.manager import BrowserConfig, BrowserManager, check_url
 from agentbox.errors import (
@@ -65,6 +66,10 @@ if TYPE_CHECKING:
 ApprovalMode = Literal["wait", "handle"]
 # Compiled once: checking the schema itself on every call costs ~10 ms.
 _VALIDATORS = {t.name: jsonschema.Draft202012Validator(t.input_schema) for t in TOOLS}
+# The same schemas compiled in Rust: ~0.2 µs per valid call instead of ~20 µs. Only its
+# "valid" is taken; anything else (invalid, or a value it cannot convert) is judged again by
+# the Python validator above, which stays the authority and writes the message.
+_FAST_VALIDATORS = {t.name: jsonschema_rs.Draft202012Validator(t.input_schema) for t in TOOLS}
 # Page text, titles and urls are tool output too; a screenshot (png_base64) is not text.
 _REDACTED_FIELDS = (
     "stdout", "stderr", "prompt", "content", "data", "text", "snapshot", "title", "url",
@@ -281,6 +286,11 @@ class Gateway:
 
     @staticmethod
     def _validate(spec: ToolSpec, args: dict[str, Any]) -> None:
+        try:
+            if _FAST_VALIDATORS[spec.name].is_valid(args):
+                return
+        except (ValueError, TypeError, OverflowError):
+            pass  # e.g. an integer beyond 64 bits or a lone surrogate: the slow path decides
         error = jsonschema.exceptions.best_match(_VALIDATORS[spec.name].iter_errors(args))
         if error is not None:
             where = ".".join(str(p) for p in error.absolute_path) or "arguments"

@@ -13,9 +13,14 @@
  *     killed from inside the sandbox, so the agent cannot take its own sandbox down
  *     half-way; only the host (cgroup.kill) ends it, or its LIFETIME_S (0 = none).
  *
- *   spawn  --cgroup DIR... --uid U --gid G -- ARGV
+ *   spawn  --cgroup DIR... [--view PATH...] --uid U --gid G -- ARGV
  *     Join the cgroups, detach (fork, parent exits 0), drop to the unprivileged host
- *     uid/gid, exec ARGV (bubblewrap).
+ *     uid/gid, exec ARGV (bubblewrap). With --view, first move into a mount namespace of
+ *     its own whose root is a small tmpfs showing only what bubblewrap needs: the host's
+ *     /usr, /etc, /proc, /dev (and the /bin, /lib... beside them) and each PATH (a
+ *     sandbox's directory, the init tmpfs), bound at the same path. bubblewrap's start
+ *     costs O(mounts it can see) (it copies the namespace and parses mountinfo for each
+ *     bind); this way it sees a dozen, not every other sandbox's disk and root.
  *
  *   enter  --leaf DIR [--cgroup DIR...] --ns-pid PID --uid U --gid G --seccomp FILE [--cwd DIR]
  *          [--exit-file FILE] [--hold-stdin FIFO] [--detach] [--setsid] [--ctty]
@@ -56,6 +61,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -114,6 +120,117 @@ static void join_cgroup(const char *dir) {
   /* "0" means the writing process itself. */
   if (write(fd, "0", 1) != 1) die(path);
   close(fd);
+}
+
+/* --view: the launcher's own mount namespace, rooted in a tmpfs. */
+#define MAX_VIEWS 8
+/* Shown whole (recursively bound) in every view; a view PATH may not lie under them. */
+static const char *VIEW_BASE[] = {"/usr", "/etc", "/proc", "/dev"};
+/* Beside /usr: symlinks on a merged-/usr host (copied as symlinks), directories elsewhere. */
+static const char *VIEW_LINKS[] = {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"};
+#define VIEW_ROOT "/tmp" /* covered by the tmpfs only inside the new namespace */
+
+static int under(const char *path, const char *dir) {
+  size_t n = strlen(dir);
+  return strncmp(path, dir, n) == 0 && (path[n] == '/' || path[n] == 0);
+}
+
+/* mkdir -p of PATH (absolute) below the directory fd ROOT; returns an O_PATH fd on it. */
+static int make_dirs(int root, const char *path) {
+  char buf[4096];
+  if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) die_msg("--view path too long");
+  int dir = dup(root);
+  if (dir < 0) die("dup");
+  for (char *name = strtok(buf, "/"); name; name = strtok(NULL, "/")) {
+    if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0) die_msg("--view path is not canonical");
+    if (mkdirat(dir, name, 0755) < 0 && errno != EEXIST) die("mkdir in the launcher's root");
+    int next = openat(dir, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (next < 0) die("open in the launcher's root");
+    close(dir);
+    dir = next;
+  }
+  return dir;
+}
+
+static void bind_at(int source, int target) {
+  char from[64], to[64];
+  snprintf(from, sizeof from, "/proc/self/fd/%d", source);
+  snprintf(to, sizeof to, "/proc/self/fd/%d", target);
+  if (mount(from, to, NULL, MS_BIND | MS_REC, NULL) < 0) die("bind into the launcher's root");
+}
+
+static void private_view(const char **views, int nviews) {
+  int base = sizeof VIEW_BASE / sizeof *VIEW_BASE, links = sizeof VIEW_LINKS / sizeof *VIEW_LINKS;
+  int sources[MAX_VIEWS + 4];
+  if (unshare(CLONE_NEWNS) < 0) die("unshare the mount namespace");
+  /* Slave: unmounts on the host (a sandbox's teardown) still reach the copies here. */
+  if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0) die("make / a slave");
+  /* Opened in the new namespace (a bind's source must be in it) and before anything is
+   * covered (a PATH may lie under VIEW_ROOT). */
+  for (int v = 0; v < nviews; v++) {
+    if (views[v][0] != '/') die_msg("--view needs an absolute path");
+    for (int b = 0; b < base; b++)
+      if (under(views[v], VIEW_BASE[b])) die_msg("--view path lies under /usr, /etc, /proc or /dev");
+    for (int l = 0; l < links; l++)
+      if (under(views[v], VIEW_LINKS[l])) die_msg("--view path lies under /bin, /sbin or /lib*");
+    sources[v] = open(views[v], O_PATH | O_CLOEXEC);
+    if (sources[v] < 0) die(views[v]);
+  }
+  for (int b = 0; b < base; b++) {
+    sources[nviews + b] = open(VIEW_BASE[b], O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (sources[nviews + b] < 0) die(VIEW_BASE[b]);
+  }
+  if (mount("agentbox-launch", VIEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=64k") < 0)
+    die("mount the launcher's root");
+  int root = open(VIEW_ROOT, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (root < 0) die(VIEW_ROOT);
+  for (int v = 0; v < nviews + base; v++) {
+    const char *path = v < nviews ? views[v] : VIEW_BASE[v - nviews];
+    struct stat st;
+    if (fstat(sources[v], &st) < 0) die(path);
+    int target;
+    if (S_ISDIR(st.st_mode)) {
+      target = make_dirs(root, path);
+    } else { /* a file: its directory, then an empty file to bind over */
+      char dir[4096];
+      snprintf(dir, sizeof dir, "%s", path);
+      char *slash = strrchr(dir, '/');
+      *slash = 0;
+      int parent = make_dirs(root, dir);
+      int fd = openat(parent, slash + 1, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+      if (fd < 0) die("create in the launcher's root");
+      close(fd);
+      target = openat(parent, slash + 1, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+      if (target < 0) die("open in the launcher's root");
+      close(parent);
+    }
+    bind_at(sources[v], target);
+    close(target);
+    close(sources[v]);
+  }
+  for (int l = 0; l < links; l++) {
+    char link[4096];
+    ssize_t n = readlink(VIEW_LINKS[l], link, sizeof link - 1);
+    if (n >= 0) {
+      link[n] = 0;
+      if (symlinkat(link, root, VIEW_LINKS[l] + 1) < 0) die("symlink in the launcher's root");
+      continue;
+    }
+    int source = open(VIEW_LINKS[l], O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (source < 0) continue; /* the host has none: neither do we */
+    int target = make_dirs(root, VIEW_LINKS[l]);
+    bind_at(source, target);
+    close(target);
+    close(source);
+  }
+  /* bubblewrap mounts its staging tmpfs there (it exists already when a PATH lies under it) */
+  if (mkdirat(root, "tmp", 01777) < 0 && errno != EEXIST) die("mkdir /tmp in the launcher's root");
+  close(root);
+  /* pivot_root(".", "."): the old root is stacked under the new one; detach it whole. */
+  if (chdir(VIEW_ROOT) < 0) die(VIEW_ROOT);
+  if (syscall(SYS_pivot_root, ".", ".") < 0) die("pivot_root");
+  if (umount2(".", MNT_DETACH) < 0) die("detach the host's root");
+  if (chdir("/") < 0) die("chdir /");
 }
 
 /* The namespaces of PID, opened while host paths still resolve. */
@@ -369,6 +486,8 @@ int main(int argc, char **argv) {
   int ncgroups = 0, ns_pid = -1, uid = -1, gid = -1, want_setsid = 0, want_ctty = 0;
   int want_detach = 0, keep_fds = 0;
   const char *cwd = NULL, *seccomp = NULL, *exit_file = NULL, *leaf = NULL, *hold = NULL;
+  const char *views[MAX_VIEWS];
+  int nviews = 0;
   int i = 2;
   for (; i < argc; i++) {
     const char *a = argv[i];
@@ -378,6 +497,9 @@ int main(int argc, char **argv) {
     if (strcmp(a, "--cgroup") == 0) {
       if (ncgroups == MAX_CGROUPS) die_msg("too many cgroups");
       cgroups[ncgroups++] = argv[++i];
+    } else if (strcmp(a, "--view") == 0) {
+      if (nviews == MAX_VIEWS) die_msg("too many --view paths");
+      views[nviews++] = argv[++i];
     } else if (strcmp(a, "--ns-pid") == 0) ns_pid = parse_int(argv[++i], "pid");
     else if (strcmp(a, "--uid") == 0) uid = parse_int(argv[++i], "uid");
     else if (strcmp(a, "--gid") == 0) gid = parse_int(argv[++i], "gid");
@@ -406,6 +528,7 @@ int main(int argc, char **argv) {
   close(oom);
 
   if (!enter && keep_fds) die_msg("--keep-fds is for enter only");
+  if (enter && nviews) die_msg("--view is for spawn only");
   if (!enter) {
     for (int c = 0; c < ncgroups; c++) join_cgroup(cgroups[c]);
     /* Detach: the sandbox must outlive whoever created it, and that process must not
@@ -414,6 +537,7 @@ int main(int argc, char **argv) {
     if (pid < 0) die("fork");
     if (pid > 0) _exit(0);
     if (setsid() < 0) die("setsid");
+    if (nviews) private_view(views, nviews);
     if (setresgid(gid, gid, gid) < 0) die("setresgid");
     if (setresuid(uid, uid, uid) < 0) die("setresuid");
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) die("no_new_privs");

@@ -246,13 +246,18 @@ def sandbox_credentials(uid: int, gid: int) -> Iterator[None]:
             )
         # An empty effective set also drops what fsuid keeps: CAP_SYS_RESOURCE (quota and
         # reserved-block bypass), CAP_SYS_PTRACE (/proc/PID/mem), CAP_SYS_ADMIN, ...
-        syscalls.set_thread_capabilities(0, caps[1], caps[2])
+        # Leaving euid 0 has emptied it already (unless SECBIT_NO_SETUID_FIXUP is set):
+        # checked with a capget, which costs a third of a capset (a credential change).
+        if syscalls.thread_capabilities()[0] != 0:
+            syscalls.set_thread_capabilities(0, caps[1], caps[2])
         yield
     finally:
         try:
-            # Root again first: that restores the capabilities the rest needs.
+            # Root again first: that restores the capabilities the rest needs (euid 0
+            # brings back effective = permitted; a capset only when that is not what was).
             syscalls.thread_restore_effective_ids(old_euid, old_egid)
-            syscalls.set_thread_capabilities(*caps)
+            if syscalls.thread_capabilities() != caps:
+                syscalls.set_thread_capabilities(*caps)
             if drop_groups:
                 syscalls.thread_setgroups(groups)
         except BaseException:
