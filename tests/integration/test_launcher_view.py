@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentbox import Sandbox
+from agentbox.isolation import diskpool, initfs
 from agentbox.runtime.runtime import Runtime
 
 
@@ -59,8 +60,12 @@ def test_a_home_under_tmp(tmp_path: Path, host_ready: None) -> None:
         if parent != Path("/"):
             parent.chmod(parent.stat().st_mode | 0o111)
     assert str(home).startswith("/tmp/")
-    sb = Sandbox.create(memory="64MiB", disk="64MiB", network="none", home=home)
     try:
-        assert sb.commands.run("echo ok").stdout == "ok\n"
-    finally:
-        sb.kill()
+        sb = Sandbox.create(memory="64MiB", disk="64MiB", network="none", home=home)
+        try:
+            assert sb.commands.run("echo ok").stdout == "ok\n"
+        finally:
+            sb.kill()
+    finally:  # a throwaway home: its pool and init tmpfs go too (pytest removes the rest)
+        diskpool.release(home)
+        initfs.release(home)
