@@ -6,7 +6,7 @@ the gateway does not have) and runs nothing: appended bytes (the suite's spellin
 flipped payload or MAC byte, the payload re-encoded to name another approval, empty or
 non-state text, state sealed under another key, genuine state of another call, and
 state another token was given for the same sandbox and command. The genuine state,
-after the operator's approval, runs it.
+after the operator's approval, runs it, once: replayed, it is refused.
 """
 
 from __future__ import annotations
@@ -152,5 +152,17 @@ def test_unverifiable_request_state_is_refused_and_runs_nothing(
             assert isinstance(ran, types.CallToolResult) and not ran.is_error, ran
             gone = await c.call_tool("fs_stat", {"path": "/workspace/victim"})
             assert gone.is_error and "file_not_found" in gone.content[0].text, gone.content
+            # An approval runs its call once: the same genuine state replayed (the victim
+            # made again) is refused and the command does not run a second time.
+            remade = await c.call_tool("terminal_run", {"command": "mkdir -p /workspace/victim"})
+            assert not remade.is_error, remade.content
+            again = await c.session.call_tool(
+                "terminal_run", {"command": COMMAND},
+                input_responses=RECHECK, request_state=state, allow_input_required=True,
+            )  # fmt: skip
+            assert isinstance(again, types.CallToolResult) and again.is_error, again
+            assert "used already" in again.content[0].text, again.content
+            kept = await c.call_tool("fs_stat", {"path": "/workspace/victim"})
+            assert not kept.is_error, "a replayed approval ran the command again"
 
     anyio.run(main)

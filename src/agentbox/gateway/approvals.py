@@ -53,11 +53,11 @@ CREATE TABLE IF NOT EXISTS gateway_approvals (
 );
 """
 # Columns added after the first release: (name, type), added to older databases in place.
-_ADDED = (("scope", "TEXT"), ("detail", "TEXT"))
+_ADDED = (("scope", "TEXT"), ("detail", "TEXT"), ("used_at", "REAL"))
 _INSERT = (
     "INSERT INTO gateway_approvals (id, sandbox, tool, summary, args_hash, requested_by, rule,"
-    " status, created_at, deadline, decided_at, decided_by, scope, detail)"
-    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+    " status, created_at, deadline, decided_at, decided_by, scope, detail, used_at)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 )
 
 
@@ -77,6 +77,7 @@ class Approval:
     decided_by: str | None
     scope: Scope | None = None  # how far an approval reaches (egress); None: undecided
     detail: dict[str, Any] | None = None  # egress: host, port, project, kind
+    used_at: float | None = None  # when the call it approved ran (an approval runs once)
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
@@ -206,6 +207,16 @@ class ApprovalStore:
                 )
         self._wake(approval_id)
         return self.get(approval_id)
+
+    def consume(self, approval_id: str) -> bool:
+        """Mark an approved approval used; False when it was used already. An approval
+        lets one call run once: returned state replayed for the same call asks anew."""
+        cursor = self._db().execute(
+            "UPDATE gateway_approvals SET used_at = ? WHERE id = ? AND status = 'approved'"
+            " AND used_at IS NULL",
+            (time.time(), approval_id),
+        )
+        return cursor.rowcount == 1
 
     def egress_grant(self, sandbox: str, project: str, host: str) -> egress_grants.Grant | None:
         """The standing approval of ``host`` for this sandbox or its project, if any."""

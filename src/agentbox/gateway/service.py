@@ -451,6 +451,13 @@ class Gateway:
                 f"`{summary}` {why} ({approval.id}); do not retry it unchanged",
                 approval_id=approval.id,
             )
+        if not self.approvals.consume(approval.id):
+            await self._audit(record, decision="approval_reused", extra={"approval": approval.id})
+            raise ApprovalDenied(
+                f"approval {approval.id} was used already: it lets `{summary}` run once; "
+                "call again without its state to ask for a new one",
+                approval_id=approval.id,
+            )
         await self._audit(
             record,
             decision="approval_granted",

@@ -65,7 +65,8 @@ CREATE TABLE gateway_approvals (
     decided_at DOUBLE PRECISION,
     decided_by TEXT,
     scope TEXT,
-    detail TEXT
+    detail TEXT,
+    used_at DOUBLE PRECISION
 );
 CREATE INDEX gateway_approvals_pending ON gateway_approvals (status, deadline);
 CREATE TABLE egress_grants (
