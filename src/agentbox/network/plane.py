@@ -385,12 +385,15 @@ def _table_loaded() -> bool:
     return done.returncode == 0 and f"{HomeNet(MAX_HOMES - 1).proxy_address}:" in done.stdout
 
 
-def attach(link: Link, init_pid: int) -> None:
-    """Give the sandbox whose init is ``init_pid`` its veth (the rules already hold for
-    every ``abh*`` name, so it is filtered from its first packet)."""
+def attach(link: Link, netns: int | Path) -> None:
+    """Give a sandbox its veth: ``netns`` is its init's pid (the default tier) or a path
+    that pins its network namespace (the gVisor tier, wired before runsc starts). The
+    rules already hold for every ``abh*`` name, so it is filtered from its first packet."""
+    namespace = str(netns)  # ip reads a name holding a "/" as a path
+    ns_path = str(netns) if isinstance(netns, Path) else f"/proc/{netns}/ns/net"
     _run(
         ["ip", "-batch", "-"],
-        f"link add {link.host_ifname} type veth peer name eth0 netns {init_pid}\n"
+        f"link add {link.host_ifname} type veth peer name eth0 netns {namespace}\n"
         f"addr add {link.host_address}/31 dev {link.host_ifname}\n"
         f"link set {link.host_ifname} up\n",
     )
@@ -404,7 +407,7 @@ def attach(link: Link, init_pid: int) -> None:
     if ipv6.exists():
         ipv6.write_text("1")
     _run(
-        ["nsenter", f"--net=/proc/{init_pid}/ns/net", "ip", "-batch", "-"],
+        ["nsenter", f"--net={ns_path}", "ip", "-batch", "-"],
         f"addr add {link.sandbox_address}/31 dev eth0\n"
         "link set eth0 up\n"
         f"route add default via {link.host_address}\n",

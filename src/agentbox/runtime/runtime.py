@@ -40,6 +40,7 @@ from agentbox.network import plane
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
 from agentbox.runtime.store import SandboxRecord, Store
+from agentbox.runtime.tiers import GVISOR, host_for
 
 # Imported where used: a command on an existing sandbox (``agentbox sandbox exec``) needs
 # none of these (tests/unit/test_import_weight.py).
@@ -80,7 +81,9 @@ def pool_key(spec: SandboxSpec) -> str:
     """What a warm sandbox shares with the requests it can serve: everything fixed when a
     sandbox is made (template, limits, disk, network). Environment, lifetime, idle
     settings and project are set when it is claimed."""
-    fixed = spec.model_dump(include={"template", "memory", "pids", "cpus", "disk", "network"})
+    fixed = spec.model_dump(
+        include={"template", "isolation", "memory", "pids", "cpus", "disk", "network"}
+    )
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -231,7 +234,7 @@ class Runtime:
             return False
         self._release(
             sandbox_id,
-            SandboxHost(self.home, sandbox_id, record.slot),
+            self.host(record),
             self.layout.sandbox(sandbox_id),
             record.network_mode != "none",
             record.template_digest,
@@ -258,9 +261,10 @@ class Runtime:
         source = self.get(source_id)
         if source.state not in ("running", "paused", "stopped"):
             raise SandboxNotRunning(f"sandbox {source_id} is {source.state}; cannot fork it")
+        self._tier_check(source, "fork")
         spec = spec_from(source.spec)
         template = self.templates.exact(source.template, source.template_digest)
-        origin = SandboxHost(self.home, source_id, source.slot)
+        origin = self.host(source)
         record = self._build(spec, template, origin)
         self.event(record.id, "created", "operator", actor, template=record.template,
                    forked_from=source_id)  # fmt: skip
@@ -327,9 +331,10 @@ class Runtime:
                 MAX_SANDBOXES,
                 self.admission,
             )
-        host = SandboxHost(self.home, sandbox_id, record.slot)
+        host = host_for(self.home, sandbox_id, record.slot, spec.isolation)
         cgroup = self.layout.sandbox(sandbox_id)
         networked = spec.network.mode != "none"
+        gvisor = spec.isolation == GVISOR
         try:
             trust = None
             if networked:
@@ -347,8 +352,10 @@ class Runtime:
                 populate=None if populate is None else lambda disk: populate(host, disk),
             )
             cgroup.create(Limits(spec.memory, spec.pids, spec.cpus))
+            if networked and gvisor:  # runsc copies the namespace's setup as it starts
+                plane.attach(self.net.link(record.slot), host.make_netns())  # type: ignore[attr-defined]
             pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
-            if networked:
+            if networked and not gvisor:
                 plane.attach(self.net.link(record.slot), pid)
             host.activity_marker.touch()
             state = "running" if pool is None else "pooled"
@@ -410,7 +417,7 @@ class Runtime:
         self.store.set_state(sandbox_id, "destroying")
         self._release(
             sandbox_id,
-            SandboxHost(self.home, sandbox_id, record.slot),
+            self.host(record),
             self.layout.sandbox(sandbox_id),
             record.network_mode != "none",
             record.template_digest,
@@ -480,6 +487,18 @@ class Runtime:
         except (OSError, AgentboxError) as e:  # the sandbox is gone; a later collection retries
             _warn("could not collect template %s: %s", template_digest, e)
 
+    def host(self, record: SandboxRecord) -> SandboxHost:
+        """The host resources of a sandbox, of its isolation tier."""
+        return host_for(self.home, record.id, record.slot, record.isolation)
+
+    @staticmethod
+    def _tier_check(record: SandboxRecord, feature: str) -> None:
+        """Refuse, with a typed error, what the sandbox's tier cannot do (yet)."""
+        if record.isolation == GVISOR:
+            from agentbox.runtime.gvisor_commands import unsupported
+
+            raise unsupported(feature)
+
     def alive(self, record: SandboxRecord) -> bool:
         """Whether the sandbox's init still runs (pid and start time both match)."""
         return self._alive(record)
@@ -512,7 +531,7 @@ class Runtime:
         """Continue a paused sandbox exactly where it stopped, or start a stopped one
         again on its kept disk (its processes are gone). A no-op when running."""
         record = self.get(sandbox_id)
-        host = SandboxHost(self.home, sandbox_id, record.slot)
+        host = self.host(record)
         if record.state == "paused" or self.layout.sandbox(sandbox_id).frozen():
             with self._lock:
                 self.layout.sandbox(sandbox_id).thaw()
@@ -540,8 +559,9 @@ class Runtime:
         record = self.get(sandbox_id)
         if record.state == "stopped":
             return record
+        self._tier_check(record, "stop (keeping the disk, ending the processes)")
         self._live.forget(sandbox_id)
-        host = SandboxHost(self.home, sandbox_id, record.slot)
+        host = self.host(record)
         cgroup = self.layout.sandbox(sandbox_id)
         with self._lock:
             cgroup.thaw()  # a frozen tree dies only once thawed on some kernels
@@ -633,8 +653,7 @@ class Runtime:
                 raise SandboxNotRunning(
                     f"sandbox {sandbox_id} is {record.state}, not running; create a new one"
                 )
-            host = SandboxHost(self.home, sandbox_id, record.slot)
-            running = (record, host, self.layout.sandbox(sandbox_id))
+            running = (record, self.host(record), self.layout.sandbox(sandbox_id))
             self._live.add(running)
         return running
 
@@ -645,20 +664,28 @@ class Runtime:
         if record.network_mode != "none":
             trust = plane.ca_env() if record.has_credentials else {}
             env = {**self.net.proxy_env(), **trust, **env}
+        if record.isolation == GVISOR:
+            from agentbox.runtime.gvisor_commands import GvisorCommandRunner
+
+            return GvisorCommandRunner(self.paths, host, cgroup, record.init_pid, env)  # type: ignore[arg-type]
         return CommandRunner(self.paths, host, cgroup, record.init_pid, env)
 
     def processes(self, sandbox_id: str) -> ProcessTable:
         from agentbox.runtime.processes import ProcessTable
 
+        self._tier_check(self.running(sandbox_id)[0], "background processes")
         return ProcessTable(self.commands(sandbox_id))
 
     def sessions(self, sandbox_id: str) -> ShellSessions:
         from agentbox.runtime.sessions import ShellSessions
 
+        self._tier_check(self.running(sandbox_id)[0], "shell sessions")
         return ShellSessions(self.commands(sandbox_id))
 
     def files(self, sandbox_id: str) -> SandboxFiles:
         from agentbox.runtime.files import SandboxFiles
 
         record, host, _ = self.running(sandbox_id)
+        if record.isolation == GVISOR:  # the host-side tree runsc serves (gvisor_host)
+            return SandboxFiles(str(host.root), host.host_uid, host.host_gid)
         return SandboxFiles(f"/proc/{record.init_pid}/root", host.host_uid, host.host_gid)
