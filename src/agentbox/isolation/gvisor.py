@@ -168,12 +168,15 @@ def bundle_config(
     gid: int,
     hostname: str,
     netns: Path | None,
+    tmp: Path,
     nofile: int = 1024 * 1024,
 ) -> dict[str, Any]:
     """The ``config.json`` of a sandbox: its root (the host-side tree, submounts
     included), the first process (as ``uid``:``gid``, no capabilities, no_new_privs) and
     the namespaces; ``netns``: the network namespace the network plane made (None: a new,
-    empty one). No cgroupsPath: runsc is started inside the sandbox's cgroups, whose
+    empty one); ``tmp``: the sandbox's /tmp on its disk, named in the spec because runsc
+    otherwise mounts a tmpfs of its own there (the files API would not see it, and it
+    would count against memory, not disk). No cgroupsPath: runsc is started inside the sandbox's cgroups, whose
     limits the default tier's code set (one cgroup layout for both tiers)."""
     namespaces: list[dict[str, str]] = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
     namespaces.append({"type": "network", **({"path": str(netns)} if netns else {})})
@@ -195,6 +198,8 @@ def bundle_config(
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
             {"destination": "/sys", "type": "sysfs", "source": "sysfs",
              "options": ["nosuid", "noexec", "nodev", "ro"]},
+            {"destination": "/tmp", "type": "bind", "source": str(tmp),
+             "options": ["rbind", "rw", "nosuid", "nodev"]},
         ],  # fmt: skip
         "linux": {"namespaces": namespaces},
     }

@@ -31,7 +31,7 @@ from agentbox.fsutil import exec_text
 from agentbox.isolation import gvisor
 from agentbox.isolation.cgroups import SandboxCgroup
 from agentbox.runtime.commands import WORKSPACE, CommandRunner
-from agentbox.runtime.gvisor_host import CONTAINER, GvisorHost
+from agentbox.runtime.gvisor_host import GvisorHost
 from agentbox.runtime.host import BASE_PATH, LaunchPaths
 from agentbox.runtime.output import CommandResult
 
@@ -91,7 +91,8 @@ class GvisorCommandRunner(CommandRunner):
         with os.fdopen(fd, "w") as f:
             json.dump(process, f)
         launcher = self.host.runsc_argv(
-            "exec", f"--process={spec}", f"--internal-pid-file={self._pid_file(leaf)}", CONTAINER
+            "exec", f"--process={spec}", f"--internal-pid-file={self._pid_file(leaf)}",
+            self.host.container,
         )
         return launcher, {"PATH": BASE_PATH}
 
@@ -110,7 +111,7 @@ class GvisorCommandRunner(CommandRunner):
         if pid is None:
             return  # never started: nothing to kill
         subprocess.run(
-            self.host.runsc_argv("kill", f"--pid={pid}", CONTAINER, "KILL"),
+            self.host.runsc_argv("kill", f"--pid={pid}", self.host.container, "KILL"),
             capture_output=True,
             timeout=30,
             check=False,

@@ -51,7 +51,6 @@ from agentbox.runtime.host import (
 MS_BIND = 0x1000
 MS_REMOUNT = 0x20
 _IN_ROOT_NOLINKS = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_SYMLINKS
-CONTAINER = "sandbox"  # the container's name in its own runsc --root
 UNSHARE = "usr/bin/unshare"  # what every command runs under (see gvisor.exec_process)
 
 
@@ -63,6 +62,8 @@ class GvisorHost(SandboxHost):
         self.netns = self.dir / "netns"
         self.exec_dir = self.dir / "exec"
         self.log = self.dir / "runsc.log"
+        # runsc names its control socket after the container, host-wide: the sandbox id.
+        self.container = sandbox_id
 
     # network --------------------------------------------------------------------------
     def make_netns(self) -> Path:
@@ -196,6 +197,7 @@ class GvisorHost(SandboxHost):
             gid=self.host_gid,
             hostname=self.hostname,
             netns=self.netns if networked else None,
+            tmp=self.disk / "tmp",
         )
         self.bundle.mkdir(mode=0o700)
         (self.bundle / "config.json").write_text(json.dumps(config))
@@ -203,7 +205,7 @@ class GvisorHost(SandboxHost):
         pid_file = self.dir / "runsc.pid"
         argv = runsc.argv(self.state_root, "host" if networked else "none", "run",
                           "--detach", f"--bundle={self.bundle}", f"--pid-file={pid_file}",
-                          CONTAINER)  # fmt: skip
+                          self.container)  # fmt: skip
         launcher = [str(paths.nsexec), "spawn",
                     *[arg for d in cgroup.dirs_for("init") for arg in ("--cgroup", d)],
                     "--uid", "0", "--gid", "0", "--", *argv]  # fmt: skip
@@ -275,7 +277,7 @@ class GvisorHost(SandboxHost):
         then what the default tier removes. Idempotent."""
         if self.state_root.exists():
             with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(self.runsc_argv("delete", "--force", CONTAINER),
+                subprocess.run(self.runsc_argv("delete", "--force", self.container),
                                capture_output=True, timeout=30, check=False)  # fmt: skip
         disk.unmount(self.netns)
         super().teardown()

@@ -1,0 +1,335 @@
+"""The gVisor isolation tier (``isolation: gvisor``): real sandboxes under runsc.
+
+What holds on this tier is tested here against the same contract as the default tier;
+what does not yet hold must raise ``TierUnsupported`` (docs/design.md, Isolation tiers).
+When runsc is missing or cannot run here the tests fail and say so (scripts/install.sh
+installs it), as every other required tool does.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentbox import Sandbox
+from agentbox.errors import TierUnsupported
+from agentbox.gateway.audit import read_records
+from agentbox.isolation import gvisor
+from agentbox.network import egressd, plane
+from agentbox.runtime.runtime import Runtime
+from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
+
+AGENTBOX = str(Path(sys.executable).parent / "agentbox")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runsc_ready() -> None:
+    probe = gvisor.probe()
+    if not probe.ok:
+        pytest.fail(f"the gvisor tier cannot run on this host: {probe.detail} "
+                    f"(fix: {gvisor.INSTALL_FIX}; see agentbox doctor)")  # fmt: skip
+
+
+def _create(home: Path, **options: Any) -> Sandbox:
+    options.setdefault("network", "none")
+    return Sandbox.create(memory="512MiB", disk="256MiB", isolation="gvisor", home=home,
+                          **options)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def box(agentbox_home: Path, runtime: Runtime) -> Iterator[Sandbox]:
+    sb = _create(agentbox_home)
+    try:
+        yield sb
+    finally:
+        sb.kill()
+
+
+def _processes(sb: Sandbox) -> str:
+    """Every process's command line in the sandbox (gVisor's /proc)."""
+    listing = 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done'
+    return sb.commands.run(listing).stdout
+
+
+# the tier is chosen and shown ----------------------------------------------------------
+
+
+def test_the_record_and_the_listing_show_the_tier(
+    box: Sandbox, agentbox_home: Path, runtime: Runtime
+) -> None:
+    assert box.info().to_dict()["isolation"] == "gvisor"
+    env = {**os.environ, "AGENTBOX_HOME": str(agentbox_home)}
+    listed = subprocess.run([AGENTBOX, "sandbox", "ls"], env=env,
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    line = next(row for row in listed.splitlines() if row.startswith(box.id))
+    assert line.split()[3] == "gvisor", listed
+
+
+def test_the_cli_creates_a_gvisor_sandbox(agentbox_home: Path) -> None:
+    env = {**os.environ, "AGENTBOX_HOME": str(agentbox_home)}
+    made = subprocess.run(
+        [AGENTBOX, "sandbox", "create", "--isolation", "gvisor",
+         "--network", "none", "--memory", "256MiB", "--disk", "64MiB", "--json"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    sandbox_id = made.stdout.split('"id": "')[1].split('"')[0]
+    try:
+        ran = subprocess.run(
+            [AGENTBOX, "sandbox", "exec", sandbox_id, "--", "uname", "-r"],
+            env=env, capture_output=True, text=True,
+        )  # fmt: skip
+        assert ran.stdout.strip() == "4.4.0", ran.stderr
+    finally:
+        Sandbox.connect(sandbox_id, home=agentbox_home).kill()
+
+
+# the guest kernel is gVisor's ----------------------------------------------------------
+
+
+def test_the_guest_kernel_is_gvisors(box: Sandbox) -> None:
+    r = box.commands.run("uname -r; cat /proc/version; dmesg")
+    assert r.exit_code == 0, r.stderr
+    release, version, *dmesg = r.stdout.splitlines()
+    assert release == "4.4.0" and release != platform.release()
+    assert platform.release() not in version
+    assert any("gVisor" in line for line in dmesg), dmesg
+
+
+def test_host_proc_facts_are_invisible(box: Sandbox, agentbox_home: Path) -> None:
+    r = box.commands.run(
+        "cat /proc/sys/kernel/random/boot_id; cat /proc/self/mountinfo; cat /proc/modules"
+    )
+    host_boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    assert host_boot_id not in r.stdout
+    # No host path (the home, the disk image, the overlay layers) in the mount table.
+    assert str(agentbox_home) not in r.stdout and "/var/tmp" not in r.stdout, r.stdout
+    # The host's processes: none of them, only the sandbox's own.
+    seen = _processes(box)
+    assert "agentbox" not in seen.replace("/.agentbox/init", "")
+    assert str(os.getpid()) not in r.stdout
+
+
+def test_io_uring_and_userfaultfd_are_answered_by_gvisor(box: Sandbox) -> None:
+    """Kernel-bug-class surfaces: the calls reach the Sentry (its answer, not the host
+    kernel's, and not the default tier's seccomp EPERM)."""
+    probe = (
+        "import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+        "params = ctypes.create_string_buffer(120); "
+        "print(libc.syscall(425, 8, params), ctypes.get_errno()); "  # io_uring_setup
+        "print(libc.syscall(323, 0), ctypes.get_errno())"  # userfaultfd
+    )
+    r = box.commands.run(["python3", "-c", probe])
+    assert r.exit_code == 0, r.stderr
+    (ring, ring_errno), (uffd, uffd_errno) = (map(int, line.split()) for line in r.stdout.split("\n")[:2])
+    assert uffd == -1 and uffd_errno == errno.ENOSYS  # gVisor has no userfaultfd
+    # gVisor's own io_uring (or ENOSYS where it is off); never the host's EPERM
+    assert ring >= 0 or ring_errno == errno.ENOSYS, (ring, ring_errno)
+    assert ring_errno != errno.EPERM
+
+
+# commands -------------------------------------------------------------------------------
+
+
+def test_commands_argv_shell_stdin_and_exit_codes(box: Sandbox) -> None:
+    r = box.commands.run("read line; echo got:$line; echo oops >&2; exit 7", stdin="hi\n")
+    assert (r.exit_code, r.stdout, r.stderr) == (7, "got:hi\n", "oops\n")
+    r = box.commands.run(["printf", "%s|", "a b", "$HOME", "*"])
+    assert (r.exit_code, r.stdout) == (0, "a b|$HOME|*|")
+    r = box.commands.run("id -un; pwd; echo $HOME", env={"EXTRA": "1"})
+    assert r.stdout.split() == ["user", "/workspace", "/home/user"]
+    r = box.commands.run(["sh", "-c", "echo $EXTRA"], env={"EXTRA": "x y"}, cwd="/tmp")
+    assert r.stdout == "x y\n"
+    assert box.commands.run(["/no/such/program"]).exit_code != 0
+
+
+def test_a_timeout_kills_the_whole_tree_setsid_included(box: Sandbox) -> None:
+    r = box.commands.run("sleep 4241 & setsid sleep 4242 & nohup sleep 4243 & sleep 4244",
+                         timeout=2)  # fmt: skip
+    assert r.timed_out and r.exit_code != 0
+    seen = _processes(box)
+    assert not any(f"sleep 424{i}" in seen for i in range(1, 5)), seen
+    # the sandbox itself lives on
+    assert box.commands.run("echo alive").stdout == "alive\n"
+
+
+def test_output_is_capped_and_marked(box: Sandbox) -> None:
+    r = box.commands.run("head -c 200000 /dev/zero | tr '\\0' a", max_output_bytes=1000)
+    assert r.truncated and len(r.stdout_bytes) < 2000 and r.stdout_total == 200000
+
+
+def test_the_agent_is_not_root_and_has_no_capabilities(box: Sandbox) -> None:
+    nnp = "import ctypes; print(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))"  # GET_NO_NEW_PRIVS
+    r = box.commands.run(f"id -u; grep -E '^Cap(Prm|Eff)' /proc/self/status; python3 -c '{nnp}'")
+    uid, prm, eff, no_new_privs = r.stdout.splitlines()
+    assert int(uid) != 0
+    assert prm.split()[1] == eff.split()[1] == "0000000000000000", (prm, eff)
+    assert no_new_privs == "1"
+
+
+# files ---------------------------------------------------------------------------------
+
+
+def test_files_api_and_the_shell_see_one_tree(box: Sandbox) -> None:
+    box.files.write("/workspace/f.txt", "one\n")
+    assert box.commands.run("cat /workspace/f.txt").stdout == "one\n"
+    box.files.write("/workspace/f.txt", "two\n")  # the Sentry must not serve a stale copy
+    assert box.commands.run("cat /workspace/f.txt").stdout == "two\n"
+    box.commands.run("echo from-shell > /tmp/g.txt; mkdir -p /workspace/d; echo z > /workspace/d/z")
+    assert box.files.read("/tmp/g.txt") == "from-shell\n"
+    assert [e.path for e in box.files.list("/workspace/d")] == ["/workspace/d/z"]
+    # owned by the agent on both sides: the shell may change what the files API wrote
+    r = box.commands.run("echo three >> /workspace/f.txt && cat /workspace/f.txt")
+    assert r.stdout == "two\nthree\n", r.stderr
+
+
+def test_symlinks_made_inside_do_not_lead_the_files_api_out(box: Sandbox) -> None:
+    box.commands.run("ln -sfn / /workspace/up; ln -sfn ../../../../../etc /workspace/etc")
+    inside = box.commands.run("cat /etc/passwd").stdout
+    assert box.files.read("/workspace/up/etc/passwd") == inside
+    assert box.files.read("/workspace/etc/passwd") == inside
+    assert inside != Path("/etc/passwd").read_text()
+    name = f"written-{box.id}"
+    box.files.write(f"/workspace/up/tmp/{name}", "x")  # lands in the sandbox's own /tmp
+    assert not Path(f"/tmp/{name}").exists()
+    assert box.commands.run(f"cat /tmp/{name}").stdout == "x"
+
+
+# what this tier does not do yet ----------------------------------------------------------
+
+
+def test_unsupported_features_raise_a_typed_error(box: Sandbox, runtime: Runtime) -> None:
+    attempts = {
+        "pty": lambda: box.commands.run("true", pty=True),
+        "background": lambda: runtime.processes(box.id),
+        "sessions": lambda: runtime.sessions(box.id),
+        "fork": lambda: runtime.fork(box.id),
+        "stop": lambda: runtime.stop(box.id),
+    }
+    for name, attempt in attempts.items():
+        with pytest.raises(TierUnsupported) as caught:
+            attempt()
+        assert caught.value.code == "tier_unsupported", name
+        assert "gvisor" in caught.value.message and "namespaces" in caught.value.message
+    assert box.commands.run("echo still").stdout == "still\n"
+
+
+def test_pause_and_resume(box: Sandbox, runtime: Runtime) -> None:
+    box.commands.run("echo kept > /tmp/kept")
+    assert runtime.pause(box.id).state == "paused"
+    assert box.commands.run("cat /tmp/kept").stdout == "kept\n"  # resumes first
+    assert runtime.get(box.id).state == "running"
+
+
+# network -------------------------------------------------------------------------------
+
+HOSTS = {"allowed.test": UPSTREAM_A, "other.test": UPSTREAM_B}
+
+
+@pytest.fixture(scope="module")
+def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
+    with internet(tmp_path_factory.mktemp("net")) as world:
+        yield world
+
+
+def _curl(sb: Sandbox, *args: str) -> tuple[int, str]:
+    r = sb.commands.run(["curl", "-sS", "--max-time", "10", "-o", "-", "-w", "\n%{http_code}",
+                         *args])  # fmt: skip
+    lines = r.stdout.rsplit("\n", 1)
+    return int(lines[-1] or 0), lines[0]
+
+
+def test_allowlist_egress_goes_through_the_same_proxy(
+    agentbox_home: Path, net: Internet, runtime: Runtime
+) -> None:
+    sb = _create(agentbox_home, network={"mode": "allowlist", "allow": ["allowed.test"],
+                                         "hosts": HOSTS})  # fmt: skip
+    try:
+        code, body = _curl(sb, "http://allowed.test/")
+        assert code == 200 and body.startswith("hello from allowed.test"), body
+        before = net.seen()
+        assert _curl(sb, "http://other.test/")[0] == 403
+        assert _curl(sb, f"http://{UPSTREAM_A}/")[0] == 403  # IP literal
+        # a program ignoring the proxy variables is intercepted and filtered by name
+        code, _ = _curl(sb, "--noproxy", "*", "--resolve", f"other.test:80:{UPSTREAM_B}",
+                        "http://other.test/")  # fmt: skip
+        assert code == 403
+        assert net.seen() == before, "a denied request reached the upstream"
+        decisions = [r["decision"] for r in read_records(egressd.audit_path(agentbox_home),
+                     limit=None) if r["sandbox"] == sb.id]  # fmt: skip
+        assert "egress_allowed" in decisions and "egress_denied" in decisions, decisions
+        # no UDP leaves (DNS exfiltration): dropped at the sandbox's interface
+        r = sb.commands.run(["python3", "-c", "import socket; s=socket.socket(2, 2); "
+                             f"s.sendto(b'q', ('{UPSTREAM_B}', 53))"])  # fmt: skip
+        assert "udp" not in net.seen()[len(before) :]
+    finally:
+        sb.kill()
+
+
+def test_network_none_has_only_loopback(agentbox_home: Path, net: Internet) -> None:
+    sb = _create(agentbox_home, network="none")
+    try:
+        r = sb.commands.run("cat /proc/net/dev; env")
+        assert "eth0" not in r.stdout and "HTTP_PROXY" not in r.stdout
+        assert _curl(sb, f"http://{UPSTREAM_A}/")[0] == 0
+        r = sb.commands.run(["python3", "-c", "import socket; s=socket.socket(); "
+                             "s.bind(('127.0.0.1', 0)); s.listen(); c=socket.socket(); "
+                             "c.connect(s.getsockname()); print('lo ok')"])  # fmt: skip
+        assert r.stdout == "lo ok\n", r.stderr
+    finally:
+        sb.kill()
+
+
+# destroy -------------------------------------------------------------------------------
+
+
+def test_destroy_leaves_nothing_behind(agentbox_home: Path, runtime: Runtime) -> None:
+    sb = _create(agentbox_home, network={"mode": "allowlist", "allow": ["allowed.test"]})
+    record = sb.info()
+    directory = agentbox_home / "sandboxes" / sb.id
+    link = plane.home_net(agentbox_home).link(record.slot)
+    state_root = directory / "runsc"
+    assert state_root.is_dir() and Path(f"/sys/class/net/{link.host_ifname}").exists()
+    sb.commands.run("sleep 1000 & setsid sleep 1001 &")
+    sb.kill()
+    assert not directory.exists()
+    assert sb.id not in Path("/proc/self/mountinfo").read_text()
+    assert not Path(f"/sys/class/net/{link.host_ifname}").exists()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        assert str(state_root).encode() not in cmdline, f"runsc process {pid} survived"
+    cgroup = runtime.layout.sandbox(sb.id)
+    assert not cgroup.unified.exists() and not any(p.exists() for p in cgroup.v1.values())
+    assert runtime.store.get(sb.id) is None
+
+
+def test_an_unknown_tier_is_refused(agentbox_home: Path) -> None:
+    from agentbox.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="isolation"):
+        Sandbox.create(isolation="kata", home=agentbox_home)
+
+
+def test_a_missing_runsc_is_a_typed_error_naming_the_fix(
+    agentbox_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentbox.errors import HostUnsupported
+
+    monkeypatch.setattr(gvisor, "CANDIDATES", ())
+    monkeypatch.setattr(gvisor, "_found", None)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(HostUnsupported, match="apt-get install -y runsc"):
+        gvisor.find_runsc()
+
+
