@@ -129,7 +129,9 @@ def test_io_uring_and_userfaultfd_are_answered_by_gvisor(box: Sandbox) -> None:
     )
     r = box.commands.run(["python3", "-c", probe])
     assert r.exit_code == 0, r.stderr
-    (ring, ring_errno), (uffd, uffd_errno) = (map(int, line.split()) for line in r.stdout.split("\n")[:2])
+    (ring, ring_errno), (uffd, uffd_errno) = (
+        map(int, line.split()) for line in r.stdout.split("\n")[:2]
+    )
     assert uffd == -1 and uffd_errno == errno.ENOSYS  # gVisor has no userfaultfd
     # gVisor's own io_uring (or ENOSYS where it is off); never the host's EPERM
     assert ring >= 0 or ring_errno == errno.ENOSYS, (ring, ring_errno)
@@ -267,7 +269,7 @@ def test_allowlist_egress_goes_through_the_same_proxy(
                      limit=None) if r["sandbox"] == sb.id]  # fmt: skip
         assert "egress_allowed" in decisions and "egress_denied" in decisions, decisions
         # no UDP leaves (DNS exfiltration): dropped at the sandbox's interface
-        r = sb.commands.run(["python3", "-c", "import socket; s=socket.socket(2, 2); "
+        sb.commands.run(["python3", "-c", "import socket; s=socket.socket(2, 2); "
                              f"s.sendto(b'q', ('{UPSTREAM_B}', 53))"])  # fmt: skip
         assert "udp" not in net.seen()[len(before) :]
     finally:
@@ -331,5 +333,3 @@ def test_a_missing_runsc_is_a_typed_error_naming_the_fix(
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(HostUnsupported, match="apt-get install -y runsc"):
         gvisor.find_runsc()
-
-

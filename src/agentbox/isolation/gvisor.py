@@ -176,10 +176,12 @@ def bundle_config(
     the namespaces; ``netns``: the network namespace the network plane made (None: a new,
     empty one); ``tmp``: the sandbox's /tmp on its disk, named in the spec because runsc
     otherwise mounts a tmpfs of its own there (the files API would not see it, and it
-    would count against memory, not disk). No cgroupsPath: runsc is started inside the sandbox's cgroups, whose
-    limits the default tier's code set (one cgroup layout for both tiers)."""
+    would count against memory, not disk). No cgroupsPath: runsc is started inside the
+    sandbox's cgroups, whose limits the default tier's code set (one layout for both)."""
     namespaces: list[dict[str, str]] = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
     namespaces.append({"type": "network", **({"path": str(netns)} if netns else {})})
+    sysfs = ["nosuid", "noexec", "nodev", "ro"]
+    tmp_opts = ["rbind", "rw", "nosuid", "nodev"]
     return {
         "ociVersion": "1.0.0",
         "process": {
@@ -196,11 +198,9 @@ def bundle_config(
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
-            {"destination": "/sys", "type": "sysfs", "source": "sysfs",
-             "options": ["nosuid", "noexec", "nodev", "ro"]},
-            {"destination": "/tmp", "type": "bind", "source": str(tmp),
-             "options": ["rbind", "rw", "nosuid", "nodev"]},
-        ],  # fmt: skip
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": sysfs},
+            {"destination": "/tmp", "type": "bind", "source": str(tmp), "options": tmp_opts},
+        ],
         "linux": {"namespaces": namespaces},
     }
 

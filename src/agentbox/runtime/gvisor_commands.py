@@ -91,7 +91,9 @@ class GvisorCommandRunner(CommandRunner):
         with os.fdopen(fd, "w") as f:
             json.dump(process, f)
         launcher = self.host.runsc_argv(
-            "exec", f"--process={spec}", f"--internal-pid-file={self._pid_file(leaf)}",
+            "exec",
+            f"--process={spec}",
+            f"--internal-pid-file={self._pid_file(leaf)}",
             self.host.container,
         )
         return launcher, {"PATH": BASE_PATH}

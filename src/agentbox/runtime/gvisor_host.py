@@ -253,8 +253,13 @@ class GvisorHost(SandboxHost):
         root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             # Symlinks followed, but inside the root (usr may be a link in the template).
-            fd = syscalls.openat2(root, name, os.O_PATH | os.O_CLOEXEC | flags, 0,
-                                  syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS)
+            fd = syscalls.openat2(
+                root,
+                name,
+                os.O_PATH | os.O_CLOEXEC | flags,
+                0,
+                syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS,
+            )
         except OSError:
             return False
         finally:
