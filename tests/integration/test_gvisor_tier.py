@@ -224,9 +224,27 @@ def test_unsupported_features_raise_a_typed_error(box: Sandbox, runtime: Runtime
     assert box.commands.run("echo still").stdout == "still\n"
 
 
+def test_limits_hold_the_whole_sandbox(box: Sandbox, runtime: Runtime) -> None:
+    """The Sentry, the Gofer and every ptrace stub live in the sandbox's own cgroups
+    (runsc would otherwise make unlimited ones of its own), and the Sentry sizes its
+    memory to the limit."""
+    record = box.info()
+    cgroup = runtime.layout.sandbox(box.id)
+    members = cgroup.pids()
+    assert record.init_pid in members and len(members) >= 2  # Sentry + Gofer at least
+    for pid in members:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        for controller in cgroup.v1:  # hybrid hosts: every v1 controller we limit with
+            assert any(f":{controller}:/agentbox/{box.id}" in line for line in lines), lines
+    r = box.commands.run("grep MemTotal /proc/meminfo")
+    assert int(r.stdout.split()[1]) * 1024 == record.spec["memory"], r.stdout
+    assert cgroup.memory_current() > 0
+
+
 def test_pause_and_resume(box: Sandbox, runtime: Runtime) -> None:
     box.commands.run("echo kept > /tmp/kept")
     assert runtime.pause(box.id).state == "paused"
+    assert runtime.layout.sandbox(box.id).frozen()  # the Sentry itself is frozen
     assert box.commands.run("cat /tmp/kept").stdout == "kept\n"  # resumes first
     assert runtime.get(box.id).state == "running"
 

@@ -46,6 +46,7 @@ PROBE_TIMEOUT_S = 20.0
 # overlay2=none: writes land in the sandbox's own disk (its quota), not Sentry memory.
 COMMON_FLAGS = ("--file-access=shared", "--overlay2=none")
 _VERSION_RE = re.compile(r"(\d{8})")
+CPU_PERIOD_US = 100_000
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,10 @@ def bundle_config(
     hostname: str,
     netns: Path | None,
     tmp: Path,
+    cgroups_path: str,
+    memory_bytes: int,
+    pids: int,
+    cpus: float,
     nofile: int = 1024 * 1024,
 ) -> dict[str, Any]:
     """The ``config.json`` of a sandbox: its root (the host-side tree, submounts
@@ -176,8 +181,10 @@ def bundle_config(
     the namespaces; ``netns``: the network namespace the network plane made (None: a new,
     empty one); ``tmp``: the sandbox's /tmp on its disk, named in the spec because runsc
     otherwise mounts a tmpfs of its own there (the files API would not see it, and it
-    would count against memory, not disk). No cgroupsPath: runsc is started inside the
-    sandbox's cgroups, whose limits the default tier's code set (one layout for both)."""
+    would count against memory, not disk). ``cgroups_path``: the sandbox's cgroups, the
+    default tier's layout (``isolation.cgroups``, limits already set there); runsc joins
+    them with the Sentry and Gofer (without a path it would make ``/<container id>`` of
+    its own, unlimited) and sizes the Sentry's memory to the limit."""
     namespaces: list[dict[str, str]] = [{"type": t} for t in ("pid", "ipc", "uts", "mount")]
     namespaces.append({"type": "network", **({"path": str(netns)} if netns else {})})
     sysfs = ["nosuid", "noexec", "nodev", "ro"]
@@ -201,7 +208,15 @@ def bundle_config(
             {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": sysfs},
             {"destination": "/tmp", "type": "bind", "source": str(tmp), "options": tmp_opts},
         ],
-        "linux": {"namespaces": namespaces},
+        "linux": {
+            "namespaces": namespaces,
+            "cgroupsPath": cgroups_path,
+            "resources": {
+                "memory": {"limit": memory_bytes, "swap": memory_bytes},
+                "pids": {"limit": pids},
+                "cpu": {"quota": max(1000, int(cpus * CPU_PERIOD_US)), "period": CPU_PERIOD_US},
+            },
+        },
     }
 
 

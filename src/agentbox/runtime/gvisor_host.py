@@ -37,7 +37,7 @@ from pathlib import Path
 
 from agentbox.errors import SandboxError, TierUnsupported
 from agentbox.isolation import disk, gvisor, initfs, syscalls
-from agentbox.isolation.cgroups import SandboxCgroup
+from agentbox.isolation.cgroups import GROUP_PARENT, Limits, SandboxCgroup
 from agentbox.runtime.host import (
     BASE_PATH,
     INIT_PATH,
@@ -174,10 +174,13 @@ class GvisorHost(SandboxHost):
         host_usr: bool,
         memory_bytes: int,
         lifetime_s: float,
+        limits: Limits | None = None,
     ) -> tuple[int, int]:
         """Start the sandbox under runsc, inside its cgroups; return the Sentry's host pid
         and start time (the sandbox lives exactly as long as that process)."""
         runsc = gvisor.find_runsc()
+        if limits is None:
+            raise SandboxError("the gvisor tier needs the sandbox's limits at launch")
         init = initfs.ensure(self.home, paths.nsexec)
         self.assemble(init, host_usr)
         if not self._exists_in_root(UNSHARE):
@@ -198,6 +201,10 @@ class GvisorHost(SandboxHost):
             hostname=self.hostname,
             netns=self.netns if networked else None,
             tmp=self.disk / "tmp",
+            cgroups_path=f"/{GROUP_PARENT}/{self.id}",
+            memory_bytes=limits.memory_bytes,
+            pids=limits.pids,
+            cpus=limits.cpus,
         )
         self.bundle.mkdir(mode=0o700)
         (self.bundle / "config.json").write_text(json.dumps(config))

@@ -351,10 +351,13 @@ class Runtime:
                 clone_of=clone_of,
                 populate=None if populate is None else lambda disk: populate(host, disk),
             )
-            cgroup.create(Limits(spec.memory, spec.pids, spec.cpus))
+            limits = Limits(spec.memory, spec.pids, spec.cpus)
+            cgroup.create(limits)
             if networked and gvisor:  # runsc copies the namespace's setup as it starts
                 plane.attach(self.net.link(record.slot), host.make_netns())  # type: ignore[attr-defined]
-            pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
+            pid, start = host.launch(
+                paths, cgroup, template.host_usr, spec.memory, spec.lifetime, limits
+            )
             if networked and not gvisor:
                 plane.attach(self.net.link(record.slot), pid)
             host.activity_marker.touch()
