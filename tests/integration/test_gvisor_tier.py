@@ -215,6 +215,9 @@ def test_unsupported_features_raise_a_typed_error(box: Sandbox, runtime: Runtime
         "sessions": lambda: runtime.sessions(box.id),
         "fork": lambda: runtime.fork(box.id),
         "stop": lambda: runtime.stop(box.id),
+        # the default tier's launcher would join the Sentry's host namespaces (the browser)
+        "host launch": lambda: runtime.commands(box.id).launcher_argv(["chromium"], "b", None),
+        "on_idle stop": lambda: runtime.create({"isolation": "gvisor", "on_idle": "stop"}),
     }
     for name, attempt in attempts.items():
         with pytest.raises(TierUnsupported) as caught:
@@ -332,6 +335,24 @@ def test_destroy_leaves_nothing_behind(agentbox_home: Path, runtime: Runtime) ->
     cgroup = runtime.layout.sandbox(sb.id)
     assert not cgroup.unified.exists() and not any(p.exists() for p in cgroup.v1.values())
     assert runtime.store.get(sb.id) is None
+
+
+def test_recovery_removes_an_orphaned_gvisor_sandbox(agentbox_home: Path, runtime: Runtime) -> None:
+    """A sandbox whose record is gone (a crash between steps) is found by its directory
+    and removed whole: runsc's state and processes, the netns pin, mounts, cgroups."""
+    from agentbox.runtime.recovery import recover
+
+    sb = _create(agentbox_home, network={"mode": "allowlist", "allow": ["allowed.test"]})
+    directory = agentbox_home / "sandboxes" / sb.id
+    sentry = sb.info().init_pid
+    runtime.store.delete(sb.id)  # what a crash mid-destroy leaves
+    recover(runtime)
+    assert not directory.exists()
+    assert sb.id not in Path("/proc/self/mountinfo").read_text()
+    assert (
+        not Path(f"/proc/{sentry}").exists()
+        or b"runsc" not in Path(f"/proc/{sentry}/cmdline").read_bytes()
+    )
 
 
 def test_an_unknown_tier_is_refused(agentbox_home: Path) -> None:

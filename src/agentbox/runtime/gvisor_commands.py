@@ -98,6 +98,11 @@ class GvisorCommandRunner(CommandRunner):
         )
         return launcher, {"PATH": BASE_PATH}
 
+    def launcher_argv(self, argv: list[str], leaf: str, cwd: str | None, **_: object) -> list[str]:
+        """The default tier's launcher would join the Sentry's *host* namespaces: outside
+        gVisor. Whatever asks for it here (the browser, background processes) is refused."""
+        raise unsupported("a host-side launch into the sandbox (browser, background processes)")
+
     def _pid_file(self, leaf: str) -> str:
         return str(self.host.exec_dir / f"{leaf}.pid")
 

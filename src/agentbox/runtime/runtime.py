@@ -212,6 +212,10 @@ class Runtime:
         self, spec: Mapping[str, object] | SandboxSpec | None = None, *, actor: str = "local"
     ) -> SandboxRecord:
         spec = spec_from(spec)
+        if spec.isolation == GVISOR and spec.on_idle == "stop":
+            from agentbox.runtime.gvisor_commands import unsupported
+
+            raise unsupported("on_idle stop")
         self.sweep_expired()
         template = self.templates.get(spec.template)
         claimed = self.store.claim(
