@@ -337,6 +337,37 @@ def test_destroy_leaves_nothing_behind(agentbox_home: Path, runtime: Runtime) ->
     assert runtime.store.get(sb.id) is None
 
 
+def test_snapshot_and_restore_keep_the_tier_and_the_files(box: Sandbox, runtime: Runtime) -> None:
+    box.commands.run("echo snap > /workspace/s.txt; echo home > ~/h.txt")
+    info = runtime.snapshot(box.id)
+    restored = runtime.restore(info.id)
+    try:
+        assert restored.isolation == "gvisor"
+        r = runtime.commands(restored.id).run("cat /workspace/s.txt ~/h.txt; uname -r")
+        assert r.stdout == "snap\nhome\n4.4.0\n", r.stderr
+    finally:
+        runtime.destroy(restored.id)
+        runtime.delete_snapshot(info.id)
+
+
+def test_a_warm_gvisor_sandbox_serves_only_gvisor_requests(
+    agentbox_home: Path, runtime: Runtime
+) -> None:
+    from agentbox.runtime.runtime import spec_from
+
+    wanted = {"isolation": "gvisor", "network": "none", "memory": "256MiB", "disk": "64MiB"}
+    pooled = runtime.fill_pool(spec_from(wanted))
+    try:
+        other = runtime.create({**wanted, "isolation": "namespaces"})
+        assert other.id != pooled.id and other.isolation == "namespaces"
+        runtime.destroy(other.id)
+        claimed = runtime.create(wanted)
+        assert claimed.id == pooled.id and claimed.isolation == "gvisor"
+        assert runtime.commands(claimed.id).run("uname -r").stdout == "4.4.0\n"
+    finally:
+        runtime.destroy(pooled.id)
+
+
 def test_recovery_removes_an_orphaned_gvisor_sandbox(agentbox_home: Path, runtime: Runtime) -> None:
     """A sandbox whose record is gone (a crash between steps) is found by its directory
     and removed whole: runsc's state and processes, the netns pin, mounts, cgroups."""
