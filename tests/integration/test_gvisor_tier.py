@@ -25,6 +25,7 @@ from agentbox.gateway.audit import read_records
 from agentbox.isolation import gvisor
 from agentbox.network import egressd, plane
 from agentbox.runtime.runtime import Runtime
+from hostres import wait_for
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
@@ -211,8 +212,6 @@ def test_symlinks_made_inside_do_not_lead_the_files_api_out(box: Sandbox) -> Non
 def test_unsupported_features_raise_a_typed_error(box: Sandbox, runtime: Runtime) -> None:
     attempts = {
         "pty": lambda: box.commands.run("true", pty=True),
-        "background": lambda: runtime.processes(box.id),
-        "sessions": lambda: runtime.sessions(box.id),
         "fork": lambda: runtime.fork(box.id),
         "stop": lambda: runtime.stop(box.id),
         # the default tier's launcher would join the Sentry's host namespaces (the browser)
@@ -225,6 +224,37 @@ def test_unsupported_features_raise_a_typed_error(box: Sandbox, runtime: Runtime
         assert caught.value.code == "tier_unsupported", name
         assert "gvisor" in caught.value.message and "namespaces" in caught.value.message
     assert box.commands.run("echo still").stdout == "still\n"
+
+
+def test_background_processes(box: Sandbox, runtime: Runtime) -> None:
+    table = runtime.processes(box.id)
+    trap = "echo started; trap 'echo got-term; exit 5' TERM; while :; do sleep 0.1; done"
+    p = table.start(["sh", "-c", trap])
+    wait_for(lambda: table.read_output(p.id).data == b"started\n", 15, "the process to start")
+    assert table.get(p.id).running
+    assert table.signal(p.id, "SIGTERM")  # to the command itself, which handles it
+    done = table.wait(p.id, timeout=30)
+    assert (done.running, done.exit_code) == (False, 5)
+    assert table.read_output(p.id).data == b"started\ngot-term\n"
+    # stdin through the FIFO, SIGKILL of the whole tree
+    q = table.start("cat; sleep 9191 & setsid sleep 9192 & wait", stdin=True)
+    assert table.write_stdin(q.id, "hello\n") == 6
+    wait_for(lambda: table.read_output(q.id).data == b"hello\n", 15, "cat to echo")
+    assert table.signal(q.id, "SIGKILL")
+    assert table.wait(q.id, timeout=30).exit_code == 137
+    seen = _processes(box)
+    assert "sleep 919" not in seen, seen
+    # the exit status comes from the host-side waiter, and outlives this handle
+    r = runtime.processes(box.id).start(["sh", "-c", "exit 3"])
+    assert runtime.processes(box.id).wait(r.id, timeout=30).exit_code == 3
+
+
+def test_shell_sessions_keep_cwd_and_env(box: Sandbox, runtime: Runtime) -> None:
+    sessions = runtime.sessions(box.id)
+    sid = sessions.create()
+    sessions.run(sid, "mkdir -p /tmp/sess && cd /tmp/sess && export GREETING=hi")
+    assert sessions.run(sid, "pwd; echo $GREETING").stdout == "/tmp/sess\nhi\n"
+    sessions.close(sid)
 
 
 def test_limits_hold_the_whole_sandbox(box: Sandbox, runtime: Runtime) -> None:

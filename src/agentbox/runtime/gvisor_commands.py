@@ -9,9 +9,10 @@ whole tree, ``setsid`` daemons included, while other commands run on. The exit s
 is ``runsc exec``'s own (it waits for the process in the Sentry), read with waitpid on
 the host: nothing the command prints can forge it.
 
-Not on this tier yet (``TierUnsupported``): PTYs, background processes, shell sessions.
-A command that reads stdin gets what ``stdin`` holds, then end-of-file (no detection of
-a command waiting for input, which needs the default tier's cgroup view).
+Not on this tier yet (``TierUnsupported``): PTYs. A command that reads stdin gets what
+``stdin`` holds, then end-of-file (no detection of a command waiting for input, which
+needs the default tier's cgroup view). Background processes: ``runtime.gvisor_processes``;
+shell sessions work unchanged (each call is one command).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class GvisorCommandRunner(CommandRunner):
         process = gvisor.exec_process(
             args=argv, env=env, cwd=where, uid=self.host.host_uid, gid=self.host.host_gid
         )
-        spec = self.host.exec_dir / f"{leaf}.json"
+        spec = self.spec_file(leaf)
         # Root-only: the environment may hold what the caller did not want in ps output.
         fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -93,7 +94,7 @@ class GvisorCommandRunner(CommandRunner):
         launcher = self.host.runsc_argv(
             "exec",
             f"--process={spec}",
-            f"--internal-pid-file={self._pid_file(leaf)}",
+            f"--internal-pid-file={self.pid_file(leaf)}",
             self.host.container,
         )
         return launcher, {"PATH": BASE_PATH}
@@ -101,10 +102,32 @@ class GvisorCommandRunner(CommandRunner):
     def launcher_argv(self, argv: list[str], leaf: str, cwd: str | None, **_: object) -> list[str]:
         """The default tier's launcher would join the Sentry's *host* namespaces: outside
         gVisor. Whatever asks for it here (the browser, background processes) is refused."""
-        raise unsupported("a host-side launch into the sandbox (browser, background processes)")
+        raise unsupported("a host-side launch into the sandbox (the browser tool)")
 
-    def _pid_file(self, leaf: str) -> str:
+    def pid_file(self, leaf: str) -> str:
+        """Where runsc writes the command's pid inside the Sentry (its unshare)."""
         return str(self.host.exec_dir / f"{leaf}.pid")
+
+    def spec_file(self, leaf: str) -> Path:
+        return self.host.exec_dir / f"{leaf}.json"
+
+    def child_of(self, pid: int) -> int | None:
+        """The first child of Sentry pid ``pid`` (``runsc ps``), or None."""
+        argv = self.host.runsc_argv("ps", self.host.container)
+        listed = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        for line in listed.stdout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == str(pid) and fields[1].isdigit():
+                return int(fields[1])
+        return None
+
+    def signal_pid(self, pid: int, signal: str) -> bool:
+        """Deliver ``signal`` (a name) to Sentry pid ``pid``; whether runsc did."""
+        done = subprocess.run(
+            self.host.runsc_argv("kill", f"--pid={pid}", self.host.container, signal),
+            capture_output=True, timeout=30, check=False,
+        )  # fmt: skip
+        return done.returncode == 0
 
     def kill_tree(self, leaf: str) -> None:
         """Kill the command's ``unshare`` inside the Sentry: its PID namespace dies."""
@@ -112,17 +135,12 @@ class GvisorCommandRunner(CommandRunner):
         pid = None
         while pid is None and time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError):
-                pid = int(Path(self._pid_file(leaf)).read_text().strip())
+                pid = int(Path(self.pid_file(leaf)).read_text().strip())
             if pid is None:
                 time.sleep(0.01)  # runsc is starting it: a few ms
         if pid is None:
             return  # never started: nothing to kill
-        subprocess.run(
-            self.host.runsc_argv("kill", f"--pid={pid}", self.host.container, "KILL"),
-            capture_output=True,
-            timeout=30,
-            check=False,
-        )
+        self.signal_pid(pid, "KILL")
 
     def _finish_leaf(self, leaf: str, kill: bool) -> None:
         if kill:

@@ -680,13 +680,16 @@ class Runtime:
     def processes(self, sandbox_id: str) -> ProcessTable:
         from agentbox.runtime.processes import ProcessTable
 
-        self._tier_check(self.running(sandbox_id)[0], "background processes")
-        return ProcessTable(self.commands(sandbox_id))
+        runner = self.commands(sandbox_id)
+        if self.running(sandbox_id)[0].isolation == GVISOR:
+            from agentbox.runtime.gvisor_processes import GvisorProcessTable
+
+            return GvisorProcessTable(runner)
+        return ProcessTable(runner)
 
     def sessions(self, sandbox_id: str) -> ShellSessions:
         from agentbox.runtime.sessions import ShellSessions
 
-        self._tier_check(self.running(sandbox_id)[0], "shell sessions")
         return ShellSessions(self.commands(sandbox_id))
 
     def files(self, sandbox_id: str) -> SandboxFiles:
