@@ -212,7 +212,6 @@ def test_symlinks_made_inside_do_not_lead_the_files_api_out(box: Sandbox) -> Non
 def test_unsupported_features_raise_a_typed_error(box: Sandbox, runtime: Runtime) -> None:
     attempts = {
         "pty": lambda: box.commands.run("true", pty=True),
-        "fork": lambda: runtime.fork(box.id),
         "stop": lambda: runtime.stop(box.id),
         # the default tier's launcher would join the Sentry's host namespaces (the browser)
         "host launch": lambda: runtime.commands(box.id).launcher_argv(["chromium"], "b", None),
@@ -378,6 +377,21 @@ def test_snapshot_and_restore_keep_the_tier_and_the_files(box: Sandbox, runtime:
     finally:
         runtime.destroy(restored.id)
         runtime.delete_snapshot(info.id)
+
+
+def test_fork_copies_the_disk_onto_the_same_tier(box: Sandbox, runtime: Runtime) -> None:
+    box.commands.run("echo base > /workspace/forked.txt")
+    fork = runtime.fork(box.id)
+    try:
+        assert fork.isolation == "gvisor"
+        r = runtime.commands(fork.id).run(
+            "cat /workspace/forked.txt; id -un; echo more >> /workspace/forked.txt"
+        )
+        assert r.stdout == "base\nuser\n", r.stderr
+        assert runtime.files(fork.id).read("/workspace/forked.txt") == b"base\nmore\n"
+        assert box.commands.run("cat /workspace/forked.txt").stdout == "base\n"
+    finally:
+        runtime.destroy(fork.id)
 
 
 def test_a_warm_gvisor_sandbox_serves_only_gvisor_requests(

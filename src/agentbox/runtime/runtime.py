@@ -265,7 +265,6 @@ class Runtime:
         source = self.get(source_id)
         if source.state not in ("running", "paused", "stopped"):
             raise SandboxNotRunning(f"sandbox {source_id} is {source.state}; cannot fork it")
-        self._tier_check(source, "fork")
         spec = spec_from(source.spec)
         template = self.templates.exact(source.template, source.template_digest)
         origin = self.host(source)
