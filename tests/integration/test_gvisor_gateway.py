@@ -39,7 +39,7 @@ def test_rest_creates_lists_and_runs_a_gvisor_sandbox(gw: RunningGateway) -> Non
             assert ran.status_code == 200, ran.text
             assert ran.json()["stdout"].startswith("Linux version 4.4.0"), ran.text
             assert ran.json()["exit_code"] == 4
-            refused = op.post(f"/v1/sandboxes/{sid}/stop")
+            refused = op.post("/v1/sandboxes", json={**body, "on_idle": "stop"})
             assert refused.status_code == 409, refused.text
             error = refused.json()["error"]
             assert error["code"] == "tier_unsupported" and "namespaces" in error["message"]

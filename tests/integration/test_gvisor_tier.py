@@ -13,6 +13,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from agentbox.errors import TierUnsupported
 from agentbox.gateway.audit import read_records
 from agentbox.isolation import gvisor
 from agentbox.network import egressd, plane
+from agentbox.runtime.output import CommandResult
 from agentbox.runtime.runtime import Runtime
 from hostres import wait_for
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
@@ -164,6 +166,23 @@ def test_a_timeout_kills_the_whole_tree_setsid_included(box: Sandbox) -> None:
     assert box.commands.run("echo alive").stdout == "alive\n"
 
 
+def test_kill_foreground_ends_running_commands_only(box: Sandbox, runtime: Runtime) -> None:
+    """What a task's cancellation does: running commands die, background ones live on."""
+    table = runtime.processes(box.id)
+    background = table.start(["sleep", "3131"])
+    results: list[CommandResult] = []
+    running = threading.Thread(
+        target=lambda: results.append(box.commands.run("sleep 3132", timeout=120))
+    )
+    running.start()
+    wait_for(lambda: "sleep 3132" in _processes(box), 30, "the command to run")
+    runtime.commands(box.id).kill_foreground()
+    running.join(timeout=60)
+    assert results and results[0].exit_code != 0 and not results[0].timed_out
+    assert table.get(background.id).running
+    table.signal(background.id, "SIGKILL")
+
+
 def test_output_is_capped_and_marked(box: Sandbox) -> None:
     r = box.commands.run("head -c 200000 /dev/zero | tr '\\0' a", max_output_bytes=1000)
     assert r.truncated and len(r.stdout_bytes) < 2000 and r.stdout_total == 200000
@@ -212,7 +231,6 @@ def test_symlinks_made_inside_do_not_lead_the_files_api_out(box: Sandbox) -> Non
 def test_unsupported_features_raise_a_typed_error(box: Sandbox, runtime: Runtime) -> None:
     attempts = {
         "pty": lambda: box.commands.run("true", pty=True),
-        "stop": lambda: runtime.stop(box.id),
         # the default tier's launcher would join the Sentry's host namespaces (the browser)
         "host launch": lambda: runtime.commands(box.id).launcher_argv(["chromium"], "b", None),
         "on_idle stop": lambda: runtime.create({"isolation": "gvisor", "on_idle": "stop"}),
@@ -271,6 +289,24 @@ def test_limits_hold_the_whole_sandbox(box: Sandbox, runtime: Runtime) -> None:
     r = box.commands.run("grep MemTotal /proc/meminfo")
     assert int(r.stdout.split()[1]) * 1024 == record.spec["memory"], r.stdout
     assert cgroup.memory_current() > 0
+
+
+def test_stop_keeps_the_disk_and_resume_starts_it_again(
+    agentbox_home: Path, net: Internet, runtime: Runtime
+) -> None:
+    sb = _create(agentbox_home, network={"mode": "allowlist", "allow": ["allowed.test"],
+                                         "hosts": HOSTS})  # fmt: skip
+    try:
+        sb.commands.run("echo kept > /workspace/kept; sleep 4545 &")
+        assert runtime.stop(sb.id).state == "stopped"
+        assert not runtime.alive(runtime.get(sb.id))
+        assert runtime.resume(sb.id).state == "running"
+        assert sb.commands.run("cat /workspace/kept").stdout == "kept\n"
+        assert "sleep 4545" not in _processes(sb)
+        code, body = _curl(sb, "http://allowed.test/")  # its network is wired again
+        assert code == 200 and body.startswith("hello from allowed.test"), body
+    finally:
+        sb.kill()
 
 
 def test_pause_and_resume(box: Sandbox, runtime: Runtime) -> None:

@@ -200,6 +200,12 @@ class CommandRunner:
         """SIGKILL one command's whole process tree, ``setsid`` daemons included."""
         self.cgroup.kill_leaf(leaf)
 
+    def kill_foreground(self) -> None:
+        """Kill every foreground command running now (each one's tree), whoever started
+        it; background processes live on (a task's cancellation)."""
+        for leaf in self.cgroup.populated_leaves(FOREGROUND_LEAF):
+            self.cgroup.kill_leaf(leaf)
+
     # foreground -----------------------------------------------------------------------
     def run(
         self,

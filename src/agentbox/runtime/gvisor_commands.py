@@ -31,7 +31,7 @@ from agentbox.errors import InvalidRequest, TierUnsupported
 from agentbox.fsutil import exec_text
 from agentbox.isolation import gvisor
 from agentbox.isolation.cgroups import SandboxCgroup
-from agentbox.runtime.commands import WORKSPACE, CommandRunner
+from agentbox.runtime.commands import FOREGROUND_LEAF, WORKSPACE, CommandRunner
 from agentbox.runtime.gvisor_host import GvisorHost
 from agentbox.runtime.host import BASE_PATH, LaunchPaths
 from agentbox.runtime.output import CommandResult
@@ -141,6 +141,10 @@ class GvisorCommandRunner(CommandRunner):
         if pid is None:
             return  # never started: nothing to kill
         self.signal_pid(pid, "KILL")
+
+    def kill_foreground(self) -> None:
+        for pid_file in self.host.exec_dir.glob(f"{FOREGROUND_LEAF}*.pid"):
+            self.kill_tree(pid_file.stem)
 
     def _finish_leaf(self, leaf: str, kill: bool) -> None:
         if kill:

@@ -182,7 +182,10 @@ class GvisorHost(SandboxHost):
         if limits is None:
             raise SandboxError("the gvisor tier needs the sandbox's limits at launch")
         init = initfs.ensure(self.home, paths.nsexec)
-        self.assemble(init, host_usr)
+        assembled = self.dir / "assembled"  # a start after a stop: the binds are there
+        if not assembled.exists():
+            self.assemble(init, host_usr)
+            assembled.touch()
         if not self._exists_in_root(UNSHARE):
             raise TierUnsupported(
                 "the gvisor tier runs every command under util-linux's unshare, and this "
@@ -206,9 +209,9 @@ class GvisorHost(SandboxHost):
             pids=limits.pids,
             cpus=limits.cpus,
         )
-        self.bundle.mkdir(mode=0o700)
+        self.bundle.mkdir(mode=0o700, exist_ok=True)
         (self.bundle / "config.json").write_text(json.dumps(config))
-        self.exec_dir.mkdir(mode=0o700)
+        self.exec_dir.mkdir(mode=0o700, exist_ok=True)
         pid_file = self.dir / "runsc.pid"
         argv = runsc.argv(self.state_root, "host" if networked else "none", "run",
                           "--detach", f"--bundle={self.bundle}", f"--pid-file={pid_file}",
@@ -283,13 +286,23 @@ class GvisorHost(SandboxHost):
         network = "host" if self.netns.exists() else "none"
         return gvisor.find_runsc().argv(self.state_root, network, *more)
 
-    # teardown -------------------------------------------------------------------------
-    def teardown(self) -> None:
-        """runsc's own cleanup first (its state, any process left), then the netns pin,
-        then what the default tier removes. Idempotent."""
+    def processes_ended(self) -> None:
+        """After a stop: runsc forgets the container (its state, the cgroups it made in
+        other controllers), so the next launch can run one of the same name."""
+        self._delete()
+        for leftover in self.exec_dir.glob("*"):
+            leftover.unlink(missing_ok=True)
+
+    def _delete(self) -> None:
         if self.state_root.exists():
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 subprocess.run(self.runsc_argv("delete", "--force", self.container),
                                capture_output=True, timeout=30, check=False)  # fmt: skip
+
+    # teardown -------------------------------------------------------------------------
+    def teardown(self) -> None:
+        """runsc's own cleanup first (its state, any process left), then the netns pin,
+        then what the default tier removes. Idempotent."""
+        self._delete()
         disk.unmount(self.netns)
         super().teardown()

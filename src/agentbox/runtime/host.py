@@ -339,6 +339,10 @@ class SandboxHost:
             text = ""
         return text[-2000:] or "no output (see agentbox doctor)"
 
+    def processes_ended(self) -> None:
+        """Every process of the sandbox was killed (a stop); the disk stays for a new
+        launch. Nothing to forget on this tier."""
+
     # teardown -------------------------------------------------------------------------
     def teardown(self) -> None:
         """Unmount and delete everything on the host side. Idempotent."""

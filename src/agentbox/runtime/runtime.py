@@ -565,13 +565,13 @@ class Runtime:
         record = self.get(sandbox_id)
         if record.state == "stopped":
             return record
-        self._tier_check(record, "stop (keeping the disk, ending the processes)")
         self._live.forget(sandbox_id)
         host = self.host(record)
         cgroup = self.layout.sandbox(sandbox_id)
         with self._lock:
             cgroup.thaw()  # a frozen tree dies only once thawed on some kernels
             cgroup.remove_processes()
+            host.processes_ended()
             if record.network_mode != "none":
                 net = plane.registered_home_net(self.home)
                 if net is not None:
@@ -589,8 +589,14 @@ class Runtime:
         remaining = (record.expires_at or time.time() + spec.lifetime) - time.time()
         if remaining <= 1:
             raise SandboxNotRunning(f"sandbox {record.id} has reached its lifetime")
-        pid, start = host.launch(self.paths, cgroup, template.host_usr, spec.memory, remaining)
-        if spec.network.mode != "none":
+        networked, gvisor = spec.network.mode != "none", record.isolation == GVISOR
+        if networked and gvisor:  # its namespace outlived the stop; wired before runsc
+            plane.attach(self.net.link(record.slot), host.netns)  # type: ignore[attr-defined]
+        limits = Limits(spec.memory, spec.pids, spec.cpus)
+        pid, start = host.launch(
+            self.paths, cgroup, template.host_usr, spec.memory, remaining, limits
+        )
+        if networked and not gvisor:
             plane.attach(self.net.link(record.slot), pid)
         self.store.mark_running(record.id, pid, start)
 
