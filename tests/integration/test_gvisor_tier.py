@@ -183,6 +183,20 @@ def test_kill_foreground_ends_running_commands_only(box: Sandbox, runtime: Runti
     table.signal(background.id, "SIGKILL")
 
 
+def test_a_pty_command_has_a_terminal_and_cannot_inject_into_it(box: Sandbox) -> None:
+    r = box.commands.run("test -t 0 && echo interactive; read x; echo got:$x; exit 6",
+                         pty=True, stdin="hello\n")  # fmt: skip
+    assert r.exit_code == 6 and "interactive" in r.stdout and "got:hello" in r.stdout, r.stdout
+    inject = (
+        "import fcntl, termios\ntry:\n fcntl.ioctl(0, termios.TIOCSTI, b'x'); print('injected')"
+        "\nexcept OSError as e: print('refused', e.errno)"
+    )
+    r = box.commands.run(["python3", "-c", inject], pty=True)
+    assert "refused" in r.stdout, r.stdout  # gVisor's tty passes no TIOCSTI on
+    r = box.commands.run("sleep 4646 & setsid sleep 4647", pty=True, timeout=2)
+    assert r.timed_out and "sleep 464" not in _processes(box)
+
+
 def test_output_is_capped_and_marked(box: Sandbox) -> None:
     r = box.commands.run("head -c 200000 /dev/zero | tr '\\0' a", max_output_bytes=1000)
     assert r.truncated and len(r.stdout_bytes) < 2000 and r.stdout_total == 200000
@@ -230,7 +244,6 @@ def test_symlinks_made_inside_do_not_lead_the_files_api_out(box: Sandbox) -> Non
 
 def test_unsupported_features_raise_a_typed_error(box: Sandbox, runtime: Runtime) -> None:
     attempts = {
-        "pty": lambda: box.commands.run("true", pty=True),
         # the default tier's launcher would join the Sentry's host namespaces (the browser)
         "host launch": lambda: runtime.commands(box.id).launcher_argv(["chromium"], "b", None),
         "on_idle stop": lambda: runtime.create({"isolation": "gvisor", "on_idle": "stop"}),

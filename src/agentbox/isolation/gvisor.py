@@ -221,13 +221,20 @@ def bundle_config(
 
 
 def exec_process(
-    *, args: Sequence[str], env: Mapping[str, str], cwd: str, uid: int, gid: int
+    *,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    uid: int,
+    gid: int,
+    terminal: bool = False,
 ) -> dict[str, Any]:
     """The ``--process`` file of one ``runsc exec``: the command under ``unshare --pid
     --fork --kill-child``, so that killing that one process (``runsc kill --pid``) ends
     the command's whole tree, ``setsid`` daemons included (a PID namespace dies with its
     init, and the init dies with its parent). CAP_SYS_ADMIN is only in unshare's
-    permitted set; exec as a non-root uid clears it before the command runs."""
+    permitted set; exec as a non-root uid clears it before the command runs. ``terminal``:
+    runsc's own stdio is a pty (the caller's), which the Sentry makes the command's tty."""
     caps = ["CAP_SYS_ADMIN"]
     return {
         "user": {"uid": uid, "gid": gid},
@@ -236,4 +243,5 @@ def exec_process(
         "cwd": cwd,
         "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
         "noNewPrivileges": True,
+        "terminal": terminal,
     }

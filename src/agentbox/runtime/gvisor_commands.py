@@ -9,10 +9,11 @@ whole tree, ``setsid`` daemons included, while other commands run on. The exit s
 is ``runsc exec``'s own (it waits for the process in the Sentry), read with waitpid on
 the host: nothing the command prints can forge it.
 
-Not on this tier yet (``TierUnsupported``): PTYs. A command that reads stdin gets what
-``stdin`` holds, then end-of-file (no detection of a command waiting for input, which
-needs the default tier's cgroup view). Background processes: ``runtime.gvisor_processes``;
-shell sessions work unchanged (each call is one command).
+A PTY is a host pty pair whose slave is runsc exec's stdio (see ``open_pty``). A
+command that reads stdin without a PTY gets what ``stdin`` holds, then end-of-file (no
+detection of a command waiting for input, which needs the default tier's cgroup view).
+Background processes: ``runtime.gvisor_processes``; shell sessions work unchanged (each
+call is one command).
 """
 
 from __future__ import annotations
@@ -62,8 +63,6 @@ class GvisorCommandRunner(CommandRunner):
         super().__init__(paths, host, cgroup, init_pid, sandbox_env)
 
     def run(self, command: str | Sequence[str], **options: Any) -> CommandResult:
-        if options.get("pty"):
-            raise unsupported("a PTY")
         # No input detection: its stdin is /dev/null unless stdin is given (see above).
         options["detect_input"] = False
         options["adopt"] = None
@@ -84,8 +83,9 @@ class GvisorCommandRunner(CommandRunner):
                 "in the sandbox (e.g. /workspace)"
             )
         process = gvisor.exec_process(
-            args=argv, env=env, cwd=where, uid=self.host.host_uid, gid=self.host.host_gid
-        )
+            args=argv, env=env, cwd=where, uid=self.host.host_uid, gid=self.host.host_gid,
+            terminal=pty,
+        )  # fmt: skip
         spec = self.spec_file(leaf)
         # Root-only: the environment may hold what the caller did not want in ps output.
         fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -154,4 +154,8 @@ class GvisorCommandRunner(CommandRunner):
                 os.unlink(self.host.exec_dir / f"{leaf}{suffix}")
 
     def open_pty(self) -> tuple[int, int]:
-        raise unsupported("a PTY")
+        """A pty pair of the host's: runsc exec, given the slave as its stdio with
+        ``terminal`` set, has the Sentry wrap it as the command's controlling terminal
+        (the agent's ioctls reach gVisor's tty, which passes few on); the master is
+        ours alone."""
+        return os.openpty()
