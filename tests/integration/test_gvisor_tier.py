@@ -91,6 +91,9 @@ def test_the_cli_creates_a_gvisor_sandbox(agentbox_home: Path) -> None:
             env=env, capture_output=True, text=True,
         )  # fmt: skip
         assert ran.stdout.strip() == "4.4.0", ran.stderr
+        shell = subprocess.run([AGENTBOX, "sandbox", "shell", sandbox_id], env=env,
+                               input="cd /tmp; pwd; uname -r", capture_output=True, text=True)  # fmt: skip
+        assert shell.stdout.split() == ["/tmp", "4.4.0"], shell.stderr
     finally:
         Sandbox.connect(sandbox_id, home=agentbox_home).kill()
 

@@ -335,8 +335,12 @@ def sandbox_shell(sandbox_id: str, cwd: str) -> None:
     interactive = sys.stdin is not None and sys.stdin.isatty()
     leaf = runner.new_leaf()
     argv = ["/bin/bash", "-l"] if interactive else ["/bin/bash", "-s"]
-    launcher = runner.launcher_argv(argv, leaf, cwd, ctty=interactive)
-    code = subprocess.call(launcher, env=runner.environment(None))
+    # The tier's own launch (gVisor: runsc exec with the terminal passed on).
+    launcher, env = runner.command_launch(argv, leaf, cwd, runner.environment(None), interactive)
+    try:
+        code = subprocess.call(launcher, env=env)
+    finally:
+        runner.finish_leaf(leaf)
     sys.exit(128 - code if code < 0 else code)
 
 

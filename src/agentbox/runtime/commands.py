@@ -475,6 +475,10 @@ class CommandRunner:
             with contextlib.suppress(OSError):
                 pipe.close()
 
+    def finish_leaf(self, leaf: str) -> None:
+        """A command run by the caller itself ended (``agentbox sandbox shell``)."""
+        self._finish_leaf(leaf, kill=False)
+
     def _finish_leaf(self, leaf: str, kill: bool) -> None:
         """Drop the command's leaf cgroup; processes it left running keep it until they end."""
         node = self.cgroup.unified / leaf
