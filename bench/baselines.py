@@ -7,6 +7,7 @@
   ``/var/tmp`` and ``/dev/shm``, a bound ``/workspace`` and the same compiled seccomp filter, started as an
   unprivileged host uid. What it lacks on purpose is everything agentbox adds around it:
   the disk image, the overlay root, cgroups, the state database and the readiness handshake.
+  ``run_true_with_veth`` gives it a veth pair as well: the floor for a networked create.
 * ``NsenterTarget``: a long-lived plain bwrap sandbox, entered with ``nsenter`` (all
   namespaces, root, cwd, uid/gid) to run one command: the exec-path floor without the
   cgroup leaf and seccomp that agentbox's launcher adds.
@@ -94,7 +95,13 @@ class PlainBwrap:
         self.workspace.mkdir(exist_ok=True)
         os.chown(self.workspace, BASELINE_UID, BASELINE_GID)
 
-    def argv(self, seccomp_fd: int, command: list[str], info_fd: int | None = None) -> list[str]:
+    def argv(
+        self,
+        seccomp_fd: int,
+        command: list[str],
+        info_fd: int | None = None,
+        block_fd: int | None = None,
+    ) -> list[str]:
         argv = [
             "bwrap",
             "--unshare-user",
@@ -148,18 +155,20 @@ class PlainBwrap:
         ]
         if info_fd is not None:
             argv += ["--info-fd", str(info_fd), "--die-with-parent"]
+        if block_fd is not None:
+            argv += ["--block-fd", str(block_fd)]
         return [*argv, "--", *command]
 
     def popen(
-        self, command: list[str], info_fd: int | None = None
+        self, command: list[str], info_fd: int | None = None, block_fd: int | None = None
     ) -> tuple[subprocess.Popen[bytes], int]:
         """Start bwrap as the unprivileged baseline uid; returns it and the seccomp fd."""
         # bwrap read()s the filter from the fd's offset, so every launch needs a fresh fd.
         seccomp_fd = os.open(self.seccomp, os.O_RDONLY)
-        fds = (seccomp_fd,) if info_fd is None else (seccomp_fd, info_fd)
+        fds = tuple(fd for fd in (seccomp_fd, info_fd, block_fd) if fd is not None)
         try:
             proc = subprocess.Popen(
-                self.argv(seccomp_fd, command, info_fd),
+                self.argv(seccomp_fd, command, info_fd, block_fd),
                 stdin=subprocess.DEVNULL,
                 pass_fds=fds,
                 env=_ENV,
@@ -184,6 +193,47 @@ class PlainBwrap:
         if code != 0:
             raise RuntimeError(f"plain bwrap exited {code}; is bubblewrap usable unprivileged?")
         return elapsed
+
+    def run_true_with_veth(self, ifname: str) -> int:
+        """Nanoseconds from spawning bwrap to its exit after running ``true``, with a veth
+        pair set up into its network namespace first, as a plain script would do it
+        (``ip``, then ``nsenter … ip``; bwrap waits on ``--block-fd`` meanwhile). No
+        default route: no namespace of a test gets one, so the baseline does one step less
+        than a sandbox."""
+        info_r, info_w = os.pipe()
+        block_r, block_w = os.pipe()
+        t0 = now_ns()
+        try:
+            proc, seccomp_fd = self.popen(["true"], info_fd=info_w, block_fd=block_r)
+        finally:
+            os.close(info_w)
+            os.close(block_r)
+        try:
+            pid = NsenterTarget._child_pid(info_r)
+            _ip_batch(["ip", "-batch", "-"],
+                      f"link add {ifname} type veth peer name eth0 netns {pid}\n"
+                      f"addr add 10.251.0.0/31 dev {ifname}\nlink set {ifname} up\n")  # fmt: skip
+            _ip_batch(["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "-batch", "-"],
+                      "addr add 10.251.0.1/31 dev eth0\nlink set eth0 up\n")  # fmt: skip
+            os.write(block_w, b"go")
+            code = proc.wait()
+        finally:
+            os.close(info_r)
+            os.close(block_w)
+            os.close(seccomp_fd)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        elapsed = now_ns() - t0
+        if code != 0:
+            raise RuntimeError(f"plain bwrap with a veth exited {code}")
+        return elapsed
+
+
+def _ip_batch(argv: list[str], commands: str) -> None:
+    done = subprocess.run(argv, input=commands, text=True, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[0]} failed: {done.stderr.strip()}")
 
 
 class NsenterTarget:

@@ -58,6 +58,9 @@ def round_trip(store: ObjectStore, tmp_path: Path, size: int) -> None:
     dest_dir.mkdir(exist_ok=True)
     store.get_file(key, dest_dir / "copy.bin")
     assert (dest_dir / "copy.bin").read_bytes() == data
+    with store.reading(key, dest_dir) as f:  # restore reads this way: in place when local
+        assert f.read() == data
+    assert sorted(p.name for p in dest_dir.iterdir()) == ["copy.bin"]  # no staging left
     listed = store.list()
     assert [o.key for o in listed] == [key, "manifests/one.json"]
     assert all(isinstance(o, ObjectInfo) and o.size == size for o in listed)
@@ -71,6 +74,8 @@ def round_trip(store: ObjectStore, tmp_path: Path, size: int) -> None:
     assert not store.exists(key)
     with pytest.raises(SnapshotNotFound, match="no object"):
         store.get_file(key, dest_dir / "gone.bin")
+    with pytest.raises(SnapshotNotFound, match="no object"), store.reading(key, dest_dir):
+        pass
     assert not (dest_dir / "gone.bin").exists()
     assert [o.key for o in store.list()] == ["manifests/one.json"]
     assert leftovers(dest_dir) == []

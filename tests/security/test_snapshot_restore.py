@@ -56,11 +56,16 @@ def target(tmp_path: Path) -> Path:
     return disk
 
 
+def unpack(path: Path, target: Path, digest: str) -> None:
+    with path.open("rb") as archive:
+        _extract(archive, target, FakeHost(), digest)  # type: ignore[arg-type]
+
+
 def refused(tmp_path: Path, target: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]
             ) -> str:  # fmt: skip
     path, digest = archive(tmp_path, members)
     with pytest.raises(InvalidRequest) as caught:
-        _extract(path, target, FakeHost(), digest)  # type: ignore[arg-type]
+        unpack(path, target, digest)
     return caught.value.message
 
 
@@ -99,7 +104,7 @@ def test_devices_are_refused_but_whiteouts_kept(tmp_path: Path, target: Path) ->
     refused(tmp_path, target, [entry("upper/sda", tarfile.BLKTYPE, devmajor=8, devminor=0)])
     refused(tmp_path, target, [entry("upper/fifo", tarfile.FIFOTYPE)])
     path, digest = archive(tmp_path, [entry("upper/etc/gone", tarfile.CHRTYPE)])
-    _extract(path, target, FakeHost(), digest)  # type: ignore[arg-type]
+    unpack(path, target, digest)
     whiteout = os.lstat(target / "upper/etc/gone")
     assert stat.S_ISCHR(whiteout.st_mode) and whiteout.st_rdev == 0
 
@@ -109,7 +114,7 @@ def test_setuid_bits_dropped_and_ids_mapped(tmp_path: Path, target: Path) -> Non
         entry("workspace/tool", mode=0o6755),
         entry("workspace/rootfile", uid=0, gid=0),
     ])  # fmt: skip
-    _extract(path, target, FakeHost(), digest)  # type: ignore[arg-type]
+    unpack(path, target, digest)
     tool = os.lstat(target / "workspace/tool")
     assert stat.S_IMODE(tool.st_mode) == 0o755
     assert (tool.st_uid, tool.st_gid) == (FakeHost.host_uid, FakeHost.host_gid)
@@ -119,4 +124,4 @@ def test_setuid_bits_dropped_and_ids_mapped(tmp_path: Path, target: Path) -> Non
 def test_content_must_match_the_digest(tmp_path: Path, target: Path) -> None:
     path, _ = archive(tmp_path, [entry("workspace/a", data=b"tampered")])
     with pytest.raises(InvalidRequest, match="digest"):
-        _extract(path, target, FakeHost(), "0" * 64)  # type: ignore[arg-type]
+        unpack(path, target, "0" * 64)

@@ -40,6 +40,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import socket
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -389,29 +390,34 @@ def attach(link: Link, netns: int | Path) -> None:
     """Give a sandbox its veth: ``netns`` is its init's pid (the default tier) or a path
     that pins its network namespace (the gVisor tier, wired before runsc starts). The
     rules already hold for every ``abh*`` name, so it is filtered from its first packet."""
-    namespace = str(netns)  # ip reads a name holding a "/" as a path
-    ns_path = str(netns) if isinstance(netns, Path) else f"/proc/{netns}/ns/net"
-    _run(
-        ["ip", "-batch", "-"],
-        f"link add {link.host_ifname} type veth peer name eth0 netns {namespace}\n"
-        f"addr add {link.host_address}/31 dev {link.host_ifname}\n"
-        f"link set {link.host_ifname} up\n",
-    )
-    # Defence in depth, before the sandbox end comes up (no packet can flow until then):
-    # with forwarding off on its host end, the kernel routes nothing arriving from the
-    # sandbox anywhere, even if the nft table were flushed on a host that forwards.
-    # (The interception still works: DNAT makes the destination local before routing.)
-    conf = Path("/proc/sys/net")
-    (conf / "ipv4" / "conf" / link.host_ifname / "forwarding").write_text("0")
-    ipv6 = conf / "ipv6" / "conf" / link.host_ifname / "disable_ipv6"
-    if ipv6.exists():
-        ipv6.write_text("1")
-    _run(
-        ["nsenter", f"--net={ns_path}", "ip", "-batch", "-"],
-        f"addr add {link.sandbox_address}/31 dev eth0\n"
-        "link set eth0 up\n"
-        f"route add default via {link.host_address}\n",
-    )
+    from agentbox.network import ports, rtnetlink
+
+    try:
+        with rtnetlink.Route.here() as host:
+            host.add_veth(link.host_ifname, "eth0", netns)
+            index = host.index(link.host_ifname)
+            host.add_address(index, link.host_address, 31)
+            host.set_up(index)
+        # Defence in depth, before the sandbox end comes up (no packet can flow until
+        # then): with forwarding off on its host end, the kernel routes nothing arriving
+        # from the sandbox anywhere, even if the nft table were flushed on a host that
+        # forwards. (The interception still works: DNAT makes the destination local
+        # before routing.)
+        conf = Path("/proc/sys/net")
+        (conf / "ipv4" / "conf" / link.host_ifname / "forwarding").write_text("0")
+        ipv6 = conf / "ipv6" / "conf" / link.host_ifname / "disable_ipv6"
+        if ipv6.exists():
+            ipv6.write_text("1")
+        inside = ports.socket_in_netns(
+            netns, socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE
+        )
+        with rtnetlink.Route(inside) as sandbox:
+            index = sandbox.index("eth0")
+            sandbox.add_address(index, link.sandbox_address, 31)
+            sandbox.set_up(index)
+            sandbox.add_default_route(link.host_address, index)
+    except OSError as e:
+        raise SandboxError(f"network setup failed for {link.host_ifname}: {e.strerror or e}") from e
 
 
 def detach(link: Link) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -49,7 +48,7 @@ from agentbox.isolation import disk, diskpool
 from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime, spec_from
 from agentbox.runtime.store import SandboxRecord
-from agentbox.storage import secretscan
+from agentbox.storage import hashedzstd, secretscan
 from agentbox.storage.objectstore import ObjectStore
 
 KEPT = ("upper", "workspace")
@@ -57,7 +56,6 @@ SANDBOX_ID = 1000  # the agent's uid and gid inside every sandbox
 _OPAQUE = "trusted.overlay.opaque"
 _PAX_OPAQUE = "SCHILY.xattr." + _OPAQUE
 _ZSTD_LEVEL = 3
-_CHUNK = 1 << 20
 
 
 @dataclass
@@ -180,19 +178,15 @@ class Snapshots:
         for f in findings:
             by_path.setdefault(f.path, []).append(f)
         with target.open("wb") as out:
-            import zstandard  # only snapshot and restore pay for the codec's import
-
-            compressor = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, threads=-1)
-            with compressor.stream_writer(out, closefd=False) as zout:
-                hashing = _HashingWriter(zout)
-                # tarfile writes 10 KB records: gathered into 1 MB writes for zstd and sha256
-                buffered = io.BufferedWriter(hashing, _CHUNK)
+            with hashedzstd.HashingZstdWriter(out, level=_ZSTD_LEVEL) as hashing:
+                # tarfile writes 10 KB records: gathered into 1 MiB chunks for the worker
+                buffered = io.BufferedWriter(hashing, hashedzstd.CHUNK)
                 with tarfile.open(fileobj=buffered, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                     files = 0
                     for part in KEPT:
                         files += self._add_tree(tar, view, part, source, by_path)
                 buffered.flush()
-                return hashing.sha256.hexdigest(), hashing.size, files
+            return hashing.sha256.hexdigest(), hashing.size, files
 
     def _add_tree(
         self,
@@ -242,18 +236,14 @@ class Snapshots:
         info = self.get(snapshot_id)
         template = self.runtime.templates.exact(info.template, info.template_digest)
         self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
-        staging = self.scratch / f"restore-{secrets.token_hex(8)}.tar.zst"
-        try:
-            self.store.get_file(data_key(info.id), staging)
+        with self.store.reading(data_key(info.id), self.scratch) as archive:
 
             def fill(host: SandboxHost, target: Path) -> None:
-                _extract(staging, target, host, info.sha256)
+                _extract(archive, target, host, info.sha256)
 
             return self.runtime.create_filled(
                 spec_from(info.spec), template, fill, actor=actor, snapshot=info.id
             )
-        finally:
-            staging.unlink(missing_ok=True)
 
     # listing ------------------------------------------------------------------------------
     def get(self, snapshot_id: str) -> SnapshotInfo:
@@ -336,51 +326,14 @@ def _open_nofollow(path: Path) -> IO[bytes]:
     return f
 
 
-class _HashingWriter(io.RawIOBase):
-    """Passes writes through, hashing and counting them (the snapshot's address)."""
-
-    def __init__(self, inner: IO[bytes]) -> None:
-        self.inner = inner
-        self.sha256 = hashlib.sha256()
-        self.size = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data)
-        self.sha256.update(view)
-        self.size += len(view)
-        self.inner.write(view)
-        return len(view)
-
-
-class _HashingReader(io.RawIOBase):
-    def __init__(self, inner: IO[bytes]) -> None:
-        self.inner = inner
-        self.sha256 = hashlib.sha256()
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.inner.read(len(buffer))
-        buffer[: len(data)] = data
-        self.sha256.update(data)
-        return len(data)
-
-
-def _extract(archive: Path, target: Path, host: SandboxHost, sha256: str) -> None:
+def _extract(archive: IO[bytes], target: Path, host: SandboxHost, sha256: str) -> None:
     """Unpack a snapshot into a fresh disk (nothing else writes to it meanwhile). Every
     entry is checked: only the kept parts, no absolute path or ``..``, never written
     through a symlink, no device but overlay whiteouts; the agent's files get this
     sandbox's host ids. The whole stream must match the snapshot's digest."""
     directories: list[tuple[Path, tarfile.TarInfo]] = []
-    import zstandard
-
-    with archive.open("rb") as raw:
-        hashing = _HashingReader(zstandard.ZstdDecompressor().stream_reader(raw))
-        buffered = io.BufferedReader(hashing, _CHUNK)
+    with hashedzstd.HashingZstdReader(archive) as hashing:
+        buffered = io.BufferedReader(hashing, hashedzstd.CHUNK)
         with tarfile.open(fileobj=buffered, mode="r|") as tar:
             for member in tar:
                 path = _checked_path(target, member.name)
@@ -393,7 +346,7 @@ def _extract(archive: Path, target: Path, host: SandboxHost, sha256: str) -> Non
                 elif not member.issym():
                     os.chmod(path, member.mode & 0o1777)  # no setuid/setgid bits
                     os.utime(path, (member.mtime, member.mtime), follow_symlinks=False)
-        while buffered.read(_CHUNK):  # the tar's end padding is part of the digest
+        while buffered.read(hashedzstd.CHUNK):  # the tar's end padding is part of the digest
             continue
     if hashing.sha256.hexdigest() != sha256:
         raise InvalidRequest("the snapshot's content does not match its digest (damaged?)")
@@ -433,7 +386,7 @@ def _make(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, target: Pat
         assert source is not None
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         with os.fdopen(os.open(path, flags, 0o600), "wb") as out:
-            shutil.copyfileobj(source, out, _CHUNK)
+            shutil.copyfileobj(source, out, hashedzstd.CHUNK)
     elif member.issym():
         os.symlink(member.linkname, path)  # resolved inside the sandbox, never here
     elif member.islnk():

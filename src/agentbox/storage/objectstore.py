@@ -23,6 +23,7 @@ import contextlib
 import errno
 import os
 import re
+import secrets
 import shutil
 import stat
 from abc import ABC, abstractmethod
@@ -103,6 +104,18 @@ class ObjectStore(ABC):
     def get_file(self, key: str, dest: Path) -> None:
         """Write object ``key`` to ``dest`` (replaced whole); SnapshotNotFound if absent."""
 
+    @contextlib.contextmanager
+    def reading(self, key: str, scratch: Path) -> Iterator[IO[bytes]]:
+        """Object ``key`` open for reading; SnapshotNotFound if absent. A remote object is
+        fetched into ``scratch`` (a directory) first and removed afterwards."""
+        staging = scratch / f"get-{secrets.token_hex(8)}"
+        try:
+            self.get_file(key, staging)
+            with staging.open("rb") as f:
+                yield f
+        finally:
+            staging.unlink(missing_ok=True)
+
     @abstractmethod
     def exists(self, key: str) -> bool: ...
 
@@ -174,18 +187,27 @@ class FolderStore(ObjectStore):
         except OSError as e:
             raise self._failure("store", key, e) from e
 
-    def get_file(self, key: str, dest: Path) -> None:
+    def _open(self, key: str) -> IO[bytes]:
         try:
-            src = open(self._path(key), "rb")  # noqa: SIM115 - closed by the with below
+            return open(self._path(key), "rb")
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise SnapshotNotFound(f"no object {key} in {self.url}", key=key) from None
         except OSError as e:
             raise self._failure("read", key, e) from e
+
+    def get_file(self, key: str, dest: Path) -> None:
+        src = self._open(key)
         try:
             with src, atomic_file(Path(dest), suffix=_TEMP_SUFFIX) as out:
                 shutil.copyfileobj(src, out, _CHUNK)
         except OSError as e:
             raise self._failure("read", key, e) from e
+
+    @contextlib.contextmanager
+    def reading(self, key: str, scratch: Path) -> Iterator[IO[bytes]]:
+        """The object's own file: no copy (a concurrent delete unlinks, the read goes on)."""
+        with self._open(key) as src:
+            yield src
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()

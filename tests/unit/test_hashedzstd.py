@@ -1,0 +1,83 @@
+"""The snapshot stream: hashing and zstd on a worker thread give the same bytes and
+digest as doing them in turn, and an error on either side ends both without a hang."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from agentbox.storage.hashedzstd import CHUNK, HashingZstdReader, HashingZstdWriter
+
+
+def payload() -> bytes:
+    # compressible and incompressible parts, not a multiple of the chunk size
+    return os.urandom(3 * CHUNK + 12345) + b"agentbox " * 200_000
+
+
+def test_writer_digest_and_frame_match_the_data(tmp_path: Path) -> None:
+    data = payload()
+    target = tmp_path / "out.zst"
+    with target.open("wb") as out, HashingZstdWriter(out, level=3) as w:
+        for i in range(0, len(data), 10_240):  # tarfile's record size
+            w.write(memoryview(data)[i : i + 10_240])
+    assert w.sha256.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert w.size == len(data)
+    # the zstd CLI reads the frame: it is a complete, standard one
+    cli = subprocess.run(["zstd", "-q", "-d", "-c", str(target)], capture_output=True, check=True)
+    assert cli.stdout == data
+
+
+def test_reader_gives_the_data_and_its_digest(tmp_path: Path) -> None:
+    data = payload()
+    source = io.BytesIO(zstandard.ZstdCompressor(level=3).compress(data))
+    with HashingZstdReader(source) as r:
+        got = io.BufferedReader(r, CHUNK).read()
+        assert got == data
+        assert r.sha256.hexdigest() == hashlib.sha256(data).hexdigest()
+        assert r.read(10) == b""
+
+
+def test_a_damaged_frame_is_an_error_in_the_reader() -> None:
+    frame = bytearray(zstandard.ZstdCompressor(level=3).compress(payload()))
+    frame[len(frame) // 2 :] = b"\xff" * (len(frame) - len(frame) // 2)
+    with HashingZstdReader(io.BytesIO(bytes(frame))) as r, pytest.raises(zstandard.ZstdError):
+        io.BufferedReader(r, CHUNK).read()
+
+
+class _FailingOut(io.RawIOBase):
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: object) -> int:
+        raise OSError(28, "No space left on device")
+
+
+def test_an_output_error_reaches_the_writer_and_nothing_hangs() -> None:
+    with pytest.raises(OSError, match="No space left"):
+        with HashingZstdWriter(_FailingOut(), level=3) as w:  # type: ignore[arg-type]
+            for _ in range(200):  # far more than the queue holds
+                w.write(os.urandom(CHUNK))
+    assert not [t for t in threading.enumerate() if t.name == "snapshot-compress"]
+
+
+def test_a_caller_error_abandons_the_worker() -> None:
+    out = io.BytesIO()
+    with pytest.raises(KeyError):
+        with HashingZstdWriter(out, level=3) as w:
+            w.write(b"x" * CHUNK)
+            raise KeyError("the tar side failed")
+    assert not [t for t in threading.enumerate() if t.name == "snapshot-compress"]
+
+
+def test_a_reader_closed_early_stops_its_worker() -> None:
+    source = io.BytesIO(zstandard.ZstdCompressor(level=1).compress(os.urandom(40 * CHUNK)))
+    with HashingZstdReader(source) as r:
+        assert len(r.read(100)) == 100
+    assert not [t for t in threading.enumerate() if t.name == "snapshot-decompress"]
