@@ -43,6 +43,9 @@ def test_rest_creates_lists_and_runs_a_gvisor_sandbox(gw: RunningGateway) -> Non
             assert refused.status_code == 409, refused.text
             error = refused.json()["error"]
             assert error["code"] == "tier_unsupported" and "namespaces" in error["message"]
+            forwarded = op.get(f"/v1/sandboxes/{sid}/ports/8000/")
+            assert forwarded.status_code == 409, forwarded.text
+            assert forwarded.json()["error"]["code"] == "tier_unsupported"
             default = op.post("/v1/sandboxes", json={"memory": "256MiB", "network": "none"})
             assert default.json()["isolation"] == "namespaces"
             op.delete(f"/v1/sandboxes/{default.json()['id']}")
