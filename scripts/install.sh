@@ -18,10 +18,12 @@ DEV=0
 # disks; xfsprogs: the disk pool they live in (reflinks: O(1) fork and create); gcc/libc6-dev: builds the 4 KB namespace launcher once; mmdebstrap: template
 # builds; nftables/iproute2: network isolation; python3-venv: the virtualenv; curl: what
 # agents use most inside sandboxes (and the network tests); chromium + fonts-dejavu-core:
-# the browser tool runs Debian's Chromium inside sandboxes (never `playwright install`).
+# the browser tool runs Debian's Chromium inside sandboxes (never `playwright install`);
+# runsc: gVisor, the `--isolation gvisor` tier (a user-space kernel between the agent and
+# the host kernel; Debian's release is the floor, a newer runsc on PATH is preferred).
 PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs xfsprogs util-linux
           gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates curl
-          chromium fonts-dejavu-core)
+          chromium fonts-dejavu-core runsc)
 # --dev: postgresql runs the state-store tests on a real server (tests/pgkit.py starts its
 # own cluster in a temp directory with /usr/lib/postgresql/15/bin; the system one is unused).
 [ "$DEV" = 1 ] && PACKAGES+=(postgresql)

@@ -14,7 +14,8 @@
     ├── Conflict                       conflict
     │   ├── SandboxNotRunning          sandbox_not_running   exec in a stopped/destroyed sandbox
     │   ├── FileExists                 file_exists
-    │   └── EditMismatch               edit_mismatch         fs edit found a different count
+    │   ├── EditMismatch               edit_mismatch         fs edit found a different count
+    │   └── TierUnsupported            tier_unsupported      not on this sandbox's isolation tier
     ├── Unauthenticated                unauthenticated       no/expired/revoked/unknown token (401)
     ├── PermissionDenied               permission_denied     the sandbox user may not do it
     │   ├── PathEscape                 path_escape           a path tried to leave the sandbox
@@ -149,6 +150,13 @@ class FileExists(Conflict):
 
 class EditMismatch(Conflict):
     code = "edit_mismatch"
+
+
+class TierUnsupported(Conflict):
+    """The feature does not hold on the sandbox's isolation tier (yet); the message says
+    which tier has it. docs/design.md's tier table lists them."""
+
+    code = "tier_unsupported"
 
 
 class TasksNotConfigured(Conflict):

@@ -256,6 +256,11 @@ class SandboxSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     template: str = "default"
+    isolation: Literal["namespaces", "gvisor"] = Field(
+        default="namespaces",
+        description="isolation tier: namespaces (bubblewrap + seccomp, fastest) or gvisor "
+        "(runsc: a user-space kernel between the agent and the host); docs/design.md",
+    )
     memory: int = Field(default=2 * 1024**3, description="memory limit in bytes")
     pids: int = Field(default=512, ge=8, le=1_000_000, description="max processes")
     cpus: float = Field(default=2.0, gt=0, le=1024, description="CPU quota in cores")

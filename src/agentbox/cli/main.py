@@ -146,6 +146,12 @@ def sandbox() -> None:
     "--allow", multiple=True, metavar="DOMAIN", help="A name the sandbox may reach "
     "(repeat; *.example.com = any name below example.com). Implies --network allowlist.",
 )  # fmt: skip
+@click.option(
+    "--isolation",
+    type=click.Choice(["namespaces", "gvisor"]),
+    help="Isolation tier: namespaces (bubblewrap + seccomp, the default) or gvisor (runsc: "
+    "a user-space kernel; see agentbox doctor for what this host can run).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the bare id.")
 @handle_errors()
 def sandbox_create(
@@ -161,6 +167,7 @@ def sandbox_create(
     project: str | None,
     network: str | None,
     allow: tuple[str, ...],
+    isolation: str | None,
     as_json: bool,
 ) -> None:
     """Create a sandbox and print its id.
@@ -170,6 +177,7 @@ def sandbox_create(
       agentbox sandbox create --memory 1GiB --disk 5GiB --lifetime 2h
       agentbox sandbox create --allow pypi.org --allow files.pythonhosted.org
       agentbox sandbox create --network none
+      agentbox sandbox create --isolation gvisor
     """
     spec: dict[str, object] = {"template": template}
     for key, value in (
@@ -181,6 +189,7 @@ def sandbox_create(
         ("idle_timeout", idle_timeout),
         ("on_idle", on_idle),
         ("project", project),
+        ("isolation", isolation),
     ):
         if value is not None:
             spec[key] = value
@@ -207,11 +216,11 @@ def sandbox_ls(as_json: bool) -> None:
     if not records:
         click.echo("no sandboxes (create one: agentbox sandbox create)", err=True)
         return
-    click.echo(f"{'ID':<18} {'STATE':<10} {'TEMPLATE':<14} {'MEMORY':>10}")
+    click.echo(f"{'ID':<18} {'STATE':<10} {'TEMPLATE':<14} {'ISOLATION':<10} {'MEMORY':>10}")
     for r in records:
         memory = r.spec.get("memory")
         shown = human_size(memory) if isinstance(memory, int) else ""
-        click.echo(f"{r.id:<18} {r.state:<10} {r.template:<14} {shown:>10}")
+        click.echo(f"{r.id:<18} {r.state:<10} {r.template:<14} {r.isolation:<10} {shown:>10}")
 
 
 @sandbox.command("get")
@@ -330,8 +339,12 @@ def sandbox_shell(sandbox_id: str, cwd: str) -> None:
     interactive = sys.stdin is not None and sys.stdin.isatty()
     leaf = runner.new_leaf()
     argv = ["/bin/bash", "-l"] if interactive else ["/bin/bash", "-s"]
-    launcher = runner.launcher_argv(argv, leaf, cwd, ctty=interactive)
-    code = subprocess.call(launcher, env=runner.environment(None))
+    # The tier's own launch (gVisor: runsc exec with the terminal passed on).
+    launcher, env = runner.command_launch(argv, leaf, cwd, runner.environment(None), interactive)
+    try:
+        code = subprocess.call(launcher, env=env)
+    finally:
+        runner.finish_leaf(leaf)
     sys.exit(128 - code if code < 0 else code)
 
 
@@ -393,7 +406,7 @@ def doctor(as_json: bool) -> None:
     """Check what this host offers agentbox, and how to fix what it lacks."""
     from agentbox.isolation.hostcheck import run_checks
 
-    checks = run_checks()
+    checks = run_checks(tiers=True)
     if as_json:
         _print_json([c.to_dict() for c in checks])
     else:

@@ -128,6 +128,7 @@ def _parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
 
 def _record(data: dict[str, Any]) -> SandboxRecord:
     spec = {k: data.get(k) for k in SandboxRecord.PUBLIC_SPEC}
+    spec["isolation"] = data.get("isolation") or "namespaces"
     return SandboxRecord(
         id=data["id"],
         slot=-1,

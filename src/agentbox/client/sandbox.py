@@ -292,6 +292,7 @@ class Sandbox:
         network: NetworkSpec | str | Mapping[str, object] | None = None,
         idle_timeout: float | str | None = None,
         on_idle: str | None = None,
+        isolation: str | None = None,
         home: Path | None = None,
     ) -> Sandbox:
         """Create and start a sandbox. ``timeout``: max lifetime in seconds (default 24h);
@@ -301,7 +302,9 @@ class Sandbox:
         here whatever the backend (``InvalidRequest`` naming the field and value);
         ``idle_timeout`` (default 15m, 0: never) and ``on_idle`` (``pause``, ``stop`` or
         ``destroy``): what happens to a sandbox nothing has used for that long, applied
-        by a running gateway (activity is defined in docs/design.md)."""
+        by a running gateway (activity is defined in docs/design.md); ``isolation``:
+        ``namespaces`` (the default) or ``gvisor`` (runsc, a user-space kernel; what it
+        supports is in docs/design.md, Isolation tiers)."""
         spec: dict[str, object] = {"template": template}
         for key, value in (
             ("memory", memory),
@@ -313,6 +316,7 @@ class Sandbox:
             ("network", None if network is None else _network(network)),
             ("idle_timeout", idle_timeout),
             ("on_idle", on_idle),
+            ("isolation", isolation),
         ):
             if value is not None:
                 spec[key] = value

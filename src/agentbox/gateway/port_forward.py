@@ -113,6 +113,10 @@ async def forward(
     The caller has checked that ``principal`` may reach the sandbox's ports."""
     record = gateway.runtime.running(sandbox_id)[0]
     assert record.init_pid is not None
+    if record.isolation == "gvisor":  # its services listen in the Sentry, not in a netns
+        from agentbox.runtime.gvisor_commands import unsupported
+
+        raise unsupported("port forwarding")
     head = request_head(method, target, port, headers, body)
     sock = await asyncio.to_thread(ports.connect_to_port, record.init_pid, port)
     reader, writer = await asyncio.open_connection(sock=sock)

@@ -46,6 +46,11 @@ class Body(BaseModel):
 
 class CreateSandbox(Body):
     template: str = "default"
+    isolation: Literal["namespaces", "gvisor"] | None = Field(
+        default=None,
+        description="isolation tier: namespaces (the default) or gvisor (runsc); what "
+        "each tier supports is in docs/design.md (Isolation tiers)",
+    )
     memory: int | str | None = None
     cpus: float | None = None
     pids: int | None = None

@@ -216,6 +216,32 @@ def check_network() -> Check:
     return Check("sandbox network", True, "nft, ip, nsenter, veth links", "")
 
 
+def tier_namespaces(checks: list[Check]) -> Check:
+    """The default tier runs where bubblewrap, user namespaces, cgroups and seccomp do
+    (``checks``: the results above, which say why not)."""
+    needed = ("bubblewrap", "user namespaces", "cgroups", "seccomp")
+    failing = [c for c in checks if c.name in needed and not c.ok]
+    if failing:
+        return Check("isolation tier namespaces", False,
+                     "; ".join(f"{c.name}: {c.detail}" for c in failing),
+                     " / ".join(c.fix for c in failing), required=False)  # fmt: skip
+    return Check("isolation tier namespaces", True, "bubblewrap + cgroups + seccomp", "",
+                 required=False)  # fmt: skip
+
+
+def check_tier_gvisor() -> Check:
+    """The gvisor tier needs runsc and a platform it runs on here (probed by running
+    ``runsc do true``): optional, sandboxes ask for it with isolation gvisor."""
+    from agentbox.isolation import gvisor
+
+    probe = gvisor.probe()
+    fix = gvisor.INSTALL_FIX if probe.runsc is None else (
+        "see docs/design.md (Isolation tiers) for the platforms runsc supports; "
+        "use isolation namespaces meanwhile"
+    )  # fmt: skip
+    return Check("isolation tier gvisor", probe.ok, probe.detail, fix, required=False)
+
+
 def check_chromium() -> Check:
     return _binary("chromium", ("chromium",), "apt-get install -y chromium (browser tool)",
                    required=False)  # fmt: skip
@@ -236,7 +262,9 @@ ALL_CHECKS: list[Callable[[], Check]] = [
 ]
 
 
-def run_checks() -> list[Check]:
+def run_checks(tiers: bool = False) -> list[Check]:
+    """Every check; with ``tiers`` (doctor) also which isolation tiers this host can
+    run, and why not (the gVisor probe starts runsc: kept out of readiness checks)."""
     results = []
     for check in ALL_CHECKS:
         try:
@@ -245,4 +273,11 @@ def run_checks() -> list[Check]:
             results.append(
                 Check(check.__name__.removeprefix("check_"), False, repr(e), "see detail")
             )
+    if tiers:
+        results.append(tier_namespaces(results))
+        try:
+            results.append(check_tier_gvisor())
+        except Exception as e:  # as above
+            results.append(Check("isolation tier gvisor", False, repr(e), "see detail",
+                                 required=False))  # fmt: skip
     return results

@@ -386,14 +386,15 @@ def _table_loaded() -> bool:
     return done.returncode == 0 and f"{HomeNet(MAX_HOMES - 1).proxy_address}:" in done.stdout
 
 
-def attach(link: Link, init_pid: int) -> None:
-    """Give the sandbox whose init is ``init_pid`` its veth (the rules already hold for
-    every ``abh*`` name, so it is filtered from its first packet)."""
+def attach(link: Link, netns: int | Path) -> None:
+    """Give a sandbox its veth: ``netns`` is its init's pid (the default tier) or a path
+    that pins its network namespace (the gVisor tier, wired before runsc starts). The
+    rules already hold for every ``abh*`` name, so it is filtered from its first packet."""
     from agentbox.network import ports, rtnetlink
 
     try:
         with rtnetlink.Route.here() as host:
-            host.add_veth(link.host_ifname, "eth0", init_pid)
+            host.add_veth(link.host_ifname, "eth0", netns)
             index = host.index(link.host_ifname)
             host.add_address(index, link.host_address, 31)
             host.set_up(index)
@@ -408,7 +409,7 @@ def attach(link: Link, init_pid: int) -> None:
         if ipv6.exists():
             ipv6.write_text("1")
         inside = ports.socket_in_netns(
-            init_pid, socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE
+            netns, socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE
         )
         with rtnetlink.Route(inside) as sandbox:
             index = sandbox.index("eth0")

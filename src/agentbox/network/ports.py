@@ -11,21 +11,23 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from pathlib import Path
 
 from agentbox.errors import InvalidRequest, NotFound, SandboxNotRunning
 from agentbox.isolation import syscalls
 
 
 def socket_in_netns(
-    init_pid: int,
+    init_pid: int | Path,
     family: int = socket.AF_INET,
     kind: int = socket.SOCK_STREAM,
     proto: int = 0,
 ) -> socket.socket:
-    """A socket (TCP unless said) in the network namespace of ``init_pid``. Call from a
-    worker thread."""
+    """A socket (TCP unless said) in the network namespace of ``init_pid`` (or of a
+    pinned namespace file). Call from a worker thread."""
+    where = init_pid if isinstance(init_pid, Path) else f"/proc/{init_pid}/ns/net"
     try:
-        target = os.open(f"/proc/{init_pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        target = os.open(where, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise SandboxNotRunning("the sandbox is gone; create a new one") from None
     own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)

@@ -17,12 +17,13 @@ import itertools
 import os
 import socket
 import struct
+from pathlib import Path
 
 # linux/rtnetlink.h, linux/if_link.h, linux/veth.h, linux/if_addr.h
 RTM_NEWLINK, RTM_GETLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 18, 20, 24
 NLMSG_ERROR = 2
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
-IFLA_IFNAME, IFLA_LINKINFO, IFLA_NET_NS_PID = 3, 18, 19
+IFLA_IFNAME, IFLA_LINKINFO, IFLA_NET_NS_PID, IFLA_NET_NS_FD = 3, 18, 19, 28
 IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
 IFA_ADDRESS, IFA_LOCAL = 1, 2
 RTA_GATEWAY, RTA_OIF = 5, 4
@@ -87,16 +88,26 @@ class Route:
                     return b""
                 return payload
 
-    def add_veth(self, name: str, peer: str, peer_netns_pid: int) -> None:
-        """A veth pair: ``name`` here, ``peer`` in the network namespace of the pid."""
-        peer_info = _IFINFO.pack(0, 0, 0, 0, 0) + attr(IFLA_IFNAME, _name(peer))
-        peer_info += attr(IFLA_NET_NS_PID, struct.pack("=I", peer_netns_pid))
-        linkinfo = attr(IFLA_INFO_KIND, b"veth") + attr(
-            IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer_info)
-        )
-        body = _IFINFO.pack(0, 0, 0, 0, 0) + attr(IFLA_IFNAME, _name(name))
-        body += attr(IFLA_LINKINFO, linkinfo)
-        self.request(RTM_NEWLINK, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, body)
+    def add_veth(self, name: str, peer: str, peer_netns: int | Path) -> None:
+        """A veth pair: ``name`` here, ``peer`` in the network namespace of a pid, or of
+        a namespace file (a pinned netns: the gVisor tier's)."""
+        fd = os.open(peer_netns, os.O_RDONLY | os.O_CLOEXEC) if isinstance(peer_netns, Path) else -1
+        try:
+            where = (
+                attr(IFLA_NET_NS_FD, struct.pack("=I", fd))
+                if fd >= 0
+                else attr(IFLA_NET_NS_PID, struct.pack("=I", peer_netns))
+            )
+            peer_info = _IFINFO.pack(0, 0, 0, 0, 0) + attr(IFLA_IFNAME, _name(peer)) + where
+            linkinfo = attr(IFLA_INFO_KIND, b"veth") + attr(
+                IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer_info)
+            )
+            body = _IFINFO.pack(0, 0, 0, 0, 0) + attr(IFLA_IFNAME, _name(name))
+            body += attr(IFLA_LINKINFO, linkinfo)
+            self.request(RTM_NEWLINK, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, body)
+        finally:
+            if fd >= 0:
+                os.close(fd)
 
     def index(self, name: str) -> int:
         body = _IFINFO.pack(0, 0, 0, 0, 0) + attr(IFLA_IFNAME, _name(name))

@@ -192,6 +192,23 @@ class CommandRunner:
         (foreground commands' leaves are how the idle watcher sees a command running)."""
         return self.cgroup.new_leaf(kind + secrets.token_hex(6))
 
+    def command_launch(
+        self, argv: list[str], leaf: str, cwd: str | None, env: dict[str, str], pty: bool
+    ) -> tuple[list[str], dict[str, str]]:
+        """The host command that runs ``argv`` in the sandbox, and its environment (the
+        launcher hands its own environment to the command)."""
+        return self.launcher_argv(argv, leaf, cwd, ctty=pty), env
+
+    def kill_tree(self, leaf: str) -> None:
+        """SIGKILL one command's whole process tree, ``setsid`` daemons included."""
+        self.cgroup.kill_leaf(leaf)
+
+    def kill_foreground(self) -> None:
+        """Kill every foreground command running now (each one's tree), whoever started
+        it; background processes live on (a task's cancellation)."""
+        for leaf in self.cgroup.populated_leaves(FOREGROUND_LEAF):
+            self.cgroup.kill_leaf(leaf)
+
     # foreground -----------------------------------------------------------------------
     def run(
         self,
@@ -229,13 +246,13 @@ class CommandRunner:
         stdin_data = None if stdin is None else stdin_bytes(stdin)
         environment = self.environment(env)
         leaf = self.new_leaf()
-        launcher = self.launcher_argv(argv, leaf, cwd, ctty=pty)
+        launcher, environment = self.command_launch(argv, leaf, cwd, environment, pty)
         keep = save_max_bytes if save is not None else 0
         out = BoundedCapture(max_output_bytes, "stdout", on_output, keep)
         err = BoundedCapture(max_output_bytes, "stderr", on_output, keep)
         started = time.monotonic()
         if cancel is not None:
-            cancel.bind(lambda: self.cgroup.kill_leaf(leaf))
+            cancel.bind(lambda: self.kill_tree(leaf))
         try:
             try:
                 if pty:
@@ -288,7 +305,7 @@ class CommandRunner:
         if outcome == WAITING and adopt is not None:
             return 0, adopt(LiveCommand(proc, argv, cwd, leaf, out, err))
         if outcome == WAITING:
-            self.cgroup.kill_leaf(leaf)
+            self.kill_tree(leaf)
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             if pipe is not None:
                 with contextlib.suppress(OSError):
@@ -396,7 +413,7 @@ class CommandRunner:
                 if deadline is not None and now >= deadline:
                     outcome = TIMED_OUT
                     deadline = None
-                    self.cgroup.kill_leaf(leaf)  # the tree, setsid daemons included
+                    self.kill_tree(leaf)  # the tree, setsid daemons included
                 if exited_at is not None and (not by_fd or now - exited_at > _DRAIN_AFTER_EXIT_S):
                     break
                 check_at = None
@@ -460,6 +477,10 @@ class CommandRunner:
         finally:
             with contextlib.suppress(OSError):
                 pipe.close()
+
+    def finish_leaf(self, leaf: str) -> None:
+        """A command run by the caller itself ended (``agentbox sandbox shell``)."""
+        self._finish_leaf(leaf, kill=False)
 
     def _finish_leaf(self, leaf: str, kill: bool) -> None:
         """Drop the command's leaf cgroup; processes it left running keep it until they end."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from agentbox.errors import SandboxError
 from agentbox.isolation import disk, diskpool, initfs, syscalls
-from agentbox.isolation.cgroups import SandboxCgroup
+from agentbox.isolation.cgroups import Limits, SandboxCgroup
 
 # Ids inside the sandbox: the agent is an ordinary user, never root.
 SANDBOX_UID = 1000
@@ -257,8 +257,10 @@ class SandboxHost:
         host_usr: bool,
         memory_bytes: int,
         lifetime_s: float,
+        limits: Limits | None = None,
     ) -> tuple[int, int]:
-        """Start the sandbox's first process; return its host pid and start time."""
+        """Start the sandbox's first process; return its host pid and start time.
+        (``limits``: what ``cgroup`` already enforces; other tiers pass them on.)"""
         init = initfs.ensure(self.home, paths.nsexec)  # a stat, once it is there
         seccomp_fd = os.open(paths.seccomp, os.O_RDONLY)
         info_r, info_w = os.pipe()
@@ -348,6 +350,10 @@ class SandboxHost:
         except FileNotFoundError:
             text = ""
         return text[-2000:] or "no output (see agentbox doctor)"
+
+    def processes_ended(self) -> None:
+        """Every process of the sandbox was killed (a stop); the disk stays for a new
+        launch. Nothing to forget on this tier."""
 
     # teardown -------------------------------------------------------------------------
     def teardown(self) -> None:

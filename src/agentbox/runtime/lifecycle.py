@@ -113,6 +113,10 @@ class IdleWatcher:
         self._cpu[record.id] = (now, usage)
         if cgroup.populated_leaves(FOREGROUND_LEAF):
             return True
+        if record.isolation == "gvisor":  # no leaves: a running command has its exec file
+            execs = self.runtime.home / "sandboxes" / record.id / "exec"
+            if any(execs.glob(f"{FOREGROUND_LEAF}*.json")):
+                return True
         if previous is None:
             return False
         elapsed = now - previous[0]

@@ -30,8 +30,8 @@ from agentbox.fsutil import locked
 from agentbox.isolation import disk, diskpool
 from agentbox.isolation.cgroups import GROUP_PARENT
 from agentbox.network import plane
-from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime
+from agentbox.runtime.tiers import found_isolation, host_for
 
 log = logging.getLogger(__name__)
 LIVE_STATES = ("running", "paused", "stopped", "pooled")
@@ -106,7 +106,7 @@ def _orphan_directories(home: Path, owned: set[str]) -> list[str]:
     for directory in sorted(sandboxes.glob("sb-*")) if sandboxes.is_dir() else []:
         if directory.name in owned:
             continue
-        host = SandboxHost(home, directory.name, 0)
+        host = host_for(home, directory.name, 0, found_isolation(directory))
         with contextlib.suppress(AgentboxError, OSError):
             host.teardown()  # unmounts root and disk, removes the image and the directory
             found.append(f"directory {directory.name}")

@@ -39,6 +39,7 @@ from agentbox.network import plane
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
 from agentbox.runtime.store import SandboxRecord, Store
+from agentbox.runtime.tiers import GVISOR, host_for
 
 # Imported where used: a command on an existing sandbox (``agentbox sandbox exec``) needs
 # none of these (tests/unit/test_import_weight.py).
@@ -79,7 +80,9 @@ def pool_key(spec: SandboxSpec) -> str:
     """What a warm sandbox shares with the requests it can serve: everything fixed when a
     sandbox is made (template, limits, disk, network). Environment, lifetime, idle
     settings and project are set when it is claimed."""
-    fixed = spec.model_dump(include={"template", "memory", "pids", "cpus", "disk", "network"})
+    fixed = spec.model_dump(
+        include={"template", "isolation", "memory", "pids", "cpus", "disk", "network"}
+    )
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -205,6 +208,10 @@ class Runtime:
         self, spec: Mapping[str, object] | SandboxSpec | None = None, *, actor: str = "local"
     ) -> SandboxRecord:
         spec = spec_from(spec)
+        if spec.isolation == GVISOR and spec.on_idle == "stop":
+            from agentbox.runtime.gvisor_commands import unsupported
+
+            raise unsupported("on_idle stop")
         self.sweep_expired()
         template = self.templates.get(spec.template)
         claimed = self.store.claim(
@@ -227,7 +234,7 @@ class Runtime:
             return False
         self._release(
             sandbox_id,
-            SandboxHost(self.home, sandbox_id, record.slot),
+            self.host(record),
             self.layout.sandbox(sandbox_id),
             record.network_mode != "none",
             record.template_digest,
@@ -256,7 +263,7 @@ class Runtime:
             raise SandboxNotRunning(f"sandbox {source_id} is {source.state}; cannot fork it")
         spec = spec_from(source.spec)
         template = self.templates.exact(source.template, source.template_digest)
-        origin = SandboxHost(self.home, source_id, source.slot)
+        origin = self.host(source)
         record = self._build(spec, template, origin)
         self.event(record.id, "created", "operator", actor, template=record.template,
                    forked_from=source_id)  # fmt: skip
@@ -323,9 +330,10 @@ class Runtime:
                 MAX_SANDBOXES,
                 self.admission,
             )
-        host = SandboxHost(self.home, sandbox_id, record.slot)
+        host = host_for(self.home, sandbox_id, record.slot, spec.isolation)
         cgroup = self.layout.sandbox(sandbox_id)
         networked = spec.network.mode != "none"
+        gvisor = spec.isolation == GVISOR
         try:
             trust = None
             if networked:
@@ -342,9 +350,14 @@ class Runtime:
                 clone_of=clone_of,
                 populate=None if populate is None else lambda disk: populate(host, disk),
             )
-            cgroup.create(Limits(spec.memory, spec.pids, spec.cpus))
-            pid, start = host.launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime)
-            if networked:
+            limits = Limits(spec.memory, spec.pids, spec.cpus)
+            cgroup.create(limits)
+            if networked and gvisor:  # runsc copies the namespace's setup as it starts
+                plane.attach(self.net.link(record.slot), host.make_netns())  # type: ignore[attr-defined]
+            pid, start = host.launch(
+                paths, cgroup, template.host_usr, spec.memory, spec.lifetime, limits
+            )
+            if networked and not gvisor:
                 plane.attach(self.net.link(record.slot), pid)
             host.activity_marker.touch()
             state = "running" if pool is None else "pooled"
@@ -406,7 +419,7 @@ class Runtime:
         self.store.set_state(sandbox_id, "destroying")
         self._release(
             sandbox_id,
-            SandboxHost(self.home, sandbox_id, record.slot),
+            self.host(record),
             self.layout.sandbox(sandbox_id),
             record.network_mode != "none",
             record.template_digest,
@@ -476,6 +489,18 @@ class Runtime:
         except (OSError, AgentboxError) as e:  # the sandbox is gone; a later collection retries
             _warn("could not collect template %s: %s", template_digest, e)
 
+    def host(self, record: SandboxRecord) -> SandboxHost:
+        """The host resources of a sandbox, of its isolation tier."""
+        return host_for(self.home, record.id, record.slot, record.isolation)
+
+    @staticmethod
+    def _tier_check(record: SandboxRecord, feature: str) -> None:
+        """Refuse, with a typed error, what the sandbox's tier cannot do (yet)."""
+        if record.isolation == GVISOR:
+            from agentbox.runtime.gvisor_commands import unsupported
+
+            raise unsupported(feature)
+
     def alive(self, record: SandboxRecord) -> bool:
         """Whether the sandbox's init still runs (pid and start time both match)."""
         return self._alive(record)
@@ -508,7 +533,7 @@ class Runtime:
         """Continue a paused sandbox exactly where it stopped, or start a stopped one
         again on its kept disk (its processes are gone). A no-op when running."""
         record = self.get(sandbox_id)
-        host = SandboxHost(self.home, sandbox_id, record.slot)
+        host = self.host(record)
         if record.state == "paused" or self.layout.sandbox(sandbox_id).frozen():
             with self._lock:
                 self.layout.sandbox(sandbox_id).thaw()
@@ -537,11 +562,12 @@ class Runtime:
         if record.state == "stopped":
             return record
         self._live.forget(sandbox_id)
-        host = SandboxHost(self.home, sandbox_id, record.slot)
+        host = self.host(record)
         cgroup = self.layout.sandbox(sandbox_id)
         with self._lock:
             cgroup.thaw()  # a frozen tree dies only once thawed on some kernels
             cgroup.remove_processes()
+            host.processes_ended()
             if record.network_mode != "none":
                 net = plane.registered_home_net(self.home)
                 if net is not None:
@@ -559,8 +585,14 @@ class Runtime:
         remaining = (record.expires_at or time.time() + spec.lifetime) - time.time()
         if remaining <= 1:
             raise SandboxNotRunning(f"sandbox {record.id} has reached its lifetime")
-        pid, start = host.launch(self.paths, cgroup, template.host_usr, spec.memory, remaining)
-        if spec.network.mode != "none":
+        networked, gvisor = spec.network.mode != "none", record.isolation == GVISOR
+        if networked and gvisor:  # its namespace outlived the stop; wired before runsc
+            plane.attach(self.net.link(record.slot), host.netns)  # type: ignore[attr-defined]
+        limits = Limits(spec.memory, spec.pids, spec.cpus)
+        pid, start = host.launch(
+            self.paths, cgroup, template.host_usr, spec.memory, remaining, limits
+        )
+        if networked and not gvisor:
             plane.attach(self.net.link(record.slot), pid)
         self.store.mark_running(record.id, pid, start)
 
@@ -629,8 +661,7 @@ class Runtime:
                 raise SandboxNotRunning(
                     f"sandbox {sandbox_id} is {record.state}, not running; create a new one"
                 )
-            host = SandboxHost(self.home, sandbox_id, record.slot)
-            running = (record, host, self.layout.sandbox(sandbox_id))
+            running = (record, self.host(record), self.layout.sandbox(sandbox_id))
             self._live.add(running)
         return running
 
@@ -641,12 +672,21 @@ class Runtime:
         if record.network_mode != "none":
             trust = plane.ca_env() if record.has_credentials else {}
             env = {**self.net.proxy_env(), **trust, **env}
+        if record.isolation == GVISOR:
+            from agentbox.runtime.gvisor_commands import GvisorCommandRunner
+
+            return GvisorCommandRunner(self.paths, host, cgroup, record.init_pid, env)  # type: ignore[arg-type]
         return CommandRunner(self.paths, host, cgroup, record.init_pid, env)
 
     def processes(self, sandbox_id: str) -> ProcessTable:
         from agentbox.runtime.processes import ProcessTable
 
-        return ProcessTable(self.commands(sandbox_id))
+        runner = self.commands(sandbox_id)
+        if self.running(sandbox_id)[0].isolation == GVISOR:
+            from agentbox.runtime.gvisor_processes import GvisorProcessTable
+
+            return GvisorProcessTable(runner)
+        return ProcessTable(runner)
 
     def sessions(self, sandbox_id: str) -> ShellSessions:
         from agentbox.runtime.sessions import ShellSessions
@@ -657,4 +697,6 @@ class Runtime:
         from agentbox.runtime.files import SandboxFiles
 
         record, host, _ = self.running(sandbox_id)
+        if record.isolation == GVISOR:  # the host-side tree runsc serves (gvisor_host)
+            return SandboxFiles(str(host.root), host.host_uid, host.host_gid)
         return SandboxFiles(f"/proc/{record.init_pid}/root", host.host_uid, host.host_gid)

@@ -73,6 +73,11 @@ class SandboxRecord:
     )
 
     @property
+    def isolation(self) -> str:
+        """``namespaces`` (the default tier) or ``gvisor`` (see ``runtime.tiers``)."""
+        return str(self.spec.get("isolation") or "namespaces")
+
+    @property
     def network_mode(self) -> str:
         """``none``, ``allowlist``, ``open`` or ``ask``, read without pydantic (see
         stored_network)."""
@@ -90,6 +95,7 @@ class SandboxRecord:
             "state": self.state,
             "template": self.template,
             "template_digest": self.template_digest,
+            "isolation": self.isolation,
             "created_at": self.created_at,
             "expires_at": self.expires_at,
             **{k: self.spec.get(k) for k in self.PUBLIC_SPEC},

@@ -18,7 +18,6 @@ from typing import Any, Literal
 from agentbox.errors import AgentboxError, BudgetExceeded, ProviderError
 from agentbox.gateway.auth import Principal
 from agentbox.providers.types import ChatRequest, ChatResponse
-from agentbox.runtime.commands import FOREGROUND_LEAF
 from agentbox.runtime.runtime import Runtime
 from agentbox.tasks.agent import TaskEnd, run_task
 from agentbox.tasks.store import Task, TaskStore
@@ -154,9 +153,8 @@ class TaskWorkers:
         while not await self._cancel_requested(task):
             await asyncio.sleep(0.25)
         if task.sandbox is not None:
-            cgroup = self.runtime.layout.sandbox(task.sandbox)
-            for leaf in cgroup.populated_leaves(FOREGROUND_LEAF):
-                cgroup.kill_leaf(leaf)
+            with contextlib.suppress(AgentboxError):  # gone meanwhile: nothing runs
+                self.runtime.commands(task.sandbox).kill_foreground()
 
     async def _renew(self, task: Task) -> None:
         while True:

@@ -1,0 +1,161 @@
+"""Commands in a live gVisor-tier sandbox: ``runsc exec``, with the default tier's
+contract for one-shot commands (runtime.commands: capped output, stdin, timeouts,
+cancellation, the exit status from the host).
+
+Every command is one ``runsc exec`` whose process runs under ``unshare --pid --fork
+--kill-child`` (see ``isolation.gvisor.exec_process``): killing that process inside the
+Sentry (``runsc kill --pid``) ends the command's PID namespace, so a timeout kills the
+whole tree, ``setsid`` daemons included, while other commands run on. The exit status
+is ``runsc exec``'s own (it waits for the process in the Sentry), read with waitpid on
+the host: nothing the command prints can forge it.
+
+A PTY is a host pty pair whose slave is runsc exec's stdio (see ``open_pty``). A
+command that reads stdin without a PTY gets what ``stdin`` holds, then end-of-file (no
+detection of a command waiting for input, which needs the default tier's cgroup view).
+Background processes: ``runtime.gvisor_processes``; shell sessions work unchanged (each
+call is one command).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import posixpath
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentbox.errors import InvalidRequest, TierUnsupported
+from agentbox.fsutil import exec_text
+from agentbox.isolation import gvisor
+from agentbox.isolation.cgroups import SandboxCgroup
+from agentbox.runtime.commands import FOREGROUND_LEAF, WORKSPACE, CommandRunner
+from agentbox.runtime.gvisor_host import GvisorHost
+from agentbox.runtime.host import BASE_PATH, LaunchPaths
+from agentbox.runtime.output import CommandResult
+
+_PID_WAIT_S = 5.0  # runsc writes a command's pid file as it starts it
+
+
+def unsupported(feature: str) -> TierUnsupported:
+    return TierUnsupported(
+        f"{feature} is not available on the gvisor isolation tier yet; run a one-shot "
+        "command instead, or create the sandbox with isolation namespaces",
+        tier=gvisor.TIER,
+        feature=feature,
+    )
+
+
+class GvisorCommandRunner(CommandRunner):
+    host: GvisorHost
+
+    def __init__(
+        self,
+        paths: LaunchPaths,
+        host: GvisorHost,
+        cgroup: SandboxCgroup,
+        init_pid: int,
+        sandbox_env: Mapping[str, str],
+    ) -> None:
+        super().__init__(paths, host, cgroup, init_pid, sandbox_env)
+
+    def run(self, command: str | Sequence[str], **options: Any) -> CommandResult:
+        # No input detection: its stdin is /dev/null unless stdin is given (see above).
+        options["detect_input"] = False
+        options["adopt"] = None
+        return super().run(command, **options)
+
+    def new_leaf(self, kind: str = "c") -> str:
+        return kind + os.urandom(6).hex()  # names the command's files; no cgroup leaf
+
+    def command_launch(
+        self, argv: list[str], leaf: str, cwd: str | None, env: dict[str, str], pty: bool
+    ) -> tuple[list[str], dict[str, str]]:
+        if cwd is not None and not exec_text(cwd, "cwd"):
+            raise InvalidRequest("cwd must be a non-empty path")
+        where = posixpath.normpath(posixpath.join(WORKSPACE, cwd or WORKSPACE))
+        if not self.host.is_dir_in_root(where):
+            raise InvalidRequest(
+                f"cwd {where} is not a directory in the sandbox; pass a cwd that exists "
+                "in the sandbox (e.g. /workspace)"
+            )
+        process = gvisor.exec_process(
+            args=argv, env=env, cwd=where, uid=self.host.host_uid, gid=self.host.host_gid,
+            terminal=pty,
+        )  # fmt: skip
+        spec = self.spec_file(leaf)
+        # Root-only: the environment may hold what the caller did not want in ps output.
+        fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(process, f)
+        launcher = self.host.runsc_argv(
+            "exec",
+            f"--process={spec}",
+            f"--internal-pid-file={self.pid_file(leaf)}",
+            self.host.container,
+        )
+        return launcher, {"PATH": BASE_PATH}
+
+    def launcher_argv(self, argv: list[str], leaf: str, cwd: str | None, **_: object) -> list[str]:
+        """The default tier's launcher would join the Sentry's *host* namespaces: outside
+        gVisor. Whatever asks for it here (the browser, background processes) is refused."""
+        raise unsupported("a host-side launch into the sandbox (the browser tool)")
+
+    def pid_file(self, leaf: str) -> str:
+        """Where runsc writes the command's pid inside the Sentry (its unshare)."""
+        return str(self.host.exec_dir / f"{leaf}.pid")
+
+    def spec_file(self, leaf: str) -> Path:
+        return self.host.exec_dir / f"{leaf}.json"
+
+    def child_of(self, pid: int) -> int | None:
+        """The first child of Sentry pid ``pid`` (``runsc ps``), or None."""
+        argv = self.host.runsc_argv("ps", self.host.container)
+        listed = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        for line in listed.stdout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 2 and fields[2] == str(pid) and fields[1].isdigit():
+                return int(fields[1])
+        return None
+
+    def signal_pid(self, pid: int, signal: str) -> bool:
+        """Deliver ``signal`` (a name) to Sentry pid ``pid``; whether runsc did."""
+        done = subprocess.run(
+            self.host.runsc_argv("kill", f"--pid={pid}", self.host.container, signal),
+            capture_output=True, timeout=30, check=False,
+        )  # fmt: skip
+        return done.returncode == 0
+
+    def kill_tree(self, leaf: str) -> None:
+        """Kill the command's ``unshare`` inside the Sentry: its PID namespace dies."""
+        deadline = time.monotonic() + _PID_WAIT_S
+        pid = None
+        while pid is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(Path(self.pid_file(leaf)).read_text().strip())
+            if pid is None:
+                time.sleep(0.01)  # runsc is starting it: a few ms
+        if pid is None:
+            return  # never started: nothing to kill
+        self.signal_pid(pid, "KILL")
+
+    def kill_foreground(self) -> None:
+        for pid_file in self.host.exec_dir.glob(f"{FOREGROUND_LEAF}*.pid"):
+            self.kill_tree(pid_file.stem)
+
+    def _finish_leaf(self, leaf: str, kill: bool) -> None:
+        if kill:
+            self.kill_tree(leaf)
+        for suffix in (".json", ".pid"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.host.exec_dir / f"{leaf}{suffix}")
+
+    def open_pty(self) -> tuple[int, int]:
+        """A pty pair of the host's: runsc exec, given the slave as its stdio with
+        ``terminal`` set, has the Sentry wrap it as the command's controlling terminal
+        (the agent's ioctls reach gVisor's tty, which passes few on); the master is
+        ours alone."""
+        return os.openpty()

@@ -1,0 +1,308 @@
+"""Host resources of one sandbox on the gVisor tier (``isolation: gvisor``).
+
+The same disk, overlay root and cgroups as the default tier (``runtime.host``), run by
+``runsc`` instead of bubblewrap. Differences, each for a reason:
+
+* The sandbox's tree is assembled on the host: /workspace, /tmp, /var/tmp (from its
+  disk), /usr (the host's, read-only, for templates that use it) and the init are bound
+  into ``root/`` before runsc starts. runsc's Gofer serves that one tree (submounts
+  included) and the files API (``runtime.files``) works on the very same tree, so the
+  two cannot disagree; runsc runs with ``--file-access=shared`` so that the Sentry
+  sees what the files API wrote.
+* The agent's processes run as the sandbox's *host* uid (there is no user namespace
+  between the Sentry's view and the disk), so files the agent and the files API create
+  have the same owner. ``/etc/passwd`` and ``/etc/group`` in the writable layer name
+  that uid ``user``.
+* A networked sandbox's network namespace exists before runsc starts (a bind mount at
+  ``netns``), is wired by the network plane, and is the one the OCI spec names.
+* runsc's state lives in ``runsc/`` beside the bundle; destroy runs ``runsc delete
+  --force`` and then removes the directory with everything else.
+
+Layout added under ``$AGENTBOX_HOME/sandboxes/ID``::
+
+    bundle/config.json   the OCI spec (root-only: it holds the sandbox's environment)
+    runsc/               runsc --root (container state)
+    netns                the network namespace, pinned by a bind mount (networked only)
+    exec/                one process.json per running command (root-only)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from agentbox.errors import SandboxError, TierUnsupported
+from agentbox.isolation import disk, gvisor, initfs, syscalls
+from agentbox.isolation.cgroups import GROUP_PARENT, Limits, SandboxCgroup
+from agentbox.runtime.host import (
+    BASE_PATH,
+    INIT_PATH,
+    READY_TIMEOUT_S,
+    LaunchPaths,
+    SandboxHost,
+    base_env,
+    process_start_time,
+)
+
+MS_BIND = 0x1000
+MS_REMOUNT = 0x20
+_IN_ROOT_NOLINKS = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_SYMLINKS
+UNSHARE = "usr/bin/unshare"  # what every command runs under (see gvisor.exec_process)
+
+
+class GvisorHost(SandboxHost):
+    def __init__(self, home: Path, sandbox_id: str, slot: int) -> None:
+        super().__init__(home, sandbox_id, slot)
+        self.bundle = self.dir / "bundle"
+        self.state_root = self.dir / "runsc"
+        self.netns = self.dir / "netns"
+        self.exec_dir = self.dir / "exec"
+        self.log = self.dir / "runsc.log"
+        # runsc names its control socket after the container, host-wide: the sandbox id.
+        self.container = sandbox_id
+
+    # network --------------------------------------------------------------------------
+    def make_netns(self) -> Path:
+        """A fresh network namespace pinned at ``netns`` (for the network plane to wire
+        before runsc starts)."""
+        self.netns.touch(mode=0o600)
+        # lo comes up too: with --network=host the Sentry's loopback is this one's.
+        done = subprocess.run(["unshare", f"--net={self.netns}", "ip", "link", "set", "lo", "up"],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise SandboxError(f"could not make the sandbox's network namespace: {done.stderr}")
+        return self.netns
+
+    # users ----------------------------------------------------------------------------
+    def _read_in_root(self, name: str) -> str:
+        """A file of the sandbox's tree, resolved inside it (an imported image's symlink
+        cannot send the host's own /etc/shadow our way)."""
+        root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fd = syscalls.openat2(root, name, os.O_RDONLY | os.O_CLOEXEC, 0, _IN_ROOT_NOLINKS)
+        except OSError:
+            return ""
+        finally:
+            os.close(root)
+        with os.fdopen(fd, "rb") as f:
+            return f.read(1 << 20).decode(errors="replace")
+
+    def _name_user(self) -> None:
+        """/etc/passwd and /etc/group in the upper layer, with ``user`` at the host ids
+        the agent runs as on this tier (other entries kept as the template has them)."""
+        files: dict[str, bytes] = {}
+        for name, line in (
+            ("passwd", f"user:x:{self.host_uid}:{self.host_gid}:user:/home/user:/bin/bash"),
+            ("group", f"user:x:{self.host_gid}:"),
+        ):
+            kept = [
+                entry
+                for entry in self._read_in_root(f"etc/{name}").splitlines()
+                if entry.split(":", 1)[0] != "user"
+            ]
+            files[name] = ("\n".join([*kept, line]) + "\n").encode()
+        # Through the mounted overlay (a write into its upper directory behind its back
+        # may go unseen), in an /etc resolved inside the root with no symlink followed.
+        etc = self._open_in_root("etc", os.O_DIRECTORY)
+        try:
+            for name, data in files.items():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=etc)  # never follows a link
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                fd = os.open(name, flags, 0o644, dir_fd=etc)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+        finally:
+            os.close(etc)
+
+    # mounts ---------------------------------------------------------------------------
+    def _open_in_root(self, target: str, flags: int = os.O_PATH) -> int:
+        """An O_PATH fd of ``target`` in the sandbox's tree, resolved inside it with no
+        symlink followed (a template's ``workspace -> /etc`` must not aim a mount at the
+        host's /etc)."""
+        root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return syscalls.openat2(root, target, flags | os.O_CLOEXEC, 0, _IN_ROOT_NOLINKS)
+        except OSError as e:
+            raise SandboxError(f"the sandbox's /{target} cannot be a mount point: {e}") from e
+        finally:
+            os.close(root)
+
+    def _bind(self, source: Path, target: str, readonly: bool) -> None:
+        """Bind ``source`` onto ``target`` of the sandbox's tree (see _open_in_root)."""
+        fd = self._open_in_root(target)
+        try:
+            syscalls.mount(str(source), f"/proc/self/fd/{fd}", "none", MS_BIND)
+        except OSError as e:
+            raise SandboxError(f"could not bind the sandbox's /{target}: {e}") from e
+        finally:
+            os.close(fd)
+        if not readonly:
+            return
+        fd = self._open_in_root(target)  # now the bind's top, which a remount must name
+        try:  # a bind takes its flags only on a remount
+            flags = MS_BIND | MS_REMOUNT | syscalls.MS_RDONLY | syscalls.MS_NOSUID
+            syscalls.mount("none", f"/proc/self/fd/{fd}", "none", flags | syscalls.MS_NODEV)
+        except OSError as e:
+            raise SandboxError(f"could not make the sandbox's /{target} read-only: {e}") from e
+        finally:
+            os.close(fd)
+
+    def assemble(self, init: Path, host_usr: bool) -> None:
+        """Bind the disk's directories, the host /usr and the init into ``root/``."""
+        self._name_user()
+        binds = [
+            (self.workspace, "workspace", False),
+            (self.disk / "tmp", "tmp", False),
+            (self.disk / "var-tmp", "var/tmp", False),
+            (init, INIT_PATH.lstrip("/"), True),
+        ]
+        if host_usr:
+            binds.append((Path("/usr"), "usr", True))
+        for source, target, readonly in binds:
+            self._bind(source, target, readonly)
+
+    # launch ---------------------------------------------------------------------------
+    def launch(
+        self,
+        paths: LaunchPaths,
+        cgroup: SandboxCgroup,
+        host_usr: bool,
+        memory_bytes: int,
+        lifetime_s: float,
+        limits: Limits | None = None,
+    ) -> tuple[int, int]:
+        """Start the sandbox under runsc, inside its cgroups; return the Sentry's host pid
+        and start time (the sandbox lives exactly as long as that process)."""
+        runsc = gvisor.find_runsc()
+        if limits is None:
+            raise SandboxError("the gvisor tier needs the sandbox's limits at launch")
+        init = initfs.ensure(self.home, paths.nsexec)
+        assembled = self.dir / "assembled"  # a start after a stop: the binds are there
+        if not assembled.exists():
+            self.assemble(init, host_usr)
+            assembled.touch()
+        if not self._exists_in_root(UNSHARE):
+            raise TierUnsupported(
+                "the gvisor tier runs every command under util-linux's unshare, and this "
+                "template has no /usr/bin/unshare; add util-linux to the template or "
+                "use isolation namespaces"
+            )
+        networked = self.netns.exists()
+        # The init writes its readiness byte to fd 1: runsc hands the container its
+        # own stdio, so that is our pipe.
+        config = gvisor.bundle_config(
+            root=self.root,
+            args=[INIT_PATH, "init", "1", str(int(lifetime_s))],
+            env=base_env(self.hostname),
+            uid=self.host_uid,
+            gid=self.host_gid,
+            hostname=self.hostname,
+            netns=self.netns if networked else None,
+            tmp=self.disk / "tmp",
+            cgroups_path=f"/{GROUP_PARENT}/{self.id}",
+            memory_bytes=limits.memory_bytes,
+            pids=limits.pids,
+            cpus=limits.cpus,
+        )
+        self.bundle.mkdir(mode=0o700, exist_ok=True)
+        (self.bundle / "config.json").write_text(json.dumps(config))
+        self.exec_dir.mkdir(mode=0o700, exist_ok=True)
+        pid_file = self.dir / "runsc.pid"
+        argv = runsc.argv(self.state_root, "host" if networked else "none", "run",
+                          "--detach", f"--bundle={self.bundle}", f"--pid-file={pid_file}",
+                          self.container)  # fmt: skip
+        launcher = [str(paths.nsexec), "spawn",
+                    *[arg for d in cgroup.dirs_for("init") for arg in ("--cgroup", d)],
+                    "--uid", "0", "--gid", "0", "--", *argv]  # fmt: skip
+        ready_r, ready_w = os.pipe()
+        try:
+            with self.log.open("wb") as log:
+                # The launcher joins the cgroups (so the Sentry, the Gofer and every
+                # ptrace stub count against the sandbox's limits) and detaches.
+                subprocess.run(launcher, stdin=subprocess.DEVNULL, stdout=ready_w,
+                               stderr=log, start_new_session=True,
+                               env={"PATH": BASE_PATH}, check=False)  # fmt: skip
+            os.close(ready_w)
+            ready_w = -1
+            self._wait_ready(ready_r)
+        finally:
+            os.close(ready_r)
+            if ready_w >= 0:
+                os.close(ready_w)
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError) as e:
+            raise SandboxError(f"runsc did not say which process is the sandbox: {e}") from e
+        start = process_start_time(pid)
+        if start is None:
+            raise SandboxError(f"the sandbox exited at once: {self._log_tail()}")
+        return pid, start
+
+    def _wait_ready(self, fd: int) -> None:
+        # runsc's client exits once the container runs; its stderr (the log) says why not.
+        import select
+
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            chunk = os.read(fd, 1)
+            if chunk == b"r":
+                return
+            if not chunk:
+                break
+        raise SandboxError(f"runsc did not start the sandbox: {self._log_tail()}")
+
+    def _exists_in_root(self, name: str, flags: int = 0) -> bool:
+        root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            # Symlinks followed, but inside the root (usr may be a link in the template).
+            fd = syscalls.openat2(
+                root,
+                name,
+                os.O_PATH | os.O_CLOEXEC | flags,
+                0,
+                syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS,
+            )
+        except OSError:
+            return False
+        finally:
+            os.close(root)
+        os.close(fd)
+        return True
+
+    def is_dir_in_root(self, path: str) -> bool:
+        """Whether ``path`` (absolute, in the sandbox) is a directory there."""
+        return self._exists_in_root(path.lstrip("/") or ".", os.O_DIRECTORY)
+
+    def runsc_argv(self, *more: str) -> list[str]:
+        """``runsc`` with this sandbox's global flags."""
+        network = "host" if self.netns.exists() else "none"
+        return gvisor.find_runsc().argv(self.state_root, network, *more)
+
+    def processes_ended(self) -> None:
+        """After a stop: runsc forgets the container (its state, the cgroups it made in
+        other controllers), so the next launch can run one of the same name."""
+        self._delete()
+        for leftover in self.exec_dir.glob("*"):
+            leftover.unlink(missing_ok=True)
+
+    def _delete(self) -> None:
+        if self.state_root.exists():
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(self.runsc_argv("delete", "--force", self.container),
+                               capture_output=True, timeout=30, check=False)  # fmt: skip
+
+    # teardown -------------------------------------------------------------------------
+    def teardown(self) -> None:
+        """runsc's own cleanup first (its state, any process left), then the netns pin,
+        then what the default tier removes. Idempotent."""
+        self._delete()
+        disk.unmount(self.netns)
+        super().teardown()

@@ -1,0 +1,139 @@
+"""Background processes in a gVisor-tier sandbox: the default tier's handles and files
+(``runtime.processes``: ``disk/procs/ID`` with stdout, stderr, a stdin FIFO, meta.json and
+``exit``), run by ``runsc exec`` under a detached host-side waiter.
+
+The waiter (``setsid -f sh``, host root, outside the sandbox) runs ``runsc exec``, which
+waits for the command in the Sentry, and writes its status to ``exit``: nothing in the
+sandbox can forge it, and it outlives the process that started it. As for one-shot
+commands on this tier, the command is the init of a PID namespace of its own (see
+``isolation.gvisor.exec_process``): SIGKILL (``runsc kill`` of its ``unshare``) ends its
+whole tree; other signals go to the command itself. No detection of a process waiting
+for input (``waiting_for_input`` stays false).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+import shutil
+import signal as signals
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from agentbox.runtime.commands import LiveCommand, launch_error, normalise_argv
+from agentbox.runtime.gvisor_commands import GvisorCommandRunner, unsupported
+from agentbox.runtime.processes import ProcessInfo, ProcessTable, _read_exit, _signal_number
+
+# Runs runsc exec, drops its files, then writes the status like the default tier's
+# launcher does: a number and a newline, atomically. $0: the exit file; $1, $2: runsc's
+# process spec and pid file.
+_WAITER = (
+    'rc=0; spec=$1; pid=$2; shift 2; "$@" || rc=$?; rm -f "$spec" "$pid"; '
+    'printf "%s\\n" "$rc" > "$0.tmp" && mv "$0.tmp" "$0"'
+)
+_STARTED_S = 10.0
+
+
+class GvisorProcessTable(ProcessTable):
+    runner: GvisorCommandRunner
+
+    def start(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bool = False,
+        pty: tuple[int, int] | None = None,
+    ) -> ProcessInfo:
+        if pty is not None:
+            raise unsupported("a background process on a terminal (pty)")
+        argv = normalise_argv(command)
+        environment = self.runner.environment(env)
+        process_id = "p-" + secrets.token_hex(6)
+        pdir = self.root / process_id
+        leaf = self.runner.new_leaf("p")
+        try:
+            started = self._launch(pdir, argv, environment, leaf, cwd, stdin)
+        except OSError as e:
+            shutil.rmtree(pdir, ignore_errors=True)
+            raise launch_error(e) from None
+        # Until runsc has started it (its pid file) or it has ended: a signal sent before
+        # would find nothing to kill.
+        deadline = time.monotonic() + _STARTED_S
+        pid_file = Path(self.runner.pid_file(leaf))
+        while time.monotonic() < deadline and not pid_file.exists():
+            if _read_exit(pdir / "exit") is not None:
+                break
+            time.sleep(0.005)
+        return ProcessInfo(process_id, argv, started, True, None)
+
+    def close_stdin(self, process_id: str) -> None:
+        self._dir(process_id)  # an unknown process is NotFound first
+        raise unsupported("closing a background process's stdin")
+
+    def _launch(
+        self, pdir: Path, argv: list[str], environment: dict[str, str], leaf: str,
+        cwd: str | None, stdin: bool,
+    ) -> float:  # fmt: skip
+        pdir.mkdir(mode=0o700)
+        started = time.time()
+        (pdir / "meta.json").write_text(
+            json.dumps({"argv": argv, "started_at": started, "leaf": leaf, "cwd": cwd})
+        )
+        launcher, host_env = self.runner.command_launch(argv, leaf, cwd, environment, False)
+        files = [str(self.runner.spec_file(leaf)), self.runner.pid_file(leaf)]
+        waiter = ["setsid", "-f", "sh", "-c", _WAITER, str(pdir / "exit"), *files, *launcher]
+        if stdin:
+            os.mkfifo(pdir / "stdin", 0o600)
+            # O_RDWR: opening never blocks, and the reader sees no EOF between writers.
+            stdin_fd = os.open(pdir / "stdin", os.O_RDWR | os.O_CLOEXEC)
+        else:
+            stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        out_fd = os.open(pdir / "stdout", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
+        err_fd = os.open(pdir / "stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
+        try:
+            launched = subprocess.run(
+                waiter, stdin=stdin_fd, stdout=out_fd, stderr=err_fd, env=host_env,
+                close_fds=True, start_new_session=True, check=False,
+            )  # fmt: skip
+            if launched.returncode != 0:
+                raise OSError(errno.EIO, "the waiter failed to start")
+        finally:
+            for fd in (stdin_fd, out_fd, err_fd):
+                os.close(fd)
+        return started
+
+    def get(self, process_id: str) -> ProcessInfo:
+        pdir = self._dir(process_id)
+        meta = json.loads((pdir / "meta.json").read_text())
+        code = _read_exit(pdir / "exit")
+        return ProcessInfo(process_id, meta["argv"], meta["started_at"], code is None, code)
+
+    def adopt(self, live: LiveCommand) -> str:
+        raise unsupported("adopting a command waiting for input")
+
+    def signal(self, process_id: str, sig: int | str = "SIGTERM") -> bool:
+        """SIGKILL ends the command's whole tree; another signal goes to the command
+        (the child of its ``unshare``, found with ``runsc ps``)."""
+        pdir = self._dir(process_id)
+        signum = _signal_number(sig)
+        meta = json.loads((pdir / "meta.json").read_text())
+        if _read_exit(pdir / "exit") is not None:
+            return False
+        leaf = str(meta["leaf"])
+        if signum == signals.SIGKILL:
+            self.runner.kill_tree(leaf)
+            return True
+        try:
+            wrapper = int(Path(self.runner.pid_file(leaf)).read_text().strip())
+        except (OSError, ValueError):
+            return False
+        command = self.runner.child_of(wrapper)
+        if command is None:
+            return False
+        return self.runner.signal_pid(command, signals.Signals(signum).name)

@@ -1,0 +1,36 @@
+"""Isolation tiers: which host-resource class runs a sandbox (one interface, two
+implementations). ``namespaces``: bubblewrap + cgroups + seccomp (``runtime.host``, the
+default); ``gvisor``: the same disk and cgroups under runsc (``runtime.gvisor_host``).
+The tier is fixed at create and kept in the sandbox's stored spec."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from agentbox.runtime.host import SandboxHost
+
+NAMESPACES, GVISOR = "namespaces", "gvisor"
+TIERS = (NAMESPACES, GVISOR)
+
+
+def isolation_of(spec: Mapping[str, Any]) -> str:
+    """A stored spec's tier (records made before tiers existed: the default)."""
+    return str(spec.get("isolation") or NAMESPACES)
+
+
+def host_for(home: Path, sandbox_id: str, slot: int, isolation: str) -> SandboxHost:
+    if isolation == GVISOR:
+        # Imported here: a command on a default-tier sandbox never needs it.
+        from agentbox.runtime.gvisor_host import GvisorHost
+
+        return GvisorHost(home, sandbox_id, slot)
+    return SandboxHost(home, sandbox_id, slot)
+
+
+def found_isolation(directory: Path) -> str:
+    """The tier of a sandbox directory no record owns (crash recovery): a gVisor one has
+    its OCI bundle or runsc state."""
+    gvisor = any((directory / name).exists() for name in ("bundle", "runsc", "netns"))
+    return GVISOR if gvisor else NAMESPACES
