@@ -962,6 +962,37 @@ class SandboxFiles:
                 finally:
                     os.close(fd)
 
+    def visit_dirs(self, path: str, depth: int, visit: Callable[[str, int], bool]) -> None:
+        """``visit(sandbox_path, fd)`` for directory ``path``, then for its subdirectories
+        down to ``depth`` levels below it. ``path`` is resolved inside the root; below it
+        each directory is opened with ``O_NOFOLLOW`` and no symlink resolution (a symlink
+        is never descended into), all on the sandbox user's credentials, which ``visit``
+        runs with. Each fd is closed once ``visit`` returns (nothing stays open to pin the
+        sandbox's mounts); ``visit`` returns False to skip what is below that directory."""
+        spath = self._sandbox_path(path)
+        with self._session("watch", spath) as rootfd, _opener(rootfd, spath, None, "read") as op:
+            fd = op(os.O_RDONLY | os.O_DIRECTORY, 0)
+            try:
+                self._visit(fd, spath, depth, visit)
+            finally:
+                os.close(fd)
+
+    def _visit(self, dirfd: int, spath: str, depth: int, visit: Callable[[str, int], bool]) -> None:
+        if not visit(spath, dirfd) or depth < 1:
+            return
+        for name in sorted(os.listdir(dirfd)):
+            child = posixpath.join(spath, name)
+            try:
+                if not stat.S_ISDIR(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode):
+                    continue
+                fd = _open_subdir(dirfd, name, child)
+            except (PermissionError, FileNotFoundError, Conflict):  # gone or closed meanwhile
+                continue
+            try:
+                self._visit(fd, child, depth - 1, visit)
+            finally:
+                os.close(fd)
+
     # -- moving and removing ------------------------------------------------------------
 
     def move(

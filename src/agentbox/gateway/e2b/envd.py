@@ -22,6 +22,7 @@ import secrets
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.datastructures import UploadFile
@@ -46,6 +47,7 @@ from agentbox.gateway.e2b.connect import ConnectError
 from agentbox.gateway.e2b.models import (
     FILESYSTEM_SERVICE,
     HOME,
+    METADATA_HEADER,
     PROCESS_SERVICE,
     SIGNALS,
     command_of,
@@ -58,8 +60,9 @@ from agentbox.gateway.e2b.models import (
     sandbox_path,
 )
 from agentbox.gateway.service import Gateway
-from agentbox.runtime.files import SandboxFiles
 from agentbox.runtime.processes import ProcessOutput
+from agentbox.runtime.watches import MAX_DEPTH as MAX_WATCH_DEPTH
+from agentbox.runtime.watches import DirWatch, Watches
 
 log = logging.getLogger(__name__)
 Unary = Callable[["Call", dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -68,10 +71,8 @@ ClientStreaming = Callable[["Call", list[dict[str, Any]]], Awaitable[dict[str, A
 _CHUNK = 64 * 1024
 _KEEPALIVE_S = 50.0
 _POLL_MIN_S, _POLL_MAX_S = 0.002, 0.05
-_WATCH_POLL_S = 0.1
 # Ambiguous on purpose: the SDKs then ask /health whether the sandbox ended.
 _SANDBOX_WENT = "the stream ended before the command did: the sandbox went"
-_WATCH_DEPTH = 10  # fs_list's deepest
 _MAX_WATCHERS = 256
 
 
@@ -108,7 +109,9 @@ class Envd:
             f"{FILESYSTEM_SERVICE}/GetWatcherEvents": self.get_watcher_events,
             f"{FILESYSTEM_SERVICE}/RemoveWatcher": self.remove_watcher,
         }
-        self.watchers: dict[str, Watcher] = {}
+        self.watchers: dict[str, Watch] = {}
+        self.dir_watches = Watches()
+        self.streams = 0  # WatchDir streams open
         self.streaming: dict[str, Streaming] = {
             f"{PROCESS_SERVICE}/Start": self.start,
             f"{PROCESS_SERVICE}/Connect": self.connect,
@@ -374,6 +377,7 @@ class Envd:
         files = self.gateway.runtime.files(call.sandbox_id)
         existed = await asyncio.to_thread(files.exists, path)
         entry = await call.tool("fs_mkdir", path=path)  # checked and audited either way
+        await self._settle(call)
         if existed:
             raise FileExists(f"{path} already exists")
         return {"entry": entry_info(entry)}
@@ -382,59 +386,87 @@ class Envd:
         source = sandbox_path(str(message.get("source", "")))
         destination = sandbox_path(str(message.get("destination", "")))
         entry = await call.tool("fs_move", path=source, destination=destination, overwrite=True)
+        await self._settle(call)
         return {"entry": entry_info(entry)}
 
     async def remove(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         with contextlib.suppress(FileNotFound):  # envd: removing what is not there is done
             await call.tool("fs_remove", path=_path(message), recursive=True)
+        await self._settle(call)
         return {}
 
-    # watching: listings compared (what changed between two looks, not every step) ------
-    async def _watcher(self, call: Call, message: dict[str, Any]) -> Watcher:
+    # watching: the kernel's events (runtime/watches.py), as envd's fsnotify reports them --
+    async def _watch(
+        self, call: Call, message: dict[str, Any], on_event: Callable[[], None] | None = None
+    ) -> Watch:
         path, recursive = _path(message), bool(message.get("recursive"))
-        depth = _WATCH_DEPTH if recursive else 1
-        await call.tool("fs_list", path=path, depth=depth)  # the read policy, audited once
-        watcher = Watcher(self.gateway.runtime.files(call.sandbox_id), path, depth)
-        await asyncio.to_thread(watcher.changes)  # the baseline
-        return watcher
+        await call.tool("fs_list", path=path, depth=1)  # the read policy, audited once
+        files = self.gateway.runtime.files(call.sandbox_id)
+        depth = MAX_WATCH_DEPTH if recursive else 0
+        watch = await asyncio.to_thread(self.dir_watches.add, files, path, depth, on_event)
+        return Watch(call.sandbox_id, watch, bool(message.get("includeEntry")))
+
+    async def _settle(self, call: Call) -> None:
+        """After a change made here: its events are read (and a new directory is covered
+        by the recursive watches) before the reply, as the caller's next call expects."""
+        if any(w.sandbox_id == call.sandbox_id for w in self.watchers.values()) or self.streams:
+            await asyncio.to_thread(self.dir_watches.drain)
 
     async def create_watcher(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
-        watcher = await self._watcher(call, message)
+        watch = await self._watch(call, message)
         if len(self.watchers) >= _MAX_WATCHERS:
-            self.watchers.pop(next(iter(self.watchers)))  # the oldest goes
+            self.dir_watches.remove(self.watchers.pop(next(iter(self.watchers))).watch)
         watcher_id = f"{call.sandbox_id}/{secrets.token_hex(8)}"
-        self.watchers[watcher_id] = watcher
+        self.watchers[watcher_id] = watch
         return {"watcherId": watcher_id}
 
-    def _watcher_of(self, call: Call, message: dict[str, Any]) -> tuple[str, Watcher]:
+    def _watcher_of(self, call: Call, message: dict[str, Any]) -> tuple[str, Watch]:
         watcher_id = str(message.get("watcherId", ""))
-        watcher = self.watchers.get(watcher_id)
-        if watcher is None or not watcher_id.startswith(call.sandbox_id + "/"):
+        watch = self.watchers.get(watcher_id)
+        if watch is None or not watcher_id.startswith(call.sandbox_id + "/"):
             raise ConnectError("not_found", f"watcher {watcher_id!r} not found")
-        return watcher_id, watcher
+        return watcher_id, watch
 
     async def get_watcher_events(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
-        _, watcher = self._watcher_of(call, message)
-        return {"events": await asyncio.to_thread(watcher.changes)}
+        _, watch = self._watcher_of(call, message)
+        await asyncio.to_thread(self.dir_watches.drain)
+        return {"events": await asyncio.to_thread(watch.events)}
 
     async def remove_watcher(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
-        watcher_id, _ = self._watcher_of(call, message)
+        watcher_id, watch = self._watcher_of(call, message)
         del self.watchers[watcher_id]
+        self.dir_watches.remove(watch.watch)
         return {}
 
     async def watch_dir(self, call: Call, message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        watcher = await self._watcher(call, message)
-        yield {"start": {}}
-        quiet = 0.0
-        while call.deadline is None or time.monotonic() < call.deadline:
-            await asyncio.sleep(_WATCH_POLL_S)
-            events = await asyncio.to_thread(watcher.changes)
-            for event in events:
-                yield {"filesystem": event}
-            quiet = 0.0 if events else quiet + _WATCH_POLL_S
-            if quiet >= _KEEPALIVE_S:
-                quiet = 0.0
-                yield {"keepalive": {}}
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+
+        def wake() -> None:  # from the watches' reader thread
+            loop.call_soon_threadsafe(ready.set)
+
+        watch = await self._watch(call, message, wake)
+        self.streams += 1
+        try:
+            yield {"start": {}}
+            while True:
+                wait = _KEEPALIVE_S
+                if call.deadline is not None:
+                    wait = min(wait, call.deadline - time.monotonic())
+                    if wait <= 0:
+                        return
+                try:
+                    await asyncio.wait_for(ready.wait(), wait)
+                except TimeoutError:
+                    if call.deadline is None or time.monotonic() < call.deadline:
+                        yield {"keepalive": {}}
+                    continue
+                ready.clear()
+                for event in await asyncio.to_thread(watch.events):
+                    yield {"filesystem": event}
+        finally:
+            self.streams -= 1
+            self.dir_watches.remove(watch.watch)
 
     # HTTP: /health, /files ---------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -473,6 +505,11 @@ class Envd:
         return Response(data, media_type="application/octet-stream")
 
     async def _upload(self, call: Call, request: Request) -> Response:
+        if any(h.lower().startswith(METADATA_HEADER) for h in request.headers):
+            raise InvalidRequest(
+                "file metadata (extended attributes) is not stored by agentbox: "
+                "write the file without metadata"
+            )
         default = request.query_params.get("path")
         written = []
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
@@ -508,38 +545,32 @@ class Envd:
         # E2B makes missing parents; an existing one is left alone (no write to judge).
         if not await asyncio.to_thread(self.gateway.runtime.files(call.sandbox_id).exists, parent):
             await call.tool("fs_mkdir", path=parent)
+            await self._settle(call)  # a recursive watch covers it before the file comes
         await call.tool("fs_write", path=path, content=content, encoding="base64")
+        await self._settle(call)
         return {"name": posixpath.basename(path), "type": "file", "path": path}
 
 
-class Watcher:
-    """A directory's listing, compared with the last one on each look."""
+@dataclass
+class Watch:
+    """A watch of one sandbox's directory, for E2B: its events as FilesystemEvent messages."""
 
-    def __init__(self, files: SandboxFiles, path: str, depth: int) -> None:
-        self.files, self.path, self.depth = files, path, depth
-        self.seen: dict[str, tuple[str, int, float]] | None = None
+    sandbox_id: str
+    watch: DirWatch
+    include_entry: bool
 
-    def changes(self) -> list[dict[str, Any]]:
-        try:
-            entries = self.files.list(self.path, self.depth)
-        except AgentboxError:
-            entries = []  # the directory went: everything in it was removed
-        now = {e.path: (str(e.type), e.size, e.mtime) for e in entries}
-        before, self.seen = self.seen, now
-        if before is None:
-            return []
+    def events(self) -> list[dict[str, Any]]:
         events = []
-        for path, state in now.items():
-            if path not in before:
-                events.append(_event(self.path, path, "EVENT_TYPE_CREATE"))
-            elif before[path] != state and state[0] != "dir":
-                events.append(_event(self.path, path, "EVENT_TYPE_WRITE"))
-        events += [_event(self.path, p, "EVENT_TYPE_REMOVE") for p in before if p not in now]
+        for event in self.watch.take():
+            message: dict[str, Any] = {
+                "name": posixpath.relpath(event.path, self.watch.path),
+                "type": f"EVENT_TYPE_{event.kind.upper()}",
+            }
+            if self.include_entry:  # envd 0.6.3: best effort, where the entry still is
+                with contextlib.suppress(AgentboxError):
+                    message["entry"] = entry_info(self.watch.files.stat(event.path).to_dict())
+            events.append(message)
         return events
-
-
-def _event(root: str, path: str, kind: str) -> dict[str, Any]:
-    return {"name": posixpath.relpath(path, root), "type": kind}
 
 
 def _path(message: dict[str, Any]) -> str:

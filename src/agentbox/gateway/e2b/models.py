@@ -19,9 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # The envd release whose features the SDKs enable for what agentbox implements: stdin
 # choice (0.3.0), the default user (0.4.0), CloseStdin (0.5.2), octet-stream uploads
-# (0.5.7); PTY and StreamInput are not gated by version. Not 0.6.2+
-# (file metadata on writes, entry info in watch events).
-ENVD_VERSION = "0.5.7"
+# (0.5.7), entry info in watch events (0.6.3), watches allowed on network mounts (0.6.4:
+# a sandbox has none, so the flag changes nothing); PTY and StreamInput are not gated by
+# version. File metadata on writes (0.6.2) is refused with an error, never dropped.
+ENVD_VERSION = "0.6.4"
+METADATA_HEADER = "x-metadata-"  # an upload's file metadata (envd 0.6.2 xattrs)
 ENVD_PORT = 49983
 CLIENT_ID = "agentbox"
 HOME = "/home/user"  # the E2B user's home: where relative paths and commands start
