@@ -12,7 +12,7 @@ import gzip
 import json
 import secrets
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,7 @@ from e2b import (
     Sandbox,
     SandboxException,
     SandboxQuery,
+    SandboxState,
     TimeoutException,
 )
 
@@ -363,6 +364,62 @@ def test_watch_sees_the_sandboxs_own_changes_never_through_symlinks(e2b_env: Non
         handle.stop()
     finally:
         sb.kill()
+
+
+def _until(condition: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.05)
+
+
+def test_lifecycle_on_timeout_pause_sync(e2b_env: None, gw: RunningGateway) -> None:
+    """on_timeout "pause": the timeout pauses with memory (a process lives on), calls wait
+    for a connect unless auto_resume; keep_memory False keeps only the files."""
+    sb = Sandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    try:
+        sb.files.write("/workspace/kept.txt", "kept")
+        sleeper = sb.commands.run("sleep 600", background=True)
+        sb.set_timeout(0)  # the timeout is now: paused, not killed
+        _until(lambda: not sb.is_running(), "paused at its timeout")
+        assert sb.get_info().state == SandboxState.PAUSED
+        with pytest.raises(SandboxException, match="paused"):
+            sb.commands.run("true")  # no auto_resume: a call does not wake it
+        again = Sandbox.connect(sb.sandbox_id)
+        assert again.get_info().state == SandboxState.RUNNING
+        assert sleeper.pid in [p.pid for p in again.commands.list()]  # its memory was kept
+        assert again.files.read("/workspace/kept.txt") == "kept"
+
+        assert again.pause(keep_memory=False)  # the filesystem only: agentbox stops it
+        assert not again.is_running()
+        back = Sandbox.connect(sb.sandbox_id)
+        assert back.files.read("/workspace/kept.txt") == "kept"
+        assert sleeper.pid not in [p.pid for p in back.commands.list()]
+    finally:
+        sb.kill()
+    paused = [r for r in audit_records(gw) if r.get("decision") == "sandbox_paused"]
+    assert (paused[-1]["sandbox"], paused[-1]["keep_memory"]) == (sb.sandbox_id, False)
+
+
+def test_lifecycle_auto_resume_async(e2b_env: None) -> None:
+    async def main() -> None:
+        sb = await AsyncSandbox.create(
+            timeout=120,
+            lifecycle={"on_timeout": {"action": "pause", "keep_memory": True}, "auto_resume": True},
+        )
+        try:
+            await sb.set_timeout(0)
+            deadline = time.monotonic() + 30
+            while (await sb.get_info()).state != SandboxState.PAUSED:
+                assert time.monotonic() < deadline, "not paused at its timeout"
+                await asyncio.sleep(0.05)
+            # auto_resume: a call wakes it, and its timeout runs again from then
+            assert (await sb.commands.run("echo awake")).stdout == "awake\n"
+            assert (await sb.get_info()).state == SandboxState.RUNNING
+        finally:
+            await sb.kill()
+
+    asyncio.run(main())
 
 
 def test_file_metadata_is_refused_not_dropped(e2b_env: None) -> None:

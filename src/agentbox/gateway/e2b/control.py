@@ -21,18 +21,20 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentbox.errors import AgentboxError, InvalidRequest, NotFound, SandboxNotFound
-from agentbox.gateway.e2b.access import Caller, E2BAccess
+from agentbox.gateway.e2b.access import Caller, E2BAccess, Pausing
 from agentbox.gateway.e2b.models import (
     BASE_TEMPLATE,
     CLIENT_ID,
     ENVD_VERSION,
     ConnectSandbox,
     NewSandbox,
+    PauseSandbox,
     Timeout,
     e2b_error,
     ended,
     iso,
 )
+from agentbox.gateway.e2b.timeouts import TimeoutPauses
 from agentbox.gateway.service import Gateway
 from agentbox.runtime.store import SandboxRecord
 
@@ -43,9 +45,11 @@ MAX_PAGE = 1000
 
 
 class ControlPlane:
-    def __init__(self, gateway: Gateway, access: E2BAccess, domain: str) -> None:
+    def __init__(
+        self, gateway: Gateway, access: E2BAccess, domain: str, pauses: TimeoutPauses
+    ) -> None:
         self.gateway, self.access, self.domain = gateway, access, domain
-        self.runtime = gateway.runtime
+        self.runtime, self.pauses = gateway.runtime, pauses
 
     def routes(self) -> list[Route]:
         r = self._route
@@ -78,6 +82,7 @@ class ControlPlane:
     def _caller(self, request: Request) -> Caller:
         caller = self.access.caller(request.headers.get("x-api-key"))
         self.gateway.rate.check(caller.principal().actor)
+        self.pauses.kick()  # deadlines kept over a restart are enforced from here on
         return caller
 
     def _reachable(self, caller: Caller, sandbox_id: str) -> SandboxRecord:
@@ -140,6 +145,9 @@ class ControlPlane:
         alias = body.template_id
         template = self.gateway.settings.sandbox.template if alias == BASE_TEMPLATE else alias
         requested: dict[str, Any] = {"template": template, "lifetime": float(body.timeout)}
+        if body.auto_pause:  # the E2B timeout pauses; agentbox's lifetime bounds the rest
+            limit = self.gateway.settings.sandbox.limits.lifetime
+            requested["lifetime"] = max(limit, float(body.timeout))
         if caller.project is not None:
             requested["project"] = caller.project
         if body.env_vars:
@@ -155,6 +163,10 @@ class ControlPlane:
             "pool" if claimed else "cold", time.monotonic() - started
         )
         self.access.record(record.id, caller, alias, body.metadata)
+        if body.auto_pause:
+            auto_resume = body.auto_resume is not None and body.auto_resume.enabled
+            pausing = Pausing(record.id, None, body.timeout, body.auto_pause_memory, auto_resume)
+            self.pauses.arm(pausing, body.timeout)
         await self.gateway.audit_event(
             principal, "sandbox_created", sandbox=record.id, template=record.template, api="e2b"
         )
@@ -233,8 +245,11 @@ class ControlPlane:
         caller = self._caller(request)
         record = self._reachable(caller, request.path_params["sandbox_id"])
         body: Timeout = await self._body(request, Timeout)
-        # E2B's timeout is the time left from now; agentbox's lifecycle sweep enforces it.
-        self.runtime.store.set_expiry(record.id, time.time() + body.timeout)
+        pausing = self.access.pausing(record.id)
+        if pausing is not None:  # on_timeout "pause": the time left until the pause
+            self.pauses.arm(pausing, body.timeout)
+        else:  # E2B's timeout is the time left from now; agentbox's lifecycle sweep enforces it
+            self.runtime.store.set_expiry(record.id, time.time() + body.timeout)
         await self.gateway.audit_event(
             caller.principal(record.id), "sandbox_timeout", sandbox=record.id,
             timeout_s=body.timeout, api="e2b",
@@ -249,11 +264,22 @@ class ControlPlane:
                 e2b_error(409, f"sandbox {record.id} is {record.state}, not running"),
                 status_code=409,
             )
+        body: PauseSandbox = await self._body(request, PauseSandbox)
         principal = caller.principal(record.id)
-        await asyncio.to_thread(self.runtime.pause, record.id, actor=principal.actor)
+        # Without memory: processes end, the disk stays (agentbox's stop); connect starts it.
+        act = self.runtime.pause if body.memory else self.runtime.stop
+        await asyncio.to_thread(act, record.id, actor=principal.actor)
+        pausing = self.access.pausing(record.id)
+        if pausing is not None:  # no deadline while paused
+            self.access.set_pausing(
+                Pausing(
+                    record.id, None, pausing.timeout_s, pausing.keep_memory, pausing.auto_resume
+                )
+            )
         await self.gateway.audit_event(
-            principal, "sandbox_paused", sandbox=record.id, reason="operator", api="e2b"
-        )
+            principal, "sandbox_paused", sandbox=record.id, reason="operator", api="e2b",
+            keep_memory=body.memory,
+        )  # fmt: skip
         self.gateway.lifecycle_changed()
         return Response(status_code=204)
 
@@ -271,7 +297,12 @@ class ControlPlane:
             )
             self.gateway.lifecycle_changed()
             status = 201
-        if body.timeout is not None:
+        pausing = self.access.pausing(record.id)
+        if pausing is not None:  # running again: its pause deadline from now
+            if status == 201 or body.timeout is not None:
+                timeout = float(body.timeout or pausing.timeout_s)
+                self.pauses.arm(pausing, timeout, timeout_s=timeout)
+        elif body.timeout is not None:
             # A connect only ever extends the sandbox's life, as E2B does.
             until = time.time() + body.timeout
             if record.expires_at is not None and record.expires_at < until:

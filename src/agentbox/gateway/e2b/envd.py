@@ -59,6 +59,7 @@ from agentbox.gateway.e2b.models import (
     pty_size,
     sandbox_path,
 )
+from agentbox.gateway.e2b.timeouts import TimeoutPauses
 from agentbox.gateway.service import Gateway
 from agentbox.runtime.processes import ProcessOutput
 from agentbox.runtime.watches import MAX_DEPTH as MAX_WATCH_DEPTH
@@ -92,8 +93,8 @@ class Call:
 
 
 class Envd:
-    def __init__(self, gateway: Gateway, access: E2BAccess) -> None:
-        self.gateway, self.access = gateway, access
+    def __init__(self, gateway: Gateway, access: E2BAccess, pauses: TimeoutPauses) -> None:
+        self.gateway, self.access, self.pauses = gateway, access, pauses
         self.unary: dict[str, Unary] = {
             f"{PROCESS_SERVICE}/List": self.list_processes,
             f"{PROCESS_SERVICE}/SendInput": self.send_input,
@@ -147,17 +148,40 @@ class Envd:
                 return Call(self.gateway, owned.caller, sandbox_id, None)
         raise Unauthenticated("the URL's signature matches no sandbox")
 
-    def _call(self, request: Request) -> Call:
+    async def _call(self, request: Request) -> Call:
         sandbox_id = request.headers.get("e2b-sandbox-id")
         if sandbox_id is None and "signature" in request.query_params:
-            return self._signed(request)
-        caller = self.access.envd_caller(sandbox_id, request.headers.get("x-access-token"))
-        assert sandbox_id is not None
-        timeout_ms = request.headers.get("connect-timeout-ms")
-        deadline = None
-        if timeout_ms and timeout_ms.isdigit() and int(timeout_ms) > 0:
-            deadline = time.monotonic() + int(timeout_ms) / 1000
-        return Call(self.gateway, caller, sandbox_id, deadline)
+            call = self._signed(request)
+        else:
+            caller = self.access.envd_caller(sandbox_id, request.headers.get("x-access-token"))
+            assert sandbox_id is not None
+            timeout_ms = request.headers.get("connect-timeout-ms")
+            deadline = None
+            if timeout_ms and timeout_ms.isdigit() and int(timeout_ms) > 0:
+                deadline = time.monotonic() + int(timeout_ms) / 1000
+            call = Call(self.gateway, caller, sandbox_id, deadline)
+        await self._awake(call)
+        return call
+
+    async def _awake(self, call: Call) -> None:
+        """A sandbox paused at its E2B timeout (``on_timeout: pause``) is woken by a call
+        if made with ``autoResume`` and its memory kept; else the call is refused until a
+        connect resumes it. (Other paused sandboxes resume on any call, as agentbox's do.)"""
+        pausing = await asyncio.to_thread(self.access.pausing, call.sandbox_id)
+        if pausing is None:
+            return
+        runtime = self.gateway.runtime
+        record = await asyncio.to_thread(runtime.store.get, call.sandbox_id)
+        if record is None or record.state not in ("paused", "stopped"):
+            return
+        if not (pausing.auto_resume and record.state == "paused"):
+            raise SandboxNotRunning(
+                f"sandbox {call.sandbox_id} is paused: resume it with Sandbox.connect()"
+            )
+        actor = call.caller.principal(call.sandbox_id).actor
+        await asyncio.to_thread(runtime.resume, call.sandbox_id, reason="activity", actor=actor)
+        self.pauses.arm(pausing, pausing.timeout_s)
+        self.gateway.lifecycle_changed()
 
     # Connect RPC -------------------------------------------------------------------------
     async def rpc(self, request: Request) -> Response:
@@ -170,7 +194,7 @@ class Envd:
             handler = self.unary.get(name)
             if handler is None:
                 raise ConnectError("unimplemented", f"{name} is not implemented by agentbox")
-            call = self._call(request)
+            call = await self._call(request)
             message = connect.parse(await request.body())
             return JSONResponse(await handler(call, message), media_type=connect.UNARY_TYPE)
         except (AgentboxError, ConnectError) as e:
@@ -181,7 +205,7 @@ class Envd:
 
     async def _streaming(self, request: Request, handler: Streaming) -> Response:
         try:
-            call = self._call(request)
+            call = await self._call(request)
             messages = connect.read_envelopes(await request.body())
             events = handler(call, messages[0] if messages else {})
             first = await anext(events)  # errors before the first message: the stream's end
@@ -213,7 +237,7 @@ class Envd:
         """The request's messages (the whole body: the client ends its stream first) to
         ``handler``; its answer and the end of the stream, or the error as that end."""
         try:
-            call = self._call(request)
+            call = await self._call(request)
             messages = connect.read_envelopes(await request.body())
             reply = connect.envelope(await handler(call, messages))
             end = connect.end_stream()
@@ -486,7 +510,7 @@ class Envd:
 
     async def files(self, request: Request) -> Response:
         try:
-            call = self._call(request)
+            call = await self._call(request)
             if request.method == "GET":
                 return await self._download(call, request)
             return await self._upload(call, request)

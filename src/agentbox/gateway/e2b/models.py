@@ -35,16 +35,29 @@ class Loose(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 
+class AutoResume(Loose):
+    enabled: bool = False
+
+
 class NewSandbox(Loose):
     template_id: str = Field(default=BASE_TEMPLATE, alias="templateID")
     timeout: int = Field(default=300, ge=1, le=30 * 86400)
     metadata: dict[str, str] = Field(default_factory=dict)
     env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
     allow_internet_access: bool | None = Field(default=None, alias="allow_internet_access")
+    # lifecycle: on_timeout "pause" (with memory unless autoPauseMemory is false), and
+    # whether a call wakes the paused sandbox (autoResume.enabled)
+    auto_pause: bool = Field(default=False, alias="autoPause")
+    auto_pause_memory: bool = Field(default=True, alias="autoPauseMemory")
+    auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
 
 
 class Timeout(Loose):
     timeout: int = Field(ge=0, le=30 * 86400)
+
+
+class PauseSandbox(Loose):
+    memory: bool = True  # False: the filesystem only (agentbox stops the sandbox)
 
 
 class ConnectSandbox(Loose):
