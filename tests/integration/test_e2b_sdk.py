@@ -422,6 +422,60 @@ def test_lifecycle_auto_resume_async(e2b_env: None) -> None:
     asyncio.run(main())
 
 
+def test_snapshots_sync_scoped_to_the_project(e2b_env: None, gw: RunningGateway) -> None:
+    sb = Sandbox.create(timeout=120)
+    try:
+        sb.files.write("/workspace/snap.txt", "in the snapshot")
+        sb.commands.run("echo home too > /home/user/home.txt")  # the writable layer: kept
+        snap = sb.create_snapshot(name="nightly")
+        assert snap.snapshot_id.startswith("snap-") and snap.names == ["nightly"]
+        listed = Sandbox.list_snapshots(sandbox_id=sb.sandbox_id).next_items()
+        assert [s.snapshot_id for s in listed] == [snap.snapshot_id]
+        assert Sandbox.list_snapshots(name="nightly").next_items()[0].names == ["nightly"]
+        # another project's key: no such snapshot to list, restore or delete
+        assert snap.snapshot_id not in [
+            s.snapshot_id for s in Sandbox.list_snapshots(api_key=KEY_B).next_items()
+        ]
+        with pytest.raises(SandboxException, match="not found"):
+            Sandbox.create(snap.snapshot_id, api_key=KEY_B)
+        assert not Sandbox.delete_snapshot(snap.snapshot_id, api_key=KEY_B)
+
+        restored = Sandbox.create(snap.snapshot_id, timeout=60, envs={"FROM": "snap"})
+        try:
+            assert restored.files.read("/workspace/snap.txt") == "in the snapshot"
+            assert restored.commands.run("cat /home/user/home.txt").stdout == "home too\n"
+            assert restored.commands.run("echo $FROM").stdout == "snap\n"
+        finally:
+            restored.kill()
+        assert Sandbox.delete_snapshot(snap.snapshot_id)
+        assert not Sandbox.delete_snapshot(snap.snapshot_id)  # already gone
+    finally:
+        sb.kill()
+    records = audit_records(gw)
+    made = [r for r in records if r.get("decision") == "snapshot_created"]
+    assert made[-1]["actor"] == "token:e2b-key:team-a"
+    assert any(r.get("snapshot") == snap.snapshot_id and r.get("decision") == "sandbox_created"
+               for r in records)  # fmt: skip
+
+
+def test_snapshots_async(e2b_env: None) -> None:
+    async def main() -> None:
+        sb = await AsyncSandbox.create(timeout=120)
+        try:
+            await sb.files.write("/workspace/a.txt", "async snapshot")
+            snap = await AsyncSandbox.create_snapshot(sb.sandbox_id)
+            other = await AsyncSandbox.create(snap.snapshot_id, timeout=60)
+            try:
+                assert await other.files.read("/workspace/a.txt") == "async snapshot"
+            finally:
+                await other.kill()
+            assert await AsyncSandbox.delete_snapshot(snap.snapshot_id)
+        finally:
+            await sb.kill()
+
+    asyncio.run(main())
+
+
 def test_file_metadata_is_refused_not_dropped(e2b_env: None) -> None:
     sb = Sandbox.create(timeout=60)
     try:

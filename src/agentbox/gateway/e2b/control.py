@@ -34,6 +34,7 @@ from agentbox.gateway.e2b.models import (
     ended,
     iso,
 )
+from agentbox.gateway.e2b.snapshots import E2BSnapshots, NewSnapshot, is_snapshot
 from agentbox.gateway.e2b.timeouts import TimeoutPauses
 from agentbox.gateway.service import Gateway
 from agentbox.runtime.store import SandboxRecord
@@ -50,6 +51,7 @@ class ControlPlane:
     ) -> None:
         self.gateway, self.access, self.domain = gateway, access, domain
         self.runtime, self.pauses = gateway.runtime, pauses
+        self.snapshots = E2BSnapshots(gateway)
 
     def routes(self) -> list[Route]:
         r = self._route
@@ -66,6 +68,9 @@ class ControlPlane:
             r("/sandboxes/{sandbox_id}/connect", "POST", self.connect),
             r("/sandboxes/{sandbox_id}/resume", "POST", self.connect),
             r("/sandboxes/{sandbox_id}/metrics", "GET", self.metrics),
+            r("/sandboxes/{sandbox_id}/snapshots", "POST", self.create_snapshot),
+            r("/snapshots", "GET", self.list_snapshots),
+            r("/templates/{template_id}", "DELETE", self.delete_template),
         ]
 
     @staticmethod
@@ -154,6 +159,20 @@ class ControlPlane:
             requested["env"] = body.env_vars
         if body.allow_internet_access is False:
             requested["network"] = "none"
+        if is_snapshot(alias):  # Sandbox.create(SNAPSHOT_ID): its files in a new sandbox
+            del requested["template"]
+            record = await self.snapshots.restore(caller, alias, requested)
+        else:
+            record = await self._new(caller, requested)
+        self.access.record(record.id, caller, alias, body.metadata)
+        if body.auto_pause:
+            auto_resume = body.auto_resume is not None and body.auto_resume.enabled
+            pausing = Pausing(record.id, None, body.timeout, body.auto_pause_memory, auto_resume)
+            self.pauses.arm(pausing, body.timeout)
+        self.gateway.lifecycle_changed()
+        return JSONResponse(self._created(record, alias), status_code=201)
+
+    async def _new(self, caller: Caller, requested: dict[str, Any]) -> SandboxRecord:
         spec = self.gateway.sandbox_spec(requested)
         principal = caller.principal()
         started, started_wall = time.monotonic(), time.time()
@@ -162,16 +181,27 @@ class ControlPlane:
         self.gateway.metrics.sandbox_created(
             "pool" if claimed else "cold", time.monotonic() - started
         )
-        self.access.record(record.id, caller, alias, body.metadata)
-        if body.auto_pause:
-            auto_resume = body.auto_resume is not None and body.auto_resume.enabled
-            pausing = Pausing(record.id, None, body.timeout, body.auto_pause_memory, auto_resume)
-            self.pauses.arm(pausing, body.timeout)
         await self.gateway.audit_event(
             principal, "sandbox_created", sandbox=record.id, template=record.template, api="e2b"
         )
-        self.gateway.lifecycle_changed()
-        return JSONResponse(self._created(record, alias), status_code=201)
+        return record
+
+    # snapshots ---------------------------------------------------------------------------
+    async def create_snapshot(self, request: Request) -> Response:
+        caller = self._caller(request)
+        record = self._reachable(caller, request.path_params["sandbox_id"])
+        body: NewSnapshot = await self._body(request, NewSnapshot)
+        return await self.snapshots.create(caller, record, body)
+
+    async def list_snapshots(self, request: Request) -> Response:
+        return await self.snapshots.list(self._caller(request), request)
+
+    async def delete_template(self, request: Request) -> Response:
+        caller = self._caller(request)
+        template_id = request.path_params["template_id"]
+        if not is_snapshot(template_id):
+            raise NotFound(f"template {template_id}: templates are agentbox's, not deleted here")
+        return await self.snapshots.delete(caller, template_id)
 
     async def list(self, request: Request) -> Response:
         caller = self._caller(request)
