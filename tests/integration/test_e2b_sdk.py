@@ -21,7 +21,6 @@ from e2b import (
     AuthenticationException,
     CommandExitException,
     FilesystemEvent,
-    InvalidArgumentException,
     NotFoundException,
     Sandbox,
     SandboxException,
@@ -29,6 +28,7 @@ from e2b import (
     SandboxState,
     TimeoutException,
 )
+from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 from gateway_harness import RunningGateway, running_gateway
 
@@ -476,12 +476,34 @@ def test_snapshots_async(e2b_env: None) -> None:
     asyncio.run(main())
 
 
-def test_file_metadata_is_refused_not_dropped(e2b_env: None) -> None:
+def test_file_metadata_sync_and_async(e2b_env: None) -> None:
+    """envd 0.6.2 metadata: user.e2b.* xattrs of the file, however they were set."""
     sb = Sandbox.create(timeout=60)
     try:
-        with pytest.raises(InvalidArgumentException, match="metadata"):
-            sb.files.write("/workspace/m.txt", "x", metadata={"owner": "me"})
-        assert not sb.files.exists("/workspace/m.txt")
+        info = sb.files.write("/workspace/m.txt", "x", metadata={"Owner": "me", "step": "1"})
+        assert info.metadata == {"owner": "me", "step": "1"}  # keys lowercased, as envd does
+        assert sb.files.get_info("/workspace/m.txt").metadata == {"owner": "me", "step": "1"}
+        listed = {e.name: e.metadata for e in sb.files.list("/workspace")}
+        assert listed["m.txt"] == {"owner": "me", "step": "1"}
+        moved = sb.files.rename("/workspace/m.txt", "/workspace/n.txt")
+        assert moved.metadata == {"owner": "me", "step": "1"}
+        assert sb.files.write("/workspace/n.txt", "y").metadata is None  # overwritten: cleared
+        assert sb.files.get_info("/workspace/n.txt").metadata is None
+        sb.commands.run(  # set in the sandbox: the same metadata
+            "python3 -c \"import os; os.setxattr('/workspace/n.txt', 'user.e2b.by', b'shell')\""
+        )
+        assert sb.files.get_info("/workspace/n.txt").metadata == {"by": "shell"}
+
+        async def main() -> None:
+            asb = await AsyncSandbox.connect(sb.sandbox_id)
+            infos = await asb.files.write_files(
+                [WriteEntry(path="/workspace/a1", data="1"), WriteEntry(path="/workspace/a2",
+                 data="2")], metadata={"batch": "b"},
+            )  # fmt: skip
+            assert [i.metadata for i in infos] == [{"batch": "b"}, {"batch": "b"}]
+            assert (await asb.files.get_info("/workspace/a2")).metadata == {"batch": "b"}
+
+        asyncio.run(main())
     finally:
         sb.kill()
 

@@ -47,17 +47,19 @@ from agentbox.gateway.e2b.connect import ConnectError
 from agentbox.gateway.e2b.models import (
     FILESYSTEM_SERVICE,
     HOME,
-    METADATA_HEADER,
     PROCESS_SERVICE,
     SIGNALS,
     command_of,
     e2b_error,
     ended,
     entry_info,
+    file_metadata,
     file_signature,
+    metadata_of,
     pid_of,
     pty_size,
     sandbox_path,
+    set_file_metadata,
 )
 from agentbox.gateway.e2b.timeouts import TimeoutPauses
 from agentbox.gateway.service import Gateway
@@ -388,13 +390,24 @@ class Envd:
         return {}
 
     # filesystem.Filesystem ---------------------------------------------------------------
+    async def _entry(self, call: Call, info: dict[str, Any]) -> dict[str, Any]:
+        """EntryInfo, with the file's metadata (envd 0.6.2: its ``user.e2b.*`` xattrs)."""
+        entry = entry_info(info)
+        if info.get("type") == "file":
+            files = self.gateway.runtime.files(call.sandbox_id)
+            with contextlib.suppress(AgentboxError):  # gone since: no metadata to show
+                metadata = await asyncio.to_thread(file_metadata, files, str(info["path"]))
+                if metadata:
+                    entry["metadata"] = metadata
+        return entry
+
     async def stat(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
-        return {"entry": entry_info(await call.tool("fs_stat", path=_path(message)))}
+        return {"entry": await self._entry(call, await call.tool("fs_stat", path=_path(message)))}
 
     async def list_dir(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         depth = max(1, int(message.get("depth") or 1))
         listed = await call.tool("fs_list", path=_path(message), depth=depth)
-        return {"entries": [entry_info(e) for e in listed["entries"]]}
+        return {"entries": [await self._entry(call, e) for e in listed["entries"]]}
 
     async def make_dir(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         path = _path(message)
@@ -404,14 +417,14 @@ class Envd:
         await self._settle(call)
         if existed:
             raise FileExists(f"{path} already exists")
-        return {"entry": entry_info(entry)}
+        return {"entry": await self._entry(call, entry)}
 
     async def move(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         source = sandbox_path(str(message.get("source", "")))
         destination = sandbox_path(str(message.get("destination", "")))
         entry = await call.tool("fs_move", path=source, destination=destination, overwrite=True)
         await self._settle(call)
-        return {"entry": entry_info(entry)}
+        return {"entry": await self._entry(call, entry)}
 
     async def remove(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         with contextlib.suppress(FileNotFound):  # envd: removing what is not there is done
@@ -529,11 +542,7 @@ class Envd:
         return Response(data, media_type="application/octet-stream")
 
     async def _upload(self, call: Call, request: Request) -> Response:
-        if any(h.lower().startswith(METADATA_HEADER) for h in request.headers):
-            raise InvalidRequest(
-                "file metadata (extended attributes) is not stored by agentbox: "
-                "write the file without metadata"
-            )
+        metadata = metadata_of(request.headers.items())  # one map for every file
         default = request.query_params.get("path")
         written = []
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
@@ -542,12 +551,13 @@ class Envd:
                     if not isinstance(part, UploadFile):
                         continue
                     target = default if default and len(form) == 1 else part.filename
-                    written.append(await self._write(call, target or "", await part.read()))
+                    data = await part.read()
+                    written.append(await self._write(call, target or "", data, metadata))
         else:
             body = await request.body()
             if request.headers.get("content-encoding", "").lower() == "gzip":
                 body = self._gunzip(body)
-            written.append(await self._write(call, default or "", body))
+            written.append(await self._write(call, default or "", body, metadata))
         return JSONResponse(written)
 
     def _gunzip(self, data: bytes) -> bytes:
@@ -562,7 +572,9 @@ class Envd:
             raise LimitExceeded(f"the upload is over {cap} bytes once decompressed")
         return out
 
-    async def _write(self, call: Call, target: str, data: bytes) -> dict[str, Any]:
+    async def _write(
+        self, call: Call, target: str, data: bytes, metadata: dict[str, str]
+    ) -> dict[str, Any]:
         path = sandbox_path(target)
         content = base64.b64encode(data).decode()
         parent = posixpath.dirname(path)
@@ -571,8 +583,12 @@ class Envd:
             await call.tool("fs_mkdir", path=parent)
             await self._settle(call)  # a recursive watch covers it before the file comes
         await call.tool("fs_write", path=path, content=content, encoding="base64")
+        # The write was judged and audited; its metadata replaces the file's (none: cleared).
+        files = self.gateway.runtime.files(call.sandbox_id)
+        await asyncio.to_thread(set_file_metadata, files, path, metadata)
         await self._settle(call)
-        return {"name": posixpath.basename(path), "type": "file", "path": path}
+        written = {"name": posixpath.basename(path), "type": "file", "path": path}
+        return {**written, "metadata": metadata} if metadata else written
 
 
 @dataclass

@@ -10,20 +10,29 @@ import base64
 import datetime
 import hashlib
 import posixpath
+import re
 import shlex
 import stat as stat_module
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentbox.errors import InvalidRequest
+from agentbox.runtime.files import SandboxFiles
+
 # The envd release whose features the SDKs enable for what agentbox implements: stdin
 # choice (0.3.0), the default user (0.4.0), CloseStdin (0.5.2), octet-stream uploads
-# (0.5.7), entry info in watch events (0.6.3), watches allowed on network mounts (0.6.4:
-# a sandbox has none, so the flag changes nothing); PTY and StreamInput are not gated by
-# version. File metadata on writes (0.6.2) is refused with an error, never dropped.
+# (0.5.7), file metadata (0.6.2: user.e2b.* xattrs), entry info in watch events (0.6.3),
+# watches allowed on network mounts (0.6.4: a sandbox has none, so the flag changes
+# nothing); PTY and StreamInput are not gated by version.
 ENVD_VERSION = "0.6.4"
-METADATA_HEADER = "x-metadata-"  # an upload's file metadata (envd 0.6.2 xattrs)
+METADATA_HEADER = "x-metadata-"  # an upload's file metadata, one header per key
+METADATA_XATTR = "user.e2b."  # where envd keeps it: the file's extended attributes
+_METADATA_KEY = re.compile(r"\A[A-Za-z0-9!#$%&'*+\-.^_`|~]+\Z")  # an HTTP token
+_METADATA_VALUE = re.compile(r"\A[\x20-\x7e]*\Z")  # printable US-ASCII
+MAX_METADATA_KEYS = 64
 ENVD_PORT = 49983
 CLIENT_ID = "agentbox"
 HOME = "/home/user"  # the E2B user's home: where relative paths and commands start
@@ -143,3 +152,30 @@ def command_of(process: dict[str, Any]) -> str:
     if posixpath.basename(cmd) in ("bash", "sh") and len(args) >= 2 and args[-2] == "-c":
         return args[-1]
     return shlex.join([cmd, *args])
+
+
+def metadata_of(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """An upload's metadata from its ``X-Metadata-KEY`` headers (keys lowercased, as
+    envd does); a key or value the SDKs would refuse is refused here too."""
+    metadata = {}
+    for name, value in headers:
+        if not name.lower().startswith(METADATA_HEADER):
+            continue
+        key = name.lower()[len(METADATA_HEADER) :]
+        if not _METADATA_KEY.match(key) or not _METADATA_VALUE.match(value):
+            raise InvalidRequest(
+                f"metadata {key!r}: keys are HTTP tokens, values printable US-ASCII"
+            )
+        metadata[key] = value
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise InvalidRequest(f"at most {MAX_METADATA_KEYS} metadata keys per upload")
+    return metadata
+
+
+def file_metadata(files: SandboxFiles, path: str) -> dict[str, str]:
+    found = files.xattrs(path, METADATA_XATTR)
+    return {key: value.decode("utf-8", "replace") for key, value in found.items()}
+
+
+def set_file_metadata(files: SandboxFiles, path: str, metadata: dict[str, str]) -> None:
+    files.set_xattrs(path, METADATA_XATTR, {k: v.encode() for k, v in metadata.items()})
