@@ -476,6 +476,39 @@ def test_snapshots_async(e2b_env: None) -> None:
     asyncio.run(main())
 
 
+def test_fork_sync_and_async(e2b_env: None, gw: RunningGateway) -> None:
+    sb = Sandbox.create(timeout=120, metadata={"kind": "source"})
+    try:
+        sb.files.write("/workspace/state.txt", "before")
+        (fork,) = sb.fork(timeout=60)
+        assert isinstance(fork, Sandbox) and fork.sandbox_id != sb.sandbox_id
+        try:
+            assert fork.files.read("/workspace/state.txt") == "before"
+            fork.files.write("/workspace/state.txt", "in the fork")
+            assert sb.files.read("/workspace/state.txt") == "before"
+            assert fork.get_info().metadata == {"kind": "source"}
+            # another project's key: no such sandbox to fork
+            with pytest.raises(NotFoundException):
+                Sandbox.fork(sb.sandbox_id, api_key=KEY_B)
+
+            async def main() -> list[str]:
+                forks = await AsyncSandbox.fork(sb.sandbox_id, count=2, timeout=60)
+                ids = [f.sandbox_id for f in forks if isinstance(f, AsyncSandbox)]
+                for f in forks:
+                    assert isinstance(f, AsyncSandbox)
+                    await f.kill()
+                return ids
+
+            assert len(set(asyncio.run(main()))) == 2
+        finally:
+            fork.kill()
+    finally:
+        sb.kill()
+    made = [r for r in audit_records(gw)
+            if r.get("forked_from") == sb.sandbox_id and r["decision"] == "sandbox_created"]  # fmt: skip
+    assert len(made) == 3 and {r["actor"] for r in made} == {"token:e2b-key:team-a"}
+
+
 def test_file_metadata_sync_and_async(e2b_env: None) -> None:
     """envd 0.6.2 metadata: user.e2b.* xattrs of the file, however they were set."""
     sb = Sandbox.create(timeout=60)

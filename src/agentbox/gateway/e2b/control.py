@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import time
 import urllib.parse
@@ -27,6 +28,7 @@ from agentbox.gateway.e2b.models import (
     CLIENT_ID,
     ENVD_VERSION,
     ConnectSandbox,
+    ForkSandbox,
     NewSandbox,
     PauseSandbox,
     Timeout,
@@ -69,6 +71,7 @@ class ControlPlane:
             r("/sandboxes/{sandbox_id}/resume", "POST", self.connect),
             r("/sandboxes/{sandbox_id}/metrics", "GET", self.metrics),
             r("/sandboxes/{sandbox_id}/snapshots", "POST", self.create_snapshot),
+            r("/sandboxes/{sandbox_id}/fork", "POST", self.fork),
             r("/snapshots", "GET", self.list_snapshots),
             r("/templates/{template_id}", "DELETE", self.delete_template),
         ]
@@ -186,6 +189,41 @@ class ControlPlane:
         )
         return record
 
+    async def fork(self, request: Request) -> Response:
+        """``count`` new sandboxes, each a copy of this one's disk now (agentbox's fork:
+        its processes are not copied), in its project, with its alias and metadata."""
+        caller = self._caller(request)
+        record = self._reachable(caller, request.path_params["sandbox_id"])
+        body: ForkSandbox = await self._body(request, ForkSandbox)
+        owned = self.access.owned(record.id)
+        alias, metadata = (owned.alias, owned.metadata) if owned else (record.template, {})
+        principal = caller.principal(record.id)
+        pausing = self.access.pausing(record.id)
+        results: list[dict[str, Any]] = []
+        for _ in range(body.count):
+            started = time.monotonic()
+            try:
+                made = await asyncio.to_thread(self.runtime.fork, record.id, actor=principal.actor)
+            except AgentboxError as e:  # this fork failed; the others are still made
+                results.append({"error": e2b_error(e.http_status, e.message)})
+                continue
+            self.gateway.metrics.sandbox_created("fork", time.monotonic() - started)
+            self.access.record(made.id, caller, alias, metadata)
+            if pausing is not None:  # made to pause at its timeout, as its source
+                forked = dataclasses.replace(pausing, id=made.id)
+                self.pauses.arm(forked, body.timeout, timeout_s=body.timeout)
+            else:  # the fork's own E2B timeout
+                until = time.time() + body.timeout
+                if made.expires_at is None or until < made.expires_at:
+                    self.runtime.store.set_expiry(made.id, until)
+            await self.gateway.audit_event(
+                principal, "sandbox_created", sandbox=made.id, template=made.template,
+                forked_from=record.id, api="e2b",
+            )  # fmt: skip
+            results.append({"sandbox": self._created(made, alias)})
+        self.gateway.lifecycle_changed()
+        return JSONResponse(results, status_code=201)
+
     # snapshots ---------------------------------------------------------------------------
     async def create_snapshot(self, request: Request) -> Response:
         caller = self._caller(request)
@@ -301,11 +339,7 @@ class ControlPlane:
         await asyncio.to_thread(act, record.id, actor=principal.actor)
         pausing = self.access.pausing(record.id)
         if pausing is not None:  # no deadline while paused
-            self.access.set_pausing(
-                Pausing(
-                    record.id, None, pausing.timeout_s, pausing.keep_memory, pausing.auto_resume
-                )
-            )
+            self.access.set_pausing(dataclasses.replace(pausing, pause_at=None))
         await self.gateway.audit_event(
             principal, "sandbox_paused", sandbox=record.id, reason="operator", api="e2b",
             keep_memory=body.memory,

@@ -36,6 +36,7 @@ MAX_METADATA_KEYS = 64
 ENVD_PORT = 49983
 CLIENT_ID = "agentbox"
 HOME = "/home/user"  # the E2B user's home: where relative paths and commands start
+MAX_FORKS = 16  # forks of one request
 BASE_TEMPLATE = "base"  # E2B's default template: agentbox's configured default
 
 
@@ -63,6 +64,11 @@ class NewSandbox(Loose):
 
 class Timeout(Loose):
     timeout: int = Field(ge=0, le=30 * 86400)
+
+
+class ForkSandbox(Loose):
+    timeout: int = Field(default=300, ge=1, le=30 * 86400)
+    count: int = Field(default=1, ge=1, le=MAX_FORKS)
 
 
 class PauseSandbox(Loose):
