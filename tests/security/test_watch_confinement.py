@@ -36,7 +36,7 @@ class Env:
 
     def steps(self, watch: DirWatch) -> list[tuple[str, str]]:
         self.watches.drain()  # every event queued so far is dispatched when it returns
-        return [(e.path, e.kind) for e in watch.take()]
+        return [(e.path, e.kind) for e in self.watches.take(watch)]
 
 
 @pytest.fixture

@@ -129,6 +129,11 @@ class Watches:
             if not self._wds:
                 self._close()
 
+    def take(self, watch: DirWatch) -> list[DirEvent]:
+        """The events of ``watch`` not taken yet, oldest first."""
+        with self._lock:  # the reader appends under it
+            return watch.take()
+
     def drain(self) -> None:
         """Read and dispatch every event queued now (callable from any thread)."""
         with self._lock:

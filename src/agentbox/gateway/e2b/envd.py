@@ -467,7 +467,7 @@ class Envd:
     async def get_watcher_events(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         _, watch = self._watcher_of(call, message)
         await asyncio.to_thread(self.dir_watches.drain)
-        return {"events": await asyncio.to_thread(watch.events)}
+        return {"events": await asyncio.to_thread(watch.events, self.dir_watches)}
 
     async def remove_watcher(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         watcher_id, watch = self._watcher_of(call, message)
@@ -499,7 +499,7 @@ class Envd:
                         yield {"keepalive": {}}
                     continue
                 ready.clear()
-                for event in await asyncio.to_thread(watch.events):
+                for event in await asyncio.to_thread(watch.events, self.dir_watches):
                     yield {"filesystem": event}
         finally:
             self.streams -= 1
@@ -599,9 +599,9 @@ class Watch:
     watch: DirWatch
     include_entry: bool
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self, hub: Watches) -> list[dict[str, Any]]:
         events = []
-        for event in self.watch.take():
+        for event in hub.take(self.watch):
             message: dict[str, Any] = {
                 "name": posixpath.relpath(event.path, self.watch.path),
                 "type": f"EVENT_TYPE_{event.kind.upper()}",
