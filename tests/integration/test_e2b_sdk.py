@@ -32,6 +32,7 @@ from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 from gateway_harness import RunningGateway, running_gateway
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 KEY_A, KEY_B = "ka-" + secrets.token_hex(16), "kb-" + secrets.token_hex(16)
 E2B_YAML = """
 e2b:
@@ -379,6 +380,8 @@ def test_lifecycle_on_timeout_pause_sync(e2b_env: None, gw: RunningGateway) -> N
     sb = Sandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": False})
     try:
         sb.files.write("/workspace/kept.txt", "kept")
+        boot_id = sb.commands.run(f"cat {BOOT_ID}").stdout
+        assert boot_id != Path(BOOT_ID).read_text()  # its own, never the host's
         sleeper = sb.commands.run("sleep 600", background=True)
         sb.set_timeout(0)  # the timeout is now: paused, not killed
         _until(lambda: not sb.is_running(), "paused at its timeout")
@@ -388,6 +391,7 @@ def test_lifecycle_on_timeout_pause_sync(e2b_env: None, gw: RunningGateway) -> N
         again = Sandbox.connect(sb.sandbox_id)
         assert again.get_info().state == SandboxState.RUNNING
         assert sleeper.pid in [p.pid for p in again.commands.list()]  # its memory was kept
+        assert again.commands.run(f"cat {BOOT_ID}").stdout == boot_id  # not a new boot
         assert again.files.read("/workspace/kept.txt") == "kept"
 
         assert again.pause(keep_memory=False)  # the filesystem only: agentbox stops it
@@ -395,6 +399,7 @@ def test_lifecycle_on_timeout_pause_sync(e2b_env: None, gw: RunningGateway) -> N
         back = Sandbox.connect(sb.sandbox_id)
         assert back.files.read("/workspace/kept.txt") == "kept"
         assert sleeper.pid not in [p.pid for p in back.commands.list()]
+        assert back.commands.run(f"cat {BOOT_ID}").stdout != boot_id  # started again: a boot
     finally:
         sb.kill()
     paused = [r for r in audit_records(gw) if r.get("decision") == "sandbox_paused"]
