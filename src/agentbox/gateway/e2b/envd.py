@@ -168,13 +168,15 @@ class Envd:
     async def _awake(self, call: Call) -> None:
         """A sandbox paused at its E2B timeout (``on_timeout: pause``) is woken by a call
         if made with ``autoResume`` and its memory kept; else the call is refused until a
-        connect resumes it. (Other paused sandboxes resume on any call, as agentbox's do.)"""
+        connect resumes it. (Other pauses, agentbox's idle one included, end on any call.)"""
         pausing = await asyncio.to_thread(self.access.pausing, call.sandbox_id)
         if pausing is None:
             return
         runtime = self.gateway.runtime
         record = await asyncio.to_thread(runtime.store.get, call.sandbox_id)
         if record is None or record.state not in ("paused", "stopped"):
+            return
+        if pausing.pause_at is not None:  # paused by agentbox (idle), not by E2B: as ever
             return
         if not (pausing.auto_resume and record.state == "paused"):
             raise SandboxNotRunning(
