@@ -12,7 +12,7 @@ import gzip
 import json
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,15 +20,19 @@ from e2b import (
     AsyncSandbox,
     AuthenticationException,
     CommandExitException,
+    FilesystemEvent,
     NotFoundException,
     Sandbox,
     SandboxException,
     SandboxQuery,
+    SandboxState,
     TimeoutException,
 )
+from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 from gateway_harness import RunningGateway, running_gateway
 
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
 KEY_A, KEY_B = "ka-" + secrets.token_hex(16), "kb-" + secrets.token_hex(16)
 E2B_YAML = """
 e2b:
@@ -279,25 +283,265 @@ def test_watch_dir_sync_and_async(e2b_env: None) -> None:
         sb.files.make_dir("/workspace/w")
         handle = sb.files.watch_dir("/workspace/w")
         sb.files.write("/workspace/w/new.txt", "1")
-        events = handle.get_new_events()
-        assert [(e.name, e.type.value) for e in events] == [("new.txt", "create")]
+        events = handle.get_new_events()  # the kernel's events, each step: create, chmod, write
+        assert [(e.name, e.type.value) for e in events] == [
+            ("new.txt", "create"), ("new.txt", "chmod"), ("new.txt", "write")
+        ]  # fmt: skip
         sb.files.write("/workspace/w/new.txt", "12")
         sb.files.remove("/workspace/w/new.txt")
-        assert [(e.name, e.type.value) for e in handle.get_new_events()] == [("new.txt", "remove")]
+        # the truncate and the write may come as one write event or two, as on E2B
+        assert _steps(handle.get_new_events()) == [("new.txt", "write"), ("new.txt", "remove")]
         handle.stop()
 
         async def watch() -> list[tuple[str, str]]:
             asb = await AsyncSandbox.connect(sb.sandbox_id)
-            seen: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
-            watcher = await asb.files.watch_dir(
-                "/workspace/w", lambda e: seen.put_nowait((e.name, e.type.value)), recursive=True
-            )
-            await asb.files.write("/workspace/w/sub/deep.txt", "x")
-            got = [await asyncio.wait_for(seen.get(), 30), await asyncio.wait_for(seen.get(), 30)]
+            seen: asyncio.Queue[FilesystemEvent] = asyncio.Queue()
+            watcher = await asb.files.watch_dir("/workspace/w", seen.put_nowait, recursive=True)
+            await asb.files.write("/workspace/w/sub/deep.txt", "x")  # the parent is made too
+            got = [await asyncio.wait_for(seen.get(), 30)]
+            while (got[-1].name, got[-1].type.value) != ("sub/deep.txt", "write"):
+                got.append(await asyncio.wait_for(seen.get(), 30))
             await watcher.stop()
-            return got
+            return _steps(got)
 
-        assert sorted(asyncio.run(watch())) == [("sub", "create"), ("sub/deep.txt", "create")]
+        assert asyncio.run(watch()) == [
+            ("sub", "create"), ("sub", "chmod"),
+            ("sub/deep.txt", "create"), ("sub/deep.txt", "chmod"), ("sub/deep.txt", "write"),
+        ]  # fmt: skip
+    finally:
+        sb.kill()
+
+
+def _steps(events: Iterable[FilesystemEvent]) -> list[tuple[str, str]]:
+    """(name, type) of each event, a repeat of the one before it counted once."""
+    return _steps_of((e.name, e.type.value) for e in events)
+
+
+def _steps_of(pairs: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
+    steps: list[tuple[str, str]] = []
+    for pair in pairs:
+        if not steps or steps[-1] != pair:
+            steps.append(pair)
+    return steps
+
+
+def test_watch_sees_the_sandboxs_own_changes_never_through_symlinks(e2b_env: None) -> None:
+    """Changes made by a program in the sandbox, each kind in order, in new subdirectories
+    too; a symlink in the watched tree (to the sandbox's / or a directory beside) is an
+    entry, never watched through."""
+    sb = Sandbox.create(timeout=120)
+    try:
+        # python3: the test gateway's allow list has no ln, chmod, mv or touch
+        sb.commands.run(
+            'mkdir -p /workspace/w /workspace/beside && python3 -c "import os; '
+            "os.symlink('/', '/workspace/w/root'); "
+            "os.symlink('/workspace/beside', '/workspace/w/beside')\""
+        )
+        handle = sb.files.watch_dir("/workspace/w", recursive=True, include_entry=True)
+        sb.commands.run("cd /workspace/w && mkdir -p a/b && echo one > a/b/f")
+        # A quick program can make a file before the new directory's watch comes: the
+        # file is then announced as created when it does, and its write may come first.
+        made = [s for s in _steps(handle.get_new_events()) if s != ("a/b/f", "write")]
+        assert _steps_of(made) == [("a", "create"), ("a/b", "create"), ("a/b/f", "create")]
+        sb.commands.run(  # the watches of a and a/b are in place now: every step is seen
+            'cd /workspace/w && python3 -c "import os; '
+            "os.chmod('a/b/f', 0o600); os.rename('a/b/f', 'a/g'); os.remove('a/g'); "
+            "[open(p, 'w').close() for p in ('/workspace/beside/x', '/tmp/y', '/workspace/z')]\""
+        )
+        assert _steps(handle.get_new_events()) == [
+            ("a/b/f", "chmod"), ("a/b/f", "rename"), ("a/g", "create"), ("a/g", "remove")
+        ]  # fmt: skip
+        handle.stop()
+        # entry info (envd 0.6.3): where the entry still is; a symlink is the link itself
+        handle = sb.files.watch_dir("/workspace/w", include_entry=True)
+        sb.files.write("/workspace/w/a/h", "hello")
+        sb.files.remove("/workspace/w/a/h")
+        sb.files.write("/workspace/w/e.txt", "entry")
+        events = handle.get_new_events()
+        created = next(e for e in events if (e.name, e.type.value) == ("e.txt", "create"))
+        assert created.entry is not None
+        assert (created.entry.path, created.entry.size) == ("/workspace/w/e.txt", 5)
+        assert not [e for e in events if e.name.startswith("a/")]  # not recursive
+        handle.stop()
+    finally:
+        sb.kill()
+
+
+def _until(condition: Callable[[], bool], what: str, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.05)
+
+
+def test_lifecycle_on_timeout_pause_sync(e2b_env: None, gw: RunningGateway) -> None:
+    """on_timeout "pause": the timeout pauses with memory (a process lives on), calls wait
+    for a connect unless auto_resume; keep_memory False keeps only the files."""
+    sb = Sandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    try:
+        sb.files.write("/workspace/kept.txt", "kept")
+        boot_id = sb.commands.run(f"cat {BOOT_ID}").stdout
+        assert boot_id != Path(BOOT_ID).read_text()  # its own, never the host's
+        sleeper = sb.commands.run("sleep 600", background=True)
+        sb.set_timeout(0)  # the timeout is now: paused, not killed
+        _until(lambda: not sb.is_running(), "paused at its timeout")
+        assert sb.get_info().state == SandboxState.PAUSED
+        with pytest.raises(SandboxException, match="paused"):
+            sb.commands.run("true")  # no auto_resume: a call does not wake it
+        again = Sandbox.connect(sb.sandbox_id)
+        assert again.get_info().state == SandboxState.RUNNING
+        assert sleeper.pid in [p.pid for p in again.commands.list()]  # its memory was kept
+        assert again.commands.run(f"cat {BOOT_ID}").stdout == boot_id  # not a new boot
+        assert again.files.read("/workspace/kept.txt") == "kept"
+
+        assert again.pause(keep_memory=False)  # the filesystem only: agentbox stops it
+        assert not again.is_running()
+        back = Sandbox.connect(sb.sandbox_id)
+        assert back.files.read("/workspace/kept.txt") == "kept"
+        assert sleeper.pid not in [p.pid for p in back.commands.list()]
+        assert back.commands.run(f"cat {BOOT_ID}").stdout != boot_id  # started again: a boot
+    finally:
+        sb.kill()
+    paused = [r for r in audit_records(gw) if r.get("decision") == "sandbox_paused"]
+    assert (paused[-1]["sandbox"], paused[-1]["keep_memory"]) == (sb.sandbox_id, False)
+
+
+def test_lifecycle_auto_resume_async(e2b_env: None) -> None:
+    async def main() -> None:
+        sb = await AsyncSandbox.create(
+            timeout=120,
+            lifecycle={"on_timeout": {"action": "pause", "keep_memory": True}, "auto_resume": True},
+        )
+        try:
+            await sb.set_timeout(0)
+            deadline = time.monotonic() + 30
+            while (await sb.get_info()).state != SandboxState.PAUSED:
+                assert time.monotonic() < deadline, "not paused at its timeout"
+                await asyncio.sleep(0.05)
+            # auto_resume: a call wakes it, and its timeout runs again from then
+            assert (await sb.commands.run("echo awake")).stdout == "awake\n"
+            assert (await sb.get_info()).state == SandboxState.RUNNING
+        finally:
+            await sb.kill()
+
+    asyncio.run(main())
+
+
+def test_snapshots_sync_scoped_to_the_project(e2b_env: None, gw: RunningGateway) -> None:
+    sb = Sandbox.create(timeout=120)
+    try:
+        sb.files.write("/workspace/snap.txt", "in the snapshot")
+        sb.commands.run("echo home too > /home/user/home.txt")  # the writable layer: kept
+        snap = sb.create_snapshot(name="nightly")
+        assert snap.snapshot_id.startswith("snap-") and snap.names == ["nightly"]
+        listed = Sandbox.list_snapshots(sandbox_id=sb.sandbox_id).next_items()
+        assert [s.snapshot_id for s in listed] == [snap.snapshot_id]
+        assert Sandbox.list_snapshots(name="nightly").next_items()[0].names == ["nightly"]
+        # another project's key: no such snapshot to list, restore or delete
+        assert snap.snapshot_id not in [
+            s.snapshot_id for s in Sandbox.list_snapshots(api_key=KEY_B).next_items()
+        ]
+        with pytest.raises(SandboxException, match="not found"):
+            Sandbox.create(snap.snapshot_id, api_key=KEY_B)
+        assert not Sandbox.delete_snapshot(snap.snapshot_id, api_key=KEY_B)
+
+        restored = Sandbox.create(snap.snapshot_id, timeout=60, envs={"FROM": "snap"})
+        try:
+            assert restored.files.read("/workspace/snap.txt") == "in the snapshot"
+            assert restored.commands.run("cat /home/user/home.txt").stdout == "home too\n"
+            assert restored.commands.run("echo $FROM").stdout == "snap\n"
+        finally:
+            restored.kill()
+        assert Sandbox.delete_snapshot(snap.snapshot_id)
+        assert not Sandbox.delete_snapshot(snap.snapshot_id)  # already gone
+    finally:
+        sb.kill()
+    records = audit_records(gw)
+    made = [r for r in records if r.get("decision") == "snapshot_created"]
+    assert made[-1]["actor"] == "token:e2b-key:team-a"
+    assert any(r.get("snapshot") == snap.snapshot_id and r.get("decision") == "sandbox_created"
+               for r in records)  # fmt: skip
+
+
+def test_snapshots_async(e2b_env: None) -> None:
+    async def main() -> None:
+        sb = await AsyncSandbox.create(timeout=120)
+        try:
+            await sb.files.write("/workspace/a.txt", "async snapshot")
+            snap = await AsyncSandbox.create_snapshot(sb.sandbox_id)
+            other = await AsyncSandbox.create(snap.snapshot_id, timeout=60)
+            try:
+                assert await other.files.read("/workspace/a.txt") == "async snapshot"
+            finally:
+                await other.kill()
+            assert await AsyncSandbox.delete_snapshot(snap.snapshot_id)
+        finally:
+            await sb.kill()
+
+    asyncio.run(main())
+
+
+def test_fork_sync_and_async(e2b_env: None, gw: RunningGateway) -> None:
+    sb = Sandbox.create(timeout=120, metadata={"kind": "source"})
+    try:
+        sb.files.write("/workspace/state.txt", "before")
+        (fork,) = sb.fork(timeout=60)
+        assert isinstance(fork, Sandbox) and fork.sandbox_id != sb.sandbox_id
+        try:
+            assert fork.files.read("/workspace/state.txt") == "before"
+            fork.files.write("/workspace/state.txt", "in the fork")
+            assert sb.files.read("/workspace/state.txt") == "before"
+            assert fork.get_info().metadata == {"kind": "source"}
+            # another project's key: no such sandbox to fork
+            with pytest.raises(NotFoundException):
+                Sandbox.fork(sb.sandbox_id, api_key=KEY_B)
+
+            async def main() -> list[str]:
+                forks = await AsyncSandbox.fork(sb.sandbox_id, count=2, timeout=60)
+                ids = [f.sandbox_id for f in forks if isinstance(f, AsyncSandbox)]
+                for f in forks:
+                    assert isinstance(f, AsyncSandbox)
+                    await f.kill()
+                return ids
+
+            assert len(set(asyncio.run(main()))) == 2
+        finally:
+            fork.kill()
+    finally:
+        sb.kill()
+    made = [r for r in audit_records(gw)
+            if r.get("forked_from") == sb.sandbox_id and r["decision"] == "sandbox_created"]  # fmt: skip
+    assert len(made) == 3 and {r["actor"] for r in made} == {"token:e2b-key:team-a"}
+
+
+def test_file_metadata_sync_and_async(e2b_env: None) -> None:
+    """envd 0.6.2 metadata: user.e2b.* xattrs of the file, however they were set."""
+    sb = Sandbox.create(timeout=60)
+    try:
+        info = sb.files.write("/workspace/m.txt", "x", metadata={"Owner": "me", "step": "1"})
+        assert info.metadata == {"owner": "me", "step": "1"}  # keys lowercased, as envd does
+        assert sb.files.get_info("/workspace/m.txt").metadata == {"owner": "me", "step": "1"}
+        listed = {e.name: e.metadata for e in sb.files.list("/workspace")}
+        assert listed["m.txt"] == {"owner": "me", "step": "1"}
+        moved = sb.files.rename("/workspace/m.txt", "/workspace/n.txt")
+        assert moved.metadata == {"owner": "me", "step": "1"}
+        assert sb.files.write("/workspace/n.txt", "y").metadata is None  # overwritten: cleared
+        assert sb.files.get_info("/workspace/n.txt").metadata is None
+        sb.commands.run(  # set in the sandbox: the same metadata
+            "python3 -c \"import os; os.setxattr('/workspace/n.txt', 'user.e2b.by', b'shell')\""
+        )
+        assert sb.files.get_info("/workspace/n.txt").metadata == {"by": "shell"}
+
+        async def main() -> None:
+            asb = await AsyncSandbox.connect(sb.sandbox_id)
+            infos = await asb.files.write_files(
+                [WriteEntry(path="/workspace/a1", data="1"), WriteEntry(path="/workspace/a2",
+                 data="2")], metadata={"batch": "b"},
+            )  # fmt: skip
+            assert [i.metadata for i in infos] == [{"batch": "b"}, {"batch": "b"}]
+            assert (await asb.files.get_info("/workspace/a2")).metadata == {"batch": "b"}
+
+        asyncio.run(main())
     finally:
         sb.kill()
 

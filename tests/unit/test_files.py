@@ -996,3 +996,30 @@ def test_a_link_swapped_after_the_judgement_does_not_redirect_the_call(env: Env)
     assert judged == ["/workspace/docs/f"]
     assert (env.ws / "docs" / "f").read_bytes() == b"x"
     assert not (env.ws / ".git" / "hooks" / "f").exists()
+
+
+def test_xattrs_of_an_entry_and_through_a_symlink_in_root(env: Env) -> None:
+    env.files.write("/workspace/f", b"x")
+    env.files.set_xattrs("/workspace/f", "user.t.", {"a": b"1", "b": b"2"})
+    assert env.files.xattrs("/workspace/f", "user.t.") == {"a": b"1", "b": b"2"}
+    env.files.set_xattrs("/workspace/f", "user.t.", {"b": b"3"})  # a is removed
+    assert env.files.xattrs("/workspace/f", "user.t.") == {"b": b"3"}
+    (env.ws / "link").symlink_to("/workspace/f")  # followed in root, as write does
+    env.files.set_xattrs("/workspace/link", "user.t.", {"c": b"4"})
+    assert env.files.xattrs("/workspace/f", "user.t.") == {"c": b"4"}
+    assert env.files.xattrs("/workspace/link", "user.t.") == {}  # the link's own: none
+
+
+def test_xattrs_never_reach_a_host_file_through_a_symlink(env: Env) -> None:
+    (env.ws / "abs").symlink_to(env.secret)
+    (env.ws / "up").symlink_to("../../../../../../../.." + str(env.secret))
+    for link in ("/workspace/abs", "/workspace/up"):
+        with pytest.raises(FileNotFound):
+            env.files.set_xattrs(link, "user.t.", {"pwned": b"1"})
+    assert os.listxattr(env.secret) == []
+    # control: with the host's "/" as root the same call reaches it (the links did not)
+    unconfined = SandboxFiles("/", SANDBOX_UID, SANDBOX_GID)
+    unconfined.set_xattrs(str(env.secret), "user.t.", {"control": b"1"})
+    assert os.listxattr(env.secret) == ["user.t.control"]
+    unconfined.set_xattrs(str(env.secret), "user.t.", {})
+    _assert_host_untouched(env)

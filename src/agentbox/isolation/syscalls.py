@@ -256,3 +256,39 @@ CLONE_NEWNET = 0x40000000
 def setns(fd: int, nstype: int) -> None:
     """setns(2) for the calling thread (Python 3.11 has no os.setns)."""
     _check(_libc.setns(fd, nstype), "setns")
+
+
+# inotify(7): the event bits agentbox watches for, and the flags of the instance.
+IN_MODIFY = 0x00000002
+IN_ATTRIB = 0x00000004
+IN_MOVED_FROM = 0x00000040
+IN_MOVED_TO = 0x00000080
+IN_CREATE = 0x00000100
+IN_DELETE = 0x00000200
+IN_DELETE_SELF = 0x00000400
+IN_MOVE_SELF = 0x00000800
+IN_Q_OVERFLOW = 0x00004000
+IN_IGNORED = 0x00008000
+IN_ONLYDIR = 0x01000000
+IN_EXCL_UNLINK = 0x04000000
+IN_ISDIR = 0x40000000
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = os.O_CLOEXEC
+INOTIFY_EVENT = struct.Struct("=iIII")  # wd, mask, cookie, len; then len bytes of name
+
+
+def inotify_init1(flags: int) -> int:
+    return _check(_libc.inotify_init1(ctypes.c_int(flags)), "inotify_init1")
+
+
+def inotify_add_watch(fd: int, path: str, mask: int) -> int:
+    """Watch what ``path`` names (symlinks followed: pass ``/proc/self/fd/N`` of a directory
+    opened safely to watch exactly that directory)."""
+    wd = _libc.inotify_add_watch(
+        ctypes.c_int(fd), ctypes.c_char_p(os.fsencode(path)), ctypes.c_uint32(mask)
+    )
+    return _check(wd, "inotify_add_watch")
+
+
+def inotify_rm_watch(fd: int, wd: int) -> None:
+    _check(_libc.inotify_rm_watch(ctypes.c_int(fd), ctypes.c_int(wd)), "inotify_rm_watch")

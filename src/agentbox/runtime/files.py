@@ -505,6 +505,22 @@ def _lstat_at(dirfd: int, name: str) -> tuple[os.stat_result, str | None]:
     return st, target
 
 
+def _xattrs_at(dirfd: int, name: str, prefix: str) -> dict[str, bytes]:
+    where = f"/proc/self/fd/{dirfd}/{name}"  # the final name is not followed
+    try:
+        names = os.listxattr(where, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return {}
+        raise
+    out = {}
+    for attr in names:
+        if attr.startswith(prefix):
+            with contextlib.suppress(OSError):  # ENODATA: removed since the listing
+                out[attr[len(prefix) :]] = os.getxattr(where, attr, follow_symlinks=False)
+    return out
+
+
 def _unlink_if_not_dir(dirfd: int, name: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(name, dir_fd=dirfd)
@@ -966,6 +982,75 @@ class SandboxFiles:
                     self._list_into(fd, child, depth - 1, out)
                 finally:
                     os.close(fd)
+
+    # -- extended attributes (user.*: what E2B keeps as file metadata) ---------------------
+
+    def xattrs(self, path: str, prefix: str) -> dict[str, bytes]:
+        """The entry's own extended attributes named ``prefix`` + key, as {key: value}
+        (a symlink's own, never its target's; none where the filesystem has none)."""
+        spath = self._sandbox_path(path)
+        with (
+            self._session("read the attributes of", spath) as rootfd,
+            _parent_of(rootfd, spath, None, "read") as (pfd, name, _),
+        ):
+            return _xattrs_at(pfd, name, prefix)
+
+    def set_xattrs(self, path: str, prefix: str, values: dict[str, bytes]) -> None:
+        """Make ``values`` the attributes named ``prefix`` + key of what ``path`` names (a
+        final symlink followed inside the root, as ``write`` does): others under
+        ``prefix`` are removed. Checked by the kernel as for the sandbox user."""
+        spath = self._sandbox_path(path)
+        with (
+            self._session("set the attributes of", spath) as rootfd,
+            _opener(rootfd, spath, None, "write") as op,
+        ):
+            fd = op(os.O_PATH, 0)
+            try:
+                where = f"/proc/self/fd/{fd}"  # the object opened in root, nothing else
+                try:
+                    present = os.listxattr(where)
+                except OSError as exc:  # a filesystem without them: nothing to clear
+                    if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP) or values:
+                        raise
+                    return
+                for attr in present:
+                    if attr.startswith(prefix) and attr[len(prefix) :] not in values:
+                        os.removexattr(where, attr)
+                for key, value in values.items():
+                    os.setxattr(where, prefix + key, value)
+            finally:
+                os.close(fd)
+
+    def visit_dirs(self, path: str, depth: int, visit: Callable[[str, int], bool]) -> None:
+        """``visit(sandbox_path, fd)`` for directory ``path``, then for its subdirectories
+        down to ``depth`` levels below it. ``path`` is resolved inside the root; below it
+        each directory is opened with ``O_NOFOLLOW`` and no symlink resolution (a symlink
+        is never descended into), all on the sandbox user's credentials, which ``visit``
+        runs with. Each fd is closed once ``visit`` returns (nothing stays open to pin the
+        sandbox's mounts); ``visit`` returns False to skip what is below that directory."""
+        spath = self._sandbox_path(path)
+        with self._session("watch", spath) as rootfd, _opener(rootfd, spath, None, "read") as op:
+            fd = op(os.O_RDONLY | os.O_DIRECTORY, 0)
+            try:
+                self._visit(fd, spath, depth, visit)
+            finally:
+                os.close(fd)
+
+    def _visit(self, dirfd: int, spath: str, depth: int, visit: Callable[[str, int], bool]) -> None:
+        if not visit(spath, dirfd) or depth < 1:
+            return
+        for name in sorted(os.listdir(dirfd)):
+            child = posixpath.join(spath, name)
+            try:
+                if not stat.S_ISDIR(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode):
+                    continue
+                fd = _open_subdir(dirfd, name, child)
+            except (PermissionError, FileNotFoundError, Conflict):  # gone or closed meanwhile
+                continue
+            try:
+                self._visit(fd, child, depth - 1, visit)
+            finally:
+                os.close(fd)
 
     # -- moving and removing ------------------------------------------------------------
 

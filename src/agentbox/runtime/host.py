@@ -19,6 +19,7 @@ import select
 import shutil
 import subprocess
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ SANDBOX_GID = 1000
 # Host uid/gid of sandbox N: UID_BASE + N, outside the usual subuid ranges.
 UID_BASE = 2_000_000
 INIT_PATH = "/.agentbox/init"
+BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 MOUNT_POINTS = ("proc", "dev", "tmp", "var/tmp", "workspace", "usr", ".agentbox")
 READY_TIMEOUT_S = 15.0
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -215,7 +217,13 @@ class SandboxHost:
             os.chmod(target / name, 0o644)
 
     def bwrap_argv(
-        self, host_usr: bool, seccomp_fd: int, info_fd: int, shm_bytes: int, init: Path
+        self,
+        host_usr: bool,
+        seccomp_fd: int,
+        info_fd: int,
+        shm_bytes: int,
+        init: Path,
+        boot_id_fd: int,
     ) -> list[str]:
         namespaces = ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
         namespaces += ["--unshare-uts", "--unshare-cgroup"]
@@ -230,6 +238,9 @@ class SandboxHost:
             mounts.append(("--ro-bind", "/usr", "/usr"))
         mounts += [
             ("--proc", "/proc"),
+            # Each start is a boot: a boot id of its own (never the host's, which would
+            # tell sandboxes they share a host); a pause keeps it, a stop/start does not.
+            ("--ro-bind-data", str(boot_id_fd), BOOT_ID_PATH),
             ("--dev", "/dev"),
             ("--perms", "1777", "--size", str(shm_bytes), "--tmpfs", "/dev/shm"),
             ("--bind", str(self.disk / "tmp"), "/tmp"),
@@ -263,10 +274,13 @@ class SandboxHost:
         (``limits``: what ``cgroup`` already enforces; other tiers pass them on.)"""
         init = initfs.ensure(self.home, paths.nsexec)  # a stat, once it is there
         seccomp_fd = os.open(paths.seccomp, os.O_RDONLY)
+        boot_id_fd = os.memfd_create("boot_id", os.MFD_CLOEXEC)
+        os.write(boot_id_fd, f"{uuid.uuid4()}\n".encode())
+        os.lseek(boot_id_fd, 0, os.SEEK_SET)
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
         shm = max(memory_bytes // 2, 1 << 20)
-        argv = self.bwrap_argv(host_usr, seccomp_fd, info_w, shm, init)
+        argv = self.bwrap_argv(host_usr, seccomp_fd, info_w, shm, init, boot_id_fd)
         argv += ["--", INIT_PATH, "init", str(ready_w), str(int(lifetime_s))]
         launcher = [
             str(paths.nsexec),
@@ -289,13 +303,13 @@ class SandboxHost:
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=log,
-                    pass_fds=(seccomp_fd, info_w, ready_w),
+                    pass_fds=(seccomp_fd, info_w, ready_w, boot_id_fd),
                     start_new_session=True,
                     env={"PATH": BASE_PATH},
                     check=False,
                 )
         finally:
-            for fd in (seccomp_fd, info_w, ready_w):
+            for fd in (seccomp_fd, info_w, ready_w, boot_id_fd):
                 os.close(fd)
         try:
             if launched.returncode != 0:

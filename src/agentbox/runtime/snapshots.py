@@ -232,7 +232,11 @@ class Snapshots:
         return count
 
     # restoring ----------------------------------------------------------------------------
-    def restore(self, snapshot_id: str, *, actor: str = "local") -> SandboxRecord:
+    def restore(
+        self, snapshot_id: str, *, actor: str = "local", spec: dict[str, Any] | None = None
+    ) -> SandboxRecord:
+        """A new sandbox with the snapshot's files; ``spec``: fields that replace those of
+        the snapshotted sandbox's spec (its lifetime, project, env, ...)."""
         info = self.get(snapshot_id)
         template = self.runtime.templates.exact(info.template, info.template_digest)
         self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -242,7 +246,11 @@ class Snapshots:
                 _extract(archive, target, host, info.sha256)
 
             return self.runtime.create_filled(
-                spec_from(info.spec), template, fill, actor=actor, snapshot=info.id
+                spec_from({**info.spec, **(spec or {})}),
+                template,
+                fill,
+                actor=actor,
+                snapshot=info.id,
             )
 
     # listing ------------------------------------------------------------------------------

@@ -144,6 +144,21 @@ CREATE TABLE e2b_sandboxes (
     alias TEXT NOT NULL,
     metadata TEXT NOT NULL
 );
+CREATE TABLE e2b_pauses (
+    id TEXT PRIMARY KEY,
+    pause_at DOUBLE PRECISION,
+    timeout_s DOUBLE PRECISION NOT NULL,
+    keep_memory BIGINT NOT NULL,
+    auto_resume BIGINT NOT NULL
+);
+CREATE TABLE e2b_snapshots (
+    id TEXT NOT NULL,
+    project TEXT NOT NULL,
+    sandbox TEXT NOT NULL,
+    names TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (id, project)
+);
 -- Cluster mode (not used yet): each node's address, labels (e.g. the isolation tier),
 -- capacity and last heartbeat, for placement and for declaring a silent node lost.
 CREATE TABLE nodes (

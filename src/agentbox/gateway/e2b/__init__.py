@@ -4,7 +4,8 @@ Mounted at ``/e2b`` by the gateway: ``E2B_API_URL`` and ``E2B_SANDBOX_URL`` both
 there (the control-plane and envd paths do not overlap; envd requests carry
 ``E2b-Sandbox-Id``). ``control`` is the control plane, ``envd`` the in-sandbox daemon's
 API, ``connect`` the Connect RPC framing, ``models`` the wire shapes, ``access`` the keys,
-``ports`` the ``PORT-ID.DOMAIN`` hosts of ``get_host``.
+``ports`` the ``PORT-ID.DOMAIN`` hosts of ``get_host``, ``timeouts`` the pause at
+an E2B timeout (``on_timeout: pause``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from agentbox.gateway.e2b.control import ControlPlane
 from agentbox.gateway.e2b.envd import Envd
 from agentbox.gateway.e2b.models import e2b_error
 from agentbox.gateway.e2b.ports import PortHosts
+from agentbox.gateway.e2b.timeouts import TimeoutPauses
 from agentbox.gateway.service import Gateway
 
 PREFIX = "/e2b"
@@ -31,9 +33,10 @@ class E2BFrontDoor:
         self.access = E2BAccess(
             self.settings, gateway.tokens, gateway.runtime.home, gateway.state_key
         )
-        control = ControlPlane(gateway, self.access, self.settings.domain)
+        pauses = TimeoutPauses(gateway, self.access)
+        control = ControlPlane(gateway, self.access, self.settings.domain, pauses)
         self.app = Starlette(
-            routes=[*control.routes(), *Envd(gateway, self.access).routes()],
+            routes=[*control.routes(), *Envd(gateway, self.access, pauses).routes()],
             exception_handlers={404: _not_found, 405: _not_found},
         )
 

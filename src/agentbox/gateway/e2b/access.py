@@ -7,7 +7,8 @@
   gateway's sealing key, so it needs no storage, dies with the sandbox and cannot be
   made for another one. The calls it makes are audited as the key that created it.
 * ``e2b_sandboxes`` (state database) keeps what E2B has and agentbox does not: the key
-  that made the sandbox, its template alias and its metadata.
+  that made the sandbox, its template alias and its metadata; ``e2b_pauses`` the
+  timeout of a sandbox made with ``on_timeout: pause`` (``timeouts.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,13 @@ CREATE TABLE IF NOT EXISTS e2b_sandboxes (
     alias TEXT NOT NULL,
     metadata TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS e2b_pauses (
+    id TEXT PRIMARY KEY,
+    pause_at REAL,
+    timeout_s REAL NOT NULL,
+    keep_memory INTEGER NOT NULL,
+    auto_resume INTEGER NOT NULL
+);
 """
 
 
@@ -55,6 +63,18 @@ class Owned:
     caller: Caller
     alias: str
     metadata: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Pausing:
+    """E2B's ``on_timeout: pause``: paused (or, without ``keep_memory``, stopped) at
+    ``pause_at`` (None: not running, no deadline); ``auto_resume``: a call wakes it."""
+
+    id: str
+    pause_at: float | None
+    timeout_s: float
+    keep_memory: bool
+    auto_resume: bool
 
 
 class E2BAccess:
@@ -100,6 +120,26 @@ class E2BAccess:
 
     def forget(self, sandbox_id: str) -> None:
         self.db.conn().execute("DELETE FROM e2b_sandboxes WHERE id = ?", (sandbox_id,))
+        self.db.conn().execute("DELETE FROM e2b_pauses WHERE id = ?", (sandbox_id,))
+
+    def set_pausing(self, p: Pausing) -> None:
+        self.db.conn().execute(
+            "INSERT INTO e2b_pauses (id, pause_at, timeout_s, keep_memory, auto_resume)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET pause_at = excluded.pause_at,"
+            " timeout_s = excluded.timeout_s, keep_memory = excluded.keep_memory,"
+            " auto_resume = excluded.auto_resume",
+            (p.id, p.pause_at, p.timeout_s, int(p.keep_memory), int(p.auto_resume)),
+        )
+
+    def pausing(self, sandbox_id: str) -> Pausing | None:
+        query = "SELECT id, pause_at, timeout_s, keep_memory, auto_resume FROM e2b_pauses"
+        row = self.db.conn().execute(query + " WHERE id = ?", (sandbox_id,)).fetchone()
+        return None if row is None else _pausing(row)
+
+    def pausings(self) -> list[Pausing]:
+        query = "SELECT id, pause_at, timeout_s, keep_memory, auto_resume FROM e2b_pauses"
+        rows = self.db.conn().execute(query + " WHERE pause_at IS NOT NULL")
+        return [_pausing(row) for row in rows.fetchall()]
 
     def owned(self, sandbox_id: str) -> Owned | None:
         query = "SELECT id, key, alias, metadata FROM e2b_sandboxes WHERE id = ?"
@@ -133,6 +173,11 @@ class E2BAccess:
         if owned is None:  # the token was valid: the sandbox existed and is gone
             raise gone(sandbox_id)
         return owned.caller
+
+
+def _pausing(row: Any) -> Pausing:
+    sandbox_id, pause_at, timeout_s, keep_memory, auto_resume = row
+    return Pausing(sandbox_id, pause_at, timeout_s, bool(keep_memory), bool(auto_resume))
 
 
 def gone(sandbox_id: str) -> SandboxNotRunning:

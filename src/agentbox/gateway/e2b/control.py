@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import time
 import urllib.parse
@@ -21,20 +22,25 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agentbox.errors import AgentboxError, InvalidRequest, NotFound, SandboxNotFound
-from agentbox.gateway.e2b.access import Caller, E2BAccess
+from agentbox.gateway.e2b.access import Caller, E2BAccess, Pausing
 from agentbox.gateway.e2b.models import (
     BASE_TEMPLATE,
     CLIENT_ID,
     ENVD_VERSION,
     ConnectSandbox,
+    ForkSandbox,
     NewSandbox,
+    PauseSandbox,
     Timeout,
     e2b_error,
     ended,
     iso,
 )
+from agentbox.gateway.e2b.snapshots import E2BSnapshots, NewSnapshot, is_snapshot
+from agentbox.gateway.e2b.timeouts import TimeoutPauses
 from agentbox.gateway.service import Gateway
 from agentbox.runtime.store import SandboxRecord
+from agentbox.state.sqlite import SqliteDB
 
 Handler = Callable[[Request], Awaitable[Response]]
 # agentbox state -> E2B state; creating counts as running, pooled ones are nobody's yet.
@@ -43,9 +49,13 @@ MAX_PAGE = 1000
 
 
 class ControlPlane:
-    def __init__(self, gateway: Gateway, access: E2BAccess, domain: str) -> None:
+    def __init__(
+        self, gateway: Gateway, access: E2BAccess, domain: str, pauses: TimeoutPauses
+    ) -> None:
         self.gateway, self.access, self.domain = gateway, access, domain
-        self.runtime = gateway.runtime
+        self.runtime, self.pauses = gateway.runtime, pauses
+        shared = access.db if not isinstance(access.db, SqliteDB) else None
+        self.snapshots = E2BSnapshots(gateway, shared)
 
     def routes(self) -> list[Route]:
         r = self._route
@@ -62,6 +72,10 @@ class ControlPlane:
             r("/sandboxes/{sandbox_id}/connect", "POST", self.connect),
             r("/sandboxes/{sandbox_id}/resume", "POST", self.connect),
             r("/sandboxes/{sandbox_id}/metrics", "GET", self.metrics),
+            r("/sandboxes/{sandbox_id}/snapshots", "POST", self.create_snapshot),
+            r("/sandboxes/{sandbox_id}/fork", "POST", self.fork),
+            r("/snapshots", "GET", self.list_snapshots),
+            r("/templates/{template_id}", "DELETE", self.delete_template),
         ]
 
     @staticmethod
@@ -78,6 +92,7 @@ class ControlPlane:
     def _caller(self, request: Request) -> Caller:
         caller = self.access.caller(request.headers.get("x-api-key"))
         self.gateway.rate.check(caller.principal().actor)
+        self.pauses.kick()  # deadlines kept over a restart are enforced from here on
         return caller
 
     def _reachable(self, caller: Caller, sandbox_id: str) -> SandboxRecord:
@@ -140,12 +155,29 @@ class ControlPlane:
         alias = body.template_id
         template = self.gateway.settings.sandbox.template if alias == BASE_TEMPLATE else alias
         requested: dict[str, Any] = {"template": template, "lifetime": float(body.timeout)}
+        if body.auto_pause:  # the E2B timeout pauses; agentbox's lifetime bounds the rest
+            limit = self.gateway.settings.sandbox.limits.lifetime
+            requested["lifetime"] = max(limit, float(body.timeout))
         if caller.project is not None:
             requested["project"] = caller.project
         if body.env_vars:
             requested["env"] = body.env_vars
         if body.allow_internet_access is False:
             requested["network"] = "none"
+        if is_snapshot(alias):  # Sandbox.create(SNAPSHOT_ID): its files in a new sandbox
+            del requested["template"]
+            record = await self.snapshots.restore(caller, alias, requested)
+        else:
+            record = await self._new(caller, requested)
+        self.access.record(record.id, caller, alias, body.metadata)
+        if body.auto_pause:
+            auto_resume = body.auto_resume is not None and body.auto_resume.enabled
+            pausing = Pausing(record.id, None, body.timeout, body.auto_pause_memory, auto_resume)
+            self.pauses.arm(pausing, body.timeout)
+        self.gateway.lifecycle_changed()
+        return JSONResponse(self._created(record, alias), status_code=201)
+
+    async def _new(self, caller: Caller, requested: dict[str, Any]) -> SandboxRecord:
         spec = self.gateway.sandbox_spec(requested)
         principal = caller.principal()
         started, started_wall = time.monotonic(), time.time()
@@ -154,12 +186,62 @@ class ControlPlane:
         self.gateway.metrics.sandbox_created(
             "pool" if claimed else "cold", time.monotonic() - started
         )
-        self.access.record(record.id, caller, alias, body.metadata)
         await self.gateway.audit_event(
             principal, "sandbox_created", sandbox=record.id, template=record.template, api="e2b"
         )
+        return record
+
+    async def fork(self, request: Request) -> Response:
+        """``count`` new sandboxes, each a copy of this one's disk now (agentbox's fork:
+        its processes are not copied), in its project, with its alias and metadata."""
+        caller = self._caller(request)
+        record = self._reachable(caller, request.path_params["sandbox_id"])
+        body: ForkSandbox = await self._body(request, ForkSandbox)
+        owned = self.access.owned(record.id)
+        alias, metadata = (owned.alias, owned.metadata) if owned else (record.template, {})
+        principal = caller.principal(record.id)
+        pausing = self.access.pausing(record.id)
+        results: list[dict[str, Any]] = []
+        for _ in range(body.count):
+            started = time.monotonic()
+            try:
+                made = await asyncio.to_thread(self.runtime.fork, record.id, actor=principal.actor)
+            except AgentboxError as e:  # this fork failed; the others are still made
+                results.append({"error": e2b_error(e.http_status, e.message)})
+                continue
+            self.gateway.metrics.sandbox_created("fork", time.monotonic() - started)
+            self.access.record(made.id, caller, alias, metadata)
+            if pausing is not None:  # made to pause at its timeout, as its source
+                forked = dataclasses.replace(pausing, id=made.id)
+                self.pauses.arm(forked, body.timeout, timeout_s=body.timeout)
+            else:  # the fork's own E2B timeout
+                until = time.time() + body.timeout
+                if made.expires_at is None or until < made.expires_at:
+                    self.runtime.store.set_expiry(made.id, until)
+            await self.gateway.audit_event(
+                principal, "sandbox_created", sandbox=made.id, template=made.template,
+                forked_from=record.id, api="e2b",
+            )  # fmt: skip
+            results.append({"sandbox": self._created(made, alias)})
         self.gateway.lifecycle_changed()
-        return JSONResponse(self._created(record, alias), status_code=201)
+        return JSONResponse(results, status_code=201)
+
+    # snapshots ---------------------------------------------------------------------------
+    async def create_snapshot(self, request: Request) -> Response:
+        caller = self._caller(request)
+        record = self._reachable(caller, request.path_params["sandbox_id"])
+        body: NewSnapshot = await self._body(request, NewSnapshot)
+        return await self.snapshots.create(caller, record, body)
+
+    async def list_snapshots(self, request: Request) -> Response:
+        return await self.snapshots.list(self._caller(request), request)
+
+    async def delete_template(self, request: Request) -> Response:
+        caller = self._caller(request)
+        template_id = request.path_params["template_id"]
+        if not is_snapshot(template_id):
+            raise NotFound(f"template {template_id}: templates are agentbox's, not deleted here")
+        return await self.snapshots.delete(caller, template_id)
 
     async def list(self, request: Request) -> Response:
         caller = self._caller(request)
@@ -233,8 +315,11 @@ class ControlPlane:
         caller = self._caller(request)
         record = self._reachable(caller, request.path_params["sandbox_id"])
         body: Timeout = await self._body(request, Timeout)
-        # E2B's timeout is the time left from now; agentbox's lifecycle sweep enforces it.
-        self.runtime.store.set_expiry(record.id, time.time() + body.timeout)
+        pausing = self.access.pausing(record.id)
+        if pausing is not None:  # on_timeout "pause": the time left until the pause
+            self.pauses.arm(pausing, body.timeout)
+        else:  # E2B's timeout is the time left from now; agentbox's lifecycle sweep enforces it
+            self.runtime.store.set_expiry(record.id, time.time() + body.timeout)
         await self.gateway.audit_event(
             caller.principal(record.id), "sandbox_timeout", sandbox=record.id,
             timeout_s=body.timeout, api="e2b",
@@ -249,11 +334,18 @@ class ControlPlane:
                 e2b_error(409, f"sandbox {record.id} is {record.state}, not running"),
                 status_code=409,
             )
+        body: PauseSandbox = await self._body(request, PauseSandbox)
         principal = caller.principal(record.id)
-        await asyncio.to_thread(self.runtime.pause, record.id, actor=principal.actor)
+        # Without memory: processes end, the disk stays (agentbox's stop); connect starts it.
+        act = self.runtime.pause if body.memory else self.runtime.stop
+        await asyncio.to_thread(act, record.id, actor=principal.actor)
+        pausing = self.access.pausing(record.id)
+        if pausing is not None:  # no deadline while paused
+            self.access.set_pausing(dataclasses.replace(pausing, pause_at=None))
         await self.gateway.audit_event(
-            principal, "sandbox_paused", sandbox=record.id, reason="operator", api="e2b"
-        )
+            principal, "sandbox_paused", sandbox=record.id, reason="operator", api="e2b",
+            keep_memory=body.memory,
+        )  # fmt: skip
         self.gateway.lifecycle_changed()
         return Response(status_code=204)
 
@@ -271,7 +363,12 @@ class ControlPlane:
             )
             self.gateway.lifecycle_changed()
             status = 201
-        if body.timeout is not None:
+        pausing = self.access.pausing(record.id)
+        if pausing is not None:  # running again: its pause deadline from now
+            if status == 201 or body.timeout is not None:
+                timeout = float(body.timeout or pausing.timeout_s)
+                self.pauses.arm(pausing, timeout, timeout_s=timeout)
+        elif body.timeout is not None:
             # A connect only ever extends the sandbox's life, as E2B does.
             until = time.time() + body.timeout
             if record.expires_at is not None and record.expires_at < until:

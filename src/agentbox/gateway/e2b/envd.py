@@ -22,6 +22,7 @@ import secrets
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.datastructures import UploadFile
@@ -52,14 +53,19 @@ from agentbox.gateway.e2b.models import (
     e2b_error,
     ended,
     entry_info,
+    file_metadata,
     file_signature,
+    metadata_of,
     pid_of,
     pty_size,
     sandbox_path,
+    set_file_metadata,
 )
+from agentbox.gateway.e2b.timeouts import TimeoutPauses
 from agentbox.gateway.service import Gateway
-from agentbox.runtime.files import SandboxFiles
 from agentbox.runtime.processes import ProcessOutput
+from agentbox.runtime.watches import MAX_DEPTH as MAX_WATCH_DEPTH
+from agentbox.runtime.watches import DirWatch, Watches
 
 log = logging.getLogger(__name__)
 Unary = Callable[["Call", dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -68,10 +74,8 @@ ClientStreaming = Callable[["Call", list[dict[str, Any]]], Awaitable[dict[str, A
 _CHUNK = 64 * 1024
 _KEEPALIVE_S = 50.0
 _POLL_MIN_S, _POLL_MAX_S = 0.002, 0.05
-_WATCH_POLL_S = 0.1
 # Ambiguous on purpose: the SDKs then ask /health whether the sandbox ended.
 _SANDBOX_WENT = "the stream ended before the command did: the sandbox went"
-_WATCH_DEPTH = 10  # fs_list's deepest
 _MAX_WATCHERS = 256
 
 
@@ -91,8 +95,8 @@ class Call:
 
 
 class Envd:
-    def __init__(self, gateway: Gateway, access: E2BAccess) -> None:
-        self.gateway, self.access = gateway, access
+    def __init__(self, gateway: Gateway, access: E2BAccess, pauses: TimeoutPauses) -> None:
+        self.gateway, self.access, self.pauses = gateway, access, pauses
         self.unary: dict[str, Unary] = {
             f"{PROCESS_SERVICE}/List": self.list_processes,
             f"{PROCESS_SERVICE}/SendInput": self.send_input,
@@ -108,7 +112,9 @@ class Envd:
             f"{FILESYSTEM_SERVICE}/GetWatcherEvents": self.get_watcher_events,
             f"{FILESYSTEM_SERVICE}/RemoveWatcher": self.remove_watcher,
         }
-        self.watchers: dict[str, Watcher] = {}
+        self.watchers: dict[str, Watch] = {}
+        self.dir_watches = Watches()
+        self.streams = 0  # WatchDir streams open
         self.streaming: dict[str, Streaming] = {
             f"{PROCESS_SERVICE}/Start": self.start,
             f"{PROCESS_SERVICE}/Connect": self.connect,
@@ -144,17 +150,42 @@ class Envd:
                 return Call(self.gateway, owned.caller, sandbox_id, None)
         raise Unauthenticated("the URL's signature matches no sandbox")
 
-    def _call(self, request: Request) -> Call:
+    async def _call(self, request: Request) -> Call:
         sandbox_id = request.headers.get("e2b-sandbox-id")
         if sandbox_id is None and "signature" in request.query_params:
-            return self._signed(request)
-        caller = self.access.envd_caller(sandbox_id, request.headers.get("x-access-token"))
-        assert sandbox_id is not None
-        timeout_ms = request.headers.get("connect-timeout-ms")
-        deadline = None
-        if timeout_ms and timeout_ms.isdigit() and int(timeout_ms) > 0:
-            deadline = time.monotonic() + int(timeout_ms) / 1000
-        return Call(self.gateway, caller, sandbox_id, deadline)
+            call = self._signed(request)
+        else:
+            caller = self.access.envd_caller(sandbox_id, request.headers.get("x-access-token"))
+            assert sandbox_id is not None
+            timeout_ms = request.headers.get("connect-timeout-ms")
+            deadline = None
+            if timeout_ms and timeout_ms.isdigit() and int(timeout_ms) > 0:
+                deadline = time.monotonic() + int(timeout_ms) / 1000
+            call = Call(self.gateway, caller, sandbox_id, deadline)
+        await self._awake(call)
+        return call
+
+    async def _awake(self, call: Call) -> None:
+        """A sandbox paused at its E2B timeout (``on_timeout: pause``) is woken by a call
+        if made with ``autoResume`` and its memory kept; else the call is refused until a
+        connect resumes it. (Other pauses, agentbox's idle one included, end on any call.)"""
+        pausing = await asyncio.to_thread(self.access.pausing, call.sandbox_id)
+        if pausing is None:
+            return
+        runtime = self.gateway.runtime
+        record = await asyncio.to_thread(runtime.store.get, call.sandbox_id)
+        if record is None or record.state not in ("paused", "stopped"):
+            return
+        if pausing.pause_at is not None:  # paused by agentbox (idle), not by E2B: as ever
+            return
+        if not (pausing.auto_resume and record.state == "paused"):
+            raise SandboxNotRunning(
+                f"sandbox {call.sandbox_id} is paused: resume it with Sandbox.connect()"
+            )
+        actor = call.caller.principal(call.sandbox_id).actor
+        await asyncio.to_thread(runtime.resume, call.sandbox_id, reason="activity", actor=actor)
+        self.pauses.arm(pausing, pausing.timeout_s)
+        self.gateway.lifecycle_changed()
 
     # Connect RPC -------------------------------------------------------------------------
     async def rpc(self, request: Request) -> Response:
@@ -167,7 +198,7 @@ class Envd:
             handler = self.unary.get(name)
             if handler is None:
                 raise ConnectError("unimplemented", f"{name} is not implemented by agentbox")
-            call = self._call(request)
+            call = await self._call(request)
             message = connect.parse(await request.body())
             return JSONResponse(await handler(call, message), media_type=connect.UNARY_TYPE)
         except (AgentboxError, ConnectError) as e:
@@ -178,7 +209,7 @@ class Envd:
 
     async def _streaming(self, request: Request, handler: Streaming) -> Response:
         try:
-            call = self._call(request)
+            call = await self._call(request)
             messages = connect.read_envelopes(await request.body())
             events = handler(call, messages[0] if messages else {})
             first = await anext(events)  # errors before the first message: the stream's end
@@ -210,7 +241,7 @@ class Envd:
         """The request's messages (the whole body: the client ends its stream first) to
         ``handler``; its answer and the end of the stream, or the error as that end."""
         try:
-            call = self._call(request)
+            call = await self._call(request)
             messages = connect.read_envelopes(await request.body())
             reply = connect.envelope(await handler(call, messages))
             end = connect.end_stream()
@@ -361,80 +392,120 @@ class Envd:
         return {}
 
     # filesystem.Filesystem ---------------------------------------------------------------
+    async def _entry(self, call: Call, info: dict[str, Any]) -> dict[str, Any]:
+        """EntryInfo, with the file's metadata (envd 0.6.2: its ``user.e2b.*`` xattrs)."""
+        entry = entry_info(info)
+        if info.get("type") == "file":
+            files = self.gateway.runtime.files(call.sandbox_id)
+            with contextlib.suppress(AgentboxError):  # gone since: no metadata to show
+                metadata = await asyncio.to_thread(file_metadata, files, str(info["path"]))
+                if metadata:
+                    entry["metadata"] = metadata
+        return entry
+
     async def stat(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
-        return {"entry": entry_info(await call.tool("fs_stat", path=_path(message)))}
+        return {"entry": await self._entry(call, await call.tool("fs_stat", path=_path(message)))}
 
     async def list_dir(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         depth = max(1, int(message.get("depth") or 1))
         listed = await call.tool("fs_list", path=_path(message), depth=depth)
-        return {"entries": [entry_info(e) for e in listed["entries"]]}
+        return {"entries": [await self._entry(call, e) for e in listed["entries"]]}
 
     async def make_dir(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         path = _path(message)
         files = self.gateway.runtime.files(call.sandbox_id)
         existed = await asyncio.to_thread(files.exists, path)
         entry = await call.tool("fs_mkdir", path=path)  # checked and audited either way
+        await self._settle(call)
         if existed:
             raise FileExists(f"{path} already exists")
-        return {"entry": entry_info(entry)}
+        return {"entry": await self._entry(call, entry)}
 
     async def move(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         source = sandbox_path(str(message.get("source", "")))
         destination = sandbox_path(str(message.get("destination", "")))
         entry = await call.tool("fs_move", path=source, destination=destination, overwrite=True)
-        return {"entry": entry_info(entry)}
+        await self._settle(call)
+        return {"entry": await self._entry(call, entry)}
 
     async def remove(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
         with contextlib.suppress(FileNotFound):  # envd: removing what is not there is done
             await call.tool("fs_remove", path=_path(message), recursive=True)
+        await self._settle(call)
         return {}
 
-    # watching: listings compared (what changed between two looks, not every step) ------
-    async def _watcher(self, call: Call, message: dict[str, Any]) -> Watcher:
+    # watching: the kernel's events (runtime/watches.py), as envd's fsnotify reports them --
+    async def _watch(
+        self, call: Call, message: dict[str, Any], on_event: Callable[[], None] | None = None
+    ) -> Watch:
         path, recursive = _path(message), bool(message.get("recursive"))
-        depth = _WATCH_DEPTH if recursive else 1
-        await call.tool("fs_list", path=path, depth=depth)  # the read policy, audited once
-        watcher = Watcher(self.gateway.runtime.files(call.sandbox_id), path, depth)
-        await asyncio.to_thread(watcher.changes)  # the baseline
-        return watcher
+        await call.tool("fs_list", path=path, depth=1)  # the read policy, audited once
+        files = self.gateway.runtime.files(call.sandbox_id)
+        depth = MAX_WATCH_DEPTH if recursive else 0
+        watch = await asyncio.to_thread(self.dir_watches.add, files, path, depth, on_event)
+        return Watch(call.sandbox_id, watch, bool(message.get("includeEntry")))
+
+    async def _settle(self, call: Call) -> None:
+        """After a change made here: its events are read (and a new directory is covered
+        by the recursive watches) before the reply, as the caller's next call expects."""
+        if any(w.sandbox_id == call.sandbox_id for w in self.watchers.values()) or self.streams:
+            await asyncio.to_thread(self.dir_watches.drain)
 
     async def create_watcher(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
-        watcher = await self._watcher(call, message)
+        watch = await self._watch(call, message)
         if len(self.watchers) >= _MAX_WATCHERS:
-            self.watchers.pop(next(iter(self.watchers)))  # the oldest goes
+            self.dir_watches.remove(self.watchers.pop(next(iter(self.watchers))).watch)
         watcher_id = f"{call.sandbox_id}/{secrets.token_hex(8)}"
-        self.watchers[watcher_id] = watcher
+        self.watchers[watcher_id] = watch
         return {"watcherId": watcher_id}
 
-    def _watcher_of(self, call: Call, message: dict[str, Any]) -> tuple[str, Watcher]:
+    def _watcher_of(self, call: Call, message: dict[str, Any]) -> tuple[str, Watch]:
         watcher_id = str(message.get("watcherId", ""))
-        watcher = self.watchers.get(watcher_id)
-        if watcher is None or not watcher_id.startswith(call.sandbox_id + "/"):
+        watch = self.watchers.get(watcher_id)
+        if watch is None or not watcher_id.startswith(call.sandbox_id + "/"):
             raise ConnectError("not_found", f"watcher {watcher_id!r} not found")
-        return watcher_id, watcher
+        return watcher_id, watch
 
     async def get_watcher_events(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
-        _, watcher = self._watcher_of(call, message)
-        return {"events": await asyncio.to_thread(watcher.changes)}
+        _, watch = self._watcher_of(call, message)
+        await asyncio.to_thread(self.dir_watches.drain)
+        return {"events": await asyncio.to_thread(watch.events, self.dir_watches)}
 
     async def remove_watcher(self, call: Call, message: dict[str, Any]) -> dict[str, Any]:
-        watcher_id, _ = self._watcher_of(call, message)
+        watcher_id, watch = self._watcher_of(call, message)
         del self.watchers[watcher_id]
+        self.dir_watches.remove(watch.watch)
         return {}
 
     async def watch_dir(self, call: Call, message: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        watcher = await self._watcher(call, message)
-        yield {"start": {}}
-        quiet = 0.0
-        while call.deadline is None or time.monotonic() < call.deadline:
-            await asyncio.sleep(_WATCH_POLL_S)
-            events = await asyncio.to_thread(watcher.changes)
-            for event in events:
-                yield {"filesystem": event}
-            quiet = 0.0 if events else quiet + _WATCH_POLL_S
-            if quiet >= _KEEPALIVE_S:
-                quiet = 0.0
-                yield {"keepalive": {}}
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+
+        def wake() -> None:  # from the watches' reader thread
+            loop.call_soon_threadsafe(ready.set)
+
+        watch = await self._watch(call, message, wake)
+        self.streams += 1
+        try:
+            yield {"start": {}}
+            while True:
+                wait = _KEEPALIVE_S
+                if call.deadline is not None:
+                    wait = min(wait, call.deadline - time.monotonic())
+                    if wait <= 0:
+                        return
+                try:
+                    await asyncio.wait_for(ready.wait(), wait)
+                except TimeoutError:
+                    if call.deadline is None or time.monotonic() < call.deadline:
+                        yield {"keepalive": {}}
+                    continue
+                ready.clear()
+                for event in await asyncio.to_thread(watch.events, self.dir_watches):
+                    yield {"filesystem": event}
+        finally:
+            self.streams -= 1
+            self.dir_watches.remove(watch.watch)
 
     # HTTP: /health, /files ---------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -454,7 +525,7 @@ class Envd:
 
     async def files(self, request: Request) -> Response:
         try:
-            call = self._call(request)
+            call = await self._call(request)
             if request.method == "GET":
                 return await self._download(call, request)
             return await self._upload(call, request)
@@ -473,6 +544,7 @@ class Envd:
         return Response(data, media_type="application/octet-stream")
 
     async def _upload(self, call: Call, request: Request) -> Response:
+        metadata = metadata_of(request.headers.items())  # one map for every file
         default = request.query_params.get("path")
         written = []
         if request.headers.get("content-type", "").startswith("multipart/form-data"):
@@ -481,12 +553,13 @@ class Envd:
                     if not isinstance(part, UploadFile):
                         continue
                     target = default if default and len(form) == 1 else part.filename
-                    written.append(await self._write(call, target or "", await part.read()))
+                    data = await part.read()
+                    written.append(await self._write(call, target or "", data, metadata))
         else:
             body = await request.body()
             if request.headers.get("content-encoding", "").lower() == "gzip":
                 body = self._gunzip(body)
-            written.append(await self._write(call, default or "", body))
+            written.append(await self._write(call, default or "", body, metadata))
         return JSONResponse(written)
 
     def _gunzip(self, data: bytes) -> bytes:
@@ -501,45 +574,45 @@ class Envd:
             raise LimitExceeded(f"the upload is over {cap} bytes once decompressed")
         return out
 
-    async def _write(self, call: Call, target: str, data: bytes) -> dict[str, Any]:
+    async def _write(
+        self, call: Call, target: str, data: bytes, metadata: dict[str, str]
+    ) -> dict[str, Any]:
         path = sandbox_path(target)
         content = base64.b64encode(data).decode()
         parent = posixpath.dirname(path)
         # E2B makes missing parents; an existing one is left alone (no write to judge).
         if not await asyncio.to_thread(self.gateway.runtime.files(call.sandbox_id).exists, parent):
             await call.tool("fs_mkdir", path=parent)
+            await self._settle(call)  # a recursive watch covers it before the file comes
         await call.tool("fs_write", path=path, content=content, encoding="base64")
-        return {"name": posixpath.basename(path), "type": "file", "path": path}
+        # The write was judged and audited; its metadata replaces the file's (none: cleared).
+        files = self.gateway.runtime.files(call.sandbox_id)
+        await asyncio.to_thread(set_file_metadata, files, path, metadata)
+        await self._settle(call)
+        written = {"name": posixpath.basename(path), "type": "file", "path": path}
+        return {**written, "metadata": metadata} if metadata else written
 
 
-class Watcher:
-    """A directory's listing, compared with the last one on each look."""
+@dataclass
+class Watch:
+    """A watch of one sandbox's directory, for E2B: its events as FilesystemEvent messages."""
 
-    def __init__(self, files: SandboxFiles, path: str, depth: int) -> None:
-        self.files, self.path, self.depth = files, path, depth
-        self.seen: dict[str, tuple[str, int, float]] | None = None
+    sandbox_id: str
+    watch: DirWatch
+    include_entry: bool
 
-    def changes(self) -> list[dict[str, Any]]:
-        try:
-            entries = self.files.list(self.path, self.depth)
-        except AgentboxError:
-            entries = []  # the directory went: everything in it was removed
-        now = {e.path: (str(e.type), e.size, e.mtime) for e in entries}
-        before, self.seen = self.seen, now
-        if before is None:
-            return []
+    def events(self, hub: Watches) -> list[dict[str, Any]]:
         events = []
-        for path, state in now.items():
-            if path not in before:
-                events.append(_event(self.path, path, "EVENT_TYPE_CREATE"))
-            elif before[path] != state and state[0] != "dir":
-                events.append(_event(self.path, path, "EVENT_TYPE_WRITE"))
-        events += [_event(self.path, p, "EVENT_TYPE_REMOVE") for p in before if p not in now]
+        for event in hub.take(self.watch):
+            message: dict[str, Any] = {
+                "name": posixpath.relpath(event.path, self.watch.path),
+                "type": f"EVENT_TYPE_{event.kind.upper()}",
+            }
+            if self.include_entry:  # envd 0.6.3: best effort, where the entry still is
+                with contextlib.suppress(AgentboxError):
+                    message["entry"] = entry_info(self.watch.files.stat(event.path).to_dict())
+            events.append(message)
         return events
-
-
-def _event(root: str, path: str, kind: str) -> dict[str, Any]:
-    return {"name": posixpath.relpath(path, root), "type": kind}
 
 
 def _path(message: dict[str, Any]) -> str:

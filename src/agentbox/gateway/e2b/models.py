@@ -10,21 +10,33 @@ import base64
 import datetime
 import hashlib
 import posixpath
+import re
 import shlex
 import stat as stat_module
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentbox.errors import InvalidRequest
+from agentbox.runtime.files import SandboxFiles
+
 # The envd release whose features the SDKs enable for what agentbox implements: stdin
 # choice (0.3.0), the default user (0.4.0), CloseStdin (0.5.2), octet-stream uploads
-# (0.5.7); PTY and StreamInput are not gated by version. Not 0.6.2+
-# (file metadata on writes, entry info in watch events).
-ENVD_VERSION = "0.5.7"
+# (0.5.7), file metadata (0.6.2: user.e2b.* xattrs), entry info in watch events (0.6.3),
+# watches allowed on network mounts (0.6.4: a sandbox has none, so the flag changes
+# nothing); PTY and StreamInput are not gated by version.
+ENVD_VERSION = "0.6.4"
+METADATA_HEADER = "x-metadata-"  # an upload's file metadata, one header per key
+METADATA_XATTR = "user.e2b."  # where envd keeps it: the file's extended attributes
+_METADATA_KEY = re.compile(r"\A[A-Za-z0-9!#$%&'*+\-.^_`|~]+\Z")  # an HTTP token
+_METADATA_VALUE = re.compile(r"\A[\x20-\x7e]*\Z")  # printable US-ASCII
+MAX_METADATA_KEYS = 64
 ENVD_PORT = 49983
 CLIENT_ID = "agentbox"
 HOME = "/home/user"  # the E2B user's home: where relative paths and commands start
+MAX_FORKS = 16  # forks of one request
 BASE_TEMPLATE = "base"  # E2B's default template: agentbox's configured default
 
 
@@ -33,16 +45,34 @@ class Loose(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 
+class AutoResume(Loose):
+    enabled: bool = False
+
+
 class NewSandbox(Loose):
     template_id: str = Field(default=BASE_TEMPLATE, alias="templateID")
     timeout: int = Field(default=300, ge=1, le=30 * 86400)
     metadata: dict[str, str] = Field(default_factory=dict)
     env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
     allow_internet_access: bool | None = Field(default=None, alias="allow_internet_access")
+    # lifecycle: on_timeout "pause" (with memory unless autoPauseMemory is false), and
+    # whether a call wakes the paused sandbox (autoResume.enabled)
+    auto_pause: bool = Field(default=False, alias="autoPause")
+    auto_pause_memory: bool = Field(default=True, alias="autoPauseMemory")
+    auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
 
 
 class Timeout(Loose):
     timeout: int = Field(ge=0, le=30 * 86400)
+
+
+class ForkSandbox(Loose):
+    timeout: int = Field(default=300, ge=1, le=30 * 86400)
+    count: int = Field(default=1, ge=1, le=MAX_FORKS)
+
+
+class PauseSandbox(Loose):
+    memory: bool = True  # False: the filesystem only (agentbox stops the sandbox)
 
 
 class ConnectSandbox(Loose):
@@ -128,3 +158,30 @@ def command_of(process: dict[str, Any]) -> str:
     if posixpath.basename(cmd) in ("bash", "sh") and len(args) >= 2 and args[-2] == "-c":
         return args[-1]
     return shlex.join([cmd, *args])
+
+
+def metadata_of(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """An upload's metadata from its ``X-Metadata-KEY`` headers (keys lowercased, as
+    envd does); a key or value the SDKs would refuse is refused here too."""
+    metadata = {}
+    for name, value in headers:
+        if not name.lower().startswith(METADATA_HEADER):
+            continue
+        key = name.lower()[len(METADATA_HEADER) :]
+        if not _METADATA_KEY.match(key) or not _METADATA_VALUE.match(value):
+            raise InvalidRequest(
+                f"metadata {key!r}: keys are HTTP tokens, values printable US-ASCII"
+            )
+        metadata[key] = value
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise InvalidRequest(f"at most {MAX_METADATA_KEYS} metadata keys per upload")
+    return metadata
+
+
+def file_metadata(files: SandboxFiles, path: str) -> dict[str, str]:
+    found = files.xattrs(path, METADATA_XATTR)
+    return {key: value.decode("utf-8", "replace") for key, value in found.items()}
+
+
+def set_file_metadata(files: SandboxFiles, path: str, metadata: dict[str, str]) -> None:
+    files.set_xattrs(path, METADATA_XATTR, {k: v.encode() for k, v in metadata.items()})
