@@ -32,6 +32,8 @@ def parse_size(value: int | str, what: str = "size") -> int:
         raise InvalidRequest(f"{what} must be a size like 512MiB, not a boolean")
     if isinstance(value, int):
         number: float = value
+    elif not isinstance(value, str):  # JSON and YAML can hold anything here
+        raise InvalidRequest(f"{what} must be a size like 512MiB, not {type(value).__name__}")
     else:
         m = _NUMBER_UNIT.match(value)
         unit = m.group(2).lower() if m else None
@@ -52,6 +54,8 @@ def parse_duration(value: int | float | str, what: str = "duration") -> float:
         raise InvalidRequest(f"{what} must be a duration like 30s, not a boolean")
     if isinstance(value, int | float):
         seconds = float(value)
+    elif not isinstance(value, str):  # JSON and YAML can hold anything here
+        raise InvalidRequest(f"{what} must be a duration like 30s, not {type(value).__name__}")
     else:
         m = _NUMBER_UNIT.match(value)
         unit = m.group(2).lower() if m else None

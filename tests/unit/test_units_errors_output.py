@@ -24,7 +24,7 @@ def test_parse_size(text: str | int, expected: int) -> None:
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["", "lots", "-1GiB", "5 parsecs", "0", True])
+@pytest.mark.parametrize("bad", ["", "lots", "-1GiB", "5 parsecs", "0", True, {}, [], None])
 def test_parse_size_refuses(bad: object) -> None:
     with pytest.raises(errors.InvalidRequest) as err:
         parse_size(bad, "memory")  # type: ignore[arg-type]
@@ -37,6 +37,9 @@ def test_parse_duration() -> None:
     assert parse_duration(3) == 3.0
     with pytest.raises(errors.InvalidRequest):
         parse_duration("soon")
+    for bad in ({}, [], None):  # what JSON or YAML can hold: a typed error, never a crash
+        with pytest.raises(errors.InvalidRequest, match="ask_timeout"):
+            parse_duration(bad, "ask_timeout")  # type: ignore[arg-type]
 
 
 def test_human_size() -> None:
