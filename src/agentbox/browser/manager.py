@@ -480,21 +480,7 @@ class BrowserManager:
         browser.on("disconnected", ended)
 
     def _check_blocked(self, network: NetworkSpec) -> None:
-        """Fail closed: a sandbox made without the gateway (CLI, SDK) lacks block_domains."""
-        missing = []
-        for pattern in self.config.block_domains:
-            try:
-                normal = normalize_pattern(pattern)
-            except AgentboxError:
-                normal = pattern
-            if normal not in network.deny:
-                missing.append(pattern)
-        if missing:
-            raise PolicyDenied(
-                f"this sandbox's network does not deny {', '.join(missing)} (browser.open "
-                "block_domains); use a sandbox created through the gateway",
-                rule="browser.open.block_domains",
-            )
+        check_blocked(network, self.config.block_domains)
 
     def _shutdown(self, b: _Browser) -> None:
         """Close everything of ``b`` (on its thread); never raises."""
@@ -602,6 +588,24 @@ def check_url(url: str) -> None:
         raise InvalidRequest(
             f"cannot open {url[:100]!r}: give an absolute URL (http://, https://, file://, "
             "about:, data:)"
+        )
+
+
+def check_blocked(network: NetworkSpec, block_domains: tuple[str, ...]) -> None:
+    """Fail closed: a sandbox made without the gateway (CLI, SDK) lacks block_domains."""
+    missing = []
+    for pattern in block_domains:
+        try:
+            normal = normalize_pattern(pattern)
+        except AgentboxError:
+            normal = pattern
+        if normal not in network.deny:
+            missing.append(pattern)
+    if missing:
+        raise PolicyDenied(
+            f"this sandbox's network does not deny {', '.join(missing)} (browser.open "
+            "block_domains); use a sandbox created through the gateway",
+            rule="browser.open.block_domains",
         )
 
 
