@@ -58,7 +58,7 @@ PROFILE_PREFIX = "/tmp/.agentbox-browser-"
 MAX_SCREENSHOT_BYTES = 16 * 1024 * 1024
 _GRACE_S = 10.0  # on top of an operation's own timeout, before the caller gives up
 _SETTLE_MS = 5000  # after DOMContentLoaded, how long to wait for "load" at most
-_FONTS_CONF = """<?xml version="1.0"?>
+FONTS_CONF = """<?xml version="1.0"?>
 <!DOCTYPE fontconfig SYSTEM "urn:fontconfig:fonts.dtd">
 <fontconfig>
   <dir>/usr/share/fonts</dir>
@@ -436,7 +436,7 @@ class BrowserManager:
         extra_env: dict[str, str] = {}
         if not files.exists("/etc/fonts/fonts.conf"):  # the default template has no /etc/fonts
             conf = f"{b.profile}/fonts.conf"
-            files.write(conf, _FONTS_CONF.format(cache=f"{b.profile}/fontconfig").encode())
+            files.write(conf, FONTS_CONF.format(cache=f"{b.profile}/fontconfig").encode())
             extra_env["FONTCONFIG_FILE"] = conf
         network = network_of(record.spec)
         proxy = trusted_spki = None

@@ -77,7 +77,9 @@ def button(name: str) -> str:
 
 
 def move(x: int, y: int) -> list[str]:
-    return [XDOTOOL, "mousemove", "--sync", str(x), str(y)]
+    # Never --sync: it waits for a motion event, and a move to where the pointer already
+    # is makes none (xdotool then hangs until the call's timeout).
+    return [XDOTOOL, "mousemove", str(x), str(y)]
 
 
 def click(x: int, y: int, which: str, clicks: int) -> list[str]:
@@ -88,7 +90,7 @@ def drag(start: tuple[int, int], end: tuple[int, int], which: str) -> list[str]:
     b = button(which)
     return [
         *move(*start), "mousedown", b,
-        "mousemove", "--sync", str(end[0]), str(end[1]), "mouseup", b,
+        "mousemove", str(end[0]), str(end[1]), "mouseup", b,
     ]  # fmt: skip
 
 

@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentbox.browser import launch
-from agentbox.browser.manager import CHROMIUM, PROFILE_PREFIX, check_blocked, png_size
+from agentbox.browser.manager import (
+    CHROMIUM,
+    FONTS_CONF,
+    PROFILE_PREFIX,
+    check_blocked,
+    png_size,
+)
 from agentbox.config import network_of
 from agentbox.desktop import actions
 from agentbox.desktop.actions import Space
@@ -54,6 +60,7 @@ VNC_PORT = 5901  # 5900 + display, on the sandbox's loopback only
 XVNC = "/usr/bin/Xvnc"
 WINDOW_MANAGER = "/usr/bin/openbox"
 LEAF_PREFIX = "d"
+STATE_DIR = "/tmp/.agentbox-desktop"  # in the sandbox: the fontconfig file and its cache
 MAX_SCREENSHOT_BYTES = 16 * 1024 * 1024
 _RFB_HELLO = b"RFB 003.008\n"
 # Xvnc and the window manager, as one script in the desktop's leaf: the window manager
@@ -246,7 +253,7 @@ class DesktopManager:
         else:
             raise InvalidRequest("desktop_open needs a command or a url")
         name = "app-" + secrets.token_hex(4)
-        self._spawn(runner, d.leaf, argv, d.logs / name, {"DISPLAY": DISPLAY})
+        self._spawn(runner, d.leaf, argv, d.logs / name, self._env(sandbox_id))
         return {"opened": True, "log": name}
 
     # the viewers' side ----------------------------------------------------------------
@@ -268,6 +275,10 @@ class DesktopManager:
                     "a host with tigervnc-standalone-server, openbox and xdotool "
                     "(scripts/install.sh installs them)"
                 )
+        # A desktop this manager does not know (a gateway that restarted, a crash between
+        # launch and bookkeeping) would hold display :1 and the VNC port: it goes first.
+        for stale in runner.cgroup.populated_leaves(LEAF_PREFIX):
+            runner.cgroup.remove_leaf(stale)
         tag = secrets.token_hex(6)
         leaf = runner.cgroup.new_leaf(LEAF_PREFIX + tag)
         logs = runner.host.procs / f"desktop-{tag}"
@@ -280,7 +291,7 @@ class DesktopManager:
             sandbox_id, leaf, logs, width, height, time.time(), Space(width, height, width, height)
         )
         try:
-            self._spawn(runner, leaf, argv, logs / "session", {})
+            self._spawn(runner, leaf, argv, logs / "session", self._env(sandbox_id))
             self._wait_ready(d)
         except BaseException:
             self._kill(d)
@@ -353,6 +364,19 @@ class DesktopManager:
         args = launch.chromium_args(["--new-window", url], profile, proxy)
         return [self.config.chromium, *args]
 
+    def _env(self, sandbox_id: str) -> dict[str, str]:
+        """DISPLAY, and a fontconfig file where the template has none (the default
+        template's /etc is synthesised): X clients render text with the host's fonts."""
+        env = {"DISPLAY": DISPLAY}
+        files = self.runtime.files(sandbox_id)
+        if not files.exists("/etc/fonts/fonts.conf"):
+            conf = f"{STATE_DIR}/fonts.conf"
+            if not files.exists(conf):
+                files.mkdir(STATE_DIR)
+                files.write(conf, FONTS_CONF.format(cache=f"{STATE_DIR}/fontconfig").encode())
+            env["FONTCONFIG_FILE"] = conf
+        return env
+
     def _get(self, sandbox_id: str) -> _Desktop:
         self.runtime.running(sandbox_id)  # typed errors for a sandbox that is gone (+ touch)
         with self._lock:
@@ -394,15 +418,16 @@ class DesktopManager:
             "width": d.width,
             "height": d.height,
             "started_at": d.started_at,
-            "memory_bytes": self.memory(d.sandbox_id),
+            "memory_bytes": self._memory(d),
         }
 
     def memory(self, sandbox_id: str) -> int:
         """The PSS of the desktop's processes (Xvnc, window manager, opened apps), bytes."""
         with self._lock:
             d = self._desktops.get(sandbox_id)
-        if d is None:
-            return 0
+        return 0 if d is None else self._memory(d)
+
+    def _memory(self, d: _Desktop) -> int:
         total = 0
         for pid in self._pids(d):
             with contextlib.suppress(OSError, ValueError):

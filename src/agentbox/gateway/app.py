@@ -483,6 +483,7 @@ def create_app(
                 keeper.stop()
                 idle_watcher.stop()
                 await asyncio.to_thread(gateway.browsers.close_all)
+                await asyncio.to_thread(gateway.desktops.close_all)
                 if settings.gateway.on_shutdown != "keep":
                     await asyncio.to_thread(_end_sandboxes, runtime, settings.gateway.on_shutdown)
                 lifecycle_ingest.stop()  # after: the shutdown's events reach the trail

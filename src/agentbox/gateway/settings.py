@@ -144,6 +144,13 @@ class AdmissionSettings(Strict):
         return _size(self.max_memory)
 
 
+class DesktopSettings(Strict):
+    """Desktop mode (Xvnc + openbox inside a sandbox): heavy, so capped per host."""
+
+    max_running: int = Field(default=4, ge=0)
+    size: str = Field(default="1280x800", pattern=r"^[0-9]{2,4}x[0-9]{2,4}$")
+
+
 class SandboxSection(Strict):
     template: str = "default"
     runtime: Literal["bwrap", "crun", "runc", "runsc", "kata"] = "bwrap"
@@ -154,6 +161,7 @@ class SandboxSection(Strict):
         Annotated[int, Field(ge=0, le=1000)] | dict[str, Annotated[int, Field(ge=0, le=1000)]]
     ) = 0
     admission: AdmissionSettings = AdmissionSettings()
+    desktop: DesktopSettings = DesktopSettings()
 
 
 class TerminalRunTool(Strict):

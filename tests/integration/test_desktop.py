@@ -1,0 +1,213 @@
+"""Desktop mode end to end: a real gateway over HTTP, real sandboxes, TigerVNC's Xvnc and
+openbox inside them, a Tk page on the desktop that records its own clicks in /workspace.
+
+The agent's side (desktop_* tools): the screenshot decodes and shows the page, a click in
+a *scaled* screenshot's coordinates presses the button (the page's record and its pixels
+both say so), the command policy applies to desktop_open, the per-host cap holds.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from PIL import Image
+
+from gateway_harness import RunningGateway, running_gateway
+from hostres import wait_for
+
+# A full-screen button: red until pressed, then green; each press appends to a file.
+APP = """\
+import tkinter as tk
+
+root = tk.Tk()
+root.title("agentbox-desktop-test")
+root.attributes("-fullscreen", True)
+
+
+def pressed():
+    with open("/workspace/clicked.txt", "a") as f:
+        f.write("clicked\\n")
+    button.configure(bg="#00c000", activebackground="#00c000")
+
+
+button = tk.Button(root, text="Press", command=pressed, bg="#e00000",
+                   activebackground="#e00000", relief="flat", bd=0, highlightthickness=0)
+button.place(x=0, y=0, relwidth=1, relheight=1)
+root.mainloop()
+"""
+DESKTOP_YAML = """
+sandbox:
+  template: default
+  desktop:
+    max_running: 1
+    size: 1024x640
+"""
+
+
+@pytest.fixture(scope="module")
+def gw(
+    tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path, host_ready: None
+) -> Iterator[RunningGateway]:
+    for program in ("/usr/bin/Xvnc", "/usr/bin/openbox", "/usr/bin/xdotool"):
+        if not Path(program).exists():
+            pytest.fail(f"{program} is missing: run scripts/install.sh (it installs desktops)")
+    tmp = tmp_path_factory.mktemp("desktop-gw")
+    with running_gateway(agentbox_home, tmp, extra_yaml=DESKTOP_YAML) as gateway:
+        yield gateway
+
+
+def create(gw: RunningGateway, **extra: Any) -> str:
+    with gw.operator() as op:
+        r = op.post("/v1/sandboxes", json={"memory": "1GiB", "disk": "512MiB", **extra})
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
+
+def destroy(gw: RunningGateway, sandbox: str) -> None:
+    with gw.operator() as op:
+        op.delete(f"/v1/sandboxes/{sandbox}")
+
+
+@pytest.fixture(scope="module")
+def box(gw: RunningGateway) -> Iterator[str]:
+    sandbox = create(gw, desktop=True)
+    try:
+        yield sandbox
+    finally:
+        destroy(gw, sandbox)
+
+
+def call(gw: RunningGateway, sandbox: str, tool: str, **arguments: Any) -> httpx2.Response:
+    with gw.operator() as c:
+        return c.post(f"/v1/tools/{tool}", json={"arguments": {**arguments, "sandbox_id": sandbox}})
+
+
+def ok(gw: RunningGateway, sandbox: str, tool: str, **arguments: Any) -> dict[str, Any]:
+    r = call(gw, sandbox, tool, **arguments)
+    assert r.status_code == 200, r.text
+    result: dict[str, Any] = r.json()
+    return result
+
+
+def screenshot(gw: RunningGateway, sandbox: str, **size: int) -> Image.Image:
+    shot = ok(gw, sandbox, "desktop_screenshot", **size)
+    image = Image.open(io.BytesIO(base64.b64decode(shot["png_base64"])))
+    assert image.format == "PNG" and image.size == (shot["width"], shot["height"])
+    return image.convert("RGB")
+
+
+def is_red(px: tuple[int, ...]) -> bool:
+    return px[0] > 100 and px[1] < 40 and px[2] < 40
+
+
+def is_green(px: tuple[int, ...]) -> bool:
+    return px[1] > 90 and px[0] < 40 and px[2] < 40
+
+
+def clicks(gw: RunningGateway, sandbox: str) -> int:
+    r = call(gw, sandbox, "fs_read", path="/workspace/clicked.txt")
+    if r.status_code == 404:
+        return 0
+    assert r.status_code == 200, r.text
+    return str(r.json()["content"]).count("clicked")
+
+
+@pytest.fixture(scope="module")
+def page(gw: RunningGateway, box: str) -> str:
+    """The Tk page, open and drawn on ``box``'s desktop."""
+    ok(gw, box, "fs_write", path="/workspace/app.py", content=APP)
+    ok(gw, box, "desktop_open", command="python3 /workspace/app.py")
+    wait_for(lambda: is_red(screenshot(gw, box, width=256).getpixel((128, 80))), 60,
+             "the Tk page to be drawn red")  # fmt: skip
+    return box
+
+
+def test_create_with_desktop_starts_it_inside_the_sandbox(gw: RunningGateway, box: str) -> None:
+    status = ok(gw, box, "desktop_start")
+    assert status["running"] is True and status["started"] is False  # create started it
+    assert (status["width"], status["height"]) == (1024, 640) and status["display"] == ":1"
+    assert status["memory_bytes"] > 1024 * 1024  # Xvnc and openbox, measured (PSS)
+    # Xvnc runs as the sandbox's user, in its pid namespace: the sandbox's ps sees it.
+    ps = ok(gw, box, "terminal_run", command="cat /proc/[0-9]*/comm")["stdout"].split()
+    assert "Xvnc" in ps and "openbox" in ps
+
+
+def test_the_screenshot_decodes_and_shows_the_page_at_the_size_asked(
+    gw: RunningGateway, page: str
+) -> None:
+    full = screenshot(gw, page)
+    assert full.size == (1024, 640) and is_red(full.getpixel((512, 320)))
+    small = ok(gw, page, "desktop_screenshot", width=512)
+    assert (small["width"], small["height"]) == (512, 320)  # the aspect ratio kept
+    assert (small["screen_width"], small["screen_height"]) == (1024, 640)
+
+
+def test_a_click_in_scaled_coordinates_presses_the_button(gw: RunningGateway, page: str) -> None:
+    before = clicks(gw, page)
+    screenshot(gw, page, width=256)  # the agent's coordinates are this 256x160 image's
+    done = ok(gw, page, "desktop_click", x=128, y=80)
+    assert done == {"done": True, "x": 128, "y": 80, "space": "256x160"}
+    wait_for(lambda: clicks(gw, page) == before + 1, 30, "the page to record the click")
+    wait_for(lambda: is_green(screenshot(gw, page, width=256).getpixel((128, 80))), 30,
+             "the button to turn green")  # fmt: skip
+    outside = call(gw, page, "desktop_click", x=300, y=80)  # beyond the 256 px screenshot
+    assert outside.status_code == 400 and "desktop_screenshot" in outside.json()["error"]["message"]
+
+
+def test_keys_and_typing_reach_the_focused_window(gw: RunningGateway, page: str) -> None:
+    before = clicks(gw, page)
+    ok(gw, page, "desktop_move", x=512, y=320)
+    ok(gw, page, "desktop_key", key="space")  # a focused Tk button is pressed by space
+    wait_for(lambda: clicks(gw, page) == before + 1, 30, "the key press to press the button")
+    bad = call(gw, page, "desktop_key", key="--clearmodifiers")
+    assert bad.status_code == 400 and "xdotool" in bad.json()["error"]["message"]
+    assert ok(gw, page, "desktop_type", text="hello")["characters"] == 5
+    assert ok(gw, page, "desktop_scroll", x=10, y=10, direction="down")["done"] is True
+    assert ok(gw, page, "desktop_drag", x=10, y=10, to_x=20, to_y=20)["done"] is True
+
+
+def test_desktop_open_is_held_to_the_command_policy(gw: RunningGateway, box: str) -> None:
+    denied = call(gw, box, "desktop_open", command="curl http://127.0.0.1/")
+    assert denied.status_code == 403 and denied.json()["error"]["code"] == "policy_denied"
+
+
+def test_the_per_host_cap_is_a_typed_error_and_stop_frees_it(gw: RunningGateway, box: str) -> None:
+    other = create(gw)
+    try:
+        refused = call(gw, other, "desktop_start")
+        assert refused.status_code == 503, refused.text
+        error = refused.json()["error"]
+        assert error["code"] == "desktop_capacity_exceeded" and "desktop_stop" in error["message"]
+        missing = call(gw, other, "desktop_screenshot")
+        assert missing.status_code == 409
+        assert missing.json()["error"]["code"] == "desktop_not_running"
+        # A create that asks for a desktop past the cap fails whole: no sandbox is left.
+        with gw.operator() as op:
+            before = {s["id"] for s in op.get("/v1/sandboxes").json()}
+            r = op.post("/v1/sandboxes", json={"memory": "1GiB", "desktop": True})
+            assert r.status_code == 503, r.text
+            assert {s["id"] for s in op.get("/v1/sandboxes").json()} == before
+    finally:
+        destroy(gw, other)
+
+
+def test_stop_ends_every_desktop_process_and_start_brings_it_back(
+    gw: RunningGateway, box: str
+) -> None:
+    sandbox = create(gw)
+    try:
+        ok(gw, box, "desktop_stop")  # the module's desktop frees the one place
+        assert ok(gw, sandbox, "desktop_start")["started"] is True
+        ok(gw, sandbox, "desktop_open", command="sleep 1000")
+        assert ok(gw, sandbox, "desktop_stop") == {"stopped": True}
+        ps = ok(gw, sandbox, "terminal_run", command="cat /proc/[0-9]*/comm")["stdout"].split()
+        assert not {"Xvnc", "openbox", "sleep"} & set(ps)
+        assert call(gw, sandbox, "desktop_screenshot").status_code == 409
+    finally:
+        destroy(gw, sandbox)
