@@ -46,7 +46,6 @@ sandbox:
   template: default
   desktop:
     max_running: 1
-    size: 1024x640
 """
 
 
@@ -123,7 +122,7 @@ def page(gw: RunningGateway, box: str) -> str:
     """The Tk page, open and drawn on ``box``'s desktop."""
     ok(gw, box, "fs_write", path="/workspace/app.py", content=APP)
     ok(gw, box, "desktop_open", command="python3 /workspace/app.py")
-    wait_for(lambda: is_red(screenshot(gw, box, width=256).getpixel((128, 80))), 60,
+    wait_for(lambda: is_red(screenshot(gw, box, width=256).getpixel((128, 96))), 60,
              "the Tk page to be drawn red")  # fmt: skip
     return box
 
@@ -131,7 +130,7 @@ def page(gw: RunningGateway, box: str) -> str:
 def test_create_with_desktop_starts_it_inside_the_sandbox(gw: RunningGateway, box: str) -> None:
     status = ok(gw, box, "desktop_start")
     assert status["running"] is True and status["started"] is False  # create started it
-    assert (status["width"], status["height"]) == (1024, 640) and status["display"] == ":1"
+    assert (status["width"], status["height"]) == (1024, 768) and status["display"] == ":1"
     assert status["memory_bytes"] > 1024 * 1024  # Xvnc and openbox, measured (PSS)
     # Xvnc runs as the sandbox's user, in its pid namespace: the sandbox's ps sees it.
     ps = ok(gw, box, "terminal_run", command="cat /proc/[0-9]*/comm")["stdout"].split()
@@ -142,27 +141,27 @@ def test_the_screenshot_decodes_and_shows_the_page_at_the_size_asked(
     gw: RunningGateway, page: str
 ) -> None:
     full = screenshot(gw, page)
-    assert full.size == (1024, 640) and is_red(full.getpixel((512, 320)))
+    assert full.size == (1024, 768) and is_red(full.getpixel((512, 384)))
     small = ok(gw, page, "desktop_screenshot", width=512)
-    assert (small["width"], small["height"]) == (512, 320)  # the aspect ratio kept
-    assert (small["screen_width"], small["screen_height"]) == (1024, 640)
+    assert (small["width"], small["height"]) == (512, 384)  # the aspect ratio kept
+    assert (small["screen_width"], small["screen_height"]) == (1024, 768)
 
 
 def test_a_click_in_scaled_coordinates_presses_the_button(gw: RunningGateway, page: str) -> None:
     before = clicks(gw, page)
-    screenshot(gw, page, width=256)  # the agent's coordinates are this 256x160 image's
-    done = ok(gw, page, "desktop_click", x=128, y=80)
-    assert done == {"done": True, "x": 128, "y": 80, "space": "256x160"}
+    screenshot(gw, page, width=256)  # the agent's coordinates are this 256x192 image's
+    done = ok(gw, page, "desktop_click", x=128, y=96)
+    assert done == {"done": True, "x": 128, "y": 96, "space": "256x192"}
     wait_for(lambda: clicks(gw, page) == before + 1, 30, "the page to record the click")
-    wait_for(lambda: is_green(screenshot(gw, page, width=256).getpixel((128, 80))), 30,
+    wait_for(lambda: is_green(screenshot(gw, page, width=256).getpixel((128, 96))), 30,
              "the button to turn green")  # fmt: skip
-    outside = call(gw, page, "desktop_click", x=300, y=80)  # beyond the 256 px screenshot
+    outside = call(gw, page, "desktop_click", x=300, y=96)  # beyond the 256 px screenshot
     assert outside.status_code == 400 and "desktop_screenshot" in outside.json()["error"]["message"]
 
 
 def test_keys_and_typing_reach_the_focused_window(gw: RunningGateway, page: str) -> None:
     before = clicks(gw, page)
-    ok(gw, page, "desktop_move", x=512, y=320)
+    ok(gw, page, "desktop_move", x=512, y=384)
     ok(gw, page, "desktop_key", key="space")  # a focused Tk button is pressed by space
     wait_for(lambda: clicks(gw, page) == before + 1, 30, "the key press to press the button")
     bad = call(gw, page, "desktop_key", key="--clearmodifiers")

@@ -83,7 +83,7 @@ wait "$x"
 @dataclass(frozen=True)
 class DesktopConfig:
     max_running: int = 4  # per host (this gateway): desktops are heavy
-    size: str = "1280x800"
+    size: str = "1024x768"  # XGA: what Anthropic advises for computer use
     start_timeout: float = 30.0
     xvnc: str = XVNC
     window_manager: str = WINDOW_MANAGER

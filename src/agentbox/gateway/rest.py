@@ -131,7 +131,7 @@ class PathBody(Body):
 
 
 # Scopes a token's tool list may name besides the tools: routes that are not tool calls.
-ROUTE_SCOPES = ("ports",)
+ROUTE_SCOPES = ("ports", "desktop_view", "desktop_control")
 
 
 class IssueToken(Body):

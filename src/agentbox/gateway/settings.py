@@ -148,7 +148,7 @@ class DesktopSettings(Strict):
     """Desktop mode (Xvnc + openbox inside a sandbox): heavy, so capped per host."""
 
     max_running: int = Field(default=4, ge=0)
-    size: str = Field(default="1280x800", pattern=r"^[0-9]{2,4}x[0-9]{2,4}$")
+    size: str = Field(default="1024x768", pattern=r"^[0-9]{2,4}x[0-9]{2,4}$")
 
 
 class SandboxSection(Strict):
