@@ -8,26 +8,38 @@ both say so), the command policy applies to desktop_open, the per-host cap holds
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import io
+import os
+import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx2
 import pytest
 from PIL import Image
 
-from gateway_harness import RunningGateway, running_gateway
+from agentbox.client import vnc_forward
+from agentbox.gateway.audit import read_records
+from gateway_harness import AGENTBOX, RunningGateway, running_gateway
 from hostres import wait_for
 
-# A full-screen button: red until pressed, then green; each press appends to a file.
+# A full-screen button: red until pressed, then green; each press appends to a file, and
+# each key pressed in its window is written to another.
 APP = """\
 import tkinter as tk
 
 root = tk.Tk()
 root.title("agentbox-desktop-test")
-root.attributes("-fullscreen", True)
+# Override-redirect, the screen's size: drawn at once, whatever the window manager does
+# (Tk's -fullscreen under openbox sometimes never maps the window).
+root.overrideredirect(True)
+root.geometry("%dx%d+0+0" % (root.winfo_screenwidth(), root.winfo_screenheight()))
 
 
 def pressed():
@@ -39,6 +51,15 @@ def pressed():
 button = tk.Button(root, text="Press", command=pressed, bg="#e00000",
                    activebackground="#e00000", relief="flat", bd=0, highlightthickness=0)
 button.place(x=0, y=0, relwidth=1, relheight=1)
+
+
+def key(event):
+    with open("/workspace/keys.txt", "a") as f:
+        f.write(event.keysym + "\\n")
+
+
+root.bind_all("<Key>", key)
+root.after(100, root.focus_force)  # no window manager gives an override-redirect focus
 root.mainloop()
 """
 DESKTOP_YAML = """
@@ -159,14 +180,20 @@ def test_a_click_in_scaled_coordinates_presses_the_button(gw: RunningGateway, pa
     assert outside.status_code == 400 and "desktop_screenshot" in outside.json()["error"]["message"]
 
 
+def keys(gw: RunningGateway, sandbox: str) -> list[str]:
+    r = call(gw, sandbox, "fs_read", path="/workspace/keys.txt")
+    return str(r.json()["content"]).split() if r.status_code == 200 else []
+
+
 def test_keys_and_typing_reach_the_focused_window(gw: RunningGateway, page: str) -> None:
-    before = clicks(gw, page)
+    screenshot(gw, page)  # full size: coordinates are the screen's again
     ok(gw, page, "desktop_move", x=512, y=384)
-    ok(gw, page, "desktop_key", key="space")  # a focused Tk button is pressed by space
-    wait_for(lambda: clicks(gw, page) == before + 1, 30, "the key press to press the button")
+    ok(gw, page, "desktop_key", key="Escape ctrl+a")
+    assert ok(gw, page, "desktop_type", text="hi")["characters"] == 2
+    want = ["Escape", "Control_L", "a", "h", "i"]
+    wait_for(lambda: keys(gw, page)[-5:] == want, 30, "the page to record the keys")
     bad = call(gw, page, "desktop_key", key="--clearmodifiers")
     assert bad.status_code == 400 and "xdotool" in bad.json()["error"]["message"]
-    assert ok(gw, page, "desktop_type", text="hello")["characters"] == 5
     assert ok(gw, page, "desktop_scroll", x=10, y=10, direction="down")["done"] is True
     assert ok(gw, page, "desktop_drag", x=10, y=10, to_x=20, to_y=20)["done"] is True
 
@@ -210,3 +237,122 @@ def test_stop_ends_every_desktop_process_and_start_brings_it_back(
         assert call(gw, sandbox, "desktop_screenshot").status_code == 409
     finally:
         destroy(gw, sandbox)
+
+
+# People: a real VNC client (vncdotool) through `agentbox sandbox desktop ID --vnc` -------
+@pytest.fixture(scope="module")
+def vnc_api() -> Iterator[Any]:
+    from vncdotool import api
+
+    yield api
+    api.shutdown()  # the Twisted reactor's thread (one per process)
+
+
+@contextlib.contextmanager
+def forwarded(gw: RunningGateway, sandbox: str, token: str, *flags: str) -> Iterator[int]:
+    """``agentbox sandbox desktop SANDBOX --vnc`` running; yields its local port."""
+    env = {**os.environ, "AGENTBOX_URL": gw.url, "AGENTBOX_TOKEN": token}
+    proc = subprocess.Popen(
+        [AGENTBOX, "sandbox", "desktop", sandbox, "--vnc", "--port", "0", *flags],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        match = re.search(r"127\.0\.0\.1:(\d+)", line)
+        assert match, f"the forwarder said {line!r}"
+        yield int(match.group(1))
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def audit(gw: RunningGateway, sandbox: str, decision: str) -> list[dict[str, Any]]:
+    return [
+        r for r in read_records(gw.audit_path, limit=None)
+        if r["sandbox"] == sandbox and r["decision"] == decision
+    ]  # fmt: skip
+
+
+def issue(gw: RunningGateway, sandbox: str, tools: list[str] | None = None) -> str:
+    with gw.operator() as op:
+        r = op.post("/v1/tokens", json={"sandbox": sandbox, "tools": tools})
+        assert r.status_code == 201, r.text
+        return str(r.json()["token"])
+
+
+def test_a_vnc_client_through_the_gateway_sees_and_presses_the_button(
+    gw: RunningGateway, page: str, vnc_api: Any
+) -> None:
+    before = clicks(gw, page)
+    with forwarded(gw, page, gw.operator_token, "--control") as port:
+        client = vnc_api.connect(f"127.0.0.1::{port}", timeout=60)
+        try:
+            client.refreshScreen()
+            assert client.screen.size == (1024, 768)
+            client.mouseMove(512, 384)
+            client.mousePress(1)
+            wait_for(lambda: clicks(gw, page) == before + 1, 30, "the page to record the click")
+
+            def green() -> bool:
+                client.refreshScreen()
+                return is_green(client.screen.convert("RGB").getpixel((512, 384)))
+
+            wait_for(green, 30, "the VNC client to see the button turn green")
+        finally:
+            client.disconnect()
+    wait_for(lambda: audit(gw, page, "desktop_control_ended"), 30, "the takeover's end audited")
+    assert audit(gw, page, "desktop_control_started")[-1]["actor"] == "operator"
+
+
+def test_a_viewer_token_watches_but_its_input_never_reaches_the_sandbox(
+    gw: RunningGateway, page: str, vnc_api: Any
+) -> None:
+    viewer = issue(gw, page, ["desktop_view"])
+    before = clicks(gw, page)
+    with forwarded(gw, page, viewer) as port:
+        client = vnc_api.connect(f"127.0.0.1::{port}", timeout=60)
+        try:
+            client.refreshScreen()
+            assert client.screen.size == (1024, 768)
+            client.mouseMove(512, 384)
+            client.mousePress(1)
+            client.refreshScreen()  # after the click's messages, in the same stream
+        finally:
+            client.disconnect()
+    ended = wait_for(lambda: audit(gw, page, "desktop_view_ended"), 30, "the view's end audited")
+    assert ended[-1]["input_dropped"] >= 2  # the move, the press and the release
+    # The agent's next click is the first one the page sees.
+    screenshot(gw, page)
+    ok(gw, page, "desktop_click", x=512, y=384)
+    wait_for(lambda: clicks(gw, page) >= before + 1, 30, "the agent's click")
+    assert clicks(gw, page) == before + 1
+
+
+def test_tokens_that_may_not_view_or_control_this_desktop_are_refused(
+    gw: RunningGateway, page: str
+) -> None:
+    other = create(gw)
+    try:
+        foreign = issue(gw, other)  # a session token of another sandbox: every tool
+        no_view = issue(gw, page, ["terminal_run"])
+        viewer = issue(gw, page, ["desktop_view"])
+        for token, query in ((foreign, ""), (no_view, ""), (viewer, "?control=true")):
+            url = vnc_forward.vnc_url(gw.url, page, False) + query
+            status = asyncio.run(handshake_status(url, token))
+            assert status == 403, (token[:8], query)
+        assert (
+            asyncio.run(handshake_status(vnc_forward.vnc_url(gw.url, page, False), viewer)) == 101
+        )
+    finally:
+        destroy(gw, other)
+
+
+async def handshake_status(url: str, token: str) -> int:
+    async with aiohttp.ClientSession() as session:
+        try:
+            async with session.ws_connect(url, headers={"Authorization": f"Bearer {token}"}) as ws:
+                await ws.close()
+                return 101
+        except aiohttp.WSServerHandshakeError as e:
+            return e.status
