@@ -36,9 +36,7 @@ import tkinter as tk
 
 root = tk.Tk()
 root.title("agentbox-desktop-test")
-# Override-redirect, the screen's size: drawn at once, whatever the window manager does
-# (Tk's -fullscreen under openbox sometimes never maps the window).
-root.overrideredirect(True)
+# The screen's size (the window manager's frame adds a title bar; the middle is ours).
 root.geometry("%dx%d+0+0" % (root.winfo_screenwidth(), root.winfo_screenheight()))
 
 
@@ -59,7 +57,6 @@ def key(event):
 
 
 root.bind_all("<Key>", key)
-root.after(100, root.focus_force)  # no window manager gives an override-redirect focus
 root.mainloop()
 """
 DESKTOP_YAML = """
@@ -188,9 +185,9 @@ def keys(gw: RunningGateway, sandbox: str) -> list[str]:
 def test_keys_and_typing_reach_the_focused_window(gw: RunningGateway, page: str) -> None:
     screenshot(gw, page)  # full size: coordinates are the screen's again
     ok(gw, page, "desktop_move", x=512, y=384)
-    ok(gw, page, "desktop_key", key="Escape ctrl+a")
+    ok(gw, page, "desktop_key", key="ctrl+a Return")
     assert ok(gw, page, "desktop_type", text="hi")["characters"] == 2
-    want = ["Escape", "Control_L", "a", "h", "i"]
+    want = ["Control_L", "a", "Return", "h", "i"]
     wait_for(lambda: keys(gw, page)[-5:] == want, 30, "the page to record the keys")
     bad = call(gw, page, "desktop_key", key="--clearmodifiers")
     assert bad.status_code == 400 and "xdotool" in bad.json()["error"]["message"]
@@ -265,6 +262,8 @@ def forwarded(gw: RunningGateway, sandbox: str, token: str, *flags: str) -> Iter
     finally:
         proc.terminate()
         proc.wait(30)
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 def audit(gw: RunningGateway, sandbox: str, decision: str) -> list[dict[str, Any]]:
