@@ -21,7 +21,13 @@ DEV=0
 # the browser tool runs Debian's Chromium inside sandboxes (never `playwright install`).
 PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs xfsprogs util-linux
           gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates curl
-          chromium fonts-dejavu-core)
+          chromium fonts-dejavu-core
+          # Desktop mode (src/agentbox/desktop): Xvnc is the X server and the VNC server in
+          # one process (lighter than xvfb + x11vnc); openbox a small window manager that
+          # speaks EWMH (fullscreen, focus) for Chromium and Tk; xdotool for the pointer and
+          # keyboard tools; python3-pil grabs and scales screenshots inside the sandbox;
+          # x11-utils' xprop tells when the window manager runs.
+          tigervnc-standalone-server openbox xdotool python3-pil x11-utils)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -29,7 +29,8 @@ from agentbox.gateway.audit import read_records
 from gateway_harness import AGENTBOX, RunningGateway, running_gateway
 from hostres import wait_for
 
-# A full-screen button: red until pressed, then green; each press appends to a file, and
+# A full-screen button: red, green after a press, red after the next...; each press appends
+# to a file, and
 # each key pressed in its window is written to another.
 APP = """\
 import tkinter as tk
@@ -40,10 +41,16 @@ root.title("agentbox-desktop-test")
 root.geometry("%dx%d+0+0" % (root.winfo_screenwidth(), root.winfo_screenheight()))
 
 
+presses = 0
+
+
 def pressed():
+    global presses
+    presses += 1
     with open("/workspace/clicked.txt", "a") as f:
         f.write("clicked\\n")
-    button.configure(bg="#00c000", activebackground="#00c000")
+    color = "#00c000" if presses % 2 else "#e00000"  # each press flips the colour
+    button.configure(bg=color, activebackground=color)
 
 
 button = tk.Button(root, text="Press", command=pressed, bg="#e00000",
@@ -220,22 +227,6 @@ def test_the_per_host_cap_is_a_typed_error_and_stop_frees_it(gw: RunningGateway,
         destroy(gw, other)
 
 
-def test_stop_ends_every_desktop_process_and_start_brings_it_back(
-    gw: RunningGateway, box: str
-) -> None:
-    sandbox = create(gw)
-    try:
-        ok(gw, box, "desktop_stop")  # the module's desktop frees the one place
-        assert ok(gw, sandbox, "desktop_start")["started"] is True
-        ok(gw, sandbox, "desktop_open", command="sleep 1000")
-        assert ok(gw, sandbox, "desktop_stop") == {"stopped": True}
-        ps = ok(gw, sandbox, "terminal_run", command="cat /proc/[0-9]*/comm")["stdout"].split()
-        assert not {"Xvnc", "openbox", "sleep"} & set(ps)
-        assert call(gw, sandbox, "desktop_screenshot").status_code == 409
-    finally:
-        destroy(gw, sandbox)
-
-
 # People: a real VNC client (vncdotool) through `agentbox sandbox desktop ID --vnc` -------
 @pytest.fixture(scope="module")
 def vnc_api() -> Iterator[Any]:
@@ -289,15 +280,18 @@ def test_a_vnc_client_through_the_gateway_sees_and_presses_the_button(
         try:
             client.refreshScreen()
             assert client.screen.size == (1024, 768)
+            was_red = is_red(client.screen.convert("RGB").getpixel((700, 500)))
+            assert was_red or is_green(client.screen.convert("RGB").getpixel((700, 500)))
             client.mouseMove(512, 384)
             client.mousePress(1)
             wait_for(lambda: clicks(gw, page) == before + 1, 30, "the page to record the click")
 
-            def green() -> bool:
+            def flipped() -> bool:  # away from the pointer, which the client draws in
                 client.refreshScreen()
-                return is_green(client.screen.convert("RGB").getpixel((512, 384)))
+                pixel = client.screen.convert("RGB").getpixel((700, 500))
+                return is_green(pixel) if was_red else is_red(pixel)
 
-            wait_for(green, 30, "the VNC client to see the button turn green")
+            wait_for(flipped, 30, "the VNC client to see the button change colour")
         finally:
             client.disconnect()
     wait_for(lambda: audit(gw, page, "desktop_control_ended"), 30, "the takeover's end audited")
@@ -355,3 +349,20 @@ async def handshake_status(url: str, token: str) -> int:
                 return 101
         except aiohttp.WSServerHandshakeError as e:
             return e.status
+
+
+# Last: it stops the module's desktop.
+def test_stop_ends_every_desktop_process_and_start_brings_it_back(
+    gw: RunningGateway, box: str
+) -> None:
+    sandbox = create(gw)
+    try:
+        ok(gw, box, "desktop_stop")  # the module's desktop frees the one place
+        assert ok(gw, sandbox, "desktop_start")["started"] is True
+        ok(gw, sandbox, "desktop_open", command="sleep 1000")
+        assert ok(gw, sandbox, "desktop_stop") == {"stopped": True}
+        ps = ok(gw, sandbox, "terminal_run", command="cat /proc/[0-9]*/comm")["stdout"].split()
+        assert not {"Xvnc", "openbox", "sleep"} & set(ps)
+        assert call(gw, sandbox, "desktop_screenshot").status_code == 409
+    finally:
+        destroy(gw, sandbox)

@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 DISPLAY = ":1"
 VNC_PORT = 5901  # 5900 + display, on the sandbox's loopback only
 XVNC = "/usr/bin/Xvnc"
+XPROP = "/usr/bin/xprop"
 WINDOW_MANAGER = "/usr/bin/openbox"
 LEAF_PREFIX = "d"
 STATE_DIR = "/tmp/.agentbox-desktop"  # in the sandbox: the fontconfig file and its cache
@@ -268,7 +269,7 @@ class DesktopManager:
     # internals ------------------------------------------------------------------------
     def _launch(self, sandbox_id: str, runner: CommandRunner, width: int, height: int) -> _Desktop:
         files = self.runtime.files(sandbox_id)
-        for program in (self.config.xvnc, self.config.window_manager, actions.XDOTOOL):
+        for program in (self.config.xvnc, self.config.window_manager, actions.XDOTOOL, XPROP):
             if not files.exists(program):
                 raise InvalidRequest(
                     f"this sandbox's template has no {program}; use the default template on "
@@ -340,11 +341,30 @@ class DesktopManager:
                     sock.setblocking(True)
                     sock.settimeout(2.0)
                     if sock.recv(len(_RFB_HELLO)) == _RFB_HELLO and not _ended(d.logs / "session"):
-                        return
+                        break
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+        else:
+            raise SandboxError(
+                f"the desktop did not answer within {self.config.start_timeout:g} s; "
+                f"call desktop_start again ({_tail(d.logs / 'session')})"
+            )
+        # Then the window manager: a window mapped before it manages the screen can stay
+        # unmapped for good (Tk waits for a MapNotify that never comes).
+        runner = self.runtime.commands(d.sandbox_id)
+        while time.monotonic() < deadline:
+            probe = runner.run(
+                [XPROP, "-root", "_NET_SUPPORTING_WM_CHECK"], env={"DISPLAY": DISPLAY},
+                timeout=5, cwd="/tmp",
+            )  # fmt: skip
+            if "window id" in probe.stdout:
+                return
+            if _ended(d.logs / "session"):
+                break
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
         raise SandboxError(
-            f"the desktop did not answer within {self.config.start_timeout:g} s; "
+            f"the desktop's window manager did not start within {self.config.start_timeout:g} s; "
             f"call desktop_start again ({_tail(d.logs / 'session')})"
         )
 

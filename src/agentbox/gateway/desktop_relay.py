@@ -95,9 +95,10 @@ async def relay(
         with contextlib.suppress(Exception):
             await ws.close()
         await gateway.audit_event(
-            p, f"{what}_ended", sandbox=sandbox_id, tool=what, reason=why,
-            duration_ms=round((time.monotonic() - started) * 1000),
-            bytes_in=counts["up"], bytes_out=counts["down"], input_dropped=viewer.dropped,
+            p, f"{what}_ended", sandbox=sandbox_id, tool=what, ended_by=why,
+            held_ms=round((time.monotonic() - started) * 1000),
+            bytes_from_viewer=counts["up"], bytes_to_viewer=counts["down"],
+            input_dropped=viewer.dropped,
         )  # fmt: skip
 
 
