@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from agentbox.errors import InvalidRequest
 
 XDOTOOL = "/usr/bin/xdotool"
+PYTHON = "/usr/bin/python3"  # Debian's, with python3-pil: the screenshot program's
 BUTTONS = {"left": "1", "middle": "2", "right": "3"}
 # X's wheel buttons: what a scroll of one notch is.
 WHEEL = {"up": "4", "down": "5", "left": "6", "right": "7"}

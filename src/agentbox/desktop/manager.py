@@ -180,7 +180,15 @@ class DesktopManager:
     ) -> dict[str, Any]:
         d = self._get(sandbox_id)
         size = actions.fit((d.width, d.height), width, height)
-        argv = ["python3", "-I", "-c", actions.SCREENSHOT_PY, DISPLAY, str(size[0]), str(size[1])]
+        argv = [
+            actions.PYTHON,
+            "-I",
+            "-c",
+            actions.SCREENSHOT_PY,
+            DISPLAY,
+            str(size[0]),
+            str(size[1]),
+        ]
         result = self._run(d, argv, timeout_s, MAX_SCREENSHOT_BYTES)
         png = result.stdout_bytes
         if result.truncated:
