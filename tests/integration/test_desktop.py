@@ -364,5 +364,9 @@ def test_stop_ends_every_desktop_process_and_start_brings_it_back(
         ps = ok(gw, sandbox, "terminal_run", command="cat /proc/[0-9]*/comm")["stdout"].split()
         assert not {"Xvnc", "openbox", "sleep"} & set(ps)
         assert call(gw, sandbox, "desktop_screenshot").status_code == 409
+        # Started again in the same sandbox: the killed X server's socket is not mistaken
+        # for the new one's (openbox would start too early and never manage the screen).
+        assert ok(gw, sandbox, "desktop_start")["started"] is True
+        assert screenshot(gw, sandbox).size == (1024, 768)
     finally:
         destroy(gw, sandbox)

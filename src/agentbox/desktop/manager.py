@@ -67,6 +67,8 @@ _RFB_HELLO = b"RFB 003.008\n"
 # Xvnc and the window manager, as one script in the desktop's leaf: the window manager
 # starts once the X socket exists, and the script lives as long as Xvnc.
 _SESSION_SH = """\
+# A killed X server leaves its socket and lock: the wait below would see the old socket.
+rm -f "/tmp/.X11-unix/X${2#:}" "/tmp/.X${2#:}-lock"
 "$1" "$2" -geometry "$3" -depth 24 -SecurityTypes None -localhost -interface 127.0.0.1 \
   -rfbport "$4" -AlwaysShared -nolisten tcp -desktop agentbox &
 x=$!
