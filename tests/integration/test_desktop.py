@@ -368,5 +368,17 @@ def test_stop_ends_every_desktop_process_and_start_brings_it_back(
         # for the new one's (openbox would start too early and never manage the screen).
         assert ok(gw, sandbox, "desktop_start")["started"] is True
         assert screenshot(gw, sandbox).size == (1024, 768)
+        # The GUI browser: Chromium, headed on the desktop, shows a page of the sandbox.
+        ok(gw, sandbox, "fs_write", path="/workspace/blue.html",
+           content="<html><body style='background:#0000e0'></body></html>")  # fmt: skip
+        ok(gw, sandbox, "desktop_open", url="file:///workspace/blue.html")
+
+        def blue() -> bool:
+            r, g, b = screenshot(gw, sandbox, width=256).getpixel((128, 120))
+            return b > 150 and r < 40 and g < 40
+
+        wait_for(blue, 90, "Chromium to show the blue page on the desktop")
+        ps = ok(gw, sandbox, "terminal_run", command="cat /proc/[0-9]*/comm")["stdout"].split()
+        assert "chromium" in ps  # inside the sandbox's pid namespace
     finally:
         destroy(gw, sandbox)
