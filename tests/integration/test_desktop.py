@@ -351,6 +351,30 @@ async def handshake_status(url: str, token: str) -> int:
             return e.status
 
 
+def test_the_sdk_drives_a_desktop_in_process(agentbox_home: Path, host_ready: None) -> None:
+    from agentbox import Sandbox
+
+    with Sandbox.create(memory="1GiB", network="none", home=agentbox_home) as sb:
+        assert sb.desktop.start("800x600")["started"] is True
+        png = Image.open(io.BytesIO(sb.desktop.screenshot(width=400)))
+        assert png.format == "PNG" and png.size == (400, 300)
+        sb.desktop.click(10, 10)
+        assert sb.desktop.stop() == {"stopped": True}
+
+
+def test_the_sdk_over_the_gateway_sees_the_page(
+    gw: RunningGateway, page: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentbox import Sandbox
+
+    monkeypatch.setenv("AGENTBOX_URL", gw.url)
+    monkeypatch.setenv("AGENTBOX_TOKEN", gw.operator_token)
+    sb = Sandbox.connect(page)  # a gateway backend: POST /v1/tools/desktop_*
+    image = Image.open(io.BytesIO(sb.desktop.screenshot(width=256))).convert("RGB")
+    assert image.size == (256, 192)
+    assert is_red(image.getpixel((128, 96))) or is_green(image.getpixel((128, 96)))
+
+
 # Last: it stops the module's desktop.
 def test_stop_ends_every_desktop_process_and_start_brings_it_back(
     gw: RunningGateway, box: str

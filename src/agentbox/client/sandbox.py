@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Literal, ParamSpec, Protocol, TypeVar
 
+from agentbox.client.desktop import Desktop
 from agentbox.runtime.runtime import Runtime
 
 # Imported where used, so the SDK loads light (tests/unit/test_import_weight.py).
@@ -267,6 +268,7 @@ class Sandbox:
         self.record = record
         self.commands = Commands(runtime, record.id)
         self.files = Files(runtime, record.id)
+        self.desktop = Desktop(runtime, record.id)
 
     @classmethod
     def create(
@@ -416,6 +418,7 @@ class AsyncSandbox:
         self.id = sandbox.id
         self.commands: Any = _AsyncProxy(sandbox.commands)
         self.files: Any = _AsyncProxy(sandbox.files)
+        self.desktop: Any = _AsyncProxy(sandbox.desktop)
 
     @classmethod
     async def create(cls, template: str = "default", **kwargs: Any) -> AsyncSandbox:
