@@ -375,6 +375,25 @@ def test_the_sdk_over_the_gateway_sees_the_page(
     assert is_red(image.getpixel((128, 96))) or is_green(image.getpixel((128, 96)))
 
 
+def test_an_idle_desktop_is_stopped_and_frees_its_place(
+    agentbox_home: Path, host_ready: None
+) -> None:
+    from agentbox import Sandbox
+    from agentbox.desktop.manager import DesktopConfig, DesktopManager
+    from agentbox.runtime.runtime import Runtime
+
+    manager = DesktopManager(Runtime(agentbox_home), DesktopConfig(idle_timeout=0.5, max_running=1))
+    with Sandbox.create(memory="1GiB", network="none", home=agentbox_home) as sb:
+        try:
+            assert manager.start(sb.id)["started"] is True
+            wait_for(lambda: not manager.status(sb.id)["running"], 30, "the idle desktop to stop")
+            assert manager.running_count() == 0
+            ps = sb.commands.run("cat /proc/[0-9]*/comm").stdout.split()
+            assert "Xvnc" not in ps
+        finally:
+            manager.close_all()
+
+
 # Last: it stops the module's desktop.
 def test_stop_ends_every_desktop_process_and_start_brings_it_back(
     gw: RunningGateway, box: str

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -88,6 +88,8 @@ class DesktopConfig:
     max_running: int = 4  # per host (this gateway): desktops are heavy
     size: str = "1024x768"  # XGA: what Anthropic advises for computer use
     start_timeout: float = 30.0
+    # Stopped after this many seconds without a tool call or a viewer (0: never).
+    idle_timeout: float = 900.0
     xvnc: str = XVNC
     window_manager: str = WINDOW_MANAGER
     chromium: str = CHROMIUM
@@ -103,6 +105,8 @@ class _Desktop:
     height: int
     started_at: float
     space: Space
+    last_used: float = field(default_factory=time.monotonic)
+    viewers: int = 0
 
 
 class DesktopManager:
@@ -112,6 +116,8 @@ class DesktopManager:
         self._desktops: dict[str, _Desktop] = {}
         self._lock = threading.Lock()
         self._starting: set[str] = set()
+        self._stop = threading.Event()
+        self._janitor: threading.Thread | None = None
 
     # lifecycle ------------------------------------------------------------------------
     def start(self, sandbox_id: str, size: str | None = None) -> dict[str, Any]:
@@ -140,16 +146,21 @@ class DesktopManager:
                 self._starting.discard(sandbox_id)
         with self._lock:
             self._desktops[sandbox_id] = d
+            if self._janitor is None and self.config.idle_timeout > 0:
+                self._janitor = threading.Thread(
+                    target=self._reap_idle, name="desktop-janitor", daemon=True
+                )
+                self._janitor.start()
         self.runtime.event(sandbox_id, "desktop_started", "desktop_start", "gateway")
         return self._info(d) | {"started": True}
 
-    def stop(self, sandbox_id: str) -> dict[str, Any]:
+    def stop(self, sandbox_id: str, reason: str = "desktop_stop") -> dict[str, Any]:
         with self._lock:
             d = self._desktops.pop(sandbox_id, None)
         if d is None:
             return {"stopped": False}
         self._kill(d)
-        self.runtime.event(sandbox_id, "desktop_stopped", "desktop_stop", "gateway")
+        self.runtime.event(sandbox_id, "desktop_stopped", reason, "gateway")
         return {"stopped": True}
 
     def status(self, sandbox_id: str) -> dict[str, Any]:
@@ -171,6 +182,7 @@ class DesktopManager:
             self.stop(sandbox_id)
 
     def close_all(self) -> None:
+        self._stop.set()
         with self._lock:
             ids = list(self._desktops)
         for sandbox_id in ids:
@@ -271,10 +283,21 @@ class DesktopManager:
     def connect_vnc(self, sandbox_id: str) -> socket.socket:
         """A connected, non-blocking socket to the desktop's VNC server (in the sandbox's
         network namespace). Call from a worker thread."""
-        self._get(sandbox_id)
+        d = self._get(sandbox_id)
         record = self.runtime.running(sandbox_id)[0]
         assert record.init_pid is not None
-        return ports.connect_to_port(record.init_pid, VNC_PORT)
+        sock = ports.connect_to_port(record.init_pid, VNC_PORT)
+        with self._lock:
+            d.viewers += 1  # a watched desktop is never idle
+        return sock
+
+    def disconnected(self, sandbox_id: str) -> None:
+        """A viewer that ``connect_vnc`` let in has left."""
+        with self._lock:
+            d = self._desktops.get(sandbox_id)
+            if d is not None:
+                d.viewers = max(0, d.viewers - 1)
+                d.last_used = time.monotonic()
 
     # internals ------------------------------------------------------------------------
     def _launch(self, sandbox_id: str, runner: CommandRunner, width: int, height: int) -> _Desktop:
@@ -418,7 +441,23 @@ class DesktopManager:
             raise DesktopNotRunning(
                 "this sandbox has no desktop running; start one with desktop_start"
             )
+        d.last_used = time.monotonic()
         return d
+
+    def _reap_idle(self) -> None:
+        """Stop desktops nobody used (no tool call, no viewer) for ``idle_timeout``."""
+        idle = self.config.idle_timeout
+        while not self._stop.wait(max(0.05, min(5.0, idle / 4))):
+            now = time.monotonic()
+            with self._lock:
+                self._prune()
+                ids = [
+                    sandbox_id for sandbox_id, d in self._desktops.items()
+                    if d.viewers == 0 and now - d.last_used >= idle
+                ]  # fmt: skip
+            for sandbox_id in ids:
+                with contextlib.suppress(AgentboxError, OSError):
+                    self.stop(sandbox_id, reason="idle")
 
     def _act(self, d: _Desktop, argv: list[str], timeout_s: float) -> None:
         result = self._run(d, argv, timeout_s, 64 * 1024)

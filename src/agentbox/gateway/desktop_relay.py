@@ -91,6 +91,7 @@ async def relay(
                 with contextlib.suppress(Exception):
                     await ws.close(code=_CLOSE_ERROR, reason=why[:120])
     finally:
+        gateway.desktops.disconnected(sandbox_id)
         writer.close()
         with contextlib.suppress(Exception):
             await ws.close()

@@ -138,6 +138,7 @@ class Gateway:
             DesktopConfig(
                 max_running=desktop.max_running,
                 size=desktop.size,
+                idle_timeout=desktop.idle_timeout,
                 block_domains=tuple(browser.block_domains),
             ),
         )

@@ -149,6 +149,7 @@ class DesktopSettings(Strict):
 
     max_running: int = Field(default=4, ge=0)
     size: str = Field(default="1024x768", pattern=r"^[0-9]{2,4}x[0-9]{2,4}$")
+    idle_timeout: float = Field(default=900.0, ge=0)  # seconds without calls or viewers; 0: never
 
 
 class SandboxSection(Strict):
