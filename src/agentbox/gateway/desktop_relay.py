@@ -1,7 +1,9 @@
 """``/v1/sandboxes/{id}/desktop/vnc``: a person's VNC viewer on a sandbox's desktop.
 
 A WebSocket whose binary messages carry RFB (what noVNC speaks; ``agentbox sandbox
-desktop ID --vnc`` bridges a local TCP port onto it). The gateway connects to the Xvnc
+desktop ID --vnc`` bridges a local TCP port onto it). The token comes in the
+Authorization header, or from a browser (the console's ``/console/desktop.html``) as the
+subprotocol ``agentbox.bearer.<token>`` beside ``binary``. The gateway connects to the Xvnc
 inside the sandbox with a socket made in the sandbox's network namespace
 (:mod:`agentbox.network.ports`): the VNC server is reachable through the gateway only.
 
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from agentbox.gateway.service import Gateway
 
 VIEW_SCOPE, CONTROL_SCOPE = "desktop_view", "desktop_control"
+BEARER_PROTOCOL = "agentbox.bearer."  # the token, offered as a WebSocket subprotocol
 _READ = 256 * 1024
 # WebSocket close codes (4000-4999: the application's): what went wrong, for the viewer.
 _CLOSE_AUTH, _CLOSE_ERROR = 4401, 4500
@@ -59,8 +62,13 @@ async def relay(
     sandbox_id: str,
 ) -> None:
     control = ws.query_params.get("control", "").lower() in ("1", "true", "yes")
+    offered = [x.strip() for x in ws.headers.get("sec-websocket-protocol", "").split(",")]
+    authorization = ws.headers.get("authorization")
+    if authorization is None:  # a browser (the console's noVNC) cannot set the header
+        tokens = [x.removeprefix(BEARER_PROTOCOL) for x in offered if x.startswith(BEARER_PROTOCOL)]
+        authorization = f"Bearer {tokens[0]}" if tokens else None
     try:
-        p = principal_of(ws.headers.get("authorization"))
+        p = principal_of(authorization)
         authorize(p, sandbox_id, control)
         gateway.rate.check(p.actor)
         sock = await asyncio.to_thread(gateway.desktops.connect_vnc, sandbox_id)
@@ -69,7 +77,8 @@ async def relay(
         await ws.close(code=_CLOSE_AUTH, reason=f"{e.code}: {e.message}"[:120])
         return
     what = "desktop_control" if control else "desktop_view"
-    await ws.accept()
+    # Never the token's protocol: the browser accepts any one it offered.
+    await ws.accept(subprotocol="binary" if "binary" in offered else None)
     await gateway.audit_event(p, f"{what}_started", sandbox=sandbox_id, tool=what)
     started = time.monotonic()
     viewer = ViewerStream(control=control)
