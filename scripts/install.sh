@@ -26,8 +26,9 @@ PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs xfsp
           # one process (lighter than xvfb + x11vnc); openbox a small window manager that
           # speaks EWMH (fullscreen, focus) for Chromium and Tk; xdotool for the pointer and
           # keyboard tools; python3-pil grabs and scales screenshots inside the sandbox;
-          # x11-utils' xprop tells when the window manager runs.
-          tigervnc-standalone-server openbox xdotool python3-pil x11-utils)
+          # x11-utils' xprop tells when the window manager runs; novnc's JavaScript RFB
+          # client is the console's desktop view (served by the gateway, nothing else of it).
+          tigervnc-standalone-server openbox xdotool python3-pil x11-utils novnc)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -394,6 +394,59 @@ def test_an_idle_desktop_is_stopped_and_frees_its_place(
             manager.close_all()
 
 
+def test_the_console_shows_the_desktop_and_a_person_takes_control(
+    gw: RunningGateway, page: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The console's noVNC view in real Chromium: it shows the page, a click while
+    watching does nothing, a click after taking control presses the button."""
+    from playwright.sync_api import sync_playwright
+
+    from browserkit import require_browser
+
+    require_browser()
+    artifacts = Path(os.environ.get("AGENTBOX_TEST_ARTIFACTS") or tmp_path) / "desktop"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=[
+            "--no-sandbox", "--disable-background-networking", "--no-first-run",
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+        ])  # fmt: skip
+        try:
+            tab = browser.new_page(viewport={"width": 1200, "height": 1000})
+            errors: list[str] = []
+            tab.on("pageerror", lambda e: errors.append(str(e)))
+
+            def connect(control: bool) -> None:
+                tab.fill("#token", gw.operator_token)
+                tab.fill("#sandbox", page)
+                tab.set_checked("#control", control)
+                tab.click("button[type=submit]")
+                mode = "control" if control else "view"
+                tab.wait_for_selector(f"body[data-connected={mode}]", timeout=30_000)
+
+            def shows_the_page() -> bool:
+                shot = tab.locator("#screen canvas").screenshot()
+                pixel = Image.open(io.BytesIO(shot)).convert("RGB").getpixel((700, 500))
+                return is_red(pixel) or is_green(pixel)
+
+            tab.goto(f"{gw.url}/console/desktop.html")
+            connect(control=False)
+            wait_for(shows_the_page, 30, "the console to show the desktop")
+            tab.screenshot(path=str(artifacts / "console-desktop.png"))
+            with capsys.disabled():
+                print(f"\n[desktop console screenshot] {artifacts / 'console-desktop.png'}")
+            before = clicks(gw, page)
+            tab.locator("#screen canvas").click(position={"x": 700, "y": 500})  # watching
+            connect(control=True)
+            tab.locator("#screen canvas").click(position={"x": 700, "y": 500})
+            wait_for(lambda: clicks(gw, page) >= before + 1, 30, "the person's click")
+            assert clicks(gw, page) == before + 1  # the click made while watching never landed
+            assert not errors
+        finally:
+            browser.close()
+    wait_for(lambda: audit(gw, page, "desktop_view_ended"), 30, "the console's view audited")
+
+
 # Last: it stops the module's desktop.
 def test_stop_ends_every_desktop_process_and_start_brings_it_back(
     gw: RunningGateway, box: str

@@ -62,7 +62,7 @@ async def relay(
     sandbox_id: str,
 ) -> None:
     control = ws.query_params.get("control", "").lower() in ("1", "true", "yes")
-    offered = [x.strip() for x in ws.headers.get("sec-websocket-protocol", "").split(",")]
+    offered = [str(x) for x in ws.scope.get("subprotocols", [])]  # ASGI: parsed for us
     authorization = ws.headers.get("authorization")
     if authorization is None:  # a browser (the console's noVNC) cannot set the header
         tokens = [x.removeprefix(BEARER_PROTOCOL) for x in offered if x.startswith(BEARER_PROTOCOL)]

@@ -34,6 +34,13 @@ SECURITY_HEADERS = {
     # Revalidate on every load, so a gateway upgrade never pairs a new page with old code.
     "Cache-Control": "no-cache",
 }
+# noVNC draws JPEG rectangles (Tight encoding) through data: URLs: inert images, allowed
+# on the desktop page only.
+DESKTOP_HEADERS = SECURITY_HEADERS | {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY.replace(
+        "img-src 'self'", "img-src 'self' data: blob:"
+    )
+}
 ASSETS = {
     "console.js": "text/javascript; charset=utf-8",
     "desktop.html": "text/html; charset=utf-8",  # a sandbox's desktop, through noVNC
@@ -59,7 +66,8 @@ def console_router() -> APIRouter:
     async def console_asset(name: str) -> Response:
         if name not in assets:
             raise NotFound(f"no console file {name!r}")
-        return Response(assets[name], media_type=ASSETS[name], headers=SECURITY_HEADERS)
+        headers = DESKTOP_HEADERS if name == "desktop.html" else SECURITY_HEADERS
+        return Response(assets[name], media_type=ASSETS[name], headers=headers)
 
     return router
 
