@@ -334,17 +334,19 @@ def test_tokens_that_may_not_view_or_control_this_desktop_are_refused(
             url = vnc_forward.vnc_url(gw.url, page, False) + query
             status = asyncio.run(handshake_status(url, token))
             assert status == 403, (token[:8], query)
-        assert (
-            asyncio.run(handshake_status(vnc_forward.vnc_url(gw.url, page, False), viewer)) == 101
-        )
+        url = vnc_forward.vnc_url(gw.url, page, False)
+        assert asyncio.run(handshake_status(url, viewer)) == 101
+        # A page on another site cannot open it with a person's browser (CSWSH).
+        assert asyncio.run(handshake_status(url, viewer, origin="http://evil.example")) == 403
     finally:
         destroy(gw, other)
 
 
-async def handshake_status(url: str, token: str) -> int:
+async def handshake_status(url: str, token: str, origin: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} | ({"Origin": origin} if origin else {})
     async with aiohttp.ClientSession() as session:
         try:
-            async with session.ws_connect(url, headers={"Authorization": f"Bearer {token}"}) as ws:
+            async with session.ws_connect(url, headers=headers) as ws:
                 await ws.close()
                 return 101
         except aiohttp.WSServerHandshakeError as e:
