@@ -422,7 +422,7 @@ def test_the_console_shows_the_desktop_and_a_person_takes_control(
                 tab.fill("#token", gw.operator_token)
                 tab.fill("#sandbox", page)
                 tab.set_checked("#control", control)
-                tab.click("button[type=submit]")
+                tab.click("#connect-button")
                 mode = "control" if control else "view"
                 tab.wait_for_selector(f"body[data-connected={mode}]", timeout=30_000)
 
@@ -432,6 +432,7 @@ def test_the_console_shows_the_desktop_and_a_person_takes_control(
                 return is_red(pixel) or is_green(pixel)
 
             tab.goto(f"{gw.url}/console/desktop.html")
+            tab.wait_for_selector("body[data-ready]", state="attached")
             connect(control=False)
             wait_for(shows_the_page, 30, "the console to show the desktop")
             tab.screenshot(path=str(artifacts / "console-desktop.png"))

@@ -6,6 +6,7 @@
 import RFB from "/console/novnc/core/rfb.js";
 
 const form = document.getElementById("connect");
+document.body.dataset.ready = "1"; // for tests: the handlers below are in place
 const status = document.getElementById("status");
 const screen = document.getElementById("screen");
 let rfb = null;
@@ -14,8 +15,8 @@ function say(text) {
   status.textContent = text;
 }
 
-form.addEventListener("submit", (event) => {
-  event.preventDefault();
+form.addEventListener("submit", (event) => event.preventDefault());
+document.getElementById("connect-button").addEventListener("click", () => {
   const token = document.getElementById("token").value.trim();
   const sandbox = document.getElementById("sandbox").value.trim();
   const control = document.getElementById("control").checked;
