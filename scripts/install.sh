@@ -23,7 +23,14 @@ DEV=0
 # the host kernel; Debian's release is the floor, a newer runsc on PATH is preferred).
 PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs xfsprogs util-linux
           gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates curl
-          chromium fonts-dejavu-core runsc)
+          chromium fonts-dejavu-core runsc
+          # Desktop mode (src/agentbox/desktop): Xvnc is the X server and the VNC server in
+          # one process (lighter than xvfb + x11vnc); openbox a small window manager that
+          # speaks EWMH (fullscreen, focus) for Chromium and Tk; xdotool for the pointer and
+          # keyboard tools; python3-pil grabs and scales screenshots inside the sandbox;
+          # x11-utils' xprop tells when the window manager runs; novnc's JavaScript RFB
+          # client is the console's desktop view (served by the gateway, nothing else of it).
+          tigervnc-standalone-server openbox xdotool python3-pil x11-utils novnc)
 # --dev: postgresql runs the state-store tests on a real server (tests/pgkit.py starts its
 # own cluster in a temp directory with /usr/lib/postgresql/15/bin; the system one is unused).
 [ "$DEV" = 1 ] && PACKAGES+=(postgresql)

@@ -13,6 +13,7 @@
     │   └── SnapshotNotFound           snapshot_not_found    no such object in the snapshot store
     ├── Conflict                       conflict
     │   ├── SandboxNotRunning          sandbox_not_running   exec in a stopped/destroyed sandbox
+    │   ├── DesktopNotRunning          desktop_not_running   a desktop tool before desktop_start
     │   ├── FileExists                 file_exists
     │   ├── EditMismatch               edit_mismatch         fs edit found a different count
     │   └── TierUnsupported            tier_unsupported      not on this sandbox's isolation tier
@@ -28,6 +29,7 @@
     │   ├── RateLimited                rate_limited          too many calls for this token (429)
     │   ├── QuotaExceeded              quota_exceeded        a project's sandbox quota is used (429)
     │   ├── CapacityExceeded           capacity_exceeded     no room on the host (503)
+    │   │   └── DesktopCapacityExceeded desktop_capacity_exceeded  the host runs its max of desktops
     │   └── BudgetExceeded             budget_exceeded       a daily model budget is spent (429)
     ├── CommandTimeout                 command_timeout       (raised only by wait(); run() reports)
     ├── HostUnsupported                host_unsupported      the host lacks a kernel feature/tool
@@ -144,6 +146,10 @@ class SandboxNotRunning(Conflict):
     code = "sandbox_not_running"
 
 
+class DesktopNotRunning(Conflict):
+    code = "desktop_not_running"
+
+
 class FileExists(Conflict):
     code = "file_exists"
 
@@ -225,6 +231,12 @@ class CapacityExceeded(LimitExceeded):
 
     code = "capacity_exceeded"
     http_status = 503
+
+
+class DesktopCapacityExceeded(CapacityExceeded):
+    """The host already runs its configured maximum of desktops (``sandbox.desktop``)."""
+
+    code = "desktop_capacity_exceeded"
 
 
 class BudgetExceeded(LimitExceeded):

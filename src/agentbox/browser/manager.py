@@ -58,7 +58,7 @@ PROFILE_PREFIX = "/tmp/.agentbox-browser-"
 MAX_SCREENSHOT_BYTES = 16 * 1024 * 1024
 _GRACE_S = 10.0  # on top of an operation's own timeout, before the caller gives up
 _SETTLE_MS = 5000  # after DOMContentLoaded, how long to wait for "load" at most
-_FONTS_CONF = """<?xml version="1.0"?>
+FONTS_CONF = """<?xml version="1.0"?>
 <!DOCTYPE fontconfig SYSTEM "urn:fontconfig:fonts.dtd">
 <fontconfig>
   <dir>/usr/share/fonts</dir>
@@ -436,7 +436,7 @@ class BrowserManager:
         extra_env: dict[str, str] = {}
         if not files.exists("/etc/fonts/fonts.conf"):  # the default template has no /etc/fonts
             conf = f"{b.profile}/fonts.conf"
-            files.write(conf, _FONTS_CONF.format(cache=f"{b.profile}/fontconfig").encode())
+            files.write(conf, FONTS_CONF.format(cache=f"{b.profile}/fontconfig").encode())
             extra_env["FONTCONFIG_FILE"] = conf
         network = network_of(record.spec)
         proxy = trusted_spki = None
@@ -480,21 +480,7 @@ class BrowserManager:
         browser.on("disconnected", ended)
 
     def _check_blocked(self, network: NetworkSpec) -> None:
-        """Fail closed: a sandbox made without the gateway (CLI, SDK) lacks block_domains."""
-        missing = []
-        for pattern in self.config.block_domains:
-            try:
-                normal = normalize_pattern(pattern)
-            except AgentboxError:
-                normal = pattern
-            if normal not in network.deny:
-                missing.append(pattern)
-        if missing:
-            raise PolicyDenied(
-                f"this sandbox's network does not deny {', '.join(missing)} (browser.open "
-                "block_domains); use a sandbox created through the gateway",
-                rule="browser.open.block_domains",
-            )
+        check_blocked(network, self.config.block_domains)
 
     def _shutdown(self, b: _Browser) -> None:
         """Close everything of ``b`` (on its thread); never raises."""
@@ -602,6 +588,24 @@ def check_url(url: str) -> None:
         raise InvalidRequest(
             f"cannot open {url[:100]!r}: give an absolute URL (http://, https://, file://, "
             "about:, data:)"
+        )
+
+
+def check_blocked(network: NetworkSpec, block_domains: tuple[str, ...]) -> None:
+    """Fail closed: a sandbox made without the gateway (CLI, SDK) lacks block_domains."""
+    missing = []
+    for pattern in block_domains:
+        try:
+            normal = normalize_pattern(pattern)
+        except AgentboxError:
+            normal = pattern
+        if normal not in network.deny:
+            missing.append(pattern)
+    if missing:
+        raise PolicyDenied(
+            f"this sandbox's network does not deny {', '.join(missing)} (browser.open "
+            "block_domains); use a sandbox created through the gateway",
+            rule="browser.open.block_domains",
         )
 
 

@@ -288,6 +288,37 @@ def sandbox_stop(sandbox_id: str) -> None:
     click.echo(f"{sandbox_id} stopped")
 
 
+@sandbox.command("desktop")
+@click.argument("sandbox_id")
+@click.option("--vnc", is_flag=True, required=True, help="Forward a local VNC port to it.")
+@click.option("--port", type=int, default=5900, show_default=True, help="Local port (0: any).")
+@click.option("--control", is_flag=True, help="Take control (keys, pointer); else view only.")
+@handle_errors()
+def sandbox_desktop(sandbox_id: str, vnc: bool, port: int, control: bool) -> None:
+    """Watch a sandbox's desktop with any VNC client: 127.0.0.1:PORT here is forwarded
+    through the gateway ($AGENTBOX_URL, token in $AGENTBOX_TOKEN) until Ctrl-C. View only
+    unless --control and the token has desktop_control; the gateway audits both."""
+    import asyncio
+    import contextlib
+    import os
+
+    from agentbox.client import vnc_forward
+
+    url = os.environ.get("AGENTBOX_URL") or "http://127.0.0.1:8848"
+    token = os.environ.get("AGENTBOX_TOKEN")
+    if not token:
+        raise InvalidRequest("set AGENTBOX_TOKEN to the operator's or a viewer's token")
+
+    def ready(bound: int) -> None:
+        mode = "control" if control else "view only"
+        click.echo(f"agentbox: VNC for {sandbox_id} on 127.0.0.1:{bound} ({mode})", err=True)
+
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how it ends
+        asyncio.run(
+            vnc_forward.serve(url, token, sandbox_id, control=control, port=port, ready=ready)
+        )
+
+
 @sandbox.command("exec", context_settings={"ignore_unknown_options": True})
 @click.argument("sandbox_id")
 @click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)

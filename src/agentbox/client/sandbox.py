@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+from agentbox.client.desktop import Desktop
 from agentbox.client.interfaces import Backend, ProcessesAPI, WriteMode
 from agentbox.runtime.runtime import Runtime
 
@@ -277,6 +278,7 @@ class Sandbox:
         self.record = record
         self.commands = Commands(runtime, record.id)
         self.files = Files(runtime, record.id)
+        self.desktop = Desktop(runtime, record.id)
 
     @classmethod
     def create(
@@ -436,6 +438,8 @@ class AsyncCommandHandle:
         self.info = _threaded(handle.info)
         self.read = _threaded(handle.read)
         self.send_stdin = _threaded(handle.send_stdin)
+        self.close_stdin = _threaded(handle.close_stdin)
+        self.resize = _threaded(handle.resize)
         self.signal = _threaded(handle.signal)
         self.kill = _threaded(handle.kill)
         self.wait = _threaded(handle.wait)
@@ -469,6 +473,22 @@ class AsyncFiles:
         self.download_tar = _threaded(files.download_tar)
 
 
+class AsyncDesktop:
+    """:class:`Desktop` (``sb.desktop``), awaited."""
+
+    def __init__(self, desktop: Desktop) -> None:
+        self.start = _threaded(desktop.start)
+        self.stop = _threaded(desktop.stop)
+        self.screenshot = _threaded(desktop.screenshot)
+        self.click = _threaded(desktop.click)
+        self.move = _threaded(desktop.move)
+        self.drag = _threaded(desktop.drag)
+        self.scroll = _threaded(desktop.scroll)
+        self.type = _threaded(desktop.type)
+        self.key = _threaded(desktop.key)
+        self.open = _threaded(desktop.open)
+
+
 class AsyncShell:
     """:class:`Shell`, awaited."""
 
@@ -487,6 +507,7 @@ class AsyncSandbox:
         self.record = sandbox.record
         self.commands = AsyncCommands(sandbox.commands)
         self.files = AsyncFiles(sandbox.files)
+        self.desktop = AsyncDesktop(sandbox.desktop)
         self.info = _threaded(sandbox.info)
         self.is_running = _threaded(sandbox.is_running)
         self.shell = _threaded_as(sandbox.shell, AsyncShell)

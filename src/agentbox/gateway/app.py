@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agentbox import __version__
 from agentbox.config import Admission
 from agentbox.errors import AgentboxError, InvalidRequest, StateUnavailable, Unauthenticated
-from agentbox.gateway import jsonbody
+from agentbox.gateway import desktop_relay, jsonbody
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.auth import Principal, TokenStore
@@ -125,7 +125,23 @@ class HostAndSizeGuard:
         self.origins = {o.lower() for o in origins}
         self.max_body = max_body
 
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket (the desktop's VNC relay) meets the same Host and Origin lists: a
+        page on another site must not open one with a person's browser (CSWSH)."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        origin = headers.get("origin")
+        if headers.get("host", "").lower() not in self.hosts or (
+            origin is not None and origin.lower() not in self.origins
+        ):
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 4403, "reason": "Host or Origin"})
+            return
+        await self.app(scope, receive, send)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -497,6 +513,7 @@ def create_app(
                 keeper.stop()
                 idle_watcher.stop()
                 await asyncio.to_thread(gateway.browsers.close_all)
+                await asyncio.to_thread(gateway.desktops.close_all)
                 if settings.gateway.on_shutdown != "keep":
                     await asyncio.to_thread(_end_sandboxes, runtime, settings.gateway.on_shutdown)
                 lifecycle_ingest.stop()  # after: the shutdown's events reach the trail
@@ -582,6 +599,12 @@ def create_app(
 
     call_tool = tool_endpoint(gateway, principal_of)
     app.include_router(build_router(gateway, authenticate, call_tool))
+
+    # A person's VNC viewer on a sandbox's desktop (gateway/desktop_relay.py).
+    async def desktop_vnc(websocket: WebSocket, sandbox_id: str) -> None:
+        await desktop_relay.relay(websocket, gateway, principal_of, sandbox_id)
+
+    app.add_api_websocket_route("/v1/sandboxes/{sandbox_id}/desktop/vnc", desktop_vnc)
     model_router, model_handlers = build_model_router(models, runtime, principal_of)
     app.include_router(model_router)
     app.include_router(

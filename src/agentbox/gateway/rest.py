@@ -70,6 +70,9 @@ class CreateSandbox(Body):
         "default: the sandbox.network section of the gateway config",
         json_schema_extra=lambda schema: _with_mode_alone(schema),
     )
+    desktop: bool | None = Field(
+        default=None, description="true: start its desktop (as desktop_start) once it runs"
+    )
 
 
 def _with_mode_alone(schema: dict[str, Any]) -> None:
@@ -172,7 +175,7 @@ class MakeDir(Body):
 
 
 # Scopes a token's tool list may name besides the tools: routes that are not tool calls.
-ROUTE_SCOPES = ("ports",)
+ROUTE_SCOPES = ("ports", "desktop_view", "desktop_control")
 
 
 class IssueToken(Body):
@@ -256,6 +259,7 @@ def build_router(
     async def create_sandbox(body: CreateSandbox, p: Principal = auth) -> dict[str, Any]:
         p.require_operator("creating a sandbox")
         requested = {k: v for k, v in body.model_dump().items() if v is not None}
+        desktop = bool(requested.pop("desktop", False))
         spec = gateway.sandbox_spec(requested)
         started, started_wall = time.monotonic(), time.time()
         record = await asyncio.to_thread(gateway.runtime.create, spec, actor=p.actor)
@@ -263,6 +267,12 @@ def build_router(
         gateway.metrics.sandbox_created("pool" if claimed else "cold", time.monotonic() - started)
         await gateway.audit_event(p, "sandbox_created", sandbox=record.id, template=record.template)
         gateway.lifecycle_changed()
+        if desktop:
+            try:
+                await gateway.call_tool(p, "desktop_start", {"sandbox_id": record.id})
+            except BaseException:  # a sandbox nobody asked for without its desktop
+                await asyncio.to_thread(gateway.runtime.destroy, record.id, actor=p.actor)
+                raise
         return record.to_dict()
 
     def with_usage(record: SandboxRecord) -> dict[str, Any]:
@@ -292,6 +302,7 @@ def build_router(
     async def destroy_sandbox(sandbox_id: str, p: Principal = auth) -> dict[str, Any]:
         p.require_operator("destroying a sandbox")
         await asyncio.to_thread(gateway.browsers.close_sandbox, sandbox_id)
+        await asyncio.to_thread(gateway.desktops.close_sandbox, sandbox_id)
         await asyncio.to_thread(gateway.runtime.destroy, sandbox_id, actor=p.actor)
         revoked = gateway.tokens.revoke_sandbox(sandbox_id)
         await gateway.audit_event(
@@ -329,6 +340,7 @@ def build_router(
         """End every process but keep the disk; resume starts it again."""
         p.require_operator("stopping a sandbox")
         await asyncio.to_thread(gateway.browsers.close_sandbox, sandbox_id)
+        await asyncio.to_thread(gateway.desktops.close_sandbox, sandbox_id)
         return await transition(
             p, sandbox_id, "stopping a sandbox", gateway.runtime.stop, "sandbox_stopped"
         )

@@ -22,6 +22,7 @@ import jsonschema
 import jsonschema_rs
 
 from agentbox.browser.manager import BrowserConfig, BrowserManager, check_url
+from agentbox.desktop.manager import DesktopConfig, DesktopManager
 from agentbox.errors import (
     AgentboxError,
     ApprovalDenied,
@@ -137,6 +138,16 @@ class Gateway:
                 block_domains=tuple(browser.block_domains),
             ),
         )
+        desktop = settings.sandbox.desktop
+        self.desktops = DesktopManager(
+            runtime,
+            DesktopConfig(
+                max_running=desktop.max_running,
+                size=desktop.size,
+                idle_timeout=desktop.idle_timeout,
+                block_domains=tuple(browser.block_domains),
+            ),
+        )
 
     def sandbox_spec(self, requested: dict[str, Any]) -> dict[str, Any]:
         """What a create asks for, completed from the config: its ``sandbox.limits`` and
@@ -228,6 +239,7 @@ class Gateway:
                 max_bytes,
                 output_listener,
                 browsers=self.browsers,
+                desktops=self.desktops,
                 guard=self.path_guard(spec.policy, spec.name),
                 output=output,
                 limits_applied=applied,
@@ -301,11 +313,13 @@ class Gateway:
     def _check_policy(self, spec: ToolSpec, args: dict[str, Any], sandbox: str) -> Decision | None:
         if spec.policy == "none":
             return None
-        if spec.policy == "browser":
+        if spec.policy == "browser" or (spec.policy == "desktop" and "url" in args):
             if "url" in args:
                 self._check_url(spec, str(args["url"]))
             return None
-        if spec.policy == "command":
+        if spec.policy == "desktop" and "command" not in args:
+            return None  # pointer and keyboard actions: the sandbox is the boundary
+        if spec.policy in ("command", "desktop"):
             command = args["command"]
             if args.get("pty") is not None:
                 command = self._terminal_command(spec, command)

@@ -152,6 +152,14 @@ class AdmissionSettings(Strict):
         return _size(self.max_memory)
 
 
+class DesktopSettings(Strict):
+    """Desktop mode (Xvnc + openbox inside a sandbox): heavy, so capped per host."""
+
+    max_running: int = Field(default=4, ge=0)
+    size: str = Field(default="1024x768", pattern=r"^[0-9]{2,4}x[0-9]{2,4}$")
+    idle_timeout: float = Field(default=900.0, ge=0)  # seconds without calls or viewers; 0: never
+
+
 class SandboxSection(Strict):
     template: str = "default"
     runtime: Literal["bwrap", "crun", "runc", "runsc", "kata"] = "bwrap"
@@ -162,6 +170,7 @@ class SandboxSection(Strict):
         Annotated[int, Field(ge=0, le=1000)] | dict[str, Annotated[int, Field(ge=0, le=1000)]]
     ) = 0
     admission: AdmissionSettings = AdmissionSettings()
+    desktop: DesktopSettings = DesktopSettings()
 
 
 class TerminalRunTool(Strict):

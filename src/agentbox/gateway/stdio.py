@@ -267,6 +267,8 @@ def _serve_in_process(settings: GatewaySettings, sandbox_id: str | None, templat
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the cleanup finish
         with contextlib.suppress(Exception):
             gateway.browsers.close_all()
+        with contextlib.suppress(Exception):
+            gateway.desktops.close_all()
         audit.close()
         if created:
             with contextlib.suppress(Exception):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentbox.browser.manager import BrowserManager
+from agentbox.desktop.manager import DesktopManager
 from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported
 from agentbox.gateway.settings import (
     BrowserOpenTool,
@@ -30,7 +31,7 @@ from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver
 from agentbox.runtime.runtime import Runtime
 from agentbox.units import human_size
 
-PolicyKind = Literal["command", "fs_read", "fs_write", "browser", "none"]
+PolicyKind = Literal["command", "fs_read", "fs_write", "browser", "desktop", "none"]
 Handler = Callable[["ToolCall"], dict[str, Any]]
 
 
@@ -87,6 +88,7 @@ class ToolCall:
     max_output_bytes: int
     on_output: OutputCallback | None = None
     browsers: BrowserManager | None = None
+    desktops: DesktopManager | None = None
     guard: Guard | None = None
     """File tools: the file policy, judged by the file layer at the resolved path."""
     output: CommandOutput = CommandOutput()
@@ -1261,6 +1263,251 @@ TOOLS: list[ToolSpec] = [
         idempotent=True,
         handler=browser_close,
         policy="browser",
+    ),
+]
+
+# desktop (Xvnc + openbox inside the sandbox; shaped like Anthropic's computer-use tool) ---
+DESKTOP_TIMEOUT_S = 30.0
+
+
+def _desktop(call: ToolCall) -> tuple[DesktopManager, float]:
+    if call.desktops is None:
+        raise HostUnsupported("the desktop tools run in the gateway (agentbox serve / mcp)")
+    return call.desktops, min(call.timeout_s, DESKTOP_TIMEOUT_S)
+
+
+def desktop_start(call: ToolCall) -> dict[str, Any]:
+    desktops, _ = _desktop(call)
+    return desktops.start(call.sandbox_id, call.args.get("size"))
+
+
+def desktop_stop(call: ToolCall) -> dict[str, Any]:
+    desktops, _ = _desktop(call)
+    return desktops.stop(call.sandbox_id)
+
+
+def desktop_screenshot(call: ToolCall) -> dict[str, Any]:
+    desktops, timeout = _desktop(call)
+    a = call.args
+    return desktops.screenshot(call.sandbox_id, a.get("width"), a.get("height"), timeout)
+
+
+def desktop_click(call: ToolCall) -> dict[str, Any]:
+    desktops, timeout = _desktop(call)
+    a = call.args
+    clicks = 2 if a["double"] else 1
+    return desktops.click(call.sandbox_id, a["x"], a["y"], a["button"], clicks, timeout)
+
+
+def desktop_move(call: ToolCall) -> dict[str, Any]:
+    desktops, timeout = _desktop(call)
+    return desktops.move(call.sandbox_id, call.args["x"], call.args["y"], timeout)
+
+
+def desktop_drag(call: ToolCall) -> dict[str, Any]:
+    desktops, timeout = _desktop(call)
+    a = call.args
+    start, end = (a["x"], a["y"]), (a["to_x"], a["to_y"])
+    return desktops.drag(call.sandbox_id, start, end, a["button"], timeout)
+
+
+def desktop_scroll(call: ToolCall) -> dict[str, Any]:
+    desktops, timeout = _desktop(call)
+    a = call.args
+    return desktops.scroll(call.sandbox_id, a["x"], a["y"], a["direction"], a["amount"], timeout)
+
+
+def desktop_type(call: ToolCall) -> dict[str, Any]:
+    desktops, timeout = _desktop(call)
+    return desktops.type_text(call.sandbox_id, call.args["text"], timeout)
+
+
+def desktop_key(call: ToolCall) -> dict[str, Any]:
+    desktops, timeout = _desktop(call)
+    return desktops.key(call.sandbox_id, call.args["key"], timeout)
+
+
+def desktop_open(call: ToolCall) -> dict[str, Any]:
+    desktops, _ = _desktop(call)
+    return desktops.open(call.sandbox_id, call.args.get("command"), call.args.get("url"))
+
+
+_COORD = {"type": "integer", "minimum": 0, "maximum": 8191}
+_X = _COORD | {"description": "x in the latest desktop_screenshot's pixels"}
+_Y = _COORD | {"description": "y in the latest desktop_screenshot's pixels"}
+_BUTTON = _enum(["left", "right", "middle"], "Mouse button")
+_POINTER_DONE = _out({"done": BOOL, "x": INT, "y": INT, "space": STR})
+_SIDE = {"type": "integer", "minimum": 16, "maximum": 8192}
+_DESKTOP_INFO = {
+    "running": BOOL,
+    "display": STR,
+    "width": INT,
+    "height": INT,
+    "started_at": {"type": "number"},
+    "memory_bytes": INT,
+}
+
+
+def _desktop_tool(
+    name: str, title: str, description: str, inputs: dict[str, Any], required: list[str],
+    output: dict[str, Any], handler: Handler, *, read_only: bool = False,
+    policy: PolicyKind = "desktop",
+) -> ToolSpec:  # fmt: skip
+    return ToolSpec(
+        name, title, description, _obj(inputs, required), output,
+        read_only=read_only, destructive=not read_only, idempotent=read_only,
+        handler=handler, policy=policy,
+    )  # fmt: skip
+
+
+TOOLS += [
+    _desktop_tool(
+        "desktop_start",
+        "Start the desktop",
+        "Start a virtual desktop (X display :1 with a window manager and a VNC server) "
+        "inside the sandbox, under its limits; a running one is returned as it is. People "
+        "watch it through the gateway; the other desktop_* tools act on it.",
+        {
+            "size": {
+                "type": "string",
+                "pattern": "^[0-9]{2,4}x[0-9]{2,4}$",
+                "description": "Screen size, e.g. 1280x800 (default: the gateway's)",
+            }
+        },
+        [],
+        _out({**_DESKTOP_INFO, "started": BOOL}, ["running", "started"]),
+        desktop_start,
+    ),
+    _desktop_tool(
+        "desktop_stop",
+        "Stop the desktop",
+        "Stop the sandbox's desktop and every application opened on it.",
+        {},
+        [],
+        _out({"stopped": BOOL}),
+        desktop_stop,
+    ),
+    _desktop_tool(
+        "desktop_screenshot",
+        "Screenshot the desktop",
+        "A PNG of the whole screen, scaled to fit within width x height (aspect kept). The "
+        "coordinates of desktop_click/move/drag/scroll are in this screenshot's pixels.",
+        {
+            "width": _SIDE | {"description": "Maximum width of the PNG (default: the screen's)"},
+            "height": _SIDE | {"description": "Maximum height of the PNG"},
+        },
+        [],
+        _out(
+            {
+                "mime_type": {"const": "image/png"},
+                "width": INT,
+                "height": INT,
+                "screen_width": INT,
+                "screen_height": INT,
+                "png_base64": STR,
+            }
+        ),
+        desktop_screenshot,
+        read_only=True,
+    ),
+    _desktop_tool(
+        "desktop_click",
+        "Click on the desktop",
+        "Move the pointer to (x, y) and click (double=true: double-click).",
+        {"x": _X, "y": _Y, "button": _BUTTON, "double": _flag(False, "true: double-click")},
+        ["x", "y"],
+        _POINTER_DONE,
+        desktop_click,
+    ),
+    _desktop_tool(
+        "desktop_move",
+        "Move the pointer",
+        "Move the pointer to (x, y).",
+        {"x": _X, "y": _Y},
+        ["x", "y"],
+        _POINTER_DONE,
+        desktop_move,
+    ),
+    _desktop_tool(
+        "desktop_drag",
+        "Drag on the desktop",
+        "Press a button at (x, y), move to (to_x, to_y) and release it there.",
+        {"x": _X, "y": _Y, "to_x": _X, "to_y": _Y, "button": _BUTTON},
+        ["x", "y", "to_x", "to_y"],
+        _POINTER_DONE,
+        desktop_drag,
+    ),
+    _desktop_tool(
+        "desktop_scroll",
+        "Scroll on the desktop",
+        "Scroll the wheel at (x, y): amount notches in direction.",
+        {
+            "x": _X,
+            "y": _Y,
+            "direction": _enum(["down", "up", "left", "right"], "Direction"),
+            "amount": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 50,
+                "default": 3,
+                "description": "Notches of the wheel",
+            },
+        },
+        ["x", "y"],
+        _POINTER_DONE,
+        desktop_scroll,
+    ),
+    _desktop_tool(
+        "desktop_type",
+        "Type text",
+        "Type text with the keyboard into whatever has focus.",
+        {
+            "text": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 4096,
+                "description": "The text, typed character by character",
+            }
+        },
+        ["text"],
+        _out({"done": BOOL, "characters": INT}),
+        desktop_type,
+    ),
+    _desktop_tool(
+        "desktop_key",
+        "Press keys",
+        "Press a key or chord in xdotool names: Return, Escape, Tab, ctrl+s, alt+Tab, "
+        "ctrl+shift+t; several separated by spaces.",
+        {
+            "key": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 256,
+                "description": "xdotool key names or chords, space-separated",
+            }
+        },
+        ["key"],
+        _out({"done": BOOL, "keys": STR}),
+        desktop_key,
+    ),
+    _desktop_tool(
+        "desktop_open",
+        "Open an application",
+        "Start an application on the desktop: command (a bash command line; the command "
+        "policy applies) or url (opened in Chromium, headed, behind the sandbox's egress "
+        "policy). It runs until it exits or the desktop stops.",
+        {
+            "command": COMMAND,
+            "url": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 8192,
+                "description": "An http(s) URL to open in Chromium on the desktop",
+            },
+        },
+        [],
+        _out({"opened": BOOL, "log": STR}),
+        desktop_open,
     ),
 ]
 

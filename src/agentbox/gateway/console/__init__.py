@@ -12,9 +12,12 @@ from this origin only, no inline code, no framing. The script inserts server dat
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import Response
+from starlette.staticfiles import StaticFiles
+from starlette.types import Scope
 
 from agentbox.errors import NotFound
 
@@ -31,8 +34,17 @@ SECURITY_HEADERS = {
     # Revalidate on every load, so a gateway upgrade never pairs a new page with old code.
     "Cache-Control": "no-cache",
 }
+# noVNC draws JPEG rectangles (Tight encoding) through data: URLs: inert images, allowed
+# on the desktop page only.
+DESKTOP_HEADERS = SECURITY_HEADERS | {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY.replace(
+        "img-src 'self'", "img-src 'self' data: blob:"
+    )
+}
 ASSETS = {
     "console.js": "text/javascript; charset=utf-8",
+    "desktop.html": "text/html; charset=utf-8",  # a sandbox's desktop, through noVNC
+    "desktop.js": "text/javascript; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
@@ -54,10 +66,27 @@ def console_router() -> APIRouter:
     async def console_asset(name: str) -> Response:
         if name not in assets:
             raise NotFound(f"no console file {name!r}")
-        return Response(assets[name], media_type=ASSETS[name], headers=SECURITY_HEADERS)
+        headers = DESKTOP_HEADERS if name == "desktop.html" else SECURITY_HEADERS
+        return Response(assets[name], media_type=ASSETS[name], headers=headers)
 
     return router
 
 
 def mount_console(app: FastAPI) -> None:
     app.include_router(console_router())
+    if NOVNC.is_dir():  # Debian's novnc: the RFB client the desktop page imports
+        app.mount("/console/novnc", NoVncFiles(directory=NOVNC), name="novnc")
+
+
+NOVNC = Path("/usr/share/novnc")
+
+
+class NoVncFiles(StaticFiles):
+    """noVNC's ES modules (``core/``, ``vendor/``) only, with the console's headers."""
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        if not path.startswith(("core/", "vendor/")) or not path.endswith(".js"):
+            raise NotFound(f"no noVNC file {path!r}")
+        response = await super().get_response(path, scope)
+        response.headers.update(SECURITY_HEADERS)
+        return response

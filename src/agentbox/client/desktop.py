@@ -1,0 +1,89 @@
+"""``sb.desktop``: the sandbox's desktop from the SDK, through the same tool handlers.
+
+Against a gateway (``AGENTBOX_URL``) each method is a ``POST /v1/tools/desktop_*``: the
+gateway's policy, cap and audit apply. In process (no gateway) the handlers run here
+with a ``DesktopManager`` of this process's own: the desktop runs inside the sandbox all
+the same, and ends with it (or ``stop()``).
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agentbox.desktop.manager import DesktopManager
+    from agentbox.runtime.runtime import Runtime
+
+_TIMEOUT_S = 30.0
+_managers: dict[int, DesktopManager] = {}
+_lock = threading.Lock()
+
+
+def _manager(runtime: Runtime) -> DesktopManager:
+    from agentbox.desktop.manager import DesktopManager
+
+    with _lock:
+        if id(runtime) not in _managers:
+            _managers[id(runtime)] = DesktopManager(runtime)
+        return _managers[id(runtime)]
+
+
+class Desktop:
+    """Start, look at and drive a sandbox's desktop (coordinates: the last screenshot's)."""
+
+    def __init__(self, backend: Any, sandbox_id: str) -> None:
+        self._backend = backend
+        self._id = sandbox_id
+
+    def _call(self, tool: str, **arguments: Any) -> dict[str, Any]:
+        args = {k: v for k, v in arguments.items() if v is not None}
+        client = getattr(self._backend, "client", None)
+        if client is not None:  # a gateway
+            body = {"arguments": {**args, "sandbox_id": self._id}}
+            result: dict[str, Any] = client.request("POST", f"/v1/tools/{tool}", json=body)
+            return result
+        from agentbox.gateway.tools import TOOLS_BY_NAME, ToolCall
+
+        spec = TOOLS_BY_NAME[tool]
+        call = ToolCall(
+            self._backend, self._id, spec.with_defaults(args), _TIMEOUT_S, 1 << 20,
+            desktops=_manager(self._backend),
+        )  # fmt: skip
+        return spec.handler(call)
+
+    def start(self, size: str | None = None) -> dict[str, Any]:
+        """Start it (``size`` like ``"1024x768"``); a running one is returned as it is."""
+        return self._call("desktop_start", size=size)
+
+    def stop(self) -> dict[str, Any]:
+        return self._call("desktop_stop")
+
+    def screenshot(self, width: int | None = None, height: int | None = None) -> bytes:
+        """A PNG scaled to fit ``width`` x ``height`` (pixels); later coordinates are its."""
+        shot = self._call("desktop_screenshot", width=width, height=height)
+        return base64.b64decode(shot["png_base64"])
+
+    def click(self, x: int, y: int, button: str = "left", double: bool = False) -> None:
+        self._call("desktop_click", x=x, y=y, button=button, double=double)
+
+    def move(self, x: int, y: int) -> None:
+        self._call("desktop_move", x=x, y=y)
+
+    def drag(self, x: int, y: int, to_x: int, to_y: int, button: str = "left") -> None:
+        self._call("desktop_drag", x=x, y=y, to_x=to_x, to_y=to_y, button=button)
+
+    def scroll(self, x: int, y: int, direction: str = "down", amount: int = 3) -> None:
+        self._call("desktop_scroll", x=x, y=y, direction=direction, amount=amount)
+
+    def type(self, text: str) -> None:
+        self._call("desktop_type", text=text)
+
+    def key(self, keys: str) -> None:
+        """xdotool key names and chords: ``"Return"``, ``"ctrl+s"``, ``"alt+Tab"``."""
+        self._call("desktop_key", key=keys)
+
+    def open(self, command: str | None = None, url: str | None = None) -> None:
+        """Start an application on the desktop: a bash ``command``, or ``url`` in Chromium."""
+        self._call("desktop_open", command=command, url=url)

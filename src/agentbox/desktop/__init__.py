@@ -1,0 +1,2 @@
+"""Desktop mode: a virtual X display with a VNC server inside a sandbox (manager),
+and what the desktop tools run there (actions)."""
