@@ -13,6 +13,7 @@ import math
 import os
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -224,18 +225,26 @@ def approvals() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def approvals_ls(status: str | None, as_json: bool) -> None:
     """List approvals (pending first is what you usually want: --status pending)."""
+    _listing(
+        "/v1/approvals", {"status": status} if status else None, as_json,
+        lambda a: f"{a['id']:<16} {a['status']:<9} {a['sandbox']:<16} {a['summary']}",
+    )  # fmt: skip
+
+
+def _listing(
+    path: str, params: dict[str, str] | None, as_json: bool, line: Callable[[Any], str]
+) -> None:
+    """GET a list from the gateway: as JSON, or one line per item."""
     try:
-        items = _client().request(
-            "GET", "/v1/approvals", params={"status": status} if status else None
-        )
+        items = _client().request("GET", path, params=params)
     except AgentboxError as e:
         _fail(e)
         return
     if as_json:
         click.echo(json.dumps(items, indent=2))
         return
-    for a in items:
-        click.echo(f"{a['id']:<16} {a['status']:<9} {a['sandbox']:<16} {a['summary']}")
+    for item in items:
+        click.echo(line(item))
 
 
 def _decide(approval_id: str, verdict: str, scope: str = "once") -> None:
@@ -277,18 +286,10 @@ def approvals_deny(approval_id: str) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def approvals_allowlist(project: str | None, as_json: bool) -> None:
     """Names approved with --scope always (egress mode ask), per project."""
-    try:
-        items = _client().request(
-            "GET", "/v1/egress/allowlist", params={"project": project} if project else None
-        )
-    except AgentboxError as e:
-        _fail(e)
-        return
-    if as_json:
-        click.echo(json.dumps(items, indent=2))
-        return
-    for g in items:
-        click.echo(f"{g['owner']:<16} {g['host']:<40} {g['decided_by']} ({g['approval']})")
+    _listing(
+        "/v1/egress/allowlist", {"project": project} if project else None, as_json,
+        lambda g: f"{g['owner']:<16} {g['host']:<40} {g['decided_by']} ({g['approval']})",
+    )  # fmt: skip
 
 
 @approvals.command("forget")
