@@ -650,3 +650,30 @@ def test_signed_file_urls(e2b_env: None, gw: RunningGateway) -> None:
         assert sb.files.read("/workspace/up.txt") == "uploaded"
     finally:
         sb.kill()
+
+
+def test_network_options_are_mapped_or_refused(e2b_env: None, gw: RunningGateway) -> None:
+    """deny_out=[ALL_TRAFFIC] is network none; options agentbox cannot honour are refused
+    naming the field, and nothing is created (a caller asking for a restriction never gets
+    a sandbox without it)."""
+    from e2b.sandbox.network import ALL_TRAFFIC
+
+    sb = Sandbox.create(timeout=120, network={"deny_out": [ALL_TRAFFIC]})
+    try:
+        with gw.operator() as op:
+            shown = op.get(f"/v1/sandboxes/{sb.sandbox_id}").json()
+        assert shown["network"]["mode"] == "none"
+    finally:
+        sb.kill()
+    with gw.operator() as op:
+        before = len(op.get("/v1/sandboxes").json())
+    for options, field in (
+        ({"allow_out": ["8.8.8.8"], "deny_out": [ALL_TRAFFIC]}, "allowOut"),
+        ({"deny_out": ["10.0.0.0/8"]}, "denyOut"),
+        ({"allow_public_traffic": True}, "allowPublicTraffic"),
+    ):
+        with pytest.raises(Exception, match=f"network.{field}") as refused:
+            Sandbox.create(timeout=120, network=options)  # type: ignore[arg-type]
+        assert "agentbox" in str(refused.value)
+    with gw.operator() as op:
+        assert len(op.get("/v1/sandboxes").json()) == before

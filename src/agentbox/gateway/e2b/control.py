@@ -36,6 +36,7 @@ from agentbox.gateway.e2b.models import (
     ended,
     iso,
 )
+from agentbox.gateway.e2b.network import network_of
 from agentbox.gateway.e2b.snapshots import E2BSnapshots, NewSnapshot, is_snapshot
 from agentbox.gateway.e2b.timeouts import TimeoutPauses
 from agentbox.gateway.service import Gateway
@@ -162,7 +163,8 @@ class ControlPlane:
             requested["project"] = caller.project
         if body.env_vars:
             requested["env"] = body.env_vars
-        if body.allow_internet_access is False:
+        no_egress = network_of(body.network) == "none"  # first: refuses what has no meaning
+        if body.allow_internet_access is False or no_egress:
             requested["network"] = "none"
         if is_snapshot(alias):  # Sandbox.create(SNAPSHOT_ID): its files in a new sandbox
             del requested["template"]

@@ -55,6 +55,7 @@ class NewSandbox(Loose):
     metadata: dict[str, str] = Field(default_factory=dict)
     env_vars: dict[str, str] = Field(default_factory=dict, alias="envVars")
     allow_internet_access: bool | None = Field(default=None, alias="allow_internet_access")
+    network: dict[str, Any] | None = None  # E2B's egress options (e2b/network.py)
     # lifecycle: on_timeout "pause" (with memory unless autoPauseMemory is false), and
     # whether a call wakes the paused sandbox (autoResume.enabled)
     auto_pause: bool = Field(default=False, alias="autoPause")
