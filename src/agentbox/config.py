@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +14,6 @@ if TYPE_CHECKING:
     from agentbox.specs import CredentialSpec as CredentialSpec
     from agentbox.specs import NetworkSpec as NetworkSpec
     from agentbox.specs import SandboxSpec as SandboxSpec
-    from agentbox.specs import network_of as network_of
 
 DEFAULT_HOME = "/var/lib/agentbox"
 
@@ -23,14 +21,6 @@ DEFAULT_HOME = "/var/lib/agentbox"
 def agentbox_home() -> Path:
     """Where state lives: ``$AGENTBOX_HOME``, default ``/var/lib/agentbox``."""
     return Path(os.environ.get("AGENTBOX_HOME") or DEFAULT_HOME)
-
-
-def stored_network(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """The network part of a stored spec (a record's ``spec`` dict, validated when the
-    sandbox was made) as a dict; old records held only a mode string. Reading its
-    ``mode`` needs no pydantic; ``network_of`` gives the validated settings."""
-    network = spec.get("network", "none")
-    return {"mode": network} if isinstance(network, str) else dict(network)
 
 
 @dataclass(frozen=True)
@@ -43,7 +33,7 @@ class Admission:
     max_memory: int | None = None  # bytes of memory limits committed by live sandboxes
 
 
-_SPECS = {"CredentialSpec", "NetworkSpec", "SandboxSpec", "network_of"}
+_SPECS = {"CredentialSpec", "NetworkSpec", "SandboxSpec"}
 
 
 def __getattr__(name: str) -> Any:

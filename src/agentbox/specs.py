@@ -21,7 +21,6 @@ from pydantic import (
     model_validator,
 )
 
-from agentbox.config import stored_network
 from agentbox.errors import InvalidRequest
 from agentbox.fsutil import exec_text
 from agentbox.network import credentials as _credentials
@@ -238,11 +237,6 @@ def problem_of(
         return ".".join([*loc[:-1], inner]), cause.error.details.get("value"), reason
     reason = str(error.get("msg", "invalid")).removeprefix("Value error, ")
     return ".".join(loc) or "spec", error.get("input"), reason
-
-
-def network_of(spec: Mapping[str, object]) -> NetworkSpec:
-    """The network part of a stored spec (a record's ``spec`` dict), validated."""
-    return NetworkSpec.parse(stored_network(spec))
 
 
 MAX_MEMORY = 1024**5

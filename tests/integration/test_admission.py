@@ -60,7 +60,7 @@ def test_concurrent_creates_never_overshoot(admitting: Runtime) -> None:
 
 def test_committed_memory_limit(admitting: Runtime) -> None:
     committed = sum(
-        int(r.spec.get("memory", 0)) for r in admitting.store.list()
+        r.spec.memory for r in admitting.store.list()
         if r.state in ("creating", "running", "paused")
     )  # fmt: skip
     admitting.admission = Admission(max_memory=committed + 200 * 2**20)

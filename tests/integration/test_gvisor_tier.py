@@ -305,7 +305,7 @@ def test_limits_hold_the_whole_sandbox(box: Sandbox, runtime: Runtime) -> None:
         for controller in cgroup.v1:  # hybrid hosts: every v1 controller we limit with
             assert any(f":{controller}:/agentbox/{box.id}" in line for line in lines), lines
     r = box.commands.run("grep MemTotal /proc/meminfo")
-    assert int(r.stdout.split()[1]) * 1024 == record.spec["memory"], r.stdout
+    assert int(r.stdout.split()[1]) * 1024 == record.spec.memory, r.stdout
     assert cgroup.memory_current() > 0
 
 

@@ -29,7 +29,7 @@ def test_create_list_get_destroy(runtime: Runtime, agentbox_home: Path) -> None:
     assert alive["cgroups"] and alive["mounts"] and alive["loops"], "nothing to check against"
     assert sb.id in [r.id for r in Sandbox.list(home=agentbox_home)]
     assert sb.info().state == "running"
-    assert sb.info().spec["memory"] == 128 * 1024**2
+    assert sb.info().spec.memory == 128 * 1024**2
     sb.kill()
     assert sb.id not in [r.id for r in Sandbox.list(home=agentbox_home)]
     with pytest.raises(SandboxNotFound):

@@ -40,7 +40,7 @@ def test_a_matching_create_claims_a_warm_sandbox(runtime: Runtime) -> None:
                               "project": "team-x"})  # fmt: skip
     assert time.perf_counter() - start < 1.0
     assert claimed.id == warm.id and claimed.state == "running"
-    assert claimed.spec["project"] == "team-x" and "pool" not in claimed.spec
+    assert claimed.spec.project == "team-x" and claimed.pool is None
     assert claimed.expires_at is not None and abs(claimed.expires_at - time.time() - 600) < 5
     r = runtime.commands(claimed.id).run("echo $WHO; hostname")
     assert r.stdout == f"claimer\n{claimed.id}\n"

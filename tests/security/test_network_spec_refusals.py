@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from agentbox import Sandbox
-from agentbox.config import network_of
 from agentbox.errors import InvalidRequest
 from agentbox.network.egressd import PolicyBook
 from agentbox.runtime.runtime import Runtime
@@ -49,8 +48,8 @@ def nothing_recorded(runtime: Runtime) -> Iterator[None]:
     records = runtime.store.list()
     assert {r.id for r in records} <= before, "a refused create left a record"
     for record in records:
-        network_of(record.spec)  # raises if the daemon could not parse it
-        assert PolicyBook._build(record.id, record.spec).sandbox_id == record.id
+        assert record.spec.network is not None  # raises if the daemon could not parse it
+        assert PolicyBook._build(record).sandbox_id == record.id
 
 
 def _check(error: InvalidRequest | dict[str, Any], field: str, value: Any) -> None:
@@ -130,7 +129,7 @@ def test_a_valid_spec_is_stored_normalised(gw: RunningGateway, runtime: Runtime)
         try:
             record = runtime.store.get(sandbox_id)
             assert record is not None
-            stored = record.spec["network"]
+            stored = json.loads(record.stored)["network"]
             assert stored["allow"] == ["*.xn--bcher-kva.test"], json.dumps(stored)
             assert stored["hosts"] == {"a.test": "::1"}
         finally:

@@ -35,6 +35,7 @@ from agentbox.gateway.auth import TokenStore
 from agentbox.gateway.e2b.access import Caller, E2BAccess
 from agentbox.gateway.settings import E2BSettings, parse_settings
 from agentbox.runtime.store import Store
+from agentbox.specs import SandboxSpec
 from agentbox.state import open_shared
 from agentbox.state.migrations import LATEST, migrate
 from agentbox.state.postgres import PostgresDB
@@ -47,8 +48,8 @@ AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 MiB = 2**20
 
 
-def spec(project: str = "p", memory: int = 64 * MiB, pool: str | None = None) -> dict[str, Any]:
-    return {"project": project, "memory": memory, "pool": pool}
+def spec(project: str = "p", memory: int = 64 * MiB) -> SandboxSpec:
+    return SandboxSpec(project=project, memory=memory)
 
 
 # the sandbox registry ---------------------------------------------------------------------
@@ -110,10 +111,47 @@ def test_concurrent_creators_never_share_a_slot_or_overshoot(state: StateKit) ->
     assert sorted(slots) == list(range(10))  # ten admitted, each its own slot
 
 
+# Records as earlier versions wrote them (json.dumps of SandboxSpec.model_dump() plus the
+# warm pool's key; before that, the network as a mode string, or no network at all).
+TODAY = {
+    "template": "default", "isolation": "namespaces", "memory": 134217728, "pids": 512,
+    "cpus": 2.0, "disk": 67108864, "lifetime": 86400.0, "idle_timeout": 900.0,
+    "on_idle": "pause", "network": {"mode": "allowlist", "ask_timeout": 60.0,
+    "allow": ["pypi.org"], "ports": [80, 443], "hosts": {"a.test": "127.0.0.1"}, "deny": [],
+    "credentials": []}, "env": {"A": "1"}, "project": "team-x", "pool": "k1",
+}  # fmt: skip
+MODE_ONLY = {"memory": 134217728, "network": "open", "project": "p", "retired_key": 1}
+NO_NETWORK = {"memory": 134217728}
+
+
+@pytest.mark.parametrize("stored", [TODAY, MODE_ONLY, NO_NETWORK], ids=["today", "mode", "none"])
+def test_records_written_by_earlier_versions_load(state: StateKit, stored: dict[str, Any]) -> None:
+    store = Store(state.where("state"))
+    with store.db.tx() as db:
+        db.execute(
+            "INSERT INTO sandboxes (id, slot, state, template, template_digest, init_pid,"
+            " init_start_time, created_at, expires_at, spec)"
+            " VALUES ('sb-old', 3, 'running', 'default', 'd', 7, 8, 1.0, NULL, ?)",
+            (json.dumps(stored),),
+        )
+    record = store.get("sb-old")
+    assert record is not None and record.state == "running" and record.slot == 3
+    network = stored.get("network", "none")
+    mode = network if isinstance(network, str) else network["mode"]
+    assert record.spec.memory == 128 * MiB and record.spec.network.mode == mode
+    assert record.network_mode == mode and record.isolation == "namespaces"
+    assert record.to_dict()["memory"] == 128 * MiB
+    if stored is TODAY:
+        assert record.pool == "k1" and record.env == {"A": "1"}
+        assert record.spec.network.hosts == {"a.test": "127.0.0.1"}
+        assert record.spec.network.allow == ("pypi.org",) and record.spec.project == "team-x"
+    assert [r.id for r in store.list()] == ["sb-old"]
+
+
 def test_warm_pool_claims_are_exclusive(state: StateKit) -> None:
     store = Store(state.where("state"))
     for n in range(3):
-        store.reserve(f"warm-{n}", "t", "d", spec(pool="k"), None, 16)
+        store.reserve(f"warm-{n}", "t", "d", spec(), None, 16, pool="k")
         store.mark_running(f"warm-{n}", 100 + n, 1, state="pooled")
     assert [r.id for r in store.pooled("k")] == ["warm-0", "warm-1", "warm-2"]
     assert store.take_pooled("warm-2") and not store.take_pooled("warm-2")
@@ -123,7 +161,8 @@ def test_warm_pool_claims_are_exclusive(state: StateKit) -> None:
     claimed = sorted(r.id for r in got if r is not None)
     assert claimed == ["warm-0", "warm-1"]  # two warm ones, two claimers served
     record = store.get("warm-0")
-    assert record is not None and record.state == "running" and record.spec["project"] == "q"
+    assert record is not None and record.state == "running" and record.spec.project == "q"
+    assert record.pool is None  # claimed: no longer a pool's
     assert store.claim("k", "other-digest", spec(), 60, 3600) is None
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentbox.browser import launch
 from agentbox.browser.snapshot import REF, compact
-from agentbox.config import NetworkSpec, network_of
+from agentbox.config import NetworkSpec
 from agentbox.errors import (
     AgentboxError,
     CommandTimeout,
@@ -438,7 +438,7 @@ class BrowserManager:
             conf = f"{b.profile}/fonts.conf"
             files.write(conf, FONTS_CONF.format(cache=f"{b.profile}/fontconfig").encode())
             extra_env["FONTCONFIG_FILE"] = conf
-        network = network_of(record.spec)
+        network = record.spec.network
         proxy = trusted_spki = None
         if network.mode != "none":
             self._check_blocked(network)

@@ -218,8 +218,7 @@ def sandbox_ls(as_json: bool) -> None:
         return
     click.echo(f"{'ID':<18} {'STATE':<10} {'TEMPLATE':<14} {'ISOLATION':<10} {'MEMORY':>10}")
     for r in records:
-        memory = r.spec.get("memory")
-        shown = human_size(memory) if isinstance(memory, int) else ""
+        shown = human_size(r.spec.memory)
         click.echo(f"{r.id:<18} {r.state:<10} {r.template:<14} {r.isolation:<10} {shown:>10}")
 
 

@@ -127,7 +127,8 @@ def _parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
 
 
 def _record(data: dict[str, Any]) -> SandboxRecord:
-    spec = {k: data.get(k) for k in SandboxRecord.PUBLIC_SPEC}
+    # The gateway shows the public part of the spec; the rest (env, lifetime) stays there.
+    spec = {k: data[k] for k in SandboxRecord.PUBLIC_SPEC if data.get(k) is not None}
     spec["isolation"] = data.get("isolation") or "namespaces"
     return SandboxRecord(
         id=data["id"],
@@ -139,7 +140,7 @@ def _record(data: dict[str, Any]) -> SandboxRecord:
         init_start_time=None,
         created_at=data["created_at"],
         expires_at=data.get("expires_at"),
-        spec=spec,
+        stored=json.dumps(spec),
     )
 
 

@@ -37,7 +37,6 @@ from agentbox.browser.manager import (
     check_blocked,
     png_size,
 )
-from agentbox.config import network_of
 from agentbox.desktop import actions
 from agentbox.desktop.actions import Space
 from agentbox.errors import (
@@ -408,7 +407,7 @@ class DesktopManager:
 
         check_url(url)
         record = self.runtime.running(sandbox_id)[0]
-        network = network_of(record.spec)
+        network = record.spec.network
         proxy = None
         if network.mode != "none":
             check_blocked(network, self.config.block_domains)

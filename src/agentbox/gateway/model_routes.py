@@ -71,7 +71,7 @@ def build_model_router(
         task = request.headers.get("x-agentbox-task")
         if who.sandbox_id is not None:
             record = await asyncio.to_thread(runtime.get, who.sandbox_id)
-            project = str(record.spec.get("project") or "default")
+            project = record.spec.project
             return Attribution(project, who.sandbox_id, task, who.actor)
         project = request.headers.get("x-agentbox-project") or "default"
         return Attribution(project, None, task, who.actor)

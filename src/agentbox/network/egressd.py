@@ -40,7 +40,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentbox.config import network_of
 from agentbox.errors import AgentboxError
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
@@ -48,7 +47,7 @@ from agentbox.network import egressca, plane
 from agentbox.network.egress_ask import EgressAsk
 from agentbox.network.egress_start import SPAWN_LOCK, lock_path
 from agentbox.network.proxy import EgressDecision, EgressPolicy, EgressProxy, upstream_context
-from agentbox.runtime.store import Store
+from agentbox.runtime.store import SandboxRecord, Store
 
 log = logging.getLogger("agentbox.egress")
 IDLE_EXIT = 60.0
@@ -96,22 +95,23 @@ class PolicyBook:
                 return None  # destroyed in between
             if len(self._policies) >= 4 * plane.MAX_SLOTS:
                 self._policies.clear()  # ids of destroyed sandboxes pile up otherwise
-            policy = self._policies[sandbox_id] = self._build(sandbox_id, record.spec)
+            policy = self._policies[sandbox_id] = self._build(record)
         return policy
 
     @staticmethod
-    def _build(sandbox_id: str, record_spec: dict[str, Any]) -> EgressPolicy:
+    def _build(record: SandboxRecord) -> EgressPolicy:
         """The policy of a record. Create validated its spec (``NetworkSpec``, the checks
         the policy runs too); one that fails anyway (a record written by an older version,
         an edited database) is logged once and its sandbox gets no egress: the proxy
         never meets a spec it cannot parse on a connection."""
         try:
-            policy = EgressPolicy.from_spec(sandbox_id, network_of(record_spec))
+            spec = record.spec
+            policy = EgressPolicy.from_spec(record.id, spec.network)
         except AgentboxError as e:
-            log.warning("sandbox %s: its network spec is refused, no egress: %s", sandbox_id, e)
-            return EgressPolicy(sandbox_id, "none")
+            log.warning("sandbox %s: its network spec is refused, no egress: %s", record.id, e)
+            return EgressPolicy(record.id, "none")
         # Mode ask: whose persistent allowlist applies.
-        return dataclasses.replace(policy, project=str(record_spec.get("project") or "default"))
+        return dataclasses.replace(policy, project=spec.project)
 
     def networked_alive(self) -> bool:
         # The mode alone, read without validating: this runs every few seconds.

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING
 
 from agentbox.errors import AgentboxError
 from agentbox.runtime.commands import FOREGROUND_LEAF
-from agentbox.specs import SandboxSpec
 
 if TYPE_CHECKING:
     from agentbox.runtime.runtime import Runtime
@@ -48,8 +47,6 @@ log = logging.getLogger(__name__)
 EVENT_TYPES = ("created", "pooled", "paused", "resumed", "stopped", "started", "destroyed", "oom")
 REASONS = ("operator", "idle", "lifetime", "oom", "error", "activity", "pool", "task")
 DEFAULT_CPU_FLOOR = 0.05  # of one core
-_DEFAULT_IDLE = SandboxSpec.model_fields["idle_timeout"].default
-_DEFAULT_ON_IDLE = SandboxSpec.model_fields["on_idle"].default
 
 
 class IdleWatcher:
@@ -131,7 +128,7 @@ class IdleWatcher:
         return time.time() - last
 
     def _apply(self, record: SandboxRecord) -> None:
-        action = record.spec.get("on_idle", _DEFAULT_ON_IDLE)
+        action = record.spec.on_idle
         log.info("sandbox %s idle for %.0f s: %s", record.id, self._idle_for(record), action)
         if action == "destroy":
             self.runtime.destroy(record.id, reason="idle", actor="agentbox")
@@ -149,4 +146,4 @@ class IdleWatcher:
 
 
 def _idle_timeout(record: SandboxRecord) -> float:
-    return float(record.spec.get("idle_timeout", _DEFAULT_IDLE) or 0)
+    return record.spec.idle_timeout

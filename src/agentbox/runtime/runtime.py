@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -38,7 +39,7 @@ from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
-from agentbox.runtime.store import SandboxRecord, Store
+from agentbox.runtime.store import SandboxRecord, SandboxState, Store
 from agentbox.runtime.tiers import GVISOR, host_for
 
 # Imported where used: a command on an existing sandbox (``agentbox sandbox exec``) needs
@@ -215,7 +216,7 @@ class Runtime:
         self.sweep_expired()
         template = self.templates.get(spec.template)
         claimed = self.store.claim(
-            pool_key(spec), template.digest, spec.model_dump(), spec.lifetime, POOL_LIFETIME,
+            pool_key(spec), template.digest, spec, spec.lifetime, POOL_LIFETIME,
             self.admission,
         )  # fmt: skip
         if claimed is not None:  # a warm one: ready in a transaction's time
@@ -261,7 +262,7 @@ class Runtime:
         source = self.get(source_id)
         if source.state not in ("running", "paused", "stopped"):
             raise SandboxNotRunning(f"sandbox {source_id} is {source.state}; cannot fork it")
-        spec = spec_from(source.spec)
+        spec = source.spec
         template = self.templates.exact(source.template, source.template_digest)
         origin = self.host(source)
         record = self._build(spec, template, origin)
@@ -315,20 +316,19 @@ class Runtime:
         disks: Path,
         paths: LaunchPaths,
     ) -> SandboxRecord:
-        stored = spec.model_dump()
         expires_at = time.time() + spec.lifetime
         if pool is not None:
-            stored["pool"] = pool
             expires_at = time.time() + POOL_MAX_AGE  # then replaced by a fresh one
         with self.templates.reserving(template):  # from here on the record keeps the tree
             record = self.store.reserve(
                 sandbox_id,
                 template.name,
                 template.digest,
-                stored,
+                spec,
                 expires_at,
                 MAX_SANDBOXES,
                 self.admission,
+                pool,
             )
         host = host_for(self.home, sandbox_id, record.slot, spec.isolation)
         cgroup = self.layout.sandbox(sandbox_id)
@@ -360,13 +360,12 @@ class Runtime:
             if networked and not gvisor:
                 plane.attach(self.net.link(record.slot), pid)
             host.activity_marker.touch()
-            state = "running" if pool is None else "pooled"
+            state: SandboxState = "running" if pool is None else "pooled"
             self.store.mark_running(sandbox_id, pid, start, state)
         except BaseException:
             self._release(sandbox_id, host, cgroup, networked, template.digest)
             raise
-        record.state, record.init_pid, record.init_start_time = state, pid, start
-        return record
+        return dataclasses.replace(record, state=state, init_pid=pid, init_start_time=start)
 
     def event(self, sandbox_id: str, type_: str, reason: str, actor: str, **details: Any) -> None:
         """Record a lifecycle event (see ``runtime.lifecycle``); the gateway streams it,
@@ -398,7 +397,7 @@ class Runtime:
                 hint=Hint("sandbox_list", {}, "{call} to list live sandboxes"),
             )
         if record.state in ("running", "paused") and not self._alive(record):
-            record.state = "exited"
+            return dataclasses.replace(record, state="exited")
         return record
 
     def exists(self, sandbox_id: str) -> bool:
@@ -407,11 +406,12 @@ class Runtime:
 
     def list(self) -> list[SandboxRecord]:
         self.sweep_expired(check_alive=True)
-        records = self.store.list()
-        for record in records:
-            if record.state == "running" and not self._alive(record):
-                record.state = "exited"
-        return records
+        return [
+            dataclasses.replace(r, state="exited")
+            if r.state == "running" and not self._alive(r)
+            else r
+            for r in self.store.list()
+        ]
 
     def destroy(self, sandbox_id: str, *, reason: str = "operator", actor: str = "local") -> None:
         record = self.get(sandbox_id)
@@ -578,7 +578,7 @@ class Runtime:
         return self.get(sandbox_id)
 
     def _start(self, record: SandboxRecord, host: SandboxHost) -> None:
-        spec = spec_from(record.spec)
+        spec = record.spec
         # Its overlay is on the digest it was made from, whatever the name means now.
         template = self.templates.exact(record.template, record.template_digest)
         cgroup = self.layout.sandbox(record.id)
@@ -668,7 +668,7 @@ class Runtime:
     def commands(self, sandbox_id: str) -> CommandRunner:
         record, host, cgroup = self.running(sandbox_id)
         assert record.init_pid is not None
-        env = record.spec.get("env", {})
+        env = record.env
         if record.network_mode != "none":
             trust = plane.ca_env() if record.has_credentials else {}
             env = {**self.net.proxy_env(), **trust, **env}

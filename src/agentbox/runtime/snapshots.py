@@ -119,7 +119,7 @@ class Snapshots:
                     sandbox=sandbox_id,
                     template=record.template,
                     template_digest=record.template_digest,
-                    spec=record.spec,
+                    spec=record.spec.model_dump(mode="json"),
                     created_at=time.time(),
                     size=staging.stat().st_size,
                     raw_size=raw_size,

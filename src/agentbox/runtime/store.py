@@ -9,17 +9,23 @@ free slot, warm-pool claims) hold the registry's lock.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agentbox.config import Admission, stored_network
+from agentbox.config import Admission
 from agentbox.errors import CapacityExceeded, QuotaExceeded
 from agentbox.hints import Hint
+from agentbox.runtime.record import SandboxRecord, SandboxState, stored
 from agentbox.state.db import Connection, Database
 from agentbox.state.sqlite import database
+
+if TYPE_CHECKING:
+    from agentbox.specs import SandboxSpec
+
+__all__ = ["SandboxRecord", "SandboxState", "Store"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -48,66 +54,12 @@ CREATE TABLE IF NOT EXISTS events (
 MAX_EVENTS = 100_000  # the oldest go first; the audit trail keeps the history
 
 
-@dataclass
-class SandboxRecord:
-    id: str
-    slot: int
-    state: str
-    template: str
-    template_digest: str
-    init_pid: int | None
-    init_start_time: int | None
-    created_at: float
-    expires_at: float | None
-    spec: dict[str, Any] = field(default_factory=dict)
-
-    PUBLIC_SPEC = (
-        "memory",
-        "cpus",
-        "pids",
-        "disk",
-        "network",
-        "project",
-        "idle_timeout",
-        "on_idle",
-    )
-
-    @property
-    def isolation(self) -> str:
-        """``namespaces`` (the default tier) or ``gvisor`` (see ``runtime.tiers``)."""
-        return str(self.spec.get("isolation") or "namespaces")
-
-    @property
-    def network_mode(self) -> str:
-        """``none``, ``allowlist``, ``open`` or ``ask``, read without pydantic (see
-        stored_network)."""
-        return str(stored_network(self.spec)["mode"])
-
-    @property
-    def has_credentials(self) -> bool:
-        """Whether the egress proxy injects credentials for it (see ``specs.CredentialSpec``)."""
-        return bool(stored_network(self.spec).get("credentials"))
-
-    def to_dict(self) -> dict[str, Any]:
-        """What clients see (the CLI's --json, the REST API); host details stay out."""
-        return {
-            "id": self.id,
-            "state": self.state,
-            "template": self.template,
-            "template_digest": self.template_digest,
-            "isolation": self.isolation,
-            "created_at": self.created_at,
-            "expires_at": self.expires_at,
-            **{k: self.spec.get(k) for k in self.PUBLIC_SPEC},
-        }
-
-
 _LOCK = "sandboxes"  # reads that decide a write (slots, admission, claims) hold it
 _LIVE = "state IN ('creating', 'running', 'paused', 'pooled')"
 
 
 def _admit(
-    db: Connection, dialect: type[Database], admission: Admission, spec: dict[str, Any]
+    db: Connection, dialect: type[Database], admission: Admission, spec: SandboxSpec
 ) -> None:
     count, memory, soonest = db.execute(
         f"SELECT COUNT(*), COALESCE(SUM({dialect.json_int('spec', 'memory')}), 0),"  # noqa: S608 - constant SQL
@@ -121,7 +73,7 @@ def _admit(
             "retry later or destroy some",
             retry_after=retry,
         )
-    wanted = int(spec.get("memory") or 0)
+    wanted = spec.memory
     if admission.max_memory is not None and memory + wanted > admission.max_memory:
         raise CapacityExceeded(
             f"live sandboxes have {memory / 2**30:.1f} GiB of memory limits; "
@@ -130,7 +82,7 @@ def _admit(
             "retry later, destroy some, or ask for less memory",
             retry_after=retry,
         )
-    project = str(spec.get("project") or "default")
+    project = spec.project
     if admission.max_per_project is not None:
         (in_project,) = db.execute(
             f"SELECT COUNT(*) FROM sandboxes WHERE {_LIVE}"  # noqa: S608 - constant SQL
@@ -156,25 +108,22 @@ class Store:
     def close(self) -> None:
         self.db.close()
 
-    @staticmethod
-    def _record(row: Any) -> SandboxRecord:
-        data = dict(row)
-        data["spec"] = json.loads(data["spec"])
-        return SandboxRecord(**data)
+    _record = staticmethod(SandboxRecord.from_row)
 
     def reserve(
         self,
         sandbox_id: str,
         template: str,
         digest: str,
-        spec: dict[str, Any],
+        spec: SandboxSpec,
         expires_at: float | None,
         max_slots: int,
         admission: Admission | None = None,
+        pool: str | None = None,
     ) -> SandboxRecord:
         """Insert a ``creating`` record holding the lowest free slot (the slot picks the uid),
         if ``admission`` lets it in: checked in the same transaction, so concurrent creators
-        in any process cannot overshoot."""
+        in any process cannot overshoot. ``pool``: a warm sandbox's pool key."""
         with self.db.tx(_LOCK) as db:
             if admission is not None:
                 _admit(db, type(self.db), admission, spec)
@@ -188,18 +137,22 @@ class Store:
                     "some and retry",
                     hint=Hint("sandbox_list", {}, "{call} to see them"),
                 )
-            now = time.time()
+            now, text = time.time(), stored(spec, pool)
             db.execute(
                 "INSERT INTO sandboxes (id, slot, state, template, template_digest, created_at,"
                 " expires_at, spec) VALUES (?, ?, 'creating', ?, ?, ?, ?, ?)",
-                (sandbox_id, slot, template, digest, now, expires_at, json.dumps(spec)),
+                (sandbox_id, slot, template, digest, now, expires_at, text),
             )
         return SandboxRecord(
-            sandbox_id, slot, "creating", template, digest, None, None, now, expires_at, spec
+            sandbox_id, slot, "creating", template, digest, None, None, now, expires_at, text
         )
 
     def mark_running(
-        self, sandbox_id: str, init_pid: int, init_start_time: int, state: str = "running"
+        self,
+        sandbox_id: str,
+        init_pid: int,
+        init_start_time: int,
+        state: SandboxState = "running",
     ) -> None:
         with self.db.tx() as db:
             db.execute(
@@ -211,7 +164,7 @@ class Store:
         self,
         pool_key: str,
         template_digest: str,
-        spec: dict[str, Any],
+        spec: SandboxSpec,
         lifetime: float,
         max_age: float,
         admission: Admission | None = None,
@@ -242,13 +195,14 @@ class Store:
                 limit = Admission(max_per_project=admission.max_per_project)
                 _admit(db, type(self.db), limit, spec)
             expires = min(time.time() + lifetime, float(row["created_at"]) + max_age)
+            text = stored(spec)
             db.execute(
                 "UPDATE sandboxes SET state='running', spec=?, expires_at=? WHERE id=?",
-                (json.dumps(spec), expires, row["id"]),
+                (text, expires, row["id"]),
             )
-        record = self._record(row)
-        record.state, record.spec, record.expires_at = "running", spec, expires
-        return record
+        return dataclasses.replace(
+            self._record(row), state="running", stored=text, expires_at=expires
+        )
 
     def take_pooled(self, sandbox_id: str) -> bool:
         """Mark a still-pooled sandbox ``destroying`` (False: claimed meanwhile)."""
@@ -271,7 +225,7 @@ class Store:
         )
         return [self._record(r) for r in rows]
 
-    def set_state(self, sandbox_id: str, state: str) -> None:
+    def set_state(self, sandbox_id: str, state: SandboxState) -> None:
         with self.db.tx() as db:
             db.execute("UPDATE sandboxes SET state=? WHERE id=?", (state, sandbox_id))
 

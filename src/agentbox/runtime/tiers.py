@@ -5,19 +5,12 @@ The tier is fixed at create and kept in the sandbox's stored spec."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from agentbox.runtime.host import SandboxHost
 
 NAMESPACES, GVISOR = "namespaces", "gvisor"
 TIERS = (NAMESPACES, GVISOR)
-
-
-def isolation_of(spec: Mapping[str, Any]) -> str:
-    """A stored spec's tier (records made before tiers existed: the default)."""
-    return str(spec.get("isolation") or NAMESPACES)
 
 
 def host_for(home: Path, sandbox_id: str, slot: int, isolation: str) -> SandboxHost:

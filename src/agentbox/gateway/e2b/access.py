@@ -156,8 +156,8 @@ class E2BAccess:
         return Owned(sandbox_id, Caller(key, project), alias, json.loads(metadata))
 
     @staticmethod
-    def may_reach(caller: Caller, spec: dict[str, Any]) -> bool:
-        return caller.project is None or str(spec.get("project") or "default") == caller.project
+    def may_reach(caller: Caller, project: str) -> bool:
+        return caller.project is None or project == caller.project
 
     # envd -------------------------------------------------------------------------------
     def envd_token(self, sandbox_id: str) -> str:

@@ -104,7 +104,7 @@ class ControlPlane:
             record = None
         if record is None or record.state not in STATES or ended(record.expires_at):
             raise SandboxNotFound(f"sandbox {sandbox_id} not found")
-        if not self.access.may_reach(caller, record.spec):
+        if not self.access.may_reach(caller, record.spec.project):
             raise SandboxNotFound(f"sandbox {sandbox_id} not found")
         return record
 
@@ -131,9 +131,9 @@ class ControlPlane:
             "clientID": CLIENT_ID,
             "startedAt": iso(record.created_at),
             "endAt": iso(record.expires_at or record.created_at + 86400 * 365),
-            "cpuCount": max(1, round(float(spec.get("cpus") or 1))),
-            "memoryMB": int(spec.get("memory") or 0) // 2**20,
-            "diskSizeMB": int(spec.get("disk") or 0) // 2**20,
+            "cpuCount": max(1, round(spec.cpus)),
+            "memoryMB": spec.memory // 2**20,
+            "diskSizeMB": spec.disk // 2**20,
             "state": STATES[record.state],
             "envdVersion": ENVD_VERSION,
             "metadata": metadata,
@@ -264,7 +264,7 @@ class ControlPlane:
             mine = owned.get(record.id)
             if record.state not in STATES or ended(record.expires_at):
                 continue
-            if not self.access.may_reach(caller, record.spec):
+            if not self.access.may_reach(caller, record.spec.project):
                 continue
             # startedAt is shown to the microsecond: a time read back from it is "at" it.
             if started_after is not None and record.created_at < started_after - 1e-3:
@@ -393,7 +393,7 @@ class ControlPlane:
             return JSONResponse([])
         cgroup = self.runtime.layout.sandbox(record.id)
         spec = record.spec
-        cpus = float(spec.get("cpus") or 1)
+        cpus = spec.cpus
         now = time.time()
         elapsed = max(now - record.created_at, 1e-3)
         with contextlib.suppress(OSError):
@@ -408,10 +408,10 @@ class ControlPlane:
                         "cpuCount": max(1, round(cpus)),
                         "cpuUsedPct": round(min(100.0, 100 * cpu_s / (elapsed * cpus)), 2),
                         "memUsed": memory,
-                        "memTotal": int(spec.get("memory") or 0),
+                        "memTotal": spec.memory,
                         "memCache": 0,
                         "diskUsed": 0,
-                        "diskTotal": int(spec.get("disk") or 0),
+                        "diskTotal": spec.disk,
                     }
                 ]
             )

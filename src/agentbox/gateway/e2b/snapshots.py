@@ -86,7 +86,7 @@ class E2BSnapshots:
     async def create(self, caller: Caller, record: SandboxRecord, body: NewSnapshot) -> Response:
         principal = caller.principal(record.id)
         info = await asyncio.to_thread(self._store().create, record.id)
-        project = str(record.spec.get("project") or "default")
+        project = record.spec.project
         names = [body.name] if body.name else []
         with self.db.tx("e2b_snapshots") as db:
             row = db.execute(

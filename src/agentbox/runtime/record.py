@@ -1,0 +1,135 @@
+"""A sandbox's registry record (:mod:`agentbox.runtime.store`): its state one of a fixed
+set, its settings one validated :class:`~agentbox.specs.SandboxSpec`.
+
+The store keeps the spec as JSON text. A command on an existing sandbox never imports
+pydantic (tests/unit/test_import_weight.py), so what that path needs (isolation tier,
+network mode, credentials, environment) is read from the JSON; ``spec`` is parsed on
+first use, once per distinct text in a process (the egress daemon re-reads its records
+every few seconds). Records written by older versions still load: a network stored as a
+mode string, a missing network (then ``none``), keys this version no longer knows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from agentbox.specs import SandboxSpec
+
+SandboxState = Literal[
+    "creating",  # reserved: its slot is held, its init not yet started
+    "pooled",  # warm, invisible to calls until a create claims it
+    "running",
+    "paused",
+    "stopped",  # no process; the disk is kept
+    "destroying",
+    "error",  # a create that failed; recovery removes it
+    "exited",  # never stored: a running record whose init is gone (Runtime.get)
+]
+
+PUBLIC_SPEC = ("memory", "cpus", "pids", "disk", "network", "project", "idle_timeout", "on_idle")
+
+
+@dataclass(frozen=True)
+class SandboxRecord:
+    id: str
+    slot: int
+    state: SandboxState
+    template: str
+    template_digest: str
+    init_pid: int | None
+    init_start_time: int | None
+    created_at: float
+    expires_at: float | None
+    stored: str  # the spec as the store holds it (JSON; SQL reads its memory and project)
+
+    PUBLIC_SPEC = PUBLIC_SPEC
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> SandboxRecord:
+        data = dict(row)
+        return cls(**{k: v for k, v in data.items() if k != "spec"}, stored=data["spec"])
+
+    @cached_property
+    def spec(self) -> SandboxSpec:
+        """The validated settings (pydantic is imported on first use)."""
+        return parse_spec(self.stored)
+
+    @cached_property
+    def _raw(self) -> dict[str, Any]:
+        value = json.loads(self.stored)
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def pool(self) -> str | None:
+        """The warm pool's key while ``pooled`` (see ``runtime.pool_key``)."""
+        pool = self._raw.get("pool")
+        return str(pool) if pool else None
+
+    @property
+    def isolation(self) -> str:
+        """``namespaces`` (the default tier) or ``gvisor`` (see ``runtime.tiers``)."""
+        return str(self._raw.get("isolation") or "namespaces")
+
+    @property
+    def network_mode(self) -> str:
+        """``none``, ``allowlist``, ``open`` or ``ask``, read without pydantic."""
+        return str(_stored_network(self._raw)["mode"])
+
+    @property
+    def has_credentials(self) -> bool:
+        """Whether the egress proxy injects credentials for it (see ``specs.CredentialSpec``)."""
+        return bool(_stored_network(self._raw).get("credentials"))
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The environment every command starts with, read without pydantic."""
+        return dict(self._raw.get("env") or {})
+
+    def to_dict(self) -> dict[str, Any]:
+        """What clients see (the CLI's --json, the REST API); host details stay out."""
+        return {
+            "id": self.id,
+            "state": self.state,
+            "template": self.template,
+            "template_digest": self.template_digest,
+            "isolation": self.isolation,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            **{k: self._raw.get(k) for k in PUBLIC_SPEC},
+        }
+
+
+def stored(spec: SandboxSpec, pool: str | None = None) -> str:
+    """The JSON text a record keeps for ``spec`` (and a warm sandbox's pool key)."""
+    data = spec.model_dump(mode="json")
+    if pool is not None:
+        data["pool"] = pool
+    return json.dumps(data)
+
+
+def _stored_network(raw: Mapping[str, Any]) -> dict[str, Any]:
+    # Old records held only a mode string; older ones no network at all (no egress then).
+    network = raw.get("network", "none")
+    return {"mode": network} if isinstance(network, str) else dict(network)
+
+
+@lru_cache(maxsize=1024)
+def parse_spec(text: str) -> SandboxSpec:
+    """A stored spec, validated; :class:`~agentbox.errors.InvalidRequest` naming the field
+    if it no longer is one (an edited database). Cached: the spec is frozen."""
+    from pydantic import ValidationError
+
+    from agentbox.specs import SandboxSpec, invalid_request
+
+    raw = json.loads(text)
+    known = {k: v for k, v in raw.items() if k in SandboxSpec.model_fields}
+    known["network"] = _stored_network(raw)
+    try:
+        return SandboxSpec.model_validate(known)
+    except ValidationError as e:
+        raise invalid_request(e.errors(), "stored sandbox settings") from None
