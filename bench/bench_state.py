@@ -36,6 +36,7 @@ from agentbox.gateway.settings import BudgetSettings, ModelPrice  # noqa: E402
 from agentbox.providers.budget import BudgetLedger  # noqa: E402
 from agentbox.providers.types import Usage  # noqa: E402
 from agentbox.runtime.store import Store  # noqa: E402
+from agentbox.specs import SandboxSpec  # noqa: E402
 from agentbox.state.db import Database  # noqa: E402
 from agentbox.state.migrations import migrate  # noqa: E402
 from agentbox.state.postgres import PostgresDB  # noqa: E402
@@ -66,10 +67,12 @@ class Backend:
         self.n = 0
 
     def ops(self) -> dict[str, Callable[[], None]]:
+        spec = SandboxSpec(memory="16MiB", project="p")
+
         def create() -> None:
             self.n += 1
             sid = f"sb-{self.n}"
-            self.registry.reserve(sid, "default", "d", {"memory": 1, "project": "p"}, None,
+            self.registry.reserve(sid, "default", "d", spec, None,
                                   4096, Admission(max_sandboxes=1000, max_per_project=1000))  # fmt: skip
             self.registry.delete(sid)
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from agentbox import Sandbox
-from agentbox.runtime import templates
 from agentbox.runtime.runtime import Runtime, pool_key, spec_from
 from agentbox.runtime.templates import TemplateStore
+from agentbox.runtime.templates import default as template_default
 from agentbox.runtime.warmpool import Pool, PoolKeeper
 from imagekit import docker_save, static_binary
 
@@ -68,10 +68,10 @@ def test_a_new_default_leaves_running_sandboxes_their_root(
     store = TemplateStore(agentbox_home)
     # The default is made from host files, the CA bundle among them: a copy of it with a
     # line of our own gives a default digest no other test's snapshot or sandbox uses.
-    real = templates._CA_BUNDLE.read_bytes()
+    real = template_default._CA_BUNDLE.read_bytes()
     bundle = tmp_path / "ca-certificates.crt"
     bundle.write_bytes(real + b"# installed\n")
-    monkeypatch.setattr(templates, "_CA_BUNDLE", bundle)
+    monkeypatch.setattr(template_default, "_CA_BUNDLE", bundle)
     old = new(made, agentbox_home)
     old_digest = old.info().template_digest
     old_tree = store.exact("default", old_digest).rootfs
@@ -82,7 +82,7 @@ def test_a_new_default_leaves_running_sandboxes_their_root(
     # The host's CA bundle changes (an upgrade of ca-certificates): a new default digest.
     rotated = tmp_path / "rotated.crt"
     rotated.write_bytes(real + b"# rotated by the test\n")
-    monkeypatch.setattr(templates, "_CA_BUNDLE", rotated)
+    monkeypatch.setattr(template_default, "_CA_BUNDLE", rotated)
     fresh = new(made, agentbox_home)
     assert fresh.info().template_digest != old_digest
     assert fresh.commands.run("tail -n 1 /etc/ssl/certs/ca-certificates.crt").stdout == (

@@ -4,6 +4,7 @@ errors that name the field and the value."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from agentbox.network.decision import EgressPolicy
 from agentbox.network.egressd import PolicyBook
 from agentbox.network.modes import EGRESS_MODES
 from agentbox.runtime.runtime import spec_from
+from agentbox.runtime.store import SandboxRecord
 from agentbox.specs import NetworkSpec
 from network_variants import BAD_CREDENTIALS, INVALID
 
@@ -117,9 +119,10 @@ def test_the_sdk_refuses_before_anything_is_made(tmp_path: Path) -> None:
     assert not home.exists()
 
 
-class _Record:
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.spec = spec
+def _record(sandbox_id: str, spec: dict[str, Any]) -> SandboxRecord:
+    return SandboxRecord(
+        sandbox_id, 0, "running", "t", "d", None, None, 0.0, None, json.dumps(spec)
+    )
 
 
 def test_the_egress_daemon_turns_an_unparsable_record_into_no_egress(
@@ -129,8 +132,8 @@ def test_the_egress_daemon_turns_an_unparsable_record_into_no_egress(
     none, instead of failing on every connection."""
     bad = {"network": {"mode": "open", "allow": ["bad..name"], "hosts": {"a.test": "x"}}}
     with caplog.at_level("WARNING", "agentbox.egress"):
-        policy = PolicyBook._build("sb-old", bad)
+        policy = PolicyBook._build(_record("sb-old", bad))
     assert policy.mode == "none" and policy.sandbox_id == "sb-old"
     assert "sb-old" in caplog.text and "bad..name" in caplog.text
-    good = PolicyBook._build("sb", {"network": {"mode": "open", "deny": ["X.test"]}})
+    good = PolicyBook._build(_record("sb", {"network": {"mode": "open", "deny": ["X.test"]}}))
     assert (good.mode, good.deny) == ("open", ("x.test",))

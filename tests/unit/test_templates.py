@@ -20,9 +20,11 @@ from click.testing import CliRunner
 
 from agentbox.cli.template_commands import template as template_cli
 from agentbox.errors import HostUnsupported, InvalidRequest, SandboxError, TemplateNotFound
-from agentbox.runtime import templates
 from agentbox.runtime.store import Store
 from agentbox.runtime.templates import Template, TemplateStore, host_debian_sources
+from agentbox.runtime.templates import debian as template_debian
+from agentbox.runtime.templates import default as template_default
+from agentbox.specs import SandboxSpec
 
 AS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not AS_ROOT, reason="needs root: chown, mknod, mount")
@@ -332,7 +334,7 @@ def test_default_digest_is_the_hash_of_its_content(
     assert TemplateStore(tmp_path / "other-home").get("default").digest == first.digest
     bundle = tmp_path / "ca.crt"
     bundle.write_text("-----BEGIN CERTIFICATE-----\nnot really\n-----END CERTIFICATE-----\n")
-    monkeypatch.setattr(templates, "_CA_BUNDLE", bundle)
+    monkeypatch.setattr(template_default, "_CA_BUNDLE", bundle)
     changed = store.get("default")
     assert changed.digest != first.digest
     assert (
@@ -347,18 +349,18 @@ def test_a_new_process_reuses_the_default_digest_until_an_input_changes(
 ) -> None:
     bundle = tmp_path / "ca.crt"
     bundle.write_text("first\n")
-    monkeypatch.setattr(templates, "_CA_BUNDLE", bundle)
+    monkeypatch.setattr(template_default, "_CA_BUNDLE", bundle)
     first = store.get("default")
     computed: list[int] = []
-    real_entries = templates._default_entries
+    real_entries = template_default._default_entries
 
-    def counting_entries() -> list[templates._Entry]:
+    def counting_entries() -> list[template_default._Entry]:
         computed.append(1)
         return real_entries()
 
     # A fresh process: no in-memory cache, a new store on the same home.
-    monkeypatch.setattr(templates, "_default_cache", None)
-    monkeypatch.setattr(templates, "_default_entries", counting_entries)
+    monkeypatch.setattr(template_default, "_default_cache", None)
+    monkeypatch.setattr(template_default, "_default_entries", counting_entries)
     assert TemplateStore(store.root.parent).get("default") == first
     assert computed == []  # served from what the first process remembered
     bundle.write_text("second, longer\n")  # the host's CA bundle is updated
@@ -579,7 +581,7 @@ def test_a_tree_stays_while_a_sandbox_record_or_a_snapshot_pin_uses_it(
 ) -> None:
     old = store.import_image("x", docker_save(tmp_path / "1.tar", [tar_bytes([f("v", b"1")])]))
     records = Store(store.root.parent / "state.db")
-    records.reserve("sb-1", "x", old.digest, {}, None, 8)
+    records.reserve("sb-1", "x", old.digest, SandboxSpec(), None, 8)
     new = store.import_image("x", docker_save(tmp_path / "2.tar", [tar_bytes([f("v", b"2")])]))
     assert new.digest != old.digest
     assert (old.rootfs / "v").read_bytes() == b"1"  # re-pointed, still the sandbox's root
@@ -667,7 +669,7 @@ def fake_mmdebstrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     exe.write_text(FAKE_MMDEBSTRAP)
     exe.chmod(0o755)
     log = tmp_path / "mmdebstrap.log"
-    monkeypatch.setattr(templates, "MMDEBSTRAP", str(exe))
+    monkeypatch.setattr(template_debian, "MMDEBSTRAP", str(exe))
     monkeypatch.setenv("FAKE_LOG", str(log))
     return log
 
@@ -759,7 +761,7 @@ def test_build_refuses_bad_recipes(
 def test_missing_mmdebstrap_says_how_to_install_it(
     store: TemplateStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(templates, "MMDEBSTRAP", "/nonexistent/mmdebstrap")
+    monkeypatch.setattr(template_debian, "MMDEBSTRAP", "/nonexistent/mmdebstrap")
     with pytest.raises(HostUnsupported, match="apt-get install mmdebstrap"):
         store.build("x", ["git"])
 
