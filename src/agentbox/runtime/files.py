@@ -6,7 +6,8 @@ Resolution strategy
   as text (``a/../b`` -> ``b``, like ``realpath -s``) so that its last component is always a
   real name. Normalising is convenience, not the protection.
 * The protection is the kernel: every path is resolved in one step with
-  ``openat2(rootfd, path, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)``. ``..``, absolute
+  ``openat2(rootfd, path, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)``
+  (:func:`agentbox.storage.inroot.open_in_root`). ``..``, absolute
   symlinks and symlinks that climb up are clamped at the sandbox root exactly as in a
   chroot, ``/proc`` magic links are refused, and there is no check-then-use gap: the fd
   we get back is the object we act on. A symlink swapped in between two calls is simply
@@ -76,6 +77,7 @@ from agentbox.errors import (
 from agentbox.hints import Hint
 from agentbox.isolation import syscalls
 from agentbox.runtime import archive, export_safety
+from agentbox.storage.inroot import open_in_root
 
 FileType = Literal["file", "dir", "symlink", "other"]
 WriteMode = Literal["overwrite", "append", "create"]
@@ -94,11 +96,8 @@ MAX_LIST_ENTRIES = 100_000
 # Walks hold one fd per level and recurse in Python: bounded well below both limits.
 MAX_WALK_DEPTH = 128
 _IO_CHUNK = 1 << 20
-# openat2 returns EAGAIN when a rename raced with ".." resolution; it is safe to retry.
-_EAGAIN_RETRIES = 32
 _MAX_SYMLINKS = 40  # as the kernel's path walk
 
-_IN_ROOT = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
 _CHILD = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_SYMLINKS | syscalls.RESOLVE_NO_MAGICLINKS
 
 
@@ -284,18 +283,6 @@ def _normalize(path: str, cwd: str) -> str:
     return norm
 
 
-def _open_in_root(rootfd: int, spath: str, flags: int, mode: int = 0) -> int:
-    """Open sandbox path ``spath`` with every component resolved inside the root."""
-    rel = spath.lstrip("/") or "."
-    for _ in range(_EAGAIN_RETRIES):
-        try:
-            return syscalls.openat2(rootfd, rel, flags, mode, _IN_ROOT)
-        except OSError as exc:
-            if exc.errno != errno.EAGAIN:
-                raise
-    raise OSError(errno.EAGAIN, "path kept changing during resolution")
-
-
 def _open_child(dirfd: int, name: str, flags: int, mode: int = 0) -> int:
     """Open the entry ``name`` of ``dirfd`` itself: never a symlink, never elsewhere."""
     return syscalls.openat2(dirfd, name, flags | os.O_NOFOLLOW, mode, _CHILD)
@@ -433,7 +420,7 @@ def _parent_of(
     if name in ("", ".", ".."):
         raise InvalidRequest(f"{spath} is the sandbox root, not an entry: name a path below it")
     if guard is None:
-        fd, path = _open_in_root(rootfd, parent, os.O_PATH | os.O_DIRECTORY), spath
+        fd, path = open_in_root(rootfd, parent, os.O_PATH | os.O_DIRECTORY), spath
     else:
         fd, directory, name = _walk(rootfd, spath, follow=False)
         path = posixpath.join(directory, name)
@@ -457,7 +444,7 @@ def _opener(
     ``RESOLVE_IN_ROOT``, or with a ``guard`` by :func:`_walk`, judged at its canonical path
     and then opened without following anything more (a symlink swapped in since: ELOOP)."""
     if guard is None:
-        yield lambda flags, mode: _open_in_root(rootfd, spath, flags, mode)
+        yield lambda flags, mode: open_in_root(rootfd, spath, flags, mode)
         return
     fd, directory, name = _walk(rootfd, spath, follow)
     try:
@@ -472,7 +459,7 @@ def _parent_is_git_dir(rootfd: int, spath: str) -> bool:
     that downloading ``.git/hooks`` or ``.git/config`` alone is judged like a tree)."""
     parent = posixpath.dirname(spath)
     try:
-        fd = _open_in_root(rootfd, parent, os.O_RDONLY | os.O_DIRECTORY)
+        fd = open_in_root(rootfd, parent, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return True  # unreadable: assume the worst, only vetting follows from it
     try:
@@ -868,7 +855,7 @@ class SandboxFiles:
                 if not exist_ok:
                     raise
                 try:  # a symlink to a directory (in root) is fine, as for mkdir -p
-                    os.close(_open_in_root(rootfd, dpath, os.O_PATH | os.O_DIRECTORY))
+                    os.close(open_in_root(rootfd, dpath, os.O_PATH | os.O_DIRECTORY))
                 except (FileNotFoundError, NotADirectoryError):
                     raise FileExistsError(errno.EEXIST, "exists and is not a directory") from None
                 return False
@@ -887,7 +874,7 @@ class SandboxFiles:
         cur = dpath
         while cur != "/":
             try:
-                os.close(_open_in_root(rootfd, cur, os.O_PATH | os.O_DIRECTORY))
+                os.close(open_in_root(rootfd, cur, os.O_PATH | os.O_DIRECTORY))
                 break
             except FileNotFoundError:
                 missing.append(cur)
@@ -1262,7 +1249,7 @@ class SandboxFiles:
         tar = tarfile.open(fileobj=fileobj, mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115
         with tar, self._session("archive", spath) as rootfd:
             if spath == "/":
-                fd = _open_in_root(rootfd, "/", os.O_RDONLY | os.O_DIRECTORY)
+                fd = open_in_root(rootfd, "/", os.O_RDONLY | os.O_DIRECTORY)
                 try:
                     return self._add_dir(tar, fd, ".", spath, 1, export)
                 finally:

@@ -47,10 +47,10 @@ from agentbox.runtime.host import (
     base_env,
     process_start_time,
 )
+from agentbox.storage.inroot import InRoot
 
 MS_BIND = 0x1000
 MS_REMOUNT = 0x20
-_IN_ROOT_NOLINKS = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_SYMLINKS
 UNSHARE = "usr/bin/unshare"  # what every command runs under (see gvisor.exec_process)
 
 
@@ -81,15 +81,9 @@ class GvisorHost(SandboxHost):
     def _read_in_root(self, name: str) -> str:
         """A file of the sandbox's tree, resolved inside it (an imported image's symlink
         cannot send the host's own /etc/shadow our way)."""
-        root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            fd = syscalls.openat2(root, name, os.O_RDONLY | os.O_CLOEXEC, 0, _IN_ROOT_NOLINKS)
-        except OSError:
-            return ""
-        finally:
-            os.close(root)
-        with os.fdopen(fd, "rb") as f:
-            return f.read(1 << 20).decode(errors="replace")
+        with InRoot(self.root, symlinks=False) as root:
+            data = root.read(name, 1 << 20)
+        return (data or b"").decode(errors="replace")
 
     def _name_user(self) -> None:
         """/etc/passwd and /etc/group in the upper layer, with ``user`` at the host ids
@@ -124,13 +118,11 @@ class GvisorHost(SandboxHost):
         """An O_PATH fd of ``target`` in the sandbox's tree, resolved inside it with no
         symlink followed (a template's ``workspace -> /etc`` must not aim a mount at the
         host's /etc)."""
-        root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            return syscalls.openat2(root, target, flags | os.O_CLOEXEC, 0, _IN_ROOT_NOLINKS)
-        except OSError as e:
-            raise SandboxError(f"the sandbox's /{target} cannot be a mount point: {e}") from e
-        finally:
-            os.close(root)
+        with InRoot(self.root, symlinks=False) as root:
+            try:
+                return root.open(target, flags)
+            except OSError as e:
+                raise SandboxError(f"the sandbox's /{target} cannot be a mount point: {e}") from e
 
     def _bind(self, source: Path, target: str, readonly: bool) -> None:
         """Bind ``source`` onto ``target`` of the sandbox's tree (see _open_in_root)."""
@@ -260,22 +252,9 @@ class GvisorHost(SandboxHost):
         raise SandboxError(f"runsc did not start the sandbox: {self._log_tail()}")
 
     def _exists_in_root(self, name: str, flags: int = 0) -> bool:
-        root = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            # Symlinks followed, but inside the root (usr may be a link in the template).
-            fd = syscalls.openat2(
-                root,
-                name,
-                os.O_PATH | os.O_CLOEXEC | flags,
-                0,
-                syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS,
-            )
-        except OSError:
-            return False
-        finally:
-            os.close(root)
-        os.close(fd)
-        return True
+        # Symlinks followed, but inside the root (usr may be a link in the template).
+        with InRoot(self.root) as root:
+            return root.exists(name, flags)
 
     def is_dir_in_root(self, path: str) -> bool:
         """Whether ``path`` (absolute, in the sandbox) is a directory there."""

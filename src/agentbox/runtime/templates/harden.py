@@ -16,12 +16,11 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from agentbox.isolation import syscalls
+from agentbox.storage.inroot import InRoot
 
 Progress = Callable[[str], None]
 USER_UID = 1000
 USER_NAME = "user"
-_IN_ROOT = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
 _DIR_NOFOLLOW = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
 
@@ -30,21 +29,12 @@ class _Unsafe(Exception):
     """An entry that would leave the tree or cannot be placed; it is skipped."""
 
 
-class _Tree:
-    """A directory tree whose paths resolve as if it were ``/`` (openat2 RESOLVE_IN_ROOT).
+class _Tree(InRoot):
+    """A directory tree whose paths resolve as if it were ``/`` (:mod:`agentbox.storage.inroot`).
 
     A symlink ``etc -> /host/etc`` planted in the tree then means ``<tree>/host/etc``, and
     ``..`` stops at the tree's root: nothing can be reached outside it.
     """
-
-    def __init__(self, root: Path) -> None:
-        self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-
-    def __enter__(self) -> _Tree:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)
 
     def open_dir(self, rel: str, *, create: bool) -> int | None:
         """An fd for directory ``rel``; missing ones are made (0755) when ``create``.
@@ -80,31 +70,11 @@ class _Tree:
 
     def _resolve(self, rel: str) -> int:
         try:
-            return syscalls.openat2(self.fd, rel or ".", os.O_RDONLY | os.O_DIRECTORY, 0, _IN_ROOT)
+            return self.open(rel, os.O_RDONLY | os.O_DIRECTORY)
         except FileNotFoundError:
             raise
         except OSError as exc:  # ENOTDIR, ELOOP, EXDEV: not a usable directory
             raise _Unsafe from exc
-
-    def is_file(self, rel: str) -> bool:
-        try:
-            fd = syscalls.openat2(self.fd, rel, os.O_PATH, 0, _IN_ROOT)
-        except OSError:
-            return False
-        try:
-            return stat.S_ISREG(os.fstat(fd).st_mode)
-        finally:
-            os.close(fd)
-
-    def read(self, rel: str) -> bytes | None:
-        try:
-            fd = syscalls.openat2(self.fd, rel, os.O_RDONLY | os.O_NONBLOCK, 0, _IN_ROOT)
-        except OSError:
-            return None
-        with open(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
-            return f.read()
 
     def write(self, rel: str, data: bytes, mode: int = 0o644) -> None:
         """Replace ``rel`` with a root-owned file: write a temp file, rename over the name."""
