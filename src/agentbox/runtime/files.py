@@ -1155,12 +1155,12 @@ class SandboxFiles:
             self._make_dirs(rootfd, dest, guard=guard)
             try:
                 for member in tar:
-                    parts = archive.member_parts(member.name, f"tar entry {member.name!r}")
-                    if not parts:  # "./": the destination itself
+                    entry = archive.checked(member, archive.UPLOAD)
+                    if not entry.parts:  # "./": the destination itself
                         continue
-                    target = posixpath.join(dest, *parts)
+                    target = posixpath.join(dest, *entry.parts)
                     with self._mapped("extract", target):
-                        self._extract(rootfd, tar, member, dest, target, guard)
+                        self._extract(rootfd, tar, member, dest, target, guard, entry.link)
                     written += 1
             except (tarfile.TarError, EOFError) as exc:
                 raise InvalidRequest(
@@ -1178,8 +1178,8 @@ class SandboxFiles:
         dest: str,
         target: str,
         guard: Guard | None,
+        link: tuple[str, ...] | None,
     ) -> None:
-        archive.check_member_type(member)
         mode = archive.member_mode(member)
         if member.isdir():
             self._make_dirs(rootfd, target, perms=mode, guard=guard)
@@ -1191,9 +1191,8 @@ class SandboxFiles:
                     guard(_link_target(rootfd, path, member.linkname), "symlink_to")
                 _unlink_if_not_dir(pfd, name)
                 os.symlink(member.linkname, name, dir_fd=pfd)
-        elif member.islnk():
-            what = f"the hard link target of tar entry {member.name!r}"
-            source = posixpath.join(dest, *archive.member_parts(member.linkname, what))
+        elif link is not None:
+            source = posixpath.join(dest, *link)
             if source == target:
                 return  # a link to itself: already there
             # The source's directory is resolved inside the root and its final name is not

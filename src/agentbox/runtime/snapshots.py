@@ -45,6 +45,7 @@ from typing import IO, Any
 from agentbox.errors import InvalidRequest, SecretsFound, SnapshotNotFound
 from agentbox.hints import Hint
 from agentbox.isolation import disk, diskpool
+from agentbox.runtime import archive as tar_entries
 from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime, spec_from
 from agentbox.runtime.store import SandboxRecord
@@ -52,6 +53,16 @@ from agentbox.storage import hashedzstd, secretscan
 from agentbox.storage.objectstore import ObjectStore
 
 KEPT = ("upper", "workspace")
+# Snapshots are written by this module alone: a name or type it never makes was made by
+# someone else (the store is not trusted), so exact names and the kept parts only.
+_ENTRIES = tar_entries.EntryPolicy(
+    "snapshot entry",
+    "snapshots hold files, directories, links and overlay whiteouts only",
+    special=frozenset({"whiteout"}),
+    top=KEPT,
+    exact=True,
+    escape=InvalidRequest,
+)
 SANDBOX_ID = 1000  # the agent's uid and gid inside every sandbox
 _OPAQUE = "trusted.overlay.opaque"
 _PAX_OPAQUE = "SCHILY.xattr." + _OPAQUE
@@ -344,8 +355,9 @@ def _extract(archive: IO[bytes], target: Path, host: SandboxHost, sha256: str) -
         buffered = io.BufferedReader(hashing, hashedzstd.CHUNK)
         with tarfile.open(fileobj=buffered, mode="r|") as tar:
             for member in tar:
-                path = _checked_path(target, member.name)
-                _make(tar, member, path, target)
+                entry = tar_entries.checked(member, _ENTRIES)
+                path = _checked_path(target, entry.parts, member.name)
+                _make(tar, member, path, target, entry.link)
                 uid = host.host_uid if member.uid == SANDBOX_ID else member.uid
                 gid = host.host_gid if member.gid == SANDBOX_ID else member.gid
                 os.lchown(path, uid, gid)
@@ -365,13 +377,10 @@ def _extract(archive: IO[bytes], target: Path, host: SandboxHost, sha256: str) -
         os.utime(path, (member.mtime, member.mtime), follow_symlinks=False)
 
 
-def _checked_path(target: Path, name: str) -> Path:
-    """``target/name`` for an archive entry, refusing anything that could land outside:
-    absolute names, ``..``, empty parts, parts other than the kept ones, and parents
-    that are not real directories (a symlink planted by an earlier entry)."""
-    parts = name.rstrip("/").split("/")
-    if name.startswith("/") or any(p in ("", ".", "..") for p in parts) or parts[0] not in KEPT:
-        raise InvalidRequest(f"snapshot entry {name!r} is not a path inside {KEPT}")
+def _checked_path(target: Path, parts: tuple[str, ...], name: str) -> Path:
+    """``target/PARTS`` for an archive entry whose name was checked (``_ENTRIES``),
+    refusing parents that are not real directories (a symlink planted by an earlier
+    entry)."""
     parent = target
     for part in parts[:-1]:
         parent = parent / part
@@ -385,7 +394,13 @@ def _checked_path(target: Path, name: str) -> Path:
     return target.joinpath(*parts)
 
 
-def _make(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, target: Path) -> None:
+def _make(
+    tar: tarfile.TarFile,
+    member: tarfile.TarInfo,
+    path: Path,
+    target: Path,
+    link: tuple[str, ...] | None,
+) -> None:
     if member.isdir():
         if not path.is_dir() or path.is_symlink():
             os.mkdir(path, 0o700)
@@ -397,12 +412,10 @@ def _make(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, target: Pat
             shutil.copyfileobj(source, out, hashedzstd.CHUNK)
     elif member.issym():
         os.symlink(member.linkname, path)  # resolved inside the sandbox, never here
-    elif member.islnk():
-        other = _checked_path(target, member.linkname)
+    elif link is not None:
+        other = _checked_path(target, link, member.linkname)
         if not stat.S_ISREG(os.lstat(other).st_mode):
             raise InvalidRequest(f"snapshot entry {member.name!r} links to a non-file")
         os.link(other, path, follow_symlinks=False)
-    elif member.ischr() and member.devmajor == 0 and member.devminor == 0:
-        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(0, 0))  # an overlay whiteout
-    else:
-        raise InvalidRequest(f"snapshot entry {member.name!r} has a type snapshots never hold")
+    else:  # an overlay whiteout: the one other type _ENTRIES lets through
+        os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(0, 0))

@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from agentbox.errors import (
-    InvalidRequest,
-)
+from agentbox.errors import AgentboxError, InvalidRequest
+from agentbox.runtime import archive
 from agentbox.runtime.templates.harden import _DIR_NOFOLLOW, Progress, _Tree, _Unsafe
 
 _CHUNK = 1 << 20
@@ -139,14 +138,13 @@ class _Stats:
         return lines
 
 
-def _safe_relpath(name: str) -> str | None:
-    """``name`` as a relative path inside the tree, or None if it is absolute or climbs."""
-    if name.startswith("/") or "\x00" in name:
-        return None
-    parts = [p for p in name.split("/") if p not in ("", ".")]
-    if ".." in parts:
-        return None
-    return "/".join(parts)
+# Image layers as docker and OCI tools write them: fifos kept, device nodes counted and
+# dropped (the sandbox has its own /dev); whiteouts are files named .wh.* (_apply_member).
+_LAYER_ENTRIES = archive.EntryPolicy(
+    "layer entry",
+    "layers hold files, directories, links, fifos and devices",
+    special=frozenset({"fifo", "device", "whiteout"}),
+)
 
 
 def _apply_layer(
@@ -185,9 +183,11 @@ _PLACEMENT_ERRNOS = {
 def _apply_member(
     tree: _Tree, layer: tarfile.TarFile, m: tarfile.TarInfo, seen: set[str], stats: _Stats
 ) -> None:
-    rel = _safe_relpath(m.name)
-    if rel is None:
-        raise _Unsafe
+    try:
+        entry = archive.checked(m, _LAYER_ENTRIES)
+    except AgentboxError as exc:
+        raise _Unsafe from exc
+    rel = "/".join(entry.parts)
     if not rel:
         return  # the layer's root entry
     parent_rel, base = posixpath.split(rel)
@@ -212,7 +212,7 @@ def _apply_member(
     if parent is None:
         raise _Unsafe
     try:
-        _place(tree, layer, m, parent, base)
+        _place(tree, layer, m, parent, base, entry.link)
     except OSError as exc:
         if exc.errno not in _PLACEMENT_ERRNOS:
             raise  # ENOSPC, EIO, ...: the import fails instead of silently losing files
@@ -221,7 +221,14 @@ def _apply_member(
         os.close(parent)
 
 
-def _place(tree: _Tree, layer: tarfile.TarFile, m: tarfile.TarInfo, parent: int, base: str) -> None:
+def _place(
+    tree: _Tree,
+    layer: tarfile.TarFile,
+    m: tarfile.TarInfo,
+    parent: int,
+    base: str,
+    link: tuple[str, ...] | None,
+) -> None:
     """Create one entry named ``base`` in the directory ``parent``, never following it."""
     # Setuid/setgid bits go here; owners and write bits are settled by _harden afterwards.
     mode = m.mode & (0o1777 if m.isdir() else 0o777)
@@ -251,8 +258,8 @@ def _place(tree: _Tree, layer: tarfile.TarFile, m: tarfile.TarInfo, parent: int,
             os.utime(fd, (m.mtime, m.mtime))
     elif m.issym():
         os.symlink(m.linkname, base, dir_fd=parent)  # resolved later inside the sandbox's root
-    elif m.islnk():
-        target = _safe_relpath(m.linkname)
+    elif link is not None:
+        target = "/".join(link)
         if not target:
             raise _Unsafe
         target_parent, target_base = posixpath.split(target)
