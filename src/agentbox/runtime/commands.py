@@ -28,7 +28,13 @@ from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, Sandbo
 from agentbox.fsutil import exec_text, stdin_bytes
 from agentbox.isolation.cgroups import SandboxCgroup
 from agentbox.runtime.host import SANDBOX_GID, SANDBOX_UID, LaunchPaths, SandboxHost, base_env
-from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallback, OutputSaver
+from agentbox.runtime.output import (
+    BoundedCapture,
+    CommandResult,
+    OutputCallback,
+    OutputSaver,
+    read_ready,
+)
 from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
 
 LAUNCH_FAILED = 125
@@ -435,12 +441,9 @@ class CommandRunner:
                         sel.unregister(pidfd)
                         exited_at = time.monotonic()
                         continue
-                    try:
-                        chunk = os.read(fd, 65536)
-                    except BlockingIOError:
+                    chunk = read_ready(fd)
+                    if chunk is None:
                         continue
-                    except OSError:  # EIO on a pty whose last slave closed
-                        chunk = b""
                     if chunk:
                         streams[by_fd[fd]].feed(chunk)
                         last_output = time.monotonic()

@@ -938,13 +938,19 @@ class SandboxFiles:
         if isinstance(depth, bool) or not 1 <= depth <= MAX_LIST_DEPTH:
             raise InvalidRequest(f"depth must be between 1 and {MAX_LIST_DEPTH}, got {depth!r}")
         out: builtins.list[FileInfo] = []
-        with self._session("list", spath) as rootfd, _opener(rootfd, spath, guard, "read") as op:
+        with self._directory("list", spath, guard) as fd:
+            self._list_into(fd, spath, depth, out)
+        return out
+
+    @contextlib.contextmanager
+    def _directory(self, what: str, spath: str, guard: Guard | None) -> Iterator[int]:
+        """An fd of directory ``spath``, on the sandbox user's credentials for the block."""
+        with self._session(what, spath) as rootfd, _opener(rootfd, spath, guard, "read") as op:
             fd = op(os.O_RDONLY | os.O_DIRECTORY, 0)
             try:
-                self._list_into(fd, spath, depth, out)
+                yield fd
             finally:
                 os.close(fd)
-        return out
 
     def _list_into(self, dirfd: int, spath: str, depth: int, out: builtins.list[FileInfo]) -> None:
         for name in sorted(os.listdir(dirfd)):
@@ -1016,12 +1022,8 @@ class SandboxFiles:
         runs with. Each fd is closed once ``visit`` returns (nothing stays open to pin the
         sandbox's mounts); ``visit`` returns False to skip what is below that directory."""
         spath = self._sandbox_path(path)
-        with self._session("watch", spath) as rootfd, _opener(rootfd, spath, None, "read") as op:
-            fd = op(os.O_RDONLY | os.O_DIRECTORY, 0)
-            try:
-                self._visit(fd, spath, depth, visit)
-            finally:
-                os.close(fd)
+        with self._directory("watch", spath, None) as fd:
+            self._visit(fd, spath, depth, visit)
 
     def _visit(self, dirfd: int, spath: str, depth: int, visit: Callable[[str, int], bool]) -> None:
         if not visit(spath, dirfd) or depth < 1:

@@ -6,6 +6,7 @@ caller can save it where the agent can page it when the kept part was cut.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -14,6 +15,18 @@ OutputCallback = Callable[[str, bytes], None]
 # (stream name, its chunks) -> the sandbox path the full stream was written to.
 OutputSaver = Callable[[str, Iterable[bytes]], str]
 _SPOOL_IN_MEMORY = 1 << 20  # beyond this the spool is a host temp file (bounded by keep)
+
+
+def read_ready(fd: int) -> bytes | None:
+    """Read what a selector found readable on a non-blocking pipe or pty: the bytes, b""
+    at its end (EOF, or EIO on a pty whose last slave closed), None if nothing was there
+    after all."""
+    try:
+        return os.read(fd, 65536)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
 
 
 class BoundedCapture:

@@ -233,13 +233,7 @@ class Runtime:
         record = self.store.get(sandbox_id)
         if record is None or not self.store.take_pooled(sandbox_id):
             return False
-        self._release(
-            sandbox_id,
-            self.host(record),
-            self.layout.sandbox(sandbox_id),
-            record.network_mode != "none",
-            record.template_digest,
-        )
+        self._release_record(record)
         self.event(sandbox_id, "destroyed", "pool", "agentbox")
         return True
 
@@ -417,13 +411,7 @@ class Runtime:
         record = self.get(sandbox_id)
         self._live.forget(sandbox_id)
         self.store.set_state(sandbox_id, "destroying")
-        self._release(
-            sandbox_id,
-            self.host(record),
-            self.layout.sandbox(sandbox_id),
-            record.network_mode != "none",
-            record.template_digest,
-        )
+        self._release_record(record)
         self.event(sandbox_id, "destroyed", reason, actor)
 
     def sweep_expired(self, check_alive: bool = False) -> builtins.list[str]:
@@ -455,6 +443,11 @@ class Runtime:
         if self.layout.sandbox(record.id).oom_kills() > 0:
             return "oom"
         return "error"
+
+    def _release_record(self, record: SandboxRecord) -> None:
+        sandbox = record.id
+        self._release(sandbox, self.host(record), self.layout.sandbox(sandbox),
+                      record.network_mode != "none", record.template_digest)  # fmt: skip
 
     def _release(
         self,

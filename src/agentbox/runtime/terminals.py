@@ -29,6 +29,7 @@ from pathlib import Path
 
 from agentbox.errors import InvalidRequest, LimitExceeded, ProcessNotFound
 from agentbox.runtime.files import sandbox_credentials
+from agentbox.runtime.output import read_ready
 
 MAX_SIDE = 10_000  # columns or rows
 _DRAIN_S = 0.05  # quiet time after the exit before the output counts as complete
@@ -171,12 +172,9 @@ def _copy(proc: subprocess.Popen[bytes], master: int, sink: int) -> None:
                     sel.unregister(pidfd)
                     exited_at = time.monotonic()
                     continue
-                try:
-                    chunk = os.read(master, 65536)
-                except BlockingIOError:
+                chunk = read_ready(master)
+                if chunk is None:
                     continue
-                except OSError:  # EIO: every slave end closed
-                    chunk = b""
                 if not chunk:
                     sel.unregister(master)
                     reading = False
