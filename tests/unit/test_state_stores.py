@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from agentbox.errors import (
     CapacityExceeded,
     Conflict,
     InvalidConfig,
+    InvalidRequest,
     NotFound,
     QuotaExceeded,
     SchemaMismatch,
@@ -146,6 +148,34 @@ def test_records_written_by_earlier_versions_load(state: StateKit, stored: dict[
         assert record.spec.network.hosts == {"a.test": "127.0.0.1"}
         assert record.spec.network.allow == ("pypi.org",) and record.spec.project == "team-x"
     assert [r.id for r in store.list()] == ["sb-old"]
+
+
+def test_a_record_with_a_network_this_version_refuses_loads_without_egress(
+    state: StateKit, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Older versions stored allow=['bad..name']: the record still loads (idle timeouts,
+    listings), its network reads as none (what the egress daemon gives it) and says why."""
+    store = Store(state.where("state"))
+    sid = f"sb-{secrets.token_hex(6)}"  # logged once per sandbox and process: a new one
+    loose = {**TODAY, "network": {"mode": "allowlist", "allow": ["bad..name"]}}
+    with store.db.tx() as db:
+        db.execute(
+            "INSERT INTO sandboxes (id, slot, state, template, template_digest, created_at,"
+            " spec) VALUES (?, 4, 'running', 'default', 'd', 1.0, ?)",
+            (sid, json.dumps(loose)),
+        )
+    record = store.get(sid)
+    assert record is not None
+    with caplog.at_level("WARNING"):
+        assert record.spec.network.mode == "none" and record.spec.memory == 128 * MiB
+    assert sid in caplog.text and "bad..name" in caplog.text
+    assert record.network_mode == "allowlist"  # as stored; the daemon applies none
+    with store.db.tx() as db:
+        db.execute("UPDATE sandboxes SET spec=? WHERE id=?", (json.dumps({"memory": 1}), sid))
+    broken = store.get(sid)
+    assert broken is not None
+    with pytest.raises(InvalidRequest, match="memory"):
+        broken.spec  # noqa: B018 - any other field this version refuses is an error
 
 
 def test_warm_pool_claims_are_exclusive(state: StateKit) -> None:

@@ -56,8 +56,8 @@ class SandboxRecord:
 
     @cached_property
     def spec(self) -> SandboxSpec:
-        """The validated settings (pydantic is imported on first use)."""
-        return parse_spec(self.stored)
+        """The validated settings (pydantic is imported on first use; see parse_spec)."""
+        return parse_spec(self.stored, self.id)
 
     @cached_property
     def _raw(self) -> dict[str, Any]:
@@ -119,9 +119,14 @@ def _stored_network(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=1024)
-def parse_spec(text: str) -> SandboxSpec:
-    """A stored spec, validated; :class:`~agentbox.errors.InvalidRequest` naming the field
-    if it no longer is one (an edited database). Cached: the spec is frozen."""
+def parse_spec(text: str, sandbox_id: str = "") -> SandboxSpec:
+    """A stored spec, validated (cached: the spec is frozen); else
+    :class:`~agentbox.errors.InvalidRequest` naming the field (an edited database).
+
+    Older versions checked network names less strictly (``allow=['bad..name']`` was
+    stored): such a network reads as mode ``none``, which is all the egress daemon can
+    give it, and is logged once, so that idle timeouts, listings and the rest still work
+    for that sandbox."""
     from pydantic import ValidationError
 
     from agentbox.specs import SandboxSpec, invalid_request
@@ -132,4 +137,13 @@ def parse_spec(text: str) -> SandboxSpec:
     try:
         return SandboxSpec.model_validate(known)
     except ValidationError as e:
-        raise invalid_request(e.errors(), "stored sandbox settings") from None
+        error = invalid_request(e.errors(), f"sandbox {sandbox_id or '?'}: stored settings")
+    if not str(error.details.get("field", "")).startswith("network"):
+        raise error
+    import logging  # here: a command on a sandbox never needs it (startup time)
+
+    logging.getLogger(__name__).warning("%s; the sandbox gets no egress", error.message)
+    try:
+        return SandboxSpec.model_validate({**known, "network": "none"})
+    except ValidationError as e:
+        raise invalid_request(e.errors(), f"sandbox {sandbox_id}: stored settings") from None
