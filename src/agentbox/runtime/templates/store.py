@@ -1,4 +1,6 @@
-"""Templates: the read-only root filesystems that sandboxes overlay.
+"""Templates: the read-only root filesystems that sandboxes overlay. This module is the
+store (names, digests, reservations, collection); each kind is made in its own module
+(:mod:`.default`, :mod:`.debian`, :mod:`.oci`) and finished by :mod:`.harden`.
 
 Three kinds, one store:
 
