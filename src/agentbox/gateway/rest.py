@@ -9,12 +9,13 @@ may read its own sandbox).
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import json
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi import Path as FastAPIPath
@@ -34,6 +35,7 @@ from agentbox.gateway import port_forward as port_forward_http
 from agentbox.gateway.auth import OPERATOR, Principal, challenge
 from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
+from agentbox.gateway.tools import TOOLS_BY_NAME
 from agentbox.network.modes import EGRESS_MODES
 from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord
@@ -91,89 +93,6 @@ class TakeSnapshot(Body):
     )
 
 
-# A bash command line, or an argv run as is (no shell), like the SDK's str | list.
-Command = Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1)]
-COMMAND_DESCRIPTION = "A bash command line, or an argv list run without a shell"
-
-
-class RunCommand(Body):
-    command: Command = Field(description=COMMAND_DESCRIPTION)
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-    stdin: str | None = None
-    timeout_ms: int | None = Field(default=None, gt=0)
-    max_output_bytes: int | None = Field(
-        default=None, ge=0, description="bytes of each stream kept (head and tail)"
-    )
-
-
-class PtySize(Body):
-    cols: int = Field(ge=1, le=10_000)
-    rows: int = Field(ge=1, le=10_000)
-
-
-class StartProcess(Body):
-    command: Command = Field(description=COMMAND_DESCRIPTION)
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-    stdin: bool = False
-    pty: PtySize | None = None
-
-
-class WriteStdin(Body):
-    data: str = ""
-    eof: bool = False  # then close its stdin: it reads EOF after ``data``
-
-
-class SignalProcess(Body):
-    signal: str = "SIGTERM"
-
-
-class ShellCreate(Body):
-    cwd: str = "/workspace"
-    env: dict[str, str] | None = None
-
-
-class ShellRun(Body):
-    command: str = Field(min_length=1)
-    timeout_ms: int | None = Field(default=None, gt=0)
-    stdin: str | None = None
-    max_output_bytes: int | None = Field(default=None, ge=0)
-
-
-class WriteFile(Body):
-    path: str
-    content: str
-    mode: Literal["overwrite", "append", "create"] = "overwrite"
-    encoding: Literal["utf-8", "base64"] = "utf-8"
-    perms: int = Field(default=0o644, ge=0, le=0o777, description="bits of a new file")
-    make_parents: bool = True
-
-
-class EditFile(Body):
-    path: str
-    old: str = Field(min_length=1)
-    new: str
-    count: int | None = Field(default=None, ge=1)
-
-
-class MovePath(Body):
-    path: str
-    destination: str
-    overwrite: bool = False
-
-
-class PathBody(Body):
-    path: str
-    recursive: bool = False
-
-
-class MakeDir(Body):
-    path: str
-    parents: bool = True
-    exist_ok: bool = True
-
-
 # Scopes a token's tool list may name besides the tools: routes that are not tool calls.
 ROUTE_SCOPES = ("ports", "desktop_view", "desktop_control")
 
@@ -220,6 +139,14 @@ def build_router(
         args = {k: v for k, v in args.items() if v is not None}
         outcome = await gateway.call_tool(p, name, {**args, "sandbox_id": sandbox})
         return outcome.result
+
+    async def tool_with_body(
+        p: Principal, name: str, sandbox: str, request: Request, **from_path: str
+    ) -> dict[str, Any]:
+        """A tool route whose JSON body is the tool's arguments (less what the path
+        names): checked once, by the gateway against the tool's argument model, so a bad
+        argument gets the same error here as through MCP."""
+        return await tool(p, name, sandbox, await tool_body(request, from_path))
 
     # generic tool invocation (what MCP clients call, for HTTP-only agents); registered
     # first because routes are matched in order and this is the hottest one --------------
@@ -453,25 +380,45 @@ def build_router(
         )
 
     # commands -----------------------------------------------------------------------------
-    @api.post("/sandboxes/{sandbox_id}/commands", tags=["commands"])
+    @api.post(
+        "/sandboxes/{sandbox_id}/commands", tags=["commands"], openapi_extra=body("terminal_run")
+    )
     async def run_command(
         sandbox_id: str,
-        body: RunCommand,
         request: Request,
         p: Principal = auth,
         stream: bool = Query(False, description="Server-sent events: stdout, stderr, result"),
     ) -> Any:
-        args = body.model_dump()
+        args = await tool_body(request, {})
         if not stream:
             return await tool(p, "terminal_run", sandbox_id, args)
         return StreamingResponse(
             _stream_command(gateway, p, sandbox_id, args), media_type="text/event-stream"
         )
 
+    # A route per tool whose body is the tool's arguments (a closure: the tool's name
+    # must not become a parameter a caller could set).
+    def process_verb(name: str) -> Callable[..., Awaitable[Any]]:
+        async def route(
+            sandbox_id: str, process_id: str, request: Request, p: Principal = auth
+        ) -> Any:
+            return await tool_with_body(p, name, sandbox_id, request, process_id=process_id)
+
+        return route
+
+    def file_verb(name: str) -> Callable[..., Awaitable[Any]]:
+        async def route(sandbox_id: str, request: Request, p: Principal = auth) -> Any:
+            return await tool_with_body(p, name, sandbox_id, request)
+
+        return route
+
     # processes ----------------------------------------------------------------------------
-    @api.post("/sandboxes/{sandbox_id}/processes", status_code=201, tags=["processes"])
-    async def start_process(sandbox_id: str, body: StartProcess, p: Principal = auth) -> Any:
-        return await tool(p, "process_start", sandbox_id, body.model_dump())
+    @api.post(
+        "/sandboxes/{sandbox_id}/processes", status_code=201, tags=["processes"],
+        openapi_extra=body("process_start"),
+    )  # fmt: skip
+    async def start_process(sandbox_id: str, request: Request, p: Principal = auth) -> Any:
+        return await tool_with_body(p, "process_start", sandbox_id, request)
 
     @api.get("/sandboxes/{sandbox_id}/processes", tags=["processes"])
     async def list_processes(sandbox_id: str, p: Principal = auth) -> Any:
@@ -489,39 +436,30 @@ def build_router(
         args = {"process_id": process_id, "stream": stream, "offset": offset, "limit": limit}
         return await tool(p, "process_read", sandbox_id, args)
 
-    @api.post("/sandboxes/{sandbox_id}/processes/{process_id}/stdin", tags=["processes"])
-    async def write_process(
-        sandbox_id: str, process_id: str, body: WriteStdin, p: Principal = auth
-    ) -> Any:
-        args = {"process_id": process_id, "data": body.data, "eof": body.eof}
-        return await tool(p, "process_write", sandbox_id, args)
-
-    @api.post("/sandboxes/{sandbox_id}/processes/{process_id}/resize", tags=["processes"])
-    async def resize_process(
-        sandbox_id: str, process_id: str, body: PtySize, p: Principal = auth
-    ) -> Any:
-        args = {"process_id": process_id, "cols": body.cols, "rows": body.rows}
-        return await tool(p, "process_resize", sandbox_id, args)
-
-    @api.post("/sandboxes/{sandbox_id}/processes/{process_id}/signal", tags=["processes"])
-    async def signal_process(
-        sandbox_id: str, process_id: str, body: SignalProcess, p: Principal = auth
-    ) -> Any:
-        args = {"process_id": process_id, "signal": body.signal}
-        return await tool(p, "process_signal", sandbox_id, args)
+    for verb, name in (("stdin", "process_write"), ("resize", "process_resize"),
+                       ("signal", "process_signal")):  # fmt: skip
+        api.add_api_route(
+            f"/sandboxes/{{sandbox_id}}/processes/{{process_id}}/{verb}", process_verb(name),
+            methods=["POST"], tags=["processes"], operation_id=f"{name}_rest",
+            openapi_extra=body(name, "process_id"),
+        )  # fmt: skip
 
     # shell sessions -----------------------------------------------------------------------
-    @api.post("/sandboxes/{sandbox_id}/sessions", status_code=201, tags=["sessions"])
-    async def create_session(sandbox_id: str, body: ShellCreate, p: Principal = auth) -> Any:
-        return await tool(p, "shell_create", sandbox_id, body.model_dump())
+    @api.post(
+        "/sandboxes/{sandbox_id}/sessions", status_code=201, tags=["sessions"],
+        openapi_extra=body("shell_create"),
+    )  # fmt: skip
+    async def create_session(sandbox_id: str, request: Request, p: Principal = auth) -> Any:
+        return await tool_with_body(p, "shell_create", sandbox_id, request)
 
-    @api.post("/sandboxes/{sandbox_id}/sessions/{session_id}/run", tags=["sessions"])
+    @api.post(
+        "/sandboxes/{sandbox_id}/sessions/{session_id}/run", tags=["sessions"],
+        openapi_extra=body("shell_run", "session_id"),
+    )  # fmt: skip
     async def run_in_session(
-        sandbox_id: str, session_id: str, body: ShellRun, p: Principal = auth
+        sandbox_id: str, session_id: str, request: Request, p: Principal = auth
     ) -> Any:
-        return await tool(
-            p, "shell_run", sandbox_id, {"session_id": session_id, **body.model_dump()}
-        )
+        return await tool_with_body(p, "shell_run", sandbox_id, request, session_id=session_id)
 
     @api.delete("/sandboxes/{sandbox_id}/sessions/{session_id}", tags=["sessions"])
     async def close_session(sandbox_id: str, session_id: str, p: Principal = auth) -> Any:
@@ -540,13 +478,9 @@ def build_router(
             p, "fs_read", sandbox_id, {"path": path, "offset": offset, "length": length}
         )
 
-    @api.put("/sandboxes/{sandbox_id}/files", tags=["files"])
-    async def write_file(sandbox_id: str, body: WriteFile, p: Principal = auth) -> Any:
-        return await tool(p, "fs_write", sandbox_id, body.model_dump())
-
-    @api.post("/sandboxes/{sandbox_id}/files/edit", tags=["files"])
-    async def edit_file(sandbox_id: str, body: EditFile, p: Principal = auth) -> Any:
-        return await tool(p, "fs_edit", sandbox_id, body.model_dump())
+    @api.put("/sandboxes/{sandbox_id}/files", tags=["files"], openapi_extra=body("fs_write"))
+    async def write_file(sandbox_id: str, request: Request, p: Principal = auth) -> Any:
+        return await tool_with_body(p, "fs_write", sandbox_id, request)
 
     @api.get("/sandboxes/{sandbox_id}/files/list", tags=["files"])
     async def list_files(
@@ -561,17 +495,12 @@ def build_router(
     async def stat_file(sandbox_id: str, path: str, p: Principal = auth) -> Any:
         return await tool(p, "fs_stat", sandbox_id, {"path": path})
 
-    @api.post("/sandboxes/{sandbox_id}/files/mkdir", tags=["files"])
-    async def make_dir(sandbox_id: str, body: MakeDir, p: Principal = auth) -> Any:
-        return await tool(p, "fs_mkdir", sandbox_id, body.model_dump())
-
-    @api.post("/sandboxes/{sandbox_id}/files/move", tags=["files"])
-    async def move_path(sandbox_id: str, body: MovePath, p: Principal = auth) -> Any:
-        return await tool(p, "fs_move", sandbox_id, body.model_dump())
-
-    @api.post("/sandboxes/{sandbox_id}/files/remove", tags=["files"])
-    async def remove_path(sandbox_id: str, body: PathBody, p: Principal = auth) -> Any:
-        return await tool(p, "fs_remove", sandbox_id, body.model_dump())
+    for verb, name in (("edit", "fs_edit"), ("mkdir", "fs_mkdir"), ("move", "fs_move"),
+                       ("remove", "fs_remove")):  # fmt: skip
+        api.add_api_route(
+            f"/sandboxes/{{sandbox_id}}/files/{verb}", file_verb(name), methods=["POST"],
+            tags=["files"], operation_id=f"{name}_rest", openapi_extra=body(name),
+        )  # fmt: skip
 
     @api.get("/sandboxes/{sandbox_id}/files/download", tags=["files"])
     async def download_tar(
@@ -892,3 +821,28 @@ def error_response(e: AgentboxError) -> JSONResponse:
         headers["Retry-After"] = str(max(1, int(retry + 0.999)))
     body = {"error": jsonbody.encodable(e.to_dict("rest"))}  # it may name a sandbox's file
     return JSONResponse(body, status_code=e.http_status, headers=headers)
+
+
+def body(tool: str, *from_path: str) -> dict[str, Any]:
+    """``openapi_extra`` of a tool route: its request body is the tool's argument model
+    (its JSON Schema, less ``sandbox_id`` and what the path names)."""
+    schema = copy.deepcopy(TOOLS_BY_NAME[tool].input_schema)
+    for name in ("sandbox_id", *from_path):
+        del schema["properties"][name]
+    schema["required"] = [r for r in schema["required"] if r not in from_path]
+    content = {"application/json": {"schema": schema}}
+    return {"requestBody": {"required": bool(schema["required"]), "content": content}}
+
+
+async def tool_body(request: Request, from_path: dict[str, str]) -> dict[str, Any]:
+    """A tool route's JSON body with what the path names; a null means "not given" (as
+    the SDK sends an unset option). The gateway checks the rest."""
+    raw = await request.body()
+    data = jsonbody.loads(raw) if raw else {}
+    if not isinstance(data, dict):
+        raise InvalidRequest("the body must be a JSON object of the tool's arguments")
+    for name in ("sandbox_id", *from_path):
+        if name in data:
+            raise InvalidRequest(f"{name}: Extra inputs are not permitted (the path names it)")
+    args = {k: v for k, v in data.items() if v is not None}
+    return args | from_path
