@@ -1,6 +1,6 @@
 """The one error tree of agentbox. Every error has a stable ``code`` that survives the wire.
 
-    AgentboxError                      agentbox_error        the base (and an unknown code off the wire)
+    AgentboxError                      agentbox_error        the base; an unknown wire code
     ├── InvalidRequest                 invalid_request       bad argument, size, path syntax
     │   ├── InvalidConfig              invalid_config        unknown key / bad value in config
     │   ├── UnparseableCommand         unparseable_command   the command policy cannot analyse it
