@@ -11,15 +11,14 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
-from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from agentbox import hints
 from agentbox.cli import execute
+from agentbox.cli.errors import reports_errors
 from agentbox.cli.params import DURATION, LazyGroup
-from agentbox.errors import AgentboxError, InvalidRequest
+from agentbox.errors import InvalidRequest
 from agentbox.network.modes import EGRESS_MODES
 from agentbox.units import human_size
 
@@ -32,23 +31,6 @@ EXEC_FAILED = execute.EXEC_FAILED
 
 def _print_json(data: object) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
-
-
-def handle_errors(exit_code: int = 1) -> Callable[[F], F]:
-    """Turn AgentboxError into one readable line on stderr and a non-zero exit."""
-
-    def decorate(func: F) -> F:
-        @wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return func(*args, **kwargs)
-            except AgentboxError as e:
-                click.echo(f"error[{e.code}]: {hints.render(e, 'cli')}", err=True)
-                sys.exit(exit_code)
-
-        return wrapper  # type: ignore[return-value]
-
-    return decorate
 
 
 def _runtime() -> Backend:
@@ -153,7 +135,7 @@ def sandbox() -> None:
     "a user-space kernel; see agentbox doctor for what this host can run).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the bare id.")
-@handle_errors()
+@reports_errors()
 def sandbox_create(
     template: str,
     memory: str | None,
@@ -206,7 +188,7 @@ def sandbox_create(
 
 @sandbox.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-@handle_errors()
+@reports_errors()
 def sandbox_ls(as_json: bool) -> None:
     """List sandboxes on this host."""
     records = _runtime().list()
@@ -225,7 +207,7 @@ def sandbox_ls(as_json: bool) -> None:
 
 @sandbox.command("get")
 @click.argument("sandbox_id")
-@handle_errors()
+@reports_errors()
 def sandbox_get(sandbox_id: str) -> None:
     """Show one sandbox as JSON."""
     _print_json(_runtime().get(sandbox_id).to_dict())
@@ -233,7 +215,7 @@ def sandbox_get(sandbox_id: str) -> None:
 
 @sandbox.command("rm")
 @click.argument("sandbox_ids", nargs=-1, required=True)
-@handle_errors()
+@reports_errors()
 def sandbox_rm(sandbox_ids: tuple[str, ...]) -> None:
     """Destroy sandboxes: kill every process, remove every host resource."""
     runtime = _runtime()
@@ -245,7 +227,7 @@ def sandbox_rm(sandbox_ids: tuple[str, ...]) -> None:
 @sandbox.command("pause")
 @click.argument("sandbox_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the sandbox as a JSON object.")
-@handle_errors()
+@reports_errors()
 def sandbox_pause(sandbox_id: str, as_json: bool) -> None:
     """Freeze every process of a sandbox (CPU drops to zero; memory and files stay).
 
@@ -258,7 +240,7 @@ def sandbox_pause(sandbox_id: str, as_json: bool) -> None:
 @sandbox.command("resume")
 @click.argument("sandbox_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the sandbox as a JSON object.")
-@handle_errors()
+@reports_errors()
 def sandbox_resume(sandbox_id: str, as_json: bool) -> None:
     """Continue a paused sandbox exactly where it stopped, or start a stopped one again
     (its files are kept; its processes started fresh)."""
@@ -269,7 +251,7 @@ def sandbox_resume(sandbox_id: str, as_json: bool) -> None:
 @sandbox.command("fork")
 @click.argument("sandbox_id")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the bare id.")
-@handle_errors()
+@reports_errors()
 def sandbox_fork(sandbox_id: str, as_json: bool) -> None:
     """Copy a sandbox: a new one with its files at this instant, and print the new id.
 
@@ -281,7 +263,7 @@ def sandbox_fork(sandbox_id: str, as_json: bool) -> None:
 
 @sandbox.command("stop")
 @click.argument("sandbox_id")
-@handle_errors()
+@reports_errors()
 def sandbox_stop(sandbox_id: str) -> None:
     """End every process of a sandbox but keep its disk; `resume` starts it again."""
     _runtime().stop(sandbox_id)
@@ -293,7 +275,7 @@ def sandbox_stop(sandbox_id: str) -> None:
 @click.option("--vnc", is_flag=True, required=True, help="Forward a local VNC port to it.")
 @click.option("--port", type=int, default=5900, show_default=True, help="Local port (0: any).")
 @click.option("--control", is_flag=True, help="Take control (keys, pointer); else view only.")
-@handle_errors()
+@reports_errors()
 def sandbox_desktop(sandbox_id: str, vnc: bool, port: int, control: bool) -> None:
     """Watch a sandbox's desktop with any VNC client: 127.0.0.1:PORT here is forwarded
     through the gateway ($AGENTBOX_URL, token in $AGENTBOX_TOKEN) until Ctrl-C. View only
@@ -327,7 +309,7 @@ def sandbox_desktop(sandbox_id: str, vnc: bool, port: int, control: bool) -> Non
 )
 @click.option("--cwd", help="Working directory inside the sandbox (default /workspace).")
 @click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
-@handle_errors(EXEC_FAILED)
+@reports_errors(EXEC_FAILED)
 def sandbox_exec(
     sandbox_id: str,
     argv: tuple[str, ...],
@@ -356,7 +338,7 @@ def sandbox_exec(
 @sandbox.command("shell")
 @click.argument("sandbox_id")
 @click.option("--cwd", default="/workspace", show_default=True)
-@handle_errors(EXEC_FAILED)
+@reports_errors(EXEC_FAILED)
 def sandbox_shell(sandbox_id: str, cwd: str) -> None:
     """Open an interactive bash in a sandbox (a terminal on stdin), or run stdin as a script."""
     from agentbox.runtime.commands import CommandRunner
@@ -388,7 +370,7 @@ def files() -> None:
 @files.command("read")
 @click.argument("sandbox_id")
 @click.argument("path")
-@handle_errors()
+@reports_errors()
 def files_read(sandbox_id: str, path: str) -> None:
     """Write the file at PATH to stdout (binary-safe, streamed)."""
     for chunk in _runtime().files(sandbox_id).read_stream(path):
@@ -400,7 +382,7 @@ def files_read(sandbox_id: str, path: str) -> None:
 @click.argument("sandbox_id")
 @click.argument("path")
 @click.option("--append", is_flag=True, help="Append instead of overwriting.")
-@handle_errors()
+@reports_errors()
 def files_write(sandbox_id: str, path: str, append: bool) -> None:
     """Write stdin to PATH (streamed; parents are created)."""
 
@@ -419,7 +401,7 @@ def files_write(sandbox_id: str, path: str, append: bool) -> None:
 @click.argument("path", default="/workspace")
 @click.option("--depth", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-@handle_errors()
+@reports_errors()
 def files_ls(sandbox_id: str, path: str, depth: int, as_json: bool) -> None:
     """List a directory."""
     entries = _runtime().files(sandbox_id).list(path, depth)
@@ -433,6 +415,7 @@ def files_ls(sandbox_id: str, path: str, depth: int, as_json: bool) -> None:
 # doctor -----------------------------------------------------------------------------------
 @cli.command()
 @click.option("--json", "as_json", is_flag=True)
+@reports_errors()
 def doctor(as_json: bool) -> None:
     """Check what this host offers agentbox, and how to fix what it lacks."""
     from agentbox.isolation.hostcheck import run_checks
@@ -452,7 +435,7 @@ def doctor(as_json: bool) -> None:
 
 @cli.command("recover")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
-@handle_errors()
+@reports_errors()
 def recover_command(as_json: bool) -> None:
     """Clean up after a crash: adopt running sandboxes, remove half-created or
     half-destroyed ones and host resources no sandbox owns (the gateway does this at
