@@ -9,7 +9,6 @@ may read its own sandbox).
 from __future__ import annotations
 
 import asyncio
-import copy
 import functools
 import json
 import tempfile
@@ -32,10 +31,10 @@ from agentbox.errors import (
 )
 from agentbox.gateway import jsonbody
 from agentbox.gateway import port_forward as port_forward_http
-from agentbox.gateway.auth import OPERATOR, Principal, challenge
+from agentbox.gateway.auth import OPERATOR, Principal
 from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
-from agentbox.gateway.tools import TOOLS_BY_NAME
+from agentbox.gateway.tool_routes import add_body_routes, body, tool_body
 from agentbox.network.modes import EGRESS_MODES
 from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord
@@ -139,14 +138,6 @@ def build_router(
         args = {k: v for k, v in args.items() if v is not None}
         outcome = await gateway.call_tool(p, name, {**args, "sandbox_id": sandbox})
         return outcome.result
-
-    async def tool_with_body(
-        p: Principal, name: str, sandbox: str, request: Request, **from_path: str
-    ) -> dict[str, Any]:
-        """A tool route whose JSON body is the tool's arguments (less what the path
-        names): checked once, by the gateway against the tool's argument model, so a bad
-        argument gets the same error here as through MCP."""
-        return await tool(p, name, sandbox, await tool_body(request, from_path))
 
     # generic tool invocation (what MCP clients call, for HTTP-only agents); registered
     # first because routes are matched in order and this is the hottest one --------------
@@ -396,30 +387,7 @@ def build_router(
             _stream_command(gateway, p, sandbox_id, args), media_type="text/event-stream"
         )
 
-    # A route per tool whose body is the tool's arguments (a closure: the tool's name
-    # must not become a parameter a caller could set).
-    def process_verb(name: str) -> Callable[..., Awaitable[Any]]:
-        async def route(
-            sandbox_id: str, process_id: str, request: Request, p: Principal = auth
-        ) -> Any:
-            return await tool_with_body(p, name, sandbox_id, request, process_id=process_id)
-
-        return route
-
-    def file_verb(name: str) -> Callable[..., Awaitable[Any]]:
-        async def route(sandbox_id: str, request: Request, p: Principal = auth) -> Any:
-            return await tool_with_body(p, name, sandbox_id, request)
-
-        return route
-
     # processes ----------------------------------------------------------------------------
-    @api.post(
-        "/sandboxes/{sandbox_id}/processes", status_code=201, tags=["processes"],
-        openapi_extra=body("process_start"),
-    )  # fmt: skip
-    async def start_process(sandbox_id: str, request: Request, p: Principal = auth) -> Any:
-        return await tool_with_body(p, "process_start", sandbox_id, request)
-
     @api.get("/sandboxes/{sandbox_id}/processes", tags=["processes"])
     async def list_processes(sandbox_id: str, p: Principal = auth) -> Any:
         return await tool(p, "process_list", sandbox_id, {})
@@ -436,31 +404,7 @@ def build_router(
         args = {"process_id": process_id, "stream": stream, "offset": offset, "limit": limit}
         return await tool(p, "process_read", sandbox_id, args)
 
-    for verb, name in (("stdin", "process_write"), ("resize", "process_resize"),
-                       ("signal", "process_signal")):  # fmt: skip
-        api.add_api_route(
-            f"/sandboxes/{{sandbox_id}}/processes/{{process_id}}/{verb}", process_verb(name),
-            methods=["POST"], tags=["processes"], operation_id=f"{name}_rest",
-            openapi_extra=body(name, "process_id"),
-        )  # fmt: skip
-
     # shell sessions -----------------------------------------------------------------------
-    @api.post(
-        "/sandboxes/{sandbox_id}/sessions", status_code=201, tags=["sessions"],
-        openapi_extra=body("shell_create"),
-    )  # fmt: skip
-    async def create_session(sandbox_id: str, request: Request, p: Principal = auth) -> Any:
-        return await tool_with_body(p, "shell_create", sandbox_id, request)
-
-    @api.post(
-        "/sandboxes/{sandbox_id}/sessions/{session_id}/run", tags=["sessions"],
-        openapi_extra=body("shell_run", "session_id"),
-    )  # fmt: skip
-    async def run_in_session(
-        sandbox_id: str, session_id: str, request: Request, p: Principal = auth
-    ) -> Any:
-        return await tool_with_body(p, "shell_run", sandbox_id, request, session_id=session_id)
-
     @api.delete("/sandboxes/{sandbox_id}/sessions/{session_id}", tags=["sessions"])
     async def close_session(sandbox_id: str, session_id: str, p: Principal = auth) -> Any:
         return await tool(p, "shell_close", sandbox_id, {"session_id": session_id})
@@ -478,10 +422,6 @@ def build_router(
             p, "fs_read", sandbox_id, {"path": path, "offset": offset, "length": length}
         )
 
-    @api.put("/sandboxes/{sandbox_id}/files", tags=["files"], openapi_extra=body("fs_write"))
-    async def write_file(sandbox_id: str, request: Request, p: Principal = auth) -> Any:
-        return await tool_with_body(p, "fs_write", sandbox_id, request)
-
     @api.get("/sandboxes/{sandbox_id}/files/list", tags=["files"])
     async def list_files(
         sandbox_id: str,
@@ -494,13 +434,6 @@ def build_router(
     @api.get("/sandboxes/{sandbox_id}/files/stat", tags=["files"])
     async def stat_file(sandbox_id: str, path: str, p: Principal = auth) -> Any:
         return await tool(p, "fs_stat", sandbox_id, {"path": path})
-
-    for verb, name in (("edit", "fs_edit"), ("mkdir", "fs_mkdir"), ("move", "fs_move"),
-                       ("remove", "fs_remove")):  # fmt: skip
-        api.add_api_route(
-            f"/sandboxes/{{sandbox_id}}/files/{verb}", file_verb(name), methods=["POST"],
-            tags=["files"], operation_id=f"{name}_rest", openapi_extra=body(name),
-        )  # fmt: skip
 
     @api.get("/sandboxes/{sandbox_id}/files/download", tags=["files"])
     async def download_tar(
@@ -675,6 +608,7 @@ def build_router(
             since_seq=since_seq, sandbox=sandbox, tool=tool, decision=decision, limit=limit
         )
 
+    add_body_routes(api, tool, auth)  # processes, sessions and files taking a body
     _port_routes(api, gateway, auth)
     return api
 
@@ -809,40 +743,3 @@ def _tool_arguments(body: bytes) -> dict[str, Any]:
     if not isinstance(arguments, dict):
         raise InvalidRequest("arguments: Input should be a valid dictionary (a JSON object)")
     return arguments
-
-
-def error_response(e: AgentboxError) -> JSONResponse:
-    headers = {}
-    www_authenticate = challenge(e)
-    if www_authenticate is not None:
-        headers["WWW-Authenticate"] = www_authenticate
-    retry = e.details.get("retry_after")
-    if retry is not None:
-        headers["Retry-After"] = str(max(1, int(retry + 0.999)))
-    body = {"error": jsonbody.encodable(e.to_dict("rest"))}  # it may name a sandbox's file
-    return JSONResponse(body, status_code=e.http_status, headers=headers)
-
-
-def body(tool: str, *from_path: str) -> dict[str, Any]:
-    """``openapi_extra`` of a tool route: its request body is the tool's argument model
-    (its JSON Schema, less ``sandbox_id`` and what the path names)."""
-    schema = copy.deepcopy(TOOLS_BY_NAME[tool].input_schema)
-    for name in ("sandbox_id", *from_path):
-        del schema["properties"][name]
-    schema["required"] = [r for r in schema["required"] if r not in from_path]
-    content = {"application/json": {"schema": schema}}
-    return {"requestBody": {"required": bool(schema["required"]), "content": content}}
-
-
-async def tool_body(request: Request, from_path: dict[str, str]) -> dict[str, Any]:
-    """A tool route's JSON body with what the path names; a null means "not given" (as
-    the SDK sends an unset option). The gateway checks the rest."""
-    raw = await request.body()
-    data = jsonbody.loads(raw) if raw else {}
-    if not isinstance(data, dict):
-        raise InvalidRequest("the body must be a JSON object of the tool's arguments")
-    for name in ("sandbox_id", *from_path):
-        if name in data:
-            raise InvalidRequest(f"{name}: Extra inputs are not permitted (the path names it)")
-    args = {k: v for k, v in data.items() if v is not None}
-    return args | from_path

@@ -83,6 +83,7 @@ Coord = Annotated[int, Field(ge=0, le=8191)]
 X = Annotated[Coord, Field(description="x in the latest desktop_screenshot's pixels")]
 Y = Annotated[Coord, Field(description="y in the latest desktop_screenshot's pixels")]
 Button = Literal["left", "right", "middle"]
+BUTTON: Any = Field(default="left", description="Mouse button")
 # Configured arguments: their default, maximum and description are the gateway's.
 TimeoutMs = Annotated[int, Field(ge=1)]
 OutputBytes = Annotated[int, Field(ge=0)]
@@ -123,8 +124,13 @@ class ProcessStart(ToolArgs):
     )
 
 
-class ProcessRead(ToolArgs):
+class OneProcess(ToolArgs):
+    """The arguments of a tool that acts on one background process."""
+
     process_id: ProcessId
+
+
+class ProcessRead(OneProcess):
     stream: Literal["stdout", "stderr"] = Field(
         default="stdout", description="Which output to read"
     )
@@ -134,20 +140,17 @@ class ProcessRead(ToolArgs):
     limit: Annotated[int, Field(ge=1)] = CONFIGURED
 
 
-class ProcessWrite(ToolArgs):
-    process_id: ProcessId
+class ProcessWrite(OneProcess):
     data: str = Field(default="", description='Text to send, e.g. "y\\n"')
     eof: bool = flag(False, "true: close its stdin after data (it reads EOF)")
 
 
-class ProcessResize(ToolArgs):
-    process_id: ProcessId
+class ProcessResize(OneProcess):
     cols: Cols
     rows: Rows
 
 
-class ProcessSignal(ToolArgs):
-    process_id: ProcessId
+class ProcessSignal(OneProcess):
     signal: str = Field(
         default="SIGTERM",
         description="A signal name (SIGTERM, SIGINT, SIGKILL, ...) or number",
@@ -316,29 +319,25 @@ class DesktopScreenshot(ToolArgs):
     height: Side | None = optional("Maximum height of the PNG")
 
 
-class DesktopClick(ToolArgs):
+class DesktopMove(ToolArgs):
+    """A point on the screen; the pointer tools add to it."""
+
     x: X
     y: Y
-    button: Button = Field(default="left", description="Mouse button")
+
+
+class DesktopClick(DesktopMove):
+    button: Button = BUTTON
     double: bool = flag(False, "true: double-click")
 
 
-class DesktopMove(ToolArgs):
-    x: X
-    y: Y
-
-
-class DesktopDrag(ToolArgs):
-    x: X
-    y: Y
+class DesktopDrag(DesktopMove):
     to_x: X
     to_y: Y
-    button: Button = Field(default="left", description="Mouse button")
+    button: Button = BUTTON
 
 
-class DesktopScroll(ToolArgs):
-    x: X
-    y: Y
+class DesktopScroll(DesktopMove):
     direction: Literal["down", "up", "left", "right"] = Field(
         default="down", description="Direction"
     )
