@@ -224,28 +224,28 @@ def sandbox_rm(sandbox_ids: tuple[str, ...]) -> None:
         click.echo(sandbox_id)
 
 
-@sandbox.command("pause")
-@click.argument("sandbox_id")
-@click.option("--json", "as_json", is_flag=True, help="Print the sandbox as a JSON object.")
-@reports_errors()
-def sandbox_pause(sandbox_id: str, as_json: bool) -> None:
-    """Freeze every process of a sandbox (CPU drops to zero; memory and files stay).
+def _state_command(name: str, help_text: str) -> None:
+    """``sandbox NAME ID``: the runtime's ``NAME`` (pause, resume), then the new state."""
 
-    Any later command, file or tool call on it resumes it first.
-    """
-    record = _runtime().pause(sandbox_id)
-    _print_json(record.to_dict()) if as_json else click.echo(f"{sandbox_id} {record.state}")
+    @sandbox.command(name, help=help_text)
+    @click.argument("sandbox_id")
+    @click.option("--json", "as_json", is_flag=True, help="Print the sandbox as a JSON object.")
+    @reports_errors()
+    def command(sandbox_id: str, as_json: bool) -> None:
+        record = getattr(_runtime(), name)(sandbox_id)
+        _print_json(record.to_dict()) if as_json else click.echo(f"{sandbox_id} {record.state}")
 
 
-@sandbox.command("resume")
-@click.argument("sandbox_id")
-@click.option("--json", "as_json", is_flag=True, help="Print the sandbox as a JSON object.")
-@reports_errors()
-def sandbox_resume(sandbox_id: str, as_json: bool) -> None:
-    """Continue a paused sandbox exactly where it stopped, or start a stopped one again
-    (its files are kept; its processes started fresh)."""
-    record = _runtime().resume(sandbox_id)
-    _print_json(record.to_dict()) if as_json else click.echo(f"{sandbox_id} {record.state}")
+_state_command(
+    "pause",
+    "Freeze every process of a sandbox (CPU drops to zero; memory and files stay).\n\n"
+    "Any later command, file or tool call on it resumes it first.",
+)
+_state_command(
+    "resume",
+    "Continue a paused sandbox exactly where it stopped, or start a stopped one again "
+    "(its files are kept; its processes started fresh).",
+)
 
 
 @sandbox.command("fork")
