@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from agentbox.gateway.tools import TOOLS_BY_NAME
+from agentbox.gateway.tool_args import ARGS, input_schema
+from agentbox.gateway.tools import TOOLS_BY_NAME, configured_schema
 from gateway_harness import RunningGateway, running_gateway
 
 MCP_HEADERS = {"content-type": "application/json",
@@ -125,3 +126,19 @@ def test_a_good_rest_call_still_works_through_the_shared_model(
     assert w.status_code == 200, w.text
     assert r.status_code == 200 and r.json()["stdout"] == "hi", r.text
     assert e.status_code == 200 and e.json()["replacements"] == 1, e.text
+
+
+def test_mcp_clients_are_served_each_tools_model_schema(
+    gw: RunningGateway, session: tuple[str, str]
+) -> None:
+    """tools/list over the wire: each inputSchema is the tool's argument model's schema,
+    with this gateway's configured limits written over the configured arguments."""
+    _, token = session
+    limits = gw.app.state.parts.gateway.limits
+    with gw.client(token) as c:
+        rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+        listed = c.post("/mcp", json=rpc, headers=MCP_HEADERS).json()["result"]["tools"]
+    assert sorted(t["name"] for t in listed) == sorted(ARGS)
+    for served in listed:
+        model = configured_schema(input_schema(ARGS[served["name"]]), limits)
+        assert served["inputSchema"] == model, served["name"]
