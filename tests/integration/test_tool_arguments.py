@@ -74,6 +74,47 @@ def test_rest_and_mcp_give_the_same_error_for_the_same_bad_argument(
     assert result["content"][0]["text"] == f"invalid_request: {error['message']}"
 
 
+# (tool, REST path under the sandbox (a GET), query, what the path names)
+QUERY_CASES = [
+    ("fs_read", "files", {"path": "/workspace/a", "offset": "-1"}, {}),
+    ("fs_list", "files/list", {"path": "/workspace", "depth": "11"}, {}),
+    ("fs_stat", "files/stat", {"path": ""}, {}),
+    ("process_read", "processes/p-1/output", {"stream": "stdin"}, {"process_id": "p-1"}),
+]
+
+
+@pytest.mark.parametrize("case", QUERY_CASES, ids=lambda c: c[0])
+def test_a_query_argument_is_checked_as_the_same_argument_through_mcp(
+    gw: RunningGateway, session: tuple[str, str], case: tuple[Any, ...]
+) -> None:
+    """The query string is the tool's arguments too (typed as its model says): the same
+    bad value, the same error."""
+    tool, path, params, from_path = case
+    sid, token = session
+    arguments = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in params.items()}
+    with gw.client(token) as c:
+        rest = c.get(f"/v1/sandboxes/{sid}/{path}", params=params)
+        rpc = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+               "params": {"name": tool, "arguments": {**arguments, **from_path}}}  # fmt: skip
+        mcp = c.post("/mcp", json=rpc, headers=MCP_HEADERS)
+    assert rest.status_code == 400, rest.text
+    error = rest.json()["error"]
+    assert error["message"].startswith(f"invalid arguments for {tool}: "), error
+    assert mcp.json()["result"]["content"][0]["text"] == f"invalid_request: {error['message']}"
+
+
+def test_a_query_integer_is_bounded_as_a_64_bit_number(
+    gw: RunningGateway, session: tuple[str, str]
+) -> None:
+    sid, token = session
+    with gw.client(token) as c:
+        r = c.get(f"/v1/sandboxes/{sid}/files", params={"path": "/x", "offset": str(2**64)})
+        words = c.get(f"/v1/sandboxes/{sid}/files", params={"path": "/x", "offset": "ten"})
+    for answer in (r, words):
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"]["details"]["field"] == "offset", answer.text
+
+
 def test_a_rest_body_may_not_name_what_its_path_names(
     gw: RunningGateway, session: tuple[str, str]
 ) -> None:

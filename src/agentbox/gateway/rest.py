@@ -34,7 +34,7 @@ from agentbox.gateway import port_forward as port_forward_http
 from agentbox.gateway.auth import OPERATOR, Principal
 from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
-from agentbox.gateway.tool_routes import add_body_routes, body, tool_body
+from agentbox.gateway.tool_routes import add_tool_routes, body, tool_body
 from agentbox.network.modes import EGRESS_MODES
 from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord
@@ -387,54 +387,7 @@ def build_router(
             _stream_command(gateway, p, sandbox_id, args), media_type="text/event-stream"
         )
 
-    # processes ----------------------------------------------------------------------------
-    @api.get("/sandboxes/{sandbox_id}/processes", tags=["processes"])
-    async def list_processes(sandbox_id: str, p: Principal = auth) -> Any:
-        return await tool(p, "process_list", sandbox_id, {})
-
-    @api.get("/sandboxes/{sandbox_id}/processes/{process_id}/output", tags=["processes"])
-    async def read_process(
-        sandbox_id: str,
-        process_id: str,
-        p: Principal = auth,
-        stream: Literal["stdout", "stderr"] = "stdout",
-        offset: int = Query(0, ge=0, le=jsonbody.MAX_INT),
-        limit: int | None = Query(None, ge=1, le=jsonbody.MAX_INT),
-    ) -> Any:
-        args = {"process_id": process_id, "stream": stream, "offset": offset, "limit": limit}
-        return await tool(p, "process_read", sandbox_id, args)
-
-    # shell sessions -----------------------------------------------------------------------
-    @api.delete("/sandboxes/{sandbox_id}/sessions/{session_id}", tags=["sessions"])
-    async def close_session(sandbox_id: str, session_id: str, p: Principal = auth) -> Any:
-        return await tool(p, "shell_close", sandbox_id, {"session_id": session_id})
-
-    # files --------------------------------------------------------------------------------
-    @api.get("/sandboxes/{sandbox_id}/files", tags=["files"])
-    async def read_file(
-        sandbox_id: str,
-        path: str,
-        p: Principal = auth,
-        offset: int = Query(0, ge=0, le=jsonbody.MAX_INT),
-        length: int | None = Query(None, ge=0, le=jsonbody.MAX_INT),
-    ) -> Any:
-        return await tool(
-            p, "fs_read", sandbox_id, {"path": path, "offset": offset, "length": length}
-        )
-
-    @api.get("/sandboxes/{sandbox_id}/files/list", tags=["files"])
-    async def list_files(
-        sandbox_id: str,
-        p: Principal = auth,
-        path: str = "/workspace",
-        depth: int = Query(1, ge=1, le=10),
-    ) -> Any:
-        return await tool(p, "fs_list", sandbox_id, {"path": path, "depth": depth})
-
-    @api.get("/sandboxes/{sandbox_id}/files/stat", tags=["files"])
-    async def stat_file(sandbox_id: str, path: str, p: Principal = auth) -> Any:
-        return await tool(p, "fs_stat", sandbox_id, {"path": path})
-
+    # files: the tool calls are in TOOL_ROUTES (tool_routes.py); tar transfers here ---------
     @api.get("/sandboxes/{sandbox_id}/files/download", tags=["files"])
     async def download_tar(
         sandbox_id: str,
@@ -608,7 +561,7 @@ def build_router(
             since_seq=since_seq, sandbox=sandbox, tool=tool, decision=decision, limit=limit
         )
 
-    add_body_routes(api, tool, auth)  # processes, sessions and files taking a body
+    add_tool_routes(api, tool, auth)  # processes, sessions, files: one tool call each
     _port_routes(api, gateway, auth)
     return api
 
