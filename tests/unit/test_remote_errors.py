@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -81,3 +82,23 @@ def test_an_error_answer_is_the_gateways_class(answering: tuple[str, list[bytes]
         client.request("GET", "/v1/sandboxes/sb-1")
     with pytest.raises(AgentboxError, match="gateway answered 502"):
         client.request("GET", "/v1/sandboxes/sb-1")
+
+
+def test_the_stdio_relay_reports_a_lost_gateway_as_gateway_unreachable() -> None:
+    """``agentbox mcp`` beside a gateway that went away: the client gets a JSON-RPC error
+    whose data.code says so (was host_unsupported)."""
+    import anyio
+    import httpx2
+
+    from agentbox.gateway.stdio import _Relay
+
+    relay = _Relay(f"http://127.0.0.1:{_free_port()}", lambda: ("token", "tok-1"))
+
+    async def post() -> dict[str, Any]:
+        async with httpx2.AsyncClient() as http:
+            message = {"jsonrpc": "2.0", "id": 7, "method": "tools/list"}
+            return await relay._post(http, message)
+
+    answer = anyio.run(post)
+    assert answer["id"] == 7 and answer["error"]["data"]["code"] == "gateway_unreachable"
+    assert "lost the gateway" in answer["error"]["message"]
