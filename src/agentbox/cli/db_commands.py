@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from agentbox.cli.errors import reports_errors
-from agentbox.cli.main import _print_json as print_json
+from agentbox.cli.output import print_json
 from agentbox.cli.params import SuggestingGroup
 from agentbox.errors import InvalidConfig
 

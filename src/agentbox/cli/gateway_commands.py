@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from agentbox.cli.errors import reports_errors
+from agentbox.cli.output import print_listing
 from agentbox.cli.params import DURATION, SuggestingGroup
 from agentbox.client.remote import GatewayClient
 from agentbox.config import agentbox_home
@@ -218,12 +219,7 @@ def _listing(
     path: str, params: dict[str, str] | None, as_json: bool, line: Callable[[Any], str]
 ) -> None:
     """GET a list from the gateway: as JSON, or one line per item."""
-    items = _client().request("GET", path, params=params)
-    if as_json:
-        click.echo(json.dumps(items, indent=2))
-        return
-    for item in items:
-        click.echo(line(item))
+    print_listing(_client().request("GET", path, params=params), as_json, line)
 
 
 def _decide(approval_id: str, verdict: str, scope: str = "once") -> None:

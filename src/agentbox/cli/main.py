@@ -7,37 +7,26 @@ failed (like ``docker run``), 124 when the command timed out.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from agentbox.cli import execute
 from agentbox.cli.errors import reports_errors
+from agentbox.cli.output import backend as _runtime
+from agentbox.cli.output import print_json as _print_json
+from agentbox.cli.output import print_listing
 from agentbox.cli.params import DURATION, LazyGroup
 from agentbox.errors import InvalidRequest
 from agentbox.network.modes import EGRESS_MODES
 from agentbox.units import human_size
 
 if TYPE_CHECKING:  # the backend loads when a command needs one: `--help` never does
-    from agentbox.client.interfaces import Backend
+    from agentbox.runtime.store import SandboxRecord
 
-F = TypeVar("F", bound=Callable[..., Any])
 EXEC_FAILED = execute.EXEC_FAILED
-
-
-def _print_json(data: object) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
-
-
-def _runtime() -> Backend:
-    """Through a gateway when AGENTBOX_URL is set, else in-process (as root)."""
-    from agentbox.client.sandbox import _runtime as backend_for
-
-    return backend_for(None)
 
 
 def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -191,18 +180,17 @@ def sandbox_create(
 @reports_errors()
 def sandbox_ls(as_json: bool) -> None:
     """List sandboxes on this host."""
-    records = _runtime().list()
-    if as_json:
-        _print_json([r.to_dict() for r in records])
-        return
-    if not records:
-        click.echo("no sandboxes (create one: agentbox sandbox create)", err=True)
-        return
-    click.echo(f"{'ID':<18} {'STATE':<10} {'TEMPLATE':<14} {'ISOLATION':<10} {'MEMORY':>10}")
-    for r in records:
+
+    def line(r: SandboxRecord) -> str:
         memory = r.spec.get("memory")
         shown = human_size(memory) if isinstance(memory, int) else ""
-        click.echo(f"{r.id:<18} {r.state:<10} {r.template:<14} {r.isolation:<10} {shown:>10}")
+        return f"{r.id:<18} {r.state:<10} {r.template:<14} {r.isolation:<10} {shown:>10}"
+
+    print_listing(
+        _runtime().list(), as_json, line, to_json=lambda r: r.to_dict(),
+        empty="no sandboxes (create one: agentbox sandbox create)",
+        header=f"{'ID':<18} {'STATE':<10} {'TEMPLATE':<14} {'ISOLATION':<10} {'MEMORY':>10}",
+    )  # fmt: skip
 
 
 @sandbox.command("get")

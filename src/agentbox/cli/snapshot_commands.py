@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from agentbox.cli.errors import fail, reports_errors
-from agentbox.cli.main import _print_json as print_json
-from agentbox.cli.main import _runtime
+from agentbox.cli.output import backend as _runtime
+from agentbox.cli.output import print_json, print_listing
 from agentbox.cli.params import SuggestingGroup
 from agentbox.errors import SecretsFound
 from agentbox.runtime.snapshots import beyond_retention
@@ -68,15 +68,12 @@ def snapshot_restore(snapshot_id: str, as_json: bool) -> None:
 @reports_errors()
 def snapshot_ls(as_json: bool) -> None:
     """List snapshots, oldest first."""
-    snapshots = _runtime().list_snapshots()
-    if as_json:
-        print_json([s.to_dict() for s in snapshots])
-        return
-    if not snapshots:
-        click.echo("no snapshots (take one with `agentbox snapshot create SANDBOX`)")
-    for s in snapshots:
-        mib = s.size / 2**20
-        click.echo(f"{s.id}  from {s.sandbox}  {s.files} entries  {mib:.1f} MiB")
+    print_listing(
+        _runtime().list_snapshots(), as_json,
+        lambda s: f"{s.id}  from {s.sandbox}  {s.files} entries  {s.size / 2**20:.1f} MiB",
+        to_json=lambda s: s.to_dict(),
+        empty="no snapshots (take one with `agentbox snapshot create SANDBOX`)",
+    )  # fmt: skip
 
 
 @snapshot.command("rm")

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from agentbox.cli.errors import reports_errors
-from agentbox.cli.main import _print_json as print_json
+from agentbox.cli.output import print_json, print_listing
 from agentbox.cli.params import SuggestingGroup
 from agentbox.config import agentbox_home
 from agentbox.tasks.store import TaskStore
@@ -88,16 +88,16 @@ def task_submit(goal: str, template: str, project: str, max_steps: int, as_json:
 @reports_errors()
 def task_ls(as_json: bool) -> None:
     """List tasks, newest first."""
-    tasks = _Tasks().all()
-    if as_json:
-        print_json(tasks)
-        return
-    if not tasks:
-        click.echo('no tasks (submit one with `agentbox task submit --goal "..."`)')
-    for t in tasks:
+
+    def line(t: dict[str, Any]) -> str:
         failure = f" ({t['failure']})" if t.get("failure") else ""
-        click.echo(f"{t['id']}  {t['state']}{failure}  {t['steps']} steps  "
-                   f"${t['cost_usd']:.4f}  {t['goal'][:60]}")  # fmt: skip
+        return (f"{t['id']}  {t['state']}{failure}  {t['steps']} steps  "
+                f"${t['cost_usd']:.4f}  {t['goal'][:60]}")  # fmt: skip
+
+    print_listing(
+        _Tasks().all(), as_json, line,
+        empty='no tasks (submit one with `agentbox task submit --goal "..."`)',
+    )  # fmt: skip
 
 
 @task.command("show")
