@@ -1,8 +1,10 @@
 """The one error tree of agentbox. Every error has a stable ``code`` that survives the wire.
 
-    AgentboxError                      code
+    AgentboxError                      agentbox_error        the base; an unknown wire code
     ├── InvalidRequest                 invalid_request       bad argument, size, path syntax
-    │   └── InvalidConfig              invalid_config        unknown key / bad value in config
+    │   ├── InvalidConfig              invalid_config        unknown key / bad value in config
+    │   ├── UnparseableCommand         unparseable_command   the command policy cannot analyse it
+    │   └── RfbViolation               rfb_violation         a VNC viewer sent what is not relayed
     ├── NotFound                       not_found
     │   ├── SandboxNotFound            sandbox_not_found     no such sandbox (or already destroyed)
     │   ├── ToolNotFound               tool_not_found        no such gateway tool
@@ -10,13 +12,16 @@
     │   ├── ProcessNotFound            process_not_found
     │   ├── SessionNotFound            session_not_found
     │   ├── FileNotFound               file_not_found
-    │   └── SnapshotNotFound           snapshot_not_found    no such object in the snapshot store
+    │   ├── SnapshotNotFound           snapshot_not_found    no such object in the snapshot store
+    │   ├── BrowserHandleNotFound      browser_handle_not_found  no such page (closed, idle)
+    │   └── BrowserRefNotFound         browser_ref_not_found  an element ref of an old snapshot
     ├── Conflict                       conflict
     │   ├── SandboxNotRunning          sandbox_not_running   exec in a stopped/destroyed sandbox
     │   ├── DesktopNotRunning          desktop_not_running   a desktop tool before desktop_start
     │   ├── FileExists                 file_exists
     │   ├── EditMismatch               edit_mismatch         fs edit found a different count
-    │   └── TierUnsupported            tier_unsupported      not on this sandbox's isolation tier
+    │   ├── TierUnsupported            tier_unsupported      not on this sandbox's isolation tier
+    │   └── TasksNotConfigured         tasks_not_configured  a task sent where no provider runs it
     ├── Unauthenticated                unauthenticated       no/expired/revoked/unknown token (401)
     ├── PermissionDenied               permission_denied     the sandbox user may not do it
     │   ├── PathEscape                 path_escape           a path tried to leave the sandbox
@@ -35,6 +40,8 @@
     ├── HostUnsupported                host_unsupported      the host lacks a kernel feature/tool
     │   └── SchemaMismatch             schema_mismatch       state schema of another release
     ├── StateUnavailable               state_unavailable     state database unreachable (503, retry)
+    ├── GatewayUnreachable             gateway_unreachable   the SDK/CLI cannot reach the gateway
+    ├── NavigationFailed               navigation_failed     a browser page did not load (502)
     ├── ProviderError                  provider_error        a model provider call failed (502)
     │   ├── ProviderRejected           provider_rejected     the request itself was refused (400)
     │   ├── ProviderStreamBroken       provider_stream_broken  stream cut after its first token
@@ -45,6 +52,20 @@ Every message says what happened *and* what to do next. A next step that is a ca
 (list a directory, pass another count) travels as a structured hint (``details["hint"]``,
 see :mod:`agentbox.hints`) and each surface spells it its own way: ``message`` (and
 ``str()``) is the SDK's spelling, ``hints.render(e, surface)`` any other.
+
+Every class a caller can see is defined here (``tests/unit/test_errors.py`` checks it).
+Exceptions defined elsewhere are internal signals that never cross a boundary: the
+provider pool's ``ProviderFailure`` (becomes ``ProviderError``), the egress proxy's
+``Denied`` / ``MissingCredential`` / ``IdleTimeout`` (become an HTTP answer and an audit
+record), the task loop's ``TaskEnd``, the E2B front end's ``ConnectError`` (the Connect
+protocol's own codes, mapped from these by ``gateway/e2b/connect.py``), and a few private
+``_Xxx`` exceptions inside one module.
+
+Each boundary maps errors in one place: REST in ``gateway/rest_errors.py``, MCP in
+``gateway/mcp_server.py`` (``jsonrpc_error``, ``tool_error``), the CLI in ``cli/errors.py``
+(``error[code]: message`` and an exit status), the SDK over a gateway in
+``client/remote.py`` (``gateway_errors``: HTTP and transport failures back to these
+classes).
 
 Provider failures are classified (``agentbox.providers.types.Category``) as
 ``rate_limited | server_error | timeout | connection | auth | bad_request | malformed``;
@@ -104,6 +125,30 @@ class InvalidConfig(InvalidRequest):
     code = "invalid_config"
 
 
+class UnparseableCommand(InvalidRequest):
+    """The command cannot be analysed statically, so the policy refuses it.
+
+    ``rule`` (also in ``details``) says why: one of the ``RULE_*`` constants of
+    ``gateway/shell_analysis.py``.
+    """
+
+    code = "unparseable_command"
+
+    def __init__(self, message: str, *, rule: str | None = None, **details: Any) -> None:
+        if rule is not None:  # every raise names it; absent, the generic one is meant
+            details["rule"] = rule
+        super().__init__(message, **details)
+        self.rule = rule or "unparseable"
+        self.programs: list[str] = list(details.get("programs", []))
+        """Programs found before the analysis had to stop (for "deny wins" reporting)."""
+
+
+class RfbViolation(InvalidRequest):
+    """A VNC viewer sent something the gateway does not relay."""
+
+    code = "rfb_violation"
+
+
 class NotFound(AgentboxError):
     code = "not_found"
     http_status = 404
@@ -135,6 +180,14 @@ class FileNotFound(NotFound):
 
 class SnapshotNotFound(NotFound):
     code = "snapshot_not_found"
+
+
+class BrowserHandleNotFound(NotFound):
+    code = "browser_handle_not_found"
+
+
+class BrowserRefNotFound(NotFound):
+    code = "browser_ref_not_found"
 
 
 class Conflict(AgentboxError):
@@ -264,6 +317,22 @@ class StateUnavailable(AgentboxError):
 
     code = "state_unavailable"
     http_status = 503
+
+
+class GatewayUnreachable(AgentboxError):
+    """The SDK or CLI could not reach the gateway (``AGENTBOX_URL``), or lost it during a
+    call: is ``agentbox serve`` running there? Whatever the call was doing may have
+    happened."""
+
+    code = "gateway_unreachable"
+    http_status = 503
+
+
+class NavigationFailed(AgentboxError):
+    """A browser page did not load (the site, the network, or the egress policy)."""
+
+    code = "navigation_failed"
+    http_status = 502
 
 
 class SchemaMismatch(HostUnsupported):

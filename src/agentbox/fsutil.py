@@ -82,6 +82,18 @@ def exec_text(text: str, what: str) -> str:
     return text
 
 
+def required_text(text: object, what: str, example: str, *, blank: bool = False) -> str:
+    """The runtime's one check of a text argument an in-process caller passes (the
+    gateway's tool schemas say the same to theirs): a string, not empty (``blank``: nor
+    only white space), then ``exec_text``'s checks. ``example`` says what to pass instead.
+    """
+    if not isinstance(text, str):
+        raise InvalidRequest(f"{what} must be a string, got {type(text).__name__}", field=what)
+    if not (text.strip() if blank else text):
+        raise InvalidRequest(f"{what} is empty: {example}", field=what)
+    return exec_text(text, what)
+
+
 def stdin_bytes(data: bytes | str, what: str = "stdin") -> bytes:
     """Text for a process's stdin as UTF-8, else InvalidRequest naming ``what``."""
     if isinstance(data, bytes):

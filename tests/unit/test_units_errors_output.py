@@ -131,3 +131,35 @@ def test_error_classes_defined_elsewhere_round_trip() -> None:
 
     again = errors.AgentboxError.from_dict(UnparseableCommand("x").to_dict())
     assert type(again) is UnparseableCommand
+
+
+def test_every_error_a_caller_can_see_is_defined_in_errors_py() -> None:
+    """One error tree: an AgentboxError subclass defined in another module is one the
+    tree's picture (errors.py's docstring) and its users do not know about."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.walk_packages(agentbox.__path__, "agentbox."):
+        if info.name.endswith("__main__"):
+            continue
+        try:
+            importlib.import_module(info.name)
+        except ImportError:  # an optional extra this host lacks (e.g. a database driver)
+            continue
+    elsewhere = [
+        f"{cls.__module__}.{cls.__qualname__}"
+        for cls in errors._all_subclasses(errors.AgentboxError)
+        if cls.__module__ != "agentbox.errors"
+    ]
+    assert not elsewhere, f"error classes outside errors.py: {elsewhere}"
+    pictured = errors.__doc__ or ""
+    missing = [c.__name__ for c in errors._all_subclasses(errors.AgentboxError)
+               if c.__name__ not in pictured or c.code not in pictured]  # fmt: skip
+    assert not missing, f"errors.py's tree does not show {missing}"
+
+
+def test_the_command_rule_of_an_unparseable_command_is_the_analysers() -> None:
+    from agentbox.gateway.shell_analysis import RULE_UNPARSEABLE
+
+    assert errors.UnparseableCommand("x").rule == RULE_UNPARSEABLE
+    assert errors.UnparseableCommand("x", rule="r").details == {"rule": "r"}

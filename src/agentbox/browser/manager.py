@@ -34,11 +34,13 @@ from agentbox.browser.snapshot import REF, compact
 from agentbox.config import NetworkSpec
 from agentbox.errors import (
     AgentboxError,
+    BrowserHandleNotFound,
+    BrowserRefNotFound,
     CommandTimeout,
     HostUnsupported,
     InvalidRequest,
     LimitExceeded,
-    NotFound,
+    NavigationFailed,
     PolicyDenied,
     SandboxError,
 )
@@ -66,19 +68,6 @@ FONTS_CONF = """<?xml version="1.0"?>
 </fontconfig>
 """
 _TEXT_JS = "() => document.body ? document.body.innerText : document.documentElement.innerText"
-
-
-class BrowserHandleNotFound(NotFound):
-    code = "browser_handle_not_found"
-
-
-class BrowserRefNotFound(NotFound):
-    code = "browser_ref_not_found"
-
-
-class NavigationFailed(AgentboxError):
-    code = "navigation_failed"
-    http_status = 502
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,9 @@ from typing import Any
 
 import click
 
+from agentbox.cli.errors import reports_errors
 from agentbox.cli.params import SuggestingGroup
+from agentbox.errors import FileNotFound
 from agentbox.gateway.audit import (
     canonical_json,
     default_audit_path,
@@ -41,6 +43,7 @@ def audit() -> None:
 @audit.command("verify")
 @_PATH
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@reports_errors()
 def verify_command(path: Path | None, as_json: bool) -> None:
     """Prove that no record was altered, removed, reordered or inserted.
 
@@ -116,6 +119,7 @@ def _human(rec: dict[str, Any]) -> str:
 @click.option(
     "--json", "as_json", is_flag=True, help="Print each record as one JSON line, as stored."
 )
+@reports_errors()
 def tail_command(path: Path | None, count: int, keep_following: bool, as_json: bool) -> None:
     """Print the newest records; with -f, keep printing as they are appended.
 
@@ -130,8 +134,10 @@ def tail_command(path: Path | None, count: int, keep_following: bool, as_json: b
     """
     target = path or default_audit_path()
     if not keep_following and not target.exists():
-        click.echo(f"error: no audit log at {target}", err=True)
-        raise SystemExit(1)
+        raise FileNotFound(
+            f"no audit log at {target}: pass its PATH, or set AGENTBOX_AUDIT_PATH or "
+            "AGENTBOX_HOME as the gateway has them"
+        )
 
     def show(rec: dict[str, Any]) -> None:
         click.echo(canonical_json(rec).decode() if as_json else _human(rec))

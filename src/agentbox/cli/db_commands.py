@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from agentbox.cli.main import _print_json as print_json
-from agentbox.cli.main import handle_errors
+from agentbox.cli.errors import reports_errors
+from agentbox.cli.output import print_json
 from agentbox.cli.params import SuggestingGroup
 from agentbox.errors import InvalidConfig
 
@@ -21,7 +21,7 @@ def db() -> None:
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="Gateway YAML.")
 @click.option("--url", help="postgresql://USER@HOST:PORT/DB (default: the config's gateway.state).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-@handle_errors()
+@reports_errors()
 def migrate_command(config_path: Path | None, url: str | None, as_json: bool) -> None:
     """Bring the PostgreSQL schema to this release (idempotent; safe to run again).
 

@@ -10,16 +10,15 @@ milliseconds. Any other form (an option, ``--help``, no ``--``) goes through cli
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn
 
+from agentbox.cli.errors import fail, say
 from agentbox.errors import AgentboxError
 
 EXEC_FAILED = 125
 EXEC_TIMED_OUT = 124
-_ANSI = re.compile(r"\033\[[;?0-9]*[a-zA-Z]")  # what click.echo strips when not a terminal
 
 
 def plain_form(args: Sequence[str]) -> tuple[str, list[str]] | None:
@@ -74,18 +73,10 @@ def run_plain(sandbox_id: str, argv: list[str]) -> NoReturn:
     """The plain form, with what click's ``sandbox exec`` adds around ``run``: an agentbox
     error is one line ``error[code]: message`` and exit 125; a closed stdout exits 1."""
 
-    def say(line: str) -> None:
-        text = line if sys.stderr.isatty() else _ANSI.sub("", line)
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-
     try:
         run(sandbox_id, argv, None, None, {}, say)
     except AgentboxError as e:
-        from agentbox import hints  # only on the error path: the plain exec stays light
-
-        say(f"error[{e.code}]: {hints.render(e, 'cli')}")
-        sys.exit(EXEC_FAILED)
+        fail(e, EXEC_FAILED)
     except BrokenPipeError:  # as click does: exit 1, and no second error at shutdown's flush
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)

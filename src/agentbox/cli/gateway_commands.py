@@ -12,18 +12,18 @@ import json
 import math
 import os
 import secrets
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from agentbox import hints
+from agentbox.cli.errors import reports_errors
+from agentbox.cli.output import print_listing
 from agentbox.cli.params import DURATION, SuggestingGroup
 from agentbox.client.remote import GatewayClient
 from agentbox.config import agentbox_home
-from agentbox.errors import AgentboxError, InvalidConfig, InvalidRequest
+from agentbox.errors import InvalidConfig, InvalidRequest
 from agentbox.gateway.auth import (
     OPERATOR_TOKEN_FILE,
     injected_operator_token,
@@ -32,11 +32,6 @@ from agentbox.gateway.auth import (
 from agentbox.gateway.settings import GatewaySection, GatewaySettings, load_settings
 
 DEFAULT_URL = "http://127.0.0.1:8848"
-
-
-def _fail(e: AgentboxError) -> None:
-    click.echo(f"error[{e.code}]: {hints.render(e, 'cli')}", err=True)
-    sys.exit(1)
 
 
 def _client() -> GatewayClient:
@@ -78,6 +73,7 @@ def _is_loopback(host: str) -> bool:
 @click.option(
     "--allow-public", is_flag=True, help="Allow a non-loopback bind (requires gateway.tls)."
 )
+@reports_errors()
 def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> None:
     """Run the gateway: REST API, MCP at /mcp, health checks.
 
@@ -94,29 +90,25 @@ def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> N
 
     from agentbox.gateway.app import create_app
 
-    try:
-        settings = load_settings(config_path)
-        if listen:
-            try:
-                section = GatewaySection.model_validate(
-                    {**settings.gateway.model_dump(), "listen": listen}
-                )
-            except ValueError as e:
-                raise InvalidRequest(f"--listen {listen!r}: expected HOST:PORT") from e
-            settings = settings.model_copy(update={"gateway": section})
-        host, _, port = settings.gateway.listen.rpartition(":")
-        tls = settings.gateway.tls
-        if not _is_loopback(host) and (not allow_public or tls is None):
-            raise InvalidConfig(
-                f"refusing to listen on {host}: a non-loopback bind needs both "
-                "gateway.tls (cert_file, key_file) and --allow-public"
+    settings = load_settings(config_path)
+    if listen:
+        try:
+            section = GatewaySection.model_validate(
+                {**settings.gateway.model_dump(), "listen": listen}
             )
-        home = agentbox_home()
-        token = _operator_token(settings, home)
-        app = create_app(settings, operator_token=token, home=home)
-    except AgentboxError as e:
-        _fail(e)
-        return
+        except ValueError as e:
+            raise InvalidRequest(f"--listen {listen!r}: expected HOST:PORT") from e
+        settings = settings.model_copy(update={"gateway": section})
+    host, _, port = settings.gateway.listen.rpartition(":")
+    tls = settings.gateway.tls
+    if not _is_loopback(host) and (not allow_public or tls is None):
+        raise InvalidConfig(
+            f"refusing to listen on {host}: a non-loopback bind needs both "
+            "gateway.tls (cert_file, key_file) and --allow-public"
+        )
+    home = agentbox_home()
+    token = _operator_token(settings, home)
+    app = create_app(settings, operator_token=token, home=home)
     click.echo(f"agentbox: gateway on http://{settings.gateway.listen} (MCP at /mcp)", err=True)
     # What is alive now lives as long as the process (modules, the app, its routes and
     # schemas: ~140k objects). Frozen out of the collector's view, the occasional full
@@ -139,6 +131,7 @@ def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> N
 @click.option("--sandbox", "sandbox_id", help="Serve this sandbox (default: create one).")
 @click.option("--template", default="default", show_default=True)
 @click.option("--config", "config_path", type=click.Path(path_type=Path))
+@reports_errors()
 def mcp_stdio(sandbox_id: str | None, template: str, config_path: Path | None) -> None:
     """Serve MCP over stdio, for clients that spawn their servers (runs as root).
 
@@ -151,10 +144,7 @@ def mcp_stdio(sandbox_id: str | None, template: str, config_path: Path | None) -
     """
     from agentbox.gateway.stdio import serve_stdio
 
-    try:
-        serve_stdio(load_settings(config_path), sandbox_id, template)
-    except AgentboxError as e:
-        _fail(e)
+    serve_stdio(load_settings(config_path), sandbox_id, template)
 
 
 @click.group(cls=SuggestingGroup)
@@ -168,6 +158,7 @@ def token() -> None:
     "--ttl", type=DURATION, help="Lifetime: 8h, 30m, 3600 (seconds); default from the config."
 )
 @click.option("--tools", help="Comma-separated tools it may use (default: all).")
+@reports_errors()
 def token_issue(sandbox_id: str, ttl: float | None, tools: str | None) -> None:
     """Print a new session token (and nothing else) on stdout.
 
@@ -179,24 +170,18 @@ def token_issue(sandbox_id: str, ttl: float | None, tools: str | None) -> None:
     body: dict[str, Any] = {"sandbox": sandbox_id, "ttl": None if ttl is None else math.ceil(ttl)}
     if tools:
         body["tools"] = [t.strip() for t in tools.split(",") if t.strip()]
-    try:
-        click.echo(_client().request("POST", "/v1/tokens", json=body)["token"])
-    except AgentboxError as e:
-        _fail(e)
+    click.echo(_client().request("POST", "/v1/tokens", json=body)["token"])
 
 
 @token.command("ls")
 @click.option("--sandbox", "sandbox_id")
 @click.option("--json", "as_json", is_flag=True)
+@reports_errors()
 def token_ls(sandbox_id: str | None, as_json: bool) -> None:
     """List session tokens (never their values)."""
-    try:
-        tokens = _client().request(
-            "GET", "/v1/tokens", params={"sandbox": sandbox_id} if sandbox_id else None
-        )
-    except AgentboxError as e:
-        _fail(e)
-        return
+    tokens = _client().request(
+        "GET", "/v1/tokens", params={"sandbox": sandbox_id} if sandbox_id else None
+    )
     if as_json:
         click.echo(json.dumps(tokens, indent=2))
         return
@@ -207,12 +192,10 @@ def token_ls(sandbox_id: str | None, as_json: bool) -> None:
 
 @token.command("revoke")
 @click.argument("token_id")
+@reports_errors()
 def token_revoke(token_id: str) -> None:
     """Revoke a session token by its id."""
-    try:
-        _client().request("DELETE", f"/v1/tokens/{token_id}")
-    except AgentboxError as e:
-        _fail(e)
+    _client().request("DELETE", f"/v1/tokens/{token_id}")
 
 
 @click.group(cls=SuggestingGroup)
@@ -223,6 +206,7 @@ def approvals() -> None:
 @approvals.command("ls")
 @click.option("--status", type=click.Choice(["pending", "approved", "denied", "expired"]))
 @click.option("--json", "as_json", is_flag=True)
+@reports_errors()
 def approvals_ls(status: str | None, as_json: bool) -> None:
     """List approvals (pending first is what you usually want: --status pending)."""
     _listing(
@@ -235,26 +219,13 @@ def _listing(
     path: str, params: dict[str, str] | None, as_json: bool, line: Callable[[Any], str]
 ) -> None:
     """GET a list from the gateway: as JSON, or one line per item."""
-    try:
-        items = _client().request("GET", path, params=params)
-    except AgentboxError as e:
-        _fail(e)
-        return
-    if as_json:
-        click.echo(json.dumps(items, indent=2))
-        return
-    for item in items:
-        click.echo(line(item))
+    print_listing(_client().request("GET", path, params=params), as_json, line)
 
 
 def _decide(approval_id: str, verdict: str, scope: str = "once") -> None:
-    try:
-        result = _client().request(
-            "POST", f"/v1/approvals/{approval_id}/{verdict}", params={"scope": scope}
-        )
-    except AgentboxError as e:
-        _fail(e)
-        return
+    result = _client().request(
+        "POST", f"/v1/approvals/{approval_id}/{verdict}", params={"scope": scope}
+    )
     scoped = f" ({result['scope']})" if result.get("scope") not in (None, "once") else ""
     click.echo(f"{result['id']} {result['status']}{scoped}")
 
@@ -269,6 +240,7 @@ def _decide(approval_id: str, verdict: str, scope: str = "once") -> None:
     help="Egress approvals: the connections held now, this name for the sandbox's life, "
     "or the project's allowlist (kept across restarts).",
 )
+@reports_errors()
 def approvals_approve(approval_id: str, scope: str) -> None:
     """Let the waiting command run, or the held connections through."""
     _decide(approval_id, "approve", scope)
@@ -276,6 +248,7 @@ def approvals_approve(approval_id: str, scope: str) -> None:
 
 @approvals.command("deny")
 @click.argument("approval_id")
+@reports_errors()
 def approvals_deny(approval_id: str) -> None:
     """Refuse the waiting command (the agent gets an error saying so)."""
     _decide(approval_id, "deny")
@@ -284,6 +257,7 @@ def approvals_deny(approval_id: str) -> None:
 @approvals.command("allowlist")
 @click.option("--project", help="One project's names only.")
 @click.option("--json", "as_json", is_flag=True)
+@reports_errors()
 def approvals_allowlist(project: str | None, as_json: bool) -> None:
     """Names approved with --scope always (egress mode ask), per project."""
     _listing(
@@ -295,11 +269,8 @@ def approvals_allowlist(project: str | None, as_json: bool) -> None:
 @approvals.command("forget")
 @click.argument("host")
 @click.option("--project", default="default", show_default=True)
+@reports_errors()
 def approvals_forget(host: str, project: str) -> None:
     """Take HOST off a project's egress allowlist (its sandboxes will ask again)."""
-    try:
-        _client().request("DELETE", f"/v1/egress/allowlist/{project}/{host}")
-    except AgentboxError as e:
-        _fail(e)
-        return
+    _client().request("DELETE", f"/v1/egress/allowlist/{project}/{host}")
     click.echo(f"{host} removed from project {project}'s allowlist")

@@ -7,55 +7,26 @@ failed (like ``docker run``), 124 when the command timed out.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from collections.abc import Callable
-from functools import wraps
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from agentbox import hints
 from agentbox.cli import execute
+from agentbox.cli.errors import reports_errors
+from agentbox.cli.output import backend as _runtime
+from agentbox.cli.output import print_json as _print_json
+from agentbox.cli.output import print_listing
 from agentbox.cli.params import DURATION, LazyGroup
-from agentbox.errors import AgentboxError, InvalidRequest
+from agentbox.errors import InvalidRequest
 from agentbox.network.modes import EGRESS_MODES
 from agentbox.units import human_size
 
 if TYPE_CHECKING:  # the backend loads when a command needs one: `--help` never does
-    from agentbox.client.interfaces import Backend
+    from agentbox.runtime.store import SandboxRecord
 
-F = TypeVar("F", bound=Callable[..., Any])
 EXEC_FAILED = execute.EXEC_FAILED
-
-
-def _print_json(data: object) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
-
-
-def handle_errors(exit_code: int = 1) -> Callable[[F], F]:
-    """Turn AgentboxError into one readable line on stderr and a non-zero exit."""
-
-    def decorate(func: F) -> F:
-        @wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return func(*args, **kwargs)
-            except AgentboxError as e:
-                click.echo(f"error[{e.code}]: {hints.render(e, 'cli')}", err=True)
-                sys.exit(exit_code)
-
-        return wrapper  # type: ignore[return-value]
-
-    return decorate
-
-
-def _runtime() -> Backend:
-    """Through a gateway when AGENTBOX_URL is set, else in-process (as root)."""
-    from agentbox.client.sandbox import _runtime as backend_for
-
-    return backend_for(None)
 
 
 def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -153,7 +124,7 @@ def sandbox() -> None:
     "a user-space kernel; see agentbox doctor for what this host can run).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the bare id.")
-@handle_errors()
+@reports_errors()
 def sandbox_create(
     template: str,
     memory: str | None,
@@ -206,25 +177,24 @@ def sandbox_create(
 
 @sandbox.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-@handle_errors()
+@reports_errors()
 def sandbox_ls(as_json: bool) -> None:
     """List sandboxes on this host."""
-    records = _runtime().list()
-    if as_json:
-        _print_json([r.to_dict() for r in records])
-        return
-    if not records:
-        click.echo("no sandboxes (create one: agentbox sandbox create)", err=True)
-        return
-    click.echo(f"{'ID':<18} {'STATE':<10} {'TEMPLATE':<14} {'ISOLATION':<10} {'MEMORY':>10}")
-    for r in records:
+
+    def line(r: SandboxRecord) -> str:
         shown = human_size(r.spec.memory)
-        click.echo(f"{r.id:<18} {r.state:<10} {r.template:<14} {r.isolation:<10} {shown:>10}")
+        return f"{r.id:<18} {r.state:<10} {r.template:<14} {r.isolation:<10} {shown:>10}"
+
+    print_listing(
+        _runtime().list(), as_json, line, to_json=lambda r: r.to_dict(),
+        empty="no sandboxes (create one: agentbox sandbox create)",
+        header=f"{'ID':<18} {'STATE':<10} {'TEMPLATE':<14} {'ISOLATION':<10} {'MEMORY':>10}",
+    )  # fmt: skip
 
 
 @sandbox.command("get")
 @click.argument("sandbox_id")
-@handle_errors()
+@reports_errors()
 def sandbox_get(sandbox_id: str) -> None:
     """Show one sandbox as JSON."""
     _print_json(_runtime().get(sandbox_id).to_dict())
@@ -232,7 +202,7 @@ def sandbox_get(sandbox_id: str) -> None:
 
 @sandbox.command("rm")
 @click.argument("sandbox_ids", nargs=-1, required=True)
-@handle_errors()
+@reports_errors()
 def sandbox_rm(sandbox_ids: tuple[str, ...]) -> None:
     """Destroy sandboxes: kill every process, remove every host resource."""
     runtime = _runtime()
@@ -241,34 +211,34 @@ def sandbox_rm(sandbox_ids: tuple[str, ...]) -> None:
         click.echo(sandbox_id)
 
 
-@sandbox.command("pause")
-@click.argument("sandbox_id")
-@click.option("--json", "as_json", is_flag=True, help="Print the sandbox as a JSON object.")
-@handle_errors()
-def sandbox_pause(sandbox_id: str, as_json: bool) -> None:
-    """Freeze every process of a sandbox (CPU drops to zero; memory and files stay).
+def _state_command(name: str, help_text: str) -> None:
+    """``sandbox NAME ID``: the runtime's ``NAME`` (pause, resume), then the new state."""
 
-    Any later command, file or tool call on it resumes it first.
-    """
-    record = _runtime().pause(sandbox_id)
-    _print_json(record.to_dict()) if as_json else click.echo(f"{sandbox_id} {record.state}")
+    @sandbox.command(name, help=help_text)
+    @click.argument("sandbox_id")
+    @click.option("--json", "as_json", is_flag=True, help="Print the sandbox as a JSON object.")
+    @reports_errors()
+    def command(sandbox_id: str, as_json: bool) -> None:
+        record = getattr(_runtime(), name)(sandbox_id)
+        _print_json(record.to_dict()) if as_json else click.echo(f"{sandbox_id} {record.state}")
 
 
-@sandbox.command("resume")
-@click.argument("sandbox_id")
-@click.option("--json", "as_json", is_flag=True, help="Print the sandbox as a JSON object.")
-@handle_errors()
-def sandbox_resume(sandbox_id: str, as_json: bool) -> None:
-    """Continue a paused sandbox exactly where it stopped, or start a stopped one again
-    (its files are kept; its processes started fresh)."""
-    record = _runtime().resume(sandbox_id)
-    _print_json(record.to_dict()) if as_json else click.echo(f"{sandbox_id} {record.state}")
+_state_command(
+    "pause",
+    "Freeze every process of a sandbox (CPU drops to zero; memory and files stay).\n\n"
+    "Any later command, file or tool call on it resumes it first.",
+)
+_state_command(
+    "resume",
+    "Continue a paused sandbox exactly where it stopped, or start a stopped one again "
+    "(its files are kept; its processes started fresh).",
+)
 
 
 @sandbox.command("fork")
 @click.argument("sandbox_id")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the bare id.")
-@handle_errors()
+@reports_errors()
 def sandbox_fork(sandbox_id: str, as_json: bool) -> None:
     """Copy a sandbox: a new one with its files at this instant, and print the new id.
 
@@ -280,7 +250,7 @@ def sandbox_fork(sandbox_id: str, as_json: bool) -> None:
 
 @sandbox.command("stop")
 @click.argument("sandbox_id")
-@handle_errors()
+@reports_errors()
 def sandbox_stop(sandbox_id: str) -> None:
     """End every process of a sandbox but keep its disk; `resume` starts it again."""
     _runtime().stop(sandbox_id)
@@ -292,7 +262,7 @@ def sandbox_stop(sandbox_id: str) -> None:
 @click.option("--vnc", is_flag=True, required=True, help="Forward a local VNC port to it.")
 @click.option("--port", type=int, default=5900, show_default=True, help="Local port (0: any).")
 @click.option("--control", is_flag=True, help="Take control (keys, pointer); else view only.")
-@handle_errors()
+@reports_errors()
 def sandbox_desktop(sandbox_id: str, vnc: bool, port: int, control: bool) -> None:
     """Watch a sandbox's desktop with any VNC client: 127.0.0.1:PORT here is forwarded
     through the gateway ($AGENTBOX_URL, token in $AGENTBOX_TOKEN) until Ctrl-C. View only
@@ -326,7 +296,7 @@ def sandbox_desktop(sandbox_id: str, vnc: bool, port: int, control: bool) -> Non
 )
 @click.option("--cwd", help="Working directory inside the sandbox (default /workspace).")
 @click.option("--env", "env", multiple=True, metavar="KEY=VALUE", help="Extra environment.")
-@handle_errors(EXEC_FAILED)
+@reports_errors(EXEC_FAILED)
 def sandbox_exec(
     sandbox_id: str,
     argv: tuple[str, ...],
@@ -355,7 +325,7 @@ def sandbox_exec(
 @sandbox.command("shell")
 @click.argument("sandbox_id")
 @click.option("--cwd", default="/workspace", show_default=True)
-@handle_errors(EXEC_FAILED)
+@reports_errors(EXEC_FAILED)
 def sandbox_shell(sandbox_id: str, cwd: str) -> None:
     """Open an interactive bash in a sandbox (a terminal on stdin), or run stdin as a script."""
     from agentbox.runtime.commands import CommandRunner
@@ -387,7 +357,7 @@ def files() -> None:
 @files.command("read")
 @click.argument("sandbox_id")
 @click.argument("path")
-@handle_errors()
+@reports_errors()
 def files_read(sandbox_id: str, path: str) -> None:
     """Write the file at PATH to stdout (binary-safe, streamed)."""
     for chunk in _runtime().files(sandbox_id).read_stream(path):
@@ -399,7 +369,7 @@ def files_read(sandbox_id: str, path: str) -> None:
 @click.argument("sandbox_id")
 @click.argument("path")
 @click.option("--append", is_flag=True, help="Append instead of overwriting.")
-@handle_errors()
+@reports_errors()
 def files_write(sandbox_id: str, path: str, append: bool) -> None:
     """Write stdin to PATH (streamed; parents are created)."""
 
@@ -418,7 +388,7 @@ def files_write(sandbox_id: str, path: str, append: bool) -> None:
 @click.argument("path", default="/workspace")
 @click.option("--depth", type=int, default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-@handle_errors()
+@reports_errors()
 def files_ls(sandbox_id: str, path: str, depth: int, as_json: bool) -> None:
     """List a directory."""
     entries = _runtime().files(sandbox_id).list(path, depth)
@@ -432,6 +402,7 @@ def files_ls(sandbox_id: str, path: str, depth: int, as_json: bool) -> None:
 # doctor -----------------------------------------------------------------------------------
 @cli.command()
 @click.option("--json", "as_json", is_flag=True)
+@reports_errors()
 def doctor(as_json: bool) -> None:
     """Check what this host offers agentbox, and how to fix what it lacks."""
     from agentbox.isolation.hostcheck import run_checks
@@ -451,7 +422,7 @@ def doctor(as_json: bool) -> None:
 
 @cli.command("recover")
 @click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
-@handle_errors()
+@reports_errors()
 def recover_command(as_json: bool) -> None:
     """Clean up after a crash: adopt running sandboxes, remove half-created or
     half-destroyed ones and host resources no sandbox owns (the gateway does this at

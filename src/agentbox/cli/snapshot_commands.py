@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import click
 
-from agentbox.cli.main import _print_json as print_json
-from agentbox.cli.main import _runtime, handle_errors
+from agentbox.cli.errors import fail, reports_errors
+from agentbox.cli.output import backend as _runtime
+from agentbox.cli.output import print_json, print_listing
 from agentbox.cli.params import SuggestingGroup
 from agentbox.errors import SecretsFound
 from agentbox.runtime.snapshots import beyond_retention
@@ -37,7 +37,7 @@ def snapshot() -> None:
     help="Findings to accept: one a line, a path glob, PATH:LINE or kind=KIND.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot as a JSON object.")
-@handle_errors()
+@reports_errors()
 def snapshot_create(sandbox_id: str, redact: bool, allow_list: Path | None, as_json: bool) -> None:
     """Snapshot a sandbox and print the snapshot id.
 
@@ -48,16 +48,15 @@ def snapshot_create(sandbox_id: str, redact: bool, allow_list: Path | None, as_j
     allowlist = allow_list.read_text() if allow_list else None
     try:
         info = _runtime().snapshot(sandbox_id, redact=redact, allowlist=allowlist)
-    except SecretsFound as e:
-        click.echo(e.message, err=True)
-        sys.exit(3)
+    except SecretsFound as e:  # the report (file, line, kind) is its message
+        fail(e, exit_code=3)
     print_json(info.to_dict()) if as_json else click.echo(info.id)
 
 
 @snapshot.command("restore")
 @click.argument("snapshot_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the new sandbox as a JSON object.")
-@handle_errors()
+@reports_errors()
 def snapshot_restore(snapshot_id: str, as_json: bool) -> None:
     """Create a sandbox with a snapshot's files and print its id."""
     record = _runtime().restore(snapshot_id)
@@ -66,23 +65,20 @@ def snapshot_restore(snapshot_id: str, as_json: bool) -> None:
 
 @snapshot.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-@handle_errors()
+@reports_errors()
 def snapshot_ls(as_json: bool) -> None:
     """List snapshots, oldest first."""
-    snapshots = _runtime().list_snapshots()
-    if as_json:
-        print_json([s.to_dict() for s in snapshots])
-        return
-    if not snapshots:
-        click.echo("no snapshots (take one with `agentbox snapshot create SANDBOX`)")
-    for s in snapshots:
-        mib = s.size / 2**20
-        click.echo(f"{s.id}  from {s.sandbox}  {s.files} entries  {mib:.1f} MiB")
+    print_listing(
+        _runtime().list_snapshots(), as_json,
+        lambda s: f"{s.id}  from {s.sandbox}  {s.files} entries  {s.size / 2**20:.1f} MiB",
+        to_json=lambda s: s.to_dict(),
+        empty="no snapshots (take one with `agentbox snapshot create SANDBOX`)",
+    )  # fmt: skip
 
 
 @snapshot.command("rm")
 @click.argument("snapshot_ids", nargs=-1, required=True)
-@handle_errors()
+@reports_errors()
 def snapshot_rm(snapshot_ids: tuple[str, ...]) -> None:
     """Delete snapshots from the store."""
     backend = _runtime()
@@ -94,7 +90,7 @@ def snapshot_rm(snapshot_ids: tuple[str, ...]) -> None:
 @snapshot.command("prune")
 @click.option("--keep", type=click.IntRange(min=0), help="Keep at most this many (the newest).")
 @click.option("--older-than", help="Delete those older than this, e.g. 7d.")
-@handle_errors()
+@reports_errors()
 def snapshot_prune(keep: int | None, older_than: str | None) -> None:
     """Apply a retention policy now (the gateway applies `snapshots:` after each one)."""
     if keep is None and older_than is None:

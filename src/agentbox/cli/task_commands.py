@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from agentbox.cli.main import _print_json as print_json
-from agentbox.cli.main import handle_errors
+from agentbox.cli.errors import reports_errors
+from agentbox.cli.output import print_json, print_listing
 from agentbox.cli.params import SuggestingGroup
 from agentbox.config import agentbox_home
 from agentbox.tasks.store import TaskStore
@@ -76,7 +76,7 @@ def task() -> None:
 @click.option("--project", default="default", show_default=True, help="For budgets.")
 @click.option("--max-steps", type=click.IntRange(1, 1000), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the task as a JSON object.")
-@handle_errors()
+@reports_errors()
 def task_submit(goal: str, template: str, project: str, max_steps: int, as_json: bool) -> None:
     """Queue a task and print its id."""
     data = _Tasks().submit(goal, template, project, max_steps)
@@ -85,24 +85,24 @@ def task_submit(goal: str, template: str, project: str, max_steps: int, as_json:
 
 @task.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
-@handle_errors()
+@reports_errors()
 def task_ls(as_json: bool) -> None:
     """List tasks, newest first."""
-    tasks = _Tasks().all()
-    if as_json:
-        print_json(tasks)
-        return
-    if not tasks:
-        click.echo('no tasks (submit one with `agentbox task submit --goal "..."`)')
-    for t in tasks:
+
+    def line(t: dict[str, Any]) -> str:
         failure = f" ({t['failure']})" if t.get("failure") else ""
-        click.echo(f"{t['id']}  {t['state']}{failure}  {t['steps']} steps  "
-                   f"${t['cost_usd']:.4f}  {t['goal'][:60]}")  # fmt: skip
+        return (f"{t['id']}  {t['state']}{failure}  {t['steps']} steps  "
+                f"${t['cost_usd']:.4f}  {t['goal'][:60]}")  # fmt: skip
+
+    print_listing(
+        _Tasks().all(), as_json, line,
+        empty='no tasks (submit one with `agentbox task submit --goal "..."`)',
+    )  # fmt: skip
 
 
 @task.command("show")
 @click.argument("task_id")
-@handle_errors()
+@reports_errors()
 def task_show(task_id: str) -> None:
     """A task with its accounting (steps, tool calls, tokens, cost, duration)."""
     print_json(_Tasks().show(task_id))
@@ -111,7 +111,7 @@ def task_show(task_id: str) -> None:
 @task.command("logs")
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the steps as JSON.")
-@handle_errors()
+@reports_errors()
 def task_logs(task_id: str, as_json: bool) -> None:
     """Every completed step: what the model chose and what came back; then how a task
     that is over ended (a failed one: why)."""
@@ -137,7 +137,7 @@ def task_logs(task_id: str, as_json: bool) -> None:
 
 @task.command("cancel")
 @click.argument("task_id")
-@handle_errors()
+@reports_errors()
 def task_cancel(task_id: str) -> None:
     """Stop a task (a running command is killed)."""
     data = _Tasks().cancel(task_id)

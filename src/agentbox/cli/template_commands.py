@@ -8,33 +8,15 @@ prints ``error: <message>`` and exits 1.
 from __future__ import annotations
 
 import datetime
-import functools
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import ParamSpec
 
 import click
 
-from agentbox import hints
+from agentbox.cli.errors import reports_errors
 from agentbox.cli.params import SuggestingGroup
 from agentbox.config import agentbox_home
-from agentbox.errors import AgentboxError
 from agentbox.runtime.templates import DEFAULT_SUITE, Template, TemplateStore
-
-P = ParamSpec("P")
-
-
-def _reports_errors(fn: Callable[P, None]) -> Callable[P, None]:
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> None:
-        try:
-            fn(*args, **kwargs)
-        except AgentboxError as exc:
-            click.echo(f"error: {hints.render(exc, 'cli')}", err=True)
-            raise SystemExit(1) from None
-
-    return wrapper
 
 
 def _store() -> TemplateStore:
@@ -79,7 +61,7 @@ def template() -> None:
 
 @template.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
-@_reports_errors
+@reports_errors()
 def list_templates(as_json: bool) -> None:
     """List templates (name, digest, size, creation time).
 
@@ -116,7 +98,7 @@ def list_templates(as_json: bool) -> None:
     help="Debian mirror URL. Default: the host's own apt sources.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the template as JSON.")
-@_reports_errors
+@reports_errors()
 def build_template(name: str, packages: str, suite: str, mirror: str | None, as_json: bool) -> None:
     """Build template NAME from Debian packages with mmdebstrap (needs root).
 
@@ -136,7 +118,7 @@ def build_template(name: str, packages: str, suite: str, mirror: str | None, as_
 @click.argument("name")
 @click.argument("image", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the template as JSON.")
-@_reports_errors
+@reports_errors()
 def import_template(name: str, image: Path, as_json: bool) -> None:
     """Import template NAME from IMAGE, a `docker save` or OCI image-layout tarball.
 
@@ -154,7 +136,7 @@ def import_template(name: str, image: Path, as_json: bool) -> None:
 
 @template.command("rm")
 @click.argument("name")
-@_reports_errors
+@reports_errors()
 def remove_template(name: str) -> None:
     """Remove template NAME (its files go once no other name, sandbox or snapshot uses them).
 

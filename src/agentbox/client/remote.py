@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import json
 import os
 import time
@@ -20,7 +21,7 @@ import httpx2
 
 from agentbox.client.interfaces import DEFAULT_MAX_OUTPUT, WriteMode
 from agentbox.client.interfaces import DEFAULT_TIMEOUT_S as DEFAULT_RUN_TIMEOUT_S
-from agentbox.errors import AgentboxError, InvalidRequest, Unauthenticated
+from agentbox.errors import AgentboxError, GatewayUnreachable, InvalidRequest, Unauthenticated
 from agentbox.runtime.files import FileInfo
 from agentbox.runtime.output import CommandResult, OutputCallback
 from agentbox.runtime.processes import ProcessInfo, ProcessOutput
@@ -54,13 +55,9 @@ class GatewayClient:
         self._http.close()
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
+        with gateway_errors(self.url):
             response = self._http.request(method, path, **kwargs)
-        except httpx2.TransportError as e:
-            raise AgentboxError(
-                f"cannot reach the gateway at {self.url}: {e}; is `agentbox serve` running?"
-            ) from None
-        self._raise_for_error(response)
+        raise_for_error(response)
         if response.headers.get("content-type", "").startswith("application/json"):
             return response.json()
         return response.content
@@ -74,47 +71,63 @@ class GatewayClient:
     ) -> int:
         """Stream a download into ``fileobj``; returns the entry count the gateway reports
         (and extends ``withheld`` with what it left out)."""
-        try:
-            with self._http.stream("GET", path, params=params) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    self._raise_for_error(response)
-                for chunk in response.iter_bytes():
-                    fileobj.write(chunk)
-                if withheld is not None:
-                    report = json.loads(response.headers.get("x-agentbox-withheld", "[]"))
-                    withheld.extend((str(p), str(why)) for p, why in report)
-                    unlisted = int(response.headers.get("x-agentbox-withheld-count", "0"))
-                    unlisted -= len(report)
-                    if unlisted > 0:  # "": a path no tar entry has
-                        why = f"{unlisted} more entries were withheld (the list is capped)"
-                        withheld.append(("", why))
-                return int(response.headers.get("x-agentbox-entries", "0"))
-        except httpx2.TransportError as e:
-            raise AgentboxError(f"lost the gateway at {self.url}: {e}") from None
+        with (
+            gateway_errors(self.url, lost=True),
+            self._http.stream("GET", path, params=params) as response,
+        ):
+            if response.status_code >= 400:
+                response.read()
+                raise_for_error(response)
+            for chunk in response.iter_bytes():
+                fileobj.write(chunk)
+            if withheld is not None:
+                report = json.loads(response.headers.get("x-agentbox-withheld", "[]"))
+                withheld.extend((str(p), str(why)) for p, why in report)
+                unlisted = int(response.headers.get("x-agentbox-withheld-count", "0"))
+                unlisted -= len(report)
+                if unlisted > 0:  # "": a path no tar entry has
+                    why = f"{unlisted} more entries were withheld (the list is capped)"
+                    withheld.append(("", why))
+            return int(response.headers.get("x-agentbox-entries", "0"))
 
     def events(self, method: str, path: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
         """Server-sent events of a streaming route, as (event, data) pairs."""
-        try:
-            with self._http.stream(method, path, **kwargs) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    self._raise_for_error(response)
-                yield from _parse_sse(response.iter_lines())
-        except httpx2.TransportError as e:
-            raise AgentboxError(f"lost the gateway at {self.url}: {e}") from None
+        with (
+            gateway_errors(self.url, lost=True),
+            self._http.stream(method, path, **kwargs) as response,
+        ):
+            if response.status_code >= 400:
+                response.read()
+                raise_for_error(response)
+            yield from _parse_sse(response.iter_lines())
 
-    @staticmethod
-    def _raise_for_error(response: httpx2.Response) -> None:
-        if response.status_code < 400:
-            return
-        try:
-            error = response.json()["error"]
-        except (ValueError, KeyError, TypeError):
-            raise AgentboxError(
-                f"gateway answered {response.status_code}: {response.text[:200]}"
-            ) from None
-        raise AgentboxError.from_dict(error)
+
+@contextlib.contextmanager
+def gateway_errors(url: str, *, lost: bool = False) -> Iterator[None]:
+    """The SDK's one mapping of transport failures (httpx's ``map_exceptions``): a
+    connection that cannot be made or breaks is ``GatewayUnreachable``; ``lost``: it
+    broke during a call (whatever the call did may have happened)."""
+    try:
+        yield
+    except httpx2.TransportError as e:
+        if lost:
+            raise GatewayUnreachable(f"lost the gateway at {url}: {e}") from None
+        raise GatewayUnreachable(
+            f"cannot reach the gateway at {url}: {e}; is `agentbox serve` running?"
+        ) from None
+
+
+def raise_for_error(response: httpx2.Response) -> None:
+    """An error answer as the class the gateway raised (its ``code`` survives the wire)."""
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        raise AgentboxError(
+            f"gateway answered {response.status_code}: {response.text[:200]}"
+        ) from None
+    raise AgentboxError.from_dict(error)
 
 
 def _parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from agentbox.errors import InvalidRequest
+from agentbox.errors import RfbViolation
 
 SECURITY_NONE = 1
 MAX_CUT_TEXT = 1 << 20  # a clipboard larger than this is refused, not buffered
@@ -31,12 +31,6 @@ _FIXED = {
     150: (10, False),  # EnableContinuousUpdates
 }
 _SET_ENCODINGS, _CUT_TEXT, _FENCE, _SET_DESKTOP_SIZE = 2, 6, 248, 251
-
-
-class RfbViolation(InvalidRequest):
-    """The viewer sent something the gateway does not relay."""
-
-    code = "rfb_violation"
 
 
 @dataclass

@@ -29,7 +29,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import __version__
 from agentbox.config import Admission
-from agentbox.errors import AgentboxError, InvalidRequest, StateUnavailable, Unauthenticated
+from agentbox.errors import (
+    AgentboxError,
+    InvalidRequest,
+    LimitExceeded,
+    PermissionDenied,
+    StateUnavailable,
+    Unauthenticated,
+)
 from agentbox.gateway import desktop_relay, jsonbody
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog
@@ -59,8 +66,13 @@ from agentbox.gateway.rest import (
     TOOL_ROUTE_PREFIX,
     ToolEndpoint,
     build_router,
-    error_response,
     tool_endpoint,
+)
+from agentbox.gateway.rest_errors import (
+    answer,
+    error_response,
+    http_error_response,
+    internal_error_response,
 )
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.settings import GatewaySettings
@@ -82,9 +94,6 @@ log = logging.getLogger(__name__)
 # on a 2-core host: past 6 concurrent callers, commands queued behind sleeping threads and
 # throughput fell as clients were added.
 TOOL_THREADS = 64
-INTERNAL_ERROR = {
-    "error": {"code": "internal", "message": "internal error; see the gateway log", "details": {}}
-}
 
 
 @dataclass
@@ -151,21 +160,19 @@ class HostAndSizeGuard:
             await _reject(
                 send,
                 421,
-                "invalid_request",
-                f"Host {host!r} is not this gateway (DNS rebinding protection)",
+                InvalidRequest(f"Host {host!r} is not this gateway (DNS rebinding protection)"),
             )
             return
         origin = headers.get("origin")
         if origin is not None and origin.lower() not in self.origins:
-            await _reject(send, 403, "permission_denied", f"Origin {origin!r} is not allowed")
+            await _reject(send, 403, PermissionDenied(f"Origin {origin!r} is not allowed"))
             return
         length = headers.get("content-length")
         if length is not None and _declared_over(length, self.max_body):
             await _reject(
                 send,
                 413,
-                "limit_exceeded",
-                f"request body over {self.max_body} bytes; send less per call",
+                LimitExceeded(f"request body over {self.max_body} bytes; send less per call"),
             )
             return
         received = 0
@@ -195,7 +202,7 @@ class HostAndSizeGuard:
                 raise
             # Whatever the app raised (or made of _BodyTooLarge) came from the refused read.
         if refused and not started:
-            await _reject(send, 413, "limit_exceeded", f"request body over {self.max_body} bytes")
+            await _reject(send, 413, LimitExceeded(f"request body over {self.max_body} bytes"))
 
 
 def _declared_over(length: str, cap: int) -> bool:
@@ -241,13 +248,9 @@ class ToolFastPath:
         for key, value in scope["headers"]:
             if key.lower() == b"authorization":
                 authorization = value.decode("latin-1")
-        try:
-            response = await self.endpoint(name, authorization, body)
-        except AgentboxError as e:
-            response = error_response(e)
-        except Exception:
-            log.exception("tool call %s failed", name)
-            response = JSONResponse(INTERNAL_ERROR, status_code=500)
+        response = await answer(
+            lambda: self.endpoint(name, authorization, body), f"tool call {name}"
+        )
         await response(scope, receive, send)
 
     async def _exact(
@@ -260,13 +263,9 @@ class ToolFastPath:
         body = await _read_body(receive)  # here: an oversized one is the guard's 413
         if body is None:
             return
-        try:
-            response = await handler(Request(scope, _replay(body, receive)))
-        except AgentboxError as e:
-            response = error_response(e)
-        except Exception:
-            log.exception("%s failed", scope["path"])
-            response = JSONResponse(INTERNAL_ERROR, status_code=500)
+        response = await answer(
+            lambda: handler(Request(scope, _replay(body, receive))), scope["path"]
+        )
         await response(scope, receive, send)
 
     async def _mcp(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -346,8 +345,8 @@ class _BodyTooLarge(Exception):
     pass
 
 
-async def _reject(send: Send, status: int, code: str, message: str) -> None:
-    body = JSONResponse({"error": {"code": code, "message": message, "details": {}}}).body
+async def _reject(send: Send, status: int, error: AgentboxError) -> None:
+    body = error_response(error, status).body
     await send(
         {
             "type": "http.response.start",
@@ -544,21 +543,11 @@ def create_app(
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {
-            401: "unauthenticated",
-            403: "permission_denied",
-            404: "not_found",
-            413: "limit_exceeded",
-            429: "rate_limited",
-        }.get(exc.status_code, "invalid_request")
-        return JSONResponse(
-            {"error": {"code": code, "message": str(exc.detail), "details": {}}},
-            status_code=exc.status_code,
-        )
+        return http_error_response(exc.status_code, exc.detail)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(INTERNAL_ERROR, status_code=500)
+        return internal_error_response()
 
     @app.get("/metrics", tags=["health"], response_class=Response)
     async def metrics(request: Request) -> Response:

@@ -192,8 +192,10 @@ def _tool(spec: ToolSpec) -> types.Tool:
     )
 
 
-def _error(message: str) -> types.CallToolResult:
-    text = jsonbody.encodable(message)  # it may name a sandbox's file
+def tool_error(e: AgentboxError) -> types.CallToolResult:
+    """A tool's failure as MCP returns it (``jsonrpc_error`` is the protocol's): an
+    ``isError`` result whose text, ``code: message``, the model reads and acts on."""
+    text = jsonbody.encodable(f"{e.code}: {hints.render(e, 'mcp')}")  # it may name a file
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
 
 
@@ -493,7 +495,7 @@ def build_mcp_server(
         except AgentboxError as e:
             failed = {"tool": params.name, "error": e.code, "message": e.message}
             await logs.log(ctx, principal, "warning", failed)
-            return _error(f"{e.code}: {hints.render(e, 'mcp')}")
+            return tool_error(e)
         done = {"tool": params.name, "duration_ms": round(outcome.duration_ms)}
         await logs.log(ctx, principal, "info", done)
         return types.CallToolResult(

@@ -184,6 +184,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from agentbox.errors import UnparseableCommand
 from agentbox.gateway.command_rules import (
     CODE_VARIABLES,
     IDENTITY_VARIABLES,
@@ -200,7 +201,6 @@ from agentbox.gateway.shell_analysis import (
     RULE_TOO_DEEP,
     RULE_UNPARSEABLE,
     CommandAnalysis,
-    UnparseableCommand,
     analyse_command,
     programs_in,
 )

@@ -14,7 +14,7 @@ import json
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi import Path as FastAPIPath
@@ -31,9 +31,10 @@ from agentbox.errors import (
 )
 from agentbox.gateway import jsonbody
 from agentbox.gateway import port_forward as port_forward_http
-from agentbox.gateway.auth import OPERATOR, Principal, challenge
+from agentbox.gateway.auth import OPERATOR, Principal
 from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
+from agentbox.gateway.tool_routes import add_tool_routes, body, tool_body
 from agentbox.network.modes import EGRESS_MODES
 from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord
@@ -89,89 +90,6 @@ class TakeSnapshot(Body):
         default=None,
         description="allow-list text: one entry a line, a path glob, PATH:LINE or kind=KIND",
     )
-
-
-# A bash command line, or an argv run as is (no shell), like the SDK's str | list.
-Command = Annotated[str, Field(min_length=1)] | Annotated[list[str], Field(min_length=1)]
-COMMAND_DESCRIPTION = "A bash command line, or an argv list run without a shell"
-
-
-class RunCommand(Body):
-    command: Command = Field(description=COMMAND_DESCRIPTION)
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-    stdin: str | None = None
-    timeout_ms: int | None = Field(default=None, gt=0)
-    max_output_bytes: int | None = Field(
-        default=None, ge=0, description="bytes of each stream kept (head and tail)"
-    )
-
-
-class PtySize(Body):
-    cols: int = Field(ge=1, le=10_000)
-    rows: int = Field(ge=1, le=10_000)
-
-
-class StartProcess(Body):
-    command: Command = Field(description=COMMAND_DESCRIPTION)
-    cwd: str | None = None
-    env: dict[str, str] | None = None
-    stdin: bool = False
-    pty: PtySize | None = None
-
-
-class WriteStdin(Body):
-    data: str = ""
-    eof: bool = False  # then close its stdin: it reads EOF after ``data``
-
-
-class SignalProcess(Body):
-    signal: str = "SIGTERM"
-
-
-class ShellCreate(Body):
-    cwd: str = "/workspace"
-    env: dict[str, str] | None = None
-
-
-class ShellRun(Body):
-    command: str = Field(min_length=1)
-    timeout_ms: int | None = Field(default=None, gt=0)
-    stdin: str | None = None
-    max_output_bytes: int | None = Field(default=None, ge=0)
-
-
-class WriteFile(Body):
-    path: str
-    content: str
-    mode: Literal["overwrite", "append", "create"] = "overwrite"
-    encoding: Literal["utf-8", "base64"] = "utf-8"
-    perms: int = Field(default=0o644, ge=0, le=0o777, description="bits of a new file")
-    make_parents: bool = True
-
-
-class EditFile(Body):
-    path: str
-    old: str = Field(min_length=1)
-    new: str
-    count: int | None = Field(default=None, ge=1)
-
-
-class MovePath(Body):
-    path: str
-    destination: str
-    overwrite: bool = False
-
-
-class PathBody(Body):
-    path: str
-    recursive: bool = False
-
-
-class MakeDir(Body):
-    path: str
-    parents: bool = True
-    exist_ok: bool = True
 
 
 # Scopes a token's tool list may name besides the tools: routes that are not tool calls.
@@ -453,126 +371,23 @@ def build_router(
         )
 
     # commands -----------------------------------------------------------------------------
-    @api.post("/sandboxes/{sandbox_id}/commands", tags=["commands"])
+    @api.post(
+        "/sandboxes/{sandbox_id}/commands", tags=["commands"], openapi_extra=body("terminal_run")
+    )
     async def run_command(
         sandbox_id: str,
-        body: RunCommand,
         request: Request,
         p: Principal = auth,
         stream: bool = Query(False, description="Server-sent events: stdout, stderr, result"),
     ) -> Any:
-        args = body.model_dump()
+        args = await tool_body(request, {})
         if not stream:
             return await tool(p, "terminal_run", sandbox_id, args)
         return StreamingResponse(
             _stream_command(gateway, p, sandbox_id, args), media_type="text/event-stream"
         )
 
-    # processes ----------------------------------------------------------------------------
-    @api.post("/sandboxes/{sandbox_id}/processes", status_code=201, tags=["processes"])
-    async def start_process(sandbox_id: str, body: StartProcess, p: Principal = auth) -> Any:
-        return await tool(p, "process_start", sandbox_id, body.model_dump())
-
-    @api.get("/sandboxes/{sandbox_id}/processes", tags=["processes"])
-    async def list_processes(sandbox_id: str, p: Principal = auth) -> Any:
-        return await tool(p, "process_list", sandbox_id, {})
-
-    @api.get("/sandboxes/{sandbox_id}/processes/{process_id}/output", tags=["processes"])
-    async def read_process(
-        sandbox_id: str,
-        process_id: str,
-        p: Principal = auth,
-        stream: Literal["stdout", "stderr"] = "stdout",
-        offset: int = Query(0, ge=0, le=jsonbody.MAX_INT),
-        limit: int | None = Query(None, ge=1, le=jsonbody.MAX_INT),
-    ) -> Any:
-        args = {"process_id": process_id, "stream": stream, "offset": offset, "limit": limit}
-        return await tool(p, "process_read", sandbox_id, args)
-
-    @api.post("/sandboxes/{sandbox_id}/processes/{process_id}/stdin", tags=["processes"])
-    async def write_process(
-        sandbox_id: str, process_id: str, body: WriteStdin, p: Principal = auth
-    ) -> Any:
-        args = {"process_id": process_id, "data": body.data, "eof": body.eof}
-        return await tool(p, "process_write", sandbox_id, args)
-
-    @api.post("/sandboxes/{sandbox_id}/processes/{process_id}/resize", tags=["processes"])
-    async def resize_process(
-        sandbox_id: str, process_id: str, body: PtySize, p: Principal = auth
-    ) -> Any:
-        args = {"process_id": process_id, "cols": body.cols, "rows": body.rows}
-        return await tool(p, "process_resize", sandbox_id, args)
-
-    @api.post("/sandboxes/{sandbox_id}/processes/{process_id}/signal", tags=["processes"])
-    async def signal_process(
-        sandbox_id: str, process_id: str, body: SignalProcess, p: Principal = auth
-    ) -> Any:
-        args = {"process_id": process_id, "signal": body.signal}
-        return await tool(p, "process_signal", sandbox_id, args)
-
-    # shell sessions -----------------------------------------------------------------------
-    @api.post("/sandboxes/{sandbox_id}/sessions", status_code=201, tags=["sessions"])
-    async def create_session(sandbox_id: str, body: ShellCreate, p: Principal = auth) -> Any:
-        return await tool(p, "shell_create", sandbox_id, body.model_dump())
-
-    @api.post("/sandboxes/{sandbox_id}/sessions/{session_id}/run", tags=["sessions"])
-    async def run_in_session(
-        sandbox_id: str, session_id: str, body: ShellRun, p: Principal = auth
-    ) -> Any:
-        return await tool(
-            p, "shell_run", sandbox_id, {"session_id": session_id, **body.model_dump()}
-        )
-
-    @api.delete("/sandboxes/{sandbox_id}/sessions/{session_id}", tags=["sessions"])
-    async def close_session(sandbox_id: str, session_id: str, p: Principal = auth) -> Any:
-        return await tool(p, "shell_close", sandbox_id, {"session_id": session_id})
-
-    # files --------------------------------------------------------------------------------
-    @api.get("/sandboxes/{sandbox_id}/files", tags=["files"])
-    async def read_file(
-        sandbox_id: str,
-        path: str,
-        p: Principal = auth,
-        offset: int = Query(0, ge=0, le=jsonbody.MAX_INT),
-        length: int | None = Query(None, ge=0, le=jsonbody.MAX_INT),
-    ) -> Any:
-        return await tool(
-            p, "fs_read", sandbox_id, {"path": path, "offset": offset, "length": length}
-        )
-
-    @api.put("/sandboxes/{sandbox_id}/files", tags=["files"])
-    async def write_file(sandbox_id: str, body: WriteFile, p: Principal = auth) -> Any:
-        return await tool(p, "fs_write", sandbox_id, body.model_dump())
-
-    @api.post("/sandboxes/{sandbox_id}/files/edit", tags=["files"])
-    async def edit_file(sandbox_id: str, body: EditFile, p: Principal = auth) -> Any:
-        return await tool(p, "fs_edit", sandbox_id, body.model_dump())
-
-    @api.get("/sandboxes/{sandbox_id}/files/list", tags=["files"])
-    async def list_files(
-        sandbox_id: str,
-        p: Principal = auth,
-        path: str = "/workspace",
-        depth: int = Query(1, ge=1, le=10),
-    ) -> Any:
-        return await tool(p, "fs_list", sandbox_id, {"path": path, "depth": depth})
-
-    @api.get("/sandboxes/{sandbox_id}/files/stat", tags=["files"])
-    async def stat_file(sandbox_id: str, path: str, p: Principal = auth) -> Any:
-        return await tool(p, "fs_stat", sandbox_id, {"path": path})
-
-    @api.post("/sandboxes/{sandbox_id}/files/mkdir", tags=["files"])
-    async def make_dir(sandbox_id: str, body: MakeDir, p: Principal = auth) -> Any:
-        return await tool(p, "fs_mkdir", sandbox_id, body.model_dump())
-
-    @api.post("/sandboxes/{sandbox_id}/files/move", tags=["files"])
-    async def move_path(sandbox_id: str, body: MovePath, p: Principal = auth) -> Any:
-        return await tool(p, "fs_move", sandbox_id, body.model_dump())
-
-    @api.post("/sandboxes/{sandbox_id}/files/remove", tags=["files"])
-    async def remove_path(sandbox_id: str, body: PathBody, p: Principal = auth) -> Any:
-        return await tool(p, "fs_remove", sandbox_id, body.model_dump())
-
+    # files: the tool calls are in TOOL_ROUTES (tool_routes.py); tar transfers here ---------
     @api.get("/sandboxes/{sandbox_id}/files/download", tags=["files"])
     async def download_tar(
         sandbox_id: str,
@@ -746,6 +561,7 @@ def build_router(
             since_seq=since_seq, sandbox=sandbox, tool=tool, decision=decision, limit=limit
         )
 
+    add_tool_routes(api, tool, auth)  # processes, sessions, files: one tool call each
     _port_routes(api, gateway, auth)
     return api
 
@@ -880,15 +696,3 @@ def _tool_arguments(body: bytes) -> dict[str, Any]:
     if not isinstance(arguments, dict):
         raise InvalidRequest("arguments: Input should be a valid dictionary (a JSON object)")
     return arguments
-
-
-def error_response(e: AgentboxError) -> JSONResponse:
-    headers = {}
-    www_authenticate = challenge(e)
-    if www_authenticate is not None:
-        headers["WWW-Authenticate"] = www_authenticate
-    retry = e.details.get("retry_after")
-    if retry is not None:
-        headers["Retry-After"] = str(max(1, int(retry + 0.999)))
-    body = {"error": jsonbody.encodable(e.to_dict("rest"))}  # it may name a sandbox's file
-    return JSONResponse(body, status_code=e.http_status, headers=headers)

@@ -66,12 +66,11 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from string import ascii_letters, digits
-from typing import Any
 
 import tree_sitter
 import tree_sitter_bash
 
-from agentbox.errors import InvalidRequest
+from agentbox.errors import UnparseableCommand
 from agentbox.gateway.command_rules import (
     CODE_VARIABLES,
     IDENTITY_VARIABLES,
@@ -98,21 +97,6 @@ RULE_DYNAMIC_NAME = "dynamic command name"
 RULE_DYNAMIC_CODE = "dynamic shell code"
 RULE_TOO_DEEP = "nesting too deep"
 RULE_FUNC_IMPORT = "function import via environment"
-
-
-class UnparseableCommand(InvalidRequest):
-    """The command cannot be analysed statically, so the policy refuses it.
-
-    ``rule`` (also in ``details``) says why: one of the ``RULE_*`` constants of this module.
-    """
-
-    code = "unparseable_command"
-
-    def __init__(self, message: str, *, rule: str = RULE_UNPARSEABLE, **details: Any) -> None:
-        super().__init__(message, rule=rule, **details)
-        self.rule = rule
-        self.programs: list[str] = list(details.get("programs", []))
-        """Programs found before the analysis had to stop (for "deny wins" reporting)."""
 
 
 @dataclass

@@ -30,7 +30,7 @@ from anyio.abc import TaskGroup
 from mcp.shared.inbound import NAME_BEARING_METHODS, encode_header_value
 from mcp_types import PROTOCOL_VERSION_META_KEY
 
-from agentbox.client.remote import GatewayClient
+from agentbox.client.remote import GatewayClient, gateway_errors
 from agentbox.config import agentbox_home
 from agentbox.errors import AgentboxError, HostUnsupported, Unauthenticated
 from agentbox.gateway.app import open_audit
@@ -171,17 +171,17 @@ class _Relay:
     async def _post(self, http: httpx2.AsyncClient, message: dict[str, Any]) -> dict[str, Any]:
         request_id = message.get("id")
         try:
-            used = self.token
-            response = await http.post(self.url, json=message, headers=self._headers(message))
-            if response.status_code == 401:  # the session token expired: a new one, once
-                async with self.renew_lock:
-                    if self.token == used:  # not renewed meanwhile by a concurrent request
-                        self.token, self.token_id = await anyio.to_thread.run_sync(self.issue)
+            with gateway_errors(self.url, lost=True):
+                used = self.token
                 response = await http.post(self.url, json=message, headers=self._headers(message))
-        except httpx2.TransportError as e:
-            lost = HostUnsupported(f"lost the gateway at {self.url}: {e}")
-            return _failure(request_id, jsonrpc_error(lost))
-        except AgentboxError as e:
+                if response.status_code == 401:  # the session token expired: a new one, once
+                    async with self.renew_lock:
+                        if self.token == used:  # not renewed meanwhile by a concurrent request
+                            self.token, self.token_id = await anyio.to_thread.run_sync(self.issue)
+                    response = await http.post(
+                        self.url, json=message, headers=self._headers(message)
+                    )
+        except AgentboxError as e:  # a lost gateway too: GatewayUnreachable
             return _failure(request_id, jsonrpc_error(e))
         try:
             answer = response.json()

@@ -20,12 +20,13 @@ from typing import Any, Literal
 from agentbox.browser.manager import BrowserManager
 from agentbox.desktop.manager import DesktopManager
 from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported
+from agentbox.gateway import tool_args
 from agentbox.gateway.settings import (
     BrowserOpenTool,
     GatewaySettings,
     TerminalRunTool,
 )
-from agentbox.runtime.commands import WORKSPACE, Cancellation
+from agentbox.runtime.commands import Cancellation
 from agentbox.runtime.files import Guard, SandboxFiles
 from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver
 from agentbox.runtime.runtime import Runtime
@@ -131,20 +132,6 @@ class ToolSpec:
         }
 
 
-def _obj(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    props = dict(properties)
-    props["sandbox_id"] = {
-        "type": "string",
-        "description": "Sandbox to act on. Session tokens may omit it (their own sandbox).",
-    }
-    return {
-        "type": "object",
-        "properties": props,
-        "required": required,
-        "additionalProperties": False,
-    }
-
-
 def _out(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "required": required or list(properties)}
 
@@ -152,11 +139,6 @@ def _out(properties: dict[str, Any], required: list[str] | None = None) -> dict[
 STR = {"type": "string"}
 INT = {"type": "integer"}
 BOOL = {"type": "boolean"}
-PATH = {
-    "type": "string",
-    "minLength": 1,
-    "description": "Path in the sandbox (relative: /workspace)",
-}
 
 
 def nullable(kind: str) -> dict[str, Any]:
@@ -539,68 +521,6 @@ def browser_close(call: ToolCall) -> dict[str, Any]:
     return browsers.close(call.sandbox_id, call.args["handle"])
 
 
-COMMAND = {"type": "string", "minLength": 1, "description": "A bash command line"}
-# A command line run by bash, or an argv run as is (no shell: what the SDK's list form means).
-COMMAND_OR_ARGV = {
-    "anyOf": [
-        {"type": "string", "minLength": 1},
-        {"type": "array", "items": {"type": "string"}, "minItems": 1},
-    ],
-    "description": "A bash command line, or an argv list run without a shell "
-    '(["python3", "-c", "print(1)"])',
-}
-PERMS = {
-    "type": "integer",
-    "minimum": 0,
-    "maximum": 0o777,
-    "default": 0o644,
-    "description": "Permission bits of a file this call creates (420 = 0o644); an existing "
-    "file keeps its own",
-}
-CWD = {
-    "type": "string",
-    "minLength": 1,
-    "default": WORKSPACE,
-    "description": f"Working directory in the sandbox (relative: to {WORKSPACE})",
-}
-ENV = {
-    "type": "object",
-    "additionalProperties": {"type": "string"},
-    "default": {},
-    "description": "Environment variables added for this command",
-}
-PROCESS_ID = {"type": "string", "description": "Handle returned by process_start"}
-PTY_SIDES = {
-    "cols": {"type": "integer", "minimum": 1, "maximum": 10_000, "description": "Columns"},
-    "rows": {"type": "integer", "minimum": 1, "maximum": 10_000, "description": "Rows"},
-}
-PTY_SIZE = {
-    "type": "object",
-    "properties": PTY_SIDES,
-    "required": ["cols", "rows"],
-    "additionalProperties": False,
-}
-SESSION_ID = {"type": "string", "description": "Handle returned by shell_create"}
-BROWSER_HANDLE = {
-    "type": "string",
-    "pattern": "^br-[0-9a-f]{12}$",
-    "description": "Handle returned by browser_open (one page)",
-}
-ELEMENT_REF = {
-    "type": "string",
-    "pattern": "^(f[0-9]+)?e[0-9]+$",
-    "description": "An element ref from the latest browser_snapshot, e.g. e12",
-}
-
-
-def _flag(default: bool, description: str) -> dict[str, Any]:
-    return {"type": "boolean", "default": default, "description": description}
-
-
-def _enum(values: list[str], description: str) -> dict[str, Any]:
-    return {"enum": values, "default": values[0], "description": description}
-
-
 # Arguments whose default or maximum comes from the gateway's config: render_tools puts
 # the configured values into the schemas a gateway lists (and its handlers then read).
 def _timeout_ms(lim: ToolLimits) -> dict[str, Any]:
@@ -667,7 +587,11 @@ def _text_chars(lim: ToolLimits) -> dict[str, Any]:
 
 
 def _full_page(lim: ToolLimits) -> dict[str, Any]:
-    return _flag(False, f"true: the whole page; false: the viewport ({lim.viewport} pixels)")
+    return {
+        "type": "boolean",
+        "default": False,
+        "description": f"true: the whole page; false: the viewport ({lim.viewport} pixels)",
+    }
 
 
 def _url(lim: ToolLimits) -> dict[str, Any]:
@@ -692,9 +616,20 @@ CONFIGURED: dict[str, Callable[[ToolLimits], dict[str, Any]]] = {
     "url": _url,
 }
 DEFAULT_LIMITS = ToolLimits.from_settings(GatewaySettings())
-TIMEOUT_MS = _timeout_ms(DEFAULT_LIMITS)
-MAX_OUTPUT = _max_output(DEFAULT_LIMITS)
-MAX_CHARS = _text_chars(DEFAULT_LIMITS)
+
+
+def configured_schema(schema: dict[str, Any], limits: ToolLimits) -> dict[str, Any]:
+    """``schema`` with each configured argument (CONFIGURED) stating these limits."""
+    props = schema["properties"]
+    configured = {k: build(limits) for k, build in CONFIGURED.items() if k in props}
+    return schema | {"properties": props | configured}
+
+
+def _schema(model: type[tool_args.ToolArgs]) -> dict[str, Any]:
+    """A tool's input schema: its argument model's, with the default limits."""
+    return configured_schema(tool_args.input_schema(model), DEFAULT_LIMITS)
+
+
 PAGE_STATE = {
     "handle": STR,
     "url": STR,
@@ -712,21 +647,7 @@ TOOLS: list[ToolSpec] = [
         "stderr_file) for fs_read. A command that waits for input (a prompt, an editor) "
         "returns early with waiting_for_input=true and runs on as a background process "
         "(process_id) that process_write can answer.",
-        _obj(
-            {
-                "command": COMMAND_OR_ARGV,
-                "cwd": CWD,
-                "timeout_ms": TIMEOUT_MS,
-                "max_output_bytes": MAX_OUTPUT,
-                "stdin": {
-                    "type": "string",
-                    "description": "Text fed to the command's stdin, then end of input "
-                    "(absent: an empty stdin, watched for prompts)",
-                },
-                "env": ENV,
-            },
-            ["command"],
-        ),
+        _schema(tool_args.TerminalRun),
         RESULT_SCHEMA,
         read_only=False,
         destructive=True,
@@ -739,21 +660,7 @@ TOOLS: list[ToolSpec] = [
         "Start a background process",
         "Start a command in the background; returns a process_id handle for process_read, "
         "process_write, process_signal.",
-        _obj(
-            {
-                "command": COMMAND_OR_ARGV,
-                "cwd": CWD,
-                "env": ENV,
-                "stdin": _flag(False, "true: keep its stdin open for process_write"),
-                "pty": {
-                    "anyOf": [PTY_SIZE, {"type": "null"}],
-                    "default": None,
-                    "description": "Run it on a terminal of this size ({cols, rows}); "
-                    "process_write types into it, process_read's stdout is its screen output",
-                },
-            },
-            ["command"],
-        ),
+        _schema(tool_args.ProcessStart),
         _out({"process_id": STR, "running": BOOL}),
         read_only=False,
         destructive=True,
@@ -765,20 +672,7 @@ TOOLS: list[ToolSpec] = [
         "process_read",
         "Read a background process's output",
         "Output of a background process from a byte offset; pass next_offset back to continue.",
-        _obj(
-            {
-                "process_id": PROCESS_ID,
-                "stream": _enum(["stdout", "stderr"], "Which output to read"),
-                "offset": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "default": 0,
-                    "description": "Byte offset in the stream: 0, or the last next_offset",
-                },
-                "limit": _read_limit(DEFAULT_LIMITS),
-            },
-            ["process_id"],
-        ),
+        _schema(tool_args.ProcessRead),
         _out(
             {
                 "data": STR,
@@ -800,18 +694,7 @@ TOOLS: list[ToolSpec] = [
         "Write to a background process's stdin",
         "Send text to the stdin of a process started with stdin=true (or type it into its "
         "terminal); eof=true then closes its stdin.",
-        _obj(
-            {
-                "process_id": PROCESS_ID,
-                "data": {
-                    "type": "string",
-                    "default": "",
-                    "description": 'Text to send, e.g. "y\\n"',
-                },
-                "eof": _flag(False, "true: close its stdin after data (it reads EOF)"),
-            },
-            ["process_id"],
-        ),
+        _schema(tool_args.ProcessWrite),
         _out({"written": INT}),
         read_only=False,
         destructive=False,
@@ -823,7 +706,7 @@ TOOLS: list[ToolSpec] = [
         "process_resize",
         "Resize a background process's terminal",
         "Set the size of the terminal of a process started with pty; it gets SIGWINCH.",
-        _obj({"process_id": PROCESS_ID, **PTY_SIDES}, ["process_id", "cols", "rows"]),
+        _schema(tool_args.ProcessResize),
         _out({"process_id": STR, "cols": INT, "rows": INT}),
         read_only=False,
         destructive=False,
@@ -836,17 +719,7 @@ TOOLS: list[ToolSpec] = [
         "Signal a background process",
         "Send a signal (default SIGTERM; SIGKILL kills its whole tree). signalled=false: "
         "the process had already ended (exit_code says how).",
-        _obj(
-            {
-                "process_id": PROCESS_ID,
-                "signal": {
-                    "type": "string",
-                    "default": "SIGTERM",
-                    "description": "A signal name (SIGTERM, SIGINT, SIGKILL, ...) or number",
-                },
-            },
-            ["process_id"],
-        ),
+        _schema(tool_args.ProcessSignal),
         _out(
             {
                 "process_id": STR,
@@ -865,7 +738,7 @@ TOOLS: list[ToolSpec] = [
         "process_list",
         "List background processes",
         "Background processes of the sandbox.",
-        _obj({}, []),
+        _schema(tool_args.ProcessList),
         _out({"processes": {"type": "array", "items": {"type": "object"}}}),
         read_only=True,
         destructive=False,
@@ -877,9 +750,7 @@ TOOLS: list[ToolSpec] = [
         "shell_create",
         "Open a shell session",
         "Open a persistent shell: cd and export carry over between shell_run calls.",
-        _obj(
-            {"cwd": CWD, "env": ENV | {"description": "Environment variables of the session"}}, []
-        ),
+        _schema(tool_args.ShellCreate),
         _out({"session_id": STR}),
         read_only=False,
         destructive=False,
@@ -891,20 +762,7 @@ TOOLS: list[ToolSpec] = [
         "shell_run",
         "Run in a shell session",
         "Run a bash command in a shell session (its cwd and environment persist).",
-        _obj(
-            {
-                "session_id": SESSION_ID,
-                "command": COMMAND,
-                "timeout_ms": TIMEOUT_MS,
-                "max_output_bytes": MAX_OUTPUT,
-                "stdin": {
-                    "type": "string",
-                    "description": "Text fed to the command's stdin, then end of input "
-                    "(absent: an empty stdin)",
-                },
-            },
-            ["session_id", "command"],
-        ),
+        _schema(tool_args.ShellRun),
         RESULT_SCHEMA,
         read_only=False,
         destructive=True,
@@ -916,7 +774,7 @@ TOOLS: list[ToolSpec] = [
         "shell_close",
         "Close a shell session",
         "Forget a shell session.",
-        _obj({"session_id": SESSION_ID}, ["session_id"]),
+        _schema(tool_args.ShellClose),
         _out({"session_id": STR, "closed": BOOL}),
         read_only=False,
         destructive=False,
@@ -928,19 +786,7 @@ TOOLS: list[ToolSpec] = [
         "fs_read",
         "Read a file",
         "Read a file (UTF-8 text, or base64 for binary) from an optional byte offset/length.",
-        _obj(
-            {
-                "path": PATH,
-                "offset": {
-                    "type": "integer",
-                    "minimum": 0,
-                    "default": 0,
-                    "description": "Byte offset to read from",
-                },
-                "length": _read_length(DEFAULT_LIMITS),
-            },
-            ["path"],
-        ),
+        _schema(tool_args.FsRead),
         _out(
             {
                 "path": STR,
@@ -962,23 +808,7 @@ TOOLS: list[ToolSpec] = [
         "Write a file",
         "Create, overwrite or append to a file (missing parents are created unless "
         "make_parents=false).",
-        _obj(
-            {
-                "path": PATH,
-                "content": _content(DEFAULT_LIMITS),
-                "mode": _enum(
-                    ["overwrite", "append", "create"],
-                    "overwrite: replace the file; append: add to its end; create: fail if "
-                    "it exists",
-                ),
-                "encoding": _enum(
-                    ["utf-8", "base64"], "How content is written: text, or base64 of bytes"
-                ),
-                "perms": PERMS,
-                "make_parents": _flag(True, "true: create missing parent directories"),
-            },
-            ["path", "content"],
-        ),
+        _schema(tool_args.FsWrite),
         _out({"path": STR, "size": INT, "diff": STR}, ["path", "size"]),
         read_only=False,
         destructive=True,
@@ -990,25 +820,7 @@ TOOLS: list[ToolSpec] = [
         "fs_edit",
         "Edit a file",
         "Replace an exact string; fails unless it occurs exactly `count` times (default 1).",
-        _obj(
-            {
-                "path": PATH,
-                "old": {
-                    "type": "string",
-                    "minLength": 1,
-                    "description": "The exact text to replace, whitespace included",
-                },
-                "new": {"type": "string", "description": "The text to put in its place"},
-                "count": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "default": 1,
-                    "description": "How many times old occurs (and is replaced); the edit "
-                    "fails, changing nothing, if the file holds another number",
-                },
-            },
-            ["path", "old", "new"],
-        ),
+        _schema(tool_args.FsEdit),
         _out({"path": STR, "replacements": INT, "diff": STR}, ["path", "replacements"]),
         read_only=False,
         destructive=True,
@@ -1020,19 +832,7 @@ TOOLS: list[ToolSpec] = [
         "fs_list",
         "List a directory",
         "Entries of a directory, optionally recursive (depth).",
-        _obj(
-            {
-                "path": PATH | {"default": WORKSPACE},
-                "depth": {
-                    "type": "integer",
-                    "minimum": 1,
-                    "maximum": 10,
-                    "default": 1,
-                    "description": "Levels to list: 1 the entries themselves, at most 10",
-                },
-            },
-            [],
-        ),
+        _schema(tool_args.FsList),
         _out({"entries": {"type": "array", "items": FILE_INFO}}),
         read_only=True,
         destructive=False,
@@ -1044,7 +844,7 @@ TOOLS: list[ToolSpec] = [
         "fs_stat",
         "Stat a path",
         "Type, size, mode and mtime of a path.",
-        _obj({"path": PATH}, ["path"]),
+        _schema(tool_args.FsStat),
         FILE_INFO | {"required": ["path", "type", "size"]},
         read_only=True,
         destructive=False,
@@ -1056,10 +856,7 @@ TOOLS: list[ToolSpec] = [
         "fs_remove",
         "Remove a path",
         "Remove a file, or a directory with recursive=true.",
-        _obj(
-            {"path": PATH, "recursive": _flag(False, "true: remove a directory and all below it")},
-            ["path"],
-        ),
+        _schema(tool_args.FsRemove),
         _out({"path": STR, "removed": BOOL}),
         read_only=False,
         destructive=True,
@@ -1071,14 +868,7 @@ TOOLS: list[ToolSpec] = [
         "fs_move",
         "Move a path",
         "Move or rename a file or directory.",
-        _obj(
-            {
-                "path": PATH,
-                "destination": PATH,
-                "overwrite": _flag(False, "true: replace what is at destination"),
-            },
-            ["path", "destination"],
-        ),
+        _schema(tool_args.FsMove),
         FILE_INFO | {"required": ["path"]},
         read_only=False,
         destructive=True,
@@ -1090,14 +880,7 @@ TOOLS: list[ToolSpec] = [
         "fs_mkdir",
         "Make a directory",
         "Create a directory (and its parents, unless parents=false).",
-        _obj(
-            {
-                "path": PATH,
-                "parents": _flag(True, "true: create missing parent directories"),
-                "exist_ok": _flag(True, "true: an existing directory is no error"),
-            },
-            ["path"],
-        ),
+        _schema(tool_args.FsMkdir),
         FILE_INFO | {"required": ["path"]},
         read_only=False,
         destructive=False,
@@ -1112,15 +895,7 @@ TOOLS: list[ToolSpec] = [
         "every request and redirect). Without handle a new page is opened and its handle "
         "returned; with handle that page navigates. Returns the final url, HTTP status, "
         "title and the page's readable text (cut at max_chars, then truncated=true).",
-        _obj(
-            {
-                "url": _url(DEFAULT_LIMITS),
-                "handle": BROWSER_HANDLE
-                | {"description": "A page from browser_open to navigate (absent: a new page)"},
-                "max_chars": MAX_CHARS,
-            },
-            ["url"],
-        ),
+        _schema(tool_args.BrowserOpen),
         _out(
             {
                 **PAGE_STATE,
@@ -1143,14 +918,7 @@ TOOLS: list[ToolSpec] = [
         "inputs, each with a ref (e12) for browser_click / browser_type / browser_press. "
         "Refs stay valid until the page navigates or changes; then take a new snapshot. "
         "text=true also returns the page's readable text.",
-        _obj(
-            {
-                "handle": BROWSER_HANDLE,
-                "text": _flag(False, "true: also return the page's readable text"),
-                "max_chars": MAX_CHARS,
-            },
-            ["handle"],
-        ),
+        _schema(tool_args.BrowserSnapshot),
         _out(
             {
                 **PAGE_STATE,
@@ -1173,7 +941,7 @@ TOOLS: list[ToolSpec] = [
         "Click an element",
         "Click the element with this ref (from browser_snapshot). Returns the page's url and "
         "title and whether it navigated.",
-        _obj({"handle": BROWSER_HANDLE, "ref": ELEMENT_REF}, ["handle", "ref"]),
+        _schema(tool_args.BrowserClick),
         ACTION_RESULT,
         read_only=False,
         destructive=True,
@@ -1187,15 +955,7 @@ TOOLS: list[ToolSpec] = [
         "Type into a field",
         "Replace the value of a text field (or choose a select option by its label) with "
         "text; submit=true then presses Enter.",
-        _obj(
-            {
-                "handle": BROWSER_HANDLE,
-                "ref": ELEMENT_REF,
-                "text": {"type": "string", "description": "The field's new value"},
-                "submit": _flag(False, "true: press Enter afterwards"),
-            },
-            ["handle", "ref", "text"],
-        ),
+        _schema(tool_args.BrowserType),
         ACTION_RESULT,
         read_only=False,
         destructive=True,
@@ -1209,19 +969,7 @@ TOOLS: list[ToolSpec] = [
         "Press a key",
         "Press a key or chord (Enter, Tab, ArrowDown, Control+A, ...) on the element with ref, "
         "or on whatever has focus.",
-        _obj(
-            {
-                "handle": BROWSER_HANDLE,
-                "key": {
-                    "type": "string",
-                    "minLength": 1,
-                    "maxLength": 64,
-                    "description": "A key or chord: Enter, Tab, ArrowDown, Control+A, ...",
-                },
-                "ref": ELEMENT_REF | {"description": "Element to press it on (absent: focus)"},
-            },
-            ["handle", "key"],
-        ),
+        _schema(tool_args.BrowserPress),
         ACTION_RESULT,
         read_only=False,
         destructive=True,
@@ -1234,7 +982,7 @@ TOOLS: list[ToolSpec] = [
         "browser_screenshot",
         "Screenshot a page",
         "A PNG of the viewport (full_page=true: the whole page), base64 in png_base64.",
-        _obj({"handle": BROWSER_HANDLE, "full_page": _full_page(DEFAULT_LIMITS)}, ["handle"]),
+        _schema(tool_args.BrowserScreenshot),
         _out(
             {
                 **PAGE_STATE,
@@ -1256,7 +1004,7 @@ TOOLS: list[ToolSpec] = [
         "Close a page",
         "Close the page (its browser context, cookies included). The browser itself stops "
         "with its last page; idle pages close by themselves.",
-        _obj({"handle": BROWSER_HANDLE}, ["handle"]),
+        _schema(tool_args.BrowserClose),
         _out({"handle": STR, "closed": BOOL}),
         read_only=False,
         destructive=False,
@@ -1332,12 +1080,7 @@ def desktop_open(call: ToolCall) -> dict[str, Any]:
     return desktops.open(call.sandbox_id, call.args.get("command"), call.args.get("url"))
 
 
-_COORD = {"type": "integer", "minimum": 0, "maximum": 8191}
-_X = _COORD | {"description": "x in the latest desktop_screenshot's pixels"}
-_Y = _COORD | {"description": "y in the latest desktop_screenshot's pixels"}
-_BUTTON = _enum(["left", "right", "middle"], "Mouse button")
 _POINTER_DONE = _out({"done": BOOL, "x": INT, "y": INT, "space": STR})
-_SIDE = {"type": "integer", "minimum": 16, "maximum": 8192}
 _DESKTOP_INFO = {
     "running": BOOL,
     "display": STR,
@@ -1349,12 +1092,12 @@ _DESKTOP_INFO = {
 
 
 def _desktop_tool(
-    name: str, title: str, description: str, inputs: dict[str, Any], required: list[str],
+    name: str, title: str, description: str, inputs: dict[str, Any],
     output: dict[str, Any], handler: Handler, *, read_only: bool = False,
     policy: PolicyKind = "desktop",
 ) -> ToolSpec:  # fmt: skip
     return ToolSpec(
-        name, title, description, _obj(inputs, required), output,
+        name, title, description, inputs, output,
         read_only=read_only, destructive=not read_only, idempotent=read_only,
         handler=handler, policy=policy,
     )  # fmt: skip
@@ -1367,14 +1110,7 @@ TOOLS += [
         "Start a virtual desktop (X display :1 with a window manager and a VNC server) "
         "inside the sandbox, under its limits; a running one is returned as it is. People "
         "watch it through the gateway; the other desktop_* tools act on it.",
-        {
-            "size": {
-                "type": "string",
-                "pattern": "^[0-9]{2,4}x[0-9]{2,4}$",
-                "description": "Screen size, e.g. 1280x800 (default: the gateway's)",
-            }
-        },
-        [],
+        _schema(tool_args.DesktopStart),
         _out({**_DESKTOP_INFO, "started": BOOL}, ["running", "started"]),
         desktop_start,
     ),
@@ -1382,8 +1118,7 @@ TOOLS += [
         "desktop_stop",
         "Stop the desktop",
         "Stop the sandbox's desktop and every application opened on it.",
-        {},
-        [],
+        _schema(tool_args.DesktopStop),
         _out({"stopped": BOOL}),
         desktop_stop,
     ),
@@ -1392,11 +1127,7 @@ TOOLS += [
         "Screenshot the desktop",
         "A PNG of the whole screen, scaled to fit within width x height (aspect kept). The "
         "coordinates of desktop_click/move/drag/scroll are in this screenshot's pixels.",
-        {
-            "width": _SIDE | {"description": "Maximum width of the PNG (default: the screen's)"},
-            "height": _SIDE | {"description": "Maximum height of the PNG"},
-        },
-        [],
+        _schema(tool_args.DesktopScreenshot),
         _out(
             {
                 "mime_type": {"const": "image/png"},
@@ -1414,8 +1145,7 @@ TOOLS += [
         "desktop_click",
         "Click on the desktop",
         "Move the pointer to (x, y) and click (double=true: double-click).",
-        {"x": _X, "y": _Y, "button": _BUTTON, "double": _flag(False, "true: double-click")},
-        ["x", "y"],
+        _schema(tool_args.DesktopClick),
         _POINTER_DONE,
         desktop_click,
     ),
@@ -1423,8 +1153,7 @@ TOOLS += [
         "desktop_move",
         "Move the pointer",
         "Move the pointer to (x, y).",
-        {"x": _X, "y": _Y},
-        ["x", "y"],
+        _schema(tool_args.DesktopMove),
         _POINTER_DONE,
         desktop_move,
     ),
@@ -1432,8 +1161,7 @@ TOOLS += [
         "desktop_drag",
         "Drag on the desktop",
         "Press a button at (x, y), move to (to_x, to_y) and release it there.",
-        {"x": _X, "y": _Y, "to_x": _X, "to_y": _Y, "button": _BUTTON},
-        ["x", "y", "to_x", "to_y"],
+        _schema(tool_args.DesktopDrag),
         _POINTER_DONE,
         desktop_drag,
     ),
@@ -1441,19 +1169,7 @@ TOOLS += [
         "desktop_scroll",
         "Scroll on the desktop",
         "Scroll the wheel at (x, y): amount notches in direction.",
-        {
-            "x": _X,
-            "y": _Y,
-            "direction": _enum(["down", "up", "left", "right"], "Direction"),
-            "amount": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": 50,
-                "default": 3,
-                "description": "Notches of the wheel",
-            },
-        },
-        ["x", "y"],
+        _schema(tool_args.DesktopScroll),
         _POINTER_DONE,
         desktop_scroll,
     ),
@@ -1461,15 +1177,7 @@ TOOLS += [
         "desktop_type",
         "Type text",
         "Type text with the keyboard into whatever has focus.",
-        {
-            "text": {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": 4096,
-                "description": "The text, typed character by character",
-            }
-        },
-        ["text"],
+        _schema(tool_args.DesktopType),
         _out({"done": BOOL, "characters": INT}),
         desktop_type,
     ),
@@ -1478,15 +1186,7 @@ TOOLS += [
         "Press keys",
         "Press a key or chord in xdotool names: Return, Escape, Tab, ctrl+s, alt+Tab, "
         "ctrl+shift+t; several separated by spaces.",
-        {
-            "key": {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": 256,
-                "description": "xdotool key names or chords, space-separated",
-            }
-        },
-        ["key"],
+        _schema(tool_args.DesktopKey),
         _out({"done": BOOL, "keys": STR}),
         desktop_key,
     ),
@@ -1496,16 +1196,7 @@ TOOLS += [
         "Start an application on the desktop: command (a bash command line; the command "
         "policy applies) or url (opened in Chromium, headed, behind the sandbox's egress "
         "policy). It runs until it exits or the desktop stops.",
-        {
-            "command": COMMAND,
-            "url": {
-                "type": "string",
-                "minLength": 1,
-                "maxLength": 8192,
-                "description": "An http(s) URL to open in Chromium on the desktop",
-            },
-        },
-        [],
+        _schema(tool_args.DesktopOpen),
         _out({"opened": BOOL, "log": STR}),
         desktop_open,
     ),
@@ -1517,10 +1208,7 @@ TOOLS_BY_NAME = {t.name: t for t in TOOLS}
 def render_tools(limits: ToolLimits) -> list[ToolSpec]:
     """The tools as a gateway with these limits lists them: each configured argument
     (CONFIGURED) states that gateway's default and maximum. Built once per app."""
-    rendered = []
-    for spec in TOOLS:
-        props = spec.input_schema["properties"]
-        configured = {k: build(limits) for k, build in CONFIGURED.items() if k in props}
-        schema = spec.input_schema | {"properties": props | configured}
-        rendered.append(dataclasses.replace(spec, input_schema=schema))
-    return rendered
+    return [
+        dataclasses.replace(spec, input_schema=configured_schema(spec.input_schema, limits))
+        for spec in TOOLS
+    ]

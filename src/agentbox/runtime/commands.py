@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, SandboxError
-from agentbox.fsutil import exec_text, stdin_bytes
+from agentbox.fsutil import exec_text, required_text, stdin_bytes
 from agentbox.isolation.cgroups import SandboxCgroup
 from agentbox.runtime.host import SANDBOX_GID, SANDBOX_UID, LaunchPaths, SandboxHost, base_env
 from agentbox.runtime.output import (
@@ -113,12 +113,10 @@ def shell_argv(command: str) -> list[str]:
 def normalise_argv(command: str | Sequence[str]) -> list[str]:
     """A string runs through bash; a list is an argv run as is."""
     if isinstance(command, str):
-        if not command.strip():
-            raise InvalidRequest("the command is empty; pass a shell string or an argv list")
+        required_text(command, "the command", "pass a shell string or an argv list", blank=True)
         return shell_argv(command)
     argv = [str(a) for a in command]
-    if not argv or not argv[0]:
-        raise InvalidRequest("the argv is empty; pass at least the program name")
+    required_text(argv[0] if argv else "", "the argv's program", "pass at least its name")
     for i, arg in enumerate(argv):
         exec_text(arg, f"argument {i}")
     return argv
@@ -162,8 +160,8 @@ class CommandRunner:
         ctty: bool = False,
         detach: bool = False,
     ) -> list[str]:
-        if cwd is not None and not exec_text(cwd, "cwd"):
-            raise InvalidRequest("cwd must be a non-empty path")
+        if cwd is not None:
+            required_text(cwd, "cwd", f"pass a directory, e.g. {WORKSPACE}")
         if cwd is not None and not cwd.startswith("/"):  # relative: to /workspace, as files
             cwd = posixpath.normpath(posixpath.join(WORKSPACE, cwd))
         out = [str(self.paths.nsexec), "enter", "--leaf", self.cgroup.leaf_dir(leaf)]

@@ -74,6 +74,7 @@ from agentbox.errors import (
     SandboxError,
     SandboxNotRunning,
 )
+from agentbox.fsutil import required_text
 from agentbox.hints import Hint
 from agentbox.isolation import syscalls
 from agentbox.runtime import archive, export_safety
@@ -268,19 +269,9 @@ def sandbox_credentials(uid: int, gid: int) -> Iterator[None]:
 
 def _normalize(path: str, cwd: str) -> str:
     """Absolute, lexically normalised sandbox path; refuses what no filesystem can name."""
-    if not isinstance(path, str):
-        raise InvalidRequest(f"a path must be a string, got {type(path).__name__}")
-    if not path:
-        raise InvalidRequest(f"the path is empty: name a file, e.g. {cwd}/notes.txt")
-    if "\0" in path:
-        raise InvalidRequest(f"the path {path!r} contains a NUL byte: remove it")
+    required_text(path, "the path", f"name a file, e.g. {cwd}/notes.txt")
     full = path if path.startswith("/") else f"{cwd}/{path}"
-    norm = "/" + posixpath.normpath(full).lstrip("/")  # normpath keeps a leading "//"
-    try:
-        os.fsencode(norm)
-    except UnicodeEncodeError:
-        raise InvalidRequest(f"the path {path!r} is not valid Unicode") from None
-    return norm
+    return "/" + posixpath.normpath(full).lstrip("/")  # normpath keeps a leading "//"
 
 
 def _open_child(dirfd: int, name: str, flags: int, mode: int = 0) -> int:

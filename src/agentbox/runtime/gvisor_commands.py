@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbox.errors import InvalidRequest, TierUnsupported
-from agentbox.fsutil import exec_text
+from agentbox.fsutil import required_text
 from agentbox.isolation import gvisor
 from agentbox.isolation.cgroups import SandboxCgroup
 from agentbox.runtime.commands import FOREGROUND_LEAF, WORKSPACE, CommandRunner
@@ -74,8 +74,8 @@ class GvisorCommandRunner(CommandRunner):
     def command_launch(
         self, argv: list[str], leaf: str, cwd: str | None, env: dict[str, str], pty: bool
     ) -> tuple[list[str], dict[str, str]]:
-        if cwd is not None and not exec_text(cwd, "cwd"):
-            raise InvalidRequest("cwd must be a non-empty path")
+        if cwd is not None:
+            required_text(cwd, "cwd", f"pass a directory, e.g. {WORKSPACE}")
         where = posixpath.normpath(posixpath.join(WORKSPACE, cwd or WORKSPACE))
         if not self.host.is_dir_in_root(where):
             raise InvalidRequest(

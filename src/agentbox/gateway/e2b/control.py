@@ -33,6 +33,7 @@ from agentbox.gateway.e2b.models import (
     PauseSandbox,
     Timeout,
     e2b_error,
+    e2b_error_response,
     ended,
     iso,
 )
@@ -85,7 +86,7 @@ class ControlPlane:
             try:
                 return await handler(request)
             except AgentboxError as e:
-                return JSONResponse(e2b_error(e.http_status, e.message), status_code=e.http_status)
+                return e2b_error_response(e)
 
         return Route(path, endpoint, methods=[method])
 

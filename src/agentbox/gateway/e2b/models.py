@@ -18,8 +18,9 @@ from collections.abc import Iterable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.responses import JSONResponse
 
-from agentbox.errors import InvalidRequest
+from agentbox.errors import AgentboxError, InvalidRequest
 from agentbox.runtime.files import SandboxFiles
 
 # The envd release whose features the SDKs enable for what agentbox implements: stdin
@@ -92,6 +93,11 @@ def ended(expires_at: float | None) -> bool:
 def e2b_error(status: int, message: str) -> dict[str, Any]:
     """E2B's error body: the SDK raises ``message`` (and branches on the status)."""
     return {"code": status, "message": message}
+
+
+def e2b_error_response(e: AgentboxError) -> JSONResponse:
+    """The E2B front end's one mapping of an agentbox error: its status, E2B's body."""
+    return JSONResponse(e2b_error(e.http_status, e.message), status_code=e.http_status)
 
 
 # envd: process.Process / filesystem.Filesystem ----------------------------------------------

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from agentbox.errors import AgentboxError, LimitExceeded
 from agentbox.gateway import port_forward
 from agentbox.gateway.e2b.access import E2BAccess
-from agentbox.gateway.e2b.models import e2b_error
+from agentbox.gateway.e2b.models import e2b_error, e2b_error_response
 from agentbox.gateway.service import Gateway
 
 
@@ -59,7 +59,7 @@ class PortHosts:
         try:
             response = await self._forward(request, int(match[1]), match[2])
         except AgentboxError as e:
-            response = JSONResponse(e2b_error(e.http_status, e.message), e.http_status)
+            response = e2b_error_response(e)
         await response(scope, receive, send)
 
     async def _forward(self, request: Request, port: int, sandbox_id: str) -> Response:
