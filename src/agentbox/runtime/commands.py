@@ -28,7 +28,8 @@ from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, Sandbo
 from agentbox.fsutil import exec_text, stdin_bytes
 from agentbox.isolation.cgroups import SandboxCgroup
 from agentbox.runtime import enter_argv
-from agentbox.runtime.enter_argv import WORKSPACE, base_env
+from agentbox.runtime.enter_argv import WORKSPACE as WORKSPACE
+from agentbox.runtime.enter_argv import base_env
 from agentbox.runtime.host import LaunchPaths, SandboxHost
 from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallback, OutputSaver
 from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input

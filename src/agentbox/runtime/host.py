@@ -27,7 +27,13 @@ from pathlib import Path
 from agentbox.errors import SandboxError
 from agentbox.isolation import disk, diskpool, initfs, syscalls
 from agentbox.isolation.cgroups import Limits, SandboxCgroup
-from agentbox.runtime.enter_argv import BASE_PATH, SANDBOX_GID, SANDBOX_UID
+
+# Re-exported (``X as X``): what starts a command lives in enter_argv, light enough for
+# the CLI's quick exec path; these names were always imported from here.
+from agentbox.runtime.enter_argv import BASE_PATH as BASE_PATH
+from agentbox.runtime.enter_argv import SANDBOX_GID as SANDBOX_GID
+from agentbox.runtime.enter_argv import SANDBOX_UID as SANDBOX_UID
+from agentbox.runtime.enter_argv import base_env as base_env
 
 # Host uid/gid of sandbox N: UID_BASE + N, outside the usual subuid ranges.
 UID_BASE = 2_000_000

@@ -35,7 +35,10 @@ _RECORD = (
     " (SELECT COUNT(*) FROM json_each(spec, '$.network.credentials'))"
     " FROM sandboxes WHERE id = ?"
 )
-_ENV = "SELECT key, value, type FROM sandboxes, json_each(sandboxes.spec, '$.env') WHERE sandboxes.id = ?"
+_ENV = (
+    "SELECT key, value, type FROM sandboxes, json_each(sandboxes.spec, '$.env')"
+    " WHERE sandboxes.id = ?"
+)
 
 
 class Prepared:
@@ -217,7 +220,7 @@ def _launch_paths(lib: str) -> tuple[str, str] | None:
     """The launcher binary and the compiled seccomp program, named as
     ``launcher.nsexec_path`` and ``seccomp.compiled_filter_path`` name them (the hash of
     their inputs); None if either is not built yet (the full path builds it)."""
-    from _sha256 import sha256  # hashlib would load OpenSSL: milliseconds
+    from _sha256 import sha256  # type: ignore[import-not-found]  # hashlib: OpenSSL, ms
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     isolation = os.path.join(package, "isolation")
