@@ -125,5 +125,8 @@ def test_sdk_run_on_a_sandbox_needs_no_pydantic(tmp_path: Path, sandbox: Sandbox
 
 
 def test_sdk_create_loads_pydantic_but_nothing_heavy(tmp_path: Path, sandbox: Sandbox) -> None:
-    code = "from agentbox import Sandbox\nSandbox.create(memory='128MiB', disk='64MiB').kill()\n"
+    code = "from agentbox import Sandbox\nSandbox.create(memory='96MiB', disk='64MiB').kill()\n"
     assert heavy_in(loaded(tmp_path, code), allowed=("pydantic", "pydantic_core")) == []
+    # The same settings again, in a new process: validated before, read back from the
+    # home's cache (runtime/spec_cache.py), no pydantic.
+    assert heavy_in(loaded(tmp_path, code)) == []
