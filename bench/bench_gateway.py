@@ -191,6 +191,7 @@ def main() -> None:
     if shutil.which("wrk") is None:
         sys.exit("bench_gateway needs wrk, the HTTP load generator: apt-get install -y wrk")
     n, seconds = (100, 3.0) if args.quick else (500, 5.0)
+    load_before = "{:.1f} / {:.1f}".format(*os.getloadavg()[:2])  # 1 min / 5 min
     home = Path(tempfile.mkdtemp(prefix="agentbox-bench-gw-", dir="/var/tmp"))
     home.chmod(0o711)
     rows: list[str] = []
@@ -208,6 +209,7 @@ def main() -> None:
     finally:
         local.kill()
     remove_home(home)
+    load_after = "{:.1f} / {:.1f}".format(*os.getloadavg()[:2])
     lines = [
         "| call (REST, wrk) | p50 ms (1 client) | p95 ms | p99 ms | in-process SDK p50 ms | "
         "gateway overhead p50 ms | calls/s with 1 / 10 / 50 clients | HTTP floor calls/s, "
@@ -237,9 +239,10 @@ def main() -> None:
             "gateway", "Gateway: per-call overhead and throughput", "bench_gateway.py",
             "--quick" if args.quick else "",
             "A real `agentbox serve` process, REST calls over loopback with keep-alive, beside "
-            "the same calls made with the SDK in-process and an HTTP floor. The host was "
-            "shared with other engineers' test runs: absolute calls/s move with their load, "
-            "the ratios to the floor measured at the same moments less so.",
+            "the same calls made with the SDK in-process and an HTTP floor. The host (2 "
+            "cores) was shared with about 8 engineers' test runs: load average "
+            f"{load_before} before, {load_after} after; absolute calls/s move with their "
+            "load, the ratios to the floor measured at the same moments less so.",
             table,
         )  # fmt: skip
 
