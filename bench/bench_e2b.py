@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     creates, runs = (5, 50) if args.quick else (20, 300)
-    with home() as where, gateway(where, "batch") as (url, token):
+    with home() as where, gateway(where, "batch") as (url, token, _):
         os.environ.update(AGENTBOX_URL=url, AGENTBOX_TOKEN=token, E2B_API_URL=f"{url}/e2b",
                           E2B_SANDBOX_URL=f"{url}/e2b", E2B_API_KEY=token)  # fmt: skip
 

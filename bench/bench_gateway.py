@@ -56,7 +56,7 @@ def free_port() -> int:
 
 
 @contextmanager
-def gateway(home: Path, fsync: str) -> Iterator[tuple[str, str]]:
+def gateway(home: Path, fsync: str) -> Iterator[tuple[str, str, int]]:
     port, token = free_port(), secrets.token_hex(24)
     config = home / f"gateway-{fsync}.yaml"
     config.write_text(CONFIG.format(port=port, home=home, fsync=fsync))
@@ -71,10 +71,20 @@ def gateway(home: Path, fsync: str) -> Iterator[tuple[str, str]]:
                     break
             except httpx2.TransportError:
                 time.sleep(0.05)
-        yield url, token
+        yield url, token, proc.pid
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of process ``pid`` itself, and of its reaped children
+    (for the gateway: the launchers of commands, and what they ran in the sandbox)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / tick
+    children = (int(fields[13]) + int(fields[14])) / tick
+    return own, children
 
 
 # The floor: what uvicorn with uvloop and httptools (the gateway's stack) serves on this host
@@ -181,10 +191,12 @@ def main() -> None:
     if shutil.which("wrk") is None:
         sys.exit("bench_gateway needs wrk, the HTTP load generator: apt-get install -y wrk")
     n, seconds = (100, 3.0) if args.quick else (500, 5.0)
+    load_before = "{:.1f} / {:.1f}".format(*os.getloadavg()[:2])  # 1 min / 5 min
     home = Path(tempfile.mkdtemp(prefix="agentbox-bench-gw-", dir="/var/tmp"))
     home.chmod(0o711)
     rows: list[str] = []
     verdicts: list[str] = []
+    cpu_notes: list[str] = []
     local = Sandbox.create(memory="256MiB", disk="128MiB", home=home, network="none")
     try:
         local.files.write("/workspace/small.txt", "x" * 1024)
@@ -193,10 +205,11 @@ def main() -> None:
         with http_floor() as floor_url:
             for fsync in ("always", "batch"):
                 rows += run_mode(home, fsync, seconds, floor_url, local, inproc, inproc_read,
-                                 verdicts)  # fmt: skip
+                                 verdicts, cpu_notes)  # fmt: skip
     finally:
         local.kill()
     remove_home(home)
+    load_after = "{:.1f} / {:.1f}".format(*os.getloadavg()[:2])
     lines = [
         "| call (REST, wrk) | p50 ms (1 client) | p95 ms | p99 ms | in-process SDK p50 ms | "
         "gateway overhead p50 ms | calls/s with 1 / 10 / 50 clients | HTTP floor calls/s, "
@@ -211,6 +224,12 @@ def main() -> None:
         "as many threads of the bench's process. `fsync=always` fsyncs the record and the "
         "head before each call returns; concurrent calls share them (group commit).",
         "",
+        "CPU per `terminal_run` call, fsync=batch (from /proc: the gateway process, and the "
+        "children it reaped: `agentbox-nsexec enter` and `bash -c true` in the sandbox), "
+        "the bound on 2 cores whatever the gateway does:",
+        "",
+        *cpu_notes,
+        "",
         *verdicts,
     ]
     table = "\n".join(lines)
@@ -220,9 +239,10 @@ def main() -> None:
             "gateway", "Gateway: per-call overhead and throughput", "bench_gateway.py",
             "--quick" if args.quick else "",
             "A real `agentbox serve` process, REST calls over loopback with keep-alive, beside "
-            "the same calls made with the SDK in-process and an HTTP floor. The host was "
-            "shared with other engineers' test runs: absolute calls/s move with their load, "
-            "the ratios to the floor measured at the same moments less so.",
+            "the same calls made with the SDK in-process and an HTTP floor. The host (2 "
+            "cores) was shared with about 8 engineers' test runs: load average "
+            f"{load_before} before, {load_after} after; absolute calls/s move with their "
+            "load, the ratios to the floor measured at the same moments less so.",
             table,
         )  # fmt: skip
 
@@ -236,9 +256,10 @@ def run_mode(
     inproc: list[float],
     inproc_read: list[float],
     verdicts: list[str],
+    cpu_notes: list[str],
 ) -> list[str]:
     rows = []
-    with gateway(home, fsync) as (url, token):
+    with gateway(home, fsync) as (url, token, pid):
         headers = {"Authorization": f"Bearer {token}"}
         with httpx2.Client(base_url=url, headers=headers, timeout=60) as op:
             sid = op.post("/v1/sandboxes", json={"memory": "256MiB", "disk": "128MiB"})
@@ -254,7 +275,19 @@ def run_mode(
                 loads, floors, sdk = {}, {}, {}
                 for c in CLIENTS:
                     floors[c] = wrk(floor_url, token, tool, arguments, c, seconds, floor=True)
+                    before = cpu_seconds(pid)
                     loads[c] = wrk(url, token, tool, arguments, c, seconds)
+                    after = cpu_seconds(pid)
+                    if tool == "terminal_run" and fsync == "batch":
+                        calls = loads[c].calls_per_s * seconds
+                        own, kids = (
+                            (a - b) * 1e3 / calls for a, b in zip(after, before, strict=True)
+                        )
+                        cpu_notes.append(
+                            f"  - {c} client{'s' if c > 1 else ''}: gateway process "
+                            f"{own:.2f} ms, launcher + command {kids:.2f} ms; 2 cores / "
+                            f"{own + kids:.2f} ms = {2000 / (own + kids):.0f} calls/s at most"
+                        )
                     if tool == "terminal_run":
                         sdk[c] = sdk_rate(lambda: local.commands.run("true"), c, seconds)
                 one = loads[1]

@@ -9,9 +9,13 @@ with Sandbox.create(memory="512MiB") as sb:
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
+# Not ``typing.TYPE_CHECKING``: every agentbox import runs this file, and typing (with re,
+# which it imports) is a tenth of a CLI call's start-up (tests/unit/test_import_weight.py).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from agentbox.client.sandbox import AsyncSandbox, CommandHandle, Sandbox, Shell
     from agentbox.errors import AgentboxError
     from agentbox.runtime.output import CommandResult

@@ -1,7 +1,7 @@
 """Attack 4 — leaked file descriptors and magic-link working directories (CVE-2024-21626).
 
 Covers: a command (pipes, pty, background, on a terminal or with a closable stdin, shell
-session) holds only fds 0-2; the init
+session, the CLI's plain exec) holds only fds 0-2; the init
 holds none (checked inside and from the host); no process of the sandbox holds a
 directory fd on a host path; ``cwd=/proc/self/fd/N`` for N = 3..15 either fails cleanly
 or (if it existed) stays inside; ``cwd=/proc/1/cwd`` and ``cwd=/proc/1/root`` stay inside
@@ -30,6 +30,17 @@ def _fds(listing: str) -> set[str]:
 
 def test_command_holds_only_stdio(shared_sandbox: Sandbox) -> None:
     assert _fds(shared_sandbox.commands.run(FD_PROBE).stdout) == {"0", "1", "2", "3"}
+
+
+def test_cli_plain_exec_command_holds_only_stdio(shared_sandbox: Sandbox) -> None:
+    """The CLI's light path (``runtime.quick_exec``: its own spawn, SQLite open before)."""
+    import subprocess
+    import sys
+
+    agentbox = os.path.join(os.path.dirname(sys.executable), "agentbox")
+    done = subprocess.run([agentbox, "sandbox", "exec", shared_sandbox.id, "--", "sh", "-c",
+                           FD_PROBE], capture_output=True, timeout=60, check=True)  # fmt: skip
+    assert _fds(done.stdout.decode()) == {"0", "1", "2", "3"}
 
 
 def test_pty_command_holds_only_stdio(shared_sandbox: Sandbox) -> None:

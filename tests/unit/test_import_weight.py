@@ -4,7 +4,6 @@ script costs (docs/benchmarks.md, CLI); one eager import in the wrong module und
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -36,13 +35,29 @@ HEAVY = (
 # never run a loop), pydantic (validating a spec: create, not exec) and pyseccomp
 # (compiling the seccomp filter, cached on disk after the first time).
 LAZY = ("asyncio", "pydantic", "pydantic_core", "pyseccomp")
+# The plain `sandbox exec ID -- ARGV` on a running sandbox (runtime.quick_exec) imports
+# no more than os, select and sqlite3: each of these costs a share of a call that should
+# take little more than the interpreter's start and the command itself.
+QUICK_EXEC_NEVER = (
+    "agentbox.client.sandbox",
+    "agentbox.errors",
+    "agentbox.runtime.runtime",
+    "click",
+    "dataclasses",
+    "hashlib",
+    "json",
+    "pathlib",
+    "re",
+    "subprocess",
+    "typing",
+)
 
-# Runs the code given, then writes the names of the loaded top-level packages to a file
-# (stdout belongs to the CLI), whatever way the code exits.
+# Runs the code given, then writes the names of the loaded modules to a file, one a line
+# (stdout belongs to the CLI), whatever way the code exits. It imports nothing itself.
 _PROBE = """
-import atexit, json, sys
+import atexit, sys
 out = sys.argv.pop(1)
-atexit.register(lambda: open(out, "w").write(json.dumps(sorted({m.split(".")[0] for m in sys.modules}))))
+atexit.register(lambda: open(out, "w").write("\\n".join(sys.modules)))
 code = sys.argv.pop(1)
 if code == "cli":  # as the console script does
     sys.argv[0] = "agentbox"
@@ -54,7 +69,12 @@ else:
 
 
 def loaded(tmp_path: Path, code: str, *argv: str) -> set[str]:
-    out = tmp_path / "modules.json"
+    """Top-level packages loaded by ``code`` (or, for "cli", the console script)."""
+    return {m.split(".")[0] for m in loaded_modules(tmp_path, code, *argv)}
+
+
+def loaded_modules(tmp_path: Path, code: str, *argv: str) -> set[str]:
+    out = tmp_path / "modules.txt"
     result = subprocess.run(
         [sys.executable, "-c", _PROBE, str(out), code, *argv],
         capture_output=True,
@@ -63,7 +83,7 @@ def loaded(tmp_path: Path, code: str, *argv: str) -> set[str]:
         check=False,
     )
     assert out.exists(), result.stderr.decode()
-    return set(json.loads(out.read_text()))
+    return set(out.read_text().split("\n"))
 
 
 def heavy_in(modules: set[str], allowed: tuple[str, ...] = ()) -> list[str]:
@@ -71,7 +91,9 @@ def heavy_in(modules: set[str], allowed: tuple[str, ...] = ()) -> list[str]:
 
 
 def test_importing_the_package_and_the_sdk_loads_nothing_heavy(tmp_path: Path) -> None:
-    assert heavy_in(loaded(tmp_path, "import agentbox")) == []
+    package_only = loaded_modules(tmp_path, "import agentbox")
+    assert heavy_in({m.split(".")[0] for m in package_only}) == []
+    assert "typing" not in package_only  # every entry point imports the package first
     assert heavy_in(loaded(tmp_path, "from agentbox import Sandbox, AsyncSandbox")) == []
 
 
@@ -85,6 +107,9 @@ def test_cli_exec_on_a_sandbox_loads_nothing_heavy(tmp_path: Path, sandbox: Sand
     modules = loaded(tmp_path, "cli", "sandbox", "exec", sandbox.id, "--", "true")
     assert heavy_in(modules) == []
     assert "click" not in modules  # the plain form skips the command tree (cli.execute)
+    quick = loaded_modules(tmp_path, "cli", "sandbox", "exec", sandbox.id, "--", "true")
+    assert "agentbox.runtime.quick_exec" in quick
+    assert sorted(m for m in QUICK_EXEC_NEVER if m in quick) == []
     with_option = loaded(
         tmp_path, "cli", "sandbox", "exec", "--cwd", "/tmp", sandbox.id, "--", "true"
     )
@@ -100,5 +125,8 @@ def test_sdk_run_on_a_sandbox_needs_no_pydantic(tmp_path: Path, sandbox: Sandbox
 
 
 def test_sdk_create_loads_pydantic_but_nothing_heavy(tmp_path: Path, sandbox: Sandbox) -> None:
-    code = "from agentbox import Sandbox\nSandbox.create(memory='128MiB', disk='64MiB').kill()\n"
+    code = "from agentbox import Sandbox\nSandbox.create(memory='96MiB', disk='64MiB').kill()\n"
     assert heavy_in(loaded(tmp_path, code), allowed=("pydantic", "pydantic_core")) == []
+    # The same settings again, in a new process: validated before, read back from the
+    # home's cache (runtime/spec_cache.py), no pydantic.
+    assert heavy_in(loaded(tmp_path, code)) == []

@@ -1,5 +1,6 @@
 """The ``agentbox`` console script: the plain ``sandbox exec ID -- ARGV`` without click
-(``cli.execute``), everything else through the click command tree (``cli.main``)."""
+(``cli.execute``), the top-level help from a file when it is current (``cli.help_cache``),
+everything else through the click command tree (``cli.main``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ def main() -> None:
         from agentbox.cli.execute import run_plain
 
         run_plain(*plain)
+    help_asked = sys.argv[1:] in (["--help"], ["-h"])
+    if help_asked:
+        from agentbox.cli import help_cache
+
+        if help_cache.print_cached(sys.argv[1:]):
+            sys.exit(0)
     from agentbox.cli.main import main as click_main
 
+    if help_asked:
+        help_cache.render(click_main)
     click_main()

@@ -47,6 +47,7 @@ from agentbox.gateway.e2b import E2BFrontDoor
 from agentbox.gateway.egress_ingest import EgressIngest
 from agentbox.gateway.lifecycle_events import LifecycleIngest
 from agentbox.gateway.mcp_http import (
+    DECODED_BODY,
     MCP_PATH,
     METADATA_PATH,
     NO_AUTHORIZATION_SERVER,
@@ -276,12 +277,14 @@ class ToolFastPath:
         if body is None:
             return
         try:
-            jsonbody.loads(body)
+            message = jsonbody.loads(body)
         except InvalidRequest as e:
             error = {"code": PARSE_ERROR, "message": e.message, "data": e.to_dict()}
             answer = {"jsonrpc": "2.0", "id": None, "error": error}
             await JSONResponse(answer, status_code=400)(scope, receive, send)
             return
+        # McpAuth and its hooks read this instead of decoding the body again.
+        scope = {**scope, DECODED_BODY: message}
         await self.app(scope, _replay(body, receive), send)
 
 

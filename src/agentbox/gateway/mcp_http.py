@@ -39,6 +39,10 @@ MCP_PATH = "/mcp"
 _PRINCIPAL = "agentbox.principal"  # the scope["state"] key the MCP handlers read
 # The JSON-RPC errors (by data.code) that are HTTP auth failures.
 _AUTH_CODES = {"unauthenticated", "insufficient_scope"}
+# Where the gateway's front door leaves the body it decoded (``app._mcp``, with the
+# bounded decoder), so that this layer and its hooks need not decode it again.
+DECODED_BODY = "agentbox.mcp_body"
+_UNDECODED = object()
 
 
 def base_url(scope: Scope) -> str:
@@ -91,18 +95,20 @@ def principal_from(ctx: ServerRequestContext[Any, Any]) -> Principal:
 class McpAuth:
     """ASGI around the MCP endpoint: authenticate first, answer auth failures with 401/403.
 
-    ``app`` answers with JSON; a request for which ``streams(body, principal)`` holds
+    ``app`` answers with JSON; a request for which ``streams(message, principal)`` holds
     (notifications to send while it runs: progress, logs) goes to ``streaming``, the
-    same server over SSE. ``observe(body, principal)`` sees each authenticated POST
-    first (a cancellation of a call in flight)."""
+    same server over SSE. ``observe(message, principal)`` sees each authenticated POST
+    first (a cancellation of a call in flight). ``message`` is the body decoded: the one
+    the front door left in the scope (``DECODED_BODY``), else decoded here (None when it
+    is not JSON)."""
 
     def __init__(
         self,
         app: ASGIApp,
         principal_of: Callable[[str | None], Principal],
         streaming: ASGIApp | None = None,
-        streams: Callable[[bytes, Principal], bool] | None = None,
-        observe: Callable[[bytes, Principal], None] | None = None,
+        streams: Callable[[Any, Principal], bool] | None = None,
+        observe: Callable[[Any, Principal], None] | None = None,
     ) -> None:
         self.app = app
         self.principal_of = principal_of
@@ -126,16 +132,19 @@ class McpAuth:
                 if not message.get("more_body", False):
                     break
         metadata = base_url(scope) + METADATA_PATH + MCP_PATH
+        message = scope.pop(DECODED_BODY, _UNDECODED)
+        if message is _UNDECODED:
+            message = _decoded(body)
         try:
             principal = self.principal_of(authorization)
         except Unauthenticated as e:
             presented = bool(authorization and authorization.partition(" ")[2].strip())
             www = challenge(e, metadata, token_presented=presented)
-            await _send_error(send, e, _request_id(body), www)
+            await _send_error(send, e, _request_id(message), www)
             return
         scope.setdefault("state", {})[_PRINCIPAL] = principal
         if self.observe is not None:
-            self.observe(body, principal)
+            self.observe(message, principal)
         replayed = False
 
         async def replay() -> Message:
@@ -149,7 +158,7 @@ class McpAuth:
             self.streaming is not None
             and self.streams is not None
             and _accepts_sse(scope)
-            and self.streams(body, principal)
+            and self.streams(message, principal)
         ):
             await self.streaming(scope, replay, send)
             return
@@ -183,6 +192,8 @@ class _AuthStatus:
         await self.send(message)
 
     def _with_status(self, start: Message, body: bytes) -> Message:
+        if not any(code.encode() in body for code in _AUTH_CODES):
+            return start  # nearly every answer: no need to decode it
         try:
             error = json.loads(body).get("error")
             data = error.get("data") or {}
@@ -208,13 +219,17 @@ def _content_type(message: Message) -> bytes:
     return b""
 
 
-def _request_id(body: bytes) -> Any:
-    """The JSON-RPC id of a request body (null when it has none or is not JSON)."""
+def _decoded(body: bytes) -> Any:
+    """A POST's body decoded, None when it is not JSON (or there is none)."""
     try:
-        parsed = json.loads(body)
+        return json.loads(body) if body else None
     except ValueError:
         return None
-    return parsed.get("id") if isinstance(parsed, dict) else None
+
+
+def _request_id(message: Any) -> Any:
+    """The JSON-RPC id of a decoded request (null when it has none)."""
+    return message.get("id") if isinstance(message, dict) else None
 
 
 async def _send_error(send: Send, e: AgentboxError, request_id: Any, www: str | None) -> None:

@@ -327,30 +327,25 @@ class InFlight:
             if self._calls.get(key) is cancel:
                 del self._calls[key]
 
-    def observe(self, body: bytes, principal: Principal) -> None:
-        if b"notifications/cancelled" not in body:
+    def observe(self, message: Any, principal: Principal) -> None:
+        """``message``: the POST's body, decoded (McpAuth decodes it once for all)."""
+        if not isinstance(message, dict) or message.get("method") != "notifications/cancelled":
             return
         try:
-            message = json.loads(body)
-            if message["method"] != "notifications/cancelled":
-                return
             key = (principal.actor, json.dumps(message["params"]["requestId"]))
-        except (ValueError, TypeError, KeyError):
+        except (TypeError, KeyError):
             return
         cancel = self._calls.get(key)
         if cancel is not None:
             cancel.cancel()
 
 
-def wants_stream(body: bytes, principal: Principal, logs: LogLevels) -> bool:
-    """Whether a POST to /mcp needs the SSE transport: a tools/call that asks for progress
-    or may get logs (:meth:`LogLevels.wanted`; the JSON transport has no wire for them),
-    and whose authorization cannot fail (an auth failure is an HTTP 401/403 with its
-    challenge, which a stream already begun with 200 cannot carry)."""
-    try:
-        message = json.loads(body)
-    except ValueError:
-        return False
+def wants_stream(message: Any, principal: Principal, logs: LogLevels) -> bool:
+    """Whether a POST to /mcp (``message``: its body, decoded) needs the SSE transport: a
+    tools/call that asks for progress or may get logs (:meth:`LogLevels.wanted`; the JSON
+    transport has no wire for them), and whose authorization cannot fail (an auth failure
+    is an HTTP 401/403 with its challenge, which a stream already begun with 200 cannot
+    carry)."""
     if not isinstance(message, dict) or message.get("method") != "tools/call":
         return False
     params = message.get("params")

@@ -6,14 +6,25 @@ Each raises ``OSError`` with errno on failure, like the functions in ``os``.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import fcntl
 import os
 import struct
 from collections.abc import Sequence
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+def _load_libc() -> ctypes.CDLL:
+    # glibc's soname first: find_library runs `ldconfig -p` in a subprocess, milliseconds
+    # of every process's first sandbox operation.
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        from ctypes.util import find_library
+
+        return ctypes.CDLL(find_library("c"), use_errno=True)
+
+
+_libc = _load_libc()
 
 _SYS_OPENAT2 = 437  # x86_64 and aarch64 share this number
 

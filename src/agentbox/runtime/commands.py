@@ -27,7 +27,10 @@ from typing import IO
 from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, SandboxError
 from agentbox.fsutil import exec_text, required_text, stdin_bytes
 from agentbox.isolation.cgroups import SandboxCgroup
-from agentbox.runtime.host import SANDBOX_GID, SANDBOX_UID, LaunchPaths, SandboxHost, base_env
+from agentbox.runtime import enter_argv
+from agentbox.runtime.enter_argv import WORKSPACE as WORKSPACE
+from agentbox.runtime.enter_argv import base_env
+from agentbox.runtime.host import LaunchPaths, SandboxHost
 from agentbox.runtime.output import (
     BoundedCapture,
     CommandResult,
@@ -51,7 +54,6 @@ INPUT_POLL_S = 0.2
 _RECENT_BYTES = 4096
 FOREGROUND_LEAF = "c"  # leaves of commands someone waits on; "p": background processes
 DEFAULT_SHELL = "/bin/bash"
-WORKSPACE = "/workspace"
 
 
 class Cancellation:
@@ -104,6 +106,17 @@ def launch_error(e: OSError) -> AgentboxError:
             "the sandbox's disk is full; free space (e.g. rm files in /workspace or /tmp) and retry"
         )
     return SandboxError(f"could not start the command: {e.strerror}")
+
+
+def launch_failure(status: int, stderr: bytes) -> AgentboxError | None:
+    """The error for a launcher that could not start the command (it exits 125 and says
+    why on stderr), or None when the command ran."""
+    if status != LAUNCH_FAILED or not stderr.startswith(_LAUNCH_PREFIX):
+        return None
+    message = stderr[len(_LAUNCH_PREFIX) :].decode(errors="replace").strip()
+    if message.startswith("cwd "):
+        return InvalidRequest(f"{message}; pass a cwd that exists in the sandbox (e.g. /workspace)")
+    return SandboxError(f"could not start the command in the sandbox: {message}")
 
 
 def shell_argv(command: str) -> list[str]:
@@ -164,32 +177,20 @@ class CommandRunner:
             required_text(cwd, "cwd", f"pass a directory, e.g. {WORKSPACE}")
         if cwd is not None and not cwd.startswith("/"):  # relative: to /workspace, as files
             cwd = posixpath.normpath(posixpath.join(WORKSPACE, cwd))
-        out = [str(self.paths.nsexec), "enter", "--leaf", self.cgroup.leaf_dir(leaf)]
-        for d in self.cgroup.v1_dirs():
-            out += ["--cgroup", d]
-        out += [
-            "--ns-pid",
-            str(self.init_pid),
-            "--uid",
-            str(SANDBOX_UID),
-            "--gid",
-            str(SANDBOX_GID),
-            "--seccomp",
+        return enter_argv.launcher_argv(
+            str(self.paths.nsexec),
+            self.cgroup.leaf_dir(leaf),
+            self.cgroup.v1_dirs(),
+            self.init_pid,
             str(self.paths.seccomp),
-            "--cwd",
-            cwd or WORKSPACE,
-        ]
-        if exit_file:
-            out += ["--exit-file", exit_file]
-        if hold_stdin:  # the launcher holds the FIFO's write end: EOF on request
-            out += ["--hold-stdin", hold_stdin]
-        if detach:
-            out.append("--detach")
-        if setsid:
-            out.append("--setsid")
-        if ctty:
-            out.append("--ctty")
-        return [*out, "--", *argv]
+            cwd,
+            argv,
+            exit_file=exit_file,
+            hold_stdin=hold_stdin,
+            setsid=setsid,
+            ctty=ctty,
+            detach=detach,
+        )
 
     def new_leaf(self, kind: str = FOREGROUND_LEAF) -> str:
         """A fresh cgroup leaf for one command; ``kind`` is the first letter of its name
@@ -502,13 +503,9 @@ class CommandRunner:
         save: OutputSaver | None,
     ) -> CommandResult:
         stderr = err.value()
-        if status == LAUNCH_FAILED and stderr.startswith(_LAUNCH_PREFIX):
-            message = stderr[len(_LAUNCH_PREFIX) :].decode(errors="replace").strip()
-            if message.startswith("cwd "):
-                raise InvalidRequest(
-                    f"{message}; pass a cwd that exists in the sandbox (e.g. /workspace)"
-                )
-            raise SandboxError(f"could not start the command in the sandbox: {message}")
+        failure = launch_failure(status, stderr)
+        if failure is not None:
+            raise failure
         signum = -status if status < 0 else None
         exit_code = 128 + signum if signum is not None else status
         (stdout, stdout_file), (stderr, stderr_file) = _saved(out, save), _saved(err, save)

@@ -28,30 +28,19 @@ from agentbox.errors import SandboxError
 from agentbox.isolation import disk, diskpool, initfs, syscalls
 from agentbox.isolation.cgroups import Limits, SandboxCgroup
 
-# Ids inside the sandbox: the agent is an ordinary user, never root.
-SANDBOX_UID = 1000
-SANDBOX_GID = 1000
+# Re-exported (``X as X``): what starts a command lives in enter_argv, light enough for
+# the CLI's quick exec path; these names were always imported from here.
+from agentbox.runtime.enter_argv import BASE_PATH as BASE_PATH
+from agentbox.runtime.enter_argv import SANDBOX_GID as SANDBOX_GID
+from agentbox.runtime.enter_argv import SANDBOX_UID as SANDBOX_UID
+from agentbox.runtime.enter_argv import base_env as base_env
+
 # Host uid/gid of sandbox N: UID_BASE + N, outside the usual subuid ranges.
 UID_BASE = 2_000_000
 INIT_PATH = "/.agentbox/init"
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 MOUNT_POINTS = ("proc", "dev", "tmp", "var/tmp", "workspace", "usr", ".agentbox")
 READY_TIMEOUT_S = 15.0
-BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-def base_env(hostname: str) -> dict[str, str]:
-    """The environment every process of a sandbox starts from."""
-    return {
-        "PATH": BASE_PATH,
-        "HOME": "/home/user",
-        "USER": "user",
-        "LOGNAME": "user",
-        "SHELL": "/bin/bash",
-        "LANG": "C.UTF-8",
-        "HOSTNAME": hostname,
-        "TERM": "xterm-256color",
-    }
 
 
 def process_start_time(pid: int) -> int | None:

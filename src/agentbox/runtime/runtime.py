@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from agentbox.runtime.processes import ProcessTable
     from agentbox.runtime.sessions import ShellSessions
     from agentbox.runtime.snapshots import SnapshotInfo, Snapshots
+    from agentbox.runtime.spec_cache import StoredSpec
     from agentbox.runtime.templates import Template, TemplateStore
     from agentbox.specs import SandboxSpec
 
@@ -77,7 +78,7 @@ def _check_traversable(home: Path) -> None:
             )
 
 
-def pool_key(spec: SandboxSpec) -> str:
+def pool_key(spec: SandboxSpec | StoredSpec) -> str:
     """What a warm sandbox shares with the requests it can serve: everything fixed when a
     sandbox is made (template, limits, disk, network). Environment, lifetime, idle
     settings and project are set when it is claimed."""
@@ -208,15 +209,22 @@ class Runtime:
     def create(
         self, spec: Mapping[str, object] | SandboxSpec | None = None, *, actor: str = "local"
     ) -> SandboxRecord:
-        spec = spec_from(spec)
-        if spec.isolation == GVISOR and spec.on_idle == "stop":
+        resolved: SandboxSpec | StoredSpec
+        if spec is None or isinstance(spec, Mapping):
+            # Settings seen before need no pydantic (runtime/spec_cache.py).
+            from agentbox.runtime.spec_cache import validated
+
+            resolved = validated(self.home, spec)
+        else:
+            resolved = spec_from(spec)
+        if resolved.isolation == GVISOR and resolved.on_idle == "stop":
             from agentbox.runtime.gvisor_commands import unsupported
 
             raise unsupported("on_idle stop")
         self.sweep_expired()
-        template = self.templates.get(spec.template)
+        template = self.templates.get(resolved.template)
         claimed = self.store.claim(
-            pool_key(spec), template.digest, spec, spec.lifetime, POOL_LIFETIME,
+            pool_key(resolved), template.digest, resolved, resolved.lifetime, POOL_LIFETIME,
             self.admission,
         )  # fmt: skip
         if claimed is not None:  # a warm one: ready in a transaction's time
@@ -224,7 +232,7 @@ class Runtime:
             self.event(claimed.id, "created", "operator", actor, template=claimed.template,
                        from_pool=True)  # fmt: skip
             return claimed
-        record = self._build(spec, template, None)
+        record = self._build(resolved, template, None)
         self.event(record.id, "created", "operator", actor, template=record.template)
         return record
 
@@ -281,7 +289,7 @@ class Runtime:
 
     def _build(
         self,
-        spec: SandboxSpec,
+        spec: SandboxSpec | StoredSpec,
         template: Template,
         clone_of: SandboxHost | None,
         populate: Callable[[SandboxHost, Path], None] | None = None,
@@ -302,7 +310,7 @@ class Runtime:
     def _build_locked(
         self,
         sandbox_id: str,
-        spec: SandboxSpec,
+        spec: SandboxSpec | StoredSpec,
         template: Template,
         clone_of: SandboxHost | None,
         populate: Callable[[SandboxHost, Path], None] | None,
