@@ -18,6 +18,7 @@ from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from agentbox.runtime.spec_cache import StoredSpec
     from agentbox.specs import SandboxSpec
 
 SandboxState = Literal[
@@ -104,7 +105,7 @@ class SandboxRecord:
         }
 
 
-def stored(spec: SandboxSpec, pool: str | None = None) -> str:
+def stored(spec: SandboxSpec | StoredSpec, pool: str | None = None) -> str:
     """The JSON text a record keeps for ``spec`` (and a warm sandbox's pool key)."""
     data = spec.model_dump(mode="json")
     if pool is not None:

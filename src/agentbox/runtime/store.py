@@ -23,6 +23,7 @@ from agentbox.state.db import Connection, Database
 from agentbox.state.sqlite import database
 
 if TYPE_CHECKING:
+    from agentbox.runtime.spec_cache import StoredSpec
     from agentbox.specs import SandboxSpec
 
 __all__ = ["SandboxRecord", "SandboxState", "Store"]
@@ -59,7 +60,7 @@ _LIVE = "state IN ('creating', 'running', 'paused', 'pooled')"
 
 
 def _admit(
-    db: Connection, dialect: type[Database], admission: Admission, spec: SandboxSpec
+    db: Connection, dialect: type[Database], admission: Admission, spec: SandboxSpec | StoredSpec
 ) -> None:
     count, memory, soonest = db.execute(
         f"SELECT COUNT(*), COALESCE(SUM({dialect.json_int('spec', 'memory')}), 0),"  # noqa: S608 - constant SQL
@@ -115,7 +116,7 @@ class Store:
         sandbox_id: str,
         template: str,
         digest: str,
-        spec: SandboxSpec,
+        spec: SandboxSpec | StoredSpec,
         expires_at: float | None,
         max_slots: int,
         admission: Admission | None = None,
@@ -164,7 +165,7 @@ class Store:
         self,
         pool_key: str,
         template_digest: str,
-        spec: SandboxSpec,
+        spec: SandboxSpec | StoredSpec,
         lifetime: float,
         max_age: float,
         admission: Admission | None = None,
