@@ -13,10 +13,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentbox.client.sandbox import AsyncSandbox, CommandHandle, Sandbox, Shell
+    from agentbox.client.volumes import Volume
     from agentbox.errors import AgentboxError
     from agentbox.runtime.output import CommandResult
 
-__all__ = ["AgentboxError", "AsyncSandbox", "CommandHandle", "CommandResult", "Sandbox", "Shell"]
+__all__ = [
+    "AgentboxError",
+    "AsyncSandbox",
+    "CommandHandle",
+    "CommandResult",
+    "Sandbox",
+    "Shell",
+    "Volume",
+]
 __version__ = "0.1.0"
 
 # Public name -> the module defining it. Imported on first use (PEP 562): importing any
@@ -29,6 +38,7 @@ _PUBLIC = {
     "CommandResult": "agentbox.runtime.output",
     "Sandbox": "agentbox.client.sandbox",
     "Shell": "agentbox.client.sandbox",
+    "Volume": "agentbox.client.volumes",
 }
 
 

@@ -10,12 +10,15 @@
     │   ├── ProcessNotFound            process_not_found
     │   ├── SessionNotFound            session_not_found
     │   ├── FileNotFound               file_not_found
-    │   └── SnapshotNotFound           snapshot_not_found    no such object in the snapshot store
+    │   ├── SnapshotNotFound           snapshot_not_found    no such object in the snapshot store
+    │   └── VolumeNotFound             volume_not_found      no such named volume
     ├── Conflict                       conflict
     │   ├── SandboxNotRunning          sandbox_not_running   exec in a stopped/destroyed sandbox
     │   ├── DesktopNotRunning          desktop_not_running   a desktop tool before desktop_start
     │   ├── FileExists                 file_exists
     │   ├── EditMismatch               edit_mismatch         fs edit found a different count
+    │   ├── VolumeExists               volume_exists         a volume of that name exists already
+    │   ├── VolumeInUse                volume_in_use         a writer in the way, or rm of a mounted one
     │   └── TierUnsupported            tier_unsupported      not on this sandbox's isolation tier
     ├── Unauthenticated                unauthenticated       no/expired/revoked/unknown token (401)
     ├── PermissionDenied               permission_denied     the sandbox user may not do it
@@ -137,6 +140,10 @@ class SnapshotNotFound(NotFound):
     code = "snapshot_not_found"
 
 
+class VolumeNotFound(NotFound):
+    code = "volume_not_found"
+
+
 class Conflict(AgentboxError):
     code = "conflict"
     http_status = 409
@@ -156,6 +163,18 @@ class FileExists(Conflict):
 
 class EditMismatch(Conflict):
     code = "edit_mismatch"
+
+
+class VolumeExists(Conflict):
+    code = "volume_exists"
+
+
+class VolumeInUse(Conflict):
+    """A volume is mounted where the request needs it free: a second read-write mount,
+    a read-only mount beside a writer, or ``volume rm`` while a sandbox holds it
+    (``details["sandboxes"]``: who holds it)."""
+
+    code = "volume_in_use"
 
 
 class TierUnsupported(Conflict):
