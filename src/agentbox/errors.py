@@ -18,7 +18,7 @@
     │   ├── FileExists                 file_exists
     │   ├── EditMismatch               edit_mismatch         fs edit found a different count
     │   ├── VolumeExists               volume_exists         a volume of that name exists already
-    │   ├── VolumeInUse                volume_in_use         a writer in the way, or rm of a mounted one
+    │   ├── VolumeInUse                volume_in_use         writer in the way / rm while mounted
     │   └── TierUnsupported            tier_unsupported      not on this sandbox's isolation tier
     ├── Unauthenticated                unauthenticated       no/expired/revoked/unknown token (401)
     ├── PermissionDenied               permission_denied     the sandbox user may not do it
