@@ -53,7 +53,7 @@ def _host_data(runtime: Runtime, volume: str) -> Path:
 
 
 def _mount_options(sb: Sandbox, path: str) -> set[str]:
-    for line in sb.files.read("/proc/self/mountinfo").splitlines():
+    for line in sb.commands.run("cat /proc/self/mountinfo").stdout.splitlines():
         fields = line.split()
         if fields[4] == path:
             return set(fields[5].split(","))
@@ -132,18 +132,17 @@ def test_device_nodes_in_a_volume_cannot_be_made_or_used(
 def test_a_full_volume_stops_at_its_size(
     runtime: Runtime, agentbox_home: Path, volume: str
 ) -> None:
-    host_before = os.statvfs(runtime.volumes.dir)
     with _with(volume, agentbox_home) as sb:
         r = sb.commands.run(f"for i in 1 2 3 4; do dd if=/dev/urandom of={PATH}/f$i bs=1M "
-                            "count=16 2>&1 | tail -1; done; df -k /workspace | tail -1",
+                            "count=16 2>&1; done",
                             timeout=120)  # fmt: skip
         assert "No space left on device" in r.stdout, r.stdout
         assert sb.commands.run("echo fine > /workspace/x && cat /workspace/x").stdout == "fine\n"
+    # What the host gives the volume, counted by the host: never more than its size (the
+    # host's free space itself moves with every other sandbox on this machine).
     image = Path(runtime.volumes.store.get(volume).image)
     assert image.stat().st_blocks * 512 <= 32 * 1024**2
-    host_after = os.statvfs(runtime.volumes.dir)
-    taken = (host_before.f_bavail - host_after.f_bavail) * host_after.f_frsize
-    assert taken <= 32 * 1024**2 + 8 * 1024**2  # its size (other tests write meanwhile)
+    assert runtime.volumes.get(volume)["free_bytes"] < 1024**2
 
 
 def test_racing_writers_exactly_one_wins(
