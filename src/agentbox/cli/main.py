@@ -89,7 +89,8 @@ _LAZY = {
     "template": ("agentbox.cli.template_commands", "template",
                  "Manage sandbox templates: the read-only root filesystems sandboxes start from."),
     "volume": ("agentbox.cli.volume_commands", "volume",
-               "Named cache volumes that outlive sandboxes, on a disk of their own."),
+               "Named volumes: filesystems that outlive sandboxes (pip, npm, cargo, apt "
+               "caches), each of a fixed size, on a disk of their own."),
     "token": ("agentbox.cli.gateway_commands", "token",
               "Issue, list and revoke session tokens (talks to the gateway)."),
 }  # fmt: skip

@@ -82,7 +82,8 @@ def lay_out_disk(root: Path) -> None:
 
 def release_home_mounts(home: Path) -> None:
     """Unmount what a home keeps mounted on the host beside its sandboxes: the disk pool,
-    the init tmpfs and named volumes. For throwing a home away: sandboxes still in it lose their disks."""
+    the init tmpfs and named volumes. For throwing a home away: sandboxes still in it
+    lose their disks."""
     diskpool.release(home)
     initfs.release(home)
     volumes = home / "volumes" / "mnt"  # named volumes: their images (data) stay
