@@ -80,8 +80,12 @@ class Index:
 
     def install(self, venv: str = "/tmp/venv") -> str:
         """The shell command a sandbox runs to install every package of the index."""
+        return f"python3 -m venv {venv} && {self.pip_install(venv)}"
+
+    def pip_install(self, venv: str = "/tmp/venv") -> str:
+        """The pip command alone, into an existing venv."""
         return (
-            f"python3 -m venv {venv} && {venv}/bin/pip install -q --disable-pip-version-check"
+            f"{venv}/bin/pip install -q --disable-pip-version-check"
             f" --index-url {INDEX} --trusted-host {HOST} {' '.join(self.packages)}"
         )
 
@@ -93,8 +97,11 @@ def _listening() -> bool:
 
 
 @contextlib.contextmanager
-def counted_index(tmp: Path, count: int = 1, payload: int = 64 * 1024) -> Iterator[Index]:
-    """``count`` packages ``cachedemo-0..`` in a fresh test internet while in use."""
+def counted_index(
+    tmp: Path, count: int = 1, payload: int = 64 * 1024, rate: str | None = None
+) -> Iterator[Index]:
+    """``count`` packages ``cachedemo-0..`` in a fresh test internet while in use;
+    ``rate`` (tc's syntax, ``50mbit``): what the index sends at most, like a real uplink."""
     root = tmp / "index"
     packages = [f"cachedemo-{i}" for i in range(count)]
     for name in packages:
@@ -106,6 +113,9 @@ def counted_index(tmp: Path, count: int = 1, payload: int = 64 * 1024) -> Iterat
         )
     log = tmp / "requests.log"
     with internet(tmp) as world:
+        if rate is not None:  # the namespace's own link, which only this test uses
+            subprocess.run(["ip", "netns", "exec", world.netns, "tc", "qdisc", "add", "dev",
+                            "eth0", "root", "netem", "rate", rate], check=True)  # fmt: skip
         server = subprocess.Popen(
             ["ip", "netns", "exec", world.netns, sys.executable, "-c", _SERVER, str(root),
              str(log), str(PORT)],

@@ -1,0 +1,63 @@
+"""The ``volumes`` entries of a sandbox spec: names, paths and modes refused before
+anything is made, in the SDK's, the CLI's and the REST body's spellings alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentbox.client.sandbox import _volumes
+from agentbox.errors import InvalidRequest
+from agentbox.runtime.runtime import spec_from
+from agentbox.volumes.spec import VolumeMount
+
+
+def test_the_cli_spelling() -> None:
+    assert VolumeMount.parse("pip-cache:/home/user/.cache/pip") == VolumeMount(
+        name="pip-cache", path="/home/user/.cache/pip", mode="rw"
+    )
+    assert VolumeMount.parse("npm:/home/user/.npm:ro").mode == "ro"
+    for bad in ("pip-cache", "pip-cache:", ":/x", "pip:/x:rx", "pip:/x:ro:more"):
+        with pytest.raises(ValueError):
+            VolumeMount.parse(bad)
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["relative", "/", "/home/user/", "/home//user", "/home/user/../../etc", "/./x",
+     "/proc", "/proc/sys", "/dev/shm", "/sys/x", "/usr/local/x", "/bin/x", "/lib64/x",
+     "/tmp", "/tmp/cache", "/var/tmp/x", "/workspace", "/workspace/.cache",
+     "/.agentbox/init", "/etc/agentbox", "/etc/agentbox/ca.pem", "/x\0y"],
+)  # fmt: skip
+def test_paths_the_sandbox_owns_or_not_canonical_are_refused(path: str) -> None:
+    with pytest.raises(InvalidRequest) as caught:
+        spec_from({"volumes": [{"name": "cache", "path": path}]})
+    assert caught.value.details["field"].startswith("volumes.0")
+
+
+@pytest.mark.parametrize("name", ["", "Cache", "a b", "-x", "../x", "x/y", "a" * 64, "é"])
+def test_bad_names_are_refused(name: str) -> None:
+    with pytest.raises(InvalidRequest):
+        spec_from({"volumes": [{"name": name, "path": "/home/user/c"}]})
+
+
+def test_one_entry_per_volume_and_path_and_no_nesting() -> None:
+    for volumes in (
+        [{"name": "a", "path": "/home/user/x"}, {"name": "a", "path": "/home/user/y"}],
+        [{"name": "a", "path": "/home/user/x"}, {"name": "b", "path": "/home/user/x"}],
+        [{"name": "a", "path": "/home/user/x"}, {"name": "b", "path": "/home/user/x/y"}],
+        [{"name": f"v{i}", "path": f"/home/user/{i}"} for i in range(7)],  # 6 at most
+    ):
+        with pytest.raises(InvalidRequest):
+            spec_from({"volumes": volumes})
+    ok = spec_from({"volumes": [{"name": "a", "path": "/home/user/x"},
+                                {"name": "b", "path": "/home/user/xy", "mode": "ro"}]})  # fmt: skip
+    assert [v.mode for v in ok.volumes] == ["rw", "ro"]
+
+
+def test_the_sdk_checks_before_any_backend() -> None:
+    assert _volumes(["c:/home/user/c:ro", {"name": "d", "path": "/opt/d"}]) == [
+        {"name": "c", "path": "/home/user/c", "mode": "ro", "if_busy": "fail"},
+        {"name": "d", "path": "/opt/d", "mode": "rw", "if_busy": "fail"},
+    ]
+    with pytest.raises(InvalidRequest, match=r"volumes\.1"):
+        _volumes(["c:/home/user/c", "d:/proc/x"])
