@@ -4,7 +4,7 @@
 
 A PEP 503 index in a network namespace this script creates (tests/nettopo.py +
 tests/volumekit.py: no packet leaves the host) serves 8 wheels of 2 MiB each through a
-link limited to ``--rate`` (default 100mbit, netem on the namespace's side; ``none``: the
+link limited to ``--rate`` (default 100mbit, a tbf qdisc on the namespace's side; ``none``: the
 veth's full speed). In the same run, interleaved, each round makes a fresh sandbox and a
 venv in it (not timed), then times ``pip install`` of all 8:
 

@@ -61,3 +61,26 @@ def test_the_sdk_checks_before_any_backend() -> None:
     ]
     with pytest.raises(InvalidRequest, match=r"volumes\.1"):
         _volumes(["c:/home/user/c", "d:/proc/x"])
+
+
+def test_the_config_sections() -> None:
+    from agentbox.errors import InvalidConfig
+    from agentbox.gateway.settings import parse_settings
+
+    s = parse_settings(
+        "volumes: {dir: /mnt/data/v, capacity: 2GiB}\n"
+        "sandbox:\n  volumes:\n"
+        '    "*": [{name: pip-cache, path: /home/user/.cache/pip, size: 1GiB}]\n'
+        "    ci: [{name: npm, path: /home/user/.npm, mode: ro, if_busy: fail}]\n"
+    )
+    assert (s.volumes.dir, s.volumes.capacity) == ("/mnt/data/v", 2 * 1024**3)
+    default = s.sandbox.volumes["*"][0]
+    assert (default.size, default.if_busy, default.mode) == (1024**3, "skip", "rw")
+    assert s.sandbox.volumes["ci"][0].model_dump(exclude={"size"}) == {
+        "name": "npm", "path": "/home/user/.npm", "mode": "ro", "if_busy": "fail"
+    }  # fmt: skip
+    for bad in ('sandbox: {volumes: {"*": [{name: x, path: /proc/x}]}}',
+                'sandbox: {volumes: {"*": [{name: x, path: /h, sizes: 1GiB}]}}',
+                "volumes: {capacity: lots}"):  # fmt: skip
+        with pytest.raises(InvalidConfig):
+            parse_settings(bad)
