@@ -180,9 +180,8 @@ class Gateway:
         first time it is missing when the config gives its size."""
         defaults = self.settings.sandbox.volumes
         entries = defaults.get(project, defaults.get("*", []))
-        known = {v["name"] for v in self.runtime.volumes.list()} if entries else set()
         for entry in entries:
-            if entry.name not in known and entry.size is not None:
+            if entry.size is not None and not self.runtime.volumes.exists(entry.name):
                 with contextlib.suppress(VolumeExists):  # another create made it first
                     self.runtime.volumes.create(entry.name, entry.size)
         return [entry.model_dump(exclude={"size"}) for entry in entries]

@@ -260,7 +260,10 @@ class Runtime:
         """One more warm sandbox for requests like ``spec`` (state ``pooled``: counted by
         admission, invisible to calls until ``create`` claims it). Replaced after
         POOL_MAX_AGE; its init lives POOL_LIFETIME, the most a claimed one can have."""
-        pooled = spec.model_copy(update={"lifetime": POOL_LIFETIME, "project": POOL_PROJECT})
+        # No volumes: a warm sandbox would hold them; a create with volumes never claims one.
+        pooled = spec.model_copy(
+            update={"lifetime": POOL_LIFETIME, "project": POOL_PROJECT, "volumes": ()}
+        )
         template = self.templates.get(spec.template)
         record = self._build(pooled, template, None, pool=pool_key(spec))
         self.event(record.id, "pooled", "pool", "agentbox", template=record.template)

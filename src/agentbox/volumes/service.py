@@ -95,6 +95,9 @@ class Volumes:
             data.update(image.usage(mountpoint))
         return data
 
+    def exists(self, name: str) -> bool:
+        return self.store.exists(name)
+
     def get(self, name: str) -> dict[str, Any]:
         return self.describe(self.store.get(name))
 

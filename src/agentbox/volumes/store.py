@@ -80,6 +80,10 @@ class VolumeStore:
             )
         return VolumeRecord(name, image, size, now)
 
+    def exists(self, name: str) -> bool:
+        row = self.db.conn().execute("SELECT 1 FROM volumes WHERE name=?", (name,)).fetchone()
+        return row is not None
+
     def get(self, name: str) -> VolumeRecord:
         row = self.db.conn().execute("SELECT * FROM volumes WHERE name=?", (name,)).fetchone()
         if row is None:
