@@ -3,11 +3,16 @@ anything is made, in the SDK's, the CLI's and the REST body's spellings alike.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from agentbox.client.sandbox import _volumes
-from agentbox.errors import InvalidRequest
+from agentbox.errors import InvalidConfig, InvalidRequest, VolumeNotFound
+from agentbox.gateway.settings import parse_settings
 from agentbox.runtime.runtime import spec_from
+from agentbox.runtime.store import Store
+from agentbox.volumes.service import Volumes
 from agentbox.volumes.spec import VolumeMount
 
 
@@ -64,9 +69,6 @@ def test_the_sdk_checks_before_any_backend() -> None:
 
 
 def test_the_config_sections() -> None:
-    from agentbox.errors import InvalidConfig
-    from agentbox.gateway.settings import parse_settings
-
     s = parse_settings(
         "volumes: {dir: /mnt/data/v, capacity: 2GiB}\n"
         "sandbox:\n  volumes:\n"
@@ -84,3 +86,15 @@ def test_the_config_sections() -> None:
                 "volumes: {capacity: lots}"):  # fmt: skip
         with pytest.raises(InvalidConfig):
             parse_settings(bad)
+
+
+def test_names_that_could_be_paths_never_reach_the_filesystem(tmp_path: Path) -> None:
+    Store(tmp_path / "state.db")  # the sandboxes table the volume store joins on
+    volumes = Volumes(tmp_path, tmp_path / "images")
+    for name in ("../../x", "a/b", "..", "", "A"):
+        for call in (volumes.get, volumes.remove):
+            with pytest.raises(VolumeNotFound):
+                call(name)
+        with pytest.raises(InvalidRequest):
+            volumes.create(name, "16MiB")
+    assert sorted(p.name for p in tmp_path.rglob("*") if "lock" in p.name) == []

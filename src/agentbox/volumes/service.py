@@ -25,7 +25,7 @@ from agentbox.fsutil import is_mountpoint, locked
 from agentbox.units import parse_size
 from agentbox.volumes import image
 from agentbox.volumes.spec import check_name
-from agentbox.volumes.store import VolumeRecord, VolumeStore
+from agentbox.volumes.store import VolumeRecord, VolumeStore, not_found
 
 log = logging.getLogger(__name__)
 MIN_SIZE = 16 * 1024**2
@@ -54,8 +54,17 @@ class Volumes:
     def _mountpoint(self, name: str) -> Path:
         return self.home / "volumes" / "mnt" / name
 
+    @staticmethod
+    def _checked(name: str) -> str:
+        """``name``, if a volume could have it (it becomes a file name: never one with a
+        slash or a dot-dot); else VolumeNotFound."""
+        try:
+            return check_name(name)
+        except ValueError:
+            raise not_found(name) from None
+
     def _lock(self, name: str) -> contextlib.AbstractContextManager[None]:
-        return locked(self.home / "lib" / "volumes" / f"{name}.lock")
+        return locked(self.home / "lib" / "volumes" / f"{self._checked(name)}.lock")
 
     def _capacity(self) -> int:
         if self.capacity is not None:
@@ -99,7 +108,7 @@ class Volumes:
         return self.store.exists(name)
 
     def get(self, name: str) -> dict[str, Any]:
-        return self.describe(self.store.get(name))
+        return self.describe(self.store.get(self._checked(name)))
 
     def list(self) -> builtins.list[dict[str, Any]]:
         return [self.describe(r) for r in self.store.list()]
