@@ -157,7 +157,8 @@ class Volumes:
 
     def recover(self) -> builtins.list[str]:
         """After a crash: forget mounts of sandboxes that are gone, mount every volume
-        again (a reboot unmounted them). Returns what it did, for the recovery report."""
+        again (a reboot unmounted them). Returns the leftovers it cleared, for the
+        recovery report."""
         done = []
         forgotten = self.store.forget_orphan_mounts()
         if forgotten:
@@ -169,7 +170,7 @@ class Volumes:
             try:
                 with self._lock(record.name):
                     image.ensure_mounted(Path(record.image), mountpoint)
-                done.append(f"volume {record.name} mounted")
+                log.info("volume %s mounted again", record.name)
             except (AgentboxError, OSError) as e:
                 log.warning("could not mount volume %s: %s", record.name, e)
         return done
