@@ -17,8 +17,11 @@ import pytest
 
 from agentbox import Sandbox, Volume
 from agentbox.errors import InvalidRequest, VolumeInUse, VolumeNotFound
+from agentbox.fsutil import is_mountpoint
+from agentbox.isolation import disk
 from agentbox.network import egressd
 from agentbox.runtime.host import release_home_mounts
+from agentbox.runtime.recovery import recover
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import GatewayProcess
 from volumekit import CACHE, NETWORK, counted_index
@@ -239,3 +242,23 @@ def test_a_volume_survives_a_gateway_killed_with_sigkill(gateway_home: Path) -> 
         assert op.get("/v1/volumes").json() == []
     assert not (gateway_home / "other-disk" / "cache.img").exists()
     gw.kill(signal.SIGTERM)
+
+
+def test_recovery_mounts_volumes_again_and_forgets_mounts_of_gone_sandboxes(
+    runtime: Runtime, agentbox_home: Path, volume: str
+) -> None:
+    with Sandbox.create(**SMALL, volumes=_mount(volume), home=agentbox_home) as sb:  # type: ignore[arg-type]
+        sb.commands.run("echo survived > /home/user/cache/f")
+    # As after a reboot: the host mount is gone; and a creator died between its two writes.
+    mountpoint = agentbox_home / "volumes" / "mnt" / volume
+    disk.unmount(mountpoint)
+    assert not is_mountpoint(mountpoint)
+    runtime.volumes.store.attach("sb-gone00000000", [(volume, "/home/user/c", "rw", False)])
+    with runtime.volumes.store.db.tx() as db:  # the row alone: its sandbox has no record
+        rows = db.execute("SELECT COUNT(*) FROM volume_mounts WHERE volume=?", (volume,))
+        assert rows.fetchone()[0] == 1
+    report = recover(runtime)
+    assert is_mountpoint(mountpoint)
+    assert any("volume mount" in o for o in report.orphans), report
+    with Sandbox.create(**SMALL, volumes=_mount(volume), home=agentbox_home) as sb:  # type: ignore[arg-type]
+        assert sb.commands.run("cat /home/user/cache/f").stdout == "survived\n"
