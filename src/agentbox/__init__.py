@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentbox.client.sandbox import AsyncSandbox, CommandHandle, Sandbox, Shell
-    from agentbox.client.volumes import Volume
+    from agentbox.client.volumes import AsyncVolume, Volume
     from agentbox.errors import AgentboxError
     from agentbox.runtime.output import CommandResult
 
 __all__ = [
     "AgentboxError",
     "AsyncSandbox",
+    "AsyncVolume",
     "CommandHandle",
     "CommandResult",
     "Sandbox",
@@ -34,6 +35,7 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "AgentboxError": "agentbox.errors",
     "AsyncSandbox": "agentbox.client.sandbox",
+    "AsyncVolume": "agentbox.client.volumes",
     "CommandHandle": "agentbox.client.sandbox",
     "CommandResult": "agentbox.runtime.output",
     "Sandbox": "agentbox.client.sandbox",

@@ -5,6 +5,7 @@ volume survives a gateway killed with SIGKILL."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import Sandbox, Volume
+from agentbox import AsyncVolume, Sandbox, Volume
 from agentbox.errors import InvalidRequest, VolumeInUse, VolumeNotFound
 from agentbox.fsutil import is_mountpoint
 from agentbox.isolation import disk
@@ -262,3 +263,15 @@ def test_recovery_mounts_volumes_again_and_forgets_mounts_of_gone_sandboxes(
     assert any("volume mount" in o for o in report.orphans), report
     with Sandbox.create(**SMALL, volumes=_mount(volume), home=agentbox_home) as sb:  # type: ignore[arg-type]
         assert sb.commands.run("cat /home/user/cache/f").stdout == "survived\n"
+
+
+def test_the_async_twin(runtime: Runtime, agentbox_home: Path) -> None:
+    async def scenario() -> list[object]:
+        made = await AsyncVolume.create("t-async", size="16MiB", home=agentbox_home)
+        listed = [v.name for v in await AsyncVolume.list(home=agentbox_home)]
+        fresh = await (await AsyncVolume.get("t-async", home=agentbox_home)).refresh()
+        await made.remove()
+        return [made.size, "t-async" in listed, fresh.info["mounts"]]
+
+    assert asyncio.run(scenario()) == [16 * 1024**2, True, []]
+    assert not runtime.volumes.exists("t-async")

@@ -12,6 +12,7 @@ a gateway when ``AGENTBOX_URL`` is set, like ``Sandbox``.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 from collections.abc import Mapping
 from pathlib import Path
@@ -69,3 +70,29 @@ class Volume:
 
     def __repr__(self) -> str:
         return f"Volume({self.name!r}, size={self.size}, used={self.used_bytes})"
+
+
+class AsyncVolume:
+    """:class:`Volume`, awaited: the same calls in worker threads."""
+
+    def __init__(self, volume: Volume) -> None:
+        from agentbox.client.sandbox import _threaded, _threaded_as
+
+        self.volume = volume
+        self.name, self.size, self.info = volume.name, volume.size, volume.info
+        self.refresh = _threaded_as(volume.refresh, AsyncVolume)
+        self.remove = _threaded(volume.remove)
+
+    @staticmethod
+    async def create(
+        name: str, size: int | str = "10GiB", *, home: Path | None = None
+    ) -> AsyncVolume:
+        return AsyncVolume(await asyncio.to_thread(Volume.create, name, size, home=home))
+
+    @staticmethod
+    async def get(name: str, *, home: Path | None = None) -> AsyncVolume:
+        return AsyncVolume(await asyncio.to_thread(Volume.get, name, home=home))
+
+    @staticmethod
+    async def list(*, home: Path | None = None) -> builtins.list[AsyncVolume]:
+        return [AsyncVolume(v) for v in await asyncio.to_thread(Volume.list, home=home)]
