@@ -229,12 +229,15 @@ async def _send_input(gw: RunningGateway, sandbox: str, token: str, control: boo
 
 
 def test_a_view_only_viewer_never_drives_the_desktop(gw: RunningGateway, page: str) -> None:
-    viewer, _ = _issue(gw, page, ["desktop_view"])
+    viewer, viewer_id = _issue(gw, page, ["desktop_view"])
     clicks, keys = _count(gw, page, "clicked.txt", "clicked"), _count(gw, page, "keys.txt", "a")
-    views = len(_audit(gw, page, "desktop_view_ended"))  # earlier tests' views ended too
     sent = asyncio.run(_send_input(gw, page, viewer, control=False))
     # Every input message was framed as such and dropped, whatever its framing.
-    ended = wait_for(lambda: _audit(gw, page, "desktop_view_ended")[views:], 30, "its end")
+    ended = wait_for(
+        lambda: [r for r in _audit(gw, page, "desktop_view_ended") if r["session"] == viewer_id],
+        30,
+        "the view's end",
+    )
     assert [r["input_dropped"] for r in ended] == [sent] and sent == 19
     assert (_count(gw, page, "clicked.txt", "clicked"), _count(gw, page, "keys.txt", "a")) == (
         clicks,
