@@ -17,10 +17,20 @@ if TYPE_CHECKING:
     from typing import Any
 
     from agentbox.client.sandbox import AsyncSandbox, CommandHandle, Sandbox, Shell
+    from agentbox.client.volumes import AsyncVolume, Volume
     from agentbox.errors import AgentboxError
     from agentbox.runtime.output import CommandResult
 
-__all__ = ["AgentboxError", "AsyncSandbox", "CommandHandle", "CommandResult", "Sandbox", "Shell"]
+__all__ = [
+    "AgentboxError",
+    "AsyncSandbox",
+    "AsyncVolume",
+    "CommandHandle",
+    "CommandResult",
+    "Sandbox",
+    "Shell",
+    "Volume",
+]
 __version__ = "0.1.0"
 
 # Public name -> the module defining it. Imported on first use (PEP 562): importing any
@@ -29,10 +39,12 @@ __version__ = "0.1.0"
 _PUBLIC = {
     "AgentboxError": "agentbox.errors",
     "AsyncSandbox": "agentbox.client.sandbox",
+    "AsyncVolume": "agentbox.client.volumes",
     "CommandHandle": "agentbox.client.sandbox",
     "CommandResult": "agentbox.runtime.output",
     "Sandbox": "agentbox.client.sandbox",
     "Shell": "agentbox.client.sandbox",
+    "Volume": "agentbox.client.volumes",
 }
 
 

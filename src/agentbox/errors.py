@@ -14,12 +14,15 @@
     │   ├── FileNotFound               file_not_found
     │   ├── SnapshotNotFound           snapshot_not_found    no such object in the snapshot store
     │   ├── BrowserHandleNotFound      browser_handle_not_found  no such page (closed, idle)
-    │   └── BrowserRefNotFound         browser_ref_not_found  an element ref of an old snapshot
+    │   ├── BrowserRefNotFound         browser_ref_not_found  an element ref of an old snapshot
+    │   └── VolumeNotFound             volume_not_found      no such named volume
     ├── Conflict                       conflict
     │   ├── SandboxNotRunning          sandbox_not_running   exec in a stopped/destroyed sandbox
     │   ├── DesktopNotRunning          desktop_not_running   a desktop tool before desktop_start
     │   ├── FileExists                 file_exists
     │   ├── EditMismatch               edit_mismatch         fs edit found a different count
+    │   ├── VolumeExists               volume_exists         a volume of that name exists already
+    │   ├── VolumeInUse                volume_in_use         writer in the way / rm while mounted
     │   ├── TierUnsupported            tier_unsupported      not on this sandbox's isolation tier
     │   └── TasksNotConfigured         tasks_not_configured  a task sent where no provider runs it
     ├── Unauthenticated                unauthenticated       no/expired/revoked/unknown token (401)
@@ -190,6 +193,10 @@ class BrowserRefNotFound(NotFound):
     code = "browser_ref_not_found"
 
 
+class VolumeNotFound(NotFound):
+    code = "volume_not_found"
+
+
 class Conflict(AgentboxError):
     code = "conflict"
     http_status = 409
@@ -209,6 +216,18 @@ class FileExists(Conflict):
 
 class EditMismatch(Conflict):
     code = "edit_mismatch"
+
+
+class VolumeExists(Conflict):
+    code = "volume_exists"
+
+
+class VolumeInUse(Conflict):
+    """A volume is mounted where the request needs it free: a second read-write mount,
+    a read-only mount beside a writer, or ``volume rm`` while a sandbox holds it
+    (``details["sandboxes"]``: who holds it)."""
+
+    code = "volume_in_use"
 
 
 class TierUnsupported(Conflict):

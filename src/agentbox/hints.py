@@ -114,6 +114,9 @@ ACTIONS: dict[str, Action] = {
         sdk="call `Sandbox.snapshots()`",
         rest="GET /v1/snapshots",
     ),
+    "volume_list": Action(
+        None, cli="run `agentbox volume ls`", sdk="call `Volume.list()`", rest="GET /v1/volumes"
+    ),
     "approval_list": Action(
         None, cli="run `agentbox approvals ls`", sdk=None, rest="GET /v1/approvals"
     ),

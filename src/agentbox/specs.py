@@ -27,6 +27,7 @@ from agentbox.network import credentials as _credentials
 from agentbox.network import policy_fields
 from agentbox.network.modes import EgressMode
 from agentbox.units import parse_duration, parse_size
+from agentbox.volumes.spec import VolumeMount, check_mounts
 
 T = TypeVar("T")
 
@@ -270,6 +271,18 @@ class SandboxSpec(BaseModel):
     network: NetworkSpec = NetworkSpec()
     env: dict[str, str] = Field(default_factory=dict)
     project: str = "default"
+    volumes: tuple[VolumeMount, ...] = Field(
+        default=(),
+        max_length=6,
+        description="named volumes to mount (agentbox.volumes): rw for one sandbox at a "
+        "time, ro for many; not in snapshots or fork copies",
+    )
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, value: tuple[VolumeMount, ...]) -> tuple[VolumeMount, ...]:
+        check_mounts(value)
+        return value
 
     @field_validator("memory", "disk", mode="before")
     @classmethod

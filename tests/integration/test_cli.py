@@ -148,3 +148,36 @@ def test_durations_are_parsed_alike_everywhere(agentbox_home: Path, sandbox_id: 
                                 env=env, timeout=60, check=True)  # fmt: skip
         [mine] = json.loads(listed.stdout)
         assert mine["expires_at"] - mine["created_at"] == 8 * 3600
+
+
+def test_volume_create_ls_mount_rm(agentbox_home: Path, host_ready: None) -> None:
+    made = run(agentbox_home, "volume", "create", "cli-cache", "--size", "32MiB")
+    assert made.returncode == 0 and made.stdout == b"cli-cache\n", made.stderr
+    again = run(agentbox_home, "volume", "create", "cli-cache", "--size", "32MiB")
+    assert again.returncode != 0 and b"exists already" in again.stderr
+    created = run(agentbox_home, "sandbox", "create", "--disk", "64MiB", "--network", "none",
+                  "--volume", "cli-cache:/home/user/.cache/pip")  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    sandbox_id = created.stdout.decode().strip()
+    try:
+        wrote = run(agentbox_home, "sandbox", "exec", sandbox_id, "--", "sh", "-c",
+                    "head -c 1048576 /dev/urandom > /home/user/.cache/pip/blob")  # fmt: skip
+        assert wrote.returncode == 0, wrote.stderr
+        listed = json.loads(run(agentbox_home, "volume", "ls", "--json").stdout)
+        (entry,) = [v for v in listed if v["name"] == "cli-cache"]
+        assert entry["used_bytes"] >= 1024**2 and entry["size"] == 32 * 1024**2
+        assert entry["mounts"] == [
+            {"sandbox": sandbox_id, "path": "/home/user/.cache/pip", "mode": "rw"}
+        ]
+        assert sandbox_id in run(agentbox_home, "volume", "ls").stdout.decode()
+        second = run(agentbox_home, "sandbox", "create", "--network", "none",
+                     "--volume", "cli-cache:/home/user/c")  # fmt: skip
+        assert second.returncode != 0 and b"one writer" in second.stderr, second.stderr
+        busy = run(agentbox_home, "volume", "rm", "cli-cache")
+        assert busy.returncode != 0 and sandbox_id.encode() in busy.stderr
+        bad = run(agentbox_home, "sandbox", "create", "--volume", "cli-cache:/proc/x")
+        assert bad.returncode != 0 and b"/proc" in bad.stderr
+    finally:
+        run(agentbox_home, "sandbox", "rm", sandbox_id)
+    assert run(agentbox_home, "volume", "rm", "cli-cache").returncode == 0
+    assert b"cli-cache" not in run(agentbox_home, "volume", "ls").stdout

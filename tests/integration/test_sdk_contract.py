@@ -273,3 +273,42 @@ def _tar_round_trip(sb: Sandbox) -> tuple[int, str]:
     return entries, next(e.path for e in copied if e.type == "file").removeprefix(
         "/workspace/copy/"
     )
+
+
+# volumes ------------------------------------------------------------------------------------
+def test_volumes(backends: dict[str, Backend]) -> None:
+    """Named volumes through both backends (they share one home: run one after the other)."""
+
+    def scenario(backend: Backend) -> list[Any]:
+        volumes = backends_volumes = backend.volumes
+        made = volumes.create("contract-cache", "32MiB")
+        steps: list[Any] = [(made["name"], made["size"], made["mounts"])]
+        steps.append(outcome(lambda: volumes.create("contract-cache", "32MiB")))
+        steps.append(outcome(lambda: volumes.create("Bad Name", "32MiB")))
+        mounts = [{"name": "contract-cache", "path": "/home/user/cache", "mode": "rw"}]
+        sb = Sandbox(backend.create({**SPEC, "volumes": mounts}), backend)
+        try:
+            steps.append(outcome(lambda: sb.commands.run("echo hi > /home/user/cache/f")))
+            steps.append(outcome(lambda: backend.create({**SPEC, "volumes": mounts})))
+            steps.append(outcome(lambda: backends_volumes.remove("contract-cache")))
+            held = volumes.get("contract-cache")
+            steps.append([(m["path"], m["mode"], m["sandbox"] == sb.id) for m in held["mounts"]])
+            steps.append(held["used_bytes"] > 0 and held["free_bytes"] > 0)
+        finally:
+            sb.kill()
+        steps.append([v["name"] for v in volumes.list()])
+        volumes.remove("contract-cache")
+        steps.append(outcome(lambda: volumes.get("contract-cache")))
+        return steps
+
+    outcomes = {name: scenario(backend) for name, backend in backends.items()}
+    assert outcomes["local"] == outcomes["remote"]
+    local = outcomes["local"]
+    assert local[0] == ("contract-cache", 32 * 1024**2, [])
+    assert local[1] == ("error", "VolumeExists", "volume_exists")
+    assert local[2][2] == "invalid_request"
+    assert local[4] == ("error", "VolumeInUse", "volume_in_use")
+    assert local[5] == ("error", "VolumeInUse", "volume_in_use")
+    assert local[6] == [("/home/user/cache", "rw", True)]
+    assert local[8] == ["contract-cache"]
+    assert local[9] == ("error", "VolumeNotFound", "volume_not_found")

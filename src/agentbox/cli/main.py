@@ -59,6 +59,9 @@ _LAZY = {
              "Batch tasks: a goal, run by the reference agent loop in a fresh sandbox."),
     "template": ("agentbox.cli.template_commands", "template",
                  "Manage sandbox templates: the read-only root filesystems sandboxes start from."),
+    "volume": ("agentbox.cli.volume_commands", "volume",
+               "Named volumes: filesystems that outlive sandboxes (pip, npm, cargo, apt "
+               "caches), each of a fixed size, on a disk of their own."),
     "token": ("agentbox.cli.gateway_commands", "token",
               "Issue, list and revoke session tokens (talks to the gateway)."),
 }  # fmt: skip
@@ -123,6 +126,11 @@ def sandbox() -> None:
     help="Isolation tier: namespaces (bubblewrap + seccomp, the default) or gvisor (runsc: "
     "a user-space kernel; see agentbox doctor for what this host can run).",
 )
+@click.option(
+    "--volume", "volumes", multiple=True, metavar="NAME:PATH[:ro]",
+    help="Mount a named volume (agentbox volume create) at PATH; :ro read-only (many "
+    "sandboxes), else read-write (one sandbox at a time). Repeat for more.",
+)  # fmt: skip
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of the bare id.")
 @reports_errors()
 def sandbox_create(
@@ -139,6 +147,7 @@ def sandbox_create(
     network: str | None,
     allow: tuple[str, ...],
     isolation: str | None,
+    volumes: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Create a sandbox and print its id.
@@ -149,6 +158,7 @@ def sandbox_create(
       agentbox sandbox create --allow pypi.org --allow files.pythonhosted.org
       agentbox sandbox create --network none
       agentbox sandbox create --isolation gvisor
+      agentbox sandbox create --volume pip-cache:/home/user/.cache/pip
     """
     spec: dict[str, object] = {"template": template}
     for key, value in (
@@ -168,6 +178,10 @@ def sandbox_create(
         spec["env"] = _parse_env(env)
     if network or allow:
         spec["network"] = {"mode": network or "allowlist", "allow": list(allow)}
+    if volumes:
+        from agentbox.client.sandbox import _volumes
+
+        spec["volumes"] = _volumes(volumes)
     record = _runtime().create(spec)
     if as_json:
         _print_json(record.to_dict())

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Literal, Protocol
+from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
 
 if TYPE_CHECKING:  # the SDK loads light: these are imported where they are used
     from agentbox.runtime.files import FileInfo
@@ -114,6 +114,16 @@ class FilesAPI(Protocol):
     ) -> int: ...
 
 
+class VolumesAPI(Protocol):
+    """Named volumes (``agentbox.volumes``); each one a dict: name, size, created_at,
+    mounts (sandbox, path, mode), used_bytes, free_bytes."""
+
+    def create(self, name: str, size: int | str) -> dict[str, Any]: ...
+    def get(self, name: str) -> dict[str, Any]: ...
+    def list(self) -> builtins.list[dict[str, Any]]: ...
+    def remove(self, name: str) -> None: ...
+
+
 class Backend(Protocol):
     """Where sandboxes live: the in-process ``Runtime`` or ``RemoteRuntime`` (a gateway)."""
 
@@ -135,3 +145,5 @@ class Backend(Protocol):
     def processes(self, sandbox_id: str) -> ProcessesAPI: ...
     def sessions(self, sandbox_id: str) -> SessionsAPI: ...
     def files(self, sandbox_id: str) -> FilesAPI: ...
+    @property
+    def volumes(self) -> VolumesAPI: ...

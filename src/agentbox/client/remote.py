@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any
+from urllib.parse import quote
 
 import httpx2
 
@@ -470,6 +471,24 @@ class RemoteFiles:
         return self._c.download(f"{self._base}/download", params, fileobj, withheld)
 
 
+class RemoteVolumes:
+    def __init__(self, client: GatewayClient) -> None:
+        self.client = client
+
+    def create(self, name: str, size: int | str) -> dict[str, Any]:
+        body = {"name": name, "size": size}
+        return dict(self.client.request("POST", "/v1/volumes", json=body))
+
+    def get(self, name: str) -> dict[str, Any]:
+        return dict(self.client.request("GET", f"/v1/volumes/{quote(name, safe='')}"))
+
+    def list(self) -> builtins.list[dict[str, Any]]:
+        return [dict(v) for v in self.client.request("GET", "/v1/volumes")]
+
+    def remove(self, name: str) -> None:
+        self.client.request("DELETE", f"/v1/volumes/{quote(name, safe='')}")
+
+
 class RemoteRuntime:
     """Duck-types the parts of ``Runtime`` the SDK and CLI use."""
 
@@ -528,3 +547,7 @@ class RemoteRuntime:
 
     def files(self, sandbox_id: str) -> RemoteFiles:
         return RemoteFiles(self.client, sandbox_id)
+
+    @property
+    def volumes(self) -> RemoteVolumes:
+        return RemoteVolumes(self.client)

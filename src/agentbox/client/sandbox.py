@@ -70,6 +70,27 @@ def _network(value: NetworkSpec | str | Mapping[str, object]) -> dict[str, objec
     return NetworkSpec.parse(value).model_dump(mode="json")
 
 
+def _volumes(values: Sequence[str | Mapping[str, object]]) -> list[dict[str, object]]:
+    """Volume mounts checked here whatever the backend (InvalidRequest naming the entry)."""
+    from pydantic import ValidationError
+
+    from agentbox.errors import InvalidRequest
+    from agentbox.volumes.spec import VolumeMount
+
+    mounts = []
+    for i, value in enumerate(values):
+        try:
+            mount = (
+                VolumeMount.parse(value)
+                if isinstance(value, str)
+                else VolumeMount.model_validate(dict(value))
+            )
+        except (ValidationError, ValueError) as e:
+            raise InvalidRequest(f"volumes.{i}: {e}", field=f"volumes.{i}") from None
+        mounts.append(mount.model_dump())
+    return mounts
+
+
 class Commands:
     """``sb.commands``: one-shot and background commands."""
 
@@ -295,6 +316,7 @@ class Sandbox:
         idle_timeout: float | str | None = None,
         on_idle: str | None = None,
         isolation: str | None = None,
+        volumes: Sequence[str | Mapping[str, object]] | None = None,
         home: Path | None = None,
     ) -> Sandbox:
         """Create and start a sandbox. ``timeout``: max lifetime in seconds (default 24h);
@@ -306,7 +328,9 @@ class Sandbox:
         ``destroy``): what happens to a sandbox nothing has used for that long, applied
         by a running gateway (activity is defined in docs/design.md); ``isolation``:
         ``namespaces`` (the default) or ``gvisor`` (runsc, a user-space kernel; what it
-        supports is in docs/design.md, Isolation tiers)."""
+        supports is in docs/design.md, Isolation tiers); ``volumes``: named volumes
+        (``Volume.create``) to mount, each ``"NAME:PATH"``, ``"NAME:PATH:ro"`` or a dict
+        ``{"name", "path", "mode": "rw"|"ro"}`` (rw: one sandbox at a time)."""
         spec: dict[str, object] = {"template": template}
         for key, value in (
             ("memory", memory),
@@ -319,6 +343,7 @@ class Sandbox:
             ("idle_timeout", idle_timeout),
             ("on_idle", on_idle),
             ("isolation", isolation),
+            ("volumes", None if volumes is None else _volumes(volumes)),
         ):
             if value is not None:
                 spec[key] = value

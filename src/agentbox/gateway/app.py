@@ -420,6 +420,9 @@ def create_app(
     runtime.admission = Admission(
         admission.max_sandboxes, admission.max_per_project, admission.max_memory_bytes()
     )
+    if settings.volumes.dir is not None:
+        runtime.volumes.dir = Path(settings.volumes.dir)
+    runtime.volumes.capacity = settings.volumes.capacity
     auth = settings.gateway.auth
     # gateway.state: PostgreSQL shares tokens, approvals, usage, tasks and E2B keys with the
     # other replicas; the sandbox registry stays the home's until nodes exist (issue 17).

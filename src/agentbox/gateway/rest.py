@@ -39,6 +39,7 @@ from agentbox.network.modes import EGRESS_MODES
 from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord
 from agentbox.specs import NetworkSpec
+from agentbox.volumes.spec import NAME_PATTERN, VolumeMount
 
 
 class Body(BaseModel):
@@ -74,6 +75,16 @@ class CreateSandbox(Body):
     desktop: bool | None = Field(
         default=None, description="true: start its desktop (as desktop_start) once it runs"
     )
+    volumes: list[VolumeMount] | None = Field(
+        default=None,
+        description="named volumes to mount (POST /v1/volumes makes one); default: the "
+        "sandbox.volumes of the config for the project",
+    )
+
+
+class CreateVolume(Body):
+    name: str = Field(pattern=NAME_PATTERN, description="lower-case letters, digits, _.-")
+    size: int | str = Field(description="its quota: bytes or a size like 10GiB")
 
 
 def _with_mode_alone(schema: dict[str, Any]) -> None:
@@ -277,6 +288,31 @@ def build_router(
         )  # fmt: skip
         gateway.lifecycle_changed()
         return record.to_dict()
+
+    # volumes ------------------------------------------------------------------------------
+    @api.post("/volumes", status_code=201, tags=["volumes"])
+    async def create_volume(body: CreateVolume, p: Principal = auth) -> dict[str, Any]:
+        p.require_operator("creating a volume")
+        info = await asyncio.to_thread(gateway.runtime.volumes.create, body.name, body.size)
+        await gateway.audit_event(p, "volume_created", volume=body.name, size=info["size"])
+        return info
+
+    @api.get("/volumes", tags=["volumes"])
+    async def list_volumes(p: Principal = auth) -> list[dict[str, Any]]:
+        p.require_operator("listing volumes")
+        return await asyncio.to_thread(gateway.runtime.volumes.list)
+
+    @api.get("/volumes/{name}", tags=["volumes"])
+    async def get_volume(name: str, p: Principal = auth) -> dict[str, Any]:
+        p.require_operator("reading a volume")
+        return await asyncio.to_thread(gateway.runtime.volumes.get, name)
+
+    @api.delete("/volumes/{name}", tags=["volumes"])
+    async def remove_volume(name: str, p: Principal = auth) -> dict[str, Any]:
+        p.require_operator("removing a volume")
+        await asyncio.to_thread(gateway.runtime.volumes.remove, name)
+        await gateway.audit_event(p, "volume_removed", volume=name)
+        return {"removed": name}
 
     # snapshots ----------------------------------------------------------------------------
     def snapshots() -> Snapshots:

@@ -10,6 +10,7 @@ Nothing here knows about HTTP or MCP framing; ``rest.py`` and ``mcp_server.py`` 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import posixpath
 import shlex
 import time
@@ -33,6 +34,7 @@ from agentbox.errors import (
     PolicyDenied,
     RateLimited,
     ToolNotFound,
+    VolumeExists,
 )
 from agentbox.gateway import jsonbody, sealed
 from agentbox.gateway.approvals import ApprovalStore
@@ -163,6 +165,8 @@ class Gateway:
             # stay in this process's environment, which the egress daemon inherits.
             spec["network"] = self.settings.sandbox.network.model_dump()
         _check_credentials(spec["network"], self.settings.sandbox.network.credentials)
+        if "volumes" not in spec and spec.get("isolation") != "gvisor":  # none there yet
+            spec["volumes"] = self._default_volumes(str(spec.get("project") or "default"))
         if self.browser.block_domains:  # the egress path refuses them for every request
             network = spec["network"]
             network = dict(network) if isinstance(network, dict) else {"mode": network}
@@ -170,6 +174,17 @@ class Gateway:
             network["deny"] = list(dict.fromkeys(deny))
             spec["network"] = network
         return spec
+
+    def _default_volumes(self, project: str) -> list[dict[str, Any]]:
+        """The config's cache volumes for ``project`` (sandbox.volumes), each made the
+        first time it is missing when the config gives its size."""
+        defaults = self.settings.sandbox.volumes
+        entries = defaults.get(project, defaults.get("*", []))
+        for entry in entries:
+            if entry.size is not None and not self.runtime.volumes.exists(entry.name):
+                with contextlib.suppress(VolumeExists):  # another create made it first
+                    self.runtime.volumes.create(entry.name, entry.size)
+        return [entry.model_dump(exclude={"size"}) for entry in entries]
 
     def lifecycle_changed(self) -> None:
         """A transition was made here: copy its event to the trail and webhooks now."""

@@ -21,6 +21,7 @@ from agentbox.errors import InvalidConfig, InvalidRequest
 from agentbox.specs import CredentialSpec, NetworkSpec, problem_of
 from agentbox.state.db import state_url_error
 from agentbox.units import parse_duration, parse_size
+from agentbox.volumes.spec import VolumeMount
 
 
 class Strict(BaseModel):
@@ -160,6 +161,31 @@ class DesktopSettings(Strict):
     idle_timeout: float = Field(default=900.0, ge=0)  # seconds without calls or viewers; 0: never
 
 
+class DefaultVolume(VolumeMount):
+    """A cache volume every sandbox of a project gets unless its create names volumes;
+    made with ``size`` the first time it is missing. Busy (another sandbox writes it):
+    skipped by default, so concurrent sandboxes of a project still start."""
+
+    if_busy: Literal["fail", "skip"] = "skip"
+    size: int | None = None
+
+    _size = field_validator("size", mode="before")(
+        classmethod(lambda c, v: None if v is None else _size(v))
+    )
+
+
+class VolumeSettings(Strict):
+    """Where named volumes' images go (another disk: ``dir``) and how much all their
+    sizes may add up to (``capacity``; default: that filesystem's size)."""
+
+    dir: str | None = None
+    capacity: int | None = None
+
+    _capacity = field_validator("capacity", mode="before")(
+        classmethod(lambda c, v: None if v is None else _size(v))
+    )
+
+
 class SandboxSection(Strict):
     template: str = "default"
     runtime: Literal["bwrap", "crun", "runc", "runsc", "kata"] = "bwrap"
@@ -171,6 +197,8 @@ class SandboxSection(Strict):
     ) = 0
     admission: AdmissionSettings = AdmissionSettings()
     desktop: DesktopSettings = DesktopSettings()
+    # Default cache volumes per project ("*": projects without a list of their own).
+    volumes: dict[str, list[DefaultVolume]] = Field(default_factory=dict)
 
 
 class TerminalRunTool(Strict):
@@ -435,6 +463,7 @@ class GatewaySettings(Strict):
     retry: RetrySettings = RetrySettings()
     budgets: list[BudgetSettings] = Field(default_factory=list)
     e2b: E2BSettings = E2BSettings()
+    volumes: VolumeSettings = VolumeSettings()
 
     @field_validator("providers")
     @classmethod

@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agentbox.errors import SandboxError
 from agentbox.isolation import disk, diskpool, initfs, syscalls
@@ -69,10 +70,14 @@ def lay_out_disk(root: Path) -> None:
 
 
 def release_home_mounts(home: Path) -> None:
-    """Unmount what a home keeps mounted on the host beside its sandboxes: the disk pool
-    and the init tmpfs. For throwing a home away: sandboxes still in it lose their disks."""
+    """Unmount what a home keeps mounted on the host beside its sandboxes: the disk pool,
+    the init tmpfs and named volumes. For throwing a home away: sandboxes still in it
+    lose their disks."""
     diskpool.release(home)
     initfs.release(home)
+    volumes = home / "volumes" / "mnt"  # named volumes: their images (data) stay
+    for mountpoint in sorted(volumes.iterdir()) if volumes.is_dir() else []:
+        disk.unmount(mountpoint)
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,9 @@ class SandboxHost:
         self.host_uid = UID_BASE + slot
         self.host_gid = UID_BASE + slot
         self.hostname = sandbox_id
+        # Named volumes to bind at the next launch (agentbox.volumes.service.Bind); the
+        # runtime sets them from the volume records before it launches.
+        self.volume_binds: list[Any] = []
 
     # build ----------------------------------------------------------------------------
     def prepare_filesystem(
@@ -237,6 +245,10 @@ class SandboxHost:
             ("--bind", str(self.workspace), "/workspace"),
             ("--ro-bind", str(init), INIT_PATH),  # from the init tmpfs (isolation/initfs)
         ]
+        # Volumes last: their paths lie outside everything above (volumes.spec). bwrap
+        # binds nosuid,nodev, as the volume's own host mount is.
+        mounts += [("--ro-bind" if b.readonly else "--bind", str(b.source), b.path)
+                   for b in self.volume_binds]  # fmt: skip
         return [
             "bwrap",
             *namespaces,
@@ -320,7 +332,7 @@ class SandboxHost:
         sees) (it copies its mount namespace and parses mountinfo for each bind); in this
         view it sees a dozen, not the disk and root of every other live sandbox, so a
         create costs the same with hundreds alive as with none."""
-        return (self.dir, init.parent)
+        return (self.dir, init.parent, *(b.view for b in self.volume_binds))
 
     def _read_info(self, fd: int) -> dict[str, int]:
         buf = b""

@@ -10,7 +10,9 @@ every running one as it is: nothing to do but check its init is alive. The rest:
 * a ``running``/``paused`` record whose init is dead is destroyed (reason ``error``,
   ``oom`` or ``lifetime``);
 * host resources no record owns: sandbox directories and their mounts, disk images in
-  the pool (snapshot clones included), snapshot mounts, cgroups, and this home's veths.
+  the pool (snapshot clones included), snapshot mounts, cgroups, and this home's veths;
+* named volumes (``agentbox.volumes``): mounts held by sandboxes now gone are released,
+  and every volume is mounted again (after a reboot); their data is never touched.
 
 Tokens and pending approvals live in ``gateway.db`` and survive as they are.
 """
@@ -95,6 +97,8 @@ def recover(runtime: Runtime) -> Recovery:
     result.orphans += _orphan_images(home, owned)
     result.orphans += _orphan_cgroups(runtime, owned)
     result.orphans += _orphan_links(runtime)
+    if (home / "volumes").is_dir():  # a home that never made a volume has nothing here
+        result.orphans += runtime.volumes.recover()
     if result.removed or result.orphans:
         log.warning("recovery: %s", result.to_dict())
     return result

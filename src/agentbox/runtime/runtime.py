@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from agentbox.runtime.spec_cache import StoredSpec
     from agentbox.runtime.templates import Template, TemplateStore
     from agentbox.specs import SandboxSpec
+    from agentbox.volumes.spec import VolumeMount
+    from agentbox.volumes.service import Volumes
 
 MAX_SANDBOXES = 4096
 POOL_MAX_AGE = 3600.0  # a warm sandbox older than this is replaced by a fresh one
@@ -178,6 +180,14 @@ class Runtime:
         self.admission = Admission()  # the gateway sets its sandbox.admission here
 
     @functools.cached_property
+    def volumes(self) -> Volumes:
+        """Named volumes (agentbox.volumes); the gateway sets their dir and capacity."""
+        from agentbox.volumes.service import Volumes
+
+        self.store  # noqa: B018 - the sandboxes table first: volume checks join on it
+        return Volumes(self.home)
+
+    @functools.cached_property
     def templates(self) -> TemplateStore:
         from agentbox.runtime.templates import TemplateStore
 
@@ -221,9 +231,14 @@ class Runtime:
             from agentbox.runtime.gvisor_commands import unsupported
 
             raise unsupported("on_idle stop")
+        if resolved.isolation == GVISOR and resolved.volumes:
+            from agentbox.runtime.gvisor_commands import unsupported
+
+            raise unsupported("volumes")
         self.sweep_expired()
         template = self.templates.get(resolved.template)
-        claimed = self.store.claim(
+        # A warm sandbox has no volumes: they are bound when its launcher starts.
+        claimed = None if resolved.volumes else self.store.claim(
             pool_key(resolved), template.digest, resolved, resolved.lifetime, POOL_LIFETIME,
             self.admission,
         )  # fmt: skip
@@ -249,7 +264,10 @@ class Runtime:
         """One more warm sandbox for requests like ``spec`` (state ``pooled``: counted by
         admission, invisible to calls until ``create`` claims it). Replaced after
         POOL_MAX_AGE; its init lives POOL_LIFETIME, the most a claimed one can have."""
-        pooled = spec.model_copy(update={"lifetime": POOL_LIFETIME, "project": POOL_PROJECT})
+        # No volumes: a warm sandbox would hold them; a create with volumes never claims one.
+        pooled = spec.model_copy(
+            update={"lifetime": POOL_LIFETIME, "project": POOL_PROJECT, "volumes": ()}
+        )
         template = self.templates.get(spec.template)
         record = self._build(pooled, template, None, pool=pool_key(spec))
         self.event(record.id, "pooled", "pool", "agentbox", template=record.template)
@@ -265,6 +283,10 @@ class Runtime:
         if source.state not in ("running", "paused", "stopped"):
             raise SandboxNotRunning(f"sandbox {source_id} is {source.state}; cannot fork it")
         spec = source.spec
+        # A volume is not copied: read-only ones are shared, a read-write one stays with
+        # the source (it has one writer).
+        shared = tuple(v for v in spec.volumes if v.mode == "ro")
+        spec = spec.model_copy(update={"volumes": shared})
         template = self.templates.exact(source.template, source.template_digest)
         origin = self.host(source)
         record = self._build(spec, template, origin)
@@ -352,6 +374,8 @@ class Runtime:
                 clone_of=clone_of,
                 populate=None if populate is None else lambda disk: populate(host, disk),
             )
+            if spec.volumes:
+                host.volume_binds = self._bind_volumes(record, host, spec.volumes)
             limits = Limits(spec.memory, spec.pids, spec.cpus)
             cgroup.create(limits)
             if networked and gvisor:  # runsc copies the namespace's setup as it starts
@@ -368,6 +392,17 @@ class Runtime:
             self._release(sandbox_id, host, cgroup, networked, template.digest)
             raise
         return dataclasses.replace(record, state=state, init_pid=pid, init_start_time=start)
+
+    def _bind_volumes(
+        self, record: SandboxRecord, host: SandboxHost, volumes: tuple[VolumeMount, ...]
+    ) -> Any:
+        """Claim the sandbox's volumes and make their mount points in its root."""
+        from agentbox.volumes import image
+
+        binds = self.volumes.attach(record.id, volumes, host.host_uid, host.host_gid)
+        for bind in binds:
+            image.make_mountpoint(host.root, bind.path, host.host_uid, host.host_gid)
+        return binds
 
     def event(self, sandbox_id: str, type_: str, reason: str, actor: str, **details: Any) -> None:
         """Record a lifecycle event (see ``runtime.lifecycle``); the gateway streams it,
@@ -469,6 +504,9 @@ class Runtime:
         and the template's tree if this sandbox was its last user."""
         errors: list[str] = []
         steps: list[Callable[[], None]] = [cgroup.remove, host.teardown]
+        stored = self.store.get(sandbox_id)
+        if stored is not None and stored.spec.volumes:  # before its record goes
+            steps.append(lambda: self.volumes.detach(sandbox_id))
         if networked:
             net = plane.registered_home_net(self.home)  # none: no link was ever made
             if net is not None:
@@ -590,6 +628,12 @@ class Runtime:
         if networked and gvisor:  # its namespace outlived the stop; wired before runsc
             plane.attach(self.net.link(record.slot), host.netns)  # type: ignore[attr-defined]
         limits = Limits(spec.memory, spec.pids, spec.cpus)
+        if spec.volumes:  # still claimed by this sandbox while it was stopped
+            from agentbox.volumes import image
+
+            host.volume_binds = self.volumes.binds_for(record.id)
+            for bind in host.volume_binds:  # the agent may have replaced a path since
+                image.make_mountpoint(host.root, bind.path, host.host_uid, host.host_gid)
         pid, start = host.launch(
             self.paths, cgroup, template.host_usr, spec.memory, remaining, limits
         )

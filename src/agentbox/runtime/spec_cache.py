@@ -82,6 +82,10 @@ class StoredSpec:
         return float(self._dump["lifetime"])
 
     @property
+    def volumes(self) -> tuple[()]:
+        return ()
+
+    @property
     def project(self) -> str | None:
         project = self._dump.get("project")
         return None if project is None else str(project)
@@ -108,7 +112,8 @@ def validated(home: Path, values: Mapping[str, object] | None) -> SandboxSpec | 
     except (OSError, ValueError, KeyError):
         pass
     spec = spec_from(values)
-    _remember(path, spec.model_dump(mode="json"))
+    if not spec.volumes:  # a StoredSpec has no volumes (they need the typed mounts)
+        _remember(path, spec.model_dump(mode="json"))
     return spec
 
 
