@@ -52,8 +52,8 @@ if TYPE_CHECKING:
     from agentbox.runtime.spec_cache import StoredSpec
     from agentbox.runtime.templates import Template, TemplateStore
     from agentbox.specs import SandboxSpec
-    from agentbox.volumes.spec import VolumeMount
     from agentbox.volumes.service import Volumes
+    from agentbox.volumes.spec import VolumeMount
 
 MAX_SANDBOXES = 4096
 POOL_MAX_AGE = 3600.0  # a warm sandbox older than this is replaced by a fresh one
