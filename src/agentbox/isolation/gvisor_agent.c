@@ -299,8 +299,10 @@ _Noreturn static void serve(int sock) {
     send_frame(sock, 'F', msg, (uint32_t)n);
     _exit(1);
   }
-  pid_t child = fork();
-  if (child < 0) die("fork");
+  /* vfork: no copy of our address space for a child that execs at once (under the
+   * ptrace platform every new address space is a new host stub process). */
+  pid_t child = vfork();
+  if (child < 0) die("vfork");
   if (child == 0) exec_command(&r, in[0], out[1], err[1], report[1]);
   close(in[0]);
   close(out[1]);
