@@ -99,6 +99,38 @@ def test_the_cli_creates_a_gvisor_sandbox(agentbox_home: Path) -> None:
         Sandbox.connect(sandbox_id, home=agentbox_home).kill()
 
 
+def test_a_template_names_the_default_tier_of_its_sandboxes(agentbox_home: Path) -> None:
+    """``template set NAME --isolation gvisor``: a create without an isolation of its own
+    runs on gVisor; one that names a tier gets that tier."""
+    env = {**os.environ, "AGENTBOX_HOME": str(agentbox_home)}
+
+    def template(*args: str) -> str:
+        done = subprocess.run([AGENTBOX, "template", *args], env=env, capture_output=True,
+                              text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    template("set", "default", "--isolation", "gvisor")
+    made: list[Sandbox] = []
+    try:
+        assert "(isolation gvisor)" in template("ls")
+        made.append(Sandbox.create(network="none", memory="256MiB", home=agentbox_home))
+        made.append(Sandbox.create(network="none", memory="256MiB", home=agentbox_home,
+                                   isolation="namespaces"))  # fmt: skip
+        assert [sb.info().to_dict()["isolation"] for sb in made] == ["gvisor", "namespaces"]
+        assert made[0].commands.run(["uname", "-r"]).stdout == "4.4.0\n"
+    finally:
+        template("set", "default", "--isolation", "namespaces")
+        for sb in made:
+            sb.kill()
+    assert "isolation" not in template("ls")
+    made_after = Sandbox.create(network="none", memory="256MiB", home=agentbox_home)
+    try:
+        assert made_after.info().to_dict()["isolation"] == "namespaces"
+    finally:
+        made_after.kill()
+
+
 # the guest kernel is gVisor's ----------------------------------------------------------
 
 

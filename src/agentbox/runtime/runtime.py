@@ -36,6 +36,7 @@ from agentbox.isolation import diskpool, seccomp
 from agentbox.isolation.cgroups import CgroupLayout, Limits, SandboxCgroup
 from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
+from agentbox.runtime import template_tiers
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
 from agentbox.runtime.store import SandboxRecord, Store
@@ -208,6 +209,10 @@ class Runtime:
         self, spec: Mapping[str, object] | SandboxSpec | None = None, *, actor: str = "local"
     ) -> SandboxRecord:
         spec = spec_from(spec)
+        if "isolation" not in spec.model_fields_set:  # the template's tier, if it names one
+            tier = template_tiers.default_tier(self.home, spec.template)
+            if tier is not None:
+                spec = spec.model_copy(update={"isolation": tier})
         if spec.isolation == GVISOR and spec.on_idle == "stop":
             from agentbox.runtime.gvisor_commands import unsupported
 
