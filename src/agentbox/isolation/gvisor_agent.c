@@ -323,6 +323,24 @@ _Noreturn static void serve(int sock) {
 
 /* ---- the agent ------------------------------------------------------------------- */
 
+static volatile sig_atomic_t quiesce, relisten;
+static void on_quiesce(int sig) { (void)sig; quiesce = 1; }
+static void on_relisten(int sig) { (void)sig; relisten = 1; }
+
+static int listen_on(const char *path) {
+  struct sockaddr_un addr = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof addr.sun_path) return -1;
+  strcpy(addr.sun_path, path);
+  unlink(path); /* a stale one from before a stop or a checkpoint */
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(fd, 64) < 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 int main(int argc, char **argv) {
   if (argc != 4) {
     dprintf(2, "usage: agentbox-gvisor-agent READY_FD LIFETIME_S SOCKET\n");
@@ -331,21 +349,24 @@ int main(int argc, char **argv) {
   int ready_fd = atoi(argv[1]), lifetime_s = atoi(argv[2]);
   /* Not dumpable: the sandbox user (our uid) cannot ptrace us or open /proc/1/mem. */
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("dumpable");
-  struct sockaddr_un addr = {.sun_family = AF_UNIX};
-  if (strlen(argv[3]) >= sizeof addr.sun_path) die("socket path too long");
-  strcpy(addr.sun_path, argv[3]);
-  unlink(argv[3]); /* a stale one from before a stop */
-  int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (listener < 0 || bind(listener, (struct sockaddr *)&addr, sizeof addr) < 0 ||
-      listen(listener, 64) < 0)
-    die("listen");
+  int listener = listen_on(argv[3]);
+  if (listener < 0) die("listen");
   if (write(ready_fd, "r", 1) != 1) die("readiness pipe");
   close_fds_but(listener);
   sigset_t blocked;
   sigemptyset(&blocked);
   sigaddset(&blocked, SIGCHLD);
   sigaddset(&blocked, SIGUSR1);
+  sigaddset(&blocked, SIGUSR2);
+  sigaddset(&blocked, SIGHUP);
   sigprocmask(SIG_BLOCK, &blocked, NULL);
+  /* From the host only (`runsc kill`: no command shares our PID namespace): SIGUSR2
+   * closes the listener, whose host socket gVisor cannot checkpoint; SIGHUP opens it
+   * again (after a checkpoint or a restore). */
+  struct sigaction quiesce_action = {.sa_handler = on_quiesce};
+  sigaction(SIGUSR2, &quiesce_action, NULL);
+  struct sigaction relisten_action = {.sa_handler = on_relisten};
+  sigaction(SIGHUP, &relisten_action, NULL);
   /* A handler only so that ppoll wakes. SIGUSR1 ('Z') is for the workers, which
    * install theirs: one set here would be inherited as a pending kill by every worker. */
   struct sigaction child_action = {.sa_handler = on_child};
@@ -367,6 +388,12 @@ int main(int argc, char **argv) {
       if (left <= 0) _exit(0); /* the sandbox's max lifetime, even with no daemon */
       wait.tv_sec = left;
     }
+    if (quiesce && listener >= 0) {
+      close(listener);
+      listener = -1;
+    }
+    if (relisten && listener < 0) listener = listen_on(argv[3]);
+    quiesce = relisten = 0;
     struct pollfd p = {listener, POLLIN, 0};
     if (ppoll(&p, 1, &wait, &unblocked) <= 0 || !(p.revents & POLLIN)) continue;
     int conn = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
@@ -375,6 +402,8 @@ int main(int argc, char **argv) {
     if (worker == 0) {
       struct sigaction kill_action = {.sa_handler = on_killall};
       sigaction(SIGUSR1, &kill_action, NULL);
+      signal(SIGUSR2, SIG_DFL);
+      signal(SIGHUP, SIG_DFL);
       close(listener);
       serve(conn);
     }
