@@ -535,3 +535,22 @@ def test_a_missing_runsc_is_a_typed_error_naming_the_fix(
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(HostUnsupported, match="apt-get install -y runsc"):
         gvisor.find_runsc()
+
+
+def test_a_snapshot_with_memory_is_a_typed_error_on_both_tiers(
+    box: Sandbox, agentbox_home: Path
+) -> None:
+    """runsc checkpoint/restore works here only with the exec agent's socket closed, and
+    storing the image is not built (runtime/memory_snapshots.py): refused, typed, naming
+    what to do; on the namespaces tier it names the tier that could."""
+    env = {**os.environ, "AGENTBOX_HOME": str(agentbox_home)}
+    plain = Sandbox.create(network="none", memory="256MiB", home=agentbox_home)
+    try:
+        for sb, says in ((plain, "needs isolation gvisor"), (box, "not available yet")):
+            done = subprocess.run([AGENTBOX, "snapshot", "create", "--memory", sb.id], env=env,
+                                  capture_output=True, text=True)  # fmt: skip
+            assert done.returncode != 0 and "tier_unsupported" in done.stderr, done.stderr
+            assert says in done.stderr and "without --memory" in done.stderr, done.stderr
+        assert box.commands.run("echo alive").stdout == "alive\n"  # nothing was touched
+    finally:
+        plain.kill()
