@@ -612,23 +612,12 @@ class Runtime:
         return Snapshots(self, open_store(url, self.home))
 
     def snapshot(
-        self,
-        sandbox_id: str,
-        *,
-        redact: bool = False,
-        allowlist: str | None = None,
-        memory: bool = False,
+        self, sandbox_id: str, *, redact: bool = False, allowlist: str | None = None
     ) -> SnapshotInfo:
         """Scan, archive and store the sandbox's writable layer and /workspace; refused
         (SecretsFound, with a report) when secrets are found, unless ``redact``.
-        ``allowlist``: allow-list text (see storage.secretscan.AllowList). ``memory``:
-        its running processes too (runtime.memory_snapshots: TierUnsupported for now)."""
+        ``allowlist``: allow-list text (see storage.secretscan.AllowList)."""
         from agentbox.storage.secretscan import AllowList
-
-        if memory:
-            from agentbox.runtime.memory_snapshots import refuse_memory_snapshot
-
-            raise refuse_memory_snapshot(self.get(sandbox_id).isolation)
 
         allowed = AllowList.parse(allowlist, "allow-list") if allowlist else None
         return self.snapshots().create(sandbox_id, redact=redact, allowlist=allowed)
