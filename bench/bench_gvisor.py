@@ -157,7 +157,9 @@ def main() -> None:
             "Bare `runsc do` includes its own teardown (its Sentry is its child, reaped at "
             "once); a sandbox's destroy is timed apart: `runsc delete` waits until the "
             "Sentry is reaped, and the Sentry of a detached sandbox is the child of PID 1, "
-            "which on this VM (not systemd) reaps orphans about once a second."
+            "which on this VM (not systemd) reaps orphans about once a second. A gvisor "
+            "command goes through the sandbox's exec agent (one unix-socket round trip); "
+            "the bare `runsc exec` row is what each command cost before it."
         )
         write_doc_section("gvisor", "Isolation tier gvisor (runsc)", "bench_gvisor.py",
                           "--quick" if args.quick else "", about, table)  # fmt: skip
