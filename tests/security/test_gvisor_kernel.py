@@ -131,7 +131,9 @@ def test_a_fork_bomb_is_contained(agentbox_home: Path, runtime: Runtime) -> None
             with contextlib.suppress(AgentboxError):  # the sandbox ended with it (above)
                 assert bomb.result().timed_out
         assert peak <= cg.pids_max() == 256, peak
-        assert max(spawn_times) < 2.0 and len(spawn_times) > 20, spawn_times
+        # Sampled for as long as the bomb ran (less when it ended the sandbox at once).
+        assert spawn_times and max(spawn_times) < 2.0, spawn_times
+        assert host_spawn_seconds() < 2.0
     finally:
         sb.kill()
     assert runtime.store.get(sb.id) is None
