@@ -57,10 +57,12 @@ def box(agentbox_home: Path, runtime: Runtime) -> Iterator[Sandbox]:
         sb.kill()
 
 
+_LISTING = 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done'
+
+
 def _processes(sb: Sandbox) -> str:
     """Every process's command line in the sandbox (gVisor's /proc)."""
-    listing = 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done'
-    return sb.commands.run(listing).stdout
+    return sb.commands.run(_LISTING).stdout
 
 
 # the tier is chosen and shown ----------------------------------------------------------
@@ -554,3 +556,17 @@ def test_a_snapshot_with_memory_is_a_typed_error_on_both_tiers(
         assert box.commands.run("echo alive").stdout == "alive\n"  # nothing was touched
     finally:
         plain.kill()
+
+
+def test_a_low_pids_limit_leaves_room_for_runsc_itself(agentbox_home: Path) -> None:
+    """The host cgroup holds the Sentry's and Gofer's threads too: with exactly ``pids``
+    there, a sandbox with pids=64 ended at its first pipeline (the Sentry could not
+    make a thread). A burst that uses up the limit and the headroom can still end the
+    sandbox, never more (tests/security/test_gvisor_kernel.py, the fork bomb)."""
+    sb = _create(agentbox_home, pids=64)
+    try:
+        for _ in range(3):
+            r = sb.commands.run("echo a | head -1; seq 20 | sort -rn | head -1")
+            assert (r.exit_code, r.stdout) == (0, "a\n20\n"), r
+    finally:
+        sb.kill()

@@ -40,7 +40,7 @@ from agentbox.runtime import template_tiers
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
 from agentbox.runtime.store import SandboxRecord, Store
-from agentbox.runtime.tiers import GVISOR, host_for
+from agentbox.runtime.tiers import GVISOR, host_for, host_limits
 
 # Imported where used: a command on an existing sandbox (``agentbox sandbox exec``) needs
 # none of these (tests/unit/test_import_weight.py).
@@ -355,7 +355,7 @@ class Runtime:
                 clone_of=clone_of,
                 populate=None if populate is None else lambda disk: populate(host, disk),
             )
-            limits = Limits(spec.memory, spec.pids, spec.cpus)
+            limits = host_limits(spec.isolation, Limits(spec.memory, spec.pids, spec.cpus))
             cgroup.create(limits)
             if networked and gvisor:  # runsc copies the namespace's setup as it starts
                 plane.attach(self.net.link(record.slot), host.make_netns())  # type: ignore[attr-defined]
@@ -593,7 +593,7 @@ class Runtime:
         networked, gvisor = spec.network.mode != "none", record.isolation == GVISOR
         if networked and gvisor:  # its namespace outlived the stop; wired before runsc
             plane.attach(self.net.link(record.slot), host.netns)  # type: ignore[attr-defined]
-        limits = Limits(spec.memory, spec.pids, spec.cpus)
+        limits = host_limits(record.isolation, Limits(spec.memory, spec.pids, spec.cpus))
         pid, start = host.launch(
             self.paths, cgroup, template.host_usr, spec.memory, remaining, limits
         )
