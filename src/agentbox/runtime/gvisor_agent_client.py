@@ -119,7 +119,8 @@ class AgentCall:
         """Send the request and pump replies; the status (a code, or minus a signal)
         and how the command ended."""
         try:
-            self.sock.sendall(payload)
+            with self._lock:  # a kill from another thread waits: no frame cut in two
+                self.sock.sendall(payload)
         except OSError as e:
             raise SandboxError(f"could not send the command to the sandbox: {e}") from None
         reader = _Reader()
