@@ -1,6 +1,7 @@
 """The gVisor tier: create -> first result, beside bare ``runsc do`` on the same rootfs
-and the default tier, interleaved; then ``exec`` in a live sandbox on both tiers, and
-the memory of an idle gVisor sandbox (its cgroup's usage: Sentry, Gofer, stubs).
+and the default tier, interleaved; then ``exec`` in a live sandbox on both tiers (the
+gVisor one through its exec agent) beside a bare ``runsc exec`` into the same sandbox,
+and the memory of an idle gVisor sandbox (its cgroup's usage: Sentry, Gofer, stubs).
 
     .venv/bin/python bench/bench_gvisor.py [--quick] [--write]   (as root)
 
@@ -108,9 +109,14 @@ def main() -> None:
         try:
             exec_g: list[float] = []
             exec_n: list[float] = []
+            exec_bare: list[float] = []
+            # What each gVisor command cost before the exec agent: a bare runsc exec.
+            bare_exec = runsc.argv(home / "sandboxes" / live_g.id / "runsc", "none", "exec",
+                                   "--user=65534:65534", live_g.id, "/bin/true")  # fmt: skip
             for _ in range(n * 5):
                 exec_g += timed(lambda: live_g.commands.run(["true"]), 1)
                 exec_n += timed(lambda: live_n.commands.run(["true"]), 1)
+                exec_bare += timed(lambda: subprocess.run(bare_exec, check=True), 1)
             idle = runtime.layout.sandbox(live_g.id).memory_current() / 2**20
             idle_n = runtime.layout.sandbox(live_n.id).memory_current() / 2**20
         finally:
@@ -128,6 +134,7 @@ def main() -> None:
         f"| namespaces tier: destroy | {stats(ns_destroy)} |",
         f"| gvisor tier: `commands.run(['true'])` in a live sandbox | {stats(exec_g)} |",
         f"| namespaces tier: `commands.run(['true'])` in a live sandbox | {stats(exec_n)} |",
+        f"| baseline: bare `runsc exec CONTAINER /bin/true` in the same sandbox | {stats(exec_bare)} |",
         "",
         "| idle sandbox (cgroup memory, after one command) | MiB |",
         "|---|---|",
@@ -150,7 +157,9 @@ def main() -> None:
             "Bare `runsc do` includes its own teardown (its Sentry is its child, reaped at "
             "once); a sandbox's destroy is timed apart: `runsc delete` waits until the "
             "Sentry is reaped, and the Sentry of a detached sandbox is the child of PID 1, "
-            "which on this VM (not systemd) reaps orphans about once a second."
+            "which on this VM (not systemd) reaps orphans about once a second. A gvisor "
+            "command goes through the sandbox's exec agent (one unix-socket round trip); "
+            "the bare `runsc exec` row is what each command cost before it."
         )
         write_doc_section("gvisor", "Isolation tier gvisor (runsc)", "bench_gvisor.py",
                           "--quick" if args.quick else "", about, table)  # fmt: skip

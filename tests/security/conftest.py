@@ -3,6 +3,14 @@
 Probes that only *observe* (syscall denials, what is visible) share one sandbox per
 module to keep the suite fast; attacks that change state (fills, bombs, races) get their
 own sandbox with the limits they need.
+
+Isolation tiers: a module that takes the ``tier`` fixture (or ``tier_sandbox``) runs
+every test once per tier (docs/design.md, "What each tier stops"). The classes that run
+on both: files and symlinks (test_file_api_escapes), /proc and host facts
+(test_host_isolation), fds (test_fd_leaks), network (test_network_egress), other
+sandboxes (test_cross_sandbox); the gVisor-only ones, a fork bomb included, are in
+test_gvisor_kernel. A test
+that cannot apply to a tier says why with ``secprobe.not_on(tier, ...)`` (a skip, never a pass).
 """
 
 from __future__ import annotations
@@ -22,6 +30,26 @@ from agentbox.runtime.runtime import Runtime
 @pytest.fixture(scope="module")
 def shared_sandbox(runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
     sb = Sandbox.create(memory="256MiB", disk="128MiB", pids=256, home=agentbox_home)
+    try:
+        yield sb
+    finally:
+        if runtime.store.get(sb.id) is not None:
+            sb.kill()
+
+
+TIERS = ("namespaces", "gvisor")
+
+
+@pytest.fixture(scope="module", params=TIERS)
+def tier(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def tier_sandbox(tier: str, runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
+    """``shared_sandbox`` on each isolation tier."""
+    sb = Sandbox.create(memory="256MiB", disk="128MiB", pids=256, isolation=tier,
+                        home=agentbox_home)  # fmt: skip
     try:
         yield sb
     finally:

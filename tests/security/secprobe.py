@@ -39,3 +39,12 @@ class HostSecret:
     @property
     def files(self) -> list[Path]:
         return [self.file, self.tmp_file, self.root_file]
+
+
+def not_on(tier: str, unsupported: str, reason: str) -> None:
+    """Skip on tier ``unsupported``, saying why the attack does not apply there (a skip,
+    never a pass: keep these few, each with its reason)."""
+    import pytest
+
+    if tier == unsupported:
+        pytest.skip(f"does not apply on the {tier} tier: {reason}")

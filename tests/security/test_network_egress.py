@@ -37,14 +37,18 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Internet]:
         yield world
 
 
-def _create(home: Path, mode: str = "allowlist", **extra: Any) -> Sandbox:
+def _create(
+    home: Path, mode: str = "allowlist", isolation: str = "namespaces", **extra: Any
+) -> Sandbox:
     network = {"mode": mode, "allow": ALLOW, "hosts": HOSTS, **extra}
-    return Sandbox.create(memory="256MiB", disk="64MiB", network=network, home=home)
+    return Sandbox.create(memory="256MiB", disk="64MiB", network=network, home=home,
+                          isolation=isolation)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def box(net: Internet, agentbox_home: Path, runtime: Runtime) -> Iterator[Sandbox]:
-    sb = _create(agentbox_home)
+def box(net: Internet, agentbox_home: Path, runtime: Runtime, tier: str) -> Iterator[Sandbox]:
+    """On each isolation tier: the gvisor one runs in the same netns, veth and rules."""
+    sb = _create(agentbox_home, isolation=tier)
     try:
         yield sb
     finally:
@@ -187,8 +191,9 @@ def test_the_host_the_gateway_and_other_sandboxes_are_unreachable(
         other.kill()
 
 
-def test_mode_none_has_only_loopback(agentbox_home: Path, net: Internet) -> None:
-    sb = Sandbox.create(memory="128MiB", disk="32MiB", network="none", home=agentbox_home)
+def test_mode_none_has_only_loopback(agentbox_home: Path, net: Internet, tier: str) -> None:
+    sb = Sandbox.create(memory="128MiB", disk="32MiB", network="none", home=agentbox_home,
+                        isolation=tier)  # fmt: skip
     try:
         r = sb.commands.run("cat /proc/net/dev; env")
         assert "eth0" not in r.stdout and "HTTP_PROXY" not in r.stdout
@@ -199,9 +204,9 @@ def test_mode_none_has_only_loopback(agentbox_home: Path, net: Internet) -> None
 
 
 def test_open_mode_reaches_any_public_name_but_never_internal_ones(
-    agentbox_home: Path, net: Internet
+    agentbox_home: Path, net: Internet, tier: str
 ) -> None:
-    sb = _create(agentbox_home, mode="open", allow=[])
+    sb = _create(agentbox_home, mode="open", allow=[], isolation=tier)
     try:
         code, body = _curl(sb, "http://other.test/")
         assert code == 200 and body.startswith("hello from other.test")

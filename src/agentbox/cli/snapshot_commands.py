@@ -36,9 +36,16 @@ def snapshot() -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Findings to accept: one a line, a path glob, PATH:LINE or kind=KIND.",
 )
+@click.option(
+    "--memory",
+    is_flag=True,
+    help="Keep running processes too (gvisor tier: runsc checkpoint; see docs/design.md).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the snapshot as a JSON object.")
 @reports_errors()
-def snapshot_create(sandbox_id: str, redact: bool, allow_list: Path | None, as_json: bool) -> None:
+def snapshot_create(
+    sandbox_id: str, redact: bool, allow_list: Path | None, memory: bool, as_json: bool
+) -> None:
     """Snapshot a sandbox and print the snapshot id.
 
     The sandbox keeps running (its filesystem is frozen only for an instant). When the
@@ -47,6 +54,10 @@ def snapshot_create(sandbox_id: str, redact: bool, allow_list: Path | None, as_j
     """
     allowlist = allow_list.read_text() if allow_list else None
     try:
+        if memory:  # local or remote alike: the sandbox's tier decides (typed error)
+            from agentbox.runtime.memory_snapshots import refuse_memory_snapshot
+
+            raise refuse_memory_snapshot(_runtime().get(sandbox_id).isolation)
         info = _runtime().snapshot(sandbox_id, redact=redact, allowlist=allowlist)
     except SecretsFound as e:  # the report (file, line, kind) is its message
         fail(e, exit_code=3)

@@ -44,7 +44,7 @@ PROBE_TIMEOUT_S = 20.0
 # file-access=shared: the files API writes the sandbox's tree from the host, and the
 # Sentry must see those writes (its default, exclusive, caches and would not).
 # overlay2=none: writes land in the sandbox's own disk (its quota), not Sentry memory.
-COMMON_FLAGS = ("--file-access=shared", "--overlay2=none")
+COMMON_FLAGS = ("--file-access=shared", "--overlay2=none", "--host-uds=create")
 _VERSION_RE = re.compile(r"(\d{8})")
 CPU_PERIOD_US = 100_000
 
@@ -175,9 +175,11 @@ def bundle_config(
     pids: int,
     cpus: float,
     nofile: int = 1024 * 1024,
+    capabilities: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The ``config.json`` of a sandbox: its root (the host-side tree, submounts
-    included), the first process (as ``uid``:``gid``, no capabilities, no_new_privs) and
+    included), the first process (as ``uid``:``gid``, with ``capabilities`` only,
+    no_new_privs) and
     the namespaces; ``netns``: the network namespace the network plane made (None: a new,
     empty one); ``tmp``: the sandbox's /tmp on its disk, named in the spec because runsc
     otherwise mounts a tmpfs of its own there (the files API would not see it, and it
@@ -196,7 +198,7 @@ def bundle_config(
             "args": list(args),
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": "/",
-            "capabilities": {k: [] for k in ("bounding", "effective", "permitted")},
+            "capabilities": {k: list(capabilities) for k in ("bounding", "effective", "permitted")},
             "noNewPrivileges": True,
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}],
         },

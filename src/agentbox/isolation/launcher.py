@@ -20,28 +20,34 @@ from agentbox.errors import HostUnsupported
 SOURCE = "nsexec.c"
 
 
-def _source() -> bytes:
-    return resources.files("agentbox.isolation").joinpath(SOURCE).read_bytes()
+def _source(name: str = SOURCE) -> bytes:
+    return resources.files("agentbox.isolation").joinpath(name).read_bytes()
 
 
 def nsexec_path(lib_dir: Path) -> Path:
     """Path of the compiled launcher, compiling it if this source has not been built yet."""
-    source = _source()
+    return static_binary(lib_dir, SOURCE, "agentbox-nsexec")
+
+
+def static_binary(lib_dir: Path, source_name: str, stem: str) -> Path:
+    """Path of the static build of C source ``source_name`` (this package's), built
+    on first use (also the gVisor tier's exec agent, ``gvisor_agent.c``)."""
+    source = _source(source_name)
     digest = hashlib.sha256(source + b"\0static").hexdigest()[:16]
-    binary = lib_dir / f"agentbox-nsexec-{digest}"
+    binary = lib_dir / f"{stem}-{digest}"
     if binary.exists():
         return binary
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise HostUnsupported(
-            "no C compiler found to build agentbox-nsexec; install gcc and libc6-dev "
+            f"no C compiler found to build {stem}; install gcc and libc6-dev "
             "(the install script does: scripts/install.sh)"
         )
     lib_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=lib_dir) as tmp:
-        src = Path(tmp) / SOURCE
+        src = Path(tmp) / source_name
         src.write_bytes(source)
-        out = Path(tmp) / "nsexec"
+        out = Path(tmp) / stem
         result = subprocess.run(
             # Static: the same binary is the init of sandboxes whose template has another
             # libc (an imported Alpine image) or none at all.
@@ -51,7 +57,7 @@ def nsexec_path(lib_dir: Path) -> Path:
             check=False,
         )
         if result.returncode != 0:
-            raise HostUnsupported(f"building agentbox-nsexec failed:\n{result.stderr}")
+            raise HostUnsupported(f"building {stem} failed:\n{result.stderr}")
         out.chmod(0o755)
         os.replace(out, binary)  # atomic: concurrent builders agree on the result
     return binary

@@ -1,6 +1,13 @@
-"""Commands in a live gVisor-tier sandbox: ``runsc exec``, with the default tier's
-contract for one-shot commands (runtime.commands: capped output, stdin, timeouts,
-cancellation, the exit status from the host).
+"""Commands in a live gVisor-tier sandbox, with the default tier's contract for one-shot
+commands (runtime.commands: capped output, stdin, timeouts, cancellation).
+
+A one-shot command without a PTY goes to the sandbox's exec agent (its first process,
+``isolation/gvisor_agent.c``; the host side: ``runtime.gvisor_agent_client``): one round
+trip on a unix socket instead of a new ``runsc exec`` (a Go process, ~60 ms). Its
+status is then the agent's word, which code in the sandbox could forge for its own
+commands (as it can forge their output); the host checks every reply's framing. A PTY
+command, a large stdin, background processes, and a sandbox whose agent does not answer
+take the ``runsc exec`` path below, whose status is runsc's own.
 
 Every command is one ``runsc exec`` whose process runs under ``unshare --pid --fork
 --kill-child`` (see ``isolation.gvisor.exec_process``): killing that process inside the
@@ -29,13 +36,20 @@ from pathlib import Path
 from typing import Any
 
 from agentbox.errors import InvalidRequest, TierUnsupported
-from agentbox.fsutil import required_text
+from agentbox.fsutil import required_text, stdin_bytes
 from agentbox.isolation import gvisor
 from agentbox.isolation.cgroups import SandboxCgroup
-from agentbox.runtime.commands import FOREGROUND_LEAF, WORKSPACE, CommandRunner
+from agentbox.runtime import gvisor_agent_client as agent
+from agentbox.runtime.commands import (
+    FOREGROUND_LEAF,
+    WORKSPACE,
+    Cancellation,
+    CommandRunner,
+    normalise_argv,
+)
 from agentbox.runtime.gvisor_host import GvisorHost
 from agentbox.runtime.host import BASE_PATH, LaunchPaths
-from agentbox.runtime.output import CommandResult
+from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallback, OutputSaver
 
 _PID_WAIT_S = 5.0  # runsc writes a command's pid file as it starts it
 
@@ -66,14 +80,62 @@ class GvisorCommandRunner(CommandRunner):
         # No input detection: its stdin is /dev/null unless stdin is given (see above).
         options["detect_input"] = False
         options["adopt"] = None
+        stdin = options.get("stdin")
+        small = stdin is None or len(stdin_bytes(stdin)) <= agent.MAX_STDIN
+        if not options.get("pty") and small and self.host.agent_socket.exists():
+            try:
+                return self._run_by_agent(command, **options)
+            except agent.AgentUnavailable:
+                pass  # e.g. a sandbox restored from a checkpoint: runsc exec still works
         return super().run(command, **options)
 
-    def new_leaf(self, kind: str = "c") -> str:
-        return kind + os.urandom(6).hex()  # names the command's files; no cgroup leaf
+    def _run_by_agent(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        timeout: float | None = 60.0,
+        max_output_bytes: int = 1 << 20,
+        on_output: OutputCallback | None = None,
+        save: OutputSaver | None = None,
+        save_max_bytes: int = 0,
+        cancel: Cancellation | None = None,
+        **_: object,
+    ) -> CommandResult:
+        """One round trip to the sandbox's exec agent (runtime.gvisor_agent_client)."""
+        argv = normalise_argv(command)
+        if timeout is not None and timeout <= 0:
+            raise InvalidRequest("timeout must be positive (seconds)")
+        if max_output_bytes < 0:
+            raise InvalidRequest("max_output_bytes must be >= 0")
+        payload = agent.request(argv, self.environment(env), self._cwd(cwd),
+                                None if stdin is None else stdin_bytes(stdin))  # fmt: skip
+        call = agent.AgentCall(agent.connect(self.host.agent_socket))
+        keep = save_max_bytes if save is not None else 0
+        out = BoundedCapture(max_output_bytes, "stdout", on_output, keep)
+        err = BoundedCapture(max_output_bytes, "stderr", on_output, keep)
+        # The marker the idle watcher looks for while a foreground command runs.
+        marker = self.spec_file(self.new_leaf())
+        started = time.monotonic()
+        try:
+            marker.touch(mode=0o600)
+            if cancel is not None:
+                cancel.bind(call.kill)
+            status, outcome = call.run(payload, timeout, out, err)
+            elapsed = time.monotonic() - started
+            return self._result(out, err, status, outcome == agent.TIMED_OUT, elapsed, save)
+        finally:
+            if cancel is not None:
+                cancel.bind(None)
+            call.sock.close()
+            marker.unlink(missing_ok=True)
+            out.close()
+            err.close()
 
-    def command_launch(
-        self, argv: list[str], leaf: str, cwd: str | None, env: dict[str, str], pty: bool
-    ) -> tuple[list[str], dict[str, str]]:
+    def _cwd(self, cwd: str | None) -> str:
+        """The command's absolute cwd, which must be a directory in the sandbox."""
         if cwd is not None:
             required_text(cwd, "cwd", f"pass a directory, e.g. {WORKSPACE}")
         where = posixpath.normpath(posixpath.join(WORKSPACE, cwd or WORKSPACE))
@@ -82,6 +144,15 @@ class GvisorCommandRunner(CommandRunner):
                 f"cwd {where} is not a directory in the sandbox; pass a cwd that exists "
                 "in the sandbox (e.g. /workspace)"
             )
+        return where
+
+    def new_leaf(self, kind: str = "c") -> str:
+        return kind + os.urandom(6).hex()  # names the command's files; no cgroup leaf
+
+    def command_launch(
+        self, argv: list[str], leaf: str, cwd: str | None, env: dict[str, str], pty: bool
+    ) -> tuple[list[str], dict[str, str]]:
+        where = self._cwd(cwd)
         process = gvisor.exec_process(
             args=argv, env=env, cwd=where, uid=self.host.host_uid, gid=self.host.host_gid,
             terminal=pty,
@@ -143,6 +214,7 @@ class GvisorCommandRunner(CommandRunner):
         self.signal_pid(pid, "KILL")
 
     def kill_foreground(self) -> None:
+        agent.kill_all(self.host.agent_socket)
         for pid_file in self.host.exec_dir.glob(f"{FOREGROUND_LEAF}*.pid"):
             self.kill_tree(pid_file.stem)
 

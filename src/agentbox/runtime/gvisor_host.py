@@ -24,6 +24,7 @@ Layout added under ``$AGENTBOX_HOME/sandboxes/ID``::
     runsc/               runsc --root (container state)
     netns                the network namespace, pinned by a bind mount (networked only)
     exec/                one process.json per running command (root-only)
+    agent/               the exec agent's socket (agent.sock), bound at /.agentbox/exec
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from pathlib import Path
 from agentbox.errors import SandboxError, TierUnsupported
 from agentbox.isolation import disk, gvisor, initfs, syscalls
 from agentbox.isolation.cgroups import GROUP_PARENT, Limits, SandboxCgroup
+from agentbox.isolation.launcher import static_binary
+from agentbox.runtime import gvisor_agent_client as agent_client
 from agentbox.runtime.host import (
     BASE_PATH,
     INIT_PATH,
@@ -51,6 +54,8 @@ from agentbox.storage.inroot import InRoot
 
 MS_BIND = 0x1000
 MS_REMOUNT = 0x20
+AGENT_DIR = ".agentbox"
+AGENT_PATH = "/.agentbox/agent"  # the first process: init and exec agent in one
 UNSHARE = "usr/bin/unshare"  # what every command runs under (see gvisor.exec_process)
 
 
@@ -62,6 +67,8 @@ class GvisorHost(SandboxHost):
         self.netns = self.dir / "netns"
         self.exec_dir = self.dir / "exec"
         self.log = self.dir / "runsc.log"
+        self.agent_dir = self.dir / "agent"
+        self.agent_socket = self.agent_dir / agent_client.SOCKET_NAME
         # runsc names its control socket after the container, host-wide: the sandbox id.
         self.container = sandbox_id
 
@@ -144,14 +151,35 @@ class GvisorHost(SandboxHost):
         finally:
             os.close(fd)
 
-    def assemble(self, init: Path, host_usr: bool) -> None:
-        """Bind the disk's directories, the host /usr and the init into ``root/``."""
+    def _make_in_root(self, parent: str, name: str, directory: bool) -> None:
+        """An empty file or directory (a bind's mount point) in the upper layer."""
+        fd = self._open_in_root(parent, os.O_DIRECTORY)
+        try:
+            if directory:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fd)
+            else:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                os.close(os.open(name, flags, 0o644, dir_fd=fd))
+        except OSError as e:
+            raise SandboxError(f"could not make the sandbox's /{parent}/{name}: {e}") from e
+        finally:
+            os.close(fd)
+
+    def assemble(self, init: Path, host_usr: bool, agent: Path) -> None:
+        """Bind the disk's directories, the host /usr, the init, the exec agent and its
+        socket's directory into ``root/``."""
         self._name_user()
+        self._make_in_root(AGENT_DIR, "agent", directory=False)
+        self._make_in_root(AGENT_DIR, "exec", directory=True)
+        self.agent_dir.mkdir(mode=0o755, exist_ok=True)
         binds = [
             (self.workspace, "workspace", False),
             (self.disk / "tmp", "tmp", False),
             (self.disk / "var-tmp", "var/tmp", False),
             (init, INIT_PATH.lstrip("/"), True),
+            (agent, AGENT_PATH.lstrip("/"), True),
+            (self.agent_dir, agent_client.IN_SANDBOX_DIR.lstrip("/"), False),
         ]
         if host_usr:
             binds.append((Path("/usr"), "usr", True))
@@ -174,10 +202,16 @@ class GvisorHost(SandboxHost):
         if limits is None:
             raise SandboxError("the gvisor tier needs the sandbox's limits at launch")
         init = initfs.ensure(self.home, paths.nsexec)
+        built = static_binary(paths.nsexec.parent, "gvisor_agent.c", "agentbox-gvisor-agent")
+        agent = initfs.ensure(self.home, built)
         assembled = self.dir / "assembled"  # a start after a stop: the binds are there
         if not assembled.exists():
-            self.assemble(init, host_usr)
+            self.assemble(init, host_usr, agent)
             assembled.touch()
+        # The agent (the sandbox user) makes its socket here, then the directory is
+        # root's: nothing in the sandbox can swap the socket for one of its own.
+        self.agent_socket.unlink(missing_ok=True)
+        os.chown(self.agent_dir, self.host_uid, self.host_gid)
         if not self._exists_in_root(UNSHARE):
             raise TierUnsupported(
                 "the gvisor tier runs every command under util-linux's unshare, and this "
@@ -185,11 +219,12 @@ class GvisorHost(SandboxHost):
                 "use isolation namespaces"
             )
         networked = self.netns.exists()
-        # The init writes its readiness byte to fd 1: runsc hands the container its
-        # own stdio, so that is our pipe.
+        # The agent (the init's job, and commands) writes its readiness byte to fd 1:
+        # runsc hands the container its own stdio, so that is our pipe.
+        socket_in_sandbox = f"{agent_client.IN_SANDBOX_DIR}/{agent_client.SOCKET_NAME}"
         config = gvisor.bundle_config(
             root=self.root,
-            args=[INIT_PATH, "init", "1", str(int(lifetime_s))],
+            args=[AGENT_PATH, "1", str(int(lifetime_s)), socket_in_sandbox],
             env=base_env(self.hostname),
             uid=self.host_uid,
             gid=self.host_gid,
@@ -200,6 +235,9 @@ class GvisorHost(SandboxHost):
             memory_bytes=limits.memory_bytes,
             pids=limits.pids,
             cpus=limits.cpus,
+            # What a runsc exec of this tier has (exec_process): the agent makes each
+            # command's PID namespace; the command itself runs with none.
+            capabilities=["CAP_SYS_ADMIN"],
         )
         self.bundle.mkdir(mode=0o700, exist_ok=True)
         (self.bundle / "config.json").write_text(json.dumps(config))
@@ -222,6 +260,7 @@ class GvisorHost(SandboxHost):
             os.close(ready_w)
             ready_w = -1
             self._wait_ready(ready_r)
+            os.chown(self.agent_dir, 0, 0)
         finally:
             os.close(ready_r)
             if ready_w >= 0:

@@ -37,10 +37,11 @@ from agentbox.isolation import diskpool, seccomp
 from agentbox.isolation.cgroups import CgroupLayout, Limits, SandboxCgroup
 from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
+from agentbox.runtime import template_tiers
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
 from agentbox.runtime.store import SandboxRecord, SandboxState, Store
-from agentbox.runtime.tiers import GVISOR, host_for
+from agentbox.runtime.tiers import GVISOR, host_for, host_limits
 
 # Imported where used: a command on an existing sandbox (``agentbox sandbox exec``) needs
 # none of these (tests/unit/test_import_weight.py).
@@ -225,8 +226,16 @@ class Runtime:
             from agentbox.runtime.spec_cache import validated
 
             resolved = validated(self.home, spec)
+            if spec is None or "isolation" not in spec:  # the template's tier, if it names one
+                tier = template_tiers.default_tier(self.home, resolved.template)
+                if tier is not None and tier != resolved.isolation:
+                    resolved = validated(self.home, {**(spec or {}), "isolation": tier})
         else:
             resolved = spec_from(spec)
+            if "isolation" not in resolved.model_fields_set:
+                tier = template_tiers.default_tier(self.home, resolved.template)
+                if tier is not None:
+                    resolved = resolved.model_copy(update={"isolation": tier})
         if resolved.isolation == GVISOR and resolved.on_idle == "stop":
             from agentbox.runtime.gvisor_commands import unsupported
 
@@ -376,7 +385,7 @@ class Runtime:
             )
             if spec.volumes:
                 host.volume_binds = self._bind_volumes(record, host, spec.volumes)
-            limits = Limits(spec.memory, spec.pids, spec.cpus)
+            limits = host_limits(spec.isolation, Limits(spec.memory, spec.pids, spec.cpus))
             cgroup.create(limits)
             if networked and gvisor:  # runsc copies the namespace's setup as it starts
                 plane.attach(self.net.link(record.slot), host.make_netns())  # type: ignore[attr-defined]
@@ -627,7 +636,7 @@ class Runtime:
         networked, gvisor = spec.network.mode != "none", record.isolation == GVISOR
         if networked and gvisor:  # its namespace outlived the stop; wired before runsc
             plane.attach(self.net.link(record.slot), host.netns)  # type: ignore[attr-defined]
-        limits = Limits(spec.memory, spec.pids, spec.cpus)
+        limits = host_limits(record.isolation, Limits(spec.memory, spec.pids, spec.cpus))
         if spec.volumes:  # still claimed by this sandbox while it was stopped
             from agentbox.volumes import image
 

@@ -7,10 +7,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentbox.isolation.cgroups import Limits
 from agentbox.runtime.host import SandboxHost
 
 NAMESPACES, GVISOR = "namespaces", "gvisor"
 TIERS = (NAMESPACES, GVISOR)
+# The host threads runsc itself needs beside the agent's tasks (the Sentry's Go runtime,
+# the Gofer): without them a sandbox with pids=64 ended at a two-process pipeline, its
+# Sentry unable to make a thread. Under ptrace each guest task is a host stub thread,
+# so the agent's own tasks stay bounded by about ``pids``.
+GVISOR_PIDS_HEADROOM = 128
 
 
 def host_for(home: Path, sandbox_id: str, slot: int, isolation: str) -> SandboxHost:
@@ -27,3 +33,11 @@ def found_isolation(directory: Path) -> str:
     its OCI bundle or runsc state."""
     gvisor = any((directory / name).exists() for name in ("bundle", "runsc", "netns"))
     return GVISOR if gvisor else NAMESPACES
+
+
+def host_limits(isolation: str, limits: Limits) -> Limits:
+    """The limits of the sandbox's host cgroup: on gvisor it holds runsc's own threads
+    too (see GVISOR_PIDS_HEADROOM); memory and CPU cover the whole sandbox as they are."""
+    if isolation != GVISOR:
+        return limits
+    return Limits(limits.memory_bytes, limits.pids + GVISOR_PIDS_HEADROOM, limits.cpus)

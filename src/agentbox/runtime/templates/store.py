@@ -323,6 +323,9 @@ class TemplateStore:
                 raise TemplateNotFound(self._not_found_message(name), name=name)
             del names[name]
             self._write_names(names)
+        from agentbox.runtime.template_tiers import set_default_tier  # a leaf module
+
+        set_default_tier(self.root.parent, name, None)  # a new template of this name starts clean
         self._collect_garbage()
 
     # ---- users: sandboxes and snapshots ------------------------------------------------------
