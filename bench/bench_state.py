@@ -30,9 +30,9 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import psycopg  # noqa: E402
 
-from agentbox.config import Admission  # noqa: E402
+from agentbox.config.host import Admission  # noqa: E402
+from agentbox.config.settings import BudgetSettings, ModelPrice  # noqa: E402
 from agentbox.gateway.auth import TokenStore  # noqa: E402
-from agentbox.gateway.settings import BudgetSettings, ModelPrice  # noqa: E402
 from agentbox.providers.budget import BudgetLedger  # noqa: E402
 from agentbox.providers.types import Usage  # noqa: E402
 from agentbox.runtime.store import Store  # noqa: E402

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox.config import Admission
+from agentbox.config.host import Admission
 from agentbox.errors import CapacityExceeded, SandboxNotRunning
 from agentbox.runtime.runtime import Runtime, pool_key, spec_from
 from agentbox.runtime.warmpool import Pool, PoolKeeper

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from agentbox import Sandbox
-from agentbox.config import network_of
+from agentbox.config.specs import network_of
 from agentbox.errors import InvalidRequest
 from agentbox.network.egressd import PolicyBook
 from agentbox.runtime.runtime import Runtime

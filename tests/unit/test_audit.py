@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from agentbox.cli.audit_commands import audit as audit_cli
+from agentbox.config.settings import AuditSettings, RemoteAuditSettings
 from agentbox.errors import Conflict, InvalidConfig, InvalidRequest
 from agentbox.gateway import audit as audit_mod
 from agentbox.gateway.audit import (
@@ -36,7 +37,6 @@ from agentbox.gateway.audit import (
     record_hash,
     verify,
 )
-from agentbox.gateway.settings import AuditSettings, RemoteAuditSettings
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 

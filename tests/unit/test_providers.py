@@ -22,6 +22,14 @@ from typing import Any, TypeVar
 
 import pytest
 
+from agentbox.config.settings import (
+    BudgetSettings,
+    ModelPrice,
+    ProviderSettings,
+    RetrySettings,
+    load_settings,
+    parse_settings,
+)
 from agentbox.errors import (
     AllProvidersFailed,
     BudgetExceeded,
@@ -31,14 +39,6 @@ from agentbox.errors import (
     ProviderStreamBroken,
 )
 from agentbox.gateway.redaction import Redactor
-from agentbox.gateway.settings import (
-    BudgetSettings,
-    ModelPrice,
-    ProviderSettings,
-    RetrySettings,
-    load_settings,
-    parse_settings,
-)
 from agentbox.providers import (
     BreakerSettings,
     BudgetLedger,
@@ -1123,7 +1123,7 @@ def test_budget_accounting_is_shared_across_processes(state: StateKit) -> None:
         """
         import json, sys
         from pathlib import Path
-        from agentbox.gateway.settings import BudgetSettings
+        from agentbox.config.settings import BudgetSettings
         from agentbox.providers import BudgetLedger, Usage
         from agentbox.state.postgres import PostgresDB
         where = PostgresDB(sys.argv[1]) if "://" in sys.argv[1] else Path(sys.argv[1])

@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
-from agentbox.config import Admission
+from agentbox.config.host import Admission
+from agentbox.config.settings import E2BSettings, parse_settings
 from agentbox.errors import (
     CapacityExceeded,
     Conflict,
@@ -33,7 +34,6 @@ from agentbox.errors import (
 )
 from agentbox.gateway.auth import TokenStore
 from agentbox.gateway.e2b.access import Caller, E2BAccess
-from agentbox.gateway.settings import E2BSettings, parse_settings
 from agentbox.runtime.store import Store
 from agentbox.state import open_shared
 from agentbox.state.migrations import LATEST, migrate

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentbox.browser import launch
 from agentbox.browser.snapshot import REF, compact
-from agentbox.config import NetworkSpec, network_of
+from agentbox.config.specs import NetworkSpec, network_of
 from agentbox.errors import (
     AgentboxError,
     CommandTimeout,

@@ -14,7 +14,7 @@ import click
 from agentbox.cli.main import _print_json as print_json
 from agentbox.cli.main import handle_errors
 from agentbox.cli.params import SuggestingGroup
-from agentbox.config import agentbox_home
+from agentbox.config.host import agentbox_home
 from agentbox.tasks.store import TaskStore
 
 

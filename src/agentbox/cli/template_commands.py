@@ -18,7 +18,7 @@ import click
 
 from agentbox import hints
 from agentbox.cli.params import SuggestingGroup
-from agentbox.config import agentbox_home
+from agentbox.config.host import agentbox_home
 from agentbox.errors import AgentboxError
 from agentbox.runtime.templates import DEFAULT_SUITE, Template, TemplateStore
 

@@ -37,7 +37,7 @@ from agentbox.browser.manager import (
     check_blocked,
     png_size,
 )
-from agentbox.config import network_of
+from agentbox.config.specs import network_of
 from agentbox.desktop import actions
 from agentbox.desktop.actions import Space
 from agentbox.errors import (

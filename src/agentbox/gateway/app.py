@@ -28,7 +28,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import __version__
-from agentbox.config import Admission
+from agentbox.config.host import Admission
+from agentbox.config.settings import GatewaySettings
+from agentbox.config.specs import invalid_request
 from agentbox.errors import AgentboxError, InvalidRequest, StateUnavailable, Unauthenticated
 from agentbox.gateway import desktop_relay, jsonbody
 from agentbox.gateway.approvals import ApprovalStore
@@ -63,7 +65,6 @@ from agentbox.gateway.rest import (
     tool_endpoint,
 )
 from agentbox.gateway.service import Gateway
-from agentbox.gateway.settings import GatewaySettings
 from agentbox.gateway.task_routes import build_task_router
 from agentbox.network.egressd import audit_path as egress_audit_path
 from agentbox.providers.types import ChatRequest, ChatResponse
@@ -71,7 +72,6 @@ from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.recovery import recover
 from agentbox.runtime.runtime import Runtime, spec_from
 from agentbox.runtime.warmpool import Pool, PoolKeeper
-from agentbox.specs import invalid_request
 from agentbox.state import open_shared
 from agentbox.tasks.store import Task, TaskStore
 from agentbox.tasks.worker import TaskWorkers

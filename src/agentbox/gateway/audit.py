@@ -74,13 +74,13 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
-from agentbox.config import agentbox_home
+from agentbox.config.host import agentbox_home
 from agentbox.errors import Conflict, InvalidConfig, InvalidRequest
 from agentbox.fsutil import fsync_dir
 from agentbox.gateway.audit_sink import RemoteSink
 
 if TYPE_CHECKING:
-    from agentbox.gateway.settings import AuditSettings
+    from agentbox.config.settings import AuditSettings
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ from agentbox.errors import Conflict, InvalidConfig
 from agentbox.fsutil import fsync_dir
 
 if TYPE_CHECKING:
-    from agentbox.gateway.settings import RemoteAuditSettings
+    from agentbox.config.settings import RemoteAuditSettings
 
 log = logging.getLogger(__name__)
 

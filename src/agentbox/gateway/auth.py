@@ -34,7 +34,7 @@ from agentbox.state.db import Connection, Database
 from agentbox.state.sqlite import database
 
 if TYPE_CHECKING:
-    from agentbox.gateway.settings import AuthSettings
+    from agentbox.config.settings import AuthSettings
 
 TOKEN_PREFIX = "abx_"  # noqa: S105 - a prefix, not a secret
 OPERATOR = "operator"

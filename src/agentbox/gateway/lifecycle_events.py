@@ -26,9 +26,9 @@ from typing import Any
 
 import httpx2
 
+from agentbox.config.settings import WebhookSettings
 from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.metrics import Metrics
-from agentbox.gateway.settings import WebhookSettings
 from agentbox.runtime.store import Store
 
 log = logging.getLogger(__name__)

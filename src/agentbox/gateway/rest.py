@@ -21,6 +21,7 @@ from fastapi import Path as FastAPIPath
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentbox.config.specs import NetworkSpec
 from agentbox.errors import (
     AgentboxError,
     InsufficientScope,
@@ -37,7 +38,6 @@ from agentbox.gateway.service import Gateway
 from agentbox.network.modes import EGRESS_MODES
 from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord
-from agentbox.specs import NetworkSpec
 
 
 class Body(BaseModel):

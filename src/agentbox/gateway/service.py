@@ -22,6 +22,7 @@ import jsonschema
 import jsonschema_rs
 
 from agentbox.browser.manager import BrowserConfig, BrowserManager, check_url
+from agentbox.config.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.desktop.manager import DesktopConfig, DesktopManager
 from agentbox.errors import (
     AgentboxError,
@@ -42,7 +43,6 @@ from agentbox.gateway.command_rules import resolve_to_system
 from agentbox.gateway.metrics import Metrics
 from agentbox.gateway.policy import WORKSPACE, CommandPolicy, Decision, FilePolicy, diff_summary
 from agentbox.gateway.redaction import Redactor
-from agentbox.gateway.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.gateway.telemetry import Telemetry
 from agentbox.gateway.tools import (
     TOOLS,

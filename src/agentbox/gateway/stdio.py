@@ -31,7 +31,8 @@ from mcp.shared.inbound import NAME_BEARING_METHODS, encode_header_value
 from mcp_types import PROTOCOL_VERSION_META_KEY
 
 from agentbox.client.remote import GatewayClient
-from agentbox.config import agentbox_home
+from agentbox.config.host import agentbox_home
+from agentbox.config.settings import GatewaySettings
 from agentbox.errors import AgentboxError, HostUnsupported, Unauthenticated
 from agentbox.gateway.app import open_audit
 from agentbox.gateway.approvals import ApprovalStore
@@ -40,7 +41,6 @@ from agentbox.gateway.mcp_server import build_mcp_server, jsonrpc_error
 from agentbox.gateway.presence import Served, listening, serving
 from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.service import Gateway
-from agentbox.gateway.settings import GatewaySettings
 from agentbox.runtime.runtime import Runtime
 
 _HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}

@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from agentbox.gateway.settings import GatewaySettings
+from agentbox.config.settings import GatewaySettings
 
 
 class Telemetry:

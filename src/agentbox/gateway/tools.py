@@ -18,13 +18,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentbox.browser.manager import BrowserManager
+from agentbox.config.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.desktop.manager import DesktopManager
 from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported
-from agentbox.gateway.settings import (
-    BrowserOpenTool,
-    GatewaySettings,
-    TerminalRunTool,
-)
 from agentbox.runtime.commands import WORKSPACE, Cancellation
 from agentbox.runtime.files import Guard, SandboxFiles
 from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from agentbox.config import network_of
+from agentbox.config.specs import network_of
 from agentbox.errors import AgentboxError
 from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.audit import AuditLog

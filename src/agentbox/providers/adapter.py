@@ -29,8 +29,8 @@ import aiohttp
 import yarl
 from httpx2._sse import ServerSentEvent, SSEError, _SSEParser
 
+from agentbox.config.settings import ProviderSettings
 from agentbox.errors import InvalidConfig
-from agentbox.gateway.settings import ProviderSettings
 from agentbox.providers.types import (
     Category,
     ChatRequest,

@@ -23,8 +23,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
+from agentbox.config.settings import BudgetSettings, GatewaySettings, ModelPrice
 from agentbox.errors import BudgetExceeded
-from agentbox.gateway.settings import BudgetSettings, GatewaySettings, ModelPrice
 from agentbox.providers.types import Usage
 from agentbox.state.db import Connection, Database
 from agentbox.state.sqlite import database

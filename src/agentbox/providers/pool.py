@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
+from agentbox.config.settings import ProviderSettings, RetrySettings
 from agentbox.errors import (
     AllProvidersFailed,
     InvalidConfig,
@@ -37,7 +38,6 @@ from agentbox.errors import (
     ProviderRejected,
     ProviderStreamBroken,
 )
-from agentbox.gateway.settings import ProviderSettings, RetrySettings
 from agentbox.providers.adapter import Adapter
 from agentbox.providers.anthropic import AnthropicAdapter
 from agentbox.providers.health import BreakerSettings, ProviderHealth

@@ -35,9 +35,9 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from agentbox.config.specs import SandboxSpec
 from agentbox.errors import AgentboxError
 from agentbox.runtime.commands import FOREGROUND_LEAF
-from agentbox.specs import SandboxSpec
 
 if TYPE_CHECKING:
     from agentbox.runtime.runtime import Runtime

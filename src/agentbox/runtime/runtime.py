@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentbox.config import Admission, agentbox_home
+from agentbox.config.host import Admission, agentbox_home
 from agentbox.errors import (
     AgentboxError,
     HostUnsupported,
@@ -44,12 +44,12 @@ from agentbox.runtime.tiers import GVISOR, host_for
 # Imported where used: a command on an existing sandbox (``agentbox sandbox exec``) needs
 # none of these (tests/unit/test_import_weight.py).
 if TYPE_CHECKING:
+    from agentbox.config.specs import SandboxSpec
     from agentbox.runtime.files import SandboxFiles
     from agentbox.runtime.processes import ProcessTable
     from agentbox.runtime.sessions import ShellSessions
     from agentbox.runtime.snapshots import SnapshotInfo, Snapshots
     from agentbox.runtime.templates import Template, TemplateStore
-    from agentbox.specs import SandboxSpec
 
 MAX_SANDBOXES = 4096
 POOL_MAX_AGE = 3600.0  # a warm sandbox older than this is replaced by a fresh one
@@ -92,7 +92,7 @@ def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
     # validate a spec and so skip its import (tests/unit/test_import_weight.py).
     from pydantic import ValidationError
 
-    from agentbox.specs import SandboxSpec, invalid_request
+    from agentbox.config.specs import SandboxSpec, invalid_request
 
     if isinstance(values, SandboxSpec):
         return values

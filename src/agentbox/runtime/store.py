@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentbox.config import Admission, stored_network
+from agentbox.config.host import Admission, stored_network
 from agentbox.errors import CapacityExceeded, QuotaExceeded
 from agentbox.hints import Hint
 from agentbox.state.db import Connection, Database

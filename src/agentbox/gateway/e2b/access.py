@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentbox.config.settings import E2BSettings
 from agentbox.errors import HostUnsupported, NotFound, SandboxNotRunning, Unauthenticated
 from agentbox.gateway.auth import OPERATOR, Principal, TokenStore
-from agentbox.gateway.settings import E2BSettings
 from agentbox.state.db import Database
 from agentbox.state.sqlite import SqliteDB
 

@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from agentbox.config.specs import CredentialSpec, NetworkSpec, problem_of
 from agentbox.errors import InvalidConfig, InvalidRequest
-from agentbox.specs import CredentialSpec, NetworkSpec, problem_of
 from agentbox.state.db import state_url_error
 from agentbox.units import parse_duration, parse_size
 

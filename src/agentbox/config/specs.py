@@ -1,6 +1,6 @@
 """Sandbox specifications (pydantic v2, unknown keys refused): what ``create`` validates.
 
-Apart from ``agentbox.config`` so that a process which only uses existing sandboxes
+Apart from ``agentbox.config.host`` so that a process which only uses existing sandboxes
 (``agentbox sandbox exec``, the SDK's ``connect``) never imports pydantic.
 """
 
@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from agentbox.config import stored_network
+from agentbox.config.host import stored_network
 from agentbox.errors import InvalidRequest
 from agentbox.fsutil import exec_text
 from agentbox.network import credentials as _credentials

@@ -1,21 +1,14 @@
 """Host-level settings: where state lives and the admission limits. The sandbox
-specifications (pydantic) are in ``agentbox.specs``; their names are also reachable here,
-imported on first use so that importing this module stays cheap."""
+specifications (pydantic) are in ``agentbox.config.specs``, apart so that importing this module
+stays cheap."""
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from agentbox.specs import CredentialSpec as CredentialSpec
-    from agentbox.specs import NetworkSpec as NetworkSpec
-    from agentbox.specs import SandboxSpec as SandboxSpec
-    from agentbox.specs import network_of as network_of
+from typing import Any
 
 DEFAULT_HOME = "/var/lib/agentbox"
 
@@ -41,12 +34,3 @@ class Admission:
     max_sandboxes: int | None = None
     max_per_project: int | None = None
     max_memory: int | None = None  # bytes of memory limits committed by live sandboxes
-
-
-_SPECS = {"CredentialSpec", "NetworkSpec", "SandboxSpec", "network_of"}
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _SPECS:
-        raise AttributeError(f"module 'agentbox.config' has no attribute {name!r}")
-    return getattr(importlib.import_module("agentbox.specs"), name)
