@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from agentbox.gateway.audit import AuditLog, verify
-from agentbox.gateway.audit_sink import RemoteSink
+from agentbox.audit.log import AuditLog, verify
+from agentbox.audit.sink import RemoteSink
 
 TOKEN = "test-token-123"
 

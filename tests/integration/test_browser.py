@@ -27,9 +27,9 @@ import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from agentbox.audit.log import read_records
 from agentbox.config.settings import parse_settings
 from agentbox.gateway.app import create_app
-from agentbox.gateway.audit import read_records
 from agentbox.gateway.mcp_server import result_content
 from agentbox.network import egressd
 from agentbox.runtime.host import UID_BASE

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from agentbox import Sandbox
+from agentbox.audit.log import read_records
 from agentbox.errors import TierUnsupported
-from agentbox.gateway.audit import read_records
 from agentbox.isolation import gvisor
 from agentbox.network import egressd, plane
 from agentbox.runtime.output import CommandResult

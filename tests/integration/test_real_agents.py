@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agentbox.audit.log import read_records
 from agentbox.config.settings import ProviderSettings
-from agentbox.gateway.audit import read_records
 from agentbox.network import egressd
 from agentbox.providers import anthropic as anthropic_adapter
 from browserkit import require_browser

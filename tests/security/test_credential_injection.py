@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from agentbox import Sandbox
-from agentbox.gateway.audit import read_records, verify
+from agentbox.audit.log import read_records, verify
 from agentbox.network import egressca, egressd, plane
 from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from agentbox import Sandbox
-from agentbox.gateway.audit import read_records, verify
+from agentbox.audit.log import read_records, verify
 from agentbox.network import egressd, plane
 from agentbox.runtime.runtime import Runtime
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from agentbox.gateway.audit import AuditLog, read_records, verify
+from agentbox.audit.log import AuditLog, read_records, verify
 from agentbox.gateway.egress_ingest import EgressIngest
 from agentbox.gateway.metrics import Metrics
 

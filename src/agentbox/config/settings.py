@@ -277,7 +277,7 @@ class AuditSettings(Strict):
     @field_validator("fields")
     @classmethod
     def _known_fields(cls, value: list[str]) -> list[str]:
-        from agentbox.gateway.audit import RESERVED
+        from agentbox.config.audit_fields import RESERVED
 
         unknown = sorted(set(value) - RESERVED)
         if unknown:

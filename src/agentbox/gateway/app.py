@@ -28,13 +28,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import __version__
+from agentbox.audit.log import AuditLog
 from agentbox.config.host import Admission
 from agentbox.config.settings import GatewaySettings
 from agentbox.config.specs import invalid_request
 from agentbox.errors import AgentboxError, InvalidRequest, StateUnavailable, Unauthenticated
 from agentbox.gateway import desktop_relay, jsonbody
 from agentbox.gateway.approvals import ApprovalStore
-from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.auth import Principal, TokenStore
 from agentbox.gateway.console import mount_console
 from agentbox.gateway.e2b import PREFIX as E2B_PREFIX

@@ -16,7 +16,7 @@ import logging
 import threading
 from pathlib import Path
 
-from agentbox.gateway.audit import AuditLog, Record, follow
+from agentbox.audit.log import AuditLog, Record, follow
 from agentbox.gateway.lifecycle_events import Position
 from agentbox.gateway.metrics import Metrics
 

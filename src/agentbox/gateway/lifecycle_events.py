@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx2
 
+from agentbox.audit.log import AuditLog
 from agentbox.config.settings import WebhookSettings
-from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.metrics import Metrics
 from agentbox.runtime.store import Store
 

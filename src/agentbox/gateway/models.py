@@ -21,9 +21,9 @@ from typing import Any
 
 import httpx2
 
+from agentbox.audit.log import AuditLog
 from agentbox.config.settings import GatewaySettings
 from agentbox.errors import AllProvidersFailed, ProviderError
-from agentbox.gateway.audit import AuditLog
 from agentbox.gateway.metrics import Metrics
 from agentbox.gateway.telemetry import Telemetry
 from agentbox.providers.budget import NANO, Alert, BudgetLedger, cost_nanousd

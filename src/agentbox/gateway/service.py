@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import jsonschema
 import jsonschema_rs
 
+from agentbox.audit.log import AuditLog, args_hash
 from agentbox.browser.manager import BrowserConfig, BrowserManager, check_url
 from agentbox.config.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.desktop.manager import DesktopConfig, DesktopManager
@@ -37,7 +38,6 @@ from agentbox.errors import (
 )
 from agentbox.gateway import jsonbody, sealed
 from agentbox.gateway.approvals import ApprovalStore
-from agentbox.gateway.audit import AuditLog, args_hash
 from agentbox.gateway.auth import Principal, RateLimiter, TokenStore
 from agentbox.gateway.command_rules import resolve_to_system
 from agentbox.gateway.metrics import Metrics

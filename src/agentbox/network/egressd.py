@@ -40,10 +40,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from agentbox.audit.log import AuditLog
 from agentbox.config.specs import network_of
 from agentbox.errors import AgentboxError
 from agentbox.gateway.approvals import ApprovalStore
-from agentbox.gateway.audit import AuditLog
 from agentbox.network import egressca, plane
 from agentbox.network.egress_ask import EgressAsk
 from agentbox.network.egress_start import SPAWN_LOCK, lock_path

@@ -30,7 +30,7 @@ Files
     rename and old names never change. The chain runs on across files. Next to them:
     ``audit.head``, ``audit.lock`` (one writer at a time), ``audit.jsonl.torn-<ts>``
     (an interrupted last line set aside at open, never dropped) and ``audit.spool/``
-    (the remote sink's outbox, see :mod:`agentbox.gateway.audit_sink`). At open the
+    (the remote sink's outbox, see :mod:`agentbox.audit.sink`). At open the
     chain resumes from the last line of the newest file, read from the end (the file is
     not parsed whole).
 
@@ -74,10 +74,11 @@ from enum import StrEnum
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
+from agentbox.audit.sink import RemoteSink
+from agentbox.config.audit_fields import RESERVED
 from agentbox.config.host import agentbox_home
 from agentbox.errors import Conflict, InvalidConfig, InvalidRequest
 from agentbox.fsutil import fsync_dir
-from agentbox.gateway.audit_sink import RemoteSink
 
 if TYPE_CHECKING:
     from agentbox.config.settings import AuditSettings
@@ -90,22 +91,6 @@ FsyncPolicy = Literal["always", "batch"]
 FORMAT_VERSION = 1
 GENESIS = "sha256:" + "0" * 64
 MAX_RECORD_BYTES = 1024 * 1024
-CALLER_FIELDS = ("actor", "session", "sandbox", "tool", "error")
-RESERVED = frozenset(
-    {
-        "v",
-        "seq",
-        "ts",
-        "prev",
-        "hash",
-        "decision",
-        "args_hash",
-        "exit_code",
-        "duration_ms",
-        "bytes_out",
-        *CALLER_FIELDS,
-    }
-)
 _CHUNK = 64 * 1024
 _FOLLOW_CHUNK = 4 * 1024 * 1024
 _HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
