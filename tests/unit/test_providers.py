@@ -38,7 +38,7 @@ from agentbox.errors import (
     ProviderRejected,
     ProviderStreamBroken,
 )
-from agentbox.gateway.redaction import Redactor
+from agentbox.policy.redaction import Redactor
 from agentbox.providers import (
     BreakerSettings,
     BudgetLedger,

@@ -127,7 +127,7 @@ def test_capture_listener_sees_everything() -> None:
 
 
 def test_error_classes_defined_elsewhere_round_trip() -> None:
-    from agentbox.gateway.policy import UnparseableCommand
+    from agentbox.policy.tool_policy import UnparseableCommand
 
     again = errors.AgentboxError.from_dict(UnparseableCommand("x").to_dict())
     assert type(again) is UnparseableCommand

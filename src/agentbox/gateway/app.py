@@ -34,8 +34,7 @@ from agentbox.config.settings import GatewaySettings
 from agentbox.config.specs import invalid_request
 from agentbox.errors import AgentboxError, InvalidRequest, StateUnavailable, Unauthenticated
 from agentbox.gateway import desktop_relay, jsonbody
-from agentbox.gateway.approvals import ApprovalStore
-from agentbox.gateway.auth import Principal, TokenStore
+from agentbox.gateway.auth import TokenStore
 from agentbox.gateway.console import mount_console
 from agentbox.gateway.e2b import PREFIX as E2B_PREFIX
 from agentbox.gateway.e2b import E2BFrontDoor
@@ -56,7 +55,6 @@ from agentbox.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentbox.gateway.model_routes import build_model_router
 from agentbox.gateway.models import Attribution, ModelService
 from agentbox.gateway.presence import advertise
-from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.rest import (
     TOOL_ROUTE_PREFIX,
     ToolEndpoint,
@@ -67,6 +65,9 @@ from agentbox.gateway.rest import (
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.task_routes import build_task_router
 from agentbox.network.egressd import audit_path as egress_audit_path
+from agentbox.policy.approvals import ApprovalStore
+from agentbox.policy.principal import Principal
+from agentbox.policy.redaction import Redactor
 from agentbox.providers.types import ChatRequest, ChatResponse
 from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.recovery import recover

@@ -31,8 +31,8 @@ from starlette.types import Receive, Scope, Send
 from agentbox.errors import InvalidRequest
 from agentbox.gateway import jsonbody, responses_wire
 from agentbox.gateway import model_wire as wire
-from agentbox.gateway.auth import Principal
 from agentbox.gateway.models import Attribution, ModelService
+from agentbox.policy.principal import Principal
 from agentbox.providers import anthropic
 from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent
 from agentbox.runtime.runtime import Runtime

@@ -37,12 +37,8 @@ from agentbox.errors import (
     ToolNotFound,
 )
 from agentbox.gateway import jsonbody, sealed
-from agentbox.gateway.approvals import ApprovalStore
-from agentbox.gateway.auth import Principal, RateLimiter, TokenStore
-from agentbox.gateway.command_rules import resolve_to_system
+from agentbox.gateway.auth import RateLimiter, TokenStore
 from agentbox.gateway.metrics import Metrics
-from agentbox.gateway.policy import WORKSPACE, CommandPolicy, Decision, FilePolicy, diff_summary
-from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.telemetry import Telemetry
 from agentbox.gateway.tools import (
     TOOLS,
@@ -55,6 +51,11 @@ from agentbox.gateway.tools import (
     render_tools,
 )
 from agentbox.network.names import domain_matches, normalize_host
+from agentbox.policy.approvals import ApprovalStore
+from agentbox.policy.command_rules import resolve_to_system
+from agentbox.policy.principal import Principal
+from agentbox.policy.redaction import Redactor
+from agentbox.policy.tool_policy import WORKSPACE, CommandPolicy, Decision, FilePolicy, diff_summary
 from agentbox.runtime.commands import Cancellation
 from agentbox.runtime.files import Access, Guard
 from agentbox.runtime.output import OutputCallback

@@ -5,7 +5,7 @@ The egress daemon calls :class:`EgressAsk` (the proxy's ``ask`` hook, see
 list of a sandbox in mode ``ask``, after the port is checked and before the name is
 resolved. It answers at once when a standing grant exists (a decision with scope
 ``sandbox`` or ``always``); otherwise it files one approval for (sandbox, name) in the
-gateway's approval table (:mod:`agentbox.gateway.approvals`, the same one that holds
+gateway's approval table (:mod:`agentbox.policy.approvals`, the same one that holds
 high-risk commands: one queue for the console, ``agentbox approvals`` and MCP) and every
 connection to that name waits on that one approval, up to the sandbox's
 ``ask_timeout``. No decision by then is a denial, so no connection hangs longer.
@@ -28,8 +28,8 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from agentbox.gateway.approvals import EGRESS_TOOL, Approval, ApprovalStore
 from agentbox.network.decision import Conn, Denied, EgressPolicy
+from agentbox.policy.approvals import EGRESS_TOOL, Approval, ApprovalStore
 
 log = logging.getLogger("agentbox.egress")
 

@@ -43,11 +43,11 @@ from typing import Any
 from agentbox.audit.log import AuditLog
 from agentbox.config.specs import network_of
 from agentbox.errors import AgentboxError
-from agentbox.gateway.approvals import ApprovalStore
 from agentbox.network import egressca, plane
 from agentbox.network.egress_ask import EgressAsk
 from agentbox.network.egress_start import SPAWN_LOCK, lock_path
 from agentbox.network.proxy import EgressDecision, EgressPolicy, EgressProxy, upstream_context
+from agentbox.policy.approvals import ApprovalStore
 from agentbox.runtime.store import Store
 
 log = logging.getLogger("agentbox.egress")

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from agentbox import hints
 from agentbox.errors import AgentboxError, ProviderRejected
-from agentbox.gateway.auth import Principal
+from agentbox.policy.principal import Principal
 from agentbox.providers.types import ChatRequest, ChatResponse, Message, Tool, ToolCall
 from agentbox.tasks.store import Step, Task, TaskStore
 

@@ -1,6 +1,6 @@
 """Static analysis of shell command lines: which programs would this string run?
 
-The gateway's command policy (:mod:`agentbox.gateway.policy`) needs the list of every
+The gateway's command policy (:mod:`agentbox.policy.tool_policy`) needs the list of every
 program a shell string would execute. This module finds it with a complete bash grammar
 (tree-sitter with ``tree-sitter-bash``) and then walks the syntax tree, descending into
 everything that runs code:
@@ -23,7 +23,7 @@ A shell or interpreter that reads its program from stdin is followed to whatever
 that stdin - its own redirections, an enclosing group's, the command holding a ``bash -c``
 string - and refused as dynamic code when it is a pipe, a descriptor, a substitution or the
 caller's stdin (:meth:`_Analyser.settle_stdin`; which programs read stdin is decided in
-:mod:`agentbox.gateway.command_rules`, on plain words, as are program identity and option
+:mod:`agentbox.policy.command_rules`, on plain words, as are program identity and option
 normalisation).
 
 tree-sitter recovers from syntax errors instead of failing, so every tree with an ``ERROR``
@@ -52,7 +52,7 @@ Everything that cannot be decided statically fails closed with :class:`Unparseab
 * ``invalid command``: empty, NUL bytes, longer than :data:`MAX_COMMAND_CHARS`;
 * ``function import via environment``: ``env 'BASH_FUNC_x%%=…'``.
 
-This is a guardrail, not a boundary: see the limitations in :mod:`agentbox.gateway.policy`.
+This is a guardrail, not a boundary: see the limitations in :mod:`agentbox.policy.tool_policy`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ import tree_sitter
 import tree_sitter_bash
 
 from agentbox.errors import InvalidRequest
-from agentbox.gateway.command_rules import (
+from agentbox.policy.command_rules import (
     CODE_VARIABLES,
     IDENTITY_VARIABLES,
     OTHER_SHELLS,

@@ -8,7 +8,7 @@ seccomp, cgroups, no credentials, egress filtering) is what contains a hostile a
 
 Commands (:class:`CommandPolicy`)
 ---------------------------------
-The command is analysed with a real shell parser (:mod:`agentbox.gateway.shell_analysis`)
+The command is analysed with a real shell parser (:mod:`agentbox.policy.shell_analysis`)
 to find *every* program it would run: all list/pipeline members, subshells, groups, control
 flow and function bodies, ``$(…)``/backticks/``<(…)`` (also inside ``${…}`` and unquoted
 heredocs), wrappers (``env``, ``xargs``, ``timeout``, ``sudo``, ``find -exec``, …), code
@@ -43,7 +43,7 @@ and in the lists, exactly (no globs in allow/deny lists). ``source``/``.`` is tr
 ordinary program: it must be on the allow list when one is configured (it runs a file,
 like ``bash FILE``), and can be denied.
 
-**Program identity** (:mod:`agentbox.gateway.command_rules`). A bare name is the program the
+**Program identity** (:mod:`agentbox.policy.command_rules`). A bare name is the program the
 sandbox's ``PATH`` (system directories only) finds; a path under ``/usr``, ``/bin``,
 ``/sbin``, ``/lib*`` (also via ``/proc/self/root``) is that system program. Any other path
 (``./ls``, ``bin/x``, ``/workspace/ls``, ``~/bin/x``, ``/tmp/x``) names a file the agent may
@@ -87,7 +87,7 @@ if it matches, as one glob, any *text* of:
   and once unwrapped) joined by `` | `` (so ``curl x|/bin/tee y`` yields ``curl x | tee y``);
 
 or if it matches the **normal argv** of a simple command (or pipeline) - the pattern is
-normalised the same way (:class:`~agentbox.gateway.command_rules.CommandPattern`): short and
+normalised the same way (:class:`~agentbox.policy.command_rules.CommandPattern`): short and
 long option spellings, combined short flags and abbreviations are one canonical option;
 git's global options are ignored; implied options are added; options may come in any
 order, and options the pattern does not name do not matter; the operands must match the
@@ -184,7 +184,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agentbox.gateway.command_rules import (
+from agentbox.policy.command_rules import (
     CODE_VARIABLES,
     IDENTITY_VARIABLES,
     CommandPattern,
@@ -192,7 +192,7 @@ from agentbox.gateway.command_rules import (
     normalise,
     normalise_program,
 )
-from agentbox.gateway.shell_analysis import (
+from agentbox.policy.shell_analysis import (
     RULE_DYNAMIC_CODE,
     RULE_DYNAMIC_NAME,
     RULE_FUNC_IMPORT,

@@ -1,6 +1,6 @@
 """Command rules that do not depend on the shell parser: identity, code on stdin, normal argv.
 
-The shell analysis (:mod:`agentbox.gateway.shell_analysis`) turns a command line into simple
+The shell analysis (:mod:`agentbox.policy.shell_analysis`) turns a command line into simple
 commands - words after quote removal (:class:`Word`), their redirections and context. What
 those words *mean* is decided here, on plain words, so the parser can be swapped:
 

@@ -10,7 +10,7 @@ The egress daemon of a sandbox in network mode ``ask`` asks through the same tab
 ``egress``; it opens this database itself, see :mod:`agentbox.network.egress_ask`). An
 egress approval is decided with a *scope*: ``once`` (the connections held now),
 ``sandbox`` (this name for the rest of the sandbox's life) or ``always`` (the project's
-persistent allowlist, :mod:`agentbox.gateway.egress_grants`), written in the same
+persistent allowlist, :mod:`agentbox.policy.egress_grants`), written in the same
 transaction as the decision.
 """
 
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 from agentbox.errors import Conflict, InvalidRequest, NotFound
-from agentbox.gateway import egress_grants
 from agentbox.hints import Hint
+from agentbox.policy import egress_grants
 from agentbox.state.db import Connection, Database
 from agentbox.state.sqlite import SqliteDB, database
 
