@@ -36,6 +36,7 @@ from agentbox.errors import (
     RateLimited,
     ToolNotFound,
 )
+from agentbox.fsutil import Access
 from agentbox.gateway import jsonbody, sealed
 from agentbox.gateway.auth import RateLimiter, TokenStore
 from agentbox.gateway.metrics import Metrics
@@ -57,7 +58,7 @@ from agentbox.policy.principal import Principal
 from agentbox.policy.redaction import Redactor
 from agentbox.policy.tool_policy import WORKSPACE, CommandPolicy, Decision, FilePolicy, diff_summary
 from agentbox.runtime.commands import Cancellation
-from agentbox.runtime.files import Access, Guard
+from agentbox.runtime.files import Guard
 from agentbox.runtime.output import OutputCallback
 from agentbox.runtime.runtime import Runtime
 

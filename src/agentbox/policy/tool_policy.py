@@ -206,7 +206,7 @@ from agentbox.policy.shell_analysis import (
 )
 
 if TYPE_CHECKING:
-    from agentbox.runtime.files import Access
+    from agentbox.fsutil import Access
 
 __all__ = [
     "RULE_DYNAMIC_CODE",
@@ -703,7 +703,7 @@ class FilePolicy:
 
     def check_resolved(self, path: str, access: Access) -> Decision:
         """The write check of a canonical path the file layer is about to act on, for
-        ``access`` (``agentbox.runtime.files.Access``): a directory it creates, or the source
+        ``access`` (``agentbox.fsutil.Access``): a directory it creates, or the source
         of a hard link, is judged by name alone; the target of a symlink only against
         ``protected`` (outside ``root`` is fine: a write through the link is judged where
         it lands, so the root still holds)."""
