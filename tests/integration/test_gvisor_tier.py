@@ -451,7 +451,7 @@ def test_fork_copies_the_disk_onto_the_same_tier(box: Sandbox, runtime: Runtime)
 def test_a_warm_gvisor_sandbox_serves_only_gvisor_requests(
     agentbox_home: Path, runtime: Runtime
 ) -> None:
-    from agentbox.runtime.runtime import spec_from
+    from agentbox.runtime.spec_input import spec_from
 
     wanted = {"isolation": "gvisor", "network": "none", "memory": "256MiB", "disk": "64MiB"}
     pooled = runtime.fill_pool(spec_from(wanted))

@@ -15,7 +15,8 @@ import pytest
 
 from agentbox import Sandbox
 from agentbox.runtime import templates
-from agentbox.runtime.runtime import Runtime, pool_key, spec_from
+from agentbox.runtime.runtime import Runtime, pool_key
+from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.templates import TemplateStore
 from agentbox.runtime.warmpool import Pool, PoolKeeper
 from imagekit import docker_save, static_binary

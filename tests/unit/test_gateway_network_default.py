@@ -20,7 +20,8 @@ from agentbox.config.settings import parse_settings
 from agentbox.config.specs import SandboxSpec
 from agentbox.errors import InvalidRequest
 from agentbox.gateway.app import create_app
-from agentbox.runtime.runtime import Runtime, spec_from
+from agentbox.runtime.runtime import Runtime
+from agentbox.runtime.spec_input import spec_from
 from gateway_harness import free_port
 
 CONFIG = """

@@ -17,7 +17,7 @@ from agentbox.gateway.rest import CreateSandbox
 from agentbox.network.decision import EgressPolicy
 from agentbox.network.egressd import PolicyBook
 from agentbox.network.modes import EGRESS_MODES
-from agentbox.runtime.runtime import spec_from
+from agentbox.runtime.spec_input import spec_from
 from network_variants import BAD_CREDENTIALS, INVALID
 
 

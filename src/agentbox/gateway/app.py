@@ -71,7 +71,8 @@ from agentbox.policy.redaction import Redactor
 from agentbox.providers.types import ChatRequest, ChatResponse
 from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.recovery import recover
-from agentbox.runtime.runtime import Runtime, spec_from
+from agentbox.runtime.runtime import Runtime
+from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.warmpool import Pool, PoolKeeper
 from agentbox.state import open_shared
 from agentbox.tasks.store import Task, TaskStore

@@ -38,6 +38,7 @@ from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
+from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.store import SandboxRecord, Store
 from agentbox.runtime.tiers import GVISOR, host_for
 
@@ -84,22 +85,6 @@ def pool_key(spec: SandboxSpec) -> str:
         include={"template", "isolation", "memory", "pids", "cpus", "disk", "network"}
     )
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
-    """Validate user input into a spec; errors name the field and what was expected."""
-    # pydantic is imported here, not at the top: commands on existing sandboxes never
-    # validate a spec and so skip its import (tests/unit/test_import_weight.py).
-    from pydantic import ValidationError
-
-    from agentbox.config.specs import SandboxSpec, invalid_request
-
-    if isinstance(values, SandboxSpec):
-        return values
-    try:
-        return SandboxSpec.model_validate(dict(values or {}))
-    except ValidationError as e:
-        raise invalid_request(e.errors(), "invalid sandbox settings") from None
 
 
 _Running = tuple[SandboxRecord, SandboxHost, SandboxCgroup]
@@ -297,7 +282,7 @@ class Runtime:
             self.net  # noqa: B018 - allocate the network number first: a refusal leaves nothing
         disks = diskpool.ensure(self.home)
         sandbox_id = "sb-" + secrets.token_hex(6)
-        from agentbox.runtime.recovery import creating
+        from agentbox.runtime.create_lock import creating
 
         with creating(self.home, sandbox_id):  # recovery leaves a live creator alone
             return self._build_locked(
