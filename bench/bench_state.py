@@ -37,8 +37,7 @@ from agentbox.providers.budget import BudgetLedger  # noqa: E402
 from agentbox.providers.types import Usage  # noqa: E402
 from agentbox.runtime.store import Store  # noqa: E402
 from agentbox.state.db import Database  # noqa: E402
-from agentbox.state.migrations import migrate  # noqa: E402
-from agentbox.state.postgres import PostgresDB  # noqa: E402
+from agentbox.state.postgres import PostgresDB, migrate  # noqa: E402
 from agentbox.tasks.store import TaskStore  # noqa: E402
 from common import percentile, write_doc_section  # noqa: E402
 from pgkit import USER, PgServer  # noqa: E402

@@ -36,8 +36,8 @@ from agentbox.gateway.auth import TokenStore
 from agentbox.gateway.e2b.access import Caller, E2BAccess
 from agentbox.runtime.store import Store
 from agentbox.state import open_shared
-from agentbox.state.migrations import LATEST, migrate
-from agentbox.state.postgres import PostgresDB
+from agentbox.state.migrations import LATEST
+from agentbox.state.postgres import PostgresDB, migrate
 from agentbox.tasks.store import TaskStore
 from pgkit import PgServer, StateKit
 from s3kit import free_port

@@ -38,7 +38,8 @@ def migrate_command(config_path: Path | None, url: str | None, as_json: bool) ->
     """
     from agentbox.config.settings import load_settings
     from agentbox.state.db import state_url_error
-    from agentbox.state.migrations import LATEST, migrate
+    from agentbox.state.migrations import LATEST
+    from agentbox.state.postgres import migrate
 
     if url is None:
         url = load_settings(config_path).gateway.state
