@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 from agentbox.audit.log import AuditLog, read_records, verify
-from agentbox.gateway.egress_ingest import EgressIngest
-from agentbox.gateway.metrics import Metrics
+from agentbox.observability.egress_ingest import EgressIngest
+from agentbox.observability.metrics import Metrics
 
 
 def _wait_for(path: Path, count: int) -> list[dict[str, object]]:

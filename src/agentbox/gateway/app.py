@@ -38,8 +38,6 @@ from agentbox.gateway.auth import TokenStore
 from agentbox.gateway.console import mount_console
 from agentbox.gateway.e2b import PREFIX as E2B_PREFIX
 from agentbox.gateway.e2b import E2BFrontDoor
-from agentbox.gateway.egress_ingest import EgressIngest
-from agentbox.gateway.lifecycle_events import LifecycleIngest
 from agentbox.gateway.mcp_http import (
     MCP_PATH,
     METADATA_PATH,
@@ -51,7 +49,6 @@ from agentbox.gateway.mcp_http import (
     resource_metadata,
 )
 from agentbox.gateway.mcp_server import InFlight, LogLevels, build_mcp_server, wants_stream
-from agentbox.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentbox.gateway.model_routes import build_model_router
 from agentbox.gateway.models import Attribution, ModelService
 from agentbox.gateway.presence import advertise
@@ -65,6 +62,9 @@ from agentbox.gateway.rest import (
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.task_routes import build_task_router
 from agentbox.network.egressd import audit_path as egress_audit_path
+from agentbox.observability.egress_ingest import EgressIngest
+from agentbox.observability.lifecycle_events import LifecycleIngest
+from agentbox.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentbox.policy.approvals import ApprovalStore
 from agentbox.policy.principal import Principal
 from agentbox.policy.redaction import Redactor

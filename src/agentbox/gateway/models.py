@@ -24,8 +24,8 @@ import httpx2
 from agentbox.audit.log import AuditLog
 from agentbox.config.settings import GatewaySettings
 from agentbox.errors import AllProvidersFailed, ProviderError
-from agentbox.gateway.metrics import Metrics
-from agentbox.gateway.telemetry import Telemetry
+from agentbox.observability.metrics import Metrics
+from agentbox.observability.telemetry import Telemetry
 from agentbox.providers.budget import NANO, Alert, BudgetLedger, cost_nanousd
 from agentbox.providers.pool import ProviderPool
 from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent, Usage

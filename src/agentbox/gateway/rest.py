@@ -33,9 +33,9 @@ from agentbox.errors import (
 from agentbox.gateway import jsonbody
 from agentbox.gateway import port_forward as port_forward_http
 from agentbox.gateway.auth import challenge
-from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
 from agentbox.network.modes import EGRESS_MODES
+from agentbox.observability.lifecycle_events import public_event
 from agentbox.policy.principal import OPERATOR, Principal
 from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord

@@ -39,8 +39,6 @@ from agentbox.errors import (
 from agentbox.fsutil import Access
 from agentbox.gateway import jsonbody, sealed
 from agentbox.gateway.auth import RateLimiter, TokenStore
-from agentbox.gateway.metrics import Metrics
-from agentbox.gateway.telemetry import Telemetry
 from agentbox.gateway.tools import (
     TOOLS,
     TOOLS_BY_NAME,
@@ -52,6 +50,8 @@ from agentbox.gateway.tools import (
     render_tools,
 )
 from agentbox.network.names import domain_matches, normalize_host
+from agentbox.observability.metrics import Metrics
+from agentbox.observability.telemetry import Telemetry
 from agentbox.policy.approvals import ApprovalStore
 from agentbox.policy.command_rules import resolve_to_system
 from agentbox.policy.principal import Principal
@@ -63,7 +63,7 @@ from agentbox.runtime.output import OutputCallback
 from agentbox.runtime.runtime import Runtime
 
 if TYPE_CHECKING:
-    from agentbox.gateway.lifecycle_events import LifecycleIngest
+    from agentbox.observability.lifecycle_events import LifecycleIngest
     from agentbox.runtime.warmpool import PoolKeeper
 
 ApprovalMode = Literal["wait", "handle"]

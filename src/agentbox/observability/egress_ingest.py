@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 
 from agentbox.audit.log import AuditLog, Record, follow
-from agentbox.gateway.lifecycle_events import Position
-from agentbox.gateway.metrics import Metrics
+from agentbox.observability.lifecycle_events import Position
+from agentbox.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
 _CARRIED = ("host", "port", "address", "reason", "kind", "bytes_up")

@@ -12,13 +12,30 @@ the text exposition format to the operator token (Prometheus: ``authorization`` 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from agentbox.providers.types import Usage
+
+class Usage(Protocol):
+    """Tokens as a provider counted them (``models.providers.types.Usage``; described
+    here because the model endpoint records into these metrics, not the reverse)."""
+
+    @property
+    def input_tokens(self) -> int: ...
+
+    @property
+    def output_tokens(self) -> int: ...
+
+    @property
+    def cache_read_tokens(self) -> int: ...
+
+    @property
+    def cache_write_tokens(self) -> int: ...
+
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 

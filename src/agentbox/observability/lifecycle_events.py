@@ -28,7 +28,7 @@ import httpx2
 
 from agentbox.audit.log import AuditLog
 from agentbox.config.settings import WebhookSettings
-from agentbox.gateway.metrics import Metrics
+from agentbox.observability.metrics import Metrics
 from agentbox.runtime.store import Store
 
 log = logging.getLogger(__name__)
