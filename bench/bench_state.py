@@ -33,8 +33,8 @@ import psycopg  # noqa: E402
 from agentbox.config.host import Admission  # noqa: E402
 from agentbox.config.settings import BudgetSettings, ModelPrice  # noqa: E402
 from agentbox.gateway.auth import TokenStore  # noqa: E402
-from agentbox.providers.budget import BudgetLedger  # noqa: E402
-from agentbox.providers.types import Usage  # noqa: E402
+from agentbox.models.providers.budget import BudgetLedger  # noqa: E402
+from agentbox.models.providers.types import Usage  # noqa: E402
 from agentbox.runtime.store import Store  # noqa: E402
 from agentbox.state.db import Database  # noqa: E402
 from agentbox.state.postgres import PostgresDB, migrate  # noqa: E402

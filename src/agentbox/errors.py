@@ -46,7 +46,7 @@ Every message says what happened *and* what to do next. A next step that is a ca
 see :mod:`agentbox.hints`) and each surface spells it its own way: ``message`` (and
 ``str()``) is the SDK's spelling, ``hints.render(e, surface)`` any other.
 
-Provider failures are classified (``agentbox.providers.types.Category``) as
+Provider failures are classified (``agentbox.models.providers.types.Category``) as
 ``rate_limited | server_error | timeout | connection | auth | bad_request | malformed``;
 the category travels in ``details`` (``AllProvidersFailed.details["providers"]`` holds one
 ``{provider, status, category, message}`` per provider tried or skipped).

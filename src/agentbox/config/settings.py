@@ -304,7 +304,7 @@ class ModelPrice(Strict):
 
 
 class ProviderSettings(Strict):
-    """One model service of the pool (see ``agentbox.providers``).
+    """One model service of the pool (see ``agentbox.models.providers``).
 
     ``base_url`` defaults to the vendor's API (https://api.openai.com/v1,
     https://api.anthropic.com); a local model is an ``openai`` provider with a loopback

@@ -50,7 +50,6 @@ from agentbox.gateway.mcp_http import (
 )
 from agentbox.gateway.mcp_server import InFlight, LogLevels, build_mcp_server, wants_stream
 from agentbox.gateway.model_routes import build_model_router
-from agentbox.gateway.models import Attribution, ModelService
 from agentbox.gateway.presence import advertise
 from agentbox.gateway.rest import (
     TOOL_ROUTE_PREFIX,
@@ -61,6 +60,8 @@ from agentbox.gateway.rest import (
 )
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.task_routes import build_task_router
+from agentbox.models.providers.types import ChatRequest, ChatResponse
+from agentbox.models.service import Attribution, ModelService
 from agentbox.network.egressd import audit_path as egress_audit_path
 from agentbox.observability.egress_ingest import EgressIngest
 from agentbox.observability.lifecycle_events import LifecycleIngest
@@ -68,7 +69,6 @@ from agentbox.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentbox.policy.approvals import ApprovalStore
 from agentbox.policy.principal import Principal
 from agentbox.policy.redaction import Redactor
-from agentbox.providers.types import ChatRequest, ChatResponse
 from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.recovery import recover
 from agentbox.runtime.runtime import Runtime

@@ -17,8 +17,8 @@ from typing import Any
 from httpx2 import ServerSentEvent
 
 from agentbox.errors import InvalidRequest
-from agentbox.providers.adapter import Adapter
-from agentbox.providers.types import (
+from agentbox.models.providers.adapter import Adapter
+from agentbox.models.providers.types import (
     Category,
     ChatRequest,
     ChatResponse,

@@ -27,8 +27,8 @@ from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 
 from agentbox.errors import AgentboxError, InvalidRequest
-from agentbox.providers.anthropic import tool_input
-from agentbox.providers.types import (
+from agentbox.models.providers.anthropic import tool_input
+from agentbox.models.providers.types import (
     ChatRequest,
     ChatResponse,
     Image,

@@ -24,11 +24,11 @@ import httpx2
 from agentbox.audit.log import AuditLog
 from agentbox.config.settings import GatewaySettings
 from agentbox.errors import AllProvidersFailed, ProviderError
+from agentbox.models.providers.budget import NANO, Alert, BudgetLedger, cost_nanousd
+from agentbox.models.providers.pool import ProviderPool
+from agentbox.models.providers.types import ChatRequest, ChatResponse, StreamEvent, Usage
 from agentbox.observability.metrics import Metrics
 from agentbox.observability.telemetry import Telemetry
-from agentbox.providers.budget import NANO, Alert, BudgetLedger, cost_nanousd
-from agentbox.providers.pool import ProviderPool
-from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent, Usage
 from agentbox.state.db import Database
 
 log = logging.getLogger(__name__)

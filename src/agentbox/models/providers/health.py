@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agentbox.providers.types import Category, ProviderFailure
+from agentbox.models.providers.types import Category, ProviderFailure
 
 State = Literal["closed", "open", "half_open"]
 AUTH_PENALTY = 100.0  # sorts a demoted provider after every merely flaky one

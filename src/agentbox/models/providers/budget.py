@@ -25,7 +25,7 @@ from typing import Any
 
 from agentbox.config.settings import BudgetSettings, GatewaySettings, ModelPrice
 from agentbox.errors import BudgetExceeded
-from agentbox.providers.types import Usage
+from agentbox.models.providers.types import Usage
 from agentbox.state.db import Connection, Database
 from agentbox.state.sqlite import database
 

@@ -9,10 +9,10 @@ pool.py       routing, retries, failover, outbound redaction
 budget.py     per-project daily tokens and USD, budgets and alerts (SQLite)
 """
 
-from agentbox.providers.budget import Alert, BudgetLedger
-from agentbox.providers.health import BreakerSettings
-from agentbox.providers.pool import ProviderPool, adapter_for
-from agentbox.providers.types import (
+from agentbox.models.providers.budget import Alert, BudgetLedger
+from agentbox.models.providers.health import BreakerSettings
+from agentbox.models.providers.pool import ProviderPool, adapter_for
+from agentbox.models.providers.types import (
     Category,
     ChatRequest,
     ChatResponse,

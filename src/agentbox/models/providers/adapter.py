@@ -31,7 +31,7 @@ from httpx2._sse import ServerSentEvent, SSEError, _SSEParser
 
 from agentbox.config.settings import ProviderSettings
 from agentbox.errors import InvalidConfig
-from agentbox.providers.types import (
+from agentbox.models.providers.types import (
     Category,
     ChatRequest,
     ChatResponse,

@@ -38,11 +38,11 @@ from agentbox.errors import (
     ProviderRejected,
     ProviderStreamBroken,
 )
-from agentbox.providers.adapter import Adapter
-from agentbox.providers.anthropic import AnthropicAdapter
-from agentbox.providers.health import BreakerSettings, ProviderHealth
-from agentbox.providers.openai import OpenAIAdapter
-from agentbox.providers.types import (
+from agentbox.models.providers.adapter import Adapter
+from agentbox.models.providers.anthropic import AnthropicAdapter
+from agentbox.models.providers.health import BreakerSettings, ProviderHealth
+from agentbox.models.providers.openai import OpenAIAdapter
+from agentbox.models.providers.types import (
     Category,
     ChatRequest,
     ChatResponse,
