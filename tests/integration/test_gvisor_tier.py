@@ -22,9 +22,10 @@ import pytest
 
 from agentbox import Sandbox
 from agentbox.audit.log import read_records
+from agentbox.egressd import daemon as egressd
 from agentbox.errors import TierUnsupported
 from agentbox.isolation import gvisor
-from agentbox.network import egressd, plane
+from agentbox.network import plane
 from agentbox.runtime.output import CommandResult
 from agentbox.runtime.runtime import Runtime
 from hostres import wait_for

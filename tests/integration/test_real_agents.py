@@ -28,8 +28,8 @@ import yaml
 
 from agentbox.audit.log import read_records
 from agentbox.config.settings import ProviderSettings
+from agentbox.egressd import daemon as egressd
 from agentbox.models.providers import anthropic as anthropic_adapter
-from agentbox.network import egressd
 from browserkit import require_browser
 from gateway_harness import RunningGateway, running_gateway
 from pkgindex import (

@@ -16,7 +16,8 @@ import pytest
 
 from agentbox import Sandbox
 from agentbox.audit.log import read_records, verify
-from agentbox.network import egressd, plane
+from agentbox.egressd import daemon as egressd
+from agentbox.network import plane
 from agentbox.runtime.runtime import Runtime
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from agentbox.egressd.ask import EgressAsk, request_hash
 from agentbox.errors import Conflict, InvalidRequest
 from agentbox.network.decision import Conn, Denied, EgressPolicy, decide
-from agentbox.network.egress_ask import EgressAsk, request_hash
 from agentbox.policy.approvals import ApprovalStore
 
 Steps = list[tuple[str, str, dict[str, Any]]]

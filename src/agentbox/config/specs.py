@@ -95,7 +95,7 @@ class NetworkSpec(BaseModel):
         gt=0,
         le=3600,
         description="Mode ask: seconds (or a duration like 2m) a held connection waits for "
-        "a person's decision; then it is denied (see agentbox.network.egress_ask)",
+        "a person's decision; then it is denied (see agentbox.egressd.ask)",
     )
     allow: tuple[str, ...] = Field(
         default=(),

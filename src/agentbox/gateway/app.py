@@ -32,6 +32,7 @@ from agentbox.audit.log import AuditLog
 from agentbox.config.host import Admission
 from agentbox.config.settings import GatewaySettings
 from agentbox.config.specs import invalid_request
+from agentbox.egressd.daemon import audit_path as egress_audit_path
 from agentbox.errors import AgentboxError, InvalidRequest, StateUnavailable, Unauthenticated
 from agentbox.gateway import desktop_relay, jsonbody
 from agentbox.gateway.auth import TokenStore
@@ -62,7 +63,6 @@ from agentbox.gateway.service import Gateway
 from agentbox.gateway.task_routes import build_task_router
 from agentbox.models.providers.types import ChatRequest, ChatResponse
 from agentbox.models.service import Attribution, ModelService
-from agentbox.network.egressd import audit_path as egress_audit_path
 from agentbox.observability.egress_ingest import EgressIngest
 from agentbox.observability.lifecycle_events import LifecycleIngest
 from agentbox.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE

@@ -22,7 +22,7 @@ from agentbox.observability.metrics import Metrics
 
 log = logging.getLogger(__name__)
 _CARRIED = ("host", "port", "address", "reason", "kind", "bytes_up")
-# Mode ask's steps (agentbox.network.egress_ask) and what they carry besides.
+# Mode ask's steps (agentbox.egressd.ask) and what they carry besides.
 _ASK_STEPS = {
     "egress_held": "held",
     "egress_approval_requested": "requested",

@@ -7,7 +7,7 @@ and retry. Only the operator decides (``agentbox approvals approve|deny`` or the
 API); a session token never can. No answer before the deadline means *deny*.
 
 The egress daemon of a sandbox in network mode ``ask`` asks through the same table (tool
-``egress``; it opens this database itself, see :mod:`agentbox.network.egress_ask`). An
+``egress``; it opens this database itself, see :mod:`agentbox.egressd.ask`). An
 egress approval is decided with a *scope*: ``once`` (the connections held now),
 ``sandbox`` (this name for the rest of the sandbox's life) or ``always`` (the project's
 persistent allowlist, :mod:`agentbox.policy.egress_grants`), written in the same

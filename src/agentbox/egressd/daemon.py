@@ -42,9 +42,9 @@ from typing import Any
 
 from agentbox.audit.log import AuditLog
 from agentbox.config.specs import network_of
+from agentbox.egressd.ask import EgressAsk
 from agentbox.errors import AgentboxError
 from agentbox.network import egressca, plane
-from agentbox.network.egress_ask import EgressAsk
 from agentbox.network.egress_start import SPAWN_LOCK, lock_path
 from agentbox.network.proxy import EgressDecision, EgressPolicy, EgressProxy, upstream_context
 from agentbox.policy.approvals import ApprovalStore
