@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from agentbox.cli.main import _print_json as print_json
-from agentbox.cli.main import handle_errors
+from agentbox.cli.conventions import _print_json as print_json
+from agentbox.cli.conventions import handle_errors
 from agentbox.cli.params import SuggestingGroup
 from agentbox.errors import InvalidConfig
 

@@ -7,55 +7,20 @@ failed (like ``docker run``), 124 when the command timed out.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-from collections.abc import Callable
-from functools import wraps
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import click
 
-from agentbox import hints
 from agentbox.cli import execute
+from agentbox.cli.conventions import _print_json, _runtime, handle_errors
 from agentbox.cli.params import DURATION, LazyGroup
-from agentbox.errors import AgentboxError, InvalidRequest
+from agentbox.errors import InvalidRequest
 from agentbox.network.modes import EGRESS_MODES
 from agentbox.units import human_size
 
-if TYPE_CHECKING:  # the backend loads when a command needs one: `--help` never does
-    from agentbox.client.interfaces import Backend
-
-F = TypeVar("F", bound=Callable[..., Any])
 EXEC_FAILED = execute.EXEC_FAILED
-
-
-def _print_json(data: object) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
-
-
-def handle_errors(exit_code: int = 1) -> Callable[[F], F]:
-    """Turn AgentboxError into one readable line on stderr and a non-zero exit."""
-
-    def decorate(func: F) -> F:
-        @wraps(func)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return func(*args, **kwargs)
-            except AgentboxError as e:
-                click.echo(f"error[{e.code}]: {hints.render(e, 'cli')}", err=True)
-                sys.exit(exit_code)
-
-        return wrapper  # type: ignore[return-value]
-
-    return decorate
-
-
-def _runtime() -> Backend:
-    """Through a gateway when AGENTBOX_URL is set, else in-process (as root)."""
-    from agentbox.client.sandbox import _runtime as backend_for
-
-    return backend_for(None)
 
 
 def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:

@@ -11,8 +11,8 @@ from typing import Any
 
 import click
 
-from agentbox.cli.main import _print_json as print_json
-from agentbox.cli.main import handle_errors
+from agentbox.cli.conventions import _print_json as print_json
+from agentbox.cli.conventions import handle_errors
 from agentbox.cli.params import SuggestingGroup
 from agentbox.config.host import agentbox_home
 from agentbox.tasks.store import TaskStore
