@@ -1,3 +1,4 @@
+# Whole on purpose: writer, reader and verify share the record format, chain and file layout
 """The gateway's tamper-evident audit trail: append-only JSONL with a hash chain.
 
 Record format

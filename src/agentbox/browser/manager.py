@@ -1,3 +1,4 @@
+# Whole on purpose: a browser's life (launch, worker thread, pages, idle close) is one machine
 """One headless Chromium per sandbox, running *inside* it, driven from the host.
 
 Playwright's client and its node driver run on the host, in the gateway; the browser

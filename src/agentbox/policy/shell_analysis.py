@@ -1,3 +1,4 @@
+# Whole on purpose: one walk over one bash syntax tree; its node handlers recurse into each other
 """Static analysis of shell command lines: which programs would this string run?
 
 The gateway's command policy (:mod:`agentbox.policy.tool_policy`) needs the list of every

@@ -1,3 +1,4 @@
+# Whole on purpose: a tool's command and file policies are set together, answer one Decision
 """The tool gateway's policy engine: may this command run, may this file be written?
 
 **This is a guardrail, not a security boundary. The sandbox is the boundary.** The policy

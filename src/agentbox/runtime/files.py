@@ -1,3 +1,4 @@
+# Whole on purpose: each file operation beside the one in-root resolution it must go through
 """The sandbox file API: the host works on a sandbox's files without ever leaving its root.
 
 Resolution strategy
