@@ -107,7 +107,8 @@ class _Detector:
         return cls(kind, pattern, int(tree.getwidth()[0]), literal, words, ignore_case)
 
 
-def _slug(secret_type: str) -> str:
+def kind_slug(secret_type: str) -> str:
+    """A detect-secrets type as the short kind redaction and the secret scan report."""
     return re.sub(r"[^a-z0-9]+", "-", secret_type.lower()).strip("-")
 
 
@@ -133,7 +134,7 @@ class Redactor:
                     self.detectors.append(_Detector.of("private-key", _PRIVATE_KEY_BLOCK))
                     continue
                 for pattern in getattr(plugin(), "denylist", ()) or ():
-                    self.detectors.append(_Detector.of(_slug(secret_type), pattern))
+                    self.detectors.append(_Detector.of(kind_slug(secret_type), pattern))
         # Shortest possible match first: a short string (an id, a tool name) stops early.
         self.detectors.sort(key=lambda d: d.min_length)
 

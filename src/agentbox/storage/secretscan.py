@@ -96,7 +96,7 @@ def _engine() -> tuple[Redactor, dict[str, str]]:
 
 def _slug(kind: str) -> str:
     """The gateway's short name of a detect-secrets kind (imported on use, as above)."""
-    from agentbox.policy.redaction import _slug as slug
+    from agentbox.policy.redaction import kind_slug as slug
 
     return slug(kind)
 
