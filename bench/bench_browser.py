@@ -35,8 +35,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from agentbox import Sandbox  # noqa: E402
 from agentbox.browser.launch import chromium_args  # noqa: E402
 from agentbox.browser.manager import CHROMIUM  # noqa: E402
+from agentbox.config.settings import GatewaySettings  # noqa: E402
 from agentbox.gateway.app import create_app  # noqa: E402
-from agentbox.gateway.settings import GatewaySettings  # noqa: E402
 from browserkit import SITE_PORT, require_browser, site  # noqa: E402
 from common import bench_home, percentile, progress, write_doc_section  # noqa: E402
 from nettopo import UPSTREAM_A, internet  # noqa: E402

@@ -36,10 +36,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from agentbox import Sandbox  # noqa: E402
+from agentbox.config.settings import GatewaySettings  # noqa: E402
 from agentbox.desktop import actions  # noqa: E402
 from agentbox.desktop.manager import XPROP, XVNC  # noqa: E402
 from agentbox.gateway.app import create_app  # noqa: E402
-from agentbox.gateway.settings import GatewaySettings  # noqa: E402
 from common import bench_home, percentile, progress, write_doc_section  # noqa: E402
 
 SIZE = "1024x768"

@@ -23,7 +23,8 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from agentbox import Sandbox  # noqa: E402
 from agentbox.runtime.recovery import recover  # noqa: E402
-from agentbox.runtime.runtime import Runtime, spec_from  # noqa: E402
+from agentbox.runtime.runtime import Runtime  # noqa: E402
+from agentbox.runtime.spec_input import spec_from  # noqa: E402
 from common import bench_home, percentile, timed, write_doc_section  # noqa: E402
 
 

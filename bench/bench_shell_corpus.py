@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from agentbox.gateway.shell_analysis import RULE_UNPARSEABLE  # noqa: E402
+from agentbox.policy.shell_analysis import RULE_UNPARSEABLE  # noqa: E402
 from common import percentile, write_doc_section  # noqa: E402
 from shell_corpus import load, run  # noqa: E402
 

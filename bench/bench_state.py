@@ -30,16 +30,15 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import psycopg  # noqa: E402
 
-from agentbox.config import Admission  # noqa: E402
+from agentbox.config.host import Admission  # noqa: E402
+from agentbox.config.settings import BudgetSettings, ModelPrice  # noqa: E402
+from agentbox.config.specs import SandboxSpec  # noqa: E402
 from agentbox.gateway.auth import TokenStore  # noqa: E402
-from agentbox.gateway.settings import BudgetSettings, ModelPrice  # noqa: E402
-from agentbox.providers.budget import BudgetLedger  # noqa: E402
-from agentbox.providers.types import Usage  # noqa: E402
+from agentbox.models.providers.budget import BudgetLedger  # noqa: E402
+from agentbox.models.providers.types import Usage  # noqa: E402
 from agentbox.runtime.store import Store  # noqa: E402
-from agentbox.specs import SandboxSpec  # noqa: E402
 from agentbox.state.db import Database  # noqa: E402
-from agentbox.state.migrations import migrate  # noqa: E402
-from agentbox.state.postgres import PostgresDB  # noqa: E402
+from agentbox.state.postgres import PostgresDB, migrate  # noqa: E402
 from agentbox.tasks.store import TaskStore  # noqa: E402
 from common import percentile, write_doc_section  # noqa: E402
 from pgkit import USER, PgServer  # noqa: E402

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
-from agentbox.gateway.settings import ProviderSettings
+from agentbox.config.settings import ProviderSettings
 
 Kind = Literal["openai", "anthropic"]
 _PATHS = {"openai": "/v1/chat/completions", "anthropic": "/v1/messages"}

@@ -20,8 +20,8 @@ import httpx2
 import pytest
 import uvicorn
 
+from agentbox.config.settings import parse_settings
 from agentbox.gateway.app import create_app
-from agentbox.gateway.settings import parse_settings
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 POLICY_YAML = """

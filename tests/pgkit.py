@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from agentbox.state.db import Database
-from agentbox.state.migrations import migrate
+from agentbox.state.postgres import migrate
 from s3kit import free_port
 
 BIN = Path("/usr/lib/postgresql/15/bin")

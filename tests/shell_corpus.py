@@ -11,7 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentbox.gateway.shell_analysis import RULE_UNPARSEABLE, UnparseableCommand, analyse_command
+from agentbox.policy.shell_analysis import RULE_UNPARSEABLE, UnparseableCommand, analyse_command
 
 CORPUS = Path(__file__).resolve().parent / "data" / "shell_corpus.jsonl"
 

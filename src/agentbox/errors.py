@@ -70,7 +70,7 @@ Each boundary maps errors in one place: REST in ``gateway/rest_errors.py``, MCP 
 ``client/remote.py`` (``gateway_errors``: HTTP and transport failures back to these
 classes).
 
-Provider failures are classified (``agentbox.providers.types.Category``) as
+Provider failures are classified (``agentbox.models.providers.types.Category``) as
 ``rate_limited | server_error | timeout | connection | auth | bad_request | malformed``;
 the category travels in ``details`` (``AllProvidersFailed.details["providers"]`` holds one
 ``{provider, status, category, message}`` per provider tried or skipped).
@@ -132,7 +132,7 @@ class UnparseableCommand(InvalidRequest):
     """The command cannot be analysed statically, so the policy refuses it.
 
     ``rule`` (also in ``details``) says why: one of the ``RULE_*`` constants of
-    ``gateway/shell_analysis.py``.
+    ``policy/shell_analysis.py``.
     """
 
     code = "unparseable_command"

@@ -1,6 +1,7 @@
 """Small filesystem primitives several modules need exactly alike: durable renames, atomic
 whole-file writes, an exclusive lock held on a file, whether a path is a mount, and text
-the OS can take (exec arguments, environment, stdin)."""
+the OS can take (exec arguments, environment, stdin); and the kinds of access to a path
+that the file API asks its guard about (here, below the policy that judges them)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,15 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal
 
 from agentbox.errors import InvalidRequest
+
+Access = Literal["read", "write", "create_dir", "symlink_to", "hardlink_to"]
+"""What a guarded call is about to do with a path: read it; write, edit, remove or move it
+(a move: both ends); create a directory there (judged by its name alone: it is empty); make
+a symlink point at it (writes through the link are judged where they land); make a hard
+link to it (writes through that one are not: it is the same file)."""
 
 
 def fsync_dir(path: Path) -> None:

@@ -20,10 +20,7 @@ import json
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from agentbox.errors import AgentboxError
+from typing import Any, Literal, Protocol
 
 Surface = Literal["mcp", "rest", "cli", "sdk"]
 
@@ -161,7 +158,18 @@ def spell(hint: Hint, surface: Surface) -> str | None:
     return phrase.format_map({"sandbox": "ID"} | {k: quote(v) for k, v in args.items()})
 
 
-def render(error: AgentboxError, surface: Surface) -> str:
+class Explained(Protocol):
+    """What :func:`render` reads of an error (an ``errors.AgentboxError``; described here
+    because errors imports this module, never the other way)."""
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def details(self) -> dict[str, Any]: ...
+
+
+def render(error: Explained, surface: Surface) -> str:
     """The error's message for a caller on ``surface``: its reason, then its hint."""
     hint = Hint.from_dict(error.details.get("hint"))
     call = spell(hint, surface) if hint else None

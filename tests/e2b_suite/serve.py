@@ -12,8 +12,8 @@ from pathlib import Path
 
 import uvicorn
 
+from agentbox.config.settings import parse_settings
 from agentbox.gateway.app import create_app
-from agentbox.gateway.settings import parse_settings
 
 CONFIG = """
 gateway:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox.config import Admission
+from agentbox.config.host import Admission
 from agentbox.errors import CapacityExceeded, LimitExceeded, QuotaExceeded
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import RunningGateway, running_gateway

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from agentbox.gateway.audit import AuditLog, verify
-from agentbox.gateway.audit_sink import RemoteSink
+from agentbox.audit.log import AuditLog, verify
+from agentbox.audit.sink import RemoteSink
 
 TOKEN = "test-token-123"
 
@@ -219,7 +219,7 @@ def test_records_a_crash_kept_from_the_spool_are_backfilled_from_the_log(
 def test_audit_fields_limit_what_leaves_the_host(tmp_path: Path, receiver: Receiver) -> None:
     """``audit.fields``: the remote gets the listed fields plus the chain fields (so its
     copy still anchors the local chain); the local file keeps whole records."""
-    from agentbox.gateway.settings import AuditSettings, RemoteAuditSettings
+    from agentbox.config.settings import AuditSettings, RemoteAuditSettings
 
     receiver.start()
     path = tmp_path / "audit.jsonl"

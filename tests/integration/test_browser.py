@@ -27,11 +27,11 @@ import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from agentbox.audit.log import read_records
+from agentbox.config.settings import parse_settings
+from agentbox.egressd import daemon as egressd
 from agentbox.gateway.app import create_app
-from agentbox.gateway.audit import read_records
 from agentbox.gateway.mcp_server import result_content
-from agentbox.gateway.settings import parse_settings
-from agentbox.network import egressd
 from agentbox.runtime.host import UID_BASE
 from browserkit import SITE_PORT, Site, chromium_pids, leaf_pids, require_browser, site
 from gateway_harness import RunningGateway, free_port

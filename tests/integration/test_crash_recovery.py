@@ -22,8 +22,9 @@ from typing import Any
 import httpx2
 import pytest
 
+from agentbox.egressd import daemon as egressd
 from agentbox.isolation import diskpool
-from agentbox.network import egressd, plane
+from agentbox.network import plane
 from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import GatewayProcess

@@ -24,8 +24,8 @@ import httpx2
 import pytest
 from PIL import Image
 
+from agentbox.audit.log import read_records
 from agentbox.client import vnc_forward
-from agentbox.gateway.audit import read_records
 from gateway_harness import AGENTBOX, RunningGateway, running_gateway
 from hostres import wait_for
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agentbox.gateway.audit import verify
+from agentbox.audit.log import verify
 from gateway_harness import RunningGateway, running_gateway
 
 SECRET = "planted-secret-value-7f3a9c"

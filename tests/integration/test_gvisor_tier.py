@@ -22,10 +22,11 @@ from typing import Any
 import pytest
 
 from agentbox import Sandbox
+from agentbox.audit.log import read_records
+from agentbox.egressd import daemon as egressd
 from agentbox.errors import TierUnsupported
-from agentbox.gateway.audit import read_records
 from agentbox.isolation import gvisor
-from agentbox.network import egressd, plane
+from agentbox.network import plane
 from agentbox.runtime.output import CommandResult
 from agentbox.runtime.runtime import Runtime
 from hostres import wait_for
@@ -487,7 +488,7 @@ def test_fork_copies_the_disk_onto_the_same_tier(box: Sandbox, runtime: Runtime)
 def test_a_warm_gvisor_sandbox_serves_only_gvisor_requests(
     agentbox_home: Path, runtime: Runtime
 ) -> None:
-    from agentbox.runtime.runtime import spec_from
+    from agentbox.runtime.spec_input import spec_from
 
     wanted = {"isolation": "gvisor", "network": "none", "memory": "256MiB", "disk": "64MiB"}
     pooled = runtime.fill_pool(spec_from(wanted))

@@ -19,7 +19,7 @@ import anthropic
 import openai
 import pytest
 
-from agentbox.providers import anthropic as anthropic_adapter
+from agentbox.models.providers import anthropic as anthropic_adapter
 from fakeproviders import FakeProvider, Reply
 from gateway_harness import RunningGateway, running_gateway
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from agentbox import Sandbox
-from agentbox.network import egressd, plane
+from agentbox.egressd import daemon as egressd
+from agentbox.network import plane
 from agentbox.runtime.host import release_home_mounts
 
 REGISTER = "import sys; from pathlib import Path; from agentbox.network import plane; " + (

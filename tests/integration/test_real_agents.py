@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentbox.gateway.audit import read_records
-from agentbox.gateway.settings import ProviderSettings
-from agentbox.network import egressd
-from agentbox.providers import anthropic as anthropic_adapter
+from agentbox.audit.log import read_records
+from agentbox.config.settings import ProviderSettings
+from agentbox.egressd import daemon as egressd
+from agentbox.models.providers import anthropic as anthropic_adapter
 from browserkit import require_browser
 from gateway_harness import RunningGateway, running_gateway
 from pkgindex import (

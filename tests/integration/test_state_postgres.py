@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from agentbox.state.migrations import migrate
+from agentbox.state.postgres import migrate
 from gateway_harness import RunningGateway, running_gateway
 from pgkit import PgServer
 

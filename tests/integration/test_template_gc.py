@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from agentbox import Sandbox
-from agentbox.runtime.runtime import Runtime, pool_key, spec_from
+from agentbox.runtime.runtime import Runtime, pool_key
+from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.templates import TemplateStore
 from agentbox.runtime.templates import default as template_default
 from agentbox.runtime.warmpool import Pool, PoolKeeper

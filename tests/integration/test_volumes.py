@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from agentbox import AsyncVolume, Sandbox, Volume
+from agentbox.egressd import daemon as egressd
 from agentbox.errors import InvalidRequest, VolumeInUse, VolumeNotFound
 from agentbox.fsutil import is_mountpoint
 from agentbox.isolation import disk
-from agentbox.network import egressd
 from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.recovery import recover
 from agentbox.runtime.runtime import Runtime

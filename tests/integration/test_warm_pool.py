@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agentbox.config import Admission
+from agentbox.config.host import Admission
 from agentbox.errors import CapacityExceeded, SandboxNotRunning
-from agentbox.runtime.runtime import Runtime, pool_key, spec_from
+from agentbox.runtime.runtime import Runtime, pool_key
+from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.warmpool import Pool, PoolKeeper
 from gateway_harness import running_gateway
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from agentbox.gateway.command_rules import (
+from agentbox.policy.command_rules import (
     CommandPattern,
     Word,
     normalise,
@@ -24,7 +24,7 @@ from agentbox.gateway.command_rules import (
     program_input,
     resolve_to_system,
 )
-from agentbox.gateway.policy import RULE_DYNAMIC_CODE, RULE_UNKNOWN_IDENTITY, CommandPolicy
+from agentbox.policy.tool_policy import RULE_DYNAMIC_CODE, RULE_UNKNOWN_IDENTITY, CommandPolicy
 from gateway_harness import RunningGateway, running_gateway
 
 ALLOW = ["ls", "ln", "cp", "cat", "echo", "bash", "sh", "dash", "git", "curl", "python3", "perl"]

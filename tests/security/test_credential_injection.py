@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 
 from agentbox import Sandbox
-from agentbox.gateway.audit import read_records, verify
-from agentbox.network import egressca, egressd, plane
+from agentbox.audit.log import read_records, verify
+from agentbox.egressd import daemon as egressd
+from agentbox.network import egressca, plane
 from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet

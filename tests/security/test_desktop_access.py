@@ -24,8 +24,8 @@ import aiohttp
 import httpx2
 import pytest
 
+from agentbox.audit.log import read_records
 from agentbox.client import vnc_forward
-from agentbox.gateway.audit import read_records
 from agentbox.gateway.desktop_relay import BEARER_PROTOCOL
 from gateway_harness import RunningGateway, running_gateway
 from hostres import wait_for

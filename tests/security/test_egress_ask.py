@@ -26,8 +26,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from agentbox import Sandbox
-from agentbox.gateway.audit import read_records
-from agentbox.network import egressd
+from agentbox.audit.log import read_records
+from agentbox.egressd import daemon as egressd
 from gateway_harness import AGENTBOX, RunningGateway, running_gateway
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
 

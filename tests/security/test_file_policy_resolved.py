@@ -30,7 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from agentbox import Sandbox
 from agentbox.errors import InvalidRequest
-from agentbox.gateway.policy import FilePolicy
+from agentbox.policy.tool_policy import FilePolicy
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import RunningGateway, running_gateway
 

@@ -157,8 +157,8 @@ def test_gateway_reads_on_its_event_loop_thread_stay_confined(
     """Small fs_read calls run on the gateway's event loop thread, which switches to the
     sandbox user's ids for the read: the read is confined, and the thread is root with all
     its capabilities again afterwards (else every later request would run degraded)."""
+    from agentbox.config.settings import GatewaySettings
     from agentbox.gateway.app import create_app
-    from agentbox.gateway.settings import GatewaySettings
     from agentbox.isolation import syscalls
 
     settings = GatewaySettings.model_validate({"audit": {"path": str(tmp_path / "a.jsonl")}})

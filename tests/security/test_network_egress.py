@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 
 from agentbox import Sandbox
-from agentbox.gateway.audit import read_records, verify
-from agentbox.network import egressd, plane
+from agentbox.audit.log import read_records, verify
+from agentbox.egressd import daemon as egressd
+from agentbox.network import plane
 from agentbox.runtime.runtime import Runtime
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
 

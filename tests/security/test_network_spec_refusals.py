@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from agentbox import Sandbox
+from agentbox.egressd.daemon import PolicyBook
 from agentbox.errors import InvalidRequest
-from agentbox.network.egressd import PolicyBook
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import RunningGateway, running_gateway
 from network_variants import BAD_CREDENTIALS, INVALID

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox.gateway.policy import CommandPolicy
+from agentbox.policy.tool_policy import CommandPolicy
 
 T = "touch ran"
 CASES = [

@@ -20,12 +20,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from agentbox.cli.audit_commands import audit as audit_cli
-from agentbox.errors import Conflict, InvalidConfig, InvalidRequest
-from agentbox.gateway import audit as audit_mod
-from agentbox.gateway.audit import (
+from agentbox.audit import log as audit_mod
+from agentbox.audit.log import (
     GENESIS,
-    RESERVED,
     AuditLog,
     Decision,
     args_hash,
@@ -36,7 +33,10 @@ from agentbox.gateway.audit import (
     record_hash,
     verify,
 )
-from agentbox.gateway.settings import AuditSettings, RemoteAuditSettings
+from agentbox.cli.audit_commands import audit as audit_cli
+from agentbox.config.audit_fields import RESERVED
+from agentbox.config.settings import AuditSettings, RemoteAuditSettings
+from agentbox.errors import Conflict, InvalidConfig, InvalidRequest
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from agentbox.egressd.ask import EgressAsk, request_hash
 from agentbox.errors import Conflict, InvalidRequest
-from agentbox.gateway.approvals import ApprovalStore
 from agentbox.network.decision import Conn, Denied, EgressPolicy, decide
-from agentbox.network.egress_ask import EgressAsk, request_hash
+from agentbox.policy.approvals import ApprovalStore
 
 Steps = list[tuple[str, str, dict[str, Any]]]
 
@@ -275,8 +275,8 @@ def test_nothing_is_resolved_before_the_decision(tmp_path: Path) -> None:
 
 
 def test_mode_ask_in_the_spec_and_the_gateway_config() -> None:
-    from agentbox.gateway.settings import NetworkSettings
-    from agentbox.specs import NetworkSpec
+    from agentbox.config.settings import NetworkSettings
+    from agentbox.config.specs import NetworkSpec
 
     spec = NetworkSpec.model_validate({"mode": "ask", "ask_timeout": "2m"})
     assert (spec.mode, spec.ask_timeout) == ("ask", 120.0)

@@ -18,7 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from pydantic import ValidationError
 
-from agentbox.config import NetworkSpec
+from agentbox.config.specs import NetworkSpec
 from agentbox.errors import InvalidRequest
 from agentbox.network import credentials, egressca, httphead, tlsserver
 from agentbox.network.decision import Conn, Denied, EgressPolicy, decide

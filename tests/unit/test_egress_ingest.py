@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from agentbox.gateway.audit import AuditLog, read_records, verify
-from agentbox.gateway.egress_ingest import EgressIngest
-from agentbox.gateway.metrics import Metrics
+from agentbox.audit.log import AuditLog, read_records, verify
+from agentbox.observability.egress_ingest import EgressIngest
+from agentbox.observability.metrics import Metrics
 
 
 def _wait_for(path: Path, count: int) -> list[dict[str, object]]:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentbox.errors import Conflict, HostUnsupported, RateLimited, Unauthenticated
-from agentbox.gateway.approvals import ApprovalStore
 from agentbox.gateway.auth import RateLimiter, TokenStore, load_operator_token
+from agentbox.policy.approvals import ApprovalStore
 from pgkit import StateKit
 
 OPERATOR = "operator-token-0123456789abcdef"

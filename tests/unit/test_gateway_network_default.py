@@ -16,11 +16,12 @@ import httpx2
 import pytest
 import uvicorn
 
-from agentbox.config import SandboxSpec
+from agentbox.config.settings import parse_settings
+from agentbox.config.specs import SandboxSpec
 from agentbox.errors import InvalidRequest
 from agentbox.gateway.app import create_app
-from agentbox.gateway.settings import parse_settings
-from agentbox.runtime.runtime import Runtime, spec_from
+from agentbox.runtime.runtime import Runtime
+from agentbox.runtime.spec_input import spec_from
 from gateway_harness import free_port
 
 CONFIG = """
@@ -118,8 +119,8 @@ def _check(settings: Any, home: Path, port: int) -> None:
 
 
 def test_a_create_may_only_use_credentials_the_config_grants() -> None:
+    from agentbox.config.settings import CredentialSettings
     from agentbox.gateway.service import _check_credentials
-    from agentbox.gateway.settings import CredentialSettings
 
     granted = [CredentialSettings(domain="API.GitHub.com", secret_env="GH_TOKEN")]
     ok = {"credentials": [{"domain": "api.github.com.", "secret_env": "GH_TOKEN"}]}

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from agentbox.config.settings import GatewaySettings, load_settings, parse_settings
 from agentbox.errors import InvalidConfig
-from agentbox.gateway.settings import GatewaySettings, load_settings, parse_settings
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway.example.yaml"
 CONTRACT = Path(__file__).resolve().parents[3] / "shared" / "gateway.example.yaml"
@@ -98,7 +98,7 @@ def test_extra_allowed_hosts_for_a_public_name() -> None:
 
 
 def test_unknown_audit_fields_are_refused_with_the_choices() -> None:
-    from agentbox.gateway.settings import AuditSettings
+    from agentbox.config.settings import AuditSettings
 
     with pytest.raises(ValueError, match=r"unknown audit fields \['actr'\]; choose from"):
         AuditSettings(fields=["ts", "actr"])

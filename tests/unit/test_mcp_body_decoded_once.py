@@ -13,8 +13,8 @@ import pytest
 from starlette.types import Message, Receive, Scope, Send
 
 from agentbox.gateway import mcp_http
-from agentbox.gateway.auth import Principal
 from agentbox.gateway.mcp_http import DECODED_BODY, McpAuth
+from agentbox.policy.principal import Principal
 
 CALL = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "terminal_run"}}
 BODY = json.dumps(CALL).encode()

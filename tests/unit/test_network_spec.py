@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from agentbox import Sandbox
+from agentbox.config.settings import parse_settings
+from agentbox.config.specs import NetworkSpec
+from agentbox.egressd.daemon import PolicyBook
 from agentbox.errors import InvalidConfig, InvalidRequest
 from agentbox.gateway.rest import CreateSandbox
-from agentbox.gateway.settings import parse_settings
 from agentbox.network.decision import EgressPolicy
-from agentbox.network.egressd import PolicyBook
 from agentbox.network.modes import EGRESS_MODES
-from agentbox.runtime.runtime import spec_from
+from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.store import SandboxRecord
-from agentbox.specs import NetworkSpec
 from network_variants import BAD_CREDENTIALS, INVALID
 
 

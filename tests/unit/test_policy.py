@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agentbox.errors import InvalidRequest
-from agentbox.gateway.policy import (
+from agentbox.policy.shell_analysis import MAX_COMMAND_CHARS, MAX_DEPTH
+from agentbox.policy.tool_policy import (
     CommandPolicy,
     Decision,
     FilePolicy,
@@ -13,7 +14,6 @@ from agentbox.gateway.policy import (
     diff_summary,
     programs_in,
 )
-from agentbox.gateway.shell_analysis import MAX_COMMAND_CHARS, MAX_DEPTH
 
 ALLOW = ["bash", "git", "make", "curl", "python3", "pip", "pytest", "node", "npm", "ls", "cat"]
 ALLOW += ["echo", "grep"]

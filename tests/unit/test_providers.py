@@ -22,6 +22,14 @@ from typing import Any, TypeVar
 
 import pytest
 
+from agentbox.config.settings import (
+    BudgetSettings,
+    ModelPrice,
+    ProviderSettings,
+    RetrySettings,
+    load_settings,
+    parse_settings,
+)
 from agentbox.errors import (
     AllProvidersFailed,
     BudgetExceeded,
@@ -30,16 +38,7 @@ from agentbox.errors import (
     ProviderRejected,
     ProviderStreamBroken,
 )
-from agentbox.gateway.redaction import Redactor
-from agentbox.gateway.settings import (
-    BudgetSettings,
-    ModelPrice,
-    ProviderSettings,
-    RetrySettings,
-    load_settings,
-    parse_settings,
-)
-from agentbox.providers import (
+from agentbox.models.providers import (
     BreakerSettings,
     BudgetLedger,
     ChatRequest,
@@ -52,8 +51,9 @@ from agentbox.providers import (
     Usage,
     adapter_for,
 )
-from agentbox.providers.adapter import retry_after_seconds
-from agentbox.providers.budget import cost_nanousd
+from agentbox.models.providers.adapter import retry_after_seconds
+from agentbox.models.providers.budget import cost_nanousd
+from agentbox.policy.redaction import Redactor
 from fakeproviders import FakeProvider, Reply, closed_port_url
 from httpsink import Sink
 from pgkit import StateKit
@@ -1011,10 +1011,10 @@ def test_tokens_and_cost_are_exact_to_the_cent(
     )
     for _ in range(10):  # 10 x (0.000015 + 0.000006): float sums would drift here
         ledger.record("web", "sb1", "t2", "oai", "gpt-small", Usage(100, 10))
-    with caplog.at_level(logging.WARNING, logger="agentbox.providers.budget"):
+    with caplog.at_level(logging.WARNING, logger="agentbox.models.providers.budget"):
         ledger.record("web", "sb2", None, "local", "llama3", Usage(5_000, 1_000))
         ledger.record("web", "sb2", None, "local", "llama3", Usage(5_000, 1_000))
-    [warning] = [r for r in caplog.records if r.name == "agentbox.providers.budget"]
+    [warning] = [r for r in caplog.records if r.name == "agentbox.models.providers.budget"]
     assert "no price for model 'llama3'" in warning.getMessage()
 
     [web] = ledger.usage()
@@ -1123,8 +1123,8 @@ def test_budget_accounting_is_shared_across_processes(state: StateKit) -> None:
         """
         import json, sys
         from pathlib import Path
-        from agentbox.gateway.settings import BudgetSettings
-        from agentbox.providers import BudgetLedger, Usage
+        from agentbox.config.settings import BudgetSettings
+        from agentbox.models.providers import BudgetLedger, Usage
         from agentbox.state.postgres import PostgresDB
         where = PostgresDB(sys.argv[1]) if "://" in sys.argv[1] else Path(sys.argv[1])
         budget = BudgetSettings(project="p", tokens_per_day=1000, alert_at=[0.25, 0.5, 0.75, 1.0])

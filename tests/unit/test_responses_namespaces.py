@@ -13,8 +13,8 @@ import pytest
 from starlette.background import BackgroundTask
 
 from agentbox.errors import InvalidRequest
-from agentbox.gateway import responses_wire as rw
-from agentbox.providers.types import ChatResponse, StreamEvent, ToolCall, Usage
+from agentbox.models import responses_wire as rw
+from agentbox.models.providers.types import ChatResponse, StreamEvent, ToolCall, Usage
 
 SCHEMA = {"type": "object", "properties": {"command": {"type": "string"}}}
 BODY: dict[str, Any] = {

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from agentbox.config.specs import SandboxSpec
 from agentbox.errors import InvalidRequest
 from agentbox.runtime.runtime import pool_key
 from agentbox.runtime.spec_cache import StoredSpec, validated
-from agentbox.specs import SandboxSpec
 
 SETTINGS: list[dict[str, Any]] = [
     {},

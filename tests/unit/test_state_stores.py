@@ -22,7 +22,9 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
-from agentbox.config import Admission
+from agentbox.config.host import Admission
+from agentbox.config.settings import E2BSettings, parse_settings
+from agentbox.config.specs import SandboxSpec
 from agentbox.errors import (
     CapacityExceeded,
     Conflict,
@@ -35,12 +37,10 @@ from agentbox.errors import (
 )
 from agentbox.gateway.auth import TokenStore
 from agentbox.gateway.e2b.access import Caller, E2BAccess
-from agentbox.gateway.settings import E2BSettings, parse_settings
 from agentbox.runtime.store import Store
-from agentbox.specs import SandboxSpec
 from agentbox.state import open_shared
-from agentbox.state.migrations import LATEST, migrate
-from agentbox.state.postgres import PostgresDB
+from agentbox.state.migrations import LATEST
+from agentbox.state.postgres import PostgresDB, migrate
 from agentbox.tasks.store import TaskStore
 from pgkit import PgServer, StateKit
 from s3kit import free_port

@@ -20,12 +20,12 @@ import pytest
 from click.testing import CliRunner
 
 from agentbox.cli.template_commands import template as template_cli
+from agentbox.config.specs import SandboxSpec
 from agentbox.errors import HostUnsupported, InvalidRequest, SandboxError, TemplateNotFound
 from agentbox.runtime.store import Store
 from agentbox.runtime.templates import Template, TemplateStore, host_debian_sources
 from agentbox.runtime.templates import debian as template_debian
 from agentbox.runtime.templates import default as template_default
-from agentbox.specs import SandboxSpec
 
 AS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not AS_ROOT, reason="needs root: chown, mknod, mount")

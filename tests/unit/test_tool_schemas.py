@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from agentbox.gateway.settings import parse_settings
+from agentbox.config.settings import parse_settings
 from agentbox.gateway.tools import TOOLS, ToolLimits, ToolSpec, render_tools
 
 # A config with no default value, so a description that ignores the config shows.

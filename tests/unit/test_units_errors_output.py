@@ -127,7 +127,7 @@ def test_capture_listener_sees_everything() -> None:
 
 
 def test_error_classes_defined_elsewhere_round_trip() -> None:
-    from agentbox.gateway.policy import UnparseableCommand
+    from agentbox.policy.tool_policy import UnparseableCommand
 
     again = errors.AgentboxError.from_dict(UnparseableCommand("x").to_dict())
     assert type(again) is UnparseableCommand
@@ -159,7 +159,7 @@ def test_every_error_a_caller_can_see_is_defined_in_errors_py() -> None:
 
 
 def test_the_command_rule_of_an_unparseable_command_is_the_analysers() -> None:
-    from agentbox.gateway.shell_analysis import RULE_UNPARSEABLE
+    from agentbox.policy.shell_analysis import RULE_UNPARSEABLE
 
     assert errors.UnparseableCommand("x").rule == RULE_UNPARSEABLE
     assert errors.UnparseableCommand("x", rule="r").details == {"rule": "r"}

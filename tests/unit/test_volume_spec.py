@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from agentbox.client.sandbox import _volumes
+from agentbox.config.settings import parse_settings
 from agentbox.errors import InvalidConfig, InvalidRequest, VolumeNotFound
-from agentbox.gateway.settings import parse_settings
-from agentbox.runtime.runtime import spec_from
+from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.store import Store
 from agentbox.volumes.service import Volumes
 from agentbox.volumes.spec import VolumeMount

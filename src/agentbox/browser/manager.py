@@ -1,3 +1,4 @@
+# Whole on purpose: a browser's life (launch, worker thread, pages, idle close) is one machine
 """One headless Chromium per sandbox, running *inside* it, driven from the host.
 
 Playwright's client and its node driver run on the host, in the gateway; the browser
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from agentbox.browser import launch
 from agentbox.browser.snapshot import REF, compact
-from agentbox.config import NetworkSpec
+from agentbox.config.specs import NetworkSpec
 from agentbox.errors import (
     AgentboxError,
     BrowserHandleNotFound,

@@ -14,16 +14,10 @@ from typing import Any
 
 import click
 
+from agentbox.audit.log import canonical_json, default_audit_path, follow, read_records, verify
 from agentbox.cli.errors import reports_errors
 from agentbox.cli.params import SuggestingGroup
 from agentbox.errors import FileNotFound
-from agentbox.gateway.audit import (
-    canonical_json,
-    default_audit_path,
-    follow,
-    read_records,
-    verify,
-)
 
 _PATH = click.argument(
     "path", required=False, type=click.Path(dir_okay=False, path_type=Path), metavar="[PATH]"

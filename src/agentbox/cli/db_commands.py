@@ -36,9 +36,10 @@ def migrate_command(config_path: Path | None, url: str | None, as_json: bool) ->
       agentbox db migrate --config /etc/agentbox/gateway.yaml
       agentbox db migrate --url postgresql://agentbox@db.internal:5432/agentbox
     """
-    from agentbox.gateway.settings import load_settings
+    from agentbox.config.settings import load_settings
     from agentbox.state.db import state_url_error
-    from agentbox.state.migrations import LATEST, migrate
+    from agentbox.state.migrations import LATEST
+    from agentbox.state.postgres import migrate
 
     if url is None:
         url = load_settings(config_path).gateway.state

@@ -22,14 +22,14 @@ from agentbox.cli.errors import reports_errors
 from agentbox.cli.output import print_listing
 from agentbox.cli.params import DURATION, SuggestingGroup
 from agentbox.client.remote import GatewayClient
-from agentbox.config import agentbox_home
+from agentbox.config.host import agentbox_home
+from agentbox.config.settings import GatewaySection, GatewaySettings, load_settings
 from agentbox.errors import InvalidConfig, InvalidRequest
 from agentbox.gateway.auth import (
     OPERATOR_TOKEN_FILE,
     injected_operator_token,
     load_operator_token,
 )
-from agentbox.gateway.settings import GatewaySection, GatewaySettings, load_settings
 
 DEFAULT_URL = "http://127.0.0.1:8848"
 

@@ -14,7 +14,7 @@ import click
 from agentbox.cli.errors import reports_errors
 from agentbox.cli.output import print_json, print_listing
 from agentbox.cli.params import SuggestingGroup
-from agentbox.config import agentbox_home
+from agentbox.config.host import agentbox_home
 from agentbox.tasks.store import TaskStore
 
 

@@ -15,7 +15,7 @@ import click
 
 from agentbox.cli.errors import reports_errors
 from agentbox.cli.params import SuggestingGroup
-from agentbox.config import agentbox_home
+from agentbox.config.host import agentbox_home
 from agentbox.runtime.template_tiers import TIERS, default_tier, set_default_tier
 from agentbox.runtime.templates import DEFAULT_SUITE, Template, TemplateStore
 

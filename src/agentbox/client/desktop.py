@@ -44,6 +44,7 @@ class Desktop:
             body = {"arguments": {**args, "sandbox_id": self._id}}
             result: dict[str, Any] = client.request("POST", f"/v1/tools/{tool}", json=body)
             return result
+        # upward: in-process, the desktop tools run the gateway's own handlers (one behaviour)
         from agentbox.gateway.tools import TOOLS_BY_NAME, ToolCall
 
         spec = TOOLS_BY_NAME[tool]

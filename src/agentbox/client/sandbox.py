@@ -31,12 +31,12 @@ from agentbox.runtime.runtime import Runtime
 
 # Imported where used, so the SDK loads light (tests/unit/test_import_weight.py).
 if TYPE_CHECKING:
+    from agentbox.config.specs import NetworkSpec
     from agentbox.runtime.files import FileInfo
     from agentbox.runtime.output import CommandResult
     from agentbox.runtime.processes import ProcessInfo, ProcessOutput
     from agentbox.runtime.snapshots import SnapshotInfo
     from agentbox.runtime.store import SandboxRecord
-    from agentbox.specs import NetworkSpec
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -65,7 +65,7 @@ def _runtime(home: Path | None) -> Backend:
 def _network(value: NetworkSpec | str | Mapping[str, object]) -> dict[str, object]:
     """``value`` validated and normalised into the one network spec, as its JSON form (what
     the REST body and a record hold)."""
-    from agentbox.specs import NetworkSpec  # pydantic: only a create with a network pays
+    from agentbox.config.specs import NetworkSpec  # pydantic: only a create with a network pays
 
     return NetworkSpec.parse(value).model_dump(mode="json")
 
@@ -320,7 +320,7 @@ class Sandbox:
         home: Path | None = None,
     ) -> Sandbox:
         """Create and start a sandbox. ``timeout``: max lifetime in seconds (default 24h);
-        ``network``: a ``NetworkSpec`` (``agentbox.specs``), a mode alone (``none``,
+        ``network``: a ``NetworkSpec`` (``agentbox.config.specs``), a mode alone (``none``,
         ``allowlist``, ``open``, ``ask``) or a dict such as
         ``{"mode": "allowlist", "allow": ["pypi.org", "*.pythonhosted.org"]}``, checked
         here whatever the backend (``InvalidRequest`` naming the field and value);

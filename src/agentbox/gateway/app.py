@@ -28,7 +28,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import __version__
-from agentbox.config import Admission
+from agentbox.audit.log import AuditLog
+from agentbox.config.host import Admission
+from agentbox.config.settings import GatewaySettings
+from agentbox.config.specs import invalid_request
+from agentbox.egressd.daemon import audit_path as egress_audit_path
 from agentbox.errors import (
     AgentboxError,
     InvalidRequest,
@@ -38,14 +42,10 @@ from agentbox.errors import (
     Unauthenticated,
 )
 from agentbox.gateway import desktop_relay, jsonbody
-from agentbox.gateway.approvals import ApprovalStore
-from agentbox.gateway.audit import AuditLog
-from agentbox.gateway.auth import Principal, TokenStore
+from agentbox.gateway.auth import TokenStore
 from agentbox.gateway.console import mount_console
 from agentbox.gateway.e2b import PREFIX as E2B_PREFIX
 from agentbox.gateway.e2b import E2BFrontDoor
-from agentbox.gateway.egress_ingest import EgressIngest
-from agentbox.gateway.lifecycle_events import LifecycleIngest
 from agentbox.gateway.mcp_http import (
     DECODED_BODY,
     MCP_PATH,
@@ -58,11 +58,8 @@ from agentbox.gateway.mcp_http import (
     resource_metadata,
 )
 from agentbox.gateway.mcp_server import InFlight, LogLevels, build_mcp_server, wants_stream
-from agentbox.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from agentbox.gateway.model_routes import build_model_router
-from agentbox.gateway.models import Attribution, ModelService
 from agentbox.gateway.presence import advertise
-from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.rest import (
     TOOL_ROUTE_PREFIX,
     ToolEndpoint,
@@ -76,15 +73,20 @@ from agentbox.gateway.rest_errors import (
     internal_error_response,
 )
 from agentbox.gateway.service import Gateway
-from agentbox.gateway.settings import GatewaySettings
 from agentbox.gateway.task_routes import build_task_router
-from agentbox.network.egressd import audit_path as egress_audit_path
-from agentbox.providers.types import ChatRequest, ChatResponse
+from agentbox.models.providers.types import ChatRequest, ChatResponse
+from agentbox.models.service import Attribution, ModelService
+from agentbox.observability.egress_ingest import EgressIngest
+from agentbox.observability.lifecycle_events import LifecycleIngest
+from agentbox.observability.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from agentbox.policy.approvals import ApprovalStore
+from agentbox.policy.principal import Principal
+from agentbox.policy.redaction import Redactor
 from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.recovery import recover
-from agentbox.runtime.runtime import Runtime, spec_from
+from agentbox.runtime.runtime import Runtime
+from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.warmpool import Pool, PoolKeeper
-from agentbox.specs import invalid_request
 from agentbox.state import open_shared
 from agentbox.tasks.store import Task, TaskStore
 from agentbox.tasks.worker import TaskWorkers

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from agentbox.errors import (
     AgentboxError,
@@ -30,14 +30,14 @@ from agentbox.errors import (
     RateLimited,
     Unauthenticated,
 )
+from agentbox.policy.principal import Principal
 from agentbox.state.db import Connection, Database
 from agentbox.state.sqlite import database
 
 if TYPE_CHECKING:
-    from agentbox.gateway.settings import AuthSettings
+    from agentbox.config.settings import AuthSettings
 
 TOKEN_PREFIX = "abx_"  # noqa: S105 - a prefix, not a secret
-OPERATOR = "operator"
 OPERATOR_TOKEN_FILE = "operator.token"  # noqa: S105 - a file name
 
 _SCHEMA = """
@@ -52,39 +52,6 @@ CREATE TABLE IF NOT EXISTS gateway_tokens (
 );
 CREATE INDEX IF NOT EXISTS gateway_tokens_sandbox ON gateway_tokens (sandbox);
 """
-
-
-@dataclass(frozen=True)
-class Principal:
-    kind: Literal["operator", "session"]
-    token_id: str | None = None
-    sandbox_id: str | None = None
-    tools: frozenset[str] | None = None  # None: every tool
-
-    @property
-    def actor(self) -> str:
-        return OPERATOR if self.kind == "operator" else f"token:{self.token_id}"
-
-    @property
-    def is_operator(self) -> bool:
-        return self.kind == "operator"
-
-    def may_use(self, tool: str) -> bool:
-        return self.tools is None or tool in self.tools
-
-    def require_operator(self, what: str) -> None:
-        if not self.is_operator:
-            raise InsufficientScope(
-                f"{what} needs the operator token; a session token cannot", scope=OPERATOR
-            )
-
-    def require_sandbox(self, sandbox_id: str) -> None:
-        """A session token reaches only its own sandbox."""
-        if not self.is_operator and sandbox_id != self.sandbox_id:
-            raise InsufficientScope(
-                f"this token is bound to sandbox {self.sandbox_id}, not {sandbox_id}",
-                scope=f"sandbox:{sandbox_id}",
-            )
 
 
 @dataclass(frozen=True)

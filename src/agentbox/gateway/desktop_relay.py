@@ -29,8 +29,8 @@ from agentbox.errors import AgentboxError, InsufficientScope
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from agentbox.gateway.auth import Principal
     from agentbox.gateway.service import Gateway
+    from agentbox.policy.principal import Principal
 
 VIEW_SCOPE, CONTROL_SCOPE = "desktop_view", "desktop_control"
 BEARER_PROTOCOL = "agentbox.bearer."  # the token, offered as a WebSocket subprotocol

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agentbox.errors import Conflict
-from agentbox.gateway.approvals import EGRESS_TOOL, Approval, ApprovalStore
+from agentbox.policy.approvals import EGRESS_TOOL, Approval, ApprovalStore
 from agentbox.runtime.runtime import Runtime
 
 POLL = 0.25  # how often a running call looks for an open question (a database read)

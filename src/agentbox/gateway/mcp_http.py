@@ -29,10 +29,11 @@ from mcp.server.context import ServerRequestContext
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox.errors import AgentboxError, Unauthenticated
-from agentbox.gateway.auth import OPERATOR, Principal, challenge
+from agentbox.gateway.auth import challenge
 from agentbox.gateway.mcp_server import jsonrpc_error
 from agentbox.gateway.rest import ROUTE_SCOPES
 from agentbox.gateway.tools import TOOLS
+from agentbox.policy.principal import OPERATOR, Principal
 
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 MCP_PATH = "/mcp"

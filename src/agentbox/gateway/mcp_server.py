@@ -68,10 +68,10 @@ from agentbox.errors import (
     Unauthenticated,
 )
 from agentbox.gateway import jsonbody, sealed
-from agentbox.gateway.auth import Principal
 from agentbox.gateway.egress_elicit import HeldCalls, Waiting
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.tools import CommandOutput, ToolSpec
+from agentbox.policy.principal import Principal
 from agentbox.runtime.commands import Cancellation
 
 INSTRUCTIONS = (

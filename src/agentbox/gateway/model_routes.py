@@ -29,12 +29,12 @@ from starlette.background import BackgroundTask
 from starlette.types import Receive, Scope, Send
 
 from agentbox.errors import InvalidRequest
-from agentbox.gateway import jsonbody, responses_wire
-from agentbox.gateway import model_wire as wire
-from agentbox.gateway.auth import Principal
-from agentbox.gateway.models import Attribution, ModelService
-from agentbox.providers import anthropic
-from agentbox.providers.types import ChatRequest, ChatResponse, StreamEvent
+from agentbox.gateway import jsonbody
+from agentbox.models import responses_wire, wire
+from agentbox.models.providers import anthropic
+from agentbox.models.providers.types import ChatRequest, ChatResponse, StreamEvent
+from agentbox.models.service import Attribution, ModelService
+from agentbox.policy.principal import Principal
 from agentbox.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ def _with_betas(request: Request, chat: ChatRequest) -> tuple[ChatRequest, dict[
     for beta in set(dropped) - _WARNED:
         _WARNED.add(beta)
         log.warning("anthropic-beta %r is not known to be safe: dropped (add it to "
-                    "providers/anthropic.py SAFE_BETAS if it is)", beta)  # fmt: skip
+                    "models/providers/anthropic.py SAFE_BETAS if it is)", beta)  # fmt: skip
     headers = {"X-Agentbox-Dropped-Betas": ",".join(dropped)} if dropped else {}
     return (chat.model_copy(update={"betas": kept}) if kept else chat), headers
 

@@ -21,8 +21,8 @@ from agentbox.errors import SandboxError
 from agentbox.network import ports
 
 if TYPE_CHECKING:
-    from agentbox.gateway.auth import Principal
     from agentbox.gateway.service import Gateway
+    from agentbox.policy.principal import Principal
 
 HOP_BY_HOP = frozenset(
     {

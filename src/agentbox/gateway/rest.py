@@ -1,3 +1,4 @@
+# Whole on purpose: routes close over one gateway; bodies go with the tools' arg models (#14)
 """The REST API: everything the SDK does, over HTTP, with the same typed errors.
 
 Tool-like routes (commands, processes, sessions, files) go through ``Gateway.call_tool``,
@@ -21,6 +22,7 @@ from fastapi import Path as FastAPIPath
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from agentbox.config.specs import NetworkSpec
 from agentbox.errors import (
     AgentboxError,
     InsufficientScope,
@@ -31,14 +33,13 @@ from agentbox.errors import (
 )
 from agentbox.gateway import jsonbody
 from agentbox.gateway import port_forward as port_forward_http
-from agentbox.gateway.auth import OPERATOR, Principal
-from agentbox.gateway.lifecycle_events import public_event
 from agentbox.gateway.service import Gateway
 from agentbox.gateway.tool_routes import add_tool_routes, body, tool_body
 from agentbox.network.modes import EGRESS_MODES
+from agentbox.observability.lifecycle_events import public_event
+from agentbox.policy.principal import OPERATOR, Principal
 from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord
-from agentbox.specs import NetworkSpec
 from agentbox.volumes.spec import NAME_PATTERN, VolumeMount
 
 

@@ -22,7 +22,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import jsonschema
 import jsonschema_rs
 
+from agentbox.audit.log import AuditLog, args_hash
 from agentbox.browser.manager import BrowserConfig, BrowserManager, check_url
+from agentbox.config.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.desktop.manager import DesktopConfig, DesktopManager
 from agentbox.errors import (
     AgentboxError,
@@ -36,16 +38,9 @@ from agentbox.errors import (
     ToolNotFound,
     VolumeExists,
 )
+from agentbox.fsutil import Access
 from agentbox.gateway import jsonbody, sealed
-from agentbox.gateway.approvals import ApprovalStore
-from agentbox.gateway.audit import AuditLog, args_hash
-from agentbox.gateway.auth import Principal, RateLimiter, TokenStore
-from agentbox.gateway.command_rules import resolve_to_system
-from agentbox.gateway.metrics import Metrics
-from agentbox.gateway.policy import WORKSPACE, CommandPolicy, Decision, FilePolicy, diff_summary
-from agentbox.gateway.redaction import Redactor
-from agentbox.gateway.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
-from agentbox.gateway.telemetry import Telemetry
+from agentbox.gateway.auth import RateLimiter, TokenStore
 from agentbox.gateway.tools import (
     TOOLS,
     TOOLS_BY_NAME,
@@ -57,13 +52,20 @@ from agentbox.gateway.tools import (
     render_tools,
 )
 from agentbox.network.names import domain_matches, normalize_host
+from agentbox.observability.metrics import Metrics
+from agentbox.observability.telemetry import Telemetry
+from agentbox.policy.approvals import ApprovalStore
+from agentbox.policy.command_rules import resolve_to_system
+from agentbox.policy.principal import Principal
+from agentbox.policy.redaction import Redactor
+from agentbox.policy.tool_policy import WORKSPACE, CommandPolicy, Decision, FilePolicy, diff_summary
 from agentbox.runtime.commands import Cancellation
-from agentbox.runtime.files import Access, Guard
+from agentbox.runtime.files import Guard
 from agentbox.runtime.output import OutputCallback
 from agentbox.runtime.runtime import Runtime
 
 if TYPE_CHECKING:
-    from agentbox.gateway.lifecycle_events import LifecycleIngest
+    from agentbox.observability.lifecycle_events import LifecycleIngest
     from agentbox.runtime.warmpool import PoolKeeper
 
 ApprovalMode = Literal["wait", "handle"]

@@ -31,16 +31,17 @@ from mcp.shared.inbound import NAME_BEARING_METHODS, encode_header_value
 from mcp_types import PROTOCOL_VERSION_META_KEY
 
 from agentbox.client.remote import GatewayClient, gateway_errors
-from agentbox.config import agentbox_home
+from agentbox.config.host import agentbox_home
+from agentbox.config.settings import GatewaySettings
 from agentbox.errors import AgentboxError, HostUnsupported, Unauthenticated
 from agentbox.gateway.app import open_audit
-from agentbox.gateway.approvals import ApprovalStore
-from agentbox.gateway.auth import Principal, TokenStore, find_operator_token
+from agentbox.gateway.auth import TokenStore, find_operator_token
 from agentbox.gateway.mcp_server import build_mcp_server, jsonrpc_error
 from agentbox.gateway.presence import Served, listening, serving
-from agentbox.gateway.redaction import Redactor
 from agentbox.gateway.service import Gateway
-from agentbox.gateway.settings import GatewaySettings
+from agentbox.policy.approvals import ApprovalStore
+from agentbox.policy.principal import Principal
+from agentbox.policy.redaction import Redactor
 from agentbox.runtime.runtime import Runtime
 
 _HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from agentbox.errors import TasksNotConfigured
-from agentbox.gateway.auth import Principal
 from agentbox.gateway.jsonbody import JsonRoute
+from agentbox.policy.principal import Principal
 from agentbox.tasks.store import TaskStore
 
 

@@ -18,8 +18,8 @@ from fastapi import APIRouter, Request
 
 from agentbox.errors import InvalidRequest
 from agentbox.gateway import jsonbody
-from agentbox.gateway.auth import Principal
 from agentbox.gateway.tools import TOOLS_BY_NAME
+from agentbox.policy.principal import Principal
 
 Carrier = Literal["body", "query"]
 # (method, path below /sandboxes/{sandbox_id}, tool, status of a success, where the

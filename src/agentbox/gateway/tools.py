@@ -1,3 +1,4 @@
+# Whole on purpose: the one tool table MCP and REST read; splits with per-tool arg models (#14)
 """The tools the gateway exposes, defined once for MCP and REST alike.
 
 Each ``ToolSpec`` carries its JSON input and output schemas, MCP annotations, the policy
@@ -18,14 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agentbox.browser.manager import BrowserManager
+from agentbox.config.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.desktop.manager import DesktopManager
 from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported
 from agentbox.gateway import tool_args
-from agentbox.gateway.settings import (
-    BrowserOpenTool,
-    GatewaySettings,
-    TerminalRunTool,
-)
 from agentbox.runtime.commands import Cancellation
 from agentbox.runtime.files import Guard, SandboxFiles
 from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver

@@ -27,7 +27,7 @@ Kind = Literal["connect", "http", "transparent"]
 # (name, port) -> every address the name resolves to; raises Denied when it cannot.
 Resolver = Callable[[str, int], Awaitable[tuple[IPAddress, ...]]]
 # Mode ask, a name on neither list: (policy, name, port, conn) -> why it is allowed, once a
-# person said so; raises Denied otherwise (see agentbox.network.egress_ask).
+# person said so; raises Denied otherwise (see agentbox.egressd.ask).
 Asker = Callable[["EgressPolicy", str, int, "Conn"], Awaitable[str]]
 
 

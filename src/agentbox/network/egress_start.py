@@ -1,4 +1,4 @@
-"""Start the home's egress daemon (``agentbox.network.egressd``) unless one runs.
+"""Start the home's egress daemon (``agentbox.egressd.daemon``) unless one runs.
 
 Apart from the daemon's module, which imports asyncio, the proxy and the audit log: a
 process creating a networked sandbox only needs to check that a daemon listens, or
@@ -57,7 +57,7 @@ def ensure_running(home: Path) -> None:
                 # The daemon forks once more and this child exits at once: the daemon is
                 # nobody's child (no zombie, nothing tied to this process's lifetime).
                 subprocess.run(
-                    [sys.executable, "-m", "agentbox.network.egressd", "--home", str(home),
+                    [sys.executable, "-m", "agentbox.egressd.daemon", "--home", str(home),
                      "--ready-fd", str(ready_w)],
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,

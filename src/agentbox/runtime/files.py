@@ -1,3 +1,4 @@
+# Whole on purpose: each file operation beside the one in-root resolution it must go through
 """The sandbox file API: the host works on a sandbox's files without ever leaving its root.
 
 Resolution strategy
@@ -74,7 +75,7 @@ from agentbox.errors import (
     SandboxError,
     SandboxNotRunning,
 )
-from agentbox.fsutil import required_text
+from agentbox.fsutil import Access, required_text
 from agentbox.hints import Hint
 from agentbox.isolation import syscalls
 from agentbox.runtime import archive, export_safety
@@ -82,11 +83,6 @@ from agentbox.storage.inroot import open_in_root
 
 FileType = Literal["file", "dir", "symlink", "other"]
 WriteMode = Literal["overwrite", "append", "create"]
-Access = Literal["read", "write", "create_dir", "symlink_to", "hardlink_to"]
-"""What a guarded call is about to do with a path: read it; write, edit, remove or move it
-(a move: both ends); create a directory there (judged by its name alone: it is empty); make
-a symlink point at it (writes through the link are judged where they land); make a hard
-link to it (writes through that one are not: it is the same file)."""
 Guard = Callable[[str, Access], None]
 """Judges a canonical sandbox path (symlinks resolved inside the root) just before the file
 API acts on it, and raises to refuse. The file API knows no policy; the gateway passes one."""

@@ -1,5 +1,5 @@
 """A sandbox's registry record (:mod:`agentbox.runtime.store`): its state one of a fixed
-set, its settings one validated :class:`~agentbox.specs.SandboxSpec`.
+set, its settings one validated :class:`~agentbox.config.specs.SandboxSpec`.
 
 The store keeps the spec as JSON text. A command on an existing sandbox never imports
 pydantic (tests/unit/test_import_weight.py), so what that path needs (isolation tier,
@@ -18,8 +18,8 @@ from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
+    from agentbox.config.specs import SandboxSpec
     from agentbox.runtime.spec_cache import StoredSpec
-    from agentbox.specs import SandboxSpec
 
 SandboxState = Literal[
     "creating",  # reserved: its slot is held, its init not yet started
@@ -130,7 +130,7 @@ def parse_spec(text: str, sandbox_id: str = "") -> SandboxSpec:
     for that sandbox."""
     from pydantic import ValidationError
 
-    from agentbox.specs import SandboxSpec, invalid_request
+    from agentbox.config.specs import SandboxSpec, invalid_request
 
     raw = json.loads(text)
     known = {k: v for k, v in raw.items() if k in SandboxSpec.model_fields}

@@ -20,18 +20,15 @@ Tokens and pending approvals live in ``gateway.db`` and survive as they are.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentbox.errors import AgentboxError
-from agentbox.fsutil import locked
 from agentbox.isolation import disk, diskpool
 from agentbox.isolation.cgroups import GROUP_PARENT
 from agentbox.network import plane
+from agentbox.runtime.create_lock import creator_alive
 from agentbox.runtime.runtime import Runtime
 from agentbox.runtime.tiers import found_isolation, host_for
 
@@ -49,38 +46,12 @@ class Recovery:
         return {"adopted": self.adopted, "removed": self.removed, "orphans": self.orphans}
 
 
-def creating_lock(home: Path, sandbox_id: str) -> Path:
-    return home / "lib" / "creating" / f"{sandbox_id}.lock"
-
-
-def creating(home: Path, sandbox_id: str) -> contextlib.AbstractContextManager[None]:
-    """Held by the process creating a sandbox, for as long as it does: recovery leaves a
-    ``creating`` record alone while its lock is taken."""
-    return locked(creating_lock(home, sandbox_id), remove=True)
-
-
-def _creator_alive(home: Path, sandbox_id: str) -> bool:
-    try:
-        fd = os.open(creating_lock(home, sandbox_id), os.O_RDWR | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return True
-        raise
-    finally:
-        os.close(fd)  # closing drops the lock we may have taken
-    return False
-
-
 def recover(runtime: Runtime) -> Recovery:
     """One pass; safe to run while other processes use the home."""
     result = Recovery()
     home = runtime.home
     for record in runtime.store.list():
-        if record.state == "creating" and _creator_alive(home, record.id):
+        if record.state == "creating" and creator_alive(home, record.id):
             continue
         if record.state in ("creating", "destroying", "error"):
             with contextlib.suppress(AgentboxError, OSError):

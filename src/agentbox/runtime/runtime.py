@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentbox.config import Admission, agentbox_home
+from agentbox.config.host import Admission, agentbox_home
 from agentbox.errors import (
     AgentboxError,
     HostUnsupported,
@@ -40,19 +40,20 @@ from agentbox.network import plane
 from agentbox.runtime import template_tiers
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
+from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.store import SandboxRecord, SandboxState, Store
 from agentbox.runtime.tiers import GVISOR, host_for, host_limits
 
 # Imported where used: a command on an existing sandbox (``agentbox sandbox exec``) needs
 # none of these (tests/unit/test_import_weight.py).
 if TYPE_CHECKING:
+    from agentbox.config.specs import SandboxSpec
     from agentbox.runtime.files import SandboxFiles
     from agentbox.runtime.processes import ProcessTable
     from agentbox.runtime.sessions import ShellSessions
     from agentbox.runtime.snapshots import SnapshotInfo, Snapshots
     from agentbox.runtime.spec_cache import StoredSpec
     from agentbox.runtime.templates import Template, TemplateStore
-    from agentbox.specs import SandboxSpec
     from agentbox.volumes.service import Volumes
     from agentbox.volumes.spec import VolumeMount
 
@@ -89,22 +90,6 @@ def pool_key(spec: SandboxSpec | StoredSpec) -> str:
         include={"template", "isolation", "memory", "pids", "cpus", "disk", "network"}
     )
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def spec_from(values: Mapping[str, object] | SandboxSpec | None) -> SandboxSpec:
-    """Validate user input into a spec; errors name the field and what was expected."""
-    # pydantic is imported here, not at the top: commands on existing sandboxes never
-    # validate a spec and so skip its import (tests/unit/test_import_weight.py).
-    from pydantic import ValidationError
-
-    from agentbox.specs import SandboxSpec, invalid_request
-
-    if isinstance(values, SandboxSpec):
-        return values
-    try:
-        return SandboxSpec.model_validate(dict(values or {}))
-    except ValidationError as e:
-        raise invalid_request(e.errors(), "invalid sandbox settings") from None
 
 
 _Running = tuple[SandboxRecord, SandboxHost, SandboxCgroup]
@@ -331,7 +316,7 @@ class Runtime:
             self.net  # noqa: B018 - allocate the network number first: a refusal leaves nothing
         disks = diskpool.ensure(self.home)
         sandbox_id = "sb-" + secrets.token_hex(6)
-        from agentbox.runtime.recovery import creating
+        from agentbox.runtime.create_lock import creating
 
         with creating(self.home, sandbox_id):  # recovery leaves a live creator alone
             return self._build_locked(

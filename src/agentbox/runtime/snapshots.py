@@ -37,20 +37,24 @@ import shutil
 import stat
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from agentbox.errors import InvalidRequest, SecretsFound, SnapshotNotFound
 from agentbox.hints import Hint
 from agentbox.isolation import disk, diskpool
 from agentbox.runtime import archive as tar_entries
 from agentbox.runtime.host import SandboxHost
-from agentbox.runtime.runtime import Runtime, spec_from
+from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.store import SandboxRecord
 from agentbox.storage import hashedzstd, secretscan
 from agentbox.storage.objectstore import ObjectStore
+
+if TYPE_CHECKING:
+    from agentbox.config.specs import SandboxSpec
+    from agentbox.runtime.templates import Template, TemplateStore
 
 KEPT = ("upper", "workspace")
 # Snapshots are written by this module alone: a name or type it never makes was made by
@@ -93,6 +97,28 @@ def data_key(snapshot_id: str) -> str:
 
 def meta_key(snapshot_id: str) -> str:
     return f"snapshots/{snapshot_id}.json"
+
+
+class Runtime(Protocol):
+    """What snapshots use of ``runtime.runtime.Runtime``, which makes them (its
+    ``snapshots()``): described here so that this module needs not import it."""
+
+    home: Path
+
+    @property
+    def templates(self) -> TemplateStore: ...
+
+    def get(self, sandbox_id: str) -> SandboxRecord: ...
+
+    def create_filled(
+        self,
+        spec: SandboxSpec,
+        template: Template,
+        populate: Callable[[SandboxHost, Path], None],
+        *,
+        actor: str = "local",
+        **details: Any,
+    ) -> SandboxRecord: ...
 
 
 class Snapshots:

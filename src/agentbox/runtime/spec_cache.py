@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from agentbox.specs import SandboxSpec
+    from agentbox.config.specs import SandboxSpec
 
 _CODE = ("specs.py", "units.py", "config.py", "runtime/spec_cache.py")
 
@@ -100,7 +100,7 @@ class StoredSpec:
 def validated(home: Path, values: Mapping[str, object] | None) -> SandboxSpec | StoredSpec:
     """``values`` validated: from the cache when these settings were validated before by
     this code, else by ``spec_from`` (then remembered)."""
-    from agentbox.runtime.runtime import spec_from
+    from agentbox.runtime.spec_input import spec_from
 
     try:
         key = _key(dict(values or {}))

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentbox.config import Admission
+from agentbox.config.host import Admission
 from agentbox.errors import CapacityExceeded, QuotaExceeded
 from agentbox.hints import Hint
 from agentbox.runtime.record import SandboxRecord, SandboxState, stored
@@ -23,8 +23,8 @@ from agentbox.state.db import Connection, Database
 from agentbox.state.sqlite import database
 
 if TYPE_CHECKING:
+    from agentbox.config.specs import SandboxSpec
     from agentbox.runtime.spec_cache import StoredSpec
-    from agentbox.specs import SandboxSpec
 
 __all__ = ["SandboxRecord", "SandboxState", "Store"]
 

@@ -16,9 +16,9 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from agentbox.config.specs import SandboxSpec
 from agentbox.errors import LimitExceeded
 from agentbox.runtime.runtime import Runtime, pool_key
-from agentbox.specs import SandboxSpec
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,6 @@ matching SQLite schema too, with its ``ALTER TABLE`` for older files.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from agentbox.errors import SchemaMismatch
@@ -205,33 +204,3 @@ def check_version(raw: Any, where: str) -> None:
         version=version,
         expected=LATEST,
     )
-
-
-def migrate(url: str) -> tuple[int, list[int]]:
-    """Bring the database at ``url`` to ``LATEST``: (the version it had, those applied)."""
-    from agentbox.state.postgres import PostgresDB, _lock_key
-
-    db = PostgresDB(url, check_schema=False)
-    try:
-        with db.tx() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(?)", (_lock_key(_LOCK),))
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_version (version BIGINT PRIMARY KEY,"
-                " name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
-            )
-            before = _version(conn.raw) or 0
-            if before > LATEST:
-                check_version(conn.raw, db.where)  # raises: newer than we know
-            applied = []
-            for version, name, sql in MIGRATIONS:
-                if version <= before:
-                    continue
-                conn.raw.execute(sql)  # DDL is transactional: all or nothing
-                conn.execute(
-                    "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
-                    (version, name, time.time()),
-                )
-                applied.append(version)
-        return before, applied
-    finally:
-        db.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from decimal import Decimal
@@ -187,3 +188,33 @@ class PostgresDB(Database):
     @staticmethod
     def json_int(column: str, key: str) -> str:
         return f"({column}::jsonb ->> '{key}')::bigint"
+
+
+def migrate(url: str) -> tuple[int, list[int]]:
+    """Bring the database at ``url`` to ``LATEST``: (the version it had, those applied)."""
+    from agentbox.state.migrations import _LOCK, LATEST, MIGRATIONS, _version, check_version
+
+    db = PostgresDB(url, check_schema=False)
+    try:
+        with db.tx() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(?)", (_lock_key(_LOCK),))
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_version (version BIGINT PRIMARY KEY,"
+                " name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
+            )
+            before = _version(conn.raw) or 0
+            if before > LATEST:
+                check_version(conn.raw, db.where)  # raises: newer than we know
+            applied = []
+            for version, name, sql in MIGRATIONS:
+                if version <= before:
+                    continue
+                conn.raw.execute(sql)  # DDL is transactional: all or nothing
+                conn.execute(
+                    "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
+                    (version, name, time.time()),
+                )
+                applied.append(version)
+        return before, applied
+    finally:
+        db.close()

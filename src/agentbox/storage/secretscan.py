@@ -2,7 +2,7 @@
 
 A snapshot outlives its sandbox and may be shared, so credentials an agent left in a
 file (``.env``, ``~/.aws/credentials``, a private key) should be noticed first. The
-detectors are the gateway's (``agentbox.gateway.redaction``): the pattern detectors of
+detectors are the gateway's (``agentbox.policy.redaction``): the pattern detectors of
 detect-secrets, not the entropy or keyword ones, which flag ordinary code everywhere.
 One detector is added: ``aws_secret_access_key = …`` without quotes, the form of an AWS
 credentials file, which detect-secrets only finds quoted.
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from agentbox.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from agentbox.gateway.redaction import Redactor
+    from agentbox.policy.redaction import Redactor
 
 MAX_FILE_BYTES = 8 * 1024**2
 _BINARY_PROBE = 8192
@@ -88,7 +88,7 @@ def _engine() -> tuple[Redactor, dict[str, str]]:
     # detect-secrets (and requests under it) costs ~50 ms to import: only a scan pays it.
     from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
 
-    from agentbox.gateway.redaction import Redactor
+    from agentbox.policy.redaction import Redactor
 
     names = {_slug(t): t for t in get_mapping_from_secret_type_to_class()}
     return Redactor(), names
@@ -96,7 +96,7 @@ def _engine() -> tuple[Redactor, dict[str, str]]:
 
 def _slug(kind: str) -> str:
     """The gateway's short name of a detect-secrets kind (imported on use, as above)."""
-    from agentbox.gateway.redaction import _slug as slug
+    from agentbox.policy.redaction import kind_slug as slug
 
     return slug(kind)
 

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from agentbox import hints
 from agentbox.errors import AgentboxError, ProviderRejected
-from agentbox.gateway.auth import Principal
-from agentbox.providers.types import ChatRequest, ChatResponse, Message, Tool, ToolCall
+from agentbox.models.providers.types import ChatRequest, ChatResponse, Message, Tool, ToolCall
+from agentbox.policy.principal import Principal
 from agentbox.tasks.store import Step, Task, TaskStore
 
 RESULT_CHARS = 4000  # of a tool result shown to the model

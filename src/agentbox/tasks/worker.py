@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from agentbox.errors import AgentboxError, BudgetExceeded, ProviderError
-from agentbox.gateway.auth import Principal
-from agentbox.providers.types import ChatRequest, ChatResponse
+from agentbox.models.providers.types import ChatRequest, ChatResponse
+from agentbox.policy.principal import Principal
 from agentbox.runtime.runtime import Runtime
 from agentbox.tasks.agent import TaskEnd, run_task
 from agentbox.tasks.store import Task, TaskStore

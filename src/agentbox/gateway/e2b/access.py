@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentbox.config.settings import E2BSettings
 from agentbox.errors import HostUnsupported, NotFound, SandboxNotRunning, Unauthenticated
-from agentbox.gateway.auth import OPERATOR, Principal, TokenStore
-from agentbox.gateway.settings import E2BSettings
+from agentbox.gateway.auth import TokenStore
+from agentbox.policy.principal import OPERATOR, Principal
 from agentbox.state.db import Database
 from agentbox.state.sqlite import SqliteDB
 
