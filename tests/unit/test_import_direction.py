@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"units", "fsutil"},  # sizes and durations; durable writes, locks, access kinds
     {"state"},  # the state database (SQLite, PostgreSQL)
     {"isolation"},  # kernel mechanisms: namespaces, cgroups, seccomp, disks, gVisor
-    {"network"},  # the egress library: names, decisions, proxy, netns plane
+    {"network", "volumes"},  # the egress library (names, proxy, netns plane); cache volumes
     {"config"},  # every settings model (the specs check names with network's rules)
     {"audit"},  # the hash-chained trail: whoever records imports it
     {"policy"},  # tool policy, shell analysis, approvals, redaction, the principal

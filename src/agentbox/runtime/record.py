@@ -87,6 +87,12 @@ class SandboxRecord:
         return bool(_stored_network(self._raw).get("credentials"))
 
     @property
+    def has_volumes(self) -> bool:
+        """Whether named volumes are mounted in it (see ``agentbox.volumes``), read
+        without pydantic (a destroy needs no more)."""
+        return bool(self._raw.get("volumes"))
+
+    @property
     def env(self) -> dict[str, str]:
         """The environment every command starts with, read without pydantic."""
         return dict(self._raw.get("env") or {})

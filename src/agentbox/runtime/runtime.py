@@ -499,7 +499,7 @@ class Runtime:
         errors: list[str] = []
         steps: list[Callable[[], None]] = [cgroup.remove, host.teardown]
         stored = self.store.get(sandbox_id)
-        if stored is not None and stored.spec.volumes:  # before its record goes
+        if stored is not None and stored.has_volumes:  # before its record goes
             steps.append(lambda: self.volumes.detach(sandbox_id))
         if networked:
             net = plane.registered_home_net(self.home)  # none: no link was ever made
