@@ -16,7 +16,8 @@
     │   ├── DesktopNotRunning          desktop_not_running   a desktop tool before desktop_start
     │   ├── FileExists                 file_exists
     │   ├── EditMismatch               edit_mismatch         fs edit found a different count
-    │   └── TierUnsupported            tier_unsupported      not on this sandbox's isolation tier
+    │   ├── TierUnsupported            tier_unsupported      not on this sandbox's isolation tier
+    │   └── SandboxLost                sandbox_lost          node lost: restore a snapshot (410)
     ├── Unauthenticated                unauthenticated       no/expired/revoked/unknown token (401)
     ├── PermissionDenied               permission_denied     the sandbox user may not do it
     │   ├── PathEscape                 path_escape           a path tried to leave the sandbox
@@ -35,6 +36,7 @@
     ├── HostUnsupported                host_unsupported      the host lacks a kernel feature/tool
     │   └── SchemaMismatch             schema_mismatch       state schema of another release
     ├── StateUnavailable               state_unavailable     state database unreachable (503, retry)
+    ├── NodeUnreachable                node_unreachable      cluster node silent (503, retry)
     ├── ProviderError                  provider_error        a model provider call failed (502)
     │   ├── ProviderRejected           provider_rejected     the request itself was refused (400)
     │   ├── ProviderStreamBroken       provider_stream_broken  stream cut after its first token
@@ -165,6 +167,15 @@ class TierUnsupported(Conflict):
     code = "tier_unsupported"
 
 
+class SandboxLost(Conflict):
+    """Cluster mode: the node that ran the sandbox stopped answering and was declared
+    lost; the sandbox's processes and unsaved files are gone (``details``: ``node``,
+    ``lost_at``). Restore its last snapshot, or create a new sandbox."""
+
+    code = "sandbox_lost"
+    http_status = 410
+
+
 class TasksNotConfigured(Conflict):
     """A task was submitted to a gateway that could not run it."""
 
@@ -263,6 +274,15 @@ class StateUnavailable(AgentboxError):
     unless it failed while committing."""
 
     code = "state_unavailable"
+    http_status = 503
+
+
+class NodeUnreachable(AgentboxError):
+    """Cluster mode: the node running the sandbox did not answer the gateway. Retry
+    (``details["retry_after"]``): a node that stays silent is declared lost, and calls on
+    its sandboxes then answer ``sandbox_lost``."""
+
+    code = "node_unreachable"
     http_status = 503
 
 

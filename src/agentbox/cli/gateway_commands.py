@@ -113,7 +113,13 @@ def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> N
             )
         home = agentbox_home()
         token = _operator_token(settings, home)
-        app = create_app(settings, operator_token=token, home=home)
+        app: Any
+        if settings.cluster is not None:  # a replica: no sandbox here (docs/cluster.md)
+            from agentbox.cluster.gateway_app import create_cluster_app
+
+            app = create_cluster_app(settings, operator_token=token)
+        else:
+            app = create_app(settings, operator_token=token, home=home)
     except AgentboxError as e:
         _fail(e)
         return
