@@ -142,13 +142,22 @@ class ClusterGateway:
                 return
 
     async def _sweep_forever(self) -> None:
+        """Declare silent nodes lost, but only after this replica has itself reached the
+        database for ``lost_after`` seconds in a row: when PostgreSQL (or this replica)
+        was away, every node's last heartbeat is old for a reason that is not the node,
+        and they get that long to write a new one."""
+        connected_since = time.monotonic()
         while True:
             try:
-                lost = await asyncio.to_thread(self.registry.sweep, self.lost_after)
-                if lost:
-                    log.warning("cluster nodes unreachable, their sandboxes lost: %s", lost)
+                if time.monotonic() - connected_since >= self.lost_after:
+                    lost = await asyncio.to_thread(self.registry.sweep, self.lost_after)
+                    if lost:
+                        log.warning("cluster nodes unreachable, their sandboxes lost: %s", lost)
+                else:
+                    await asyncio.to_thread(self.db.ping)
             except AgentboxError as e:  # state_unavailable: next round reconnects
                 log.warning("cluster sweep failed: %s", e)
+                connected_since = time.monotonic()
             await asyncio.sleep(self.heartbeat_seconds)
 
     # routing ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import os
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -95,7 +96,8 @@ def make_filesystem(
     formatted = cache_dir / f"ext4-{size_bytes}-{key}.img"
     if not formatted.exists():
         cache_dir.mkdir(parents=True, exist_ok=True)
-        staging = cache_dir / f".{formatted.name}.{os.getpid()}"
+        # Per thread, not per process: a node's first creates run in parallel threads.
+        staging = cache_dir / f".{formatted.name}.{os.getpid()}.{threading.get_ident()}"
         _format(staging, size_bytes, layout)
         staging.replace(formatted)  # atomic: concurrent creators agree
     try:

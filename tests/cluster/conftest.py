@@ -1,0 +1,22 @@
+"""One cluster for the whole directory (three nodes, two gateway replicas, PostgreSQL),
+started on first use: the scenarios run one after another on it, and each that breaks
+a part (kills a node or a replica, restarts PostgreSQL) brings it back before it ends."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from clusterkit import Cluster, running_cluster
+
+from pgkit import PgServer
+
+
+@pytest.fixture(scope="session")
+def cluster(postgres: PgServer, agentbox_home: Path, host_ready: None) -> Iterator[Cluster]:
+    base = agentbox_home / f"cluster-{secrets.token_hex(4)}"
+    base.mkdir(parents=True)
+    with running_cluster(postgres.new_database(), base, nodes=3, gateways=2) as running:
+        yield running
