@@ -131,6 +131,7 @@ def test_fork_lands_on_the_source_node(cluster: Cluster) -> None:
     nodes = placed(cluster)
     assert nodes[fork.id] == nodes[source.id]
     assert rt.files(fork.id).read("/workspace/f.txt") == b"forked\n"
+    rt.client.close()
     destroy_all(cluster, [source.id, fork.id])
 
 

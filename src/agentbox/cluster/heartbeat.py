@@ -88,8 +88,10 @@ class Heartbeat:
         done = self.reconcile()
         count = sum(1 for r in self.runtime.store.list() if r.state in _LIVE)
         self.registry.heartbeat(self.node, self.address, self.labels, self.capacity(count))
-        if any(done.values()):
+        if done["destroyed"] or done["dropped"]:
             log.warning("cluster reconcile on %s: %s", self.node, done)
+        elif done["claimed"]:  # usually a create between its build and its row: harmless
+            log.info("cluster reconcile on %s: %s", self.node, done)
         return done
 
     def _run(self) -> None:

@@ -128,6 +128,14 @@ def _format(image: Path, size_bytes: int, layout: Callable[[Path], None] | None)
             mount_disk(image, mountpoint)
             try:
                 layout(mountpoint)
+                # Written out now: the unmount is lazy, and a child another thread forks
+                # meanwhile holds the filesystem open until it execs; the image is cloned
+                # for other sandboxes the moment it is published.
+                fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    syscalls.syncfs(fd)
+                finally:
+                    os.close(fd)
             finally:
                 unmount(mountpoint)
         except BaseException:
