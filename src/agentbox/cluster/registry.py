@@ -102,8 +102,11 @@ class Registry:
         )
 
     def drop(self, sandbox: str, node: str) -> None:
+        """The row of a sandbox its node destroyed; a lost one's stays (its callers keep
+        hearing ``sandbox_lost``, whatever the node did with it since)."""
         self.db.conn().execute(
-            "DELETE FROM cluster_sandboxes WHERE id = ? AND node = ?", (sandbox, node)
+            "DELETE FROM cluster_sandboxes WHERE id = ? AND node = ? AND state = 'running'",
+            (sandbox, node),
         )
 
     def lookup(self, sandbox: str) -> Placement | None:
