@@ -176,6 +176,7 @@ class ClusterGateway:
             await JSONResponse([n.to_dict() for n in nodes])(scope, receive, send)
             return
         if method == "POST" and (path == "/v1/sandboxes" or _RESTORE_PATH.match(path)):
+            principal.require_operator("creating a sandbox")
             await self._create(scope, receive, send, await _read_body(receive))
             return
         if method == "GET" and path == "/v1/sandboxes":
