@@ -208,6 +208,7 @@ def running_cluster(
 ) -> Iterator[Cluster]:
     """``pg_url``: an empty database (migrated here). Node homes live under ``base``."""
     migrate(pg_url)
+    base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o711)  # sandboxes run as their own uids: they traverse to their node's home
     cluster = Cluster(base, pg_url, secrets.token_urlsafe(24))
     pki.init_ca(cluster.pki)
