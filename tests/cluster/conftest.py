@@ -16,6 +16,7 @@ from pgkit import PgServer
 
 @pytest.fixture(scope="session")
 def cluster(postgres: PgServer, agentbox_home: Path, host_ready: None) -> Iterator[Cluster]:
+    agentbox_home.chmod(0o711)  # as a Runtime makes its home: node homes live under it
     base = agentbox_home / f"cluster-{secrets.token_hex(4)}"
     base.mkdir(parents=True)
     with running_cluster(postgres.new_database(), base, nodes=3, gateways=2) as running:
