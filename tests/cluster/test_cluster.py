@@ -5,7 +5,9 @@ lost (always asserted 0) and time to recover."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +17,7 @@ from typing import TypeVar
 
 import httpx2
 import pytest
-from clusterkit import LOST_AFTER_S, Cluster, wait_for
+from clusterkit import AGENTBOX, LOST_AFTER_S, Cluster, wait_for
 
 from agentbox.client.remote import GatewayClient, RemoteRuntime
 from agentbox.errors import AgentboxError, SandboxLost
@@ -121,6 +123,17 @@ def test_concurrent_agents_through_both_replicas(cluster: Cluster) -> None:
     with cluster.client("gw-2") as c:  # destroyed means gone, whichever replica is asked
         answer = c.get(f"/v1/sandboxes/{done[0].sandbox}")
         assert answer.status_code == 404 and answer.json()["error"]["code"] == "sandbox_not_found"
+
+
+def test_nodes_command_lists_the_cluster(cluster: Cluster) -> None:
+    gateway = cluster.gateways["gw-1"]
+    shown = subprocess.run(
+        [AGENTBOX, "cluster", "nodes", "--config", str(cluster.base / "gw-1.yaml"), "--json"],
+        capture_output=True, text=True, env=gateway.env, timeout=60, check=True,
+    )  # fmt: skip
+    rows = json.loads(shown.stdout)
+    assert sorted(r["id"] for r in rows) == sorted(cluster.nodes)
+    assert all(r["state"] == "ready" and "default" in r["capacity"]["templates"] for r in rows)
 
 
 def test_fork_lands_on_the_source_node(cluster: Cluster) -> None:

@@ -98,3 +98,22 @@ def test_cluster_settings_need_shared_state() -> None:
     node = "node: {id: n1, advertise: 'http://n1:8849'}"  # the node API is TLS only
     with pytest.raises(InvalidRequest, match=r"cluster\.node\.advertise"):
         parse_settings(shared + f"cluster: {{{tls}, {node}}}\n")
+
+
+def test_cluster_cli_makes_the_ca_and_certificates(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from agentbox.cli.main import cli
+
+    runner = CliRunner()
+    made = runner.invoke(cli, ["cluster", "init", str(tmp_path / "ca")])
+    assert made.exit_code == 0 and "ca.pem" in made.output, made.output
+    node = runner.invoke(
+        cli, ["cluster", "issue", str(tmp_path / "ca"), "--node", "n1", "--host", "10.0.0.5"]
+    )
+    assert node.exit_code == 0 and (tmp_path / "ca" / "n1.pem").exists(), node.output
+    both = runner.invoke(cli, ["cluster", "issue", str(tmp_path / "ca"), "--node", "a",
+                               "--gateway", "b"])  # fmt: skip
+    assert both.exit_code == 1 and "exactly one" in both.output
+    again = runner.invoke(cli, ["cluster", "init", str(tmp_path / "ca")])
+    assert again.exit_code == 1 and "error[invalid_request]" in again.output
