@@ -5,6 +5,7 @@ a part (kills a node or a replica, restarts PostgreSQL) brings it back before it
 from __future__ import annotations
 
 import secrets
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,3 +22,5 @@ def cluster(postgres: PgServer, agentbox_home: Path, host_ready: None) -> Iterat
     base.mkdir(parents=True)
     with running_cluster(postgres.new_database(), base, nodes=3, gateways=2) as running:
         yield running
+    # The node homes' sandboxes and mounts are gone (running_cluster); never cross a mount.
+    subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
