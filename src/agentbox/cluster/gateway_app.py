@@ -8,6 +8,7 @@ Where a request goes:
     /v1/sandboxes/ID/...                                ID's node (the registry)
     POST /v1/tools/NAME, POST /mcp                      arguments.sandbox_id, else the
                                                         session token's sandbox
+    POST /v1/tokens                                     its sandbox's node
     GET /v1/sandboxes                                   every ready node, lists joined
     anything else (tokens, approvals, tasks, ...)       any ready node: that state is shared
 
@@ -52,6 +53,7 @@ _SANDBOX_PATH = re.compile(r"^/v1/sandboxes/([A-Za-z0-9_.-]+)(?:/|$)")
 _RESTORE_PATH = re.compile(r"^/v1/snapshots/[^/]+/restore$")
 _SANDBOX_URI = re.compile(r"^sandbox://([A-Za-z0-9_.-]+)/")
 _CREATE_ATTEMPTS = 3
+_TOKENS = "/v1/tokens"
 
 
 def _bearer(scope: Scope) -> str | None:
@@ -185,7 +187,7 @@ class ClusterGateway:
         if match := _SANDBOX_PATH.match(path):
             await self._to_sandbox(match.group(1), principal, scope, receive, send, None)
             return
-        if method == "POST" and (path.startswith("/v1/tools/") or path == "/mcp"):
+        if method == "POST" and (path.startswith("/v1/tools/") or path in ("/mcp", _TOKENS)):
             body = await _read_body(receive)
             sandbox = self._named_sandbox(path, _json(body)) or principal.sandbox_id
             if sandbox is not None:
@@ -208,6 +210,8 @@ class ClusterGateway:
         """The sandbox a tool call or an MCP request names in its body, if any."""
         if not isinstance(body, dict):
             return None
+        if path == _TOKENS:  # a token is minted where its sandbox is known
+            return body["sandbox"] if isinstance(body.get("sandbox"), str) else None
         if path == "/mcp":
             params = body.get("params")
             if not isinstance(params, dict):
