@@ -197,6 +197,13 @@ def test_node_killed_then_back(cluster: Cluster) -> None:
     error = wait_for("sandbox_lost", lost_answer, timeout=LOST_AFTER_S * 10)
     detected = time.monotonic() - killed
     assert error.details["node"] == victim and "restore" in error.message
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "fs_read", "arguments": {"sandbox_id": lost_sandbox,
+                                                        "path": "/workspace"}}}  # fmt: skip
+    with cluster.client("gw-2") as c:  # an MCP client hears it as a tool error it can read
+        answer = c.post("/mcp", json=call, headers={"Accept": "application/json"}).json()
+    assert answer["id"] == 7 and answer["result"]["isError"], answer
+    assert "sandbox_lost" in answer["result"]["content"][0]["text"]
     assert cluster.node_state(victim) == "unreachable"
     lost = lost_work(cluster, done + creates, skip=frozenset(on_victim))
     report(f"kill -9 of {victim}", failed_creates, lost, detected)

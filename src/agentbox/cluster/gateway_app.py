@@ -32,6 +32,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agentbox import hints
 from agentbox.cluster import pki, placement
 from agentbox.cluster.node_client import NodeClient
 from agentbox.cluster.registry import Node, Registry
@@ -91,6 +92,17 @@ def _json(body: bytes) -> Any:
         return json.loads(body) if body else None
     except ValueError:
         return None
+
+
+def _mcp_tool_error(request: dict[str, Any], e: AgentboxError) -> dict[str, Any]:
+    """What the sandbox's node would have answered an MCP call it could not reach: a
+    tool result with ``isError`` whose text says what to do (the model reads it)."""
+    text = f"error[{e.code}]: {hints.render(e, 'mcp')}"
+    return {
+        "jsonrpc": "2.0",
+        "id": request.get("id"),
+        "result": {"content": [{"type": "text", "text": text}], "isError": True},
+    }
 
 
 class ClusterGateway:
@@ -189,9 +201,15 @@ class ClusterGateway:
             return
         if method == "POST" and (path.startswith("/v1/tools/") or path in ("/mcp", _TOKENS)):
             body = await _read_body(receive)
-            sandbox = self._named_sandbox(path, _json(body)) or principal.sandbox_id
+            request = _json(body)
+            sandbox = self._named_sandbox(path, request) or principal.sandbox_id
             if sandbox is not None:
-                await self._to_sandbox(sandbox, principal, scope, receive, send, body)
+                try:
+                    await self._to_sandbox(sandbox, principal, scope, receive, send, body)
+                except (SandboxLost, SandboxNotFound, NodeUnreachable) as e:
+                    if path != "/mcp" or not isinstance(request, dict):
+                        raise
+                    await JSONResponse(_mcp_tool_error(request, e))(scope, receive, send)
                 return
             await self._to_any(scope, receive, send, body)
             return
