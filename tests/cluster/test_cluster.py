@@ -148,6 +148,27 @@ def test_fork_lands_on_the_source_node(cluster: Cluster) -> None:
     destroy_all(cluster, [source.id, fork.id])
 
 
+def test_port_forwarding_through_a_replica(cluster: Cluster) -> None:
+    """HTTP to a service in the sandbox, through a replica and the sandbox's node."""
+    rt = runtime(cluster, "gw-2")
+    sandbox = rt.create({}).id
+    service = "python3 -m http.server 8000 --bind 127.0.0.1 --directory /workspace"
+    rt.files(sandbox).write("/workspace/hello.txt", b"through the cluster\n")
+    with cluster.client("gw-2") as c:
+        started = c.post(f"/v1/sandboxes/{sandbox}/processes", json={"command": service})
+        assert started.status_code == 201, started.text
+
+        def served() -> httpx2.Response | None:
+            answer = c.get(f"/v1/sandboxes/{sandbox}/ports/8000/hello.txt")
+            return answer if answer.status_code == 200 else None
+
+        assert wait_for("the sandbox's service", served, timeout=30).text == (
+            "through the cluster\n"
+        )
+    rt.client.close()
+    destroy_all(cluster, [sandbox])
+
+
 def retry(call: Callable[[], T], deadline_s: float = 60.0) -> tuple[T, int]:
     """``call`` until it answers (state_unavailable and the like are retried): its
     result and how many attempts failed."""
