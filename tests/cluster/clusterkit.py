@@ -187,7 +187,9 @@ class Cluster:
         wait_for(f"gateway {name}", ready)
 
 
-def _config(cluster: Cluster, name: str, port: int, warm: int, node: str = "") -> Path:
+def _config(
+    cluster: Cluster, name: str, port: int, warm: int, node: str = "", extra: str = ""
+) -> Path:
     text = _COMMON.format(
         port=port,
         state=cluster.state_url,
@@ -198,28 +200,35 @@ def _config(cluster: Cluster, name: str, port: int, warm: int, node: str = "") -
         warm=warm,
     )
     path = cluster.base / f"{name}.yaml"
-    path.write_text(text + node)
+    path.write_text(text + node + extra)
     return path
 
 
 @contextlib.contextmanager
 def running_cluster(
-    pg_url: str, base: Path, nodes: int = 3, gateways: int = 2, warm: int = 0
+    pg_url: str,
+    base: Path,
+    nodes: int = 3,
+    gateways: int = 2,
+    warm: int = 0,
+    extra_yaml: str = "",
+    env: dict[str, str] | None = None,
 ) -> Iterator[Cluster]:
-    """``pg_url``: an empty database (migrated here). Node homes live under ``base``."""
+    """``pg_url``: an empty database (migrated here). Node homes live under ``base``.
+    ``extra_yaml``: more top-level sections for every part (providers, tasks)."""
     migrate(pg_url)
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o711)  # sandboxes run as their own uids: they traverse to their node's home
     cluster = Cluster(base, pg_url, secrets.token_urlsafe(24))
     pki.init_ca(cluster.pki)
-    env = {**os.environ, "AGENTBOX_TEST_OPERATOR_TOKEN": cluster.token}
+    env = {**os.environ, **(env or {}), "AGENTBOX_TEST_OPERATOR_TOKEN": cluster.token}
     for i in range(1, nodes + 1):
         name, port = f"node-{i}", free_port()
         pki.issue(cluster.pki, name, "node", ["127.0.0.1"])
         home = base / name
         home.mkdir(parents=True)
         node_block = _NODE.format(name=name, node_port=port, index=i)
-        config = _config(cluster, name, free_port(), warm, node_block)
+        config = _config(cluster, name, free_port(), warm, node_block, extra_yaml)
         cluster.nodes[name] = Proc(
             name,
             [AGENTBOX, "node", "--config", str(config)],
@@ -233,7 +242,7 @@ def running_cluster(
         pki.issue(cluster.pki, name, "gateway", [])
         home = base / name
         home.mkdir(parents=True)
-        config = _config(cluster, name, port, 0)
+        config = _config(cluster, name, port, 0, "", extra_yaml)
         cluster.gateways[name] = Proc(
             name,
             [AGENTBOX, "serve", "--config", str(config)],

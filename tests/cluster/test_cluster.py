@@ -21,6 +21,7 @@ from clusterkit import AGENTBOX, LOST_AFTER_S, Cluster, wait_for
 
 from agentbox.client.remote import GatewayClient, RemoteRuntime
 from agentbox.errors import AgentboxError, SandboxLost
+from fakeproviders import FakeProvider, Reply
 from pgkit import PgServer
 
 AGENTS = int(os.environ.get("AGENTBOX_CLUSTER_AGENTS", "20"))
@@ -296,3 +297,51 @@ def test_postgres_restart(cluster: Cluster, postgres: PgServer) -> None:
     assert lost == 0
     assert all(r["state"] == "ready" for r in cluster.nodes_table())
     destroy_all(cluster, list(placed(cluster)))
+
+
+def act(tool: str, **arguments: object) -> Reply:
+    return Reply(text=json.dumps({"tool": tool, "arguments": arguments}))
+
+
+def finish(summary: str) -> Reply:
+    return Reply(text=json.dumps({"finish": summary}))
+
+
+def test_a_task_on_a_killed_node_resumes_on_another(
+    cluster: Cluster, cluster_model: FakeProvider, postgres: PgServer
+) -> None:
+    """Its lease runs out; another node's worker takes it, in a new sandbox (the old one
+    died with its node), from the step after its last completed one. The nodes' task
+    workers have been through a PostgreSQL restart first: they carry on polling."""
+    postgres.restart()
+    cluster_model.script(
+        act("terminal_run", command="echo step"),
+        act("terminal_run", command="sleep 30"),  # its node dies during this one
+        act("terminal_run", command="echo again"),  # step 2 again, on the other node
+        finish("done"),
+    )
+    asked = len(cluster_model.requests)
+    with cluster.client("gw-1") as op:
+        task_id = op.post("/v1/tasks", json={"goal": "survive"}).raise_for_status().json()["id"]
+        wait_for("step 2 asked", lambda: len(cluster_model.requests) >= asked + 2)
+        first = op.get(f"/v1/tasks/{task_id}").json()
+        victim = placed(cluster)[first["sandbox"]]
+        killed = time.monotonic()
+        cluster.nodes[victim].kill9()
+
+        def ended() -> dict[str, object] | None:
+            task = op.get(f"/v1/tasks/{task_id}").json()
+            return task if task["state"] in ("succeeded", "failed") else None
+
+        task = wait_for("the task's end", ended, timeout=120)
+        recovered = time.monotonic() - killed
+        steps = op.get(f"/v1/tasks/{task_id}/steps").json()
+    report(f"task on killed {victim}", 0 if task["state"] == "succeeded" else 1, 0, recovered)
+    assert task["state"] == "succeeded", task
+    # Step 1 completed on the dead node and ran once; step 2 (cut by the kill) was asked
+    # again and ran on the other node; step 3 is the finish.
+    assert [s["n"] for s in steps] == [1, 2, 3]
+    outputs = [s["result"].get("stdout") for s in steps[:2]]
+    assert outputs == ["step\n", "again\n"] and steps[2]["action"] == {"finish": "done"}, steps
+    assert task["sandbox"] != first["sandbox"]
+    cluster.start_node(victim)

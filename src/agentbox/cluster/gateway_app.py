@@ -290,9 +290,17 @@ class ClusterGateway:
         nodes = await self._ready_nodes()
         if not nodes:
             raise NodeUnreachable("no cluster node is ready: retry shortly", retry_after=2)
-        node = random.choice(nodes)  # load spreading, not security
-        content = body if body is not None else _stream_body(receive)
-        await self._proxy(node.id, node.address, scope, send, content)
+        random.shuffle(nodes)  # load spreading, not security
+        # Shared state: any node answers the same, so one that refuses the connection
+        # (it died, not yet declared lost) is passed over; the body is read to send again.
+        content = body if body is not None else await _read_body(receive)
+        for node in nodes:
+            try:
+                await self._proxy(node.id, node.address, scope, send, content)
+                return
+            except NodeUnreachable as e:
+                if e.details.get("delivered") or node is nodes[-1]:
+                    raise
 
     async def _create(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         request = _json(body) if body else {}
