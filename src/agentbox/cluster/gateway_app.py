@@ -131,7 +131,7 @@ class ClusterGateway:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        if scope["type"] != "http":  # websockets (ports, desktop, terminals): not yet routed
+        if scope["type"] != "http":  # a websocket (the desktop's VNC relay): not routed yet
             await receive()  # websocket.connect
             await send({"type": "websocket.close", "code": 1008, "reason": "not in cluster mode"})
             return
