@@ -115,7 +115,10 @@ def main() -> None:
     samples: dict[tuple[str, str], list[float]] = {}
     single_proc = None
     try:
-        with running_cluster(server.new_database(), base / "c", nodes=3, gateways=1) as cluster:
+        # The default heartbeat (2 s), not the tests' fast one: its load is part of the cost.
+        with running_cluster(
+            server.new_database(), base / "c", nodes=3, gateways=1, heartbeat=2.0
+        ) as cluster:
             single_home = base / "single"
             single_home.mkdir()
             port = free_port()
@@ -205,7 +208,8 @@ def main() -> None:
             f"{args.rounds} interleaved rounds; per round and side one create -> first "
             f"result, {args.runs} terminal_run calls and {args.creates} creates by "
             f"{args.parallel} parallel clients (creates/s: p50 over rounds). Cluster: 3 "
-            "`agentbox node` processes and one `agentbox serve` replica, mutual TLS, "
+            "`agentbox node` processes (heartbeat every 2 s, the default) and one "
+            "`agentbox serve` replica, mutual TLS, "
             "PostgreSQL 15 on 127.0.0.1 with fsync on; single host: `agentbox serve` on "
             "SQLite. Network none, no warm pool on both sides. Every process shares this "
             "2-core host, itself shared with other engineers' work: the numbers are noisy, "

@@ -188,15 +188,21 @@ class Cluster:
 
 
 def _config(
-    cluster: Cluster, name: str, port: int, warm: int, node: str = "", extra: str = ""
+    cluster: Cluster,
+    name: str,
+    port: int,
+    warm: int,
+    node: str = "",
+    extra: str = "",
+    heartbeat: float = HEARTBEAT_S,
 ) -> Path:
     text = _COMMON.format(
         port=port,
         state=cluster.state_url,
         pki=cluster.pki,
         name=name,
-        heartbeat=HEARTBEAT_S,
-        lost_after=LOST_AFTER_S,
+        heartbeat=heartbeat,
+        lost_after=max(LOST_AFTER_S, 6 * heartbeat),
         warm=warm,
     )
     path = cluster.base / f"{name}.yaml"
@@ -213,9 +219,11 @@ def running_cluster(
     warm: int = 0,
     extra_yaml: str = "",
     env: dict[str, str] | None = None,
+    heartbeat: float = HEARTBEAT_S,
 ) -> Iterator[Cluster]:
     """``pg_url``: an empty database (migrated here). Node homes live under ``base``.
-    ``extra_yaml``: more top-level sections for every part (providers, tasks)."""
+    ``extra_yaml``: more top-level sections for every part (providers, tasks);
+    ``heartbeat``: seconds (tests beat fast to detect a dead node fast)."""
     migrate(pg_url)
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o711)  # sandboxes run as their own uids: they traverse to their node's home
@@ -228,7 +236,7 @@ def running_cluster(
         home = base / name
         home.mkdir(parents=True)
         node_block = _NODE.format(name=name, node_port=port, index=i)
-        config = _config(cluster, name, free_port(), warm, node_block, extra_yaml)
+        config = _config(cluster, name, free_port(), warm, node_block, extra_yaml, heartbeat)
         cluster.nodes[name] = Proc(
             name,
             [AGENTBOX, "node", "--config", str(config)],
@@ -242,7 +250,7 @@ def running_cluster(
         pki.issue(cluster.pki, name, "gateway", [])
         home = base / name
         home.mkdir(parents=True)
-        config = _config(cluster, name, port, 0, "", extra_yaml)
+        config = _config(cluster, name, port, 0, "", extra_yaml, heartbeat)
         cluster.gateways[name] = Proc(
             name,
             [AGENTBOX, "serve", "--config", str(config)],

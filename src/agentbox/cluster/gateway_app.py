@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agentbox import hints
 from agentbox.cluster import pki, placement
 from agentbox.cluster.node_client import NodeClient
-from agentbox.cluster.registry import Node, Registry
+from agentbox.cluster.registry import Node, Placement, Registry
 from agentbox.errors import (
     AgentboxError,
     InvalidRequest,
@@ -55,6 +55,7 @@ _RESTORE_PATH = re.compile(r"^/v1/snapshots/[^/]+/restore$")
 _SANDBOX_URI = re.compile(r"^sandbox://([A-Za-z0-9_.-]+)/")
 _CREATE_ATTEMPTS = 3
 _TOKENS = "/v1/tokens"
+_CACHE_MAX = 100_000
 
 
 def _bearer(scope: Scope) -> str | None:
@@ -125,6 +126,8 @@ class ClusterGateway:
         # Creates this replica placed per node since the heartbeats it ranks by.
         self._placed: dict[str, list[float]] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._where: dict[str, tuple[Placement, float]] = {}
+        self._cache_s = min(1.0, heartbeat_seconds)
 
     # ASGI ------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -269,7 +272,37 @@ class ClusterGateway:
         body: bytes | None,
     ) -> None:
         principal.require_sandbox(sandbox)
+        where = self._checked(sandbox, await self._lookup(sandbox))
+        content = body if body is not None else _stream_body(receive)
+        try:
+            await self._proxy(where.node, where.address or "", scope, send, content)
+        except NodeUnreachable as e:
+            if not e.details.get("delivered"):  # declared lost since we cached it?
+                self._checked(sandbox, await self._lookup(sandbox, fresh=True))
+            raise
+        finally:
+            if scope["method"] == "DELETE":
+                self._where.pop(sandbox, None)
+
+    async def _lookup(self, sandbox: str, fresh: bool = False) -> Placement | None:
+        """The registry's row, from a cache of running sandboxes' rows kept at most
+        ``_cache_s`` (a call skips a database round trip; a sandbox declared lost is
+        refused at most that long later, and its node destroys it at its next beat)."""
+        now = time.monotonic()
+        hit = None if fresh else self._where.get(sandbox)
+        if hit is not None and hit[1] > now:
+            return hit[0]
         where = await asyncio.to_thread(self.registry.lookup, sandbox)
+        if where is not None and where.state == "running" and where.address is not None:
+            if len(self._where) > _CACHE_MAX:
+                self._where.clear()
+            self._where[sandbox] = (where, now + self._cache_s)
+        else:
+            self._where.pop(sandbox, None)
+        return where
+
+    @staticmethod
+    def _checked(sandbox: str, where: Placement | None) -> Placement:
         if where is None or where.address is None:
             raise SandboxNotFound(f"sandbox {sandbox} does not exist (destroyed or never created)")
         if where.state == "lost":
@@ -283,8 +316,7 @@ class ClusterGateway:
                 node=where.node,
                 lost_at=where.updated_at,
             )
-        content = body if body is not None else _stream_body(receive)
-        await self._proxy(where.node, where.address, scope, send, content)
+        return where
 
     async def _to_any(self, scope: Scope, receive: Receive, send: Send, body: bytes | None) -> None:
         nodes = await self._ready_nodes()
