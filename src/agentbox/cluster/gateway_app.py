@@ -52,6 +52,7 @@ from agentbox.state.db import Database
 log = logging.getLogger(__name__)
 _SANDBOX_PATH = re.compile(r"^/v1/sandboxes/([A-Za-z0-9_.-]+)(?:/|$)")
 _RESTORE_PATH = re.compile(r"^/v1/snapshots/[^/]+/restore$")
+_DOT_SEGMENT = re.compile(r"(^|/)\.{1,2}(/|$)")
 _SANDBOX_URI = re.compile(r"^sandbox://([A-Za-z0-9_.-]+)/")
 _CREATE_ATTEMPTS = 3
 _TOKENS = "/v1/tokens"
@@ -186,6 +187,8 @@ class ClusterGateway:
         if path == "/readyz":
             await self._readyz(scope, receive, send)
             return
+        if _DOT_SEGMENT.search(path):  # routed by one sandbox, normalised to another later
+            raise InvalidRequest("a path with . or .. segments: send the normalised path")
         principal = await asyncio.to_thread(self.tokens.authenticate, _bearer(scope))
         if path == "/v1/cluster/nodes" and method == "GET":
             principal.require_operator("listing cluster nodes")
