@@ -24,7 +24,8 @@
     │   ├── VolumeExists               volume_exists         a volume of that name exists already
     │   ├── VolumeInUse                volume_in_use         writer in the way / rm while mounted
     │   ├── TierUnsupported            tier_unsupported      not on this sandbox's isolation tier
-    │   └── TasksNotConfigured         tasks_not_configured  a task sent where no provider runs it
+    │   ├── TasksNotConfigured         tasks_not_configured  a task sent where no provider runs it
+    │   └── SandboxLost                sandbox_lost          node lost: restore a snapshot (410)
     ├── Unauthenticated                unauthenticated       no/expired/revoked/unknown token (401)
     ├── PermissionDenied               permission_denied     the sandbox user may not do it
     │   ├── PathEscape                 path_escape           a path tried to leave the sandbox
@@ -45,6 +46,7 @@
     ├── StateUnavailable               state_unavailable     state database unreachable (503, retry)
     ├── GatewayUnreachable             gateway_unreachable   the SDK/CLI cannot reach the gateway
     ├── NavigationFailed               navigation_failed     a browser page did not load (502)
+    ├── NodeUnreachable                node_unreachable      cluster node silent (503, retry)
     ├── ProviderError                  provider_error        a model provider call failed (502)
     │   ├── ProviderRejected           provider_rejected     the request itself was refused (400)
     │   ├── ProviderStreamBroken       provider_stream_broken  stream cut after its first token
@@ -237,6 +239,15 @@ class TierUnsupported(Conflict):
     code = "tier_unsupported"
 
 
+class SandboxLost(Conflict):
+    """Cluster mode: the node that ran the sandbox stopped answering and was declared
+    lost; the sandbox's processes and unsaved files are gone (``details``: ``node``,
+    ``lost_at``). Restore its last snapshot, or create a new sandbox."""
+
+    code = "sandbox_lost"
+    http_status = 410
+
+
 class TasksNotConfigured(Conflict):
     """A task was submitted to a gateway that could not run it."""
 
@@ -352,6 +363,15 @@ class NavigationFailed(AgentboxError):
 
     code = "navigation_failed"
     http_status = 502
+
+
+class NodeUnreachable(AgentboxError):
+    """Cluster mode: the node running the sandbox did not answer the gateway. Retry
+    (``details["retry_after"]``): a node that stays silent is declared lost, and calls on
+    its sandboxes then answer ``sandbox_lost``."""
+
+    code = "node_unreachable"
+    http_status = 503
 
 
 class SchemaMismatch(HostUnsupported):

@@ -37,6 +37,7 @@ LAYERS: list[set[str]] = [
     {"tasks"},  # batch agent tasks: queue and worker
     {"client"},  # the SDK: local and remote backends
     {"gateway"},  # front ends: HTTP app, REST, MCP, stdio, auth, console, E2B
+    {"cluster"},  # cluster mode: the node role and the gateway replica (on the gateway app)
     {"cli"},  # the command line
 ]
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}

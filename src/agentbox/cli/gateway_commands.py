@@ -108,7 +108,13 @@ def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> N
         )
     home = agentbox_home()
     token = _operator_token(settings, home)
-    app = create_app(settings, operator_token=token, home=home)
+    app: Any
+    if settings.cluster is not None:  # a replica: no sandbox here (docs/cluster.md)
+        from agentbox.cluster.gateway_app import create_cluster_app
+
+        app = create_cluster_app(settings, operator_token=token)
+    else:
+        app = create_app(settings, operator_token=token, home=home)
     click.echo(f"agentbox: gateway on http://{settings.gateway.listen} (MCP at /mcp)", err=True)
     # What is alive now lives as long as the process (modules, the app, its routes and
     # schemas: ~140k objects). Frozen out of the collector's view, the occasional full

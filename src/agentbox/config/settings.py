@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentbox.config.specs import CredentialSpec, NetworkSpec, problem_of
 from agentbox.errors import InvalidConfig, InvalidRequest
@@ -449,6 +449,34 @@ class E2BSettings(Strict):
     api_keys: list[E2BKey] = Field(default_factory=list)
 
 
+class ClusterNodeSettings(Strict):
+    """``agentbox node``'s own part of ``cluster`` (docs/cluster.md)."""
+
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,62}$")
+    listen: str = "0.0.0.0:8849"
+    advertise: str = Field(pattern=r"^https://[^/]+$")  # where gateways dial the node API
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("expected HOST:PORT, e.g. 0.0.0.0:8849")
+        return value
+
+
+class ClusterSettings(Strict):
+    """Cluster mode (docs/cluster.md): mutual TLS between gateways and nodes, heartbeats."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+    heartbeat_seconds: float = Field(default=2.0, gt=0)
+    lost_after_seconds: float = Field(default=10.0, gt=0)
+    node: ClusterNodeSettings | None = None
+
+
 class GatewaySettings(Strict):
     gateway: GatewaySection = GatewaySection()
     sandbox: SandboxSection = SandboxSection()
@@ -464,6 +492,13 @@ class GatewaySettings(Strict):
     budgets: list[BudgetSettings] = Field(default_factory=list)
     e2b: E2BSettings = E2BSettings()
     volumes: VolumeSettings = VolumeSettings()
+    cluster: ClusterSettings | None = None  # cluster mode (docs/cluster.md)
+
+    @model_validator(mode="after")
+    def _cluster_state(self) -> GatewaySettings:
+        if self.cluster is not None and self.gateway.state == "sqlite":
+            raise ValueError("cluster: needs gateway.state: postgresql://… (shared by every part)")
+        return self
 
     @field_validator("providers")
     @classmethod

@@ -19,6 +19,7 @@ import fcntl
 import hashlib
 import os
 import subprocess
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -95,7 +96,8 @@ def make_filesystem(
     formatted = cache_dir / f"ext4-{size_bytes}-{key}.img"
     if not formatted.exists():
         cache_dir.mkdir(parents=True, exist_ok=True)
-        staging = cache_dir / f".{formatted.name}.{os.getpid()}"
+        # Per thread, not per process: a node's first creates run in parallel threads.
+        staging = cache_dir / f".{formatted.name}.{os.getpid()}.{threading.get_ident()}"
         _format(staging, size_bytes, layout)
         staging.replace(formatted)  # atomic: concurrent creators agree
     try:
@@ -126,6 +128,14 @@ def _format(image: Path, size_bytes: int, layout: Callable[[Path], None] | None)
             mount_disk(image, mountpoint)
             try:
                 layout(mountpoint)
+                # Written out now: the unmount is lazy, and a child another thread forks
+                # meanwhile holds the filesystem open until it execs; the image is cloned
+                # for other sandboxes the moment it is published.
+                fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    syscalls.syncfs(fd)
+                finally:
+                    os.close(fd)
             finally:
                 unmount(mountpoint)
         except BaseException:

@@ -92,6 +92,12 @@ def umount(target: str, flags: int = MNT_DETACH) -> None:
     _check(_libc.umount2(os.fsencode(target), ctypes.c_int(flags)), f"umount {target}")
 
 
+def syncfs(fd: int) -> None:
+    """Write out the filesystem ``fd`` is on (its data reaches the device, and through a
+    loop device the image file)."""
+    _check(_libc.syncfs(ctypes.c_int(fd)), "syncfs")
+
+
 def setfsuid(uid: int) -> int:
     """Set this *thread's* filesystem uid; returns the previous one.
 

@@ -158,7 +158,7 @@ CREATE TABLE e2b_snapshots (
     created_at DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (id, project)
 );
--- Cluster mode (not used yet): each node's address, labels (e.g. the isolation tier),
+-- Cluster mode: each node's address, labels (e.g. the isolation tier),
 -- capacity and last heartbeat, for placement and for declaring a silent node lost.
 CREATE TABLE nodes (
     id TEXT PRIMARY KEY,
@@ -172,8 +172,29 @@ CREATE TABLE nodes (
 CREATE INDEX nodes_heartbeat ON nodes (state, heartbeat_at);
 """
 
+_V2_CLUSTER = """
+-- Cluster mode's sandbox registry: which node runs each sandbox (gateways route by it).
+-- The node writes the row when it creates the sandbox and deletes it when it destroys
+-- it; a gateway marks it lost when the node stops heartbeating.
+CREATE TABLE cluster_sandboxes (
+    id TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX cluster_sandboxes_node ON cluster_sandboxes (node, state);
+-- The database's clock, in seconds: heartbeats and their ages are measured on one clock
+-- whatever the hosts' clocks say.
+CREATE FUNCTION agentbox_now() RETURNS DOUBLE PRECISION LANGUAGE SQL VOLATILE
+    AS $$ SELECT extract(epoch FROM clock_timestamp())::DOUBLE PRECISION $$;
+"""
+
 # (version, name, SQL); append only.
-MIGRATIONS: tuple[tuple[int, str, str], ...] = ((1, "initial", _V1_INITIAL),)
+MIGRATIONS: tuple[tuple[int, str, str], ...] = (
+    (1, "initial", _V1_INITIAL),
+    (2, "cluster registry", _V2_CLUSTER),
+)
 LATEST = MIGRATIONS[-1][0]
 _LOCK = "agentbox:schema"
 

@@ -77,6 +77,7 @@ class _Conn:
 
     def __init__(self, db: PostgresDB) -> None:
         self._db = db
+        self.generation = db.generation
         self.raw = db.connect()
         self.in_tx = False
 
@@ -113,6 +114,11 @@ class PostgresDB(Database):
         self._check_schema = check_schema
         self._checked = False
         self._local = threading.local()
+        # Bumped whenever a thread finds its connection broken: the server went away, so
+        # every other thread's connection is stale too and is replaced before its next
+        # statement, instead of each thread failing one call of its own (a pool of 64
+        # request threads would fail 64 calls after a PostgreSQL restart).
+        self.generation = 0
 
     def connect(self) -> psycopg.Connection[Row]:
         try:
@@ -145,13 +151,19 @@ class PostgresDB(Database):
         )
 
     def drop(self, conn: _Conn) -> None:
+        if conn.generation == self.generation:
+            self.generation += 1  # a racing increment is as good: staleness is all it says
         conn.raw.close()
         if getattr(self._local, "conn", None) is conn:
             self._local.conn = None
 
     def conn(self) -> _Conn:
         conn: _Conn | None = getattr(self._local, "conn", None)
-        if conn is not None and (conn.raw.closed or conn.raw.broken):
+        # Mid-transaction a stale generation is left alone: the transaction's own
+        # statements find out, and roll back.
+        stale = conn is not None and conn.generation != self.generation and not conn.in_tx
+        if conn is not None and (conn.raw.closed or conn.raw.broken or stale):
+            conn.raw.close()
             self._local.conn = conn = None
         if conn is None:
             conn = self._local.conn = _Conn(self)

@@ -15,7 +15,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from agentbox.errors import AgentboxError, BudgetExceeded, ProviderError
+from agentbox.errors import AgentboxError, BudgetExceeded, ProviderError, StateUnavailable
 from agentbox.models.providers.types import ChatRequest, ChatResponse
 from agentbox.policy.principal import Principal
 from agentbox.runtime.runtime import Runtime
@@ -73,8 +73,12 @@ class TaskWorkers:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.to_thread(self.store.requeue_expired)
-            task = await asyncio.to_thread(self.store.claim, self.id, self.lease_s)
+            try:
+                await asyncio.to_thread(self.store.requeue_expired)
+                task = await asyncio.to_thread(self.store.claim, self.id, self.lease_s)
+            except StateUnavailable as e:  # PostgreSQL restarting: the next round reconnects
+                log.warning("task worker %s: %s", self.id, e.message)
+                task = None
             if task is None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), self.poll_s)

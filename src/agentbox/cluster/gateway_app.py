@@ -1,0 +1,446 @@
+"""A gateway replica in cluster mode: no sandbox of its own, every request sent on to the
+node that runs its sandbox, bodies and answers streamed both ways (command output, SSE
+events, file up- and downloads pass through as they come).
+
+Where a request goes:
+
+    POST /v1/sandboxes, POST /v1/snapshots/ID/restore   placement (cluster/placement.py)
+    /v1/sandboxes/ID/...                                ID's node (the registry)
+    POST /v1/tools/NAME, POST /mcp                      arguments.sandbox_id, else the
+                                                        session token's sandbox
+    POST /v1/tokens                                     its sandbox's node
+    GET /v1/sandboxes                                   every ready node, lists joined
+    anything else (tokens, approvals, tasks, ...)       any ready node: that state is shared
+
+The replica authenticates the bearer token against the shared table before routing (a
+session token only reaches its own sandbox) and the node checks it again. Replicas share
+nothing but PostgreSQL: any number run side by side, and each sweeps for silent nodes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agentbox import hints
+from agentbox.cluster import pki, placement
+from agentbox.cluster.node_client import NodeClient
+from agentbox.cluster.registry import Node, Placement, Registry
+from agentbox.config.settings import GatewaySettings
+from agentbox.errors import (
+    AgentboxError,
+    InvalidRequest,
+    NodeUnreachable,
+    SandboxLost,
+    SandboxNotFound,
+    StateUnavailable,
+)
+from agentbox.gateway.auth import TokenStore
+from agentbox.gateway.rest_errors import error_response
+from agentbox.policy.principal import Principal
+from agentbox.state.db import Database
+
+log = logging.getLogger(__name__)
+_SANDBOX_PATH = re.compile(r"^/v1/sandboxes/([A-Za-z0-9_.-]+)(?:/|$)")
+_RESTORE_PATH = re.compile(r"^/v1/snapshots/[^/]+/restore$")
+_DOT_SEGMENT = re.compile(r"(^|/)\.{1,2}(/|$)")
+_SANDBOX_URI = re.compile(r"^sandbox://([A-Za-z0-9_.-]+)/")
+_CREATE_ATTEMPTS = 3
+_TOKENS = "/v1/tokens"
+_CACHE_MAX = 100_000
+
+
+def _bearer(scope: Scope) -> str | None:
+    for key, value in scope["headers"]:
+        if key.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else None
+    return None
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    return b"".join(chunks)
+
+
+async def _stream_body(receive: Receive) -> AsyncIterator[bytes]:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        yield message.get("body", b"")
+        if not message.get("more_body"):
+            return
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body) if body else None
+    except ValueError:
+        return None
+
+
+def _mcp_tool_error(request: dict[str, Any], e: AgentboxError) -> dict[str, Any]:
+    """What the sandbox's node would have answered an MCP call it could not reach: a
+    tool result with ``isError`` whose text says what to do (the model reads it)."""
+    text = f"error[{e.code}]: {hints.render(e, 'mcp')}"
+    return {
+        "jsonrpc": "2.0",
+        "id": request.get("id"),
+        "result": {"content": [{"type": "text", "text": text}], "isError": True},
+    }
+
+
+class ClusterGateway:
+    """The replica's ASGI app (wrapped in the single-host gateway's Host/size guard)."""
+
+    def __init__(
+        self,
+        db: Database,
+        tokens: TokenStore,
+        nodes: NodeClient,
+        heartbeat_seconds: float,
+        lost_after_seconds: float,
+    ) -> None:
+        self.db = db
+        self.registry = Registry(db)
+        self.tokens = tokens
+        self.nodes = nodes
+        self.heartbeat_seconds = heartbeat_seconds
+        self.lost_after = lost_after_seconds
+        # Creates this replica placed per node since the heartbeats it ranks by.
+        self._placed: dict[str, list[float]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+        self._where: dict[str, tuple[Placement, float]] = {}
+        self._cache_s = min(1.0, heartbeat_seconds)
+
+    # ASGI ------------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":  # a websocket (the desktop's VNC relay): not routed yet
+            await receive()  # websocket.connect
+            await send({"type": "websocket.close", "code": 1008, "reason": "not in cluster mode"})
+            return
+        try:
+            await self._http(scope, receive, send)
+        except AgentboxError as e:
+            await error_response(e)(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._sweeper = asyncio.create_task(self._sweep_forever())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._sweeper is not None:
+                    self._sweeper.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._sweeper
+                await self.nodes.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _sweep_forever(self) -> None:
+        """Declare silent nodes lost, but only after this replica has itself reached the
+        database for ``lost_after`` seconds in a row: when PostgreSQL (or this replica)
+        was away, every node's last heartbeat is old for a reason that is not the node,
+        and they get that long to write a new one."""
+        connected_since = time.monotonic()
+        while True:
+            try:
+                if time.monotonic() - connected_since >= self.lost_after:
+                    lost = await asyncio.to_thread(self.registry.sweep, self.lost_after)
+                    if lost:
+                        log.warning("cluster nodes unreachable, their sandboxes lost: %s", lost)
+                else:
+                    await asyncio.to_thread(self.db.ping)
+            except AgentboxError as e:  # state_unavailable: next round reconnects
+                log.warning("cluster sweep failed: %s", e)
+                connected_since = time.monotonic()
+            await asyncio.sleep(self.heartbeat_seconds)
+
+    # routing ---------------------------------------------------------------------------
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path, method = scope["path"], scope["method"]
+        if path == "/healthz":
+            await JSONResponse({"status": "ok"})(scope, receive, send)
+            return
+        if path == "/readyz":
+            await self._readyz(scope, receive, send)
+            return
+        if _DOT_SEGMENT.search(path):  # routed by one sandbox, normalised to another later
+            raise InvalidRequest("a path with . or .. segments: send the normalised path")
+        principal = await asyncio.to_thread(self.tokens.authenticate, _bearer(scope))
+        if path == "/v1/cluster/nodes" and method == "GET":
+            principal.require_operator("listing cluster nodes")
+            nodes = await asyncio.to_thread(self.registry.nodes)
+            await JSONResponse([n.to_dict() for n in nodes])(scope, receive, send)
+            return
+        if method == "POST" and (path == "/v1/sandboxes" or _RESTORE_PATH.match(path)):
+            principal.require_operator("creating a sandbox")
+            await self._create(scope, receive, send, await _read_body(receive))
+            return
+        if method == "GET" and path == "/v1/sandboxes":
+            await self._list(scope, receive, send, principal)
+            return
+        if match := _SANDBOX_PATH.match(path):
+            await self._to_sandbox(match.group(1), principal, scope, receive, send, None)
+            return
+        if method == "POST" and (path.startswith("/v1/tools/") or path in ("/mcp", _TOKENS)):
+            body = await _read_body(receive)
+            request = _json(body)
+            sandbox = self._named_sandbox(path, request) or principal.sandbox_id
+            if sandbox is not None:
+                try:
+                    await self._to_sandbox(sandbox, principal, scope, receive, send, body)
+                except (SandboxLost, SandboxNotFound, NodeUnreachable) as e:
+                    if path != "/mcp" or not isinstance(request, dict):
+                        raise
+                    await JSONResponse(_mcp_tool_error(request, e))(scope, receive, send)
+                return
+            await self._to_any(scope, receive, send, body)
+            return
+        if method == "GET" and path == "/v1/events" and principal.sandbox_id is None:
+            query = scope.get("query_string", b"").decode()
+            if m := re.search(r"(?:^|&)sandbox=([A-Za-z0-9_.-]+)", query):
+                await self._to_sandbox(m.group(1), principal, scope, receive, send, None)
+                return
+        if principal.sandbox_id is not None:  # its sandbox's node knows what it may see
+            await self._to_sandbox(principal.sandbox_id, principal, scope, receive, send, None)
+            return
+        await self._to_any(scope, receive, send, None)
+
+    @staticmethod
+    def _named_sandbox(path: str, body: Any) -> str | None:
+        """The sandbox a tool call or an MCP request names in its body, if any."""
+        if not isinstance(body, dict):
+            return None
+        if path == _TOKENS:  # a token is minted where its sandbox is known
+            return body["sandbox"] if isinstance(body.get("sandbox"), str) else None
+        if path == "/mcp":
+            params = body.get("params")
+            if not isinstance(params, dict):
+                return None
+            uri = params.get("uri")
+            if isinstance(uri, str) and (m := _SANDBOX_URI.match(uri)):
+                return m.group(1)
+            body = params
+        arguments = body.get("arguments")
+        if isinstance(arguments, dict) and isinstance(arguments.get("sandbox_id"), str):
+            return str(arguments["sandbox_id"])
+        return None
+
+    async def _readyz(self, scope: Scope, receive: Receive, send: Send) -> None:
+        failing = []
+        try:
+            await asyncio.to_thread(self.db.ping)
+            nodes = await asyncio.to_thread(self.registry.nodes)
+            if not any(n.state == "ready" and n.heartbeat_age < self.lost_after for n in nodes):
+                failing.append({"name": "cluster nodes", "detail": "no ready node"})
+        except StateUnavailable as e:
+            failing.append({"name": "state database", "detail": e.message})
+        body = {"status": "ready" if not failing else "not ready", "failing": failing}
+        await JSONResponse(body, status_code=200 if not failing else 503)(scope, receive, send)
+
+    async def _ready_nodes(self) -> list[Node]:
+        nodes = await asyncio.to_thread(self.registry.nodes)
+        return [n for n in nodes if n.state == "ready" and n.heartbeat_age < self.lost_after]
+
+    async def _to_sandbox(
+        self,
+        sandbox: str,
+        principal: Principal,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        body: bytes | None,
+    ) -> None:
+        principal.require_sandbox(sandbox)
+        where = self._checked(sandbox, await self._lookup(sandbox))
+        content = body if body is not None else _stream_body(receive)
+        try:
+            await self._proxy(where.node, where.address or "", scope, send, content)
+        except NodeUnreachable as e:
+            if not e.details.get("delivered"):  # declared lost since we cached it?
+                self._checked(sandbox, await self._lookup(sandbox, fresh=True))
+            raise
+        finally:
+            if scope["method"] == "DELETE":
+                self._where.pop(sandbox, None)
+
+    async def _lookup(self, sandbox: str, fresh: bool = False) -> Placement | None:
+        """The registry's row, from a cache of running sandboxes' rows kept at most
+        ``_cache_s`` (a call skips a database round trip; a sandbox declared lost is
+        refused at most that long later, and its node destroys it at its next beat)."""
+        now = time.monotonic()
+        hit = None if fresh else self._where.get(sandbox)
+        if hit is not None and hit[1] > now:
+            return hit[0]
+        where = await asyncio.to_thread(self.registry.lookup, sandbox)
+        if where is not None and where.state == "running" and where.address is not None:
+            if len(self._where) > _CACHE_MAX:
+                self._where.clear()
+            self._where[sandbox] = (where, now + self._cache_s)
+        else:
+            self._where.pop(sandbox, None)
+        return where
+
+    @staticmethod
+    def _checked(sandbox: str, where: Placement | None) -> Placement:
+        if where is None or where.address is None:
+            raise SandboxNotFound(f"sandbox {sandbox} does not exist (destroyed or never created)")
+        if where.state == "lost":
+            raise SandboxLost(
+                f"sandbox {sandbox} was lost with its cluster node {where.node}, which stopped "
+                "answering: its processes and unsaved files are gone. Restore its last "
+                "snapshot (`agentbox snapshot restore SNAPSHOT`, POST "
+                "/v1/snapshots/SNAPSHOT/restore, sandboxes.restore(SNAPSHOT)) or create a "
+                "new sandbox",
+                sandbox=sandbox,
+                node=where.node,
+                lost_at=where.updated_at,
+            )
+        return where
+
+    async def _to_any(self, scope: Scope, receive: Receive, send: Send, body: bytes | None) -> None:
+        nodes = await self._ready_nodes()
+        if not nodes:
+            raise NodeUnreachable("no cluster node is ready: retry shortly", retry_after=2)
+        random.shuffle(nodes)  # load spreading, not security
+        # Shared state: any node answers the same, so one that refuses the connection
+        # (it died, not yet declared lost) is passed over; the body is read to send again.
+        content = body if body is not None else await _read_body(receive)
+        for node in nodes:
+            try:
+                await self._proxy(node.id, node.address, scope, send, content)
+                return
+            except NodeUnreachable as e:
+                if e.details.get("delivered") or node is nodes[-1]:
+                    raise
+
+    async def _create(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
+        request = _json(body) if body else {}
+        if not isinstance(request, dict):
+            raise InvalidRequest("the body must be a JSON object")
+        ranked = placement.rank(
+            await asyncio.to_thread(self.registry.nodes),
+            template=str(request.get("template") or "default"),
+            isolation=isolation if isinstance(isolation := request.get("isolation"), str) else None,
+            labels={},
+            lost_after=self.lost_after,
+            placed=self._recently_placed(),
+        )
+        error: NodeUnreachable | None = None
+        for node in ranked[:_CREATE_ATTEMPTS]:
+            self._placed.setdefault(node.id, []).append(time.monotonic())
+            try:
+                await self._proxy(node.id, node.address, scope, send, body)
+                return
+            except NodeUnreachable as e:
+                if e.details.get("delivered"):  # it may have made one: no second create
+                    raise
+                error = e  # refused before anything was sent: the next node
+        assert error is not None
+        raise error
+
+    def _recently_placed(self) -> dict[str, int]:
+        horizon = time.monotonic() - 2 * self.heartbeat_seconds
+        counts = {}
+        for node, stamps in self._placed.items():
+            stamps[:] = [t for t in stamps if t > horizon]
+            counts[node] = len(stamps)
+        return counts
+
+    async def _list(self, scope: Scope, receive: Receive, send: Send, principal: Principal) -> None:
+        if principal.sandbox_id is not None:
+            await self._to_sandbox(principal.sandbox_id, principal, scope, receive, send, b"")
+            return
+        nodes = await self._ready_nodes()
+        headers = list(scope["headers"])
+        answers = await asyncio.gather(
+            *(self.nodes.get_json(n.address, "/v1/sandboxes", headers) for n in nodes),
+            return_exceptions=True,
+        )
+        records: list[Any] = []
+        for node, answer in zip(nodes, answers, strict=True):
+            if isinstance(answer, BaseException):
+                log.warning("listing sandboxes on %s failed: %s", node.id, answer)
+                continue
+            status, data = answer
+            if status == 200 and isinstance(data, list):
+                records.extend(dict(r, node=node.id) for r in data)
+        await JSONResponse(records)(scope, receive, send)
+
+    async def _proxy(
+        self,
+        node: str,
+        address: str,
+        scope: Scope,
+        send: Send,
+        content: bytes | AsyncIterator[bytes],
+    ) -> None:
+        target = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string", b"")
+        path = target.decode("latin-1") + (("?" + query.decode("latin-1")) if query else "")
+        response = await self.nodes.open(
+            address, scope["method"], path, list(scope["headers"]), content, node
+        )
+        try:
+            headers = [
+                (k, v)
+                for k, v in response.headers.raw
+                if k.lower() not in (b"connection", b"transfer-encoding", b"keep-alive")
+            ]
+            start: Message = {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": headers,
+            }
+            await send(start)
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await response.aclose()
+
+
+def create_cluster_app(settings: GatewaySettings, *, operator_token: str) -> ASGIApp:
+    """The replica for ``settings`` (which has a ``cluster`` section)."""
+    from agentbox.gateway.app import HostAndSizeGuard, allowed_hosts
+    from agentbox.state import open_shared
+
+    cluster = settings.cluster
+    assert cluster is not None
+    db = open_shared(settings.gateway.state)
+    assert db is not None  # settings refuse cluster: without postgresql
+    tokens = TokenStore(db, operator_token, settings.gateway.auth.ttl_seconds)
+    context = pki.client_context(cluster.ca_file, cluster.cert_file, cluster.key_file)
+    replica = ClusterGateway(
+        db, tokens, NodeClient(context), cluster.heartbeat_seconds, cluster.lost_after_seconds
+    )
+    hosts = allowed_hosts(settings.gateway.listen, settings.gateway.allowed_hosts)
+    origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]
+    origins += settings.gateway.allowed_origins
+    return HostAndSizeGuard(
+        replica, hosts=hosts, origins=origins, max_body=settings.gateway.max_body_bytes
+    )

@@ -1,0 +1,51 @@
+"""After PostgreSQL restarts, one thread's failed call tells the process: every other
+thread's connection is replaced before its next statement (a node's 64 request threads
+must not each fail a write of their own)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from agentbox.errors import StateUnavailable
+from agentbox.state.postgres import PostgresDB, migrate
+from pgkit import PgServer
+
+WRITE = "INSERT INTO nodes (id, address, registered_at, heartbeat_at) VALUES (?, 'a', 0, 0)"
+
+
+def _outcome(call: Callable[[], Any]) -> Any:
+    try:
+        call()
+        return "ok"
+    except StateUnavailable as e:
+        return e
+
+
+def test_one_broken_connection_refreshes_every_threads(postgres: PgServer) -> None:
+    url = postgres.new_database()
+    migrate(url)
+    db = PostgresDB(url)
+    gate, go = threading.Event(), threading.Event()
+    outcomes: dict[str, Any] = {}
+
+    def other_thread() -> None:  # holds a connection from before the restart
+        db.conn().execute("SELECT 1")
+        gate.set()
+        go.wait(60)
+        outcomes["other"] = _outcome(lambda: db.conn().execute(WRITE, ("n2",)))
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    assert gate.wait(60)
+    db.conn().execute("SELECT 1")
+    postgres.restart()
+    with pytest.raises(StateUnavailable):  # the first write to find out fails, typed
+        db.conn().execute(WRITE, ("n1",))
+    go.set()
+    thread.join(60)
+    assert outcomes["other"] == "ok"  # reconnected before its statement
+    db.close()
