@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import copy
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agentbox.gateway.settings import GatewaySection
+from agentbox.gateway.settings import GatewaySettings
 
 ROOT = Path(__file__).resolve().parents[2]
 KDIR = ROOT / "deploy" / "kubernetes"
@@ -163,9 +165,11 @@ def mounted_files(objs: list[Obj], spec: Obj) -> set[str]:
 def config_path_errors(objs: list[Obj]) -> list[str]:
     """The certificate files each role's config names are mounted in its pods."""
     configs = config_files(objs)
-    role = {"DaemonSet": "node.yaml", "Deployment": "gateway.yaml", "Job": "gateway.yaml"}
+    role = {"DaemonSet": "node.yaml", "Deployment": "gateway.yaml"}  # the Job: state only
     errors = []
     for workload, spec in pod_specs(objs):
+        if workload["kind"] not in role:
+            continue
         config = configs[role[workload["kind"]]]
         named = [config["cluster"][k] for k in ("ca_file", "cert_file", "key_file")]
         named += list(config["gateway"].get("tls", {}).values())
@@ -238,11 +242,44 @@ def test_the_node_api_admits_gateway_pods_only() -> None:
 
 def test_the_configs_are_gateway_configs_and_name_mounted_files() -> None:
     objs = applied()
-    for name, config in config_files(objs).items():
-        # The gateway section must pass agentbox's own strict settings model.
-        GatewaySection.model_validate(config["gateway"])
-        assert config["gateway"]["state"].startswith("postgresql://"), name
+    configs = config_files(objs)
+    assert set(configs) == {"gateway.yaml", "node.yaml"}
+    assert "cluster" in GatewaySettings.model_fields, "needs cluster mode (docs/cluster.md)"
+    for name, config in configs.items():
+        # agentbox's own strict settings model: an unknown key fails, as at start. The
+        # node's placeholders are what its pod's start command fills in.
+        text = yaml.safe_dump(config).replace("@NODE_ID@", "worker-1")
+        text = text.replace("@ADVERTISE_HOST@", "10-0-0-5.agentbox-node.agentbox.svc")
+        settings = GatewaySettings.model_validate(yaml.safe_load(text))
+        assert settings.cluster is not None, name
+        assert (settings.cluster.node is not None) == (name == "node.yaml")
     assert config_path_errors(objs) == []
+
+
+def test_the_node_start_command_fills_in_its_id_and_name(tmp_path: Path) -> None:
+    # The DaemonSet's own shell script, run with a pod's environment; only the cgroup move
+    # (which would move this test's process) is left out, and the exec prints the config.
+    objs = applied()
+    (container,) = find(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    script = container["args"][0]
+    start, end = script.index("if [ -w /sys/fs/cgroup"), script.index("fi\n") + 3
+    template = tmp_path / "node.yaml"
+    template.write_text(find(objs, "ConfigMap")["data"]["node.yaml"])
+    script = (script[:start] + script[end:]).replace("/etc/agentbox/config/", f"{tmp_path}/")
+    script = script.replace("/run/agentbox/", f"{tmp_path}/out-")
+    script = script.replace("exec agentbox node --config", "cat")
+    env = {e["name"]: e.get("value", "") for e in container["env"]}
+    env |= {"NODE_NAME": "Worker-7.example.com", "POD_IP": "10.42.3.17"}
+    env |= {"POD_NAMESPACE": "agentbox", "PATH": os.environ["PATH"]}
+    done = subprocess.run(
+        ["/bin/sh", "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    settings = GatewaySettings.model_validate(yaml.safe_load(done.stdout))
+    assert settings.cluster is not None and settings.cluster.node is not None
+    assert settings.cluster.node.id == "worker-7-example-com"
+    assert settings.cluster.node.advertise == (
+        "https://10-42-3-17.agentbox-node.agentbox.svc.cluster.local:8849"
+    )
 
 
 def test_the_database_host_is_the_example_cnpg_cluster() -> None:
@@ -310,7 +347,4 @@ def test_the_reference_checks_fail_on_broken_manifests() -> None:
     find(objs, "ConfigMap")["data"]["gateway.yaml"] = find(objs, "ConfigMap")["data"][
         "gateway.yaml"
     ].replace("gateway.pem", "gw.pem")
-    assert config_path_errors(objs) == [
-        "Deployment: /etc/agentbox/cluster/gw.pem not mounted",
-        "Job: /etc/agentbox/cluster/gw.pem not mounted",
-    ]
+    assert config_path_errors(objs) == ["Deployment: /etc/agentbox/cluster/gw.pem not mounted"]
