@@ -259,6 +259,7 @@ def test_the_configs_are_gateway_configs_and_name_mounted_files() -> None:
 def test_the_node_start_command_fills_in_its_id_and_name(tmp_path: Path) -> None:
     # The DaemonSet's own shell script, run with a pod's environment; only the cgroup move
     # (which would move this test's process) is left out, and the exec prints the config.
+    assert "cluster" in GatewaySettings.model_fields, "needs cluster mode (docs/cluster.md)"
     objs = applied()
     (container,) = find(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
     script = container["args"][0]
