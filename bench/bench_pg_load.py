@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import psycopg  # noqa: E402
 
-from agentbox.state.migrations import migrate  # noqa: E402
+from agentbox.state.postgres import migrate  # noqa: E402
 from gateway_harness import RunningGateway, running_gateway  # noqa: E402
 from pgkit import USER, PgServer  # noqa: E402
 

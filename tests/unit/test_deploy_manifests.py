@@ -20,7 +20,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from agentbox.gateway.settings import GatewaySettings
+from agentbox.config.settings import GatewaySettings
 
 ROOT = Path(__file__).resolve().parents[2]
 KDIR = ROOT / "deploy" / "kubernetes"
