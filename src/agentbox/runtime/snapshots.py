@@ -48,7 +48,7 @@ from agentbox.isolation import disk, diskpool
 from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime, spec_from
 from agentbox.runtime.store import SandboxRecord
-from agentbox.storage import hashedzstd, secretscan
+from agentbox.storage import hashedzstd, secretscan, zstdpipe
 from agentbox.storage.objectstore import ObjectStore
 
 KEPT = ("upper", "workspace")
@@ -178,10 +178,12 @@ class Snapshots:
         for f in findings:
             by_path.setdefault(f.path, []).append(f)
         with target.open("wb") as out:
-            with hashedzstd.HashingZstdWriter(out, level=_ZSTD_LEVEL) as hashing:
-                # tarfile writes 10 KB records: gathered into 1 MiB chunks for the worker
+            with zstdpipe.writer(out, level=_ZSTD_LEVEL) as hashing:
+                # tarfile writes 10 KB records: gathered into 1 MiB chunks for the codec;
+                # file data is read and passed on 1 MiB at a time (copybufsize)
                 buffered = io.BufferedWriter(hashing, hashedzstd.CHUNK)
                 with tarfile.open(fileobj=buffered, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                    tar.copybufsize = hashedzstd.CHUNK  # type: ignore[attr-defined]  # CPython has it
                     files = 0
                     for part in KEPT:
                         files += self._add_tree(tar, view, part, source, by_path)
@@ -340,7 +342,7 @@ def _extract(archive: IO[bytes], target: Path, host: SandboxHost, sha256: str) -
     through a symlink, no device but overlay whiteouts; the agent's files get this
     sandbox's host ids. The whole stream must match the snapshot's digest."""
     directories: list[tuple[Path, tarfile.TarInfo]] = []
-    with hashedzstd.HashingZstdReader(archive) as hashing:
+    with zstdpipe.reader(archive) as hashing:
         buffered = io.BufferedReader(hashing, hashedzstd.CHUNK)
         with tarfile.open(fileobj=buffered, mode="r|") as tar:
             for member in tar:
