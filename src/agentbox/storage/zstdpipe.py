@@ -95,6 +95,9 @@ class PipeWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
+    def tell(self) -> int:
+        return self.size  # what tarfile's mode "w" asks at its start
+
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         n = len(view)
