@@ -355,10 +355,9 @@ class Runtime:
             if networked and gvisor:  # runsc copies the namespace's setup as it starts
                 plane.attach(self.net.link(record.slot), host.make_netns())  # type: ignore[attr-defined]
             pid, start = host.launch(
-                paths, cgroup, template.host_usr, spec.memory, spec.lifetime, limits
-            )
-            if networked and not gvisor:
-                plane.attach(self.net.link(record.slot), pid)
+                paths, cgroup, template.host_usr, spec.memory, spec.lifetime, limits,
+                wire_netns=self._wiring(record.slot) if networked and not gvisor else None,
+            )  # fmt: skip
             host.activity_marker.touch()
             state = "running" if pool is None else "pooled"
             self.store.mark_running(sandbox_id, pid, start, state)
@@ -367,6 +366,12 @@ class Runtime:
             raise
         record.state, record.init_pid, record.init_start_time = state, pid, start
         return record
+
+    def _wiring(self, slot: int) -> Callable[[int], None]:
+        """Gives a sandbox's network namespace (by its first process's pid) its veth; the
+        rules hold for every sandbox link before it exists (``egress_start``)."""
+        link = self.net.link(slot)
+        return lambda pid: plane.attach(link, pid)
 
     def event(self, sandbox_id: str, type_: str, reason: str, actor: str, **details: Any) -> None:
         """Record a lifecycle event (see ``runtime.lifecycle``); the gateway streams it,
@@ -590,10 +595,9 @@ class Runtime:
             plane.attach(self.net.link(record.slot), host.netns)  # type: ignore[attr-defined]
         limits = Limits(spec.memory, spec.pids, spec.cpus)
         pid, start = host.launch(
-            self.paths, cgroup, template.host_usr, spec.memory, remaining, limits
-        )
-        if networked and not gvisor:
-            plane.attach(self.net.link(record.slot), pid)
+            self.paths, cgroup, template.host_usr, spec.memory, remaining, limits,
+            wire_netns=self._wiring(record.slot) if networked and not gvisor else None,
+        )  # fmt: skip
         self.store.mark_running(record.id, pid, start)
 
     # snapshots (runtime.snapshots) ------------------------------------------------------
