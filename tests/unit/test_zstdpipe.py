@@ -103,3 +103,16 @@ def test_a_reader_closed_early_ends_zstd(tmp_path: Path) -> None:
         assert len(r.read(100)) == 100
     assert isinstance(r, PipeReader)
     assert r._proc.returncode is not None
+
+
+def test_the_forward_reader_never_seeks_back() -> None:
+    from agentbox.storage.forwardread import ForwardReader
+
+    stream = ForwardReader(io.BufferedReader(io.BytesIO(bytes(range(200)))))
+    assert stream.read(10) == bytes(range(10))
+    assert stream.seek(50) == 50 and stream.read(1) == bytes([50])
+    with pytest.raises(io.UnsupportedOperation):
+        stream.seek(5)
+    out = io.BytesIO()
+    assert stream.copy_into(out, 500, 64) == 149  # what was left, not what was asked
+    assert out.getvalue() == bytes(range(51, 200))

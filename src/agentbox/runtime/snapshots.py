@@ -33,7 +33,6 @@ import io
 import json
 import os
 import secrets
-import shutil
 import stat
 import tarfile
 import time
@@ -49,6 +48,7 @@ from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime, spec_from
 from agentbox.runtime.store import SandboxRecord
 from agentbox.storage import hashedzstd, secretscan, zstdpipe
+from agentbox.storage.forwardread import ForwardReader
 from agentbox.storage.objectstore import ObjectStore
 
 KEPT = ("upper", "workspace")
@@ -345,11 +345,11 @@ def _extract(archive: IO[bytes], target: Path, host: SandboxHost, sha256: str) -
     sandbox's host ids. The whole stream must match the snapshot's digest."""
     directories: list[tuple[Path, tarfile.TarInfo]] = []
     with zstdpipe.reader(archive) as hashing:
-        buffered = io.BufferedReader(hashing, hashedzstd.CHUNK)
-        with tarfile.open(fileobj=buffered, mode="r|", bufsize=hashedzstd.CHUNK) as tar:
+        stream = ForwardReader(io.BufferedReader(hashing, hashedzstd.CHUNK))
+        with tarfile.open(fileobj=stream, mode="r:") as tar:  # see storage.forwardread
             for member in tar:
                 path = _checked_path(target, member.name)
-                _make(tar, member, path, target)
+                _make(stream, member, path, target)
                 uid = host.host_uid if member.uid == SANDBOX_ID else member.uid
                 gid = host.host_gid if member.gid == SANDBOX_ID else member.gid
                 os.lchown(path, uid, gid)
@@ -358,7 +358,7 @@ def _extract(archive: IO[bytes], target: Path, host: SandboxHost, sha256: str) -
                 elif not member.issym():
                     os.chmod(path, member.mode & 0o1777)  # no setuid/setgid bits
                     os.utime(path, (member.mtime, member.mtime), follow_symlinks=False)
-        while buffered.read(hashedzstd.CHUNK):  # the tar's end padding is part of the digest
+        while stream.read(hashedzstd.CHUNK):  # the tar's end padding is part of the digest
             continue
     if hashing.sha256.hexdigest() != sha256:
         raise InvalidRequest("the snapshot's content does not match its digest (damaged?)")
@@ -389,16 +389,16 @@ def _checked_path(target: Path, name: str) -> Path:
     return target.joinpath(*parts)
 
 
-def _make(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path, target: Path) -> None:
+def _make(stream: ForwardReader, member: tarfile.TarInfo, path: Path, target: Path) -> None:
     if member.isdir():
         if not path.is_dir() or path.is_symlink():
             os.mkdir(path, 0o700)
-    elif member.isreg():
-        source = tar.extractfile(member)
-        assert source is not None
+    elif member.type in (tarfile.REGTYPE, tarfile.AREGTYPE):  # never sparse: none is written
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(path, flags, 0o600), "wb") as out:
-            shutil.copyfileobj(source, out, hashedzstd.CHUNK)
+        with os.fdopen(os.open(path, flags, 0o600), "wb", buffering=0) as out:
+            stream.seek(member.offset_data)  # where tarfile left it: right after the header
+            if stream.copy_into(out, member.size, hashedzstd.CHUNK) != member.size:
+                raise InvalidRequest(f"snapshot entry {member.name!r} is cut short (damaged?)")
     elif member.issym():
         os.symlink(member.linkname, path)  # resolved inside the sandbox, never here
     elif member.islnk():
