@@ -32,7 +32,7 @@ from agentbox.errors import (
     SandboxNotRunning,
 )
 from agentbox.hints import Hint
-from agentbox.isolation import diskpool, seccomp
+from agentbox.isolation import cgroupwarm, diskpool, seccomp
 from agentbox.isolation.cgroups import CgroupLayout, Limits, SandboxCgroup
 from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
@@ -315,6 +315,7 @@ class Runtime:
         disks: Path,
         paths: LaunchPaths,
     ) -> SandboxRecord:
+        cgroupwarm.start()  # the launcher's cgroup joins wait less (see the module)
         stored = spec.model_dump()
         expires_at = time.time() + spec.lifetime
         if pool is not None:
