@@ -146,7 +146,7 @@ class Snapshots:
         with diskpool.frozen(source.disk):
             disk.clone_file(source.image, image)
         try:
-            disk.mount_disk(image, mountpoint, readonly=True)
+            disk.mount_disk(image, mountpoint, readonly=True, direct_io=True)  # read once
             try:
                 yield mountpoint
             finally:
