@@ -14,7 +14,7 @@ from pathlib import Path
 from agentbox import Sandbox
 from baselines import PlainBwrap, bare_true, podman_path, podman_true
 from common import BenchResult, Row, Stats, bench_home, now_ns, progress, ratio
-from phases import CREATE_PHASES, PhaseTimer
+from phases import CREATE_PHASES, NETWORK_PHASES, PhaseTimer
 
 TARGET_MS = 20.0
 TARGET_RATIO = 2.0
@@ -125,6 +125,7 @@ def run(quick: bool) -> BenchResult:
         with timer.active():
             for _ in range(n_phases):
                 _create_and_run(home)
+        net_timer = network_breakdown(home, n_phases)
 
     st_total, st_bwrap, st_bare = Stats.of_ns(total), Stats.of_ns(bwrap), Stats.of_ns(bare)
     st_destroy = Stats.of_ns(destroy)
@@ -160,4 +161,21 @@ def run(quick: bool) -> BenchResult:
             timer.table(n_phases),
         )
     )
+    result.sections.append(
+        (
+            f"Row 1 breakdown, default network: where a networked create goes "
+            f"({n_phases} wrapped iterations)",
+            net_timer.table(n_phases),
+        )
+    )
     return result
+
+
+def network_breakdown(home: Path, n: int) -> PhaseTimer:
+    """The phases of ``n`` creates with the default network (each run and destroyed)."""
+    progress(f"1 create->first result, default network: phase breakdown over {n} iterations")
+    timer = PhaseTimer(NETWORK_PHASES)
+    with timer.active():
+        for _ in range(n):
+            _create_networked_and_run(home)
+    return timer

@@ -16,6 +16,7 @@ dirty first, and that cost belongs to the write, not to the copy.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [1 * MB, 100 * MB] if args.quick else [1 * MB, 100 * MB, 1000 * MB]
     rounds = 5 if args.quick else 10
+    load_before = os.getloadavg()
     fork_rows, snap_rows = [], []
     with bench_home("fork") as home, tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         runtime = Runtime(home)
@@ -94,7 +96,10 @@ def main() -> None:
             "a new sandbox with the archive unpacked into its disk. Random data. Snapshot and "
             "restore are interleaved with their baselines, each MB/s at the median of the "
             "rounds; target (issue 20): ratio >= 0.8. A restore writes into a new sandbox's "
-            "disk (a loop-mounted ext4 image), so its last baseline unpacks into one too.",
+            "disk (a loop-mounted ext4 image), so its last baseline unpacks into one too. "
+            f"2 cores shared with other work: load average {load_before[0]:.1f} (1 min) "
+            f"before, {os.getloadavg()[0]:.1f} after; a loaded host stretches every column "
+            "(compare the ratios, measured at the same moments).",
             table,
         )  # fmt: skip
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from agentbox.isolation import cgroups, disk
+from agentbox.network import egress_start, plane, ports, rtnetlink
 from agentbox.runtime import commands, host, runtime, store, templates
 from common import Stats, md_table, now_ns
 
@@ -38,6 +39,29 @@ CREATE_PHASES: list[tuple[str, Any, str]] = [
     ("  teardown (umount x2 + rm -r dir)", host.SandboxHost, "teardown"),
     ("    umount (MNT_DETACH)", disk, "unmount"),
     ("  Store.delete (sqlite tx)", store.Store, "delete"),
+]
+
+# A create with the default network: what it adds to a network-none create, and where.
+NETWORK_PHASES: list[tuple[str, Any, str]] = [
+    ("Runtime.create (total)", runtime.Runtime, "create"),
+    (
+        "  egress_start.ensure_running (daemon check, nft table check)",
+        egress_start,
+        "ensure_running",
+    ),
+    ("    plane.ensure_host_setup (cached per process)", plane, "ensure_host_setup"),
+    ("  prepare_filesystem", host.SandboxHost, "prepare_filesystem"),
+    ("  cgroups create", cgroups.SandboxCgroup, "create"),
+    ("  launch (nsexec spawn + bwrap + ready)", host.SandboxHost, "launch"),
+    ("    plane.attach (veth, addresses, route; while bwrap sets up)", plane, "attach"),
+    ("      rtnetlink add_veth (host end + peer into the netns)", rtnetlink.Route, "add_veth"),
+    ("      rtnetlink add_address (x2)", rtnetlink.Route, "add_address"),
+    ("      rtnetlink set_up (x2)", rtnetlink.Route, "set_up"),
+    ("      rtnetlink add_default_route (inside)", rtnetlink.Route, "add_default_route"),
+    ("      netlink socket in the sandbox netns (setns x2)", ports, "socket_in_netns"),
+    ("first command: CommandRunner.run", commands.CommandRunner, "run"),
+    ("Runtime.destroy (total)", runtime.Runtime, "destroy"),
+    ("  plane.detach (host end gone with the netns?)", plane, "detach"),
 ]
 
 EXEC_PHASES: list[tuple[str, Any, str]] = [

@@ -24,6 +24,9 @@ DEV=0
 PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs xfsprogs util-linux
           gcc libc6-dev mmdebstrap nftables iproute2 ca-certificates curl
           chromium fonts-dejavu-core runsc
+          # zstd: snapshots compress and restores decompress through the zstd program
+          # (its own threads, beside the hashing; src/agentbox/storage/zstdpipe.py)
+          zstd
           # Desktop mode (src/agentbox/desktop): Xvnc is the X server and the VNC server in
           # one process (lighter than xvfb + x11vnc); openbox a small window manager that
           # speaks EWMH (fullscreen, focus) for Chromium and Tk; xdotool for the pointer and

@@ -125,3 +125,26 @@ def test_content_must_match_the_digest(tmp_path: Path, target: Path) -> None:
     path, _ = archive(tmp_path, [entry("workspace/a", data=b"tampered")])
     with pytest.raises(InvalidRequest, match="digest"):
         unpack(path, target, "0" * 64)
+
+
+def test_a_file_cut_short_is_refused(tmp_path: Path, target: Path) -> None:
+    # The header promises more than the archive holds: the end of the stream is not
+    # silently taken for the end of the file.
+    info, _ = entry("workspace/big", data=b"y" * 5000)
+    header = info.tobuf(tarfile.PAX_FORMAT)
+    tar_bytes = header + b"y" * 1000
+    path = tmp_path / "short.tar.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(tar_bytes))
+    with pytest.raises(InvalidRequest, match=r"cut short|damaged"):
+        unpack(path, target, hashlib.sha256(tar_bytes).hexdigest())
+
+
+@pytest.mark.parametrize("kind", [tarfile.GNUTYPE_SPARSE, tarfile.CONTTYPE])
+def test_regular_file_kinds_snapshots_never_write_are_refused(
+    tmp_path: Path, target: Path, kind: bytes
+) -> None:
+    # A sparse entry's map could point its reads anywhere in the stream.
+    info, data = entry("workspace/s", data=b"z" * 600)
+    info.type = kind
+    assert "never hold" in refused(tmp_path, target, [(info, data)])
+    assert not (target / "workspace/s").exists()

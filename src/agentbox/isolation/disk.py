@@ -29,6 +29,8 @@ from agentbox.isolation import syscalls
 _LOOP_CTL_GET_FREE = 0x4C82
 _LOOP_CONFIGURE = 0x4C0A
 _LO_FLAGS_AUTOCLEAR = 4
+_LO_FLAGS_DIRECT_IO = 16
+_EXT4_MAGIC = 0xEF53
 FICLONE = 0x40049409
 
 
@@ -191,12 +193,30 @@ def _sparse_copy(source: Path, target: Path, size: int) -> None:
         os.close(dst)
 
 
-def attach_loop(image: Path) -> tuple[str, int]:
+def _ext4_block_size(image: Path) -> int | None:
+    """The block size of the ext4 filesystem in ``image`` (its superblock), if it is one."""
+    try:
+        with open(image, "rb") as f:
+            f.seek(1024)
+            sb = f.read(1024)
+    except OSError:
+        return None
+    if len(sb) < 0x3A or int.from_bytes(sb[0x38:0x3A], "little") != _EXT4_MAGIC:
+        return None
+    return 1024 << int.from_bytes(sb[24:28], "little")
+
+
+def attach_loop(image: Path, direct_io: bool = False) -> tuple[str, int]:
     """Attach ``image`` to a free loop device; return its path and an open fd on it.
 
     The device is auto-cleared on its last close, so the caller keeps the fd open until
-    the filesystem is mounted (the mount then holds the device).
+    the filesystem is mounted (the mount then holds the device). ``direct_io`` (an ext4
+    image of 4 KiB blocks; else ignored): the device reads the image file with O_DIRECT,
+    not through a page cache of its own. A snapshot reads a fresh clone once: its new
+    inode's cache is always cold, and filling it cost more than the read itself (326 MB/s
+    buffered against 2.7 GB/s direct, 1 GB here).
     """
+    direct = direct_io and _ext4_block_size(image) == 4096
     try:
         ctl = os.open("/dev/loop-control", os.O_RDWR | os.O_CLOEXEC)
     except OSError as e:
@@ -213,12 +233,15 @@ def attach_loop(image: Path) -> tuple[str, int]:
                 os.mknod(device, 0o660 | 0o060000, os.makedev(7, number))
             dev_fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
             try:
-                config = _LoopConfig(fd=backing, block_size=0)
-                config.info.lo_flags = _LO_FLAGS_AUTOCLEAR
+                config = _LoopConfig(fd=backing, block_size=4096 if direct else 0)
+                config.info.lo_flags = _LO_FLAGS_AUTOCLEAR | (_LO_FLAGS_DIRECT_IO if direct else 0)
                 fcntl.ioctl(dev_fd, _LOOP_CONFIGURE, bytes(config))
                 return device, dev_fd
             except OSError as e:
                 os.close(dev_fd)
+                if direct and e.errno == errno.EINVAL:  # the image's filesystem cannot
+                    direct = False
+                    continue
                 if e.errno != errno.EBUSY:
                     raise SandboxError(f"could not attach the sandbox disk: {e}") from e
         raise SandboxError("no free loop device after 64 attempts; too many sandboxes?")
@@ -227,9 +250,16 @@ def attach_loop(image: Path) -> tuple[str, int]:
         os.close(ctl)
 
 
-def mount_disk(image: Path, mountpoint: Path, fstype: str = "ext4", readonly: bool = False) -> None:
-    """Attach and mount the image; the loop device is freed when it is unmounted."""
-    device, dev_fd = attach_loop(image)
+def mount_disk(
+    image: Path,
+    mountpoint: Path,
+    fstype: str = "ext4",
+    readonly: bool = False,
+    direct_io: bool = False,
+) -> None:
+    """Attach and mount the image; the loop device is freed when it is unmounted.
+    ``direct_io``: see ``attach_loop``."""
+    device, dev_fd = attach_loop(image, direct_io)
     flags = syscalls.MS_NOSUID | syscalls.MS_NODEV
     if readonly:
         flags |= syscalls.MS_RDONLY | syscalls.MS_NOEXEC

@@ -34,6 +34,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from agentbox.errors import SandboxError, TierUnsupported
@@ -195,9 +196,11 @@ class GvisorHost(SandboxHost):
         memory_bytes: int,
         lifetime_s: float,
         limits: Limits | None = None,
+        wire_netns: Callable[[int], None] | None = None,
     ) -> tuple[int, int]:
         """Start the sandbox under runsc, inside its cgroups; return the Sentry's host pid
-        and start time (the sandbox lives exactly as long as that process)."""
+        and start time (the sandbox lives exactly as long as that process). Its network
+        namespace is wired before runsc starts (``make_netns``): ``wire_netns`` is None."""
         runsc = gvisor.find_runsc()
         if limits is None:
             raise SandboxError("the gvisor tier needs the sandbox's limits at launch")

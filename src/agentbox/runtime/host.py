@@ -270,9 +270,13 @@ class SandboxHost:
         memory_bytes: int,
         lifetime_s: float,
         limits: Limits | None = None,
+        wire_netns: Callable[[int], None] | None = None,
     ) -> tuple[int, int]:
         """Start the sandbox's first process; return its host pid and start time.
-        (``limits``: what ``cgroup`` already enforces; other tiers pass them on.)"""
+        (``limits``: what ``cgroup`` already enforces; other tiers pass them on.)
+        ``wire_netns(pid)`` runs as soon as the first process exists (its network
+        namespace does), while bubblewrap goes on setting up its mounts: the veth is made
+        meanwhile instead of after the sandbox is ready."""
         init = initfs.ensure(self.home, paths.nsexec)  # a stat, once it is there
         seccomp_fd = os.open(paths.seccomp, os.O_RDONLY)
         boot_id_fd = os.memfd_create("boot_id", os.MFD_CLOEXEC)
@@ -316,6 +320,8 @@ class SandboxHost:
             if launched.returncode != 0:
                 raise SandboxError(f"could not launch the sandbox: {self._log_tail()}")
             info = self._read_info(info_r)
+            if wire_netns is not None:
+                wire_netns(int(info["child-pid"]))
             self._wait_ready(ready_r)
         finally:
             os.close(info_r)

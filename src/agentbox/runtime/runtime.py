@@ -33,7 +33,7 @@ from agentbox.errors import (
     SandboxNotRunning,
 )
 from agentbox.hints import Hint
-from agentbox.isolation import diskpool, seccomp
+from agentbox.isolation import cgroupwarm, diskpool, seccomp
 from agentbox.isolation.cgroups import CgroupLayout, Limits, SandboxCgroup
 from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
@@ -334,6 +334,7 @@ class Runtime:
         disks: Path,
         paths: LaunchPaths,
     ) -> SandboxRecord:
+        cgroupwarm.start()  # the launcher's cgroup joins wait less (see the module)
         expires_at = time.time() + spec.lifetime
         if pool is not None:
             expires_at = time.time() + POOL_MAX_AGE  # then replaced by a fresh one
@@ -375,10 +376,9 @@ class Runtime:
             if networked and gvisor:  # runsc copies the namespace's setup as it starts
                 plane.attach(self.net.link(record.slot), host.make_netns())  # type: ignore[attr-defined]
             pid, start = host.launch(
-                paths, cgroup, template.host_usr, spec.memory, spec.lifetime, limits
-            )
-            if networked and not gvisor:
-                plane.attach(self.net.link(record.slot), pid)
+                paths, cgroup, template.host_usr, spec.memory, spec.lifetime, limits,
+                wire_netns=self._wiring(record.slot) if networked and not gvisor else None,
+            )  # fmt: skip
             host.activity_marker.touch()
             state: SandboxState = "running" if pool is None else "pooled"
             self.store.mark_running(sandbox_id, pid, start, state)
@@ -397,6 +397,12 @@ class Runtime:
         for bind in binds:
             image.make_mountpoint(host.root, bind.path, host.host_uid, host.host_gid)
         return binds
+
+    def _wiring(self, slot: int) -> Callable[[int], None]:
+        """Gives a sandbox's network namespace (by its first process's pid) its veth; the
+        rules hold for every sandbox link before it exists (``egress_start``)."""
+        link = self.net.link(slot)
+        return lambda pid: plane.attach(link, pid)
 
     def event(self, sandbox_id: str, type_: str, reason: str, actor: str, **details: Any) -> None:
         """Record a lifecycle event (see ``runtime.lifecycle``); the gateway streams it,
@@ -629,10 +635,9 @@ class Runtime:
             for bind in host.volume_binds:  # the agent may have replaced a path since
                 image.make_mountpoint(host.root, bind.path, host.host_uid, host.host_gid)
         pid, start = host.launch(
-            self.paths, cgroup, template.host_usr, spec.memory, remaining, limits
-        )
-        if networked and not gvisor:
-            plane.attach(self.net.link(record.slot), pid)
+            self.paths, cgroup, template.host_usr, spec.memory, remaining, limits,
+            wire_netns=self._wiring(record.slot) if networked and not gvisor else None,
+        )  # fmt: skip
         self.store.mark_running(record.id, pid, start)
 
     # snapshots (runtime.snapshots) ------------------------------------------------------

@@ -104,6 +104,9 @@ class HashingZstdWriter(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
+    def tell(self) -> int:
+        return self.size  # what tarfile's mode "w" asks at its start
+
     def write(self, data: Any) -> int:
         chunk = bytes(data)  # the caller's buffer is reused once this returns
         if chunk and not self._worker.put(chunk):
