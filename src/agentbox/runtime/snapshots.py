@@ -447,5 +447,7 @@ def _make(
         if not stat.S_ISREG(os.lstat(other).st_mode):
             raise InvalidRequest(f"snapshot entry {member.name!r} links to a non-file")
         os.link(other, path, follow_symlinks=False)
-    else:  # an overlay whiteout: the one other type _ENTRIES lets through
+    elif member.ischr():  # an overlay whiteout: the one device _ENTRIES lets through
         os.mknod(path, stat.S_IFCHR | 0o600, os.makedev(0, 0))
+    else:  # sparse and contiguous files pass as regular for tarfile; a snapshot has none
+        raise InvalidRequest(f"snapshot entry {member.name!r} has a type snapshots never hold")
