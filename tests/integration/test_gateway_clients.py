@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -146,10 +148,10 @@ def test_serve_refuses_a_public_bind_without_tls(tmp_path: Path) -> None:
 def test_serve_on_embedded_defaults_generates_an_operator_token(tmp_path: Path) -> None:
     from gateway_harness import free_port
 
-    home = tmp_path / "home"
-    for parent in [tmp_path, *tmp_path.parents]:  # sandbox uids must traverse to the home
-        if str(parent).startswith("/tmp/"):
-            parent.chmod(parent.stat().st_mode | 0o001)
+    # Sandbox uids must traverse to the home: not under pytest's /tmp/pytest-of-root, which
+    # every pytest session starting on the host sets back to mode 0700.
+    home = Path(tempfile.mkdtemp(prefix="agentbox-embedded-", dir="/var/tmp"))
+    home.chmod(0o711)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "AGENTBOX_OPERATOR_TOKEN"}
     env["AGENTBOX_HOME"] = str(home)
@@ -174,4 +176,5 @@ def test_serve_on_embedded_defaults_generates_an_operator_token(tmp_path: Path) 
     finally:
         proc.terminate()
         _, stderr = proc.communicate(timeout=30)
+        shutil.rmtree(home, ignore_errors=True)
     assert "generated an operator token" in stderr and token not in stderr
