@@ -174,6 +174,34 @@ def test_a_stopped_sandbox_keeps_its_volume_and_gets_it_back(
         assert sb.commands.run("cat /home/user/cache/f").stdout == "before\n"
 
 
+def test_the_gvisor_tier_shares_volumes_with_the_default_one(
+    runtime: Runtime, agentbox_home: Path, volume: str
+) -> None:
+    """A gVisor sandbox's volume is the same tree: what a namespaces sandbox cached it
+    reads, its shell and its file API agree, its writes outlive it and a stop, and a
+    reader's bind refuses writes."""
+    gvisor = {**SMALL, "isolation": "gvisor"}
+    with Sandbox.create(**SMALL, volumes=_mount(volume), home=agentbox_home) as sb:  # type: ignore[arg-type]
+        assert sb.commands.run("echo from-ns > /home/user/cache/a").exit_code == 0
+    with Sandbox.create(**gvisor, volumes=_mount(volume), home=agentbox_home) as sb:  # type: ignore[arg-type]
+        assert sb.commands.run("cat /home/user/cache/a").stdout == "from-ns\n"
+        assert sb.commands.run("echo from-gvisor > /home/user/cache/b").exit_code == 0
+        assert sb.files.read("/home/user/cache/b") == "from-gvisor\n"
+        sb.files.write("/home/user/cache/c", "via-files\n")
+        assert sb.commands.run("cat /home/user/cache/c").stdout == "via-files\n"
+        sb.stop()
+        sb.resume()
+        assert sb.commands.run("cat /home/user/cache/b").stdout == "from-gvisor\n"
+    with Sandbox.create(**gvisor, volumes=_mount(volume, "ro"), home=agentbox_home) as sb:  # type: ignore[arg-type]
+        assert sb.commands.run("cat /home/user/cache/b /home/user/cache/c").stdout == (
+            "from-gvisor\nvia-files\n"
+        )
+        r = sb.commands.run("echo x > /home/user/cache/d")
+        assert r.exit_code != 0 and "Read-only file system" in r.stderr, r.stderr
+    with Sandbox.create(**SMALL, volumes=_mount(volume, "ro"), home=agentbox_home) as sb:  # type: ignore[arg-type]
+        assert sb.commands.run("cat /home/user/cache/b").stdout == "from-gvisor\n"
+
+
 CONFIG = """
 gateway:
   listen: 127.0.0.1:{port}
