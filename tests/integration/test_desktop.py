@@ -184,6 +184,47 @@ def test_a_click_in_scaled_coordinates_presses_the_button(gw: RunningGateway, pa
     assert outside.status_code == 400 and "desktop_screenshot" in outside.json()["error"]["message"]
 
 
+def test_an_mcp_client_gets_the_screenshot_as_an_image_and_clicks_in_its_space(
+    gw: RunningGateway, page: str
+) -> None:
+    """A real MCP client (the official SDK over Streamable HTTP) with the sandbox's session
+    token: the screenshot is an image block of its own (PNG, at the size asked), and a
+    click in that image's coordinates presses the button."""
+    import anyio
+    import mcp_types as types
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    token = issue(gw, page)
+    before = clicks(gw, page)
+
+    async def main() -> tuple[bytes, dict[str, Any]]:
+        headers = {"Authorization": f"Bearer {token}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=120) as http,
+            Client(streamable_http_client(f"{gw.url}/mcp", http_client=http)) as client,
+        ):
+            listed = {t.name for t in (await client.list_tools()).tools}
+            assert {"desktop_screenshot", "desktop_click", "desktop_move", "desktop_drag",
+                    "desktop_scroll", "desktop_type", "desktop_key", "desktop_open"} <= listed  # fmt: skip
+            shot = await client.call_tool("desktop_screenshot", {"width": 256})
+            assert not shot.is_error, shot.content
+            images = [c for c in shot.content if isinstance(c, types.ImageContent)]
+            assert len(images) == 1 and images[0].mime_type == "image/png"
+            assert "png_base64" not in shot.content[0].text  # type: ignore[union-attr]
+            click = await client.call_tool("desktop_click", {"x": 128, "y": 96})
+            assert not click.is_error, click.content
+            return base64.b64decode(images[0].data), dict(click.structured_content or {})
+
+    png, click = anyio.run(main)
+    image = Image.open(io.BytesIO(png))
+    assert image.format == "PNG" and image.size == (256, 192)
+    pixel = image.convert("RGB").getpixel((128, 96))
+    assert is_red(pixel) or is_green(pixel)  # the page's button, at the image's centre
+    assert click["space"] == "256x192"
+    wait_for(lambda: clicks(gw, page) == before + 1, 30, "the page to record the MCP click")
+
+
 def keys(gw: RunningGateway, sandbox: str) -> list[str]:
     r = call(gw, sandbox, "fs_read", path="/workspace/keys.txt")
     return str(r.json()["content"]).split() if r.status_code == 200 else []
