@@ -180,6 +180,9 @@ def test_a_click_in_scaled_coordinates_presses_the_button(gw: RunningGateway, pa
     wait_for(lambda: clicks(gw, page) == before + 1, 30, "the page to record the click")
     wait_for(lambda: is_green(screenshot(gw, page, width=256).getpixel((128, 96))), 30,
              "the button to turn green")  # fmt: skip
+    # Anthropic's double_click and triple_click: one call, that many presses recorded.
+    ok(gw, page, "desktop_click", x=128, y=96, triple=True)
+    wait_for(lambda: clicks(gw, page) == before + 4, 30, "the page to record a triple click")
     outside = call(gw, page, "desktop_click", x=300, y=96)  # beyond the 256 px screenshot
     assert outside.status_code == 400 and "desktop_screenshot" in outside.json()["error"]["message"]
 
