@@ -38,7 +38,7 @@ def volume(runtime: Runtime, agentbox_home: Path, request: pytest.FixtureRequest
         yield name
     finally:
         for record in runtime.store.list():  # a failed test's sandboxes still hold it
-            if any(v["name"] == name for v in record.spec.get("volumes", ())):
+            if any(v.name == name for v in record.spec.volumes):
                 runtime.destroy(record.id)
         runtime.volumes.remove(name)
 
@@ -127,7 +127,7 @@ def test_unknown_volume_and_bad_paths_are_refused(runtime: Runtime, agentbox_hom
     for path in ("/proc/x", "/workspace/cache", "/usr/lib/x", "relative", "/a/../b", "/"):
         with pytest.raises(InvalidRequest):
             Sandbox.create(**SMALL, volumes=_mount("t-any", path=path), home=agentbox_home)  # type: ignore[arg-type]
-    assert not [r for r in runtime.store.list() if r.spec.get("volumes")]
+    assert not [r for r in runtime.store.list() if r.spec.volumes]
 
 
 def test_snapshots_and_forks_leave_the_volume_out(

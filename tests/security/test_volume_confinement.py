@@ -46,7 +46,7 @@ def volume(runtime: Runtime, agentbox_home: Path, request: pytest.FixtureRequest
         yield name
     finally:
         for record in runtime.store.list():
-            if any(v["name"] == name for v in record.spec.get("volumes", ())):
+            if any(v.name == name for v in record.spec.volumes):
                 runtime.destroy(record.id)
         runtime.volumes.remove(name)
 
