@@ -192,6 +192,8 @@ def test_the_gvisor_tier_shares_volumes_with_the_default_one(
         sb.stop()
         sb.resume()
         assert sb.commands.run("cat /home/user/cache/b").stdout == "from-gvisor\n"
+    # Destroyed: its binds went with its tree, and the volume's data stayed.
+    assert sb.id not in Path("/proc/self/mountinfo").read_text()
     with Sandbox.create(**gvisor, volumes=_mount(volume, "ro"), home=agentbox_home) as sb:  # type: ignore[arg-type]
         assert sb.commands.run("cat /home/user/cache/b /home/user/cache/c").stdout == (
             "from-gvisor\nvia-files\n"
