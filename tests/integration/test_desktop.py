@@ -246,6 +246,17 @@ def test_keys_and_typing_reach_the_focused_window(gw: RunningGateway, page: str)
     assert ok(gw, page, "desktop_drag", x=10, y=10, to_x=20, to_y=20)["done"] is True
 
 
+def test_metrics_count_the_desktops_and_their_memory(gw: RunningGateway, box: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with gw.operator() as op:
+        text = op.get("/metrics").text
+    gauges = {f.name: f.samples[0].value for f in text_string_to_metric_families(text)
+              if f.name.startswith("agentbox_desktop")}  # fmt: skip
+    assert gauges["agentbox_desktops_running"] == 1  # the module's (max_running: 1)
+    assert gauges["agentbox_desktop_memory_bytes"] > 1024 * 1024  # Xvnc and openbox (PSS)
+
+
 def test_desktop_open_is_held_to_the_command_policy(gw: RunningGateway, box: str) -> None:
     denied = call(gw, box, "desktop_open", command="curl http://127.0.0.1/")
     assert denied.status_code == 403 and denied.json()["error"]["code"] == "policy_denied"
