@@ -180,8 +180,52 @@ def test_a_click_in_scaled_coordinates_presses_the_button(gw: RunningGateway, pa
     wait_for(lambda: clicks(gw, page) == before + 1, 30, "the page to record the click")
     wait_for(lambda: is_green(screenshot(gw, page, width=256).getpixel((128, 96))), 30,
              "the button to turn green")  # fmt: skip
+    # Anthropic's double_click and triple_click: one call, that many presses recorded.
+    ok(gw, page, "desktop_click", x=128, y=96, triple=True)
+    wait_for(lambda: clicks(gw, page) == before + 4, 30, "the page to record a triple click")
     outside = call(gw, page, "desktop_click", x=300, y=96)  # beyond the 256 px screenshot
     assert outside.status_code == 400 and "desktop_screenshot" in outside.json()["error"]["message"]
+
+
+def test_an_mcp_client_gets_the_screenshot_as_an_image_and_clicks_in_its_space(
+    gw: RunningGateway, page: str
+) -> None:
+    """A real MCP client (the official SDK over Streamable HTTP) with the sandbox's session
+    token: the screenshot is an image block of its own (PNG, at the size asked), and a
+    click in that image's coordinates presses the button."""
+    import anyio
+    import mcp_types as types
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    token = issue(gw, page)
+    before = clicks(gw, page)
+
+    async def main() -> tuple[bytes, dict[str, Any]]:
+        headers = {"Authorization": f"Bearer {token}"}
+        async with (
+            httpx2.AsyncClient(headers=headers, timeout=120) as http,
+            Client(streamable_http_client(f"{gw.url}/mcp", http_client=http)) as client,
+        ):
+            listed = {t.name for t in (await client.list_tools()).tools}
+            assert {"desktop_screenshot", "desktop_click", "desktop_move", "desktop_drag",
+                    "desktop_scroll", "desktop_type", "desktop_key", "desktop_open"} <= listed  # fmt: skip
+            shot = await client.call_tool("desktop_screenshot", {"width": 256})
+            assert not shot.is_error, shot.content
+            images = [c for c in shot.content if isinstance(c, types.ImageContent)]
+            assert len(images) == 1 and images[0].mime_type == "image/png"
+            assert "png_base64" not in shot.content[0].text  # type: ignore[union-attr]
+            click = await client.call_tool("desktop_click", {"x": 128, "y": 96})
+            assert not click.is_error, click.content
+            return base64.b64decode(images[0].data), dict(click.structured_content or {})
+
+    png, click = anyio.run(main)
+    image = Image.open(io.BytesIO(png))
+    assert image.format == "PNG" and image.size == (256, 192)
+    pixel = image.convert("RGB").getpixel((128, 96))
+    assert is_red(pixel) or is_green(pixel)  # the page's button, at the image's centre
+    assert click["space"] == "256x192"
+    wait_for(lambda: clicks(gw, page) == before + 1, 30, "the page to record the MCP click")
 
 
 def keys(gw: RunningGateway, sandbox: str) -> list[str]:
@@ -200,6 +244,17 @@ def test_keys_and_typing_reach_the_focused_window(gw: RunningGateway, page: str)
     assert bad.status_code == 400 and "xdotool" in bad.json()["error"]["message"]
     assert ok(gw, page, "desktop_scroll", x=10, y=10, direction="down")["done"] is True
     assert ok(gw, page, "desktop_drag", x=10, y=10, to_x=20, to_y=20)["done"] is True
+
+
+def test_metrics_count_the_desktops_and_their_memory(gw: RunningGateway, box: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with gw.operator() as op:
+        text = op.get("/metrics").text
+    gauges = {f.name: f.samples[0].value for f in text_string_to_metric_families(text)
+              if f.name.startswith("agentbox_desktop")}  # fmt: skip
+    assert gauges["agentbox_desktops_running"] == 1  # the module's (max_running: 1)
+    assert gauges["agentbox_desktop_memory_bytes"] > 1024 * 1024  # Xvnc and openbox (PSS)
 
 
 def test_desktop_open_is_held_to_the_command_policy(gw: RunningGateway, box: str) -> None:

@@ -38,7 +38,7 @@ def volume(runtime: Runtime, agentbox_home: Path, request: pytest.FixtureRequest
         yield name
     finally:
         for record in runtime.store.list():  # a failed test's sandboxes still hold it
-            if any(v["name"] == name for v in record.spec.get("volumes", ())):
+            if any(v.name == name for v in record.spec.volumes):
                 runtime.destroy(record.id)
         runtime.volumes.remove(name)
 
@@ -127,7 +127,7 @@ def test_unknown_volume_and_bad_paths_are_refused(runtime: Runtime, agentbox_hom
     for path in ("/proc/x", "/workspace/cache", "/usr/lib/x", "relative", "/a/../b", "/"):
         with pytest.raises(InvalidRequest):
             Sandbox.create(**SMALL, volumes=_mount("t-any", path=path), home=agentbox_home)  # type: ignore[arg-type]
-    assert not [r for r in runtime.store.list() if r.spec.get("volumes")]
+    assert not [r for r in runtime.store.list() if r.spec.volumes]
 
 
 def test_snapshots_and_forks_leave_the_volume_out(
@@ -172,6 +172,36 @@ def test_a_stopped_sandbox_keeps_its_volume_and_gets_it_back(
             Sandbox.create(**SMALL, volumes=_mount(volume), home=agentbox_home)  # type: ignore[arg-type]
         sb.resume()
         assert sb.commands.run("cat /home/user/cache/f").stdout == "before\n"
+
+
+def test_the_gvisor_tier_shares_volumes_with_the_default_one(
+    runtime: Runtime, agentbox_home: Path, volume: str
+) -> None:
+    """A gVisor sandbox's volume is the same tree: what a namespaces sandbox cached it
+    reads, its shell and its file API agree, its writes outlive it and a stop, and a
+    reader's bind refuses writes."""
+    gvisor = {**SMALL, "isolation": "gvisor"}
+    with Sandbox.create(**SMALL, volumes=_mount(volume), home=agentbox_home) as sb:  # type: ignore[arg-type]
+        assert sb.commands.run("echo from-ns > /home/user/cache/a").exit_code == 0
+    with Sandbox.create(**gvisor, volumes=_mount(volume), home=agentbox_home) as sb:  # type: ignore[arg-type]
+        assert sb.commands.run("cat /home/user/cache/a").stdout == "from-ns\n"
+        assert sb.commands.run("echo from-gvisor > /home/user/cache/b").exit_code == 0
+        assert sb.files.read("/home/user/cache/b") == "from-gvisor\n"
+        sb.files.write("/home/user/cache/c", "via-files\n")
+        assert sb.commands.run("cat /home/user/cache/c").stdout == "via-files\n"
+        sb.stop()
+        sb.resume()
+        assert sb.commands.run("cat /home/user/cache/b").stdout == "from-gvisor\n"
+    # Destroyed: its binds went with its tree, and the volume's data stayed.
+    assert sb.id not in Path("/proc/self/mountinfo").read_text()
+    with Sandbox.create(**gvisor, volumes=_mount(volume, "ro"), home=agentbox_home) as sb:  # type: ignore[arg-type]
+        assert sb.commands.run("cat /home/user/cache/b /home/user/cache/c").stdout == (
+            "from-gvisor\nvia-files\n"
+        )
+        r = sb.commands.run("echo x > /home/user/cache/d")
+        assert r.exit_code != 0 and "Read-only file system" in r.stderr, r.stderr
+    with Sandbox.create(**SMALL, volumes=_mount(volume, "ro"), home=agentbox_home) as sb:  # type: ignore[arg-type]
+        assert sb.commands.run("cat /home/user/cache/b").stdout == "from-gvisor\n"
 
 
 CONFIG = """

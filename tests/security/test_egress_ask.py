@@ -301,6 +301,32 @@ def test_always_is_the_projects_allowlist_and_survives_a_gateway_restart(
             sb.kill()
 
 
+def test_ask_as_the_gateways_default_mode(
+    net: Internet, agentbox_home: Path, tmp_path: Path
+) -> None:
+    """``sandbox.network.mode: ask`` in the gateway's config: a sandbox created without a
+    network of its own asks, and goes through once a person approves."""
+    hosts = _names("by-default")
+    (name, address), = hosts.items()  # fmt: skip
+    config = (f"sandbox:\n  template: default\n  network:\n    mode: ask\n"
+              f"    hosts: {{{name}: {address}}}\n")  # fmt: skip
+    with running_gateway(agentbox_home, tmp_path, extra_yaml=config) as gateway:
+        with gateway.operator() as op:
+            created = op.post("/v1/sandboxes", json={"memory": "256MiB", "disk": "64MiB"})
+        assert created.status_code == 201, created.text
+        sb = Sandbox.connect(created.json()["id"], home=gateway.home)
+        try:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                held = pool.submit(_curl, sb, f"http://{name}/")
+                (approval,) = _pending(gateway, sb.id)
+                assert approval["tool"] == "egress" and name in approval["summary"]
+                _decide(gateway, approval["id"], "approve")
+                code, body = held.result(WAIT)
+            assert code == 200 and body.startswith(f"hello from {name}"), body
+        finally:
+            sb.kill()
+
+
 def test_the_sandbox_cannot_decide_its_own_request(
     gw: RunningGateway, make: Callable[..., Sandbox], net: Internet
 ) -> None:

@@ -66,8 +66,10 @@ class Desktop:
         shot = self._call("desktop_screenshot", width=width, height=height)
         return base64.b64decode(shot["png_base64"])
 
-    def click(self, x: int, y: int, button: str = "left", double: bool = False) -> None:
-        self._call("desktop_click", x=x, y=y, button=button, double=double)
+    def click(
+        self, x: int, y: int, button: str = "left", double: bool = False, triple: bool = False
+    ) -> None:
+        self._call("desktop_click", x=x, y=y, button=button, double=double, triple=triple)
 
     def move(self, x: int, y: int) -> None:
         self._call("desktop_move", x=x, y=y)

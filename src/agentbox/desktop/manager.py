@@ -175,6 +175,14 @@ class DesktopManager:
             self._prune()
             return len(self._desktops)
 
+    def memory_total(self) -> tuple[int, int]:
+        """How many desktops run on this host (this gateway) and the bytes they use
+        together (the PSS of their processes): what /metrics reports."""
+        with self._lock:
+            self._prune()
+            running = list(self._desktops.values())
+        return len(running), sum(self._memory(d) for d in running)
+
     def close_sandbox(self, sandbox_id: str) -> None:
         """Before the sandbox is destroyed (its cgroup's end would end the desktop too)."""
         with contextlib.suppress(AgentboxError, OSError):

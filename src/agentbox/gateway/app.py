@@ -472,6 +472,7 @@ def create_app(
     gateway.metrics.observe_state(
         runtime.store.count_by_state, lambda: len(approvals.list("pending"))
     )
+    gateway.metrics.observe_desktops(gateway.desktops.memory_total)
     egress_ingest = EgressIngest(egress_audit_path(home), audit, gateway.metrics)
     lifecycle_ingest = LifecycleIngest(
         runtime.store, audit, gateway.metrics, settings.lifecycle.webhooks

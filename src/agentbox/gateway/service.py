@@ -167,7 +167,7 @@ class Gateway:
             # stay in this process's environment, which the egress daemon inherits.
             spec["network"] = self.settings.sandbox.network.model_dump()
         _check_credentials(spec["network"], self.settings.sandbox.network.credentials)
-        if "volumes" not in spec and spec.get("isolation") != "gvisor":  # none there yet
+        if "volumes" not in spec:
             spec["volumes"] = self._default_volumes(str(spec.get("project") or "default"))
         if self.browser.block_domains:  # the egress path refuses them for every request
             network = spec["network"]

@@ -329,6 +329,7 @@ class DesktopMove(ToolArgs):
 class DesktopClick(DesktopMove):
     button: Button = BUTTON
     double: bool = flag(False, "true: double-click")
+    triple: bool = flag(False, "true: triple-click (selects a line or paragraph)")
 
 
 class DesktopDrag(DesktopMove):

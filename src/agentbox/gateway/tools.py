@@ -1040,7 +1040,7 @@ def desktop_screenshot(call: ToolCall) -> dict[str, Any]:
 def desktop_click(call: ToolCall) -> dict[str, Any]:
     desktops, timeout = _desktop(call)
     a = call.args
-    clicks = 2 if a["double"] else 1
+    clicks = 3 if a["triple"] else 2 if a["double"] else 1
     return desktops.click(call.sandbox_id, a["x"], a["y"], a["button"], clicks, timeout)
 
 
@@ -1141,7 +1141,8 @@ TOOLS += [
     _desktop_tool(
         "desktop_click",
         "Click on the desktop",
-        "Move the pointer to (x, y) and click (double=true: double-click).",
+        "Move the pointer to (x, y) and click (double=true: double-click; triple=true: "
+        "triple-click).",
         _schema(tool_args.DesktopClick),
         _POINTER_DONE,
         desktop_click,

@@ -142,6 +142,10 @@ class Metrics:
         self._state.sandboxes_by_state = sandboxes_by_state
         self._state.pending_approvals = pending_approvals
 
+    def observe_desktops(self, desktops: Callable[[], tuple[int, int]]) -> None:
+        """Where the desktop gauges read from: (desktops running, their bytes)."""
+        self._state.desktops = desktops
+
     def sandbox_created(self, source: str, seconds: float) -> None:
         self.create_seconds.labels(source).observe(seconds)
 
@@ -200,6 +204,7 @@ class _StateCollector(Collector):
     def __init__(self) -> None:
         self.sandboxes_by_state: Callable[[], dict[str, int]] | None = None
         self.pending_approvals: Callable[[], int] | None = None
+        self.desktops: Callable[[], tuple[int, int]] | None = None
 
     def collect(self) -> Iterator[Metric]:
         if self.sandboxes_by_state is not None:
@@ -215,4 +220,16 @@ class _StateCollector(Collector):
                 "agentbox_approvals_pending",
                 "Tool calls waiting for a person's decision.",
                 value=self.pending_approvals(),
+            )
+        if self.desktops is not None:
+            running, used = self.desktops()
+            yield GaugeMetricFamily(
+                "agentbox_desktops_running",
+                "Desktops running on this host (capped by sandbox.desktop.max_running).",
+                value=running,
+            )
+            yield GaugeMetricFamily(
+                "agentbox_desktop_memory_bytes",
+                "Memory of the running desktops together (PSS of their processes).",
+                value=used,
             )

@@ -132,8 +132,9 @@ class GvisorHost(SandboxHost):
             except OSError as e:
                 raise SandboxError(f"the sandbox's /{target} cannot be a mount point: {e}") from e
 
-    def _bind(self, source: Path, target: str, readonly: bool) -> None:
-        """Bind ``source`` onto ``target`` of the sandbox's tree (see _open_in_root)."""
+    def _bind(self, source: Path, target: str, readonly: bool, nosuid: bool = False) -> None:
+        """Bind ``source`` onto ``target`` of the sandbox's tree (see _open_in_root);
+        read-only ones, and ``nosuid`` ones, are also nosuid,nodev."""
         fd = self._open_in_root(target)
         try:
             syscalls.mount(str(source), f"/proc/self/fd/{fd}", "none", MS_BIND)
@@ -141,14 +142,15 @@ class GvisorHost(SandboxHost):
             raise SandboxError(f"could not bind the sandbox's /{target}: {e}") from e
         finally:
             os.close(fd)
-        if not readonly:
+        if not (readonly or nosuid):
             return
         fd = self._open_in_root(target)  # now the bind's top, which a remount must name
         try:  # a bind takes its flags only on a remount
-            flags = MS_BIND | MS_REMOUNT | syscalls.MS_RDONLY | syscalls.MS_NOSUID
-            syscalls.mount("none", f"/proc/self/fd/{fd}", "none", flags | syscalls.MS_NODEV)
+            flags = MS_BIND | MS_REMOUNT | syscalls.MS_NOSUID | syscalls.MS_NODEV
+            flags |= syscalls.MS_RDONLY if readonly else 0
+            syscalls.mount("none", f"/proc/self/fd/{fd}", "none", flags)
         except OSError as e:
-            raise SandboxError(f"could not make the sandbox's /{target} read-only: {e}") from e
+            raise SandboxError(f"could not set the flags of the sandbox's /{target}: {e}") from e
         finally:
             os.close(fd)
 
@@ -187,6 +189,22 @@ class GvisorHost(SandboxHost):
         for source, target, readonly in binds:
             self._bind(source, target, readonly)
 
+    def bind_volumes(self) -> None:
+        """Bind each named volume's ``data/`` (``volume_binds``, see agentbox.volumes) at
+        its path in ``root/``, nosuid,nodev (read-only for a reader), like the tier's other
+        binds: on the host, so the Gofer serves it and the files API sees the same tree.
+        A volume still bound from before a stop is left as it is."""
+        for bind in self.volume_binds:
+            target = bind.path.lstrip("/")
+            fd = self._open_in_root(target, os.O_PATH | os.O_DIRECTORY)
+            try:
+                here, source = os.fstat(fd), os.stat(bind.source)
+            finally:
+                os.close(fd)
+            if (here.st_dev, here.st_ino) == (source.st_dev, source.st_ino):
+                continue
+            self._bind(bind.source, target, bind.readonly, nosuid=True)
+
     # launch ---------------------------------------------------------------------------
     def launch(
         self,
@@ -211,6 +229,7 @@ class GvisorHost(SandboxHost):
         if not assembled.exists():
             self.assemble(init, host_usr, agent)
             assembled.touch()
+        self.bind_volumes()
         # The agent (the sandbox user) makes its socket here, then the directory is
         # root's: nothing in the sandbox can swap the socket for one of its own.
         self.agent_socket.unlink(missing_ok=True)

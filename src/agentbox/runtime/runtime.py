@@ -225,10 +225,6 @@ class Runtime:
             from agentbox.runtime.gvisor_commands import unsupported
 
             raise unsupported("on_idle stop")
-        if resolved.isolation == GVISOR and resolved.volumes:
-            from agentbox.runtime.gvisor_commands import unsupported
-
-            raise unsupported("volumes")
         self.sweep_expired()
         template = self.templates.get(resolved.template)
         # A warm sandbox has no volumes: they are bound when its launcher starts.
