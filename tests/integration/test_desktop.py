@@ -526,6 +526,13 @@ def test_the_sdk_drives_a_desktop_in_process(agentbox_home: Path, host_ready: No
         png = Image.open(io.BytesIO(sb.desktop.screenshot(width=400)))
         assert png.format == "PNG" and png.size == (400, 300)
         sb.desktop.click(10, 10)
+        assert sb.desktop.cursor_position() == (10, 10)  # the 400 px screenshot's space
+        assert sb.desktop.mouse_down(20, 30) == (20, 30)
+        sb.desktop.move(40, 50)
+        assert sb.desktop.mouse_up() == (40, 50)
+        sb.desktop.hold_key("shift", 0.1)
+        zoom = Image.open(io.BytesIO(sb.desktop.zoom(0, 0, 40, 30)))
+        assert zoom.format == "PNG" and zoom.size == (80, 60)  # the screen's full resolution
         assert sb.desktop.stop() == {"stopped": True}
 
 
