@@ -61,9 +61,26 @@ button.place(x=0, y=0, relwidth=1, relheight=1)
 def key(event):
     with open("/workspace/keys.txt", "a") as f:
         f.write(event.keysym + "\\n")
+    held(event, "down")
+
+
+def held(event, what):  # each key's press and release, with the X server's time (ms)
+    with open("/workspace/held.txt", "a") as f:
+        f.write("%s %s %d\\n" % (what, event.keysym, event.time))
+
+
+def pointer(what):  # the left button's press, motion while pressed, release (screen px)
+    def record(event):
+        with open("/workspace/pointer.txt", "a") as f:
+            f.write("%s %d %d\\n" % (what, event.x_root, event.y_root))
+    return record
 
 
 root.bind_all("<Key>", key)
+root.bind_all("<KeyRelease>", lambda event: held(event, "up"))
+root.bind_all("<ButtonPress-1>", pointer("press"))
+root.bind_all("<B1-Motion>", pointer("motion"))
+root.bind_all("<ButtonRelease-1>", pointer("release"))
 root.mainloop()
 """
 DESKTOP_YAML = """
@@ -209,7 +226,17 @@ def test_an_mcp_client_gets_the_screenshot_as_an_image_and_clicks_in_its_space(
         ):
             listed = {t.name for t in (await client.list_tools()).tools}
             assert {"desktop_screenshot", "desktop_click", "desktop_move", "desktop_drag",
-                    "desktop_scroll", "desktop_type", "desktop_key", "desktop_open"} <= listed  # fmt: skip
+                    "desktop_scroll", "desktop_type", "desktop_key", "desktop_open",
+                    "desktop_mouse_down", "desktop_mouse_up", "desktop_cursor_position",
+                    "desktop_hold_key", "desktop_zoom"} <= listed  # fmt: skip
+            zoom = await client.call_tool(
+                "desktop_zoom", {"x": 0, "y": 0, "to_x": 64, "to_y": 48, "width": 128}
+            )
+            assert not zoom.is_error, zoom.content
+            zoomed = [c for c in zoom.content if isinstance(c, types.ImageContent)]
+            assert len(zoomed) == 1 and zoomed[0].mime_type == "image/png"
+            size = Image.open(io.BytesIO(base64.b64decode(zoomed[0].data))).size
+            assert size == (128, 96)
             shot = await client.call_tool("desktop_screenshot", {"width": 256})
             assert not shot.is_error, shot.content
             images = [c for c in shot.content if isinstance(c, types.ImageContent)]
@@ -244,6 +271,89 @@ def test_keys_and_typing_reach_the_focused_window(gw: RunningGateway, page: str)
     assert bad.status_code == 400 and "xdotool" in bad.json()["error"]["message"]
     assert ok(gw, page, "desktop_scroll", x=10, y=10, direction="down")["done"] is True
     assert ok(gw, page, "desktop_drag", x=10, y=10, to_x=20, to_y=20)["done"] is True
+
+
+def lines(gw: RunningGateway, sandbox: str, name: str) -> list[list[str]]:
+    r = call(gw, sandbox, "fs_read", path=f"/workspace/{name}")
+    return (
+        [ln.split() for ln in str(r.json()["content"]).splitlines()] if r.status_code == 200 else []
+    )
+
+
+def test_a_drag_made_of_mouse_down_move_and_up(gw: RunningGateway, page: str) -> None:
+    """Anthropic's left_mouse_down / mouse_move / left_mouse_up, in a scaled screenshot's
+    space: the page records the press, the motion with the button held and the release
+    where the agent put them (on the screen: twice the 512 px screenshot's)."""
+    before = len(lines(gw, page, "pointer.txt"))
+    screenshot(gw, page, width=512)
+    down = ok(gw, page, "desktop_mouse_down", x=100, y=100)
+    assert down == {"done": True, "x": 100, "y": 100, "space": "512x384",
+                    "screen_x": 200, "screen_y": 200}  # fmt: skip
+    ok(gw, page, "desktop_move", x=300, y=200)
+    up = ok(gw, page, "desktop_mouse_up")  # where the pointer is
+    assert (up["x"], up["y"], up["screen_x"], up["screen_y"]) == (300, 200, 600, 400)
+
+    def recorded() -> list[list[str]]:
+        new = lines(gw, page, "pointer.txt")[before:]
+        return new if new and new[-1][0] == "release" else []
+
+    events = wait_for(recorded, 30, "the page to record the release")
+    assert events[0] == ["press", "200", "200"] and events[-1] == ["release", "600", "400"]
+    assert ["motion", "600", "400"] in events[1:-1]  # moved with the button held
+    half = call(gw, page, "desktop_mouse_down", x=10)
+    assert half.status_code == 400 and "both x and y" in half.json()["error"]["message"]
+
+
+def test_hold_key_presses_then_releases_after_the_duration(gw: RunningGateway, page: str) -> None:
+    screenshot(gw, page)
+    ok(gw, page, "desktop_move", x=512, y=384)
+    before = len(lines(gw, page, "held.txt"))
+    done = ok(gw, page, "desktop_hold_key", key="shift", duration=0.5)
+    assert done == {"done": True, "keys": "shift", "duration": 0.5}
+
+    def released() -> list[list[str]]:
+        new = [e for e in lines(gw, page, "held.txt")[before:] if e[1] == "Shift_L"]
+        return new if new and new[-1][0] == "up" else []
+
+    events = wait_for(released, 30, "the page to record the key's release")
+    assert events[0][0] == "down"
+    # Held for the duration asked (the X server's event times, in ms): the semantics of
+    # hold_key, not a speed measurement.
+    assert int(events[-1][2]) - int(events[0][2]) >= 450
+    bad = call(gw, page, "desktop_hold_key", key="a", duration=0)
+    assert bad.status_code == 400
+
+
+def test_cursor_position_is_in_the_screenshot_space(gw: RunningGateway, page: str) -> None:
+    screenshot(gw, page, width=256)  # a quarter of the screen's 1024 px
+    ok(gw, page, "desktop_move", x=50, y=60)
+    at = ok(gw, page, "desktop_cursor_position")
+    assert at == {"done": True, "x": 50, "y": 60, "space": "256x192",
+                  "screen_x": 200, "screen_y": 240}  # fmt: skip
+
+
+def test_zoom_shows_the_region_at_the_size_asked(gw: RunningGateway, page: str) -> None:
+    full = screenshot(gw, page)  # the screen's own pixels: the region's truth
+    box = (412, 334, 612, 434)  # the middle of the page: the button's "Press" label
+    zoom = ok(gw, page, "desktop_zoom", x=412, y=334, to_x=612, to_y=434, width=400)
+    png = Image.open(io.BytesIO(base64.b64decode(zoom["png_base64"])))
+    assert png.format == "PNG" and png.size == (400, 200) == (zoom["width"], zoom["height"])
+    assert zoom["screen_region"] == list(box)
+    want = full.crop(box).resize((400, 200), Image.Resampling.BILINEAR)
+    got = png.convert("RGB")
+    diff = sum(abs(a - b) for a, b in zip(got.tobytes(), want.tobytes(), strict=True))
+    diff /= 400 * 200 * 3
+    assert diff < 8, diff  # the same picture (only the scaler's rounding differs)
+    assert len(full.crop(box).getcolors(1 << 16) or ()) > 2  # the label: not one flat colour
+    # In a scaled screenshot's space, without a size: the region at full resolution, and
+    # the agent's space stays the screenshot's.
+    screenshot(gw, page, width=512)
+    native = ok(gw, page, "desktop_zoom", x=0, y=0, to_x=100, to_y=50)
+    assert (native["width"], native["height"]) == (200, 100)
+    assert native["screen_region"] == [0, 0, 200, 100]
+    assert ok(gw, page, "desktop_move", x=500, y=380)["space"] == "512x384"
+    empty = call(gw, page, "desktop_zoom", x=10, y=10, to_x=10, to_y=20)
+    assert empty.status_code == 400 and "desktop_screenshot" in empty.json()["error"]["message"]
 
 
 def test_metrics_count_the_desktops_and_their_memory(gw: RunningGateway, box: str) -> None:
@@ -416,6 +526,13 @@ def test_the_sdk_drives_a_desktop_in_process(agentbox_home: Path, host_ready: No
         png = Image.open(io.BytesIO(sb.desktop.screenshot(width=400)))
         assert png.format == "PNG" and png.size == (400, 300)
         sb.desktop.click(10, 10)
+        assert sb.desktop.cursor_position() == (10, 10)  # the 400 px screenshot's space
+        assert sb.desktop.mouse_down(20, 30) == (20, 30)
+        sb.desktop.move(40, 50)
+        assert sb.desktop.mouse_up() == (40, 50)
+        sb.desktop.hold_key("shift", 0.1)
+        zoom = Image.open(io.BytesIO(sb.desktop.zoom(0, 0, 40, 30)))
+        assert zoom.format == "PNG" and zoom.size == (80, 60)  # the screen's full resolution
         assert sb.desktop.stop() == {"stopped": True}
 
 

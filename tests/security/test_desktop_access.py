@@ -8,7 +8,9 @@ input in every spelling the protocol has (KeyEvent, PointerEvent with buttons pr
 ClientCutText, SetDesktopSize; one message per WebSocket frame, many in one frame, and
 split byte by byte across frames): the page on the desktop records none of it, while the
 same bytes from a ``desktop_control`` viewer do reach it (so the test's input is real).
-A message type the gateway does not frame ends the connection rather than pass.
+A message type the gateway does not frame ends the connection rather than pass. The
+agent's key tools (desktop_key, desktop_hold_key) refuse any word xdotool would take as
+one of its commands (exec, windowkill, ...), so a key never runs a program.
 """
 
 from __future__ import annotations
@@ -295,3 +297,28 @@ def test_a_message_the_gateway_does_not_frame_ends_the_connection(
             return "still open"
 
     assert asyncio.run(probe()) != "still open"
+
+
+@pytest.mark.parametrize(
+    ("tool", "keys"),
+    [
+        ("desktop_key", "exec touch pwned"),
+        ("desktop_key", "a EXEC touch pwned"),  # xdotool compares its names case-blind
+        ("desktop_key", "Return sleep 1 Exec touch pwned"),
+        ("desktop_hold_key", "exec touch pwned"),
+        ("desktop_hold_key", "shift windowkill"),
+    ],
+)
+def test_a_key_named_like_an_xdotool_command_never_runs_it(
+    gw: RunningGateway, page: str, tool: str, keys: str
+) -> None:
+    """xdotool chains commands in one argv: a "key" called exec would start a program in
+    the sandbox (past the command policy), windowkill would close the page. Any word
+    that names an xdotool command is refused, in every case and position."""
+    extra = {"duration": 0.1} if tool == "desktop_hold_key" else {}
+    r = _tool(gw, page, tool, key=keys, **extra)
+    assert r.status_code == 400, r.text
+    assert "xdotool" in r.json()["error"]["message"]
+    ran = _tool(gw, page, "terminal_run", command="ls /tmp /workspace")
+    assert "pwned" not in ran.json()["stdout"]
+    assert _tool(gw, page, "desktop_screenshot").status_code == 200  # the desktop is still up

@@ -70,12 +70,27 @@ def test_coordinates_map_from_the_screenshot_onto_the_screen() -> None:
     assert actions.fit((1024, 768), 512, None) == (512, 384)
     assert actions.fit((1024, 768), 4000, 300) == (400, 300)
     assert actions.fit((1024, 768), None, None) == (1024, 768)
+    # Back from the screen (where the pointer is), and a zoom's region (far edges excluded).
+    assert space.from_screen(1023, 767) == (511, 383)
+    assert space.region_to_screen(0, 0, 512, 384) == (0, 0, 1024, 768)
+    assert space.region_to_screen(10, 10, 11, 11) == (20, 20, 22, 22)
+    for bad in ((10, 0, 10, 5), (0, 0, 513, 5), (5, 5, 4, 9)):
+        with pytest.raises(InvalidRequest, match="desktop_screenshot"):
+            space.region_to_screen(*bad)
+    assert actions.zoom_size((200, 100), None, None) == (200, 100)  # full resolution
+    assert actions.zoom_size((200, 100), 800, None) == (800, 400)  # larger: to read it
+    assert actions.zoom_size((200, 100), 800, 100) == (200, 100)
 
 
-@pytest.mark.parametrize("keys", ["--clearmodifiers", "ctrl+", "a;b", "", " ", "+a"])
-def test_key_names_are_names_never_options(keys: str) -> None:
+@pytest.mark.parametrize(
+    "keys",
+    ["--clearmodifiers", "ctrl+", "a;b", "", " ", "+a", "exec", "a EXEC", "windowKill", "sleep"],
+)
+def test_key_names_are_names_never_options_nor_xdotool_commands(keys: str) -> None:
     with pytest.raises(InvalidRequest):
         actions.key(keys)
+    with pytest.raises(InvalidRequest):
+        actions.hold_key(keys, 1)
 
 
 def test_argvs_end_options_before_text_and_keys() -> None:
@@ -83,3 +98,9 @@ def test_argvs_end_options_before_text_and_keys() -> None:
     assert actions.type_text("-rf /")[-2:] == ["--", "-rf /"]
     assert actions.click(1, 2, "right", 2)[-1] == "3"
     assert actions.scroll(1, 2, "up", 5)[-3:] == ["--repeat", "5", "4"]
+    assert actions.hold_key("ctrl+a", 0.5)[1:] == [
+        "keydown", "--delay", "0", "--", "ctrl+a", "sleep", "0.5",
+        "keyup", "--delay", "0", "--", "ctrl+a",
+    ]  # fmt: skip
+    assert actions.mouse_down(None, "left")[1:] == ["mousedown", "1", "getmouselocation", "--shell"]
+    assert actions.location("X=12\nY=34\nSCREEN=0\nWINDOW=5\n") == (12, 34)

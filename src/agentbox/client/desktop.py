@@ -87,6 +87,38 @@ class Desktop:
         """xdotool key names and chords: ``"Return"``, ``"ctrl+s"``, ``"alt+Tab"``."""
         self._call("desktop_key", key=keys)
 
+    def mouse_down(
+        self, x: int | None = None, y: int | None = None, button: str = "left"
+    ) -> tuple[int, int]:
+        """Press and hold ``button`` (at ``x``, ``y`` or where the pointer is); where."""
+        done = self._call("desktop_mouse_down", x=x, y=y, button=button)
+        return done["x"], done["y"]
+
+    def mouse_up(
+        self, x: int | None = None, y: int | None = None, button: str = "left"
+    ) -> tuple[int, int]:
+        done = self._call("desktop_mouse_up", x=x, y=y, button=button)
+        return done["x"], done["y"]
+
+    def cursor_position(self) -> tuple[int, int]:
+        """Where the pointer is, in the last screenshot's pixels."""
+        done = self._call("desktop_cursor_position")
+        return done["x"], done["y"]
+
+    def hold_key(self, keys: str, duration: float) -> None:
+        """Hold ``keys`` (as :meth:`key`) down for ``duration`` seconds, then release them."""
+        self._call("desktop_hold_key", key=keys, duration=duration)
+
+    def zoom(
+        self, x: int, y: int, to_x: int, to_y: int,
+        width: int | None = None, height: int | None = None,
+    ) -> bytes:  # fmt: skip
+        """A PNG of the region at full resolution (or scaled to fit ``width`` x ``height``)."""
+        shot = self._call(
+            "desktop_zoom", x=x, y=y, to_x=to_x, to_y=to_y, width=width, height=height
+        )
+        return base64.b64decode(shot["png_base64"])
+
     def open(self, command: str | None = None, url: str | None = None) -> None:
         """Start an application on the desktop: a bash ``command``, or ``url`` in Chromium."""
         self._call("desktop_open", command=command, url=url)

@@ -201,26 +201,7 @@ class DesktopManager:
     ) -> dict[str, Any]:
         d = self._get(sandbox_id)
         size = actions.fit((d.width, d.height), width, height)
-        argv = [
-            actions.PYTHON,
-            "-I",
-            "-c",
-            actions.SCREENSHOT_PY,
-            DISPLAY,
-            str(size[0]),
-            str(size[1]),
-        ]
-        result = self._run(d, argv, timeout_s, MAX_SCREENSHOT_BYTES)
-        png = result.stdout_bytes
-        if result.truncated:
-            raise LimitExceeded(
-                f"the screenshot is over {MAX_SCREENSHOT_BYTES} bytes; ask a smaller size"
-            )
-        got = png_size(png)
-        if got != size:
-            raise SandboxError(
-                f"the screenshot is {got[0]}x{got[1]}, not the {size[0]}x{size[1]} asked"
-            )
+        png = self._png(d, size, None, timeout_s)
         with self._lock:
             d.space = replace(d.space, width=size[0], height=size[1])
         return {
@@ -270,6 +251,54 @@ class DesktopManager:
         d = self._get(sandbox_id)
         self._act(d, actions.key(keys), timeout_s)
         return {"done": True, "keys": keys}
+
+    def mouse_down(
+        self, sandbox_id: str, at: tuple[int, int] | None, button: str, timeout_s: float
+    ) -> dict[str, Any]:
+        """Press and hold ``button`` (at ``at``, else where the pointer is)."""
+        d = self._get(sandbox_id)
+        point = d.space.to_screen(*at) if at is not None else None
+        return self._pointer(d, actions.mouse_down(point, button), timeout_s)
+
+    def mouse_up(
+        self, sandbox_id: str, at: tuple[int, int] | None, button: str, timeout_s: float
+    ) -> dict[str, Any]:
+        d = self._get(sandbox_id)
+        point = d.space.to_screen(*at) if at is not None else None
+        return self._pointer(d, actions.mouse_up(point, button), timeout_s)
+
+    def cursor_position(self, sandbox_id: str, timeout_s: float) -> dict[str, Any]:
+        """Where the pointer is, in the latest screenshot's space."""
+        d = self._get(sandbox_id)
+        return self._pointer(d, actions.LOCATION, timeout_s)
+
+    def hold_key(
+        self, sandbox_id: str, keys: str, duration_s: float, timeout_s: float
+    ) -> dict[str, Any]:
+        d = self._get(sandbox_id)
+        # The hold is part of the run: its timeout is the duration plus a tool's.
+        self._act(d, actions.hold_key(keys, duration_s), duration_s + timeout_s)
+        return {"done": True, "keys": keys, "duration": duration_s}
+
+    def zoom(
+        self, sandbox_id: str, region: tuple[int, int, int, int], width: int | None,
+        height: int | None, timeout_s: float,
+    ) -> dict[str, Any]:  # fmt: skip
+        """A PNG of ``region`` (the latest screenshot's coordinates) at the screen's full
+        resolution, or scaled to fit ``width`` x ``height``. The agent's coordinate space
+        stays its last screenshot's."""
+        d = self._get(sandbox_id)
+        box = d.space.region_to_screen(*region)
+        size = actions.zoom_size((box[2] - box[0], box[3] - box[1]), width, height)
+        png = self._png(d, size, box, timeout_s)
+        return {
+            "mime_type": "image/png",
+            "width": size[0],
+            "height": size[1],
+            "region": list(region),
+            "screen_region": list(box),
+            "png_base64": base64.b64encode(png).decode(),
+        }
 
     def open(self, sandbox_id: str, command: str | None, url: str | None) -> dict[str, Any]:
         """Start an application on the desktop (in its leaf: it ends with the desktop):
@@ -483,6 +512,34 @@ class DesktopManager:
         if result.exit_code != 0:
             raise SandboxError(f"{argv[0]} failed: {result.stderr.strip()[:500]}")
         return result
+
+    def _png(
+        self, d: _Desktop, size: tuple[int, int], box: tuple[int, int, int, int] | None,
+        timeout_s: float,
+    ) -> bytes:  # fmt: skip
+        """The screen (or ``box`` of it) as a PNG of ``size``, made inside the sandbox."""
+        argv = [actions.PYTHON, "-I", "-c", actions.SCREENSHOT_PY, DISPLAY, *map(str, size)]
+        argv += [str(v) for v in box or ()]
+        result = self._run(d, argv, timeout_s, MAX_SCREENSHOT_BYTES)
+        png: bytes = result.stdout_bytes
+        if result.truncated:
+            raise LimitExceeded(
+                f"the screenshot is over {MAX_SCREENSHOT_BYTES} bytes; ask a smaller size"
+            )
+        got = png_size(png)
+        if got != size:
+            raise SandboxError(
+                f"the screenshot is {got[0]}x{got[1]}, not the {size[0]}x{size[1]} asked"
+            )
+        return png
+
+    def _pointer(self, d: _Desktop, argv: list[str], timeout_s: float) -> dict[str, Any]:
+        """Run ``argv`` (it ends in getmouselocation) and say where the pointer is: in the
+        latest screenshot's space, and on the screen."""
+        result = self._run(d, argv, timeout_s, 64 * 1024)
+        sx, sy = actions.location(result.stdout)
+        x, y = d.space.from_screen(sx, sy)
+        return {**self._done(d, x, y), "screen_x": sx, "screen_y": sy}
 
     def _done(self, d: _Desktop, x: int, y: int) -> dict[str, Any]:
         return {"done": True, "x": x, "y": y, "space": f"{d.space.width}x{d.space.height}"}

@@ -302,6 +302,7 @@ class BrowserClose(ToolArgs):
 
 # desktop ----------------------------------------------------------------------------------
 Side = Annotated[int, Field(ge=16, le=8192)]
+MAX_HOLD_S = 30.0
 
 
 class DesktopStart(ToolArgs):
@@ -357,6 +358,35 @@ class DesktopKey(ToolArgs):
         max_length=256,
         description="xdotool key names or chords, space-separated",
     )
+
+
+class DesktopMouseButton(ToolArgs):
+    """Anthropic's left_mouse_down / left_mouse_up: at the pointer, or at (x, y)."""
+
+    x: X | None = optional("Move here first (default: press where the pointer is)")
+    y: Y | None = optional("Move here first (with x)")
+    button: Button = BUTTON
+
+
+class DesktopCursorPosition(ToolArgs):
+    pass
+
+
+class DesktopHoldKey(DesktopKey):
+    duration: float = Field(
+        gt=0, le=MAX_HOLD_S, description=f"Seconds to hold the keys down (up to {MAX_HOLD_S:g})"
+    )
+
+
+class DesktopZoom(ToolArgs):
+    """Anthropic's zoom: region [x0, y0, x1, y1] is our x, y, to_x, to_y."""
+
+    x: X
+    y: Y
+    to_x: Annotated[Coord, Field(description="The region's right edge (excluded)")]
+    to_y: Annotated[Coord, Field(description="The region's bottom edge (excluded)")]
+    width: Side | None = optional("Scale the region to fit this width (default: full resolution)")
+    height: Side | None = optional("Scale the region to fit this height")
 
 
 class DesktopOpen(ToolArgs):
@@ -440,5 +470,10 @@ ARGS: dict[str, type[ToolArgs]] = {
     "desktop_type": DesktopType,
     "desktop_key": DesktopKey,
     "desktop_open": DesktopOpen,
+    "desktop_mouse_down": DesktopMouseButton,
+    "desktop_mouse_up": DesktopMouseButton,
+    "desktop_cursor_position": DesktopCursorPosition,
+    "desktop_hold_key": DesktopHoldKey,
+    "desktop_zoom": DesktopZoom,
 }
 """Each tool's argument model, by tool name."""

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from agentbox.browser.manager import BrowserManager
 from agentbox.config.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
 from agentbox.desktop.manager import DesktopManager
-from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported
+from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported, InvalidRequest
 from agentbox.gateway import tool_args
 from agentbox.runtime.commands import Cancellation
 from agentbox.runtime.files import Guard, SandboxFiles
@@ -1072,12 +1072,55 @@ def desktop_key(call: ToolCall) -> dict[str, Any]:
     return desktops.key(call.sandbox_id, call.args["key"], timeout)
 
 
+def _at(args: dict[str, Any], tool: str) -> tuple[int, int] | None:
+    x, y = args.get("x"), args.get("y")
+    if x is None and y is None:
+        return None
+    if x is None or y is None:
+        raise InvalidRequest(f"{tool} takes both x and y, or neither (where the pointer is)")
+    return int(x), int(y)
+
+
+def desktop_mouse_down(call: ToolCall) -> dict[str, Any]:
+    desktops, timeout = _desktop(call)
+    at = _at(call.args, "desktop_mouse_down")
+    return desktops.mouse_down(call.sandbox_id, at, call.args["button"], timeout)
+
+
+def desktop_mouse_up(call: ToolCall) -> dict[str, Any]:
+    desktops, timeout = _desktop(call)
+    at = _at(call.args, "desktop_mouse_up")
+    return desktops.mouse_up(call.sandbox_id, at, call.args["button"], timeout)
+
+
+def desktop_cursor_position(call: ToolCall) -> dict[str, Any]:
+    desktops, timeout = _desktop(call)
+    return desktops.cursor_position(call.sandbox_id, timeout)
+
+
+def desktop_hold_key(call: ToolCall) -> dict[str, Any]:
+    desktops, timeout = _desktop(call)
+    a = call.args
+    return desktops.hold_key(call.sandbox_id, a["key"], float(a["duration"]), timeout)
+
+
+def desktop_zoom(call: ToolCall) -> dict[str, Any]:
+    desktops, timeout = _desktop(call)
+    a = call.args
+    region = (a["x"], a["y"], a["to_x"], a["to_y"])
+    return desktops.zoom(call.sandbox_id, region, a.get("width"), a.get("height"), timeout)
+
+
 def desktop_open(call: ToolCall) -> dict[str, Any]:
     desktops, _ = _desktop(call)
     return desktops.open(call.sandbox_id, call.args.get("command"), call.args.get("url"))
 
 
 _POINTER_DONE = _out({"done": BOOL, "x": INT, "y": INT, "space": STR})
+# Where the pointer is after the call: the screenshot's space, and the screen's pixels.
+_POINTER_AT = _out(
+    {"done": BOOL, "x": INT, "y": INT, "space": STR, "screen_x": INT, "screen_y": INT}
+)
 _DESKTOP_INFO = {
     "running": BOOL,
     "display": STR,
@@ -1197,6 +1240,62 @@ TOOLS += [
         _schema(tool_args.DesktopOpen),
         _out({"opened": BOOL, "log": STR}),
         desktop_open,
+    ),
+    _desktop_tool(
+        "desktop_mouse_down",
+        "Press a mouse button",
+        "Press and hold a button (default left) where the pointer is, or at (x, y); "
+        "desktop_move then desktop_mouse_up make a drag of any path. Answers where.",
+        _schema(tool_args.DesktopMouseButton),
+        _POINTER_AT,
+        desktop_mouse_down,
+    ),
+    _desktop_tool(
+        "desktop_mouse_up",
+        "Release a mouse button",
+        "Release a button pressed with desktop_mouse_down, where the pointer is or at (x, y).",
+        _schema(tool_args.DesktopMouseButton),
+        _POINTER_AT,
+        desktop_mouse_up,
+    ),
+    _desktop_tool(
+        "desktop_cursor_position",
+        "Where the pointer is",
+        "The pointer's place, in the latest desktop_screenshot's pixels (x, y) and the "
+        "screen's (screen_x, screen_y).",
+        _schema(tool_args.DesktopCursorPosition),
+        _POINTER_AT,
+        desktop_cursor_position,
+        read_only=True,
+    ),
+    _desktop_tool(
+        "desktop_hold_key",
+        "Hold keys down",
+        "Press a key or chord (xdotool names, as desktop_key), hold it for duration "
+        "seconds, then release it; answers once released.",
+        _schema(tool_args.DesktopHoldKey),
+        _out({"done": BOOL, "keys": STR, "duration": {"type": "number"}}),
+        desktop_hold_key,
+    ),
+    _desktop_tool(
+        "desktop_zoom",
+        "Zoom into the desktop",
+        "A PNG of the region from (x, y) to (to_x, to_y) (the latest screenshot's pixels) "
+        "at the screen's full resolution, or scaled to fit width x height: for text too "
+        "small to read in a scaled screenshot. Coordinates stay the screenshot's.",
+        _schema(tool_args.DesktopZoom),
+        _out(
+            {
+                "mime_type": {"const": "image/png"},
+                "width": INT,
+                "height": INT,
+                "region": {"type": "array", "items": INT},
+                "screen_region": {"type": "array", "items": INT},
+                "png_base64": STR,
+            }
+        ),
+        desktop_zoom,
+        read_only=True,
     ),
 ]
 
