@@ -59,12 +59,20 @@ def host_resources(home: Path, ids: Iterable[str] | None = None) -> dict[str, li
 
 
 def nsfs_mounts() -> list[str]:
-    """Bind-mounted namespaces (``ip netns add`` style): each keeps a namespace alive."""
-    return sorted(
-        line.split()[1]
-        for line in Path("/proc/self/mounts").read_text().splitlines()
-        if line.split()[2] == "nsfs"
-    )
+    """Bind-mounted namespaces (``ip netns add`` style): each keeps a namespace alive.
+    Those of another home's sandboxes (``HOME/sandboxes/ID/netns`` of another agentbox on
+    this host, e.g. a second test run) are not this run's to count."""
+    ours = os.environ.get("AGENTBOX_HOME", "").rstrip("/") + "/"
+    found = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[2] != "nsfs":
+            continue
+        home, sep, _ = fields[1].partition("/sandboxes/sb-")
+        if sep and home + "/" != ours:
+            continue
+        found.append(fields[1])
+    return sorted(found)
 
 
 def proc_status(pid: int) -> dict[str, str]:
