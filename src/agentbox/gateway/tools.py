@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from agentbox.browser.manager import BrowserManager
 from agentbox.config.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
+from agentbox.desktop import tools as desktop_tools
 from agentbox.desktop.manager import DesktopManager
 from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported
 from agentbox.gateway import tool_args
@@ -1012,69 +1013,21 @@ TOOLS: list[ToolSpec] = [
 ]
 
 # desktop (Xvnc + openbox inside the sandbox; shaped like Anthropic's computer-use tool) ---
-DESKTOP_TIMEOUT_S = 30.0
+DESKTOP_TIMEOUT_S = desktop_tools.TIMEOUT_S
 
 
-def _desktop(call: ToolCall) -> tuple[DesktopManager, float]:
-    if call.desktops is None:
-        raise HostUnsupported("the desktop tools run in the gateway (agentbox serve / mcp)")
-    return call.desktops, min(call.timeout_s, DESKTOP_TIMEOUT_S)
+def _desktop_handler(name: str) -> Handler:
+    """The handler of desktop tool ``name``: its action (``agentbox.desktop.tools``, which
+    the SDK runs in-process too) on this gateway's desktops."""
+    action = desktop_tools.ACTIONS[name]
 
+    def handler(call: ToolCall) -> dict[str, Any]:
+        if call.desktops is None:
+            raise HostUnsupported("the desktop tools run in the gateway (agentbox serve / mcp)")
+        timeout = min(call.timeout_s, DESKTOP_TIMEOUT_S)
+        return action(call.desktops, call.sandbox_id, call.args, timeout)
 
-def desktop_start(call: ToolCall) -> dict[str, Any]:
-    desktops, _ = _desktop(call)
-    return desktops.start(call.sandbox_id, call.args.get("size"))
-
-
-def desktop_stop(call: ToolCall) -> dict[str, Any]:
-    desktops, _ = _desktop(call)
-    return desktops.stop(call.sandbox_id)
-
-
-def desktop_screenshot(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    a = call.args
-    return desktops.screenshot(call.sandbox_id, a.get("width"), a.get("height"), timeout)
-
-
-def desktop_click(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    a = call.args
-    clicks = 2 if a["double"] else 1
-    return desktops.click(call.sandbox_id, a["x"], a["y"], a["button"], clicks, timeout)
-
-
-def desktop_move(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    return desktops.move(call.sandbox_id, call.args["x"], call.args["y"], timeout)
-
-
-def desktop_drag(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    a = call.args
-    start, end = (a["x"], a["y"]), (a["to_x"], a["to_y"])
-    return desktops.drag(call.sandbox_id, start, end, a["button"], timeout)
-
-
-def desktop_scroll(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    a = call.args
-    return desktops.scroll(call.sandbox_id, a["x"], a["y"], a["direction"], a["amount"], timeout)
-
-
-def desktop_type(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    return desktops.type_text(call.sandbox_id, call.args["text"], timeout)
-
-
-def desktop_key(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    return desktops.key(call.sandbox_id, call.args["key"], timeout)
-
-
-def desktop_open(call: ToolCall) -> dict[str, Any]:
-    desktops, _ = _desktop(call)
-    return desktops.open(call.sandbox_id, call.args.get("command"), call.args.get("url"))
+    return handler
 
 
 _POINTER_DONE = _out({"done": BOOL, "x": INT, "y": INT, "space": STR})
@@ -1109,7 +1062,7 @@ TOOLS += [
         "watch it through the gateway; the other desktop_* tools act on it.",
         _schema(tool_args.DesktopStart),
         _out({**_DESKTOP_INFO, "started": BOOL}, ["running", "started"]),
-        desktop_start,
+        _desktop_handler("desktop_start"),
     ),
     _desktop_tool(
         "desktop_stop",
@@ -1117,7 +1070,7 @@ TOOLS += [
         "Stop the sandbox's desktop and every application opened on it.",
         _schema(tool_args.DesktopStop),
         _out({"stopped": BOOL}),
-        desktop_stop,
+        _desktop_handler("desktop_stop"),
     ),
     _desktop_tool(
         "desktop_screenshot",
@@ -1135,7 +1088,7 @@ TOOLS += [
                 "png_base64": STR,
             }
         ),
-        desktop_screenshot,
+        _desktop_handler("desktop_screenshot"),
         read_only=True,
     ),
     _desktop_tool(
@@ -1144,7 +1097,7 @@ TOOLS += [
         "Move the pointer to (x, y) and click (double=true: double-click).",
         _schema(tool_args.DesktopClick),
         _POINTER_DONE,
-        desktop_click,
+        _desktop_handler("desktop_click"),
     ),
     _desktop_tool(
         "desktop_move",
@@ -1152,7 +1105,7 @@ TOOLS += [
         "Move the pointer to (x, y).",
         _schema(tool_args.DesktopMove),
         _POINTER_DONE,
-        desktop_move,
+        _desktop_handler("desktop_move"),
     ),
     _desktop_tool(
         "desktop_drag",
@@ -1160,7 +1113,7 @@ TOOLS += [
         "Press a button at (x, y), move to (to_x, to_y) and release it there.",
         _schema(tool_args.DesktopDrag),
         _POINTER_DONE,
-        desktop_drag,
+        _desktop_handler("desktop_drag"),
     ),
     _desktop_tool(
         "desktop_scroll",
@@ -1168,7 +1121,7 @@ TOOLS += [
         "Scroll the wheel at (x, y): amount notches in direction.",
         _schema(tool_args.DesktopScroll),
         _POINTER_DONE,
-        desktop_scroll,
+        _desktop_handler("desktop_scroll"),
     ),
     _desktop_tool(
         "desktop_type",
@@ -1176,7 +1129,7 @@ TOOLS += [
         "Type text with the keyboard into whatever has focus.",
         _schema(tool_args.DesktopType),
         _out({"done": BOOL, "characters": INT}),
-        desktop_type,
+        _desktop_handler("desktop_type"),
     ),
     _desktop_tool(
         "desktop_key",
@@ -1185,7 +1138,7 @@ TOOLS += [
         "ctrl+shift+t; several separated by spaces.",
         _schema(tool_args.DesktopKey),
         _out({"done": BOOL, "keys": STR}),
-        desktop_key,
+        _desktop_handler("desktop_key"),
     ),
     _desktop_tool(
         "desktop_open",
@@ -1195,7 +1148,7 @@ TOOLS += [
         "policy). It runs until it exits or the desktop stops.",
         _schema(tool_args.DesktopOpen),
         _out({"opened": BOOL, "log": STR}),
-        desktop_open,
+        _desktop_handler("desktop_open"),
     ),
 ]
 
