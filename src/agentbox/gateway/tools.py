@@ -27,6 +27,7 @@ from agentbox.gateway import tool_args
 from agentbox.runtime.commands import Cancellation
 from agentbox.runtime.files import Guard, SandboxFiles
 from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver
+from agentbox.runtime.requests import RunRequest, SessionRunRequest, StartRequest
 from agentbox.runtime.runtime import Runtime
 from agentbox.units import human_size
 
@@ -260,13 +261,16 @@ def _prune_saved(files: SandboxFiles, directory: str) -> None:
 
 # handlers -------------------------------------------------------------------------------
 def terminal_run(call: ToolCall) -> dict[str, Any]:
-    result = call.runtime.commands(call.sandbox_id).run(
+    request = RunRequest(
         call.args["command"],
         cwd=call.args["cwd"],
         env=call.args["env"],
         stdin=call.args.get("stdin"),
         timeout=call.timeout_s,
         max_output_bytes=call.output.cap,
+    )
+    result = call.runtime.commands(call.sandbox_id).run(
+        request,
         on_output=call.on_output,
         save=_saver(call),
         save_max_bytes=call.output.save_max_bytes,
@@ -279,13 +283,14 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
 
 def process_start(call: ToolCall) -> dict[str, Any]:
     pty = call.args.get("pty")
-    info = call.runtime.processes(call.sandbox_id).start(
+    request = StartRequest(
         call.args["command"],
         cwd=call.args["cwd"],
         env=call.args["env"],
         stdin=call.args["stdin"],
         pty=None if pty is None else (pty["cols"], pty["rows"]),
     )
+    info = call.runtime.processes(call.sandbox_id).start(request)
     return {"process_id": info.id, "running": True}
 
 
@@ -345,12 +350,15 @@ def shell_create(call: ToolCall) -> dict[str, Any]:
 
 
 def shell_run(call: ToolCall) -> dict[str, Any]:
-    result = call.runtime.sessions(call.sandbox_id).run(
+    request = SessionRunRequest(
         call.args["session_id"],
         call.args["command"],
         timeout=call.timeout_s,
         stdin=call.args.get("stdin"),
         max_output_bytes=call.output.cap,
+    )
+    result = call.runtime.sessions(call.sandbox_id).run(
+        request,
         save=_saver(call),
         save_max_bytes=call.output.save_max_bytes,
     )

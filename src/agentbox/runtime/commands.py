@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, SandboxError
 from agentbox.fsutil import exec_text, required_text, stdin_bytes
@@ -39,6 +39,7 @@ from agentbox.runtime.output import (
     read_ready,
 )
 from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
+from agentbox.runtime.requests import RunRequest, coerce
 
 LAUNCH_FAILED = 125
 _TIOCSPTLCK = 0x40045431
@@ -217,22 +218,18 @@ class CommandRunner:
     # foreground -----------------------------------------------------------------------
     def run(
         self,
-        command: str | Sequence[str],
+        request: RunRequest | str | Sequence[str],
         *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        timeout: float | None = 60.0,
-        max_output_bytes: int = 1 << 20,
-        pty: bool = False,
         on_output: OutputCallback | None = None,
         save: OutputSaver | None = None,
         save_max_bytes: int = 0,
         detect_input: bool = False,
         adopt: Adopter | None = None,
         cancel: Cancellation | None = None,
+        **fields: Any,
     ) -> CommandResult:
         """Run to completion. On timeout the command's whole process tree is killed.
+        ``request`` is a ``RunRequest``, or a command with the request's ``fields``.
 
         ``on_output(stream, chunk)`` sees every chunk as it arrives ("stdout"/"stderr"),
         uncapped, for callers that stream (the CLI, SSE); the result stays capped.
@@ -243,11 +240,10 @@ class CommandRunner:
         handed to ``adopt``, which keeps it running and returns its process id, or killed.
         ``cancel`` kills it (its cgroup leaf) from another thread while it runs.
         """
-        argv = normalise_argv(command)
-        if timeout is not None and timeout <= 0:
-            raise InvalidRequest("timeout must be positive (seconds)")
-        if max_output_bytes < 0:
-            raise InvalidRequest("max_output_bytes must be >= 0")
+        request = coerce(RunRequest, request, fields)
+        argv = normalise_argv(request.command)
+        cwd, env, stdin, pty = request.cwd, request.env, request.stdin, request.pty
+        timeout, max_output_bytes = request.timeout, request.max_output_bytes
         stdin_data = None if stdin is None else stdin_bytes(stdin)
         environment = self.environment(env)
         leaf = self.new_leaf()

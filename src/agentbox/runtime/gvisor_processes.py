@@ -16,15 +16,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-import secrets
-import shutil
 import signal as signals
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from agentbox.runtime.commands import LiveCommand, launch_error, normalise_argv
+from agentbox.runtime.commands import LiveCommand
 from agentbox.runtime.gvisor_commands import GvisorCommandRunner, unsupported
 from agentbox.runtime.processes import ProcessInfo, ProcessTable, _read_exit, _signal_number
 
@@ -41,27 +38,15 @@ _STARTED_S = 10.0
 class GvisorProcessTable(ProcessTable):
     runner: GvisorCommandRunner
 
-    def start(
-        self,
-        command: str | Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = False,
-        pty: tuple[int, int] | None = None,
-    ) -> ProcessInfo:
+    def _terminal(self, pty: tuple[int, int] | None) -> tuple[int, int] | None:
         if pty is not None:
             raise unsupported("a background process on a terminal (pty)")
-        argv = normalise_argv(command)
-        environment = self.runner.environment(env)
-        process_id = "p-" + secrets.token_hex(6)
-        pdir = self.root / process_id
-        leaf = self.runner.new_leaf("p")
-        try:
-            started = self._launch(pdir, argv, environment, leaf, cwd, stdin)
-        except OSError as e:
-            shutil.rmtree(pdir, ignore_errors=True)
-            raise launch_error(e) from None
+        return None
+
+    def _discard_leaf(self, leaf: str) -> None:
+        pass  # runsc's own cgroups, not a leaf of ours: nothing was made
+
+    def _until_started(self, pdir: Path, leaf: str) -> None:
         # Until runsc has started it (its pid file) or it has ended: a signal sent before
         # would find nothing to kill.
         deadline = time.monotonic() + _STARTED_S
@@ -70,7 +55,6 @@ class GvisorProcessTable(ProcessTable):
             if _read_exit(pdir / "exit") is not None:
                 break
             time.sleep(0.005)
-        return ProcessInfo(process_id, argv, started, True, None)
 
     def close_stdin(self, process_id: str) -> None:
         self._dir(process_id)  # an unknown process is NotFound first

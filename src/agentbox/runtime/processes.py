@@ -31,9 +31,10 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agentbox.errors import InvalidRequest, ProcessNotFound
 from agentbox.fsutil import stdin_bytes
@@ -48,6 +49,7 @@ from agentbox.runtime.commands import (
 )
 from agentbox.runtime.files import sandbox_credentials
 from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
+from agentbox.runtime.requests import StartRequest, coerce
 
 _SIGNALS = {s.name: s for s in signals.Signals}
 
@@ -104,36 +106,40 @@ class ProcessTable:
             )
         return path
 
-    def start(
-        self,
-        command: str | Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = False,
-        pty: tuple[int, int] | None = None,
-    ) -> ProcessInfo:
+    def start(self, request: StartRequest | str | Sequence[str], **fields: Any) -> ProcessInfo:
         """Start ``command`` in the background. ``stdin``: keep its stdin open for
         ``write_stdin`` (and ``close_stdin``). ``pty=(cols, rows)``: run it on a terminal
         of that size (its input then goes to the terminal; ``stdin`` is not needed)."""
-        argv = normalise_argv(command)
-        if pty is not None:
-            pty = terminals.check_size(*pty)
-        environment = self.runner.environment(env)
+        request = coerce(StartRequest, request, fields)
+        pty = self._terminal(request.pty)
+        argv = normalise_argv(request.command)
+        environment = self.runner.environment(request.env)
         process_id = "p-" + secrets.token_hex(6)
         pdir = self.root / process_id
         leaf = self.runner.new_leaf("p")
         try:
             if pty is not None:
-                started = self._launch_terminal(pdir, argv, environment, leaf, cwd, pty)
+                started = self._launch_terminal(pdir, argv, environment, leaf, request.cwd, pty)
             else:
-                started = self._launch(pdir, argv, environment, leaf, cwd, stdin)
+                started = self._launch(pdir, argv, environment, leaf, request.cwd, request.stdin)
         except OSError as e:
-            self.runner.cgroup.remove_leaf(leaf)
+            self._discard_leaf(leaf)
             shutil.rmtree(pdir, ignore_errors=True)
             raise launch_error(e) from None
-        self._wait_running(pdir, self.runner.cgroup.unified / leaf)
+        self._until_started(pdir, leaf)
         return ProcessInfo(process_id, argv, started, True, None, terminal=pty is not None)
+
+    # What a tier does its own way (GvisorProcessTable overrides these) ----------------
+    def _terminal(self, pty: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The terminal size to start on (checked), or None for pipes."""
+        return None if pty is None else terminals.check_size(*pty)
+
+    def _discard_leaf(self, leaf: str) -> None:
+        """Undo ``new_leaf`` for a command that never launched."""
+        self.runner.cgroup.remove_leaf(leaf)
+
+    def _until_started(self, pdir: Path, leaf: str) -> None:
+        self._wait_running(pdir, self.runner.cgroup.unified / leaf)
 
     @staticmethod
     def _wait_running(pdir: Path, leaf: Path, timeout: float = 10.0) -> None:
