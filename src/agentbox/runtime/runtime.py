@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import secrets
-import select
 import sqlite3
 import threading
 import time
@@ -40,6 +39,7 @@ from agentbox.network import plane
 from agentbox.runtime import template_tiers
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
+from agentbox.runtime.live import LiveSandboxes, Running
 from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.store import SandboxRecord, SandboxState, Store
 from agentbox.runtime.tiers import GVISOR, host_for, host_limits
@@ -92,60 +92,6 @@ def pool_key(spec: SandboxSpec | StoredSpec) -> str:
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:24]
 
 
-_Running = tuple[SandboxRecord, SandboxHost, SandboxCgroup]
-
-
-class _LiveSandboxes:
-    """Running sandboxes this process has looked up, each watched through a pidfd of its
-    init. The fd turns readable when init exits, so an entry never outlives its sandbox
-    and cannot be fooled by pid reuse; a hit skips SQLite and /proc on the hot path.
-    Whoever changes a sandbox's state in this process calls :meth:`forget`; another
-    process can only end a sandbox by killing its init, which the pidfd sees."""
-
-    LIMIT = 256  # fds held at most; a miss only costs the slow path
-
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[_Running, int]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, sandbox_id: str) -> _Running | None:
-        with self._lock:  # the poll and a concurrent close must not interleave
-            entry = self._entries.get(sandbox_id)
-            if entry is None:
-                return None
-            if not select.select([entry[1]], [], [], 0)[0]:
-                return entry[0]
-            self._drop(sandbox_id)
-            return None
-
-    def add(self, running: _Running) -> None:
-        record = running[0]
-        if record.init_pid is None:
-            return
-        try:
-            pidfd = os.pidfd_open(record.init_pid)
-        except OSError:
-            return
-        # The pid may have been reused between the caller's check and pidfd_open.
-        if process_start_time(record.init_pid) != record.init_start_time:
-            os.close(pidfd)
-            return
-        with self._lock:
-            self._drop(record.id)
-            if len(self._entries) >= self.LIMIT:
-                self._drop(next(iter(self._entries)))
-            self._entries[record.id] = (running, pidfd)
-
-    def forget(self, sandbox_id: str) -> None:
-        with self._lock:
-            self._drop(sandbox_id)
-
-    def _drop(self, sandbox_id: str) -> None:
-        entry = self._entries.pop(sandbox_id, None)
-        if entry is not None:
-            os.close(entry[1])
-
-
 class Runtime:
     """Entry point of the runtime plane. Cheap to construct; host facts load lazily."""
 
@@ -160,7 +106,7 @@ class Runtime:
         self._layout: CgroupLayout | None = None
         self._paths: LaunchPaths | None = None
         self._lock = threading.Lock()
-        self._live = _LiveSandboxes()
+        self._live = LiveSandboxes()
         self._net: plane.HomeNet | None = None
         self._touched: dict[str, float] = {}
         self.admission = Admission()  # the gateway sets its sandbox.admission here
@@ -675,7 +621,7 @@ class Runtime:
         with contextlib.suppress(FileNotFoundError):
             os.utime(self.home / "sandboxes" / sandbox_id / "activity")
 
-    def running(self, sandbox_id: str, *, touch: bool = True) -> _Running:
+    def running(self, sandbox_id: str, *, touch: bool = True) -> Running:
         """The record, host and cgroup of a running sandbox (a paused one is resumed);
         ``touch``: this use counts as activity (see ``runtime.lifecycle``)."""
         if touch:
