@@ -1,4 +1,4 @@
-# Whole on purpose: the one tool table MCP and REST read; splits with per-tool arg models (#14)
+# Whole on purpose: the one tool table MCP and REST read, each spec beside the handler it names
 """The tools the gateway exposes, defined once for MCP and REST alike.
 
 Each ``ToolSpec`` carries its JSON input and output schemas, MCP annotations, the policy
