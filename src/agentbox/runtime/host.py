@@ -86,6 +86,20 @@ class LaunchPaths:
     seccomp: Path
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What starting a sandbox's first process takes, on any tier: its cgroup (already
+    enforcing ``limits``, which other tiers pass on), whether the host's /usr is bound,
+    its memory in bytes and the seconds it may live."""
+
+    paths: LaunchPaths
+    cgroup: SandboxCgroup
+    host_usr: bool
+    memory_bytes: int
+    lifetime_s: float
+    limits: Limits | None = None
+
+
 class SandboxHost:
     def __init__(self, home: Path, sandbox_id: str, slot: int) -> None:
         self.id = sandbox_id
@@ -262,17 +276,11 @@ class SandboxHost:
             "--clearenv",
         ]  # fmt: skip
 
-    def launch(
-        self,
-        paths: LaunchPaths,
-        cgroup: SandboxCgroup,
-        host_usr: bool,
-        memory_bytes: int,
-        lifetime_s: float,
-        limits: Limits | None = None,
-    ) -> tuple[int, int]:
+    def launch(self, launch: Launch) -> tuple[int, int]:
         """Start the sandbox's first process; return its host pid and start time.
         (``limits``: what ``cgroup`` already enforces; other tiers pass them on.)"""
+        paths, cgroup, host_usr = launch.paths, launch.cgroup, launch.host_usr
+        memory_bytes, lifetime_s = launch.memory_bytes, launch.lifetime_s
         init = initfs.ensure(self.home, paths.nsexec)  # a stat, once it is there
         seccomp_fd = os.open(paths.seccomp, os.O_RDONLY)
         boot_id_fd = os.memfd_create("boot_id", os.MFD_CLOEXEC)

@@ -38,7 +38,7 @@ from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
 from agentbox.runtime import template_tiers
 from agentbox.runtime.commands import CommandRunner
-from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
+from agentbox.runtime.host import Launch, LaunchPaths, SandboxHost, process_start_time
 from agentbox.runtime.live import LiveSandboxes, Running
 from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.store import SandboxRecord, SandboxState, Store
@@ -320,9 +320,8 @@ class Runtime:
             cgroup.create(limits)
             if networked and gvisor:  # runsc copies the namespace's setup as it starts
                 plane.attach(self.net.link(record.slot), host.make_netns())  # type: ignore[attr-defined]
-            pid, start = host.launch(
-                paths, cgroup, template.host_usr, spec.memory, spec.lifetime, limits
-            )
+            launch = Launch(paths, cgroup, template.host_usr, spec.memory, spec.lifetime, limits)
+            pid, start = host.launch(launch)
             if networked and not gvisor:
                 plane.attach(self.net.link(record.slot), pid)
             host.activity_marker.touch()
@@ -574,9 +573,8 @@ class Runtime:
             host.volume_binds = self.volumes.binds_for(record.id)
             for bind in host.volume_binds:  # the agent may have replaced a path since
                 image.make_mountpoint(host.root, bind.path, host.host_uid, host.host_gid)
-        pid, start = host.launch(
-            self.paths, cgroup, template.host_usr, spec.memory, remaining, limits
-        )
+        launch = Launch(self.paths, cgroup, template.host_usr, spec.memory, remaining, limits)
+        pid, start = host.launch(launch)
         if networked and not gvisor:
             plane.attach(self.net.link(record.slot), pid)
         self.store.mark_running(record.id, pid, start)
