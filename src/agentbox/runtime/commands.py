@@ -136,6 +136,18 @@ def normalise_argv(command: str | Sequence[str]) -> list[str]:
     return argv
 
 
+@dataclass(frozen=True)
+class _Job:
+    """A foreground command as launched: the host argv and its environment, the input to
+    feed it, its limit in seconds and its cgroup leaf (what pipes and a pty share)."""
+
+    launcher: list[str]
+    env: dict[str, str]
+    stdin: bytes | None
+    timeout: float | None
+    leaf: str
+
+
 class CommandRunner:
     def __init__(
         self,
@@ -256,15 +268,13 @@ class CommandRunner:
             cancel.bind(lambda: self.kill_tree(leaf))
         try:
             try:
+                job = _Job(launcher, environment, stdin_data, timeout, leaf)
                 if pty:
-                    status, outcome = self._run_pty(launcher, environment, stdin_data,
-                                                    timeout, out, leaf)  # fmt: skip
+                    status, outcome = self._run_pty(job, out)
                     recent, process_id = b"", None
                 else:
                     watch = detect_input and not stdin_data
-                    proc, outcome, recent = self._run_pipes(
-                        launcher, environment, stdin_data, timeout, out, err, leaf, watch
-                    )
+                    proc, outcome, recent = self._run_pipes(job, out, err, watch)
                     status, process_id = self._settle(
                         proc, outcome, adopt, argv, cwd, leaf, out, err
                     )
@@ -314,51 +324,35 @@ class CommandRunner:
         return proc.wait(), None
 
     def _run_pipes(
-        self,
-        launcher: list[str],
-        env: dict[str, str],
-        stdin: bytes | None,
-        timeout: float | None,
-        out: BoundedCapture,
-        err: BoundedCapture,
-        leaf: str,
-        watch: bool,
+        self, job: _Job, out: BoundedCapture, err: BoundedCapture, watch: bool
     ) -> tuple[subprocess.Popen[bytes], str, bytes]:
         proc = subprocess.Popen(
-            launcher,
-            stdin=subprocess.PIPE if stdin or watch else subprocess.DEVNULL,
+            job.launcher,
+            stdin=subprocess.PIPE if job.stdin or watch else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=env,
+            env=job.env,
             close_fds=True,
         )
         assert proc.stdout is not None and proc.stderr is not None
         streams: dict[IO[bytes], BoundedCapture] = {proc.stdout: out, proc.stderr: err}
         stdin_id = stream_id(proc.stdin.fileno()) if watch and proc.stdin is not None else None
-        outcome, recent = self._pump(proc, streams, stdin, timeout, leaf, stdin_id)
+        outcome, recent = self._pump(proc, streams, job.stdin, job.timeout, job.leaf, stdin_id)
         return proc, outcome, recent
 
-    def _run_pty(
-        self,
-        launcher: list[str],
-        env: dict[str, str],
-        stdin: bytes | None,
-        timeout: float | None,
-        out: BoundedCapture,
-        leaf: str,
-    ) -> tuple[int, str]:
+    def _run_pty(self, job: _Job, out: BoundedCapture) -> tuple[int, str]:
         master, slave = self.open_pty()
         try:
             proc = subprocess.Popen(
-                launcher, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True
+                job.launcher, stdin=slave, stdout=slave, stderr=slave, env=job.env, close_fds=True
             )
         finally:
             os.close(slave)
         master_file = os.fdopen(master, "r+b", buffering=0)
         with master_file:
-            if stdin:
-                master_file.write(stdin)
-            outcome, _ = self._pump(proc, {master_file: out}, None, timeout, leaf, None)
+            if job.stdin:
+                master_file.write(job.stdin)
+            outcome, _ = self._pump(proc, {master_file: out}, None, job.timeout, job.leaf, None)
         return proc.wait(), outcome
 
     def open_pty(self) -> tuple[int, int]:
