@@ -1,7 +1,8 @@
 """What the SDK asks of a backend: one interface per part (commands, processes, sessions,
 files) and the backend that hands them out. A call with more than a path takes one request
 object (``agentbox.runtime.requests``: ``RunRequest``, ``StartRequest``,
-``SessionRunRequest``, ``WriteRequest``), so each argument is declared once for both.
+``SessionRunRequest``, ``WriteRequest``, ``DownloadRequest``), so each argument is declared
+once for both.
 
 Two implementations: the in-process runtime (``agentbox.runtime``: ``CommandRunner``,
 ``ProcessTable``, ``ShellSessions``, ``SandboxFiles``, ``Runtime``) and the gateway client
@@ -27,7 +28,13 @@ if TYPE_CHECKING:  # the SDK loads light: these are imported where they are used
     from agentbox.runtime.files import FileInfo
     from agentbox.runtime.output import CommandResult, OutputCallback
     from agentbox.runtime.processes import ProcessInfo, ProcessOutput
-    from agentbox.runtime.requests import RunRequest, SessionRunRequest, StartRequest, WriteRequest
+    from agentbox.runtime.requests import (
+        DownloadRequest,
+        RunRequest,
+        SessionRunRequest,
+        StartRequest,
+        WriteRequest,
+    )
     from agentbox.runtime.snapshots import SnapshotInfo
     from agentbox.runtime.store import SandboxRecord
 
@@ -77,14 +84,9 @@ class FilesAPI(Protocol):
     def move(self, src: str, dst: str, overwrite: bool = False) -> FileInfo: ...
     def remove(self, path: str, recursive: bool = False) -> None: ...
     def upload_tar(self, dest_dir: str, fileobj: IO[bytes]) -> int: ...
-    def download_tar(
-        self,
-        path: str,
-        fileobj: IO[bytes],
-        *,
-        include_unsafe: bool = False,
-        withheld: builtins.list[tuple[str, str]] | None = None,
-    ) -> int: ...
+    def download(self, request: DownloadRequest) -> int:
+        """Stream a tar (the SDK's ``files.download_tar``); the number of entries."""
+        ...
 
 
 class VolumesAPI(Protocol):

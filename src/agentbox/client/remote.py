@@ -24,7 +24,13 @@ from agentbox.errors import AgentboxError, GatewayUnreachable, InvalidRequest, U
 from agentbox.runtime.files import FileInfo
 from agentbox.runtime.output import CommandResult, OutputCallback
 from agentbox.runtime.processes import ProcessInfo, ProcessOutput
-from agentbox.runtime.requests import RunRequest, SessionRunRequest, StartRequest, WriteRequest
+from agentbox.runtime.requests import (
+    DownloadRequest,
+    RunRequest,
+    SessionRunRequest,
+    StartRequest,
+    WriteRequest,
+)
 from agentbox.runtime.snapshots import SnapshotInfo
 from agentbox.runtime.store import SandboxRecord
 
@@ -427,17 +433,11 @@ class RemoteFiles:
         )
         return int(data["entries"])
 
-    def download_tar(
-        self,
-        path: str,
-        fileobj: IO[bytes],
-        *,
-        include_unsafe: bool = False,
-        withheld: builtins.list[tuple[str, str]] | None = None,
-    ) -> int:
-        """Stream the tar into ``fileobj``; returns the number of entries."""
-        params = {"path": path, "include_unsafe": str(include_unsafe).lower()}
-        return self._c.download(f"{self._base}/download", params, fileobj, withheld)
+    def download(self, request: DownloadRequest) -> int:
+        """Stream the tar into ``request.fileobj``; returns the number of entries."""
+        r = request
+        params = {"path": r.path, "include_unsafe": str(r.include_unsafe).lower()}
+        return self._c.download(f"{self._base}/download", params, r.fileobj, r.withheld)
 
 
 class RemoteVolumes:

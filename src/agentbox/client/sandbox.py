@@ -28,6 +28,7 @@ from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar
 from agentbox.client.desktop import Desktop
 from agentbox.client.interfaces import Backend, ProcessesAPI
 from agentbox.runtime.requests import (
+    DownloadRequest,
     RunRequest,
     SessionRunRequest,
     StartRequest,
@@ -259,9 +260,8 @@ class Files:
         editor, agent and tool settings, rc files, setuid bits, symlinks that may leave
         the tree: see ``agentbox.runtime.export_safety``) is left out and listed in
         ``withheld`` unless ``include_unsafe``."""
-        return self._rt.files(self._id).download_tar(
-            path, fileobj, include_unsafe=include_unsafe, withheld=withheld
-        )
+        request = DownloadRequest(path, fileobj, include_unsafe, withheld)
+        return self._rt.files(self._id).download(request)
 
 
 class Shell:

@@ -79,7 +79,7 @@ from agentbox.fsutil import Access, required_text
 from agentbox.hints import Hint
 from agentbox.isolation import syscalls
 from agentbox.runtime import archive, export_safety
-from agentbox.runtime.requests import WriteMode, WriteRequest
+from agentbox.runtime.requests import DownloadRequest, WriteMode, WriteRequest
 from agentbox.storage.inroot import open_in_root
 
 FileType = Literal["file", "dir", "symlink", "other"]
@@ -717,6 +717,13 @@ class SandboxFiles:
             os.close(fd)
             raise
         return fd
+
+    def download(self, request: DownloadRequest) -> int:
+        """``download_tar`` with the SDK's request object (``client.interfaces.FilesAPI``)."""
+        r = request
+        return self.download_tar(
+            r.path, r.fileobj, include_unsafe=r.include_unsafe, withheld=r.withheld
+        )
 
     def put(self, request: WriteRequest) -> FileInfo:
         """``write`` with the SDK's request object (``client.interfaces.FilesAPI``)."""

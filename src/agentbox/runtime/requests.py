@@ -1,6 +1,6 @@
 """The request objects every SDK backend takes: one frozen dataclass per call that carries
 more than a path (``commands.run``, ``processes.start``, a session's ``run``,
-``files.write``). The in-process runtime and the gateway client
+``files.write``, ``files.download_tar``). The in-process runtime and the gateway client
 (``agentbox.client.remote``) implement ``agentbox.client.interfaces`` over these, so an
 argument is declared once and neither backend can drop one silently; the SDK's public
 methods (``Sandbox.commands.run(cmd, timeout=...)``) build them.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, cast
+from typing import IO, Any, Literal, TypeVar, cast
 
 from agentbox.errors import InvalidRequest
 
@@ -86,6 +86,17 @@ class WriteRequest:
     mode: WriteMode = "overwrite"
     perms: int = 0o644
     make_parents: bool = True
+
+
+@dataclass(frozen=True)
+class DownloadRequest:
+    """A tar of ``path`` streamed into ``fileobj``: what the host would run or trust is
+    left out and listed in ``withheld`` (when given) unless ``include_unsafe``."""
+
+    path: str
+    fileobj: IO[bytes]
+    include_unsafe: bool = False
+    withheld: list[tuple[str, str]] | None = None
 
 
 Command = TypeVar("Command", RunRequest, StartRequest)
