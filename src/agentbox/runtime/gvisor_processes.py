@@ -13,17 +13,21 @@ for input (``waiting_for_input`` stays false).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal as signals
-import subprocess
 import time
 from pathlib import Path
 
 from agentbox.runtime.commands import LiveCommand
 from agentbox.runtime.gvisor_commands import GvisorCommandRunner, unsupported
-from agentbox.runtime.processes import ProcessInfo, ProcessTable, _read_exit, _signal_number
+from agentbox.runtime.processes import (
+    ProcessInfo,
+    ProcessTable,
+    _read_exit,
+    _signal_number,
+    run_detached,
+)
 
 # Runs runsc exec, drops its files, then writes the status like the default tier's
 # launcher does: a number and a newline, atomically. $0: the exit file; $1, $2: runsc's
@@ -78,18 +82,7 @@ class GvisorProcessTable(ProcessTable):
             stdin_fd = os.open(pdir / "stdin", os.O_RDWR | os.O_CLOEXEC)
         else:
             stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        out_fd = os.open(pdir / "stdout", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
-        err_fd = os.open(pdir / "stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
-        try:
-            launched = subprocess.run(
-                waiter, stdin=stdin_fd, stdout=out_fd, stderr=err_fd, env=host_env,
-                close_fds=True, start_new_session=True, check=False,
-            )  # fmt: skip
-            if launched.returncode != 0:
-                raise OSError(errno.EIO, "the waiter failed to start")
-        finally:
-            for fd in (stdin_fd, out_fd, err_fd):
-                os.close(fd)
+        run_detached(waiter, host_env, pdir, stdin_fd, "the waiter failed to start")
         return started
 
     def get(self, process_id: str) -> ProcessInfo:

@@ -182,26 +182,9 @@ class ProcessTable:
             os.set_blocking(stdin_fd, True)
         else:
             stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        out_fd = os.open(pdir / "stdout", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
-        err_fd = os.open(pdir / "stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
-        try:
-            # The launcher detaches (--detach): its waiting half outlives this process,
-            # and the exit file, not our child status, records how the command ended.
-            launched = subprocess.run(
-                launcher,
-                stdin=stdin_fd,
-                stdout=out_fd,
-                stderr=err_fd,
-                env=environment,
-                close_fds=True,
-                start_new_session=True,
-                check=False,
-            )
-            if launched.returncode != 0:  # the detaching half failed before it forked
-                raise OSError(errno.EIO, "the launcher failed")
-        finally:
-            for fd in (stdin_fd, out_fd, err_fd):
-                os.close(fd)
+        # The launcher detaches (--detach): its waiting half outlives this process, and
+        # the exit file, not our child status, records how the command ended.
+        run_detached(launcher, environment, pdir, stdin_fd, "the launcher failed")
         return started
 
     def _launch_terminal(
@@ -584,3 +567,27 @@ def _push(fd: int, data: bytes) -> bytes:
         return data
     except BrokenPipeError:
         return b""
+
+
+def run_detached(
+    argv: list[str], env: dict[str, str], pdir: Path, stdin_fd: int, failed: str
+) -> None:
+    """Run ``argv``, which detaches the background command and returns, with ``stdin_fd``
+    (closed after) as its stdin and the process directory's output files as stdout and
+    stderr; OSError(EIO, ``failed``) when it exits non-zero (before the command forked)."""
+    try:
+        out_fd = os.open(pdir / "stdout", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
+        err_fd = os.open(pdir / "stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
+    except OSError:
+        os.close(stdin_fd)
+        raise
+    try:
+        launched = subprocess.run(
+            argv, stdin=stdin_fd, stdout=out_fd, stderr=err_fd, env=env,
+            close_fds=True, start_new_session=True, check=False,
+        )  # fmt: skip
+        if launched.returncode != 0:
+            raise OSError(errno.EIO, failed)
+    finally:
+        for fd in (stdin_fd, out_fd, err_fd):
+            os.close(fd)
