@@ -14,7 +14,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import IO, Any
 from urllib.parse import quote
 
@@ -30,6 +30,7 @@ from agentbox.runtime.requests import (
     SessionRunRequest,
     StartRequest,
     WriteRequest,
+    coerce,
 )
 from agentbox.runtime.snapshots import SnapshotInfo
 from agentbox.runtime.store import SandboxRecord
@@ -229,10 +230,17 @@ class RemoteCommands:
     def __init__(self, client: GatewayClient, sandbox_id: str) -> None:
         self._c, self._id = client, sandbox_id
 
-    def run(self, request: RunRequest, *, on_output: OutputCallback | None = None) -> CommandResult:
-        """As the in-process run; ``max_output_bytes`` is cut to the gateway's maximum
-        (``limits_applied`` says so). ``pty`` has no REST route: refused, never ignored."""
-        r = request
+    def run(
+        self,
+        request: RunRequest | str | Sequence[str],
+        *,
+        on_output: OutputCallback | None = None,
+        **fields: Any,
+    ) -> CommandResult:
+        """As the in-process run (the same short form: a command and the request's
+        ``fields``); ``max_output_bytes`` is cut to the gateway's maximum (``limits_applied``
+        says so). ``pty`` has no REST route: refused, never ignored."""
+        r = coerce(RunRequest, request, fields)
         if r.pty:
             raise InvalidRequest(
                 "pty=True is not available through a gateway yet: run without a pty, or "
@@ -265,8 +273,8 @@ class RemoteProcesses:
     def __init__(self, client: GatewayClient, sandbox_id: str) -> None:
         self._c, self._base = client, f"/v1/sandboxes/{sandbox_id}/processes"
 
-    def start(self, request: StartRequest) -> ProcessInfo:
-        r = request
+    def start(self, request: StartRequest | str | Sequence[str], **fields: Any) -> ProcessInfo:
+        r = coerce(StartRequest, request, fields)
         body: dict[str, object] = {
             "command": _command(r.command),
             "cwd": r.cwd,
@@ -377,6 +385,10 @@ class RemoteFiles:
                 return
             yield chunk
             offset += len(chunk)
+
+    def write(self, path: str, data: bytes | Iterable[bytes], **options: Any) -> FileInfo:
+        """As the in-process ``write``: ``put`` with a ``WriteRequest`` of these."""
+        return self.put(WriteRequest(path, data, **options))
 
     def put(self, request: WriteRequest) -> FileInfo:
         r = request

@@ -186,10 +186,10 @@ class Runtime:
             self.touch(claimed.id, force=True)
             self.event(claimed.id, "created", "operator", actor, template=claimed.template,
                        from_pool=True)  # fmt: skip
-            return claimed
+            return self._admitted(claimed)
         record = self._build(resolved, template, None)
         self.event(record.id, "created", "operator", actor, template=record.template)
-        return record
+        return self._admitted(record)
 
     def recycle(self, sandbox_id: str) -> bool:
         """Destroy a pooled sandbox unless a create claimed it first (then False)."""
@@ -232,7 +232,7 @@ class Runtime:
         record = self._build(spec, template, origin)
         self.event(record.id, "created", "operator", actor, template=record.template,
                    forked_from=source_id)  # fmt: skip
-        return record
+        return self._admitted(record)
 
     def create_filled(
         self,
@@ -247,6 +247,11 @@ class Runtime:
         runs on it (a restore)."""
         record = self._build(spec, template, None, populate)
         self.event(record.id, "created", "operator", actor, template=record.template, **details)
+        return self._admitted(record)
+
+    def _admitted(self, record: SandboxRecord) -> SandboxRecord:
+        """A new sandbox (created, forked or restored) about to be answered: what a role
+        adds before the caller hears of it (a cluster node registers it)."""
         return record
 
     def _build(
