@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, SandboxError
 from agentbox.fsutil import exec_text, required_text, stdin_bytes
@@ -40,6 +40,11 @@ from agentbox.runtime.output import (
 )
 from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
 from agentbox.runtime.requests import RunRequest, coerce
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from agentbox.runtime.enter_argv import EnterOptions
 
 LAUNCH_FAILED = 125
 _TIOCSPTLCK = 0x40045431
@@ -175,17 +180,10 @@ class CommandRunner:
         return merged
 
     def launcher_argv(
-        self,
-        argv: list[str],
-        leaf: str,
-        cwd: str | None,
-        *,
-        exit_file: str | None = None,
-        hold_stdin: str | None = None,
-        setsid: bool = False,
-        ctty: bool = False,
-        detach: bool = False,
+        self, argv: list[str], leaf: str, cwd: str | None, **options: Unpack[EnterOptions]
     ) -> list[str]:
+        """``enter_argv.launcher_argv`` for this sandbox (``cwd`` checked, a relative one
+        taken from /workspace); ``options`` as there."""
         if cwd is not None:
             required_text(cwd, "cwd", f"pass a directory, e.g. {WORKSPACE}")
         if cwd is not None and not cwd.startswith("/"):  # relative: to /workspace, as files
@@ -198,11 +196,7 @@ class CommandRunner:
             str(self.paths.seccomp),
             cwd,
             argv,
-            exit_file=exit_file,
-            hold_stdin=hold_stdin,
-            setsid=setsid,
-            ctty=ctty,
-            detach=detach,
+            **options,
         )
 
     def new_leaf(self, kind: str = FOREGROUND_LEAF) -> str:
