@@ -12,6 +12,7 @@ import subprocess
 import time
 
 from agentbox import Sandbox
+from agentbox.runtime.requests import RunRequest
 from agentbox.runtime.runtime import Runtime
 from baselines import NsenterTarget, PlainBwrap, bare_true
 from common import BenchResult, Row, Stats, bench_home, now_ns, progress, ratio
@@ -51,7 +52,7 @@ def run(quick: bool) -> BenchResult:
 
             def cached_once() -> int:
                 t0 = now_ns()
-                result = runner.run(["true"])
+                result = runner.run(RunRequest(["true"]))
                 elapsed = now_ns() - t0
                 if result.exit_code != 0:
                     raise RuntimeError(f"`true` exited {result.exit_code}")

@@ -121,6 +121,12 @@ class AgentboxError(Exception):
         return cls(message, hint=hint, **details)
 
 
+# The tree: a declaration table, one class a code. The classes repeat one shape on
+# purpose (a stable ``code``, sometimes an ``http_status``): each is a name callers catch
+# and a code clients match, so they stay written out, not generated (`duplicates` lists
+# them as alike; the duplicates tool has no ignore mark, and none is needed here).
+
+
 class InvalidRequest(AgentboxError):
     code = "invalid_request"
     http_status = 400

@@ -28,6 +28,7 @@ from agentbox.errors import TierUnsupported
 from agentbox.isolation import gvisor
 from agentbox.network import plane
 from agentbox.runtime.output import CommandResult
+from agentbox.runtime.requests import SessionRunRequest
 from agentbox.runtime.runtime import Runtime
 from hostres import wait_for
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
@@ -324,8 +325,8 @@ def test_background_processes(box: Sandbox, runtime: Runtime) -> None:
 def test_shell_sessions_keep_cwd_and_env(box: Sandbox, runtime: Runtime) -> None:
     sessions = runtime.sessions(box.id)
     sid = sessions.create()
-    sessions.run(sid, "mkdir -p /tmp/sess && cd /tmp/sess && export GREETING=hi")
-    assert sessions.run(sid, "pwd; echo $GREETING").stdout == "/tmp/sess\nhi\n"
+    sessions.run(SessionRunRequest(sid, "mkdir -p /tmp/sess && cd /tmp/sess && export GREETING=hi"))
+    assert sessions.run(SessionRunRequest(sid, "pwd; echo $GREETING")).stdout == "/tmp/sess\nhi\n"
     sessions.close(sid)
 
 

@@ -2,7 +2,8 @@
 AND a real gateway (RemoteRuntime over REST), and the results are compared (the SWE-ReX
 pattern). An argument the remote backend dropped (env, stdin, max_output_bytes, perms,
 make_parents, parents, exist_ok) or changed (an argv sent as a shell string) shows here
-as a difference; an argument it cannot carry (pty) is refused, never ignored.
+as a difference; an argument it cannot carry (pty) is refused, never ignored. Both take
+the same request objects (``agentbox.runtime.requests``), which the SDK's methods build.
 
 Each scenario also asserts what the right answer is, so that both backends cannot agree
 on a wrong one.
@@ -24,6 +25,7 @@ from agentbox.errors import AgentboxError, InvalidRequest
 from agentbox.runtime.files import FileInfo
 from agentbox.runtime.output import CommandResult
 from agentbox.runtime.processes import ProcessInfo
+from agentbox.runtime.requests import RunRequest
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import RunningGateway, running_gateway
 
@@ -163,7 +165,7 @@ def test_pty_is_refused_through_a_gateway_not_ignored(
     assert local[0]["stdout"].startswith("/dev/pts/") and local[0]["exit_code"] == 0
     assert remote == [("error", "InvalidRequest", "invalid_request")]
     with pytest.raises(InvalidRequest, match="pty"):
-        backends["remote"].commands("sb-any").run("tty", pty=True)
+        backends["remote"].commands("sb-any").run(RunRequest("tty", pty=True))
 
 
 # processes ----------------------------------------------------------------------------------

@@ -1,29 +1,7 @@
-# Whole on purpose: writer, reader and verify share the record format, chain and file layout
 """The gateway's tamper-evident audit trail: append-only JSONL with a hash chain.
 
-Record format
-    One JSON object per line, written in canonical form (keys sorted, no whitespace,
-    UTF-8)::
-
-        {"actor":"op","args_hash":"sha256:…","bytes_out":120,"decision":"allowed",
-         "duration_ms":12.5,"error":null,"exit_code":0,"hash":"sha256:…",
-         "prev":"sha256:…","sandbox":"sb-1","seq":7,"session":"s-1","tool":"terminal.run",
-         "ts":"2025-01-31T12:00:00.123456Z","v":1}
-
-    ``ts`` is RFC 3339 UTC with microseconds; ``seq`` counts from 1 and never restarts,
-    across rotated files; ``decision`` is one of :class:`Decision` (or another
-    ``snake_case`` word). Tool arguments appear only as ``args_hash`` (see
-    :func:`args_hash`); the caller's ``extra`` fields are merged at top level but can
-    never replace the reserved keys above. The ``redact`` hook runs over every string
-    the caller supplies (actor, session, sandbox, tool, error and strings inside extra);
-    not over the hashes and timestamps the log generates itself, which a secret scanner
-    could mistake for keys.
-
-The chain
-    ``prev`` is the ``hash`` of the previous record (``GENESIS``, 64 zeros, for seq 1);
-    ``hash`` = ``"sha256:" + sha256(canonical JSON of the record without "hash")``. After
-    each fsync, ``audit.head`` is replaced atomically (temp file + rename) with the seq
-    and hash of the last durable record, so removing records from the end is visible.
+The record format, the chain and what ``verify`` proves: :mod:`agentbox.audit.chain`;
+reading and following: :mod:`agentbox.audit.reader`.
 
 Files
     ``audit.jsonl`` is the file being written. Past ``rotate_bytes`` it is renamed to
@@ -35,21 +13,6 @@ Files
     chain resumes from the last line of the newest file, read from the end (the file is
     not parsed whole).
 
-What :func:`verify` proves
-    That the rotation set is complete and contiguous from seq 1; that every record is
-    exactly as written (hash and canonical form); that none was removed, reordered or
-    inserted (seq and ``prev``); and that nothing was cut from the end since the head
-    was last written. It reports torn tails set aside after a crash.
-
-What it does NOT prove
-    The files live on the host: an attacker who can rewrite them *all* — recomputing
-    every hash and the head — produces a consistent chain that verifies. The defence is
-    external anchoring: the remote sink ships every record (with seq, prev and hash) to
-    a log service the host cannot rewrite, so the two copies can be compared. Nor does
-    verify prove that a record tells the truth, that records were not withheld before
-    being written, or that the clock was right. ``args_hash`` is a plain sha256: it hides
-    arguments from a reader, not from someone who can guess a low-entropy value.
-
 Durability: ``fsync="always"`` fsyncs the file and writes the head before ``append``
 returns (group commit: appenders that arrive during an fsync share the next one);
 ``"batch"`` lets a background flusher fsync at most ``batch_interval`` seconds or
@@ -60,24 +23,50 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import hashlib
-import json
 import logging
 import math
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from agentbox.audit.chain import (
+    FORMAT_VERSION,
+    GENESIS,
+    HASH_RE,
+    MAX_RECORD_BYTES,
+    Decision,
+    Head,
+    Record,
+    VerifyResult,
+    args_hash,
+    canonical_json,
+    default_audit_path,
+    head_path,
+    read_head,
+    record_hash,
+    rfc3339,
+    rotated_files,
+    spool_path,
+    torn_files,
+    verify,
+)
+from agentbox.audit.reader import (
+    Source,
+    check_limit,
+    complete_end,
+    follow,
+    parse_record,
+    read_records,
+    reverse_lines,
+    scan,
+)
 from agentbox.audit.sink import RemoteSink
 from agentbox.config.audit_fields import RESERVED
-from agentbox.config.host import agentbox_home
 from agentbox.errors import Conflict, InvalidConfig, InvalidRequest
 from agentbox.fsutil import fsync_dir
 
@@ -86,481 +75,40 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Record = dict[str, Any]
+# What ``from agentbox.audit.log import …`` has always offered: the trail's public names.
+__all__ = [
+    "FORMAT_VERSION",
+    "GENESIS",
+    "MAX_RECORD_BYTES",
+    "AuditLog",
+    "Decision",
+    "Head",
+    "Record",
+    "VerifyResult",
+    "args_hash",
+    "canonical_json",
+    "default_audit_path",
+    "follow",
+    "head_path",
+    "read_head",
+    "read_records",
+    "record_hash",
+    "rfc3339",
+    "rotated_files",
+    "spool_path",
+    "torn_files",
+    "verify",
+]
+
 FsyncPolicy = Literal["always", "batch"]
 
-FORMAT_VERSION = 1
-GENESIS = "sha256:" + "0" * 64
-MAX_RECORD_BYTES = 1024 * 1024
-_CHUNK = 64 * 1024
-_FOLLOW_CHUNK = 4 * 1024 * 1024
-_HASH = re.compile(r"^sha256:[0-9a-f]{64}$")
 _DECISION = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-
-
-class Decision(StrEnum):
-    """The decisions the gateway records. Other ``snake_case`` words are accepted too."""
-
-    ALLOWED = "allowed"
-    DENIED = "denied"
-    APPROVAL_REQUESTED = "approval_requested"
-    APPROVAL_GRANTED = "approval_granted"
-    APPROVAL_DENIED = "approval_denied"
-    TOKEN_ISSUED = "token_issued"  # noqa: S105 - a decision, not a secret
-    TOKEN_REVOKED = "token_revoked"  # noqa: S105
-    SANDBOX_CREATED = "sandbox_created"
-    SANDBOX_DESTROYED = "sandbox_destroyed"
-    EGRESS_ALLOWED = "egress_allowed"
-    EGRESS_DENIED = "egress_denied"
-
-
-# -- hashing --------------------------------------------------------------------------------
-
-
-# One encoder for every record: json.dumps with options builds a new one per call.
-_CANONICAL = json.JSONEncoder(
-    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-)
-
-
-def canonical_json(value: object) -> bytes:
-    """Sorted keys, no whitespace, UTF-8, no NaN: the bytes every hash here is taken over."""
-    return _CANONICAL.encode(value).encode("utf-8")
-
-
-def record_hash(record: Mapping[str, Any]) -> str:
-    """``sha256:<hex>`` over the canonical JSON of ``record`` without its ``hash`` key."""
-    body = {k: v for k, v in record.items() if k != "hash"}
-    return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
-
-
-def args_hash(args: object) -> str:
-    """``sha256:<hex>`` over the canonical JSON of a tool call's arguments.
-
-    Key order does not matter. Arguments must be JSON values (as tool calls are).
-    """
-    try:
-        text = _CANONICAL.encode(args)
-    except (TypeError, ValueError) as e:
-        raise InvalidRequest(f"tool arguments must be JSON values to be audited: {e}") from None
-    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def rfc3339(moment: datetime) -> str:
-    """``2025-01-31T12:00:00.123456Z``: UTC, always with microseconds."""
-    # isoformat is ~10x faster than strftime, and this runs once per record.
-    return moment.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
-
-
-# -- file layout ----------------------------------------------------------------------------
-
-
-def default_audit_path() -> Path:
-    """``$AGENTBOX_AUDIT_PATH``, else ``$AGENTBOX_HOME/audit/audit.jsonl``."""
-    configured = os.environ.get("AGENTBOX_AUDIT_PATH")
-    return Path(configured) if configured else agentbox_home() / "audit" / "audit.jsonl"
-
-
-def head_path(path: Path) -> Path:
-    return path.with_suffix(".head")
-
-
-def spool_path(path: Path) -> Path:
-    return path.with_suffix(".spool")
-
-
-def rotated_files(path: Path) -> list[tuple[int, Path]]:
-    """``(N, path)`` of each ``<name>.<N>``, oldest (lowest N) first."""
-    pattern = re.compile(re.escape(path.name) + r"\.([1-9][0-9]*)$")
-    found = []
-    for candidate in path.parent.glob(path.name + ".*"):
-        m = pattern.match(candidate.name)
-        if m:
-            found.append((int(m.group(1)), candidate))
-    return sorted(found)
-
-
-def torn_files(path: Path) -> list[Path]:
-    return sorted(path.parent.glob(path.name + ".torn-*"))
 
 
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-@dataclass(frozen=True)
-class Head:
-    seq: int
-    hash: str
-
-
-def read_head(path: Path) -> Head | None:
-    """The head file next to the log ``path``; None when absent. ValueError when corrupt."""
-    try:
-        data = json.loads(head_path(path).read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        raise ValueError(f"unreadable: {e}") from None
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    seq, digest = data.get("seq"), data.get("hash")
-    if type(seq) is not int or seq < 0 or not isinstance(digest, str) or not _HASH.match(digest):
-        raise ValueError("seq or hash missing or malformed")
-    return Head(seq, digest)
-
-
-# -- reading lines from the end ----------------------------------------------------------
-
-
-def _complete_end(f: IO[bytes], size: int) -> int:
-    """Offset just past the last newline before ``size`` (0 when there is none)."""
-    pos = size
-    while pos > 0:
-        start = max(0, pos - _CHUNK)
-        f.seek(start)
-        i = f.read(pos - start).rfind(b"\n")
-        if i >= 0:
-            return start + i + 1
-        pos = start
-    return 0
-
-
-def _reverse_lines(f: IO[bytes], end: int) -> Iterator[tuple[int, bytes]]:
-    """``(offset, line)`` of the non-empty lines before ``end`` (a line boundary), last first."""
-    pos, carry = end, b""
-    while pos > 0:
-        start = max(0, pos - _CHUNK)
-        f.seek(start)
-        buf = f.read(pos - start) + carry
-        lines = buf.split(b"\n")
-        carry = lines[0]
-        offset = start + len(buf)
-        for line in reversed(lines[1:]):
-            offset -= len(line)
-            if line:
-                yield offset, line
-            offset -= 1
-        pos = start
-    if carry:
-        yield 0, carry
-
-
-def _parse_record(line: bytes) -> Record | None:
-    """The record on ``line`` if it looks like one (not verified); None otherwise."""
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(rec, dict) or type(rec.get("seq")) is not int:
-        return None
-    if not isinstance(rec.get("hash"), str):
-        return None
-    return rec
-
-
-@dataclass
-class _Source:
-    name: str
-    file: IO[bytes]
-    end: int
-
-
-def _scan(
-    sources: Iterable[_Source],
-    *,
-    since_seq: int | None,
-    sandbox: str | None,
-    tool: str | None,
-    decision: str | None,
-    limit: int | None,
-) -> list[Record]:
-    """Newest matching records from ``sources`` (newest file first), returned oldest first."""
-    found: list[Record] = []
-    for source in sources:
-        for _, line in _reverse_lines(source.file, source.end):
-            rec = _parse_record(line)
-            if rec is None:
-                continue
-            if since_seq is not None and rec["seq"] <= since_seq:
-                return found[::-1]
-            if (
-                (sandbox is None or rec.get("sandbox") == sandbox)
-                and (tool is None or rec.get("tool") == tool)
-                and (decision is None or rec.get("decision") == decision)
-            ):
-                found.append(rec)
-                if limit is not None and len(found) >= limit:
-                    return found[::-1]
-    return found[::-1]
-
-
-def _check_limit(limit: int | None) -> None:
-    if limit is not None and limit < 1:
-        raise InvalidRequest(f"limit must be at least 1, got {limit}")
-
-
-def read_records(
-    path: str | os.PathLike[str],
-    *,
-    since_seq: int | None = None,
-    sandbox: str | None = None,
-    tool: str | None = None,
-    decision: str | None = None,
-    limit: int | None = 100,
-) -> list[Record]:
-    """Recent records of the log at ``path`` without opening it for writing (CLI, tools).
-
-    Same filters as :meth:`AuditLog.query`; safe while a writer appends (an unfinished
-    last line is skipped; a rotation during the read can only duplicate, which is
-    removed by seq).
-    """
-    _check_limit(limit)
-    path = Path(path)
-    opened: list[_Source] = []
-    try:
-        active_ino = None
-        try:
-            f = open(path, "rb")  # noqa: SIM115 - closed in the finally below
-        except FileNotFoundError:
-            pass
-        else:
-            st = os.fstat(f.fileno())
-            active_ino = (st.st_dev, st.st_ino)
-            opened.append(_Source(path.name, f, _complete_end(f, st.st_size)))
-        for _, rotated in reversed(rotated_files(path)):
-            try:
-                f = open(rotated, "rb")  # noqa: SIM115
-            except FileNotFoundError:
-                continue
-            st = os.fstat(f.fileno())
-            if (st.st_dev, st.st_ino) == active_ino:  # renamed while we looked: seen already
-                f.close()
-                continue
-            opened.append(_Source(rotated.name, f, _complete_end(f, st.st_size)))
-        records = _scan(
-            opened, since_seq=since_seq, sandbox=sandbox, tool=tool, decision=decision, limit=limit
-        )
-    finally:
-        for source in opened:
-            source.file.close()
-    unique: dict[int, Record] = {r["seq"]: r for r in records}
-    return [unique[s] for s in sorted(unique)]
-
-
-def _read_new(f: IO[bytes], pos: int, last: int) -> Generator[Record, None, tuple[int, int]]:
-    """Yield the complete records after ``pos`` with seq above ``last``; return both updated."""
-    while True:
-        f.seek(pos)
-        chunk = f.read(_FOLLOW_CHUNK)
-        cut = chunk.rfind(b"\n") + 1
-        if not cut:
-            return pos, last
-        for line in chunk[:cut].split(b"\n")[:-1]:
-            rec = _parse_record(line)
-            if rec is not None and rec["seq"] > last:
-                last = rec["seq"]
-                yield rec
-        pos += cut
-
-
-def _open_when_present(path: Path, stop: threading.Event, poll: float) -> IO[bytes] | None:
-    while True:
-        try:
-            return open(path, "rb")
-        except FileNotFoundError:
-            if stop.wait(poll):
-                return None
-
-
-def follow(
-    path: str | os.PathLike[str],
-    *,
-    since_seq: int | None = None,
-    poll_interval: float = 0.25,
-    stop: threading.Event | None = None,
-) -> Iterator[Record]:
-    """Yield records as they are appended to the log at ``path`` (``tail -f``), across rotations.
-
-    With ``since_seq``, first the records after it; without, only records appended from
-    now on. Polls every ``poll_interval`` **seconds**; ends when ``stop`` is set.
-    """
-    path = Path(path)
-    stop = stop or threading.Event()
-    f = _open_when_present(path, stop, poll_interval)
-    if f is None:
-        return
-    try:
-        pos = _complete_end(f, os.fstat(f.fileno()).st_size)
-        if since_seq is None:
-            newest = read_records(path, limit=1)
-            last = newest[-1]["seq"] if newest else 0
-        else:
-            last = since_seq
-        while True:
-            # Records in files we have not opened: the catch-up at start, and files that
-            # were rotated away faster than we polled. Our file was opened first, so
-            # anything newer than what this finds is in it; seq filters the overlap.
-            for rec in read_records(path, since_seq=last, limit=None):
-                last = rec["seq"]
-                yield rec
-            while True:
-                pos, last = yield from _read_new(f, pos, last)
-                try:
-                    current, mine = os.stat(path), os.fstat(f.fileno())
-                    rotated = (current.st_dev, current.st_ino) != (mine.st_dev, mine.st_ino)
-                except FileNotFoundError:
-                    rotated = True
-                if rotated:
-                    break
-                if stop.wait(poll_interval):
-                    return
-            # The writer fsyncs a full file before renaming it: drain ours, then move on.
-            pos, last = yield from _read_new(f, pos, last)
-            f.close()
-            reopened = _open_when_present(path, stop, poll_interval)
-            if reopened is None:
-                return
-            f, pos = reopened, 0
-    finally:
-        f.close()
-
-
-# -- verification ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    """Outcome of :func:`verify`. ``first_bad`` is a seq: the one on the offending line, or
-    the first missing one when there is no line to point at. ``line`` is 1-based."""
-
-    ok: bool
-    records: int
-    first_bad: int | None
-    file: str | None
-    line: int | None
-    reason: str
-    torn: tuple[str, ...] = ()
-
-
-def _check_line(line: bytes, expected_seq: int, prev: str) -> tuple[str | None, Record | None]:
-    if not line:
-        return "empty line", None
-    try:
-        rec = json.loads(line)
-    except ValueError:
-        return "not valid JSON", None
-    if not isinstance(rec, dict):
-        return "not a JSON object", None
-    seq, digest = rec.get("seq"), rec.get("hash")
-    if type(seq) is not int:
-        return "seq is missing or not an integer", None
-    if not isinstance(digest, str) or not _HASH.match(digest):
-        return "hash is missing or malformed", rec
-    try:
-        actual = record_hash(rec)
-        canonical = canonical_json(rec)
-    except ValueError:
-        return "holds a value canonical JSON cannot encode (NaN?): the line was rewritten", rec
-    if actual != digest:
-        return "hash mismatch: the record was altered after it was written", rec
-    if line != canonical:
-        return "not in canonical form (spacing, key order or duplicate keys): rewritten", rec
-    missing = sorted(RESERVED - rec.keys())
-    if missing:
-        return f"missing fields {', '.join(missing)}: not written by agentbox", rec
-    if seq > expected_seq:
-        gap = f"{expected_seq}" if seq == expected_seq + 1 else f"{expected_seq}..{seq - 1}"
-        return f"seq jumps from {expected_seq - 1} to {seq}: record(s) {gap} are missing", rec
-    if seq < expected_seq:
-        return f"seq {seq} follows seq {expected_seq - 1}: records were reordered or inserted", rec
-    if rec["prev"] != prev:
-        before = f"record {expected_seq - 1}" if expected_seq > 1 else "the genesis value"
-        return f"prev does not match the hash of {before}: the chain is broken here", rec
-    return None, rec
-
-
-def verify(path: str | os.PathLike[str]) -> VerifyResult:
-    """Check the whole rotation set of the log at ``path`` and its head, oldest first.
-
-    Reads line by line (constant memory). The head is read *before* the files so a writer
-    appending meanwhile cannot cause a false alarm; a rotation during verify can (rerun).
-    """
-    path = Path(path)
-    torn = tuple(p.name for p in torn_files(path))
-
-    def bad(first: int | None, file: str | None, line: int | None, why: str) -> VerifyResult:
-        return VerifyResult(False, count, first, file, line, why, torn)
-
-    count = 0
-    try:
-        head = read_head(path)
-    except ValueError as e:
-        return bad(None, head_path(path).name, None, f"head file {e}")
-    rotated = rotated_files(path)
-    if head is None and not rotated and not path.exists():
-        return bad(None, None, None, f"no audit log at {path}")
-
-    expected, prev = 1, GENESIS
-    unfinished = False
-    files: list[tuple[int | None, Path]] = [*rotated, (None, path)]
-    next_number = 1
-    for number, file in files:
-        if number is not None:
-            if number != next_number:
-                missing = f"{path.name}.{next_number}"
-                why = f"rotated file {missing} is missing: records from seq {expected} are gone"
-                return bad(expected, missing, None, why)
-            next_number += 1
-        try:
-            f = open(file, "rb")  # noqa: SIM115 - closed by the with below
-        except FileNotFoundError:
-            if number is None:  # the writer had just rotated: no active file yet
-                continue
-            return bad(expected, file.name, None, "file vanished during verify: rerun")
-        with f:
-            for lineno, raw in enumerate(f, 1):
-                if not raw.endswith(b"\n"):
-                    if number is None:
-                        unfinished = True  # an interrupted append; never covered by the head
-                        break
-                    return bad(expected, file.name, lineno, "unterminated line in a rotated file")
-                problem, rec = _check_line(raw[:-1], expected, prev)
-                if problem:
-                    seq = rec["seq"] if rec is not None else expected
-                    return bad(seq, file.name, lineno, problem)
-                assert rec is not None
-                if head is not None and rec["seq"] == head.seq and rec["hash"] != head.hash:
-                    why = "differs from the head file's hash: the log was rewritten from here"
-                    return bad(rec["seq"], file.name, lineno, why)
-                expected, prev = expected + 1, rec["hash"]
-                count += 1
-    last = expected - 1
-    if head is None:
-        if count:
-            why = "the head file is missing: removal of records from the end cannot be ruled out"
-            return bad(None, head_path(path).name, None, why)
-    elif head.seq > last:
-        why = (
-            f"the log ends at seq {last} but the head file records seq {head.seq}: "
-            f"records {last + 1}..{head.seq} were removed from the end"
-        )
-        return bad(last + 1, path.name, None, why)
-    elif head.seq == 0 and head.hash != GENESIS:
-        return bad(None, head_path(path).name, None, "head file has seq 0 but no genesis hash")
-    notes = []
-    if head is not None and head.seq < last:
-        notes.append(
-            f"{last - head.seq} record(s) newer than the head (not fsynced yet in batch mode, "
-            "or written just before a crash)"
-        )
-    if unfinished:
-        notes.append(f"an unfinished last line in {path.name} (set aside when the log reopens)")
-    if torn:
-        notes.append(f"torn lines set aside in {', '.join(torn)}")
-    return VerifyResult(True, count, None, None, None, "; ".join(["ok", *notes]), torn)
 
 
 # -- the writer -----------------------------------------------------------------------------
@@ -827,7 +375,7 @@ class AuditLog:
             raise InvalidRequest(f"decision must be a snake_case word, got {decision!r}")
         if args is not None and digest is not None:
             raise InvalidRequest("give args or args_hash, not both")
-        if digest is not None and not (isinstance(digest, str) and _HASH.match(digest)):
+        if digest is not None and not (isinstance(digest, str) and HASH_RE.match(digest)):
             raise InvalidRequest("args_hash must look like sha256:<64 hex digits>")
         for name, value in (("exit_code", exit_code), ("bytes_out", bytes_out)):
             if value is not None and type(value) is not int:
@@ -872,10 +420,10 @@ class AuditLog:
     ) -> list[Record]:
         """The newest ``limit`` records with seq above ``since_seq`` matching the filters,
         oldest first. Reads files from the end, newest first, and stops early."""
-        _check_limit(limit)
+        check_limit(limit)
         sources = self._snapshot()
         try:
-            return _scan(
+            return scan(
                 sources,
                 since_seq=since_seq,
                 sandbox=sandbox,
@@ -911,15 +459,15 @@ class AuditLog:
         with self._lock:
             return self._seq
 
-    def _snapshot(self) -> list[_Source]:
+    def _snapshot(self) -> list[Source]:
         """Open every file under the lock (so no rotation interleaves), newest first."""
-        sources: list[_Source] = []
+        sources: list[Source] = []
         with self._lock:
             try:
-                sources.append(_Source(self.path.name, open(self.path, "rb"), self._size))  # noqa: SIM115
+                sources.append(Source(self.path.name, open(self.path, "rb"), self._size))  # noqa: SIM115
                 for _, rotated in reversed(rotated_files(self.path)):
                     f = open(rotated, "rb")  # noqa: SIM115
-                    sources.append(_Source(rotated.name, f, os.fstat(f.fileno()).st_size))
+                    sources.append(Source(rotated.name, f, os.fstat(f.fileno()).st_size))
             except BaseException:
                 for source in sources:
                     source.file.close()
@@ -929,7 +477,7 @@ class AuditLog:
     def _records_after(self, seq: int) -> list[Record]:
         sources = self._snapshot()
         try:
-            return _scan(sources, since_seq=seq, sandbox=None, tool=None, decision=None, limit=None)
+            return scan(sources, since_seq=seq, sandbox=None, tool=None, decision=None, limit=None)
         finally:
             for source in sources:
                 source.file.close()
@@ -979,16 +527,16 @@ class AuditLog:
         """Set aside a torn tail, then return the seq and hash to continue the chain from."""
         with open(self._fd, "rb", closefd=False) as f:
             size = os.fstat(self._fd).st_size
-            end = _complete_end(f, size)
+            end = complete_end(f, size)
             cut, last = end, None
-            lines = _reverse_lines(f, end)
+            lines = reverse_lines(f, end)
             newest = next(lines, None)
             if newest is not None:
-                last = _parse_record(newest[1])
+                last = parse_record(newest[1])
                 if last is None:  # a complete line of garbage: a crash can leave that too
                     cut = newest[0]
                     previous = next(lines, None)
-                    last = _parse_record(previous[1]) if previous else None
+                    last = parse_record(previous[1]) if previous else None
                     if previous is not None and last is None:
                         raise Conflict(self._corrupt(self.path.name))
             if cut < size:
@@ -1000,9 +548,9 @@ class AuditLog:
             if rotated:
                 name = rotated[-1][1]
                 with open(name, "rb") as f:
-                    end = _complete_end(f, os.fstat(f.fileno()).st_size)
-                    newest = next(_reverse_lines(f, end), None)
-                    last = _parse_record(newest[1]) if newest else None
+                    end = complete_end(f, os.fstat(f.fileno()).st_size)
+                    newest = next(reverse_lines(f, end), None)
+                    last = parse_record(newest[1]) if newest else None
                 if last is None:
                     raise Conflict(self._corrupt(name.name))
         seq, digest = (last["seq"], last["hash"]) if last else (0, GENESIS)

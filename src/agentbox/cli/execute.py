@@ -43,6 +43,7 @@ def run(
     """Run ``argv`` in the sandbox, output streamed through; exit with its code.
     ``say`` writes one line on stderr."""
     from agentbox.client.sandbox import _runtime as backend_for
+    from agentbox.runtime.requests import RunRequest
 
     if stdin is None:
         stdin = _stdin()
@@ -56,12 +57,9 @@ def run(
         backend_for(None)
         .commands(sandbox_id)
         .run(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=stdin or None,
-            timeout=timeout,
-            max_output_bytes=0,
+            RunRequest(
+                argv, cwd=cwd, env=env, stdin=stdin or None, timeout=timeout, max_output_bytes=0
+            ),
             on_output=passthrough,
         )
     )

@@ -395,9 +395,10 @@ def files_write(sandbox_id: str, path: str, append: bool) -> None:
         while chunk := sys.stdin.buffer.read(1 << 20):
             yield chunk
 
-    info = (
-        _runtime().files(sandbox_id).write(path, chunks(), mode="append" if append else "overwrite")
-    )
+    from agentbox.runtime.requests import WriteRequest
+
+    request = WriteRequest(path, chunks(), mode="append" if append else "overwrite")
+    info = _runtime().files(sandbox_id).put(request)
     click.echo(f"{info.path} ({info.size} bytes)", err=True)
 
 

@@ -1,9 +1,9 @@
-"""``sb.desktop``: the sandbox's desktop from the SDK, through the same tool handlers.
+"""``sb.desktop``: the sandbox's desktop from the SDK, through the same tool actions.
 
 Against a gateway (``AGENTBOX_URL``) each method is a ``POST /v1/tools/desktop_*``: the
-gateway's policy, cap and audit apply. In process (no gateway) the handlers run here
-with a ``DesktopManager`` of this process's own: the desktop runs inside the sandbox all
-the same, and ends with it (or ``stop()``).
+gateway's policy, cap and audit apply. In process (no gateway) the actions
+(``agentbox.desktop.tools``) run here with a ``DesktopManager`` of this process's own: the
+desktop runs inside the sandbox all the same, and ends with it (or ``stop()``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from agentbox.desktop.manager import DesktopManager
     from agentbox.runtime.runtime import Runtime
 
-_TIMEOUT_S = 30.0
 _managers: dict[int, DesktopManager] = {}
 _lock = threading.Lock()
 
@@ -44,15 +43,11 @@ class Desktop:
             body = {"arguments": {**args, "sandbox_id": self._id}}
             result: dict[str, Any] = client.request("POST", f"/v1/tools/{tool}", json=body)
             return result
-        # upward: in-process, the desktop tools run the gateway's own handlers (one behaviour)
-        from agentbox.gateway.tools import TOOLS_BY_NAME, ToolCall
+        # In-process: the same action the gateway's handler runs (agentbox.desktop.tools);
+        # every defaulted argument is passed by the methods below.
+        from agentbox.desktop.tools import ACTIONS, TIMEOUT_S
 
-        spec = TOOLS_BY_NAME[tool]
-        call = ToolCall(
-            self._backend, self._id, spec.with_defaults(args), _TIMEOUT_S, 1 << 20,
-            desktops=_manager(self._backend),
-        )  # fmt: skip
-        return spec.handler(call)
+        return ACTIONS[tool](_manager(self._backend), self._id, args, TIMEOUT_S)
 
     def start(self, size: str | None = None) -> dict[str, Any]:
         """Start it (``size`` like ``"1024x768"``); a running one is returned as it is."""

@@ -1,5 +1,8 @@
 """What the SDK asks of a backend: one interface per part (commands, processes, sessions,
-files) and the backend that hands them out, each taking the same arguments everywhere.
+files) and the backend that hands them out. A call with more than a path takes one request
+object (``agentbox.runtime.requests``: ``RunRequest``, ``StartRequest``,
+``SessionRunRequest``, ``WriteRequest``, ``DownloadRequest``), so each argument is declared
+once for both.
 
 Two implementations: the in-process runtime (``agentbox.runtime``: ``CommandRunner``,
 ``ProcessTable``, ``ShellSessions``, ``SandboxFiles``, ``Runtime``) and the gateway client
@@ -14,48 +17,37 @@ Units: ``timeout`` in **seconds**; sizes in **bytes**.
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, Literal, Protocol
+from collections.abc import Iterator, Mapping
+from typing import IO, TYPE_CHECKING, Any, Protocol
+
+from agentbox.runtime.requests import DEFAULT_MAX_OUTPUT as DEFAULT_MAX_OUTPUT
+from agentbox.runtime.requests import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S
+from agentbox.runtime.requests import WriteMode as WriteMode
 
 if TYPE_CHECKING:  # the SDK loads light: these are imported where they are used
     from agentbox.runtime.files import FileInfo
     from agentbox.runtime.output import CommandResult, OutputCallback
     from agentbox.runtime.processes import ProcessInfo, ProcessOutput
+    from agentbox.runtime.requests import (
+        DownloadRequest,
+        RunRequest,
+        SessionRunRequest,
+        StartRequest,
+        WriteRequest,
+    )
     from agentbox.runtime.snapshots import SnapshotInfo
     from agentbox.runtime.store import SandboxRecord
 
-WriteMode = Literal["overwrite", "append", "create"]
-DEFAULT_TIMEOUT_S = 60.0
-DEFAULT_MAX_OUTPUT = 1 << 20
-
 
 class CommandsAPI(Protocol):
-    def run(
-        self,
-        command: str | Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        timeout: float | None = DEFAULT_TIMEOUT_S,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT,
-        pty: bool = False,
-        on_output: OutputCallback | None = None,
-    ) -> CommandResult:
-        """Run ``command`` (a bash string, or an argv run without a shell) and wait."""
+    def run(self, request: RunRequest, *, on_output: OutputCallback | None = None) -> CommandResult:
+        """Run ``request.command`` (a bash string, or an argv run without a shell) and
+        wait; ``on_output(stream, chunk)`` sees the output as it arrives."""
         ...
 
 
 class ProcessesAPI(Protocol):
-    def start(
-        self,
-        command: str | Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = False,
-        pty: tuple[int, int] | None = None,
-    ) -> ProcessInfo: ...
+    def start(self, request: StartRequest) -> ProcessInfo: ...
     def list(self) -> builtins.list[ProcessInfo]: ...
     def get(self, process_id: str) -> ProcessInfo: ...
     def read_output(
@@ -73,29 +65,17 @@ class ProcessesAPI(Protocol):
 
 class SessionsAPI(Protocol):
     def create(self, cwd: str = "/workspace", env: Mapping[str, str] | None = None) -> str: ...
-    def run(
-        self,
-        session_id: str,
-        command: str,
-        *,
-        timeout: float | None = DEFAULT_TIMEOUT_S,
-        stdin: bytes | str | None = None,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT,
-    ) -> CommandResult: ...
+    def run(self, request: SessionRunRequest) -> CommandResult: ...
     def close(self, session_id: str) -> None: ...
 
 
 class FilesAPI(Protocol):
     def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes: ...
     def read_stream(self, path: str, chunk_size: int = 1 << 20) -> Iterator[bytes]: ...
-    def write(
-        self,
-        path: str,
-        data: bytes | Iterable[bytes],
-        mode: WriteMode = "overwrite",
-        perms: int = 0o644,
-        make_parents: bool = True,
-    ) -> FileInfo: ...
+    def put(self, request: WriteRequest) -> FileInfo:
+        """Write a file (the SDK's ``files.write``)."""
+        ...
+
     def edit(self, path: str, old: str, new: str, count: int | None = 1) -> int: ...
     def mkdir(self, path: str, parents: bool = True, exist_ok: bool = True) -> FileInfo: ...
     def stat(self, path: str) -> FileInfo: ...
@@ -104,14 +84,9 @@ class FilesAPI(Protocol):
     def move(self, src: str, dst: str, overwrite: bool = False) -> FileInfo: ...
     def remove(self, path: str, recursive: bool = False) -> None: ...
     def upload_tar(self, dest_dir: str, fileobj: IO[bytes]) -> int: ...
-    def download_tar(
-        self,
-        path: str,
-        fileobj: IO[bytes],
-        *,
-        include_unsafe: bool = False,
-        withheld: builtins.list[tuple[str, str]] | None = None,
-    ) -> int: ...
+    def download(self, request: DownloadRequest) -> int:
+        """Stream a tar (the SDK's ``files.download_tar``); the number of entries."""
+        ...
 
 
 class VolumesAPI(Protocol):

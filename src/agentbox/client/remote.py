@@ -20,12 +20,18 @@ from urllib.parse import quote
 
 import httpx2
 
-from agentbox.client.interfaces import DEFAULT_MAX_OUTPUT, WriteMode
-from agentbox.client.interfaces import DEFAULT_TIMEOUT_S as DEFAULT_RUN_TIMEOUT_S
 from agentbox.errors import AgentboxError, GatewayUnreachable, InvalidRequest, Unauthenticated
 from agentbox.runtime.files import FileInfo
 from agentbox.runtime.output import CommandResult, OutputCallback
 from agentbox.runtime.processes import ProcessInfo, ProcessOutput
+from agentbox.runtime.requests import (
+    DownloadRequest,
+    RunRequest,
+    SessionRunRequest,
+    StartRequest,
+    WriteRequest,
+    coerce,
+)
 from agentbox.runtime.snapshots import SnapshotInfo
 from agentbox.runtime.store import SandboxRecord
 
@@ -226,33 +232,30 @@ class RemoteCommands:
 
     def run(
         self,
-        command: str | Sequence[str],
+        request: RunRequest | str | Sequence[str],
         *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        timeout: float | None = DEFAULT_RUN_TIMEOUT_S,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT,
-        pty: bool = False,
         on_output: OutputCallback | None = None,
+        **fields: Any,
     ) -> CommandResult:
-        """As the in-process run; ``max_output_bytes`` is cut to the gateway's maximum
-        (``limits_applied`` says so). ``pty`` has no REST route: refused, never ignored."""
-        if pty:
+        """As the in-process run (the same short form: a command and the request's
+        ``fields``); ``max_output_bytes`` is cut to the gateway's maximum (``limits_applied``
+        says so). ``pty`` has no REST route: refused, never ignored."""
+        r = coerce(RunRequest, request, fields)
+        if r.pty:
             raise InvalidRequest(
                 "pty=True is not available through a gateway yet: run without a pty, or "
                 "in-process (unset AGENTBOX_URL)",
                 field="pty",
             )
         body: dict[str, Any] = {
-            "command": _command(command),
-            "cwd": cwd,
-            "env": dict(env) if env else None,
-            "max_output_bytes": max_output_bytes,
-            "timeout_ms": _timeout_ms(timeout),
+            "command": _command(r.command),
+            "cwd": r.cwd,
+            "env": dict(r.env) if r.env else None,
+            "max_output_bytes": r.max_output_bytes,
+            "timeout_ms": _timeout_ms(r.timeout),
         }
-        if stdin is not None:
-            body["stdin"] = _text(stdin, "stdin")
+        if r.stdin is not None:
+            body["stdin"] = _text(r.stdin, "stdin")
         path = f"/v1/sandboxes/{self._id}/commands"
         if on_output is None:
             return _result(self._c.request("POST", path, json=body))
@@ -270,29 +273,22 @@ class RemoteProcesses:
     def __init__(self, client: GatewayClient, sandbox_id: str) -> None:
         self._c, self._base = client, f"/v1/sandboxes/{sandbox_id}/processes"
 
-    def start(
-        self,
-        command: str | Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = False,
-        pty: tuple[int, int] | None = None,
-    ) -> ProcessInfo:
+    def start(self, request: StartRequest | str | Sequence[str], **fields: Any) -> ProcessInfo:
+        r = coerce(StartRequest, request, fields)
         body: dict[str, object] = {
-            "command": _command(command),
-            "cwd": cwd,
-            "env": dict(env) if env else None,
-            "stdin": stdin,
+            "command": _command(r.command),
+            "cwd": r.cwd,
+            "env": dict(r.env) if r.env else None,
+            "stdin": r.stdin,
         }
-        if pty is not None:
-            body["pty"] = {"cols": pty[0], "rows": pty[1]}
+        if r.pty is not None:
+            body["pty"] = {"cols": r.pty[0], "rows": r.pty[1]}
         process_id = self._c.request("POST", self._base, json=body)["process_id"]
         # As the in-process start: just started (running), argv as it runs (a shell
         # string as bash's argv), from the list.
         known = next((p for p in self.list() if p.id == process_id), None)
         argv, started = (known.argv, known.started_at) if known else ([], 0.0)
-        return ProcessInfo(process_id, argv, started, True, None, terminal=pty is not None)
+        return ProcessInfo(process_id, argv, started, True, None, terminal=r.pty is not None)
 
     def list(self) -> list[ProcessInfo]:
         data = self._c.request("GET", self._base)
@@ -355,22 +351,15 @@ class RemoteSessions:
         body = {"cwd": cwd, "env": dict(env) if env else None}
         return str(self._c.request("POST", self._base, json=body)["session_id"])
 
-    def run(
-        self,
-        session_id: str,
-        command: str,
-        *,
-        timeout: float | None = DEFAULT_RUN_TIMEOUT_S,
-        stdin: bytes | str | None = None,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT,
-    ) -> CommandResult:
+    def run(self, request: SessionRunRequest) -> CommandResult:
+        r = request
         body: dict[str, Any] = {
-            "command": command,
-            "timeout_ms": _timeout_ms(timeout),
-            "max_output_bytes": max_output_bytes,
-            "stdin": None if stdin is None else _text(stdin, "stdin"),
+            "command": r.command,
+            "timeout_ms": _timeout_ms(r.timeout),
+            "max_output_bytes": r.max_output_bytes,
+            "stdin": None if r.stdin is None else _text(r.stdin, "stdin"),
         }
-        return _result(self._c.request("POST", f"{self._base}/{session_id}/run", json=body))
+        return _result(self._c.request("POST", f"{self._base}/{r.session_id}/run", json=body))
 
     def close(self, session_id: str) -> None:
         self._c.request("DELETE", f"{self._base}/{session_id}")
@@ -397,25 +386,23 @@ class RemoteFiles:
             yield chunk
             offset += len(chunk)
 
-    def write(
-        self,
-        path: str,
-        data: bytes | Iterable[bytes],
-        mode: WriteMode = "overwrite",
-        perms: int = 0o644,
-        make_parents: bool = True,
-    ) -> FileInfo:
-        payload = data if isinstance(data, bytes) else b"".join(data)
+    def write(self, path: str, data: bytes | Iterable[bytes], **options: Any) -> FileInfo:
+        """As the in-process ``write``: ``put`` with a ``WriteRequest`` of these."""
+        return self.put(WriteRequest(path, data, **options))
+
+    def put(self, request: WriteRequest) -> FileInfo:
+        r = request
+        payload = r.data if isinstance(r.data, bytes) else b"".join(r.data)
         body = {
-            "path": path,
+            "path": r.path,
             "content": base64.b64encode(payload).decode(),
-            "mode": mode,
+            "mode": r.mode,
             "encoding": "base64",
-            "perms": perms,
-            "make_parents": make_parents,
+            "perms": r.perms,
+            "make_parents": r.make_parents,
         }
         self._c.request("PUT", self._base, json=body)
-        return self.stat(path)
+        return self.stat(r.path)
 
     def list(self, path: str, depth: int = 1) -> list[FileInfo]:
         data = self._c.request("GET", f"{self._base}/list", params={"path": path, "depth": depth})
@@ -458,17 +445,11 @@ class RemoteFiles:
         )
         return int(data["entries"])
 
-    def download_tar(
-        self,
-        path: str,
-        fileobj: IO[bytes],
-        *,
-        include_unsafe: bool = False,
-        withheld: builtins.list[tuple[str, str]] | None = None,
-    ) -> int:
-        """Stream the tar into ``fileobj``; returns the number of entries."""
-        params = {"path": path, "include_unsafe": str(include_unsafe).lower()}
-        return self._c.download(f"{self._base}/download", params, fileobj, withheld)
+    def download(self, request: DownloadRequest) -> int:
+        """Stream the tar into ``request.fileobj``; returns the number of entries."""
+        r = request
+        params = {"path": r.path, "include_unsafe": str(r.include_unsafe).lower()}
+        return self._c.download(f"{self._base}/download", params, r.fileobj, r.withheld)
 
 
 class RemoteVolumes:

@@ -26,7 +26,15 @@ from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from agentbox.client.desktop import Desktop
-from agentbox.client.interfaces import Backend, ProcessesAPI, WriteMode
+from agentbox.client.interfaces import Backend, ProcessesAPI
+from agentbox.runtime.requests import (
+    DownloadRequest,
+    RunRequest,
+    SessionRunRequest,
+    StartRequest,
+    WriteMode,
+    WriteRequest,
+)
 from agentbox.runtime.runtime import Runtime
 
 # Imported where used, so the SDK loads light (tests/unit/test_import_weight.py).
@@ -115,15 +123,8 @@ class Commands:
         ``timed_out=True``. Output beyond ``max_output_bytes`` per stream keeps its head and
         tail (``truncated=True``).
         """
-        return self._rt.commands(self._id).run(
-            cmd,
-            cwd=cwd,
-            env=env,
-            stdin=stdin,
-            timeout=timeout,
-            max_output_bytes=max_output_bytes,
-            pty=pty,
-        )
+        request = RunRequest(cmd, cwd, env, stdin, timeout, max_output_bytes, pty)
+        return self._rt.commands(self._id).run(request)
 
     def start(
         self,
@@ -139,7 +140,7 @@ class Commands:
         runs it on a terminal of that size (input typed with ``send_stdin``, one output
         stream read as ``stdout``, ``resize`` to change the size). A terminal lives as long
         as the process that holds its master end: the gateway, or in-process this one."""
-        info = self._rt.processes(self._id).start(cmd, cwd=cwd, env=env, stdin=stdin, pty=pty)
+        info = self._rt.processes(self._id).start(StartRequest(cmd, cwd, env, stdin, pty))
         return CommandHandle(self._rt, self._id, info.id)
 
     def list(self) -> list[ProcessInfo]:
@@ -219,9 +220,8 @@ class Files:
         """``perms``: permission bits of a file this creates; ``make_parents``: create
         missing parent directories."""
         payload = data.encode() if isinstance(data, str) else data
-        return self._rt.files(self._id).write(
-            path, payload, mode=mode, perms=perms, make_parents=make_parents
-        )
+        request = WriteRequest(path, payload, mode, perms, make_parents)
+        return self._rt.files(self._id).put(request)
 
     def list(self, path: str = "/workspace", *, depth: int = 1) -> list[FileInfo]:
         return self._rt.files(self._id).list(path, depth)
@@ -260,9 +260,8 @@ class Files:
         editor, agent and tool settings, rc files, setuid bits, symlinks that may leave
         the tree: see ``agentbox.runtime.export_safety``) is left out and listed in
         ``withheld`` unless ``include_unsafe``."""
-        return self._rt.files(self._id).download_tar(
-            path, fileobj, include_unsafe=include_unsafe, withheld=withheld
-        )
+        request = DownloadRequest(path, fileobj, include_unsafe, withheld)
+        return self._rt.files(self._id).download(request)
 
 
 class Shell:
@@ -282,9 +281,8 @@ class Shell:
         max_output_bytes: int = 1 << 20,
     ) -> CommandResult:
         """Run ``cmd`` in the session; ``timeout`` in seconds."""
-        return self._rt.sessions(self.sandbox_id).run(
-            self.id, cmd, timeout=timeout, stdin=stdin, max_output_bytes=max_output_bytes
-        )
+        request = SessionRunRequest(self.id, cmd, timeout, stdin, max_output_bytes)
+        return self._rt.sessions(self.sandbox_id).run(request)
 
     def close(self) -> None:
         self._rt.sessions(self.sandbox_id).close(self.id)

@@ -49,6 +49,7 @@ from agentbox.errors import (
 )
 from agentbox.network import plane, ports
 from agentbox.runtime.commands import launch_error
+from agentbox.runtime.requests import RunRequest
 
 if TYPE_CHECKING:
     from agentbox.runtime.commands import CommandRunner
@@ -422,10 +423,10 @@ class DesktopManager:
         # unmapped for good (Tk waits for a MapNotify that never comes).
         runner = self.runtime.commands(d.sandbox_id)
         while time.monotonic() < deadline:
-            probe = runner.run(
+            probe = runner.run(RunRequest(
                 [XPROP, "-root", "_NET_SUPPORTING_WM_CHECK"], env={"DISPLAY": DISPLAY},
                 timeout=5, cwd="/tmp",
-            )  # fmt: skip
+            ))  # fmt: skip
             if "window id" in probe.stdout:
                 return
             if _ended(d.logs / "session"):
@@ -503,7 +504,9 @@ class DesktopManager:
     def _run(self, d: _Desktop, argv: list[str], timeout_s: float, cap: int) -> Any:
         runner = self.runtime.commands(d.sandbox_id)
         result = runner.run(
-            argv, env={"DISPLAY": DISPLAY}, timeout=timeout_s, max_output_bytes=cap, cwd="/tmp"
+            RunRequest(
+                argv, env={"DISPLAY": DISPLAY}, timeout=timeout_s, max_output_bytes=cap, cwd="/tmp"
+            )
         )
         if result.timed_out:
             raise SandboxError(f"{argv[0]} did not finish within {timeout_s:g} s; try again")

@@ -1,4 +1,4 @@
-# Whole on purpose: routes close over one gateway; bodies go with the tools' arg models (#14)
+# Whole on purpose: every route closes over one gateway app; tool routes take the tools' arg models
 """The REST API: everything the SDK does, over HTTP, with the same typed errors.
 
 Tool-like routes (commands, processes, sessions, files) go through ``Gateway.call_tool``,

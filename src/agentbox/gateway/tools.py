@@ -1,4 +1,4 @@
-# Whole on purpose: the one tool table MCP and REST read; splits with per-tool arg models (#14)
+# Whole on purpose: the one tool table MCP and REST read, each spec beside the handler it names
 """The tools the gateway exposes, defined once for MCP and REST alike.
 
 Each ``ToolSpec`` carries its JSON input and output schemas, MCP annotations, the policy
@@ -20,12 +20,14 @@ from typing import Any, Literal
 
 from agentbox.browser.manager import BrowserManager
 from agentbox.config.settings import BrowserOpenTool, GatewaySettings, TerminalRunTool
+from agentbox.desktop import tools as desktop_tools
 from agentbox.desktop.manager import DesktopManager
-from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported, InvalidRequest
+from agentbox.errors import AgentboxError, FileNotFound, HostUnsupported
 from agentbox.gateway import tool_args
 from agentbox.runtime.commands import Cancellation
 from agentbox.runtime.files import Guard, SandboxFiles
 from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver
+from agentbox.runtime.requests import RunRequest, SessionRunRequest, StartRequest
 from agentbox.runtime.runtime import Runtime
 from agentbox.units import human_size
 
@@ -259,13 +261,16 @@ def _prune_saved(files: SandboxFiles, directory: str) -> None:
 
 # handlers -------------------------------------------------------------------------------
 def terminal_run(call: ToolCall) -> dict[str, Any]:
-    result = call.runtime.commands(call.sandbox_id).run(
+    request = RunRequest(
         call.args["command"],
         cwd=call.args["cwd"],
         env=call.args["env"],
         stdin=call.args.get("stdin"),
         timeout=call.timeout_s,
         max_output_bytes=call.output.cap,
+    )
+    result = call.runtime.commands(call.sandbox_id).run(
+        request,
         on_output=call.on_output,
         save=_saver(call),
         save_max_bytes=call.output.save_max_bytes,
@@ -278,13 +283,14 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
 
 def process_start(call: ToolCall) -> dict[str, Any]:
     pty = call.args.get("pty")
-    info = call.runtime.processes(call.sandbox_id).start(
+    request = StartRequest(
         call.args["command"],
         cwd=call.args["cwd"],
         env=call.args["env"],
         stdin=call.args["stdin"],
         pty=None if pty is None else (pty["cols"], pty["rows"]),
     )
+    info = call.runtime.processes(call.sandbox_id).start(request)
     return {"process_id": info.id, "running": True}
 
 
@@ -344,12 +350,15 @@ def shell_create(call: ToolCall) -> dict[str, Any]:
 
 
 def shell_run(call: ToolCall) -> dict[str, Any]:
-    result = call.runtime.sessions(call.sandbox_id).run(
+    request = SessionRunRequest(
         call.args["session_id"],
         call.args["command"],
         timeout=call.timeout_s,
         stdin=call.args.get("stdin"),
         max_output_bytes=call.output.cap,
+    )
+    result = call.runtime.sessions(call.sandbox_id).run(
+        request,
         save=_saver(call),
         save_max_bytes=call.output.save_max_bytes,
     )
@@ -1012,108 +1021,21 @@ TOOLS: list[ToolSpec] = [
 ]
 
 # desktop (Xvnc + openbox inside the sandbox; shaped like Anthropic's computer-use tool) ---
-DESKTOP_TIMEOUT_S = 30.0
+DESKTOP_TIMEOUT_S = desktop_tools.TIMEOUT_S
 
 
-def _desktop(call: ToolCall) -> tuple[DesktopManager, float]:
-    if call.desktops is None:
-        raise HostUnsupported("the desktop tools run in the gateway (agentbox serve / mcp)")
-    return call.desktops, min(call.timeout_s, DESKTOP_TIMEOUT_S)
+def _desktop_handler(name: str) -> Handler:
+    """The handler of desktop tool ``name``: its action (``agentbox.desktop.tools``, which
+    the SDK runs in-process too) on this gateway's desktops."""
+    action = desktop_tools.ACTIONS[name]
 
+    def handler(call: ToolCall) -> dict[str, Any]:
+        if call.desktops is None:
+            raise HostUnsupported("the desktop tools run in the gateway (agentbox serve / mcp)")
+        timeout = min(call.timeout_s, DESKTOP_TIMEOUT_S)
+        return action(call.desktops, call.sandbox_id, call.args, timeout)
 
-def desktop_start(call: ToolCall) -> dict[str, Any]:
-    desktops, _ = _desktop(call)
-    return desktops.start(call.sandbox_id, call.args.get("size"))
-
-
-def desktop_stop(call: ToolCall) -> dict[str, Any]:
-    desktops, _ = _desktop(call)
-    return desktops.stop(call.sandbox_id)
-
-
-def desktop_screenshot(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    a = call.args
-    return desktops.screenshot(call.sandbox_id, a.get("width"), a.get("height"), timeout)
-
-
-def desktop_click(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    a = call.args
-    clicks = 3 if a["triple"] else 2 if a["double"] else 1
-    return desktops.click(call.sandbox_id, a["x"], a["y"], a["button"], clicks, timeout)
-
-
-def desktop_move(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    return desktops.move(call.sandbox_id, call.args["x"], call.args["y"], timeout)
-
-
-def desktop_drag(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    a = call.args
-    start, end = (a["x"], a["y"]), (a["to_x"], a["to_y"])
-    return desktops.drag(call.sandbox_id, start, end, a["button"], timeout)
-
-
-def desktop_scroll(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    a = call.args
-    return desktops.scroll(call.sandbox_id, a["x"], a["y"], a["direction"], a["amount"], timeout)
-
-
-def desktop_type(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    return desktops.type_text(call.sandbox_id, call.args["text"], timeout)
-
-
-def desktop_key(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    return desktops.key(call.sandbox_id, call.args["key"], timeout)
-
-
-def _at(args: dict[str, Any], tool: str) -> tuple[int, int] | None:
-    x, y = args.get("x"), args.get("y")
-    if x is None and y is None:
-        return None
-    if x is None or y is None:
-        raise InvalidRequest(f"{tool} takes both x and y, or neither (where the pointer is)")
-    return int(x), int(y)
-
-
-def desktop_mouse_down(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    at = _at(call.args, "desktop_mouse_down")
-    return desktops.mouse_down(call.sandbox_id, at, call.args["button"], timeout)
-
-
-def desktop_mouse_up(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    at = _at(call.args, "desktop_mouse_up")
-    return desktops.mouse_up(call.sandbox_id, at, call.args["button"], timeout)
-
-
-def desktop_cursor_position(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    return desktops.cursor_position(call.sandbox_id, timeout)
-
-
-def desktop_hold_key(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    a = call.args
-    return desktops.hold_key(call.sandbox_id, a["key"], float(a["duration"]), timeout)
-
-
-def desktop_zoom(call: ToolCall) -> dict[str, Any]:
-    desktops, timeout = _desktop(call)
-    a = call.args
-    region = (a["x"], a["y"], a["to_x"], a["to_y"])
-    return desktops.zoom(call.sandbox_id, region, a.get("width"), a.get("height"), timeout)
-
-
-def desktop_open(call: ToolCall) -> dict[str, Any]:
-    desktops, _ = _desktop(call)
-    return desktops.open(call.sandbox_id, call.args.get("command"), call.args.get("url"))
+    return handler
 
 
 _POINTER_DONE = _out({"done": BOOL, "x": INT, "y": INT, "space": STR})
@@ -1152,7 +1074,7 @@ TOOLS += [
         "watch it through the gateway; the other desktop_* tools act on it.",
         _schema(tool_args.DesktopStart),
         _out({**_DESKTOP_INFO, "started": BOOL}, ["running", "started"]),
-        desktop_start,
+        _desktop_handler("desktop_start"),
     ),
     _desktop_tool(
         "desktop_stop",
@@ -1160,7 +1082,7 @@ TOOLS += [
         "Stop the sandbox's desktop and every application opened on it.",
         _schema(tool_args.DesktopStop),
         _out({"stopped": BOOL}),
-        desktop_stop,
+        _desktop_handler("desktop_stop"),
     ),
     _desktop_tool(
         "desktop_screenshot",
@@ -1178,7 +1100,7 @@ TOOLS += [
                 "png_base64": STR,
             }
         ),
-        desktop_screenshot,
+        _desktop_handler("desktop_screenshot"),
         read_only=True,
     ),
     _desktop_tool(
@@ -1188,7 +1110,7 @@ TOOLS += [
         "triple-click).",
         _schema(tool_args.DesktopClick),
         _POINTER_DONE,
-        desktop_click,
+        _desktop_handler("desktop_click"),
     ),
     _desktop_tool(
         "desktop_move",
@@ -1196,7 +1118,7 @@ TOOLS += [
         "Move the pointer to (x, y).",
         _schema(tool_args.DesktopMove),
         _POINTER_DONE,
-        desktop_move,
+        _desktop_handler("desktop_move"),
     ),
     _desktop_tool(
         "desktop_drag",
@@ -1204,7 +1126,7 @@ TOOLS += [
         "Press a button at (x, y), move to (to_x, to_y) and release it there.",
         _schema(tool_args.DesktopDrag),
         _POINTER_DONE,
-        desktop_drag,
+        _desktop_handler("desktop_drag"),
     ),
     _desktop_tool(
         "desktop_scroll",
@@ -1212,7 +1134,7 @@ TOOLS += [
         "Scroll the wheel at (x, y): amount notches in direction.",
         _schema(tool_args.DesktopScroll),
         _POINTER_DONE,
-        desktop_scroll,
+        _desktop_handler("desktop_scroll"),
     ),
     _desktop_tool(
         "desktop_type",
@@ -1220,7 +1142,7 @@ TOOLS += [
         "Type text with the keyboard into whatever has focus.",
         _schema(tool_args.DesktopType),
         _out({"done": BOOL, "characters": INT}),
-        desktop_type,
+        _desktop_handler("desktop_type"),
     ),
     _desktop_tool(
         "desktop_key",
@@ -1229,7 +1151,7 @@ TOOLS += [
         "ctrl+shift+t; several separated by spaces.",
         _schema(tool_args.DesktopKey),
         _out({"done": BOOL, "keys": STR}),
-        desktop_key,
+        _desktop_handler("desktop_key"),
     ),
     _desktop_tool(
         "desktop_open",
@@ -1239,7 +1161,7 @@ TOOLS += [
         "policy). It runs until it exits or the desktop stops.",
         _schema(tool_args.DesktopOpen),
         _out({"opened": BOOL, "log": STR}),
-        desktop_open,
+        _desktop_handler("desktop_open"),
     ),
     _desktop_tool(
         "desktop_mouse_down",
@@ -1248,7 +1170,7 @@ TOOLS += [
         "desktop_move then desktop_mouse_up make a drag of any path. Answers where.",
         _schema(tool_args.DesktopMouseButton),
         _POINTER_AT,
-        desktop_mouse_down,
+        _desktop_handler("desktop_mouse_down"),
     ),
     _desktop_tool(
         "desktop_mouse_up",
@@ -1256,7 +1178,7 @@ TOOLS += [
         "Release a button pressed with desktop_mouse_down, where the pointer is or at (x, y).",
         _schema(tool_args.DesktopMouseButton),
         _POINTER_AT,
-        desktop_mouse_up,
+        _desktop_handler("desktop_mouse_up"),
     ),
     _desktop_tool(
         "desktop_cursor_position",
@@ -1265,7 +1187,7 @@ TOOLS += [
         "screen's (screen_x, screen_y).",
         _schema(tool_args.DesktopCursorPosition),
         _POINTER_AT,
-        desktop_cursor_position,
+        _desktop_handler("desktop_cursor_position"),
         read_only=True,
     ),
     _desktop_tool(
@@ -1275,7 +1197,7 @@ TOOLS += [
         "seconds, then release it; answers once released.",
         _schema(tool_args.DesktopHoldKey),
         _out({"done": BOOL, "keys": STR, "duration": {"type": "number"}}),
-        desktop_hold_key,
+        _desktop_handler("desktop_hold_key"),
     ),
     _desktop_tool(
         "desktop_zoom",
@@ -1294,7 +1216,7 @@ TOOLS += [
                 "png_base64": STR,
             }
         ),
-        desktop_zoom,
+        _desktop_handler("desktop_zoom"),
         read_only=True,
     ),
 ]

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
 from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, SandboxError
 from agentbox.fsutil import exec_text, required_text, stdin_bytes
@@ -39,6 +39,12 @@ from agentbox.runtime.output import (
     read_ready,
 )
 from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
+from agentbox.runtime.requests import RunRequest, coerce
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from agentbox.runtime.enter_argv import EnterOptions
 
 LAUNCH_FAILED = 125
 _TIOCSPTLCK = 0x40045431
@@ -135,6 +141,18 @@ def normalise_argv(command: str | Sequence[str]) -> list[str]:
     return argv
 
 
+@dataclass(frozen=True)
+class _Job:
+    """A foreground command as launched: the host argv and its environment, the input to
+    feed it, its limit in seconds and its cgroup leaf (what pipes and a pty share)."""
+
+    launcher: list[str]
+    env: dict[str, str]
+    stdin: bytes | None
+    timeout: float | None
+    leaf: str
+
+
 class CommandRunner:
     def __init__(
         self,
@@ -162,17 +180,10 @@ class CommandRunner:
         return merged
 
     def launcher_argv(
-        self,
-        argv: list[str],
-        leaf: str,
-        cwd: str | None,
-        *,
-        exit_file: str | None = None,
-        hold_stdin: str | None = None,
-        setsid: bool = False,
-        ctty: bool = False,
-        detach: bool = False,
+        self, argv: list[str], leaf: str, cwd: str | None, **options: Unpack[EnterOptions]
     ) -> list[str]:
+        """``enter_argv.launcher_argv`` for this sandbox (``cwd`` checked, a relative one
+        taken from /workspace); ``options`` as there."""
         if cwd is not None:
             required_text(cwd, "cwd", f"pass a directory, e.g. {WORKSPACE}")
         if cwd is not None and not cwd.startswith("/"):  # relative: to /workspace, as files
@@ -185,11 +196,7 @@ class CommandRunner:
             str(self.paths.seccomp),
             cwd,
             argv,
-            exit_file=exit_file,
-            hold_stdin=hold_stdin,
-            setsid=setsid,
-            ctty=ctty,
-            detach=detach,
+            **options,
         )
 
     def new_leaf(self, kind: str = FOREGROUND_LEAF) -> str:
@@ -217,22 +224,18 @@ class CommandRunner:
     # foreground -----------------------------------------------------------------------
     def run(
         self,
-        command: str | Sequence[str],
+        request: RunRequest | str | Sequence[str],
         *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        timeout: float | None = 60.0,
-        max_output_bytes: int = 1 << 20,
-        pty: bool = False,
         on_output: OutputCallback | None = None,
         save: OutputSaver | None = None,
         save_max_bytes: int = 0,
         detect_input: bool = False,
         adopt: Adopter | None = None,
         cancel: Cancellation | None = None,
+        **fields: Any,
     ) -> CommandResult:
         """Run to completion. On timeout the command's whole process tree is killed.
+        ``request`` is a ``RunRequest``, or a command with the request's ``fields``.
 
         ``on_output(stream, chunk)`` sees every chunk as it arrives ("stdout"/"stderr"),
         uncapped, for callers that stream (the CLI, SSE); the result stays capped.
@@ -243,11 +246,10 @@ class CommandRunner:
         handed to ``adopt``, which keeps it running and returns its process id, or killed.
         ``cancel`` kills it (its cgroup leaf) from another thread while it runs.
         """
-        argv = normalise_argv(command)
-        if timeout is not None and timeout <= 0:
-            raise InvalidRequest("timeout must be positive (seconds)")
-        if max_output_bytes < 0:
-            raise InvalidRequest("max_output_bytes must be >= 0")
+        request = coerce(RunRequest, request, fields)
+        argv = normalise_argv(request.command)
+        cwd, env, stdin, pty = request.cwd, request.env, request.stdin, request.pty
+        timeout, max_output_bytes = request.timeout, request.max_output_bytes
         stdin_data = None if stdin is None else stdin_bytes(stdin)
         environment = self.environment(env)
         leaf = self.new_leaf()
@@ -260,15 +262,13 @@ class CommandRunner:
             cancel.bind(lambda: self.kill_tree(leaf))
         try:
             try:
+                job = _Job(launcher, environment, stdin_data, timeout, leaf)
                 if pty:
-                    status, outcome = self._run_pty(launcher, environment, stdin_data,
-                                                    timeout, out, leaf)  # fmt: skip
+                    status, outcome = self._run_pty(job, out)
                     recent, process_id = b"", None
                 else:
                     watch = detect_input and not stdin_data
-                    proc, outcome, recent = self._run_pipes(
-                        launcher, environment, stdin_data, timeout, out, err, leaf, watch
-                    )
+                    proc, outcome, recent = self._run_pipes(job, out, err, watch)
                     status, process_id = self._settle(
                         proc, outcome, adopt, argv, cwd, leaf, out, err
                     )
@@ -318,51 +318,35 @@ class CommandRunner:
         return proc.wait(), None
 
     def _run_pipes(
-        self,
-        launcher: list[str],
-        env: dict[str, str],
-        stdin: bytes | None,
-        timeout: float | None,
-        out: BoundedCapture,
-        err: BoundedCapture,
-        leaf: str,
-        watch: bool,
+        self, job: _Job, out: BoundedCapture, err: BoundedCapture, watch: bool
     ) -> tuple[subprocess.Popen[bytes], str, bytes]:
         proc = subprocess.Popen(
-            launcher,
-            stdin=subprocess.PIPE if stdin or watch else subprocess.DEVNULL,
+            job.launcher,
+            stdin=subprocess.PIPE if job.stdin or watch else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            env=env,
+            env=job.env,
             close_fds=True,
         )
         assert proc.stdout is not None and proc.stderr is not None
         streams: dict[IO[bytes], BoundedCapture] = {proc.stdout: out, proc.stderr: err}
         stdin_id = stream_id(proc.stdin.fileno()) if watch and proc.stdin is not None else None
-        outcome, recent = self._pump(proc, streams, stdin, timeout, leaf, stdin_id)
+        outcome, recent = self._pump(proc, streams, job.stdin, job.timeout, job.leaf, stdin_id)
         return proc, outcome, recent
 
-    def _run_pty(
-        self,
-        launcher: list[str],
-        env: dict[str, str],
-        stdin: bytes | None,
-        timeout: float | None,
-        out: BoundedCapture,
-        leaf: str,
-    ) -> tuple[int, str]:
+    def _run_pty(self, job: _Job, out: BoundedCapture) -> tuple[int, str]:
         master, slave = self.open_pty()
         try:
             proc = subprocess.Popen(
-                launcher, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True
+                job.launcher, stdin=slave, stdout=slave, stderr=slave, env=job.env, close_fds=True
             )
         finally:
             os.close(slave)
         master_file = os.fdopen(master, "r+b", buffering=0)
         with master_file:
-            if stdin:
-                master_file.write(stdin)
-            outcome, _ = self._pump(proc, {master_file: out}, None, timeout, leaf, None)
+            if job.stdin:
+                master_file.write(job.stdin)
+            outcome, _ = self._pump(proc, {master_file: out}, None, job.timeout, job.leaf, None)
         return proc.wait(), outcome
 
     def open_pty(self) -> tuple[int, int]:

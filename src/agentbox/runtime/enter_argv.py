@@ -4,6 +4,20 @@ light exec path (``runtime.quick_exec``); standard modules only, none heavy."""
 
 from __future__ import annotations
 
+TYPE_CHECKING = False  # typing is not loaded on the light path
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    class EnterOptions(TypedDict, total=False):
+        """``launcher_argv``'s options, for the wrappers that pass them on."""
+
+        exit_file: str | None
+        hold_stdin: str | None
+        setsid: bool
+        ctty: bool
+        detach: bool
+
+
 # Ids inside the sandbox: the agent is an ordinary user, never root.
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000

@@ -79,10 +79,10 @@ from agentbox.fsutil import Access, required_text
 from agentbox.hints import Hint
 from agentbox.isolation import syscalls
 from agentbox.runtime import archive, export_safety
+from agentbox.runtime.requests import DownloadRequest, WriteMode, WriteRequest
 from agentbox.storage.inroot import open_in_root
 
 FileType = Literal["file", "dir", "symlink", "other"]
-WriteMode = Literal["overwrite", "append", "create"]
 Guard = Callable[[str, Access], None]
 """Judges a canonical sandbox path (symlinks resolved inside the root) just before the file
 API acts on it, and raises to refuse. The file API knows no policy; the gateway passes one."""
@@ -717,6 +717,18 @@ class SandboxFiles:
             os.close(fd)
             raise
         return fd
+
+    def download(self, request: DownloadRequest) -> int:
+        """``download_tar`` with the SDK's request object (``client.interfaces.FilesAPI``)."""
+        r = request
+        return self.download_tar(
+            r.path, r.fileobj, include_unsafe=r.include_unsafe, withheld=r.withheld
+        )
+
+    def put(self, request: WriteRequest) -> FileInfo:
+        """``write`` with the SDK's request object (``client.interfaces.FilesAPI``)."""
+        r = request
+        return self.write(r.path, r.data, r.mode, r.perms, r.make_parents)
 
     def write(
         self,

@@ -50,6 +50,7 @@ from agentbox.runtime.commands import (
 from agentbox.runtime.gvisor_host import GvisorHost
 from agentbox.runtime.host import BASE_PATH, LaunchPaths
 from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallback, OutputSaver
+from agentbox.runtime.requests import RunRequest, coerce
 
 _PID_WAIT_S = 5.0  # runsc writes a command's pid file as it starts it
 
@@ -76,28 +77,24 @@ class GvisorCommandRunner(CommandRunner):
     ) -> None:
         super().__init__(paths, host, cgroup, init_pid, sandbox_env)
 
-    def run(self, command: str | Sequence[str], **options: Any) -> CommandResult:
+    def run(self, request: RunRequest | str | Sequence[str], **hooks: Any) -> CommandResult:
+        request = coerce(RunRequest, request, hooks)
         # No input detection: its stdin is /dev/null unless stdin is given (see above).
-        options["detect_input"] = False
-        options["adopt"] = None
-        stdin = options.get("stdin")
+        hooks["detect_input"] = False
+        hooks["adopt"] = None
+        stdin = request.stdin
         small = stdin is None or len(stdin_bytes(stdin)) <= agent.MAX_STDIN
-        if not options.get("pty") and small and self.host.agent_socket.exists():
+        if not request.pty and small and self.host.agent_socket.exists():
             try:
-                return self._run_by_agent(command, **options)
+                return self._run_by_agent(request, **hooks)
             except agent.AgentUnavailable:
                 pass  # e.g. a sandbox restored from a checkpoint: runsc exec still works
-        return super().run(command, **options)
+        return super().run(request, **hooks)
 
     def _run_by_agent(
         self,
-        command: str | Sequence[str],
+        request: RunRequest,
         *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bytes | str | None = None,
-        timeout: float | None = 60.0,
-        max_output_bytes: int = 1 << 20,
         on_output: OutputCallback | None = None,
         save: OutputSaver | None = None,
         save_max_bytes: int = 0,
@@ -105,11 +102,9 @@ class GvisorCommandRunner(CommandRunner):
         **_: object,
     ) -> CommandResult:
         """One round trip to the sandbox's exec agent (runtime.gvisor_agent_client)."""
-        argv = normalise_argv(command)
-        if timeout is not None and timeout <= 0:
-            raise InvalidRequest("timeout must be positive (seconds)")
-        if max_output_bytes < 0:
-            raise InvalidRequest("max_output_bytes must be >= 0")
+        argv = normalise_argv(request.command)
+        timeout, max_output_bytes, stdin = request.timeout, request.max_output_bytes, request.stdin
+        env, cwd = request.env, request.cwd
         payload = agent.request(argv, self.environment(env), self._cwd(cwd),
                                 None if stdin is None else stdin_bytes(stdin))  # fmt: skip
         call = agent.AgentCall(agent.connect(self.host.agent_socket))

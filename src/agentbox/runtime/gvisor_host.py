@@ -34,19 +34,18 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from agentbox.errors import SandboxError, TierUnsupported
 from agentbox.isolation import disk, gvisor, initfs, syscalls
-from agentbox.isolation.cgroups import GROUP_PARENT, Limits, SandboxCgroup
+from agentbox.isolation.cgroups import GROUP_PARENT
 from agentbox.isolation.launcher import static_binary
 from agentbox.runtime import gvisor_agent_client as agent_client
 from agentbox.runtime.host import (
     BASE_PATH,
     INIT_PATH,
     READY_TIMEOUT_S,
-    LaunchPaths,
+    Launch,
     SandboxHost,
     base_env,
     process_start_time,
@@ -206,19 +205,13 @@ class GvisorHost(SandboxHost):
             self._bind(bind.source, target, bind.readonly, nosuid=True)
 
     # launch ---------------------------------------------------------------------------
-    def launch(
-        self,
-        paths: LaunchPaths,
-        cgroup: SandboxCgroup,
-        host_usr: bool,
-        memory_bytes: int,
-        lifetime_s: float,
-        limits: Limits | None = None,
-        wire_netns: Callable[[int], None] | None = None,
-    ) -> tuple[int, int]:
+    def launch(self, launch: Launch) -> tuple[int, int]:
         """Start the sandbox under runsc, inside its cgroups; return the Sentry's host pid
         and start time (the sandbox lives exactly as long as that process). Its network
-        namespace is wired before runsc starts (``make_netns``): ``wire_netns`` is None."""
+        namespace is wired before runsc starts (``make_netns``): ``launch.wire_netns`` is
+        None."""
+        paths, cgroup, limits = launch.paths, launch.cgroup, launch.limits
+        host_usr, lifetime_s = launch.host_usr, launch.lifetime_s
         runsc = gvisor.find_runsc()
         if limits is None:
             raise SandboxError("the gvisor tier needs the sandbox's limits at launch")

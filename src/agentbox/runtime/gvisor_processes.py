@@ -13,20 +13,21 @@ for input (``waiting_for_input`` stays false).
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import secrets
-import shutil
 import signal as signals
-import subprocess
 import time
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from agentbox.runtime.commands import LiveCommand, launch_error, normalise_argv
+from agentbox.runtime.commands import LiveCommand
 from agentbox.runtime.gvisor_commands import GvisorCommandRunner, unsupported
-from agentbox.runtime.processes import ProcessInfo, ProcessTable, _read_exit, _signal_number
+from agentbox.runtime.processes import (
+    ProcessInfo,
+    ProcessTable,
+    _read_exit,
+    _signal_number,
+    run_detached,
+)
 
 # Runs runsc exec, drops its files, then writes the status like the default tier's
 # launcher does: a number and a newline, atomically. $0: the exit file; $1, $2: runsc's
@@ -41,27 +42,15 @@ _STARTED_S = 10.0
 class GvisorProcessTable(ProcessTable):
     runner: GvisorCommandRunner
 
-    def start(
-        self,
-        command: str | Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = False,
-        pty: tuple[int, int] | None = None,
-    ) -> ProcessInfo:
+    def _terminal(self, pty: tuple[int, int] | None) -> tuple[int, int] | None:
         if pty is not None:
             raise unsupported("a background process on a terminal (pty)")
-        argv = normalise_argv(command)
-        environment = self.runner.environment(env)
-        process_id = "p-" + secrets.token_hex(6)
-        pdir = self.root / process_id
-        leaf = self.runner.new_leaf("p")
-        try:
-            started = self._launch(pdir, argv, environment, leaf, cwd, stdin)
-        except OSError as e:
-            shutil.rmtree(pdir, ignore_errors=True)
-            raise launch_error(e) from None
+        return None
+
+    def _discard_leaf(self, leaf: str) -> None:
+        pass  # runsc's own cgroups, not a leaf of ours: nothing was made
+
+    def _until_started(self, pdir: Path, leaf: str) -> None:
         # Until runsc has started it (its pid file) or it has ended: a signal sent before
         # would find nothing to kill.
         deadline = time.monotonic() + _STARTED_S
@@ -70,7 +59,6 @@ class GvisorProcessTable(ProcessTable):
             if _read_exit(pdir / "exit") is not None:
                 break
             time.sleep(0.005)
-        return ProcessInfo(process_id, argv, started, True, None)
 
     def close_stdin(self, process_id: str) -> None:
         self._dir(process_id)  # an unknown process is NotFound first
@@ -94,18 +82,7 @@ class GvisorProcessTable(ProcessTable):
             stdin_fd = os.open(pdir / "stdin", os.O_RDWR | os.O_CLOEXEC)
         else:
             stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        out_fd = os.open(pdir / "stdout", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
-        err_fd = os.open(pdir / "stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
-        try:
-            launched = subprocess.run(
-                waiter, stdin=stdin_fd, stdout=out_fd, stderr=err_fd, env=host_env,
-                close_fds=True, start_new_session=True, check=False,
-            )  # fmt: skip
-            if launched.returncode != 0:
-                raise OSError(errno.EIO, "the waiter failed to start")
-        finally:
-            for fd in (stdin_fd, out_fd, err_fd):
-                os.close(fd)
+        run_detached(waiter, host_env, pdir, stdin_fd, "the waiter failed to start")
         return started
 
     def get(self, process_id: str) -> ProcessInfo:

@@ -86,6 +86,22 @@ class LaunchPaths:
     seccomp: Path
 
 
+@dataclass(frozen=True)
+class Launch:
+    """What starting a sandbox's first process takes, on any tier: its cgroup (already
+    enforcing ``limits``, which other tiers pass on), whether the host's /usr is bound,
+    its memory in bytes and the seconds it may live."""
+
+    paths: LaunchPaths
+    cgroup: SandboxCgroup
+    host_usr: bool
+    memory_bytes: int
+    lifetime_s: float
+    limits: Limits | None = None
+    # Called with the first process's pid as soon as it exists (the namespaces tier).
+    wire_netns: Callable[[int], None] | None = None
+
+
 class SandboxHost:
     def __init__(self, home: Path, sandbox_id: str, slot: int) -> None:
         self.id = sandbox_id
@@ -262,21 +278,15 @@ class SandboxHost:
             "--clearenv",
         ]  # fmt: skip
 
-    def launch(
-        self,
-        paths: LaunchPaths,
-        cgroup: SandboxCgroup,
-        host_usr: bool,
-        memory_bytes: int,
-        lifetime_s: float,
-        limits: Limits | None = None,
-        wire_netns: Callable[[int], None] | None = None,
-    ) -> tuple[int, int]:
+    def launch(self, launch: Launch) -> tuple[int, int]:
         """Start the sandbox's first process; return its host pid and start time.
         (``limits``: what ``cgroup`` already enforces; other tiers pass them on.)
         ``wire_netns(pid)`` runs as soon as the first process exists (its network
         namespace does), while bubblewrap goes on setting up its mounts: the veth is made
         meanwhile instead of after the sandbox is ready."""
+        paths, cgroup, host_usr = launch.paths, launch.cgroup, launch.host_usr
+        memory_bytes, lifetime_s = launch.memory_bytes, launch.lifetime_s
+        wire_netns = launch.wire_netns
         init = initfs.ensure(self.home, paths.nsexec)  # a stat, once it is there
         seccomp_fd = os.open(paths.seccomp, os.O_RDONLY)
         boot_id_fd = os.memfd_create("boot_id", os.MFD_CLOEXEC)

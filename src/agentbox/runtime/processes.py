@@ -31,9 +31,10 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from agentbox.errors import InvalidRequest, ProcessNotFound
 from agentbox.fsutil import stdin_bytes
@@ -48,6 +49,7 @@ from agentbox.runtime.commands import (
 )
 from agentbox.runtime.files import sandbox_credentials
 from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
+from agentbox.runtime.requests import StartRequest, coerce
 
 _SIGNALS = {s.name: s for s in signals.Signals}
 
@@ -104,36 +106,40 @@ class ProcessTable:
             )
         return path
 
-    def start(
-        self,
-        command: str | Sequence[str],
-        *,
-        cwd: str | None = None,
-        env: Mapping[str, str] | None = None,
-        stdin: bool = False,
-        pty: tuple[int, int] | None = None,
-    ) -> ProcessInfo:
+    def start(self, request: StartRequest | str | Sequence[str], **fields: Any) -> ProcessInfo:
         """Start ``command`` in the background. ``stdin``: keep its stdin open for
         ``write_stdin`` (and ``close_stdin``). ``pty=(cols, rows)``: run it on a terminal
         of that size (its input then goes to the terminal; ``stdin`` is not needed)."""
-        argv = normalise_argv(command)
-        if pty is not None:
-            pty = terminals.check_size(*pty)
-        environment = self.runner.environment(env)
+        request = coerce(StartRequest, request, fields)
+        pty = self._terminal(request.pty)
+        argv = normalise_argv(request.command)
+        environment = self.runner.environment(request.env)
         process_id = "p-" + secrets.token_hex(6)
         pdir = self.root / process_id
         leaf = self.runner.new_leaf("p")
         try:
             if pty is not None:
-                started = self._launch_terminal(pdir, argv, environment, leaf, cwd, pty)
+                started = self._launch_terminal(pdir, argv, environment, leaf, request.cwd, pty)
             else:
-                started = self._launch(pdir, argv, environment, leaf, cwd, stdin)
+                started = self._launch(pdir, argv, environment, leaf, request.cwd, request.stdin)
         except OSError as e:
-            self.runner.cgroup.remove_leaf(leaf)
+            self._discard_leaf(leaf)
             shutil.rmtree(pdir, ignore_errors=True)
             raise launch_error(e) from None
-        self._wait_running(pdir, self.runner.cgroup.unified / leaf)
+        self._until_started(pdir, leaf)
         return ProcessInfo(process_id, argv, started, True, None, terminal=pty is not None)
+
+    # What a tier does its own way (GvisorProcessTable overrides these) ----------------
+    def _terminal(self, pty: tuple[int, int] | None) -> tuple[int, int] | None:
+        """The terminal size to start on (checked), or None for pipes."""
+        return None if pty is None else terminals.check_size(*pty)
+
+    def _discard_leaf(self, leaf: str) -> None:
+        """Undo ``new_leaf`` for a command that never launched."""
+        self.runner.cgroup.remove_leaf(leaf)
+
+    def _until_started(self, pdir: Path, leaf: str) -> None:
+        self._wait_running(pdir, self.runner.cgroup.unified / leaf)
 
     @staticmethod
     def _wait_running(pdir: Path, leaf: Path, timeout: float = 10.0) -> None:
@@ -176,26 +182,9 @@ class ProcessTable:
             os.set_blocking(stdin_fd, True)
         else:
             stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
-        out_fd = os.open(pdir / "stdout", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
-        err_fd = os.open(pdir / "stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
-        try:
-            # The launcher detaches (--detach): its waiting half outlives this process,
-            # and the exit file, not our child status, records how the command ended.
-            launched = subprocess.run(
-                launcher,
-                stdin=stdin_fd,
-                stdout=out_fd,
-                stderr=err_fd,
-                env=environment,
-                close_fds=True,
-                start_new_session=True,
-                check=False,
-            )
-            if launched.returncode != 0:  # the detaching half failed before it forked
-                raise OSError(errno.EIO, "the launcher failed")
-        finally:
-            for fd in (stdin_fd, out_fd, err_fd):
-                os.close(fd)
+        # The launcher detaches (--detach): its waiting half outlives this process, and
+        # the exit file, not our child status, records how the command ended.
+        run_detached(launcher, environment, pdir, stdin_fd, "the launcher failed")
         return started
 
     def _launch_terminal(
@@ -578,3 +567,27 @@ def _push(fd: int, data: bytes) -> bytes:
         return data
     except BrokenPipeError:
         return b""
+
+
+def run_detached(
+    argv: list[str], env: dict[str, str], pdir: Path, stdin_fd: int, failed: str
+) -> None:
+    """Run ``argv``, which detaches the background command and returns, with ``stdin_fd``
+    (closed after) as its stdin and the process directory's output files as stdout and
+    stderr; OSError(EIO, ``failed``) when it exits non-zero (before the command forked)."""
+    try:
+        out_fd = os.open(pdir / "stdout", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
+        err_fd = os.open(pdir / "stderr", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC)
+    except OSError:
+        os.close(stdin_fd)
+        raise
+    try:
+        launched = subprocess.run(
+            argv, stdin=stdin_fd, stdout=out_fd, stderr=err_fd, env=env,
+            close_fds=True, start_new_session=True, check=False,
+        )  # fmt: skip
+        if launched.returncode != 0:
+            raise OSError(errno.EIO, failed)
+    finally:
+        for fd in (stdin_fd, out_fd, err_fd):
+            os.close(fd)

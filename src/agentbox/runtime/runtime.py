@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import secrets
-import select
 import sqlite3
 import threading
 import time
@@ -39,7 +38,8 @@ from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
 from agentbox.runtime import template_tiers
 from agentbox.runtime.commands import CommandRunner
-from agentbox.runtime.host import LaunchPaths, SandboxHost, process_start_time
+from agentbox.runtime.host import Launch, LaunchPaths, SandboxHost, process_start_time
+from agentbox.runtime.live import LiveSandboxes, Running
 from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.store import SandboxRecord, SandboxState, Store
 from agentbox.runtime.tiers import GVISOR, host_for, host_limits
@@ -92,60 +92,6 @@ def pool_key(spec: SandboxSpec | StoredSpec) -> str:
     return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:24]
 
 
-_Running = tuple[SandboxRecord, SandboxHost, SandboxCgroup]
-
-
-class _LiveSandboxes:
-    """Running sandboxes this process has looked up, each watched through a pidfd of its
-    init. The fd turns readable when init exits, so an entry never outlives its sandbox
-    and cannot be fooled by pid reuse; a hit skips SQLite and /proc on the hot path.
-    Whoever changes a sandbox's state in this process calls :meth:`forget`; another
-    process can only end a sandbox by killing its init, which the pidfd sees."""
-
-    LIMIT = 256  # fds held at most; a miss only costs the slow path
-
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[_Running, int]] = {}
-        self._lock = threading.Lock()
-
-    def get(self, sandbox_id: str) -> _Running | None:
-        with self._lock:  # the poll and a concurrent close must not interleave
-            entry = self._entries.get(sandbox_id)
-            if entry is None:
-                return None
-            if not select.select([entry[1]], [], [], 0)[0]:
-                return entry[0]
-            self._drop(sandbox_id)
-            return None
-
-    def add(self, running: _Running) -> None:
-        record = running[0]
-        if record.init_pid is None:
-            return
-        try:
-            pidfd = os.pidfd_open(record.init_pid)
-        except OSError:
-            return
-        # The pid may have been reused between the caller's check and pidfd_open.
-        if process_start_time(record.init_pid) != record.init_start_time:
-            os.close(pidfd)
-            return
-        with self._lock:
-            self._drop(record.id)
-            if len(self._entries) >= self.LIMIT:
-                self._drop(next(iter(self._entries)))
-            self._entries[record.id] = (running, pidfd)
-
-    def forget(self, sandbox_id: str) -> None:
-        with self._lock:
-            self._drop(sandbox_id)
-
-    def _drop(self, sandbox_id: str) -> None:
-        entry = self._entries.pop(sandbox_id, None)
-        if entry is not None:
-            os.close(entry[1])
-
-
 class Runtime:
     """Entry point of the runtime plane. Cheap to construct; host facts load lazily."""
 
@@ -160,7 +106,7 @@ class Runtime:
         self._layout: CgroupLayout | None = None
         self._paths: LaunchPaths | None = None
         self._lock = threading.Lock()
-        self._live = _LiveSandboxes()
+        self._live = LiveSandboxes()
         self._net: plane.HomeNet | None = None
         self._touched: dict[str, float] = {}
         self.admission = Admission()  # the gateway sets its sandbox.admission here
@@ -236,10 +182,10 @@ class Runtime:
             self.touch(claimed.id, force=True)
             self.event(claimed.id, "created", "operator", actor, template=claimed.template,
                        from_pool=True)  # fmt: skip
-            return claimed
+            return self._admitted(claimed)
         record = self._build(resolved, template, None)
         self.event(record.id, "created", "operator", actor, template=record.template)
-        return record
+        return self._admitted(record)
 
     def recycle(self, sandbox_id: str) -> bool:
         """Destroy a pooled sandbox unless a create claimed it first (then False)."""
@@ -282,7 +228,7 @@ class Runtime:
         record = self._build(spec, template, origin)
         self.event(record.id, "created", "operator", actor, template=record.template,
                    forked_from=source_id)  # fmt: skip
-        return record
+        return self._admitted(record)
 
     def create_filled(
         self,
@@ -297,6 +243,11 @@ class Runtime:
         runs on it (a restore)."""
         record = self._build(spec, template, None, populate)
         self.event(record.id, "created", "operator", actor, template=record.template, **details)
+        return self._admitted(record)
+
+    def _admitted(self, record: SandboxRecord) -> SandboxRecord:
+        """A new sandbox (created, forked or restored) about to be answered: what a role
+        adds before the caller hears of it (a cluster node registers it)."""
         return record
 
     def _build(
@@ -371,10 +322,11 @@ class Runtime:
             cgroup.create(limits)
             if networked and gvisor:  # runsc copies the namespace's setup as it starts
                 plane.attach(self.net.link(record.slot), host.make_netns())  # type: ignore[attr-defined]
-            pid, start = host.launch(
+            launch = Launch(
                 paths, cgroup, template.host_usr, spec.memory, spec.lifetime, limits,
                 wire_netns=self._wiring(record.slot) if networked and not gvisor else None,
             )  # fmt: skip
+            pid, start = host.launch(launch)
             host.activity_marker.touch()
             state: SandboxState = "running" if pool is None else "pooled"
             self.store.mark_running(sandbox_id, pid, start, state)
@@ -630,10 +582,11 @@ class Runtime:
             host.volume_binds = self.volumes.binds_for(record.id)
             for bind in host.volume_binds:  # the agent may have replaced a path since
                 image.make_mountpoint(host.root, bind.path, host.host_uid, host.host_gid)
-        pid, start = host.launch(
+        launch = Launch(
             self.paths, cgroup, template.host_usr, spec.memory, remaining, limits,
             wire_netns=self._wiring(record.slot) if networked and not gvisor else None,
         )  # fmt: skip
+        pid, start = host.launch(launch)
         self.store.mark_running(record.id, pid, start)
 
     # snapshots (runtime.snapshots) ------------------------------------------------------
@@ -676,7 +629,7 @@ class Runtime:
         with contextlib.suppress(FileNotFoundError):
             os.utime(self.home / "sandboxes" / sandbox_id / "activity")
 
-    def running(self, sandbox_id: str, *, touch: bool = True) -> _Running:
+    def running(self, sandbox_id: str, *, touch: bool = True) -> Running:
         """The record, host and cgroup of a running sandbox (a paused one is resumed);
         ``touch``: this use counts as activity (see ``runtime.lifecycle``)."""
         if touch:

@@ -19,6 +19,7 @@ from agentbox.fsutil import exec_text
 from agentbox.hints import Hint
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.output import CommandResult, OutputSaver
+from agentbox.runtime.requests import RunRequest, SessionRunRequest
 
 STATE_DIR = "/tmp/.agentbox-sessions"
 _ID = re.compile(r"^s-[0-9a-f]{12}$")
@@ -51,41 +52,41 @@ class ShellSessions:
             f"{{ printf %s {shlex.quote(exports)}; printf 'cd -- %q\\n' \"$PWD\"; }}"
             f" > {STATE_DIR}/{session_id}"
         )
-        result = self.runner.run(["/bin/bash", "-c", script], timeout=30)
+        result = self.runner.run(RunRequest(["/bin/bash", "-c", script], timeout=30))
         if result.exit_code != 0:
             raise InvalidRequest(f"could not start the shell session: {result.stderr.strip()}")
         return session_id
 
     def run(
         self,
-        session_id: str,
-        command: str,
+        request: SessionRunRequest,
         *,
-        timeout: float | None = 60.0,
-        stdin: bytes | str | None = None,
-        max_output_bytes: int = 1 << 20,
         save: OutputSaver | None = None,
         save_max_bytes: int = 0,
     ) -> CommandResult:
-        exec_text(command, "the command")  # named as the caller knows it, not by argv slot
-        state = self._state_file(session_id)
-        exists = self.runner.run(["/bin/test", "-f", state], timeout=10)
+        # Named as the caller knows it, not by argv slot.
+        exec_text(request.command, "the command")
+        state = self._state_file(request.session_id)
+        exists = self.runner.run(RunRequest(["/bin/test", "-f", state], timeout=10))
         if exists.exit_code != 0:
             raise SessionNotFound(
-                f"no shell session {session_id}",
+                f"no shell session {request.session_id}",
                 hint=Hint("shell_create", {}, "{call} to create one"),
             )
+        argv = ["/bin/bash", "-c", _WRAPPER, "agentbox-session", state, request.command]
         return self.runner.run(
-            ["/bin/bash", "-c", _WRAPPER, "agentbox-session", state, command],
-            timeout=timeout,
-            stdin=stdin,
-            max_output_bytes=max_output_bytes,
+            RunRequest(
+                argv,
+                stdin=request.stdin,
+                timeout=request.timeout,
+                max_output_bytes=request.max_output_bytes,
+            ),
             save=save,
             save_max_bytes=save_max_bytes,
         )
 
     def close(self, session_id: str) -> None:
-        self.runner.run(["/bin/rm", "-f", self._state_file(session_id)], timeout=10)
+        self.runner.run(RunRequest(["/bin/rm", "-f", self._state_file(session_id)], timeout=10))
 
     @staticmethod
     def _state_file(session_id: str) -> str:
