@@ -48,11 +48,13 @@ def backends(gw: RunningGateway, runtime: Runtime) -> Iterator[dict[str, Backend
         client.close()
 
 
-def both(backends: dict[str, Backend], scenario: Scenario) -> dict[str, list[Any]]:
-    """``scenario``'s outcomes on a fresh sandbox of each backend."""
+def both(
+    backends: dict[str, Backend], scenario: Scenario, tier: str = "namespaces"
+) -> dict[str, list[Any]]:
+    """``scenario``'s outcomes on a fresh sandbox of each backend, on isolation ``tier``."""
     outcomes = {}
     for name, backend in backends.items():
-        sb = Sandbox(backend.create(SPEC), backend)
+        sb = Sandbox(backend.create({**SPEC, "isolation": tier}), backend)
         try:
             outcomes[name] = scenario(sb)
         finally:
@@ -60,10 +62,14 @@ def both(backends: dict[str, Backend], scenario: Scenario) -> dict[str, list[Any
     return outcomes
 
 
-def agree(backends: dict[str, Backend], scenario: Scenario) -> list[Any]:
-    outcomes = both(backends, scenario)
+def agree(backends: dict[str, Backend], scenario: Scenario, tier: str = "namespaces") -> list[Any]:
+    outcomes = both(backends, scenario, tier)
     assert outcomes["local"] == outcomes["remote"]
     return outcomes["local"]
+
+
+# The contracts marked so hold on both isolation tiers, through both backends.
+BOTH_TIERS = pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
 
 
 def outcome(call: Callable[[], Any]) -> Any:
@@ -200,7 +206,8 @@ def test_background_processes(backends: dict[str, Backend]) -> None:
 
 
 # sessions -----------------------------------------------------------------------------------
-def test_shell_sessions(backends: dict[str, Backend]) -> None:
+@BOTH_TIERS
+def test_shell_sessions(backends: dict[str, Backend], tier: str) -> None:
     def scenario(sb: Sandbox) -> list[Any]:
         shell = sb.shell(cwd="/tmp", env={"SESSION_VAR": "kept"})
         out = [
@@ -213,7 +220,7 @@ def test_shell_sessions(backends: dict[str, Backend]) -> None:
         out.append(outcome(lambda: shell.run("true")))
         return out
 
-    first, second, stdin, capped, closed = agree(backends, scenario)
+    first, second, stdin, capped, closed = agree(backends, scenario, tier)
     assert first["stdout"] == "kept\n/tmp\n" and second["stdout"] == "2 /workspace\n"
     assert stdin["stdout"] == "to the session"
     assert capped["truncated"] and capped["stdout"].startswith("1\n2\n")
@@ -221,7 +228,8 @@ def test_shell_sessions(backends: dict[str, Backend]) -> None:
 
 
 # files --------------------------------------------------------------------------------------
-def test_files(backends: dict[str, Backend]) -> None:
+@BOTH_TIERS
+def test_files(backends: dict[str, Backend], tier: str) -> None:
     def scenario(sb: Sandbox) -> list[Any]:
         f = sb.files
         w = "/workspace"
@@ -250,7 +258,7 @@ def test_files(backends: dict[str, Backend]) -> None:
             outcome(lambda: _tar_round_trip(sb)),
         ]
 
-    r = agree(backends, scenario)
+    r = agree(backends, scenario, tier)
     assert r[0][4] & 0o777 == 0o600  # perms carried
     assert r[1][3] == len("alpha betamore") and r[1][4] & 0o777 == 0o600  # kept its mode
     assert r[2] == ("error", "FileExists", "file_exists")
