@@ -112,7 +112,8 @@ def _without_marker(text: str) -> str:
 
 
 # commands -----------------------------------------------------------------------------------
-def test_run_carries_every_argument(backends: dict[str, Backend]) -> None:
+@BOTH_TIERS
+def test_run_carries_every_argument(backends: dict[str, Backend], tier: str) -> None:
     def scenario(sb: Sandbox) -> list[Any]:
         run = sb.commands.run
         return [
@@ -127,7 +128,7 @@ def test_run_carries_every_argument(backends: dict[str, Backend]) -> None:
             outcome(lambda: run("echo hidden", max_output_bytes=0)),  # a streaming caller's
         ]
 
-    results = agree(backends, scenario)
+    results = agree(backends, scenario, tier)
     (env, argv, dollar0, stdin, stdin_bytes, capped, exits, timed, nothing) = results
     assert env["stdout"] == "hi from /tmp\n"
     assert argv["stdout"] == "a b|$HOME|*|;|'|"  # an argv, not a shell line
@@ -145,7 +146,8 @@ def test_run_carries_every_argument(backends: dict[str, Backend]) -> None:
     assert nothing["stdout_total"] == len("hidden\n")
 
 
-def test_an_argv_is_never_run_through_a_shell(backends: dict[str, Backend]) -> None:
+@BOTH_TIERS
+def test_an_argv_is_never_run_through_a_shell(backends: dict[str, Backend], tier: str) -> None:
     """The process table shows what ran: the argv itself, in both backends."""
 
     def scenario(sb: Sandbox) -> list[Any]:
@@ -155,7 +157,7 @@ def test_an_argv_is_never_run_through_a_shell(backends: dict[str, Backend]) -> N
         finally:
             handle.kill()
 
-    info, listed = agree(backends, scenario)
+    info, listed = agree(backends, scenario, tier)
     assert info == (["sleep", "30"], True, None)
     assert listed == [(["sleep", "30"], True, None)]
 
@@ -173,7 +175,8 @@ def test_pty_is_refused_through_a_gateway_not_ignored(
 
 
 # processes ----------------------------------------------------------------------------------
-def test_background_processes(backends: dict[str, Backend]) -> None:
+@BOTH_TIERS
+def test_background_processes(backends: dict[str, Backend], tier: str) -> None:
     def scenario(sb: Sandbox) -> list[Any]:
         handle = sb.commands.start(
             ["sh", "-c", 'read x; echo "got:$x:$GREETING:$(pwd)"'],
@@ -195,7 +198,7 @@ def test_background_processes(backends: dict[str, Backend]) -> None:
             outcome(lambda: quiet.send_stdin("x")),  # started without stdin
         ]
 
-    results = agree(backends, scenario)
+    results = agree(backends, scenario, tier)
     assert results[0] == 3
     assert results[1] == (["sh", "-c", 'read x; echo "got:$x:$GREETING:$(pwd)"'], False, 0)
     assert results[2] == (b"got:ok:hi:/tmp\n", len("got:ok:hi:/tmp\n"))
