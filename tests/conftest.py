@@ -81,6 +81,27 @@ def runtime(agentbox_home: Path, host_ready: None) -> Runtime:
     return Runtime(agentbox_home)
 
 
+@pytest.fixture(params=("namespaces", "gvisor"))
+def tiered_sandbox(
+    request: pytest.FixtureRequest, runtime: Runtime, agentbox_home: Path
+) -> Iterator[Sandbox]:
+    """``sandbox`` on each isolation tier: a module runs its contract on both with
+    ``sandbox = tiered`` (below); a test that cannot hold on one says why (a skip)."""
+    sb = Sandbox.create(memory="256MiB", disk="256MiB", pids=256, isolation=request.param,
+                        home=agentbox_home)  # fmt: skip
+    try:
+        yield sb
+    finally:
+        if runtime.store.get(sb.id) is not None:
+            sb.kill()
+
+
+def not_on_tier(sb: Sandbox, tier: str, reason: str) -> None:
+    """Skip when ``sb`` runs on ``tier``, saying why (a skip, never a pass)."""
+    if sb.info().isolation == tier:
+        pytest.skip(f"does not hold on the {tier} tier: {reason}")
+
+
 @pytest.fixture
 def sandbox(runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
     sb = Sandbox.create(memory="256MiB", disk="256MiB", pids=256, home=agentbox_home)

@@ -3,6 +3,7 @@ wire, and a refusal keeps its code (``tier_unsupported``, 409) across it."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,6 +50,29 @@ def test_rest_creates_lists_and_runs_a_gvisor_sandbox(gw: RunningGateway) -> Non
             default = op.post("/v1/sandboxes", json={"memory": "256MiB", "network": "none"})
             assert default.json()["isolation"] == "namespaces"
             op.delete(f"/v1/sandboxes/{default.json()['id']}")
+        finally:
+            assert op.delete(f"/v1/sandboxes/{sid}").status_code == 200
+
+
+def test_a_port_of_a_networked_gvisor_sandbox_is_forwarded(gw: RunningGateway) -> None:
+    """With a network, a service in the Sentry listens on a host socket in the sandbox's
+    netns: the gateway reaches it as on the default tier (network none: the 409 above)."""
+    with gw.operator() as op:
+        r = op.post("/v1/sandboxes", json={"isolation": "gvisor", "memory": "256MiB",
+                                           "disk": "64MiB"})  # fmt: skip
+        assert r.status_code == 201, r.text
+        sid = r.json()["id"]
+        try:
+            assert r.json()["network"]["mode"] != "none", r.text
+            service = {"command": "cd /workspace && printf 'from gvisor' > page.txt && "
+                                  "exec python3 -m http.server 8765 --bind 127.0.0.1"}  # fmt: skip
+            assert op.post(f"/v1/sandboxes/{sid}/processes", json=service).status_code == 201
+            url = f"/v1/sandboxes/{sid}/ports/8765/page.txt"
+            deadline = time.monotonic() + 15
+            while (got := op.get(url)).status_code == 404:
+                assert time.monotonic() < deadline, got.text  # the service is starting
+                time.sleep(0.05)
+            assert got.status_code == 200 and got.text == "from gvisor", got.text
         finally:
             assert op.delete(f"/v1/sandboxes/{sid}").status_code == 200
 

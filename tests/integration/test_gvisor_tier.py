@@ -8,7 +8,9 @@ installs it), as every other required tool does.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import platform
 import re
@@ -24,9 +26,10 @@ import pytest
 from agentbox import Sandbox
 from agentbox.audit.log import read_records
 from agentbox.egressd import daemon as egressd
-from agentbox.errors import TierUnsupported
+from agentbox.errors import SandboxNotFound, TierUnsupported
 from agentbox.isolation import gvisor
 from agentbox.network import plane
+from agentbox.runtime.gvisor_host import GvisorHost
 from agentbox.runtime.output import CommandResult
 from agentbox.runtime.requests import SessionRunRequest
 from agentbox.runtime.runtime import Runtime
@@ -541,23 +544,74 @@ def test_a_missing_runsc_is_a_typed_error_naming_the_fix(
         gvisor.find_runsc()
 
 
-def test_a_snapshot_with_memory_is_a_typed_error_on_both_tiers(
-    box: Sandbox, agentbox_home: Path
+def test_a_snapshot_with_memory_is_a_typed_error_on_the_namespaces_tier(
+    agentbox_home: Path,
 ) -> None:
-    """runsc checkpoint/restore works here only with the exec agent's socket closed, and
-    storing the image is not built (runtime/memory_snapshots.py): refused, typed, naming
-    what to do; on the namespaces tier it names the tier that could."""
+    """The namespaces tier's processes live in the host kernel, which cannot save them:
+    refused, typed, naming the tier that could."""
     env = {**os.environ, "AGENTBOX_HOME": str(agentbox_home)}
     plain = Sandbox.create(network="none", memory="256MiB", home=agentbox_home)
     try:
-        for sb, says in ((plain, "needs isolation gvisor"), (box, "not available yet")):
-            done = subprocess.run([AGENTBOX, "snapshot", "create", "--memory", sb.id], env=env,
-                                  capture_output=True, text=True)  # fmt: skip
-            assert done.returncode != 0 and "tier_unsupported" in done.stderr, done.stderr
-            assert says in done.stderr and "without --memory" in done.stderr, done.stderr
-        assert box.commands.run("echo alive").stdout == "alive\n"  # nothing was touched
+        done = subprocess.run([AGENTBOX, "snapshot", "create", "--memory", plain.id], env=env,
+                              capture_output=True, text=True)  # fmt: skip
+        assert done.returncode != 0 and "tier_unsupported" in done.stderr, done.stderr
+        assert "needs isolation gvisor" in done.stderr, done.stderr
+        assert "without --memory" in done.stderr, done.stderr
     finally:
         plain.kill()
+
+
+_COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"
+
+
+def _count(sb: Sandbox) -> int:
+    return int(sb.commands.run("cat /tmp/count").stdout.strip() or 0)
+
+
+def test_a_snapshot_with_memory_resumes_a_running_process_from_its_count(
+    agentbox_home: Path, runtime: Runtime
+) -> None:
+    """snapshot create --memory (runsc checkpoint) keeps a process counting in memory: the
+    source carries on, and a restore (after the source is gone: its slot's uid is the
+    processes') goes on counting from where the checkpoint was, not from 0."""
+    env = {**os.environ, "AGENTBOX_HOME": str(agentbox_home)}
+    source = _create(agentbox_home)
+    restored = None
+    try:
+        source.commands.start(_COUNTER)
+        wait_for(lambda: _count(source) >= 5, what="the counter to count")
+        busy = GvisorHost(agentbox_home, source.id, runtime.get(source.id).slot)
+        marker = busy.exec_dir / "c-running.json"  # a one-shot command in flight
+        marker.touch()
+        refused = subprocess.run([AGENTBOX, "snapshot", "create", "--memory", source.id],
+                                 env=env, capture_output=True, text=True)  # fmt: skip
+        marker.unlink()
+        assert refused.returncode != 0 and "a command is running" in refused.stderr
+        before = _count(source)
+        done = subprocess.run([AGENTBOX, "snapshot", "create", "--memory", "--json", source.id],
+                              env=env, capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        info = json.loads(done.stdout)
+        assert info["memory"]["size"] > 0 and info["memory"]["sha256"]
+        # The source was restored in place: alive, its agent answering, still counting.
+        at_source = _count(source)
+        wait_for(lambda: _count(source) > at_source, what="the source to count on")
+        source.kill()
+        restored_id = subprocess.run([AGENTBOX, "snapshot", "restore", info["id"]], env=env,
+                                     capture_output=True, text=True)  # fmt: skip
+        assert restored_id.returncode == 0, restored_id.stderr
+        restored = Sandbox.connect(restored_id.stdout.strip(), home=agentbox_home)
+        # /tmp is not in a snapshot's files: the count is the process's memory (a fresh
+        # process would start from 1).
+        first = wait_for(lambda: _count(restored), what="the restored process to count")
+        assert first > before
+        wait_for(lambda: _count(restored) > first, what="the restored process to count on")
+        assert "while true" in _processes(restored)
+    finally:
+        for sb in (source, restored):
+            if sb is not None:
+                with contextlib.suppress(SandboxNotFound):
+                    sb.kill()
 
 
 def test_a_low_pids_limit_leaves_room_for_runsc_itself(agentbox_home: Path) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +15,30 @@ from agentbox.errors import InvalidRequest, ProcessNotFound
 from agentbox.runtime.commands import FOREGROUND_LEAF
 from agentbox.runtime.runtime import Runtime
 
+# The tests marked BOTH_TIERS run on both isolation tiers; the others exercise what the
+# gvisor tier answers with a typed TierUnsupported (input detection and adoption, closing
+# a background stdin, background processes on a terminal: test_gvisor_tier checks that
+# error) or, for a signal sent right after start, a gvisor race still open (docs/design.md);
+# and the exit file's `find /` (22 s on gvisor, whose tree it does not reach either: the
+# files are on the disk's host side, never bound into its root).
+BOTH_TIERS = pytest.mark.parametrize("sandbox", ["namespaces", "gvisor"], indirect=True)
 
+
+@pytest.fixture
+def sandbox(
+    request: pytest.FixtureRequest, runtime: Runtime, agentbox_home: Path
+) -> Iterator[Sandbox]:
+    tier = getattr(request, "param", "namespaces")
+    sb = Sandbox.create(memory="256MiB", disk="256MiB", pids=256, isolation=tier,
+                        home=agentbox_home)  # fmt: skip
+    try:
+        yield sb
+    finally:
+        if runtime.store.get(sb.id) is not None:
+            sb.kill()
+
+
+@BOTH_TIERS
 def test_background_process_output_offsets_and_exit(sandbox: Sandbox) -> None:
     handle = sandbox.commands.start("for i in 1 2 3; do echo line$i; done; exit 4")
     info = handle.wait(timeout=30)
@@ -24,6 +49,7 @@ def test_background_process_output_offsets_and_exit(sandbox: Sandbox) -> None:
     assert rest.text == "line2\nline3\n"
 
 
+@BOTH_TIERS
 def test_background_stdin_and_signal(sandbox: Sandbox) -> None:
     handle = sandbox.commands.start(["/bin/sh", "-c", "read x; echo got:$x; sleep 300"], stdin=True)
     handle.send_stdin("hello\n")
@@ -38,6 +64,7 @@ def test_background_stdin_and_signal(sandbox: Sandbox) -> None:
     assert not info.running and info.exit_code == 128 + 15
 
 
+@BOTH_TIERS
 def test_kill_takes_the_whole_tree(sandbox: Sandbox) -> None:
     handle = sandbox.commands.start("setsid sleep 300 & sleep 300")
     handle.kill()
@@ -46,6 +73,7 @@ def test_kill_takes_the_whole_tree(sandbox: Sandbox) -> None:
     assert left.stdout.strip() == "0"
 
 
+@BOTH_TIERS
 def test_list_and_reconnect(sandbox: Sandbox, agentbox_home) -> None:  # type: ignore[no-untyped-def]
     handle = sandbox.commands.start("echo hi")
     handle.wait(timeout=30)
@@ -64,6 +92,7 @@ def test_exit_file_is_beyond_the_sandbox_reach(sandbox: Sandbox) -> None:
     assert handle.info().exit_code == 5
 
 
+@BOTH_TIERS
 def test_shell_session_keeps_cwd_and_env(sandbox: Sandbox) -> None:
     shell = sandbox.shell()
     assert shell.run("mkdir -p /tmp/d && cd /tmp/d && export FOO=bar").exit_code == 0
@@ -117,6 +146,7 @@ def test_waiting_without_an_adopter_is_killed_and_says_so(sandbox: Sandbox,
     assert r.signal == 9 and r.exit_code == 137 and not r.timed_out
 
 
+@BOTH_TIERS
 def test_busy_commands_are_not_waiting_for_input(sandbox: Sandbox, runtime: Runtime) -> None:
     commands = runtime.commands(sandbox.id)
     # Quiet but not reading stdin; reading another pipe; reading stdin that was given.
@@ -152,6 +182,7 @@ def test_a_signal_right_after_start_reaches_the_command(sandbox: Sandbox,
             assert table.wait(info.id, timeout=30).exit_code == code, sig
 
 
+@BOTH_TIERS
 def test_signalling_an_ended_process_says_it_was_not_signalled(sandbox: Sandbox,
                                                                runtime: Runtime) -> None:  # fmt: skip
     table = runtime.processes(sandbox.id)

@@ -50,11 +50,13 @@ def backends(gw: RunningGateway, runtime: Runtime) -> Iterator[dict[str, Backend
         client.close()
 
 
-def both(backends: dict[str, Backend], scenario: Scenario) -> dict[str, list[Any]]:
-    """``scenario``'s outcomes on a fresh sandbox of each backend."""
+def both(
+    backends: dict[str, Backend], scenario: Scenario, tier: str = "namespaces"
+) -> dict[str, list[Any]]:
+    """``scenario``'s outcomes on a fresh sandbox of each backend, on isolation ``tier``."""
     outcomes = {}
     for name, backend in backends.items():
-        sb = Sandbox(backend.create(SPEC), backend)
+        sb = Sandbox(backend.create({**SPEC, "isolation": tier}), backend)
         try:
             outcomes[name] = scenario(sb)
         finally:
@@ -62,10 +64,14 @@ def both(backends: dict[str, Backend], scenario: Scenario) -> dict[str, list[Any
     return outcomes
 
 
-def agree(backends: dict[str, Backend], scenario: Scenario) -> list[Any]:
-    outcomes = both(backends, scenario)
+def agree(backends: dict[str, Backend], scenario: Scenario, tier: str = "namespaces") -> list[Any]:
+    outcomes = both(backends, scenario, tier)
     assert outcomes["local"] == outcomes["remote"]
     return outcomes["local"]
+
+
+# The contracts marked so hold on both isolation tiers, through both backends.
+BOTH_TIERS = pytest.mark.parametrize("tier", ["namespaces", "gvisor"])
 
 
 def outcome(call: Callable[[], Any]) -> Any:
@@ -108,7 +114,8 @@ def _without_marker(text: str) -> str:
 
 
 # commands -----------------------------------------------------------------------------------
-def test_run_carries_every_argument(backends: dict[str, Backend]) -> None:
+@BOTH_TIERS
+def test_run_carries_every_argument(backends: dict[str, Backend], tier: str) -> None:
     def scenario(sb: Sandbox) -> list[Any]:
         run = sb.commands.run
         return [
@@ -123,7 +130,7 @@ def test_run_carries_every_argument(backends: dict[str, Backend]) -> None:
             outcome(lambda: run("echo hidden", max_output_bytes=0)),  # a streaming caller's
         ]
 
-    results = agree(backends, scenario)
+    results = agree(backends, scenario, tier)
     (env, argv, dollar0, stdin, stdin_bytes, capped, exits, timed, nothing) = results
     assert env["stdout"] == "hi from /tmp\n"
     assert argv["stdout"] == "a b|$HOME|*|;|'|"  # an argv, not a shell line
@@ -141,7 +148,8 @@ def test_run_carries_every_argument(backends: dict[str, Backend]) -> None:
     assert nothing["stdout_total"] == len("hidden\n")
 
 
-def test_an_argv_is_never_run_through_a_shell(backends: dict[str, Backend]) -> None:
+@BOTH_TIERS
+def test_an_argv_is_never_run_through_a_shell(backends: dict[str, Backend], tier: str) -> None:
     """The process table shows what ran: the argv itself, in both backends."""
 
     def scenario(sb: Sandbox) -> list[Any]:
@@ -151,7 +159,7 @@ def test_an_argv_is_never_run_through_a_shell(backends: dict[str, Backend]) -> N
         finally:
             handle.kill()
 
-    info, listed = agree(backends, scenario)
+    info, listed = agree(backends, scenario, tier)
     assert info == (["sleep", "30"], True, None)
     assert listed == [(["sleep", "30"], True, None)]
 
@@ -169,7 +177,8 @@ def test_pty_is_refused_through_a_gateway_not_ignored(
 
 
 # processes ----------------------------------------------------------------------------------
-def test_background_processes(backends: dict[str, Backend]) -> None:
+@BOTH_TIERS
+def test_background_processes(backends: dict[str, Backend], tier: str) -> None:
     def scenario(sb: Sandbox) -> list[Any]:
         handle = sb.commands.start(
             ["sh", "-c", 'read x; echo "got:$x:$GREETING:$(pwd)"'],
@@ -191,7 +200,7 @@ def test_background_processes(backends: dict[str, Backend]) -> None:
             outcome(lambda: quiet.send_stdin("x")),  # started without stdin
         ]
 
-    results = agree(backends, scenario)
+    results = agree(backends, scenario, tier)
     assert results[0] == 3
     assert results[1] == (["sh", "-c", 'read x; echo "got:$x:$GREETING:$(pwd)"'], False, 0)
     assert results[2] == (b"got:ok:hi:/tmp\n", len("got:ok:hi:/tmp\n"))
@@ -202,7 +211,8 @@ def test_background_processes(backends: dict[str, Backend]) -> None:
 
 
 # sessions -----------------------------------------------------------------------------------
-def test_shell_sessions(backends: dict[str, Backend]) -> None:
+@BOTH_TIERS
+def test_shell_sessions(backends: dict[str, Backend], tier: str) -> None:
     def scenario(sb: Sandbox) -> list[Any]:
         shell = sb.shell(cwd="/tmp", env={"SESSION_VAR": "kept"})
         out = [
@@ -215,7 +225,7 @@ def test_shell_sessions(backends: dict[str, Backend]) -> None:
         out.append(outcome(lambda: shell.run("true")))
         return out
 
-    first, second, stdin, capped, closed = agree(backends, scenario)
+    first, second, stdin, capped, closed = agree(backends, scenario, tier)
     assert first["stdout"] == "kept\n/tmp\n" and second["stdout"] == "2 /workspace\n"
     assert stdin["stdout"] == "to the session"
     assert capped["truncated"] and capped["stdout"].startswith("1\n2\n")
@@ -223,7 +233,8 @@ def test_shell_sessions(backends: dict[str, Backend]) -> None:
 
 
 # files --------------------------------------------------------------------------------------
-def test_files(backends: dict[str, Backend]) -> None:
+@BOTH_TIERS
+def test_files(backends: dict[str, Backend], tier: str) -> None:
     def scenario(sb: Sandbox) -> list[Any]:
         f = sb.files
         w = "/workspace"
@@ -252,7 +263,7 @@ def test_files(backends: dict[str, Backend]) -> None:
             outcome(lambda: _tar_round_trip(sb)),
         ]
 
-    r = agree(backends, scenario)
+    r = agree(backends, scenario, tier)
     assert r[0][4] & 0o777 == 0o600  # perms carried
     assert r[1][3] == len("alpha betamore") and r[1][4] & 0o777 == 0o600  # kept its mode
     assert r[2] == ("error", "FileExists", "file_exists")

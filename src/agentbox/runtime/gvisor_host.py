@@ -56,6 +56,8 @@ MS_BIND = 0x1000
 MS_REMOUNT = 0x20
 AGENT_DIR = ".agentbox"
 AGENT_PATH = "/.agentbox/agent"  # the first process: init and exec agent in one
+CHECKPOINT_FILE = "checkpoint.img"  # what runsc checkpoint writes in --image-path
+CHECKPOINT_TIMEOUT_S = 300.0
 UNSHARE = "usr/bin/unshare"  # what every command runs under (see gvisor.exec_process)
 
 
@@ -71,6 +73,8 @@ class GvisorHost(SandboxHost):
         self.agent_socket = self.agent_dir / agent_client.SOCKET_NAME
         # runsc names its control socket after the container, host-wide: the sandbox id.
         self.container = sandbox_id
+        # A memory snapshot's checkpoint image: launch restores it instead of booting.
+        self.memory_image: Path | None = None
 
     # network --------------------------------------------------------------------------
     def make_netns(self) -> Path:
@@ -258,8 +262,13 @@ class GvisorHost(SandboxHost):
         (self.bundle / "config.json").write_text(json.dumps(config))
         self.exec_dir.mkdir(mode=0o700, exist_ok=True)
         pid_file = self.dir / "runsc.pid"
-        argv = runsc.argv(self.state_root, "host" if networked else "none", "run",
-                          "--detach", f"--bundle={self.bundle}", f"--pid-file={pid_file}",
+        pid_file.unlink(missing_ok=True)
+        start_argv = ["run", "--detach"]
+        if self.memory_image is not None:
+            self._delete()  # a checkpointed container is still named in runsc's state
+            start_argv = ["restore", "--detach", f"--image-path={self.memory_image}"]
+        argv = runsc.argv(self.state_root, "host" if networked else "none", *start_argv,
+                          f"--bundle={self.bundle}", f"--pid-file={pid_file}",
                           self.container)  # fmt: skip
         launcher = [str(paths.nsexec), "spawn",
                     *[arg for d in cgroup.dirs_for("init") for arg in ("--cgroup", d)],
@@ -274,7 +283,10 @@ class GvisorHost(SandboxHost):
                                env={"PATH": BASE_PATH}, check=False)  # fmt: skip
             os.close(ready_w)
             ready_w = -1
-            self._wait_ready(ready_r)
+            if self.memory_image is None:
+                self._wait_ready(ready_r)
+            else:  # the restored agent said ready long ago: its listener shows it runs
+                self._wait_relistening(pid_file)
             os.chown(self.agent_dir, 0, 0)
         finally:
             os.close(ready_r)
@@ -304,6 +316,71 @@ class GvisorHost(SandboxHost):
             if not chunk:
                 break
         raise SandboxError(f"runsc did not start the sandbox: {self._log_tail()}")
+
+    def _wait_relistening(self, pid_file: Path) -> None:
+        """After a restore: ask the agent to listen again (SIGHUP, once runsc knows the
+        container) until its socket is there."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.agent_socket.exists():
+                return
+            if pid_file.exists():
+                subprocess.run(self.runsc_argv("kill", self.container, "HUP"),
+                               capture_output=True, timeout=30, check=False)  # fmt: skip
+            time.sleep(0.02)
+        raise SandboxError(f"runsc did not restore the sandbox: {self._log_tail()}")
+
+    # checkpoint -----------------------------------------------------------------------
+    def quiesce(self) -> None:
+        """Close the exec agent's listener, whose host socket gVisor cannot checkpoint
+        (the checkpoint would fail and end the sandbox), and wait until it is closed: a
+        connect to its socket is refused then. The agent cannot remove the socket's file
+        (gVisor answers EPERM on it), so the host does, for the listener to come back."""
+        done = subprocess.run(self.runsc_argv("kill", self.container, "USR2"),
+                              capture_output=True, text=True, timeout=30,
+                              check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise SandboxError(f"could not reach the sandbox's exec agent: {done.stderr}")
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while self._agent_listens():
+            if time.monotonic() > deadline:
+                raise SandboxError("the sandbox's exec agent did not close its socket")
+            time.sleep(0.01)
+        self.agent_socket.unlink(missing_ok=True)
+
+    def _agent_listens(self) -> bool:
+        import socket
+
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(str(self.agent_socket))
+            except (ConnectionRefusedError, FileNotFoundError):
+                return False
+        return True
+
+    def relisten(self) -> None:
+        """The agent's listener back after a quiesce that was not followed by a checkpoint."""
+        os.chown(self.agent_dir, self.host_uid, self.host_gid)
+        try:
+            self._wait_relistening(self.dir / "runsc.pid")
+        finally:
+            os.chown(self.agent_dir, 0, 0)
+
+    def checkpoint(self, image_dir: Path) -> Path:
+        """``runsc checkpoint`` into ``image_dir``: the sandbox stops (``--leave-running``
+        hangs with Debian 12's runsc). Returns the image file."""
+        try:
+            done = subprocess.run(
+                self.runsc_argv("checkpoint", f"--image-path={image_dir}", self.container),
+                capture_output=True, text=True, timeout=CHECKPOINT_TIMEOUT_S, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise SandboxError(f"runsc checkpoint hung for {CHECKPOINT_TIMEOUT_S:.0f} s") from None
+        image = image_dir / CHECKPOINT_FILE
+        if done.returncode != 0 or not image.is_file():
+            tail = (done.stderr or done.stdout).strip()[-400:]
+            raise SandboxError(f"runsc checkpoint failed (the sandbox has ended): {tail}")
+        return image
 
     def _exists_in_root(self, name: str, flags: int = 0) -> bool:
         # Symlinks followed, but inside the root (usr may be a link in the template).

@@ -237,11 +237,12 @@ class Runtime:
         populate: Callable[[SandboxHost, Path], None],
         *,
         actor: str = "local",
+        slot: int | None = None,
         **details: Any,
     ) -> SandboxRecord:
         """Create a sandbox whose fresh disk ``populate(host, disk)`` fills before anything
-        runs on it (a restore)."""
-        record = self._build(spec, template, None, populate)
+        runs on it (a restore); ``slot``: that one (its uid) or a Conflict."""
+        record = self._build(spec, template, None, populate, slot=slot)
         self.event(record.id, "created", "operator", actor, template=record.template, **details)
         return self._admitted(record)
 
@@ -257,6 +258,7 @@ class Runtime:
         clone_of: SandboxHost | None,
         populate: Callable[[SandboxHost, Path], None] | None = None,
         pool: str | None = None,
+        slot: int | None = None,
     ) -> SandboxRecord:
         paths = self.paths
         if spec.network.mode != "none":
@@ -267,7 +269,7 @@ class Runtime:
 
         with creating(self.home, sandbox_id):  # recovery leaves a live creator alone
             return self._build_locked(
-                sandbox_id, spec, template, clone_of, populate, pool, disks, paths
+                sandbox_id, spec, template, clone_of, populate, pool, disks, paths, slot
             )
 
     def _build_locked(
@@ -280,6 +282,7 @@ class Runtime:
         pool: str | None,
         disks: Path,
         paths: LaunchPaths,
+        slot: int | None = None,
     ) -> SandboxRecord:
         cgroupwarm.start()  # the launcher's cgroup joins wait less (see the module)
         expires_at = time.time() + spec.lifetime
@@ -295,6 +298,7 @@ class Runtime:
                 MAX_SANDBOXES,
                 self.admission,
                 pool,
+                slot,
             )
         host = host_for(self.home, sandbox_id, record.slot, spec.isolation)
         cgroup = self.layout.sandbox(sandbox_id)
@@ -600,15 +604,37 @@ class Runtime:
         return Snapshots(self, open_store(url, self.home))
 
     def snapshot(
-        self, sandbox_id: str, *, redact: bool = False, allowlist: str | None = None
+        self,
+        sandbox_id: str,
+        *,
+        redact: bool = False,
+        allowlist: str | None = None,
+        memory: bool = False,
     ) -> SnapshotInfo:
         """Scan, archive and store the sandbox's writable layer and /workspace; refused
         (SecretsFound, with a report) when secrets are found, unless ``redact``.
-        ``allowlist``: allow-list text (see storage.secretscan.AllowList)."""
+        ``allowlist``: allow-list text (see storage.secretscan.AllowList). ``memory``:
+        its running processes too (gvisor tier; runtime.memory_snapshots)."""
         from agentbox.storage.secretscan import AllowList
 
         allowed = AllowList.parse(allowlist, "allow-list") if allowlist else None
+        if memory:
+            from agentbox.runtime import memory_snapshots
+
+            return memory_snapshots.take(self, self.snapshots(), sandbox_id, redact, allowed)
         return self.snapshots().create(sandbox_id, redact=redact, allowlist=allowed)
+
+    def relaunch(self, record: SandboxRecord, host: SandboxHost) -> None:
+        """Start a stopped sandbox's runsc again, in its cgroups (a memory snapshot's
+        source after its checkpoint: ``host.memory_image`` set), and record its pid."""
+        spec = record.spec
+        template = self.templates.exact(record.template, record.template_digest)
+        cgroup = self.layout.sandbox(record.id)
+        limits = host_limits(spec.isolation, Limits(spec.memory, spec.pids, spec.cpus))
+        self._live.forget(record.id)
+        launch = Launch(self.paths, cgroup, template.host_usr, spec.memory, spec.lifetime, limits)
+        pid, start = host.launch(launch)
+        self.store.mark_running(record.id, pid, start)
 
     def restore(self, snapshot_id: str, *, actor: str = "local") -> SandboxRecord:
         return self.snapshots().restore(snapshot_id, actor=actor)

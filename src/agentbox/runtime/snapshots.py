@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import hashlib
 import io
 import json
 import os
 import secrets
+import shutil
 import stat
 import tarfile
 import time
@@ -86,6 +88,9 @@ class SnapshotInfo:
     files: int
     sha256: str
     redacted: list[str] = field(default_factory=list)  # sandbox paths whose secrets went
+    # A snapshot with memory (runtime.memory_snapshots): its checkpoint image's sha256,
+    # size and the slot (host uid) its processes run as; None: files only.
+    memory: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,6 +102,19 @@ def data_key(snapshot_id: str) -> str:
 
 def meta_key(snapshot_id: str) -> str:
     return f"snapshots/{snapshot_id}.json"
+
+
+def memory_key(snapshot_id: str) -> str:
+    """A snapshot with memory's checkpoint image (runsc's, as it wrote it)."""
+    return f"snapshots/{snapshot_id}.checkpoint.img"
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(hashedzstd.CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class Runtime(Protocol):
@@ -117,6 +135,7 @@ class Runtime(Protocol):
         populate: Callable[[SandboxHost, Path], None],
         *,
         actor: str = "local",
+        slot: int | None = None,
         **details: Any,
     ) -> SandboxRecord: ...
 
@@ -138,10 +157,35 @@ class Snapshots:
         record = self.runtime.get(sandbox_id)
         if record.state not in ("running", "paused", "stopped"):
             raise InvalidRequest(f"sandbox {sandbox_id} is {record.state}; nothing to snapshot")
+        return self.create_from(record, redact=redact, allowlist=allowlist)
+
+    def create_from(
+        self,
+        record: SandboxRecord,
+        *,
+        redact: bool = False,
+        allowlist: secretscan.AllowList | None = None,
+        memory_image: Path | None = None,
+    ) -> SnapshotInfo:
+        """The snapshot of ``record``'s disk; with ``memory_image`` (a checkpoint of its
+        processes, taken while nothing ran: runtime.memory_snapshots) that too."""
+        sandbox_id = record.id
         source = SandboxHost(self.runtime.home, sandbox_id, record.slot)
         self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
         with self._frozen_view(source) as view:
             findings = self._scan(view, allowlist)
+            if memory_image is not None:  # a secret in memory cannot be redacted out
+                image_findings = self._scan_image(memory_image, allowlist)
+                if image_findings:
+                    raise SecretsFound(
+                        f"snapshot of {sandbox_id} with memory refused: the secret scan "
+                        f"found {len(image_findings)} secret(s) in its processes' memory "
+                        "(which cannot be redacted); snapshot without --memory, or "
+                        f"allow-list them.\n{secretscan.format_report(image_findings)}",
+                        findings=[
+                            {"path": f.path, "line": f.line, "kind": f.kind} for f in image_findings
+                        ],
+                    )
             if findings and not redact:
                 raise SecretsFound(
                     f"snapshot of {sandbox_id} refused: the secret scan found "
@@ -151,8 +195,20 @@ class Snapshots:
             staging = self.scratch / f"snap-{secrets.token_hex(8)}.tar.zst"
             try:
                 digest, raw_size, files = self._archive(view, source, findings, staging)
+                memory = None
+                snapshot_digest = digest
+                if memory_image is not None:
+                    memory = {
+                        "sha256": _file_sha256(memory_image),
+                        "size": memory_image.stat().st_size,
+                        "slot": record.slot,
+                    }
+                    # The same files with other memory: another snapshot.
+                    snapshot_digest = hashlib.sha256(
+                        f"{digest}:{memory['sha256']}".encode()
+                    ).hexdigest()
                 info = SnapshotInfo(
-                    id="snap-" + digest[:32],
+                    id="snap-" + snapshot_digest[:32],
                     sandbox=sandbox_id,
                     template=record.template,
                     template_digest=record.template_digest,
@@ -163,9 +219,12 @@ class Snapshots:
                     files=files,
                     sha256=digest,
                     redacted=sorted({f.path for f in findings}),
+                    memory=memory,
                 )
                 if not self.store.exists(data_key(info.id)):  # same content: stored once
                     self.store.put_file(data_key(info.id), staging, move=True)
+                if memory_image is not None and not self.store.exists(memory_key(info.id)):
+                    self.store.put_file(memory_key(info.id), memory_image)
                 self._put_meta(info)
                 # Its restore needs this very tree: kept here while the snapshot exists.
                 self.runtime.templates.pin(info.id, info.template_digest)
@@ -192,6 +251,16 @@ class Snapshots:
                     mountpoint.rmdir()
         finally:
             image.unlink(missing_ok=True)
+
+    def _scan_image(
+        self, image: Path, allowlist: secretscan.AllowList | None
+    ) -> list[secretscan.Finding]:
+        findings = []
+        for f in secretscan.scan_tree(image.parent):
+            finding = secretscan.Finding("(memory) " + f.path, f.line, f.kind)
+            if allowlist is None or not allowlist.allows(finding):
+                findings.append(finding)
+        return sorted(findings)
 
     def _scan(self, view: Path, allowlist: secretscan.AllowList | None) -> list[secretscan.Finding]:
         findings: list[secretscan.Finding] = []
@@ -279,20 +348,54 @@ class Snapshots:
         """A new sandbox with the snapshot's files; ``spec``: fields that replace those of
         the snapshotted sandbox's spec (its lifetime, project, env, ...)."""
         info = self.get(snapshot_id)
+        if info.memory is not None and (spec or {}).get("isolation", "gvisor") != "gvisor":
+            raise InvalidRequest(
+                f"snapshot {snapshot_id} holds running processes, which only isolation "
+                "gvisor can restore; restore it without changing its isolation"
+            )
         template = self.runtime.templates.exact(info.template, info.template_digest)
         self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with self.store.reading(data_key(info.id), self.scratch) as archive:
+        with contextlib.ExitStack() as stack:
+            archive = stack.enter_context(self.store.reading(data_key(info.id), self.scratch))
+            image_dir = None
+            if info.memory is not None:
+                image_dir = stack.enter_context(self._fetch_image(info))
 
             def fill(host: SandboxHost, target: Path) -> None:
                 _extract(archive, target, host, info.sha256)
+                if image_dir is not None:  # launch restores the processes, not boots
+                    host.memory_image = image_dir  # type: ignore[attr-defined]
 
+            # A memory snapshot's processes keep their uid: the slot that names it.
+            slot = None if info.memory is None else int(info.memory["slot"])
             return self.runtime.create_filled(
                 spec_from({**info.spec, **(spec or {})}),
                 template,
                 fill,
                 actor=actor,
+                slot=slot,
                 snapshot=info.id,
             )
+        raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def _fetch_image(self, info: SnapshotInfo) -> Iterator[Path]:
+        """A directory holding the snapshot's checkpoint image, its digest checked."""
+        assert info.memory is not None
+        image_dir = self.scratch / f"restore-{secrets.token_hex(8)}"
+        image_dir.mkdir(mode=0o700)
+        try:
+            image = image_dir / "checkpoint.img"  # the name runsc restore reads
+            self.store.get_file(memory_key(info.id), image)
+            digest = hashlib.sha256()
+            with image.open("rb") as f:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+            if digest.hexdigest() != info.memory.get("sha256"):
+                raise InvalidRequest("the snapshot's memory image does not match its digest")
+            yield image_dir
+        finally:
+            shutil.rmtree(image_dir, ignore_errors=True)
 
     # listing ------------------------------------------------------------------------------
     def get(self, snapshot_id: str) -> SnapshotInfo:
@@ -324,6 +427,7 @@ class Snapshots:
         self.get(snapshot_id)  # a clear error for an unknown id
         self.store.delete(meta_key(snapshot_id))
         self.store.delete(data_key(snapshot_id))
+        self.store.delete(memory_key(snapshot_id))
         self.runtime.templates.unpin(snapshot_id)
 
     def apply_retention(self, max_count: int | None, max_age: float | None) -> builtins.list[str]:

@@ -121,15 +121,26 @@ class Store:
         max_slots: int,
         admission: Admission | None = None,
         pool: str | None = None,
+        slot: int | None = None,
     ) -> SandboxRecord:
         """Insert a ``creating`` record holding the lowest free slot (the slot picks the uid),
         if ``admission`` lets it in: checked in the same transaction, so concurrent creators
-        in any process cannot overshoot. ``pool``: a warm sandbox's pool key."""
+        in any process cannot overshoot. ``pool``: a warm sandbox's pool key. ``slot``:
+        this one or none (a memory snapshot's processes keep their uid)."""
         with self.db.tx(_LOCK) as db:
             if admission is not None:
                 _admit(db, type(self.db), admission, spec)
             used = {r[0] for r in db.execute("SELECT slot FROM sandboxes")}
-            slot = next((s for s in range(max_slots) if s not in used), None)
+            if slot is not None and slot in used:
+                from agentbox.errors import Conflict
+
+                holder = db.execute("SELECT id FROM sandboxes WHERE slot=?", (slot,)).fetchone()
+                raise Conflict(
+                    f"this needs the host uid of slot {slot}, which sandbox {holder[0]} "
+                    "holds; destroy that sandbox (or restore on another host) and retry"
+                )
+            if slot is None:
+                slot = next((s for s in range(max_slots) if s not in used), None)
             if slot is None:
                 from agentbox.errors import LimitExceeded
 
