@@ -17,6 +17,7 @@ from agentbox import Sandbox
 from agentbox.errors import HostUnsupported
 from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime
+from tierkit import sandbox_on
 
 pytest_plugins = [
     "s3kit",
@@ -85,28 +86,13 @@ def runtime(agentbox_home: Path, host_ready: None) -> Runtime:
 def tiered_sandbox(
     request: pytest.FixtureRequest, runtime: Runtime, agentbox_home: Path
 ) -> Iterator[Sandbox]:
-    """``sandbox`` on each isolation tier: a module runs its contract on both with
-    ``sandbox = tiered`` (below); a test that cannot hold on one says why (a skip)."""
-    sb = Sandbox.create(memory="256MiB", disk="256MiB", pids=256, isolation=request.param,
-                        home=agentbox_home)  # fmt: skip
-    try:
+    """``sandbox`` on each isolation tier: a module runs its contract on both by asking
+    for this one as its ``sandbox``."""
+    with sandbox_on(runtime, agentbox_home, request.param) as sb:
         yield sb
-    finally:
-        if runtime.store.get(sb.id) is not None:
-            sb.kill()
-
-
-def not_on_tier(sb: Sandbox, tier: str, reason: str) -> None:
-    """Skip when ``sb`` runs on ``tier``, saying why (a skip, never a pass)."""
-    if sb.info().isolation == tier:
-        pytest.skip(f"does not hold on the {tier} tier: {reason}")
 
 
 @pytest.fixture
 def sandbox(runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
-    sb = Sandbox.create(memory="256MiB", disk="256MiB", pids=256, home=agentbox_home)
-    try:
+    with sandbox_on(runtime, agentbox_home) as sb:
         yield sb
-    finally:
-        if runtime.store.get(sb.id) is not None:
-            sb.kill()

@@ -14,6 +14,7 @@ from agentbox import Sandbox
 from agentbox.errors import InvalidRequest, ProcessNotFound
 from agentbox.runtime.commands import FOREGROUND_LEAF
 from agentbox.runtime.runtime import Runtime
+from tierkit import sandbox_on
 
 # The tests marked BOTH_TIERS run on both isolation tiers; the others exercise what the
 # gvisor tier answers with a typed TierUnsupported (input detection and adoption, closing
@@ -28,14 +29,8 @@ BOTH_TIERS = pytest.mark.parametrize("sandbox", ["namespaces", "gvisor"], indire
 def sandbox(
     request: pytest.FixtureRequest, runtime: Runtime, agentbox_home: Path
 ) -> Iterator[Sandbox]:
-    tier = getattr(request, "param", "namespaces")
-    sb = Sandbox.create(memory="256MiB", disk="256MiB", pids=256, isolation=tier,
-                        home=agentbox_home)  # fmt: skip
-    try:
+    with sandbox_on(runtime, agentbox_home, getattr(request, "param", "namespaces")) as sb:
         yield sb
-    finally:
-        if runtime.store.get(sb.id) is not None:
-            sb.kill()
 
 
 @BOTH_TIERS

@@ -27,6 +27,7 @@ from secprobe import HostSecret
 
 from agentbox import Sandbox
 from agentbox.runtime.runtime import Runtime
+from tierkit import sandbox_on
 
 
 @pytest.fixture(scope="module")
@@ -50,13 +51,8 @@ def tier(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="module")
 def tier_sandbox(tier: str, runtime: Runtime, agentbox_home: Path) -> Iterator[Sandbox]:
     """``shared_sandbox`` on each isolation tier."""
-    sb = Sandbox.create(memory="256MiB", disk="128MiB", pids=256, isolation=tier,
-                        home=agentbox_home)  # fmt: skip
-    try:
+    with sandbox_on(runtime, agentbox_home, tier, disk="128MiB") as sb:
         yield sb
-    finally:
-        if runtime.store.get(sb.id) is not None:
-            sb.kill()
 
 
 @pytest.fixture

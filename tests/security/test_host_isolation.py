@@ -29,6 +29,7 @@ from agentbox import Sandbox
 from agentbox.isolation import initfs
 from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime
+from tierkit import sandbox_on
 
 
 @pytest.fixture(scope="module", params=["namespaces", "gvisor"])
@@ -36,13 +37,8 @@ def shared_sandbox(
     request: pytest.FixtureRequest, runtime: Runtime, agentbox_home: Path
 ) -> Iterator[Sandbox]:
     """Every probe here runs on both isolation tiers (docs/design.md, Isolation tiers)."""
-    sb = Sandbox.create(memory="256MiB", disk="128MiB", pids=256, isolation=request.param,
-                        home=agentbox_home)  # fmt: skip
-    try:
+    with sandbox_on(runtime, agentbox_home, request.param, disk="128MiB") as sb:
         yield sb
-    finally:
-        if runtime.store.get(sb.id) is not None:
-            sb.kill()
 
 
 def _host_paths(secret: HostSecret) -> list[str]:

@@ -48,12 +48,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentbox.errors import HostUnsupported, SandboxError
+from agentbox.network import sandbox_env
 from agentbox.network.addresses import DENIED_NETWORKS
+from agentbox.network.sandbox_env import SANDBOX_CA_BUNDLE as SANDBOX_CA_BUNDLE
+from agentbox.network.sandbox_env import ca_env as ca_env
 
 TABLE = "agentbox"
 SUBNETS = ipaddress.IPv4Network("10.200.0.0/14")  # 32 homes x a /19 each
 PROXIES = ipaddress.IPv4Network("10.204.0.0/24")  # home k's proxy: .k+1
-EXPLICIT_PORT = 3128
+EXPLICIT_PORT = sandbox_env.EXPLICIT_PORT
 TRANSPARENT_PORT = 3129
 MAX_SLOTS = 4096
 MAX_HOMES = 32
@@ -90,17 +93,8 @@ class HomeNet:
         return Link(self, slot)
 
     def proxy_env(self) -> dict[str, str]:
-        """What a networked sandbox's processes see: both spellings, as tools read either."""
-        url = f"http://{self.proxy_address}:{EXPLICIT_PORT}"
-        no_proxy = "localhost,127.0.0.1,::1"
-        return {
-            "HTTP_PROXY": url,
-            "HTTPS_PROXY": url,
-            "http_proxy": url,
-            "https_proxy": url,
-            "NO_PROXY": no_proxy,
-            "no_proxy": no_proxy,
-        }
+        """What a networked sandbox's processes see (``network.sandbox_env``)."""
+        return sandbox_env.proxy_env(self.proxy_address)
 
 
 @dataclass(frozen=True)
@@ -280,14 +274,6 @@ def _reclaim(homes: dict[str, int]) -> int:
 # Where a sandbox that holds credentials finds the egress CA (written at create, in its
 # writable layer) and the trust bundle (the host's CAs + the egress CA).
 SANDBOX_CA = "/etc/agentbox/egress-ca.pem"
-SANDBOX_CA_BUNDLE = "/etc/agentbox/ca-bundle.pem"
-
-
-def ca_env() -> dict[str, str]:
-    """The variables common TLS clients read for their trust store, all pointing to the
-    bundle that includes the egress CA (only for sandboxes with credentials)."""
-    names = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
-    return dict.fromkeys((*names, "PIP_CERT", "GIT_SSL_CAINFO"), SANDBOX_CA_BUNDLE)
 
 
 def _run(argv: list[str], stdin: str | None = None) -> None:

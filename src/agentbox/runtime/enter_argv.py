@@ -23,9 +23,6 @@ SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 WORKSPACE = "/workspace"
 BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-SANDBOX_CA_BUNDLE = "/etc/agentbox/ca-bundle.pem"
-EXPLICIT_PORT = 3128  # the egress proxy's port for HTTP_PROXY clients
-_PROXY_PREFIX = "10.204.0."  # network.plane.PROXIES (10.204.0.0/24): home k's proxy is .k+1
 
 
 def base_env(hostname: str) -> dict[str, str]:
@@ -40,27 +37,6 @@ def base_env(hostname: str) -> dict[str, str]:
         "HOSTNAME": hostname,
         "TERM": "xterm-256color",
     }
-
-
-def proxy_env(home_index: int) -> dict[str, str]:
-    """``network.plane.HomeNet(home_index).proxy_env()`` without the network modules
-    (tests/unit/test_enter_argv.py keeps the two equal)."""
-    url = f"http://{_PROXY_PREFIX}{home_index + 1}:{EXPLICIT_PORT}"
-    no_proxy = "localhost,127.0.0.1,::1"
-    return {
-        "HTTP_PROXY": url,
-        "HTTPS_PROXY": url,
-        "http_proxy": url,
-        "https_proxy": url,
-        "NO_PROXY": no_proxy,
-        "no_proxy": no_proxy,
-    }
-
-
-def ca_env() -> dict[str, str]:
-    """As ``network.plane.ca_env`` (kept equal by the same test)."""
-    names = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")
-    return dict.fromkeys((*names, "PIP_CERT", "GIT_SSL_CAINFO"), SANDBOX_CA_BUNDLE)
 
 
 def launcher_argv(

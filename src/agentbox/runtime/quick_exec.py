@@ -17,6 +17,7 @@ import os
 import select
 import sqlite3
 
+from agentbox.network import sandbox_env
 from agentbox.runtime import enter_argv
 
 TYPE_CHECKING = False  # typing itself is a tenth of this path's start-up
@@ -84,25 +85,25 @@ def prepare(sandbox_id: str, argv: Sequence[str], leaf: str) -> Prepared | None:
         return None  # the full path resumes it
     if _start_time(init_pid) != start_time:
         return None  # its init is gone: the full path says so
-    sandbox_env: dict[str, str] = {}
+    extra: dict[str, str] = {}
     if network != "none":
         proxy = _proxy_env(where)
         if proxy is None:
             return None
-        sandbox_env.update(proxy)
+        extra.update(proxy)
         if credentials:
-            sandbox_env.update(enter_argv.ca_env())
+            extra.update(sandbox_env.ca_env())
     for key, value, kind in env_rows:
         if kind != "text":
             return None
-        sandbox_env[key] = value
+        extra[key] = value
     paths = _launch_paths(os.path.join(where, "lib"))
     cgroups = _cgroup_dirs(sandbox_id)
     if paths is None or cgroups is None:
         return None
     unified, v1 = cgroups
     env = enter_argv.base_env(sandbox_id)  # a sandbox's hostname is its id
-    env.update(sandbox_env)
+    env.update(extra)
     leaf_dir = os.path.join(unified, leaf)
     launcher = enter_argv.launcher_argv(
         paths[0], leaf_dir, v1, init_pid, paths[1], None, list(argv)
@@ -296,7 +297,7 @@ def _proxy_env(where: str) -> dict[str, str] | None:
         db.close()
     if row is None or not isinstance(row[0], int):
         return None
-    return enter_argv.proxy_env(row[0])
+    return sandbox_env.proxy_env(sandbox_env.proxy_address(row[0]))
 
 
 class _suppressed:
