@@ -27,13 +27,16 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import hints
+from agentbox.audit.log import AuditLog
 from agentbox.cluster import pki, placement
+from agentbox.cluster.audit_chain import ChainShipper, replica_chain_id
 from agentbox.cluster.node_client import NodeClient
 from agentbox.cluster.registry import Node, Placement, Registry
 from agentbox.config.settings import GatewaySettings
@@ -118,8 +121,12 @@ class ClusterGateway:
         nodes: NodeClient,
         heartbeat_seconds: float,
         lost_after_seconds: float,
+        audit: AuditLog | None = None,
+        chain: ChainShipper | None = None,
     ) -> None:
         self.db = db
+        self.audit = audit  # this replica's own chain: one record per routed request
+        self.chain = chain
         self.registry = Registry(db)
         self.tokens = tokens
         self.nodes = nodes
@@ -140,15 +147,58 @@ class ClusterGateway:
             await receive()  # websocket.connect
             await send({"type": "websocket.close", "code": 1008, "reason": "not in cluster mode"})
             return
+        if self.audit is None or scope["path"] in ("/healthz", "/readyz"):
+            await self._answer(scope, receive, send)
+            return
+        started, status = time.monotonic(), [0]
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        error = None
+        try:
+            error = await self._answer(scope, receive, sending)
+        finally:
+            await self._record(scope, status[0], error, started)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> str | None:
+        """Route and answer; the code of the error answered, if one was."""
         try:
             await self._http(scope, receive, send)
         except AgentboxError as e:
             await error_response(e)(scope, receive, send)
+            return e.code
+        return None
+
+    async def _record(self, scope: Scope, status: int, error: str | None, started: float) -> None:
+        """This replica's audit record of one request: who, what, which node, the answer.
+        Never fails the request (it has been answered): a disk that refuses is logged."""
+        assert self.audit is not None
+        try:
+            await self.audit.append_async(
+                decision="denied" if status in (401, 403) else "routed",
+                actor=scope.get("agentbox.actor"),
+                sandbox=scope.get("agentbox.sandbox"),
+                error=error,
+                duration_ms=round((time.monotonic() - started) * 1000, 3),
+                extra={
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "status": status,
+                    "node": scope.get("agentbox.node"),
+                },
+            )
+        except Exception:
+            log.exception("the replica's audit record failed")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                if self.chain is not None:
+                    await asyncio.to_thread(self.chain.start)
                 self._sweeper = asyncio.create_task(self._sweep_forever())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -157,6 +207,10 @@ class ClusterGateway:
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._sweeper
                 await self.nodes.aclose()
+                if self.audit is not None:
+                    self.audit.close()
+                if self.chain is not None:  # after close: its last records are durable
+                    await asyncio.to_thread(self.chain.stop)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -191,6 +245,7 @@ class ClusterGateway:
         if _DOT_SEGMENT.search(path):  # routed by one sandbox, normalised to another later
             raise InvalidRequest("a path with . or .. segments: send the normalised path")
         principal = await asyncio.to_thread(self.tokens.authenticate, _bearer(scope))
+        scope["agentbox.actor"] = principal.actor
         if path == "/v1/cluster/nodes" and method == "GET":
             principal.require_operator("listing cluster nodes")
             nodes = await asyncio.to_thread(self.registry.nodes)
@@ -275,6 +330,7 @@ class ClusterGateway:
         send: Send,
         body: bytes | None,
     ) -> None:
+        scope["agentbox.sandbox"] = sandbox
         principal.require_sandbox(sandbox)
         where = self._checked(sandbox, await self._lookup(sandbox))
         content = body if body is not None else _stream_body(receive)
@@ -399,6 +455,7 @@ class ClusterGateway:
         send: Send,
         content: bytes | AsyncIterator[bytes],
     ) -> None:
+        scope["agentbox.node"] = node
         target = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")
         path = target.decode("latin-1") + (("?" + query.decode("latin-1")) if query else "")
@@ -424,9 +481,11 @@ class ClusterGateway:
             await response.aclose()
 
 
-def create_cluster_app(settings: GatewaySettings, *, operator_token: str) -> ASGIApp:
-    """The replica for ``settings`` (which has a ``cluster`` section)."""
-    from agentbox.gateway.app import HostAndSizeGuard, allowed_hosts
+def create_cluster_app(settings: GatewaySettings, *, operator_token: str, home: Path) -> ASGIApp:
+    """The replica for ``settings`` (which has a ``cluster`` section); its own audit chain
+    is ``settings.audit.path``, else ``home/audit/audit.jsonl``."""
+    from agentbox.gateway.app import HostAndSizeGuard, allowed_hosts, open_audit
+    from agentbox.policy.redaction import Redactor
     from agentbox.state import open_shared
 
     cluster = settings.cluster
@@ -435,8 +494,21 @@ def create_cluster_app(settings: GatewaySettings, *, operator_token: str) -> ASG
     assert db is not None  # settings refuse cluster: without postgresql
     tokens = TokenStore(db, operator_token, settings.gateway.auth.ttl_seconds)
     context = pki.client_context(cluster.ca_file, cluster.cert_file, cluster.key_file)
+    redactor = Redactor.from_env(
+        settings.redaction.literals_from_env, detectors=settings.redaction.detectors != "none"
+    )
+    audit = open_audit(settings, home, redactor)
+    chain = ChainShipper(
+        db, audit, replica_chain_id(settings.gateway.listen), "replica", cluster.heartbeat_seconds
+    )
     replica = ClusterGateway(
-        db, tokens, NodeClient(context), cluster.heartbeat_seconds, cluster.lost_after_seconds
+        db,
+        tokens,
+        NodeClient(context),
+        cluster.heartbeat_seconds,
+        cluster.lost_after_seconds,
+        audit,
+        chain,
     )
     hosts = allowed_hosts(settings.gateway.listen, settings.gateway.allowed_hosts)
     origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]
