@@ -10,6 +10,7 @@ Where a request goes:
                                                         session token's sandbox
     POST /v1/tokens                                     its sandbox's node
     GET /v1/sandboxes                                   every ready node, lists joined
+    GET /v1/audit, GET /v1/events (no sandbox)          every ready node, merged (fanout.py)
     anything else (tokens, approvals, tasks, ...)       any ready node: that state is shared
 
 The replica authenticates the bearer token against the shared table before routing (a
@@ -35,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import hints
 from agentbox.audit.log import AuditLog
-from agentbox.cluster import pki, placement
+from agentbox.cluster import fanout, pki, placement
 from agentbox.cluster.audit_chain import ChainShipper, replica_chain_id
 from agentbox.cluster.node_client import NodeClient
 from agentbox.cluster.registry import Node, Placement, Registry
@@ -280,6 +281,24 @@ class ClusterGateway:
             if m := re.search(r"(?:^|&)sandbox=([A-Za-z0-9_.-]+)", query):
                 await self._to_sandbox(m.group(1), principal, scope, receive, send, None)
                 return
+            principal.require_operator("following every sandbox's events")
+            await fanout.events(self.nodes, await self._ready_nodes(), scope, receive, send)
+            return
+        if method == "GET" and path == "/v1/audit":
+            principal.require_operator("reading the audit trail")
+            query = scope.get("query_string", b"").decode()
+            if m := re.search(r"(?:^|&)node=([a-z0-9-]+)(?:&|$)", query):  # one chain
+                ready = {n.id: n for n in await self._ready_nodes()}
+                if (node := ready.get(m.group(1))) is None:
+                    raise NodeUnreachable(
+                        f"cluster node {m.group(1)} is not ready (GET /v1/cluster/nodes)",
+                        node=m.group(1),
+                        retry_after=2,
+                    )
+                await self._proxy(node.id, node.address, scope, send, b"")
+                return
+            await fanout.audit(self.nodes, await self._ready_nodes(), scope, receive, send)
+            return
         if principal.sandbox_id is not None:  # its sandbox's node knows what it may see
             await self._to_sandbox(principal.sandbox_id, principal, scope, receive, send, None)
             return
