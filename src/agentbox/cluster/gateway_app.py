@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import hints
 from agentbox.audit.log import AuditLog
-from agentbox.cluster import fanout, pki, placement
+from agentbox.cluster import fanout, pki, placement, ws_relay
 from agentbox.cluster.audit_chain import ChainShipper, replica_chain_id
 from agentbox.cluster.node_client import NodeClient
 from agentbox.cluster.registry import Node, Placement, Registry
@@ -124,7 +124,9 @@ class ClusterGateway:
         lost_after_seconds: float,
         audit: AuditLog | None = None,
         chain: ChainShipper | None = None,
+        ws: ws_relay.WebSocketRelay | None = None,
     ) -> None:
+        self.ws = ws
         self.db = db
         self.audit = audit  # this replica's own chain: one record per routed request
         self.chain = chain
@@ -144,9 +146,8 @@ class ClusterGateway:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        if scope["type"] != "http":  # a websocket (the desktop's VNC relay): not routed yet
-            await receive()  # websocket.connect
-            await send({"type": "websocket.close", "code": 1008, "reason": "not in cluster mode"})
+        if scope["type"] == "websocket":  # the desktop's VNC relay: to its sandbox's node
+            await self._websocket(scope, receive, send)
             return
         if self.audit is None or scope["path"] in ("/healthz", "/readyz"):
             await self._answer(scope, receive, send)
@@ -163,6 +164,31 @@ class ClusterGateway:
             error = await self._answer(scope, receive, sending)
         finally:
             await self._record(scope, status[0], error, started)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        match = _SANDBOX_PATH.match(path)
+        if match is None or _DOT_SEGMENT.search(path) or self.ws is None:
+            await ws_relay.refuse(receive, send, 1008, "only a sandbox's WebSocket is routed")
+            return
+        sandbox, started = match.group(1), time.monotonic()
+        try:
+            principal = await asyncio.to_thread(self.tokens.authenticate, ws_relay.bearer(scope))
+            scope["agentbox.actor"], scope["agentbox.sandbox"] = principal.actor, sandbox
+            principal.require_sandbox(sandbox)
+            where = self._checked(sandbox, await self._lookup(sandbox))
+        except AgentboxError as e:
+            await ws_relay.refuse(receive, send, 4401, f"{e.code}: {e.message}")
+            if self.audit is not None:
+                await self._record(scope, e.http_status, e.code, started)
+            return
+        scope["agentbox.node"] = where.node
+
+        async def ended(why: str) -> None:
+            if self.audit is not None:
+                await self._record(scope, 101, None, started)
+
+        await self.ws.relay(scope, receive, send, where.address or "", on_end=ended)
 
     async def _answer(self, scope: Scope, receive: Receive, send: Send) -> str | None:
         """Route and answer; the code of the error answered, if one was."""
@@ -185,7 +211,7 @@ class ClusterGateway:
                 error=error,
                 duration_ms=round((time.monotonic() - started) * 1000, 3),
                 extra={
-                    "method": scope["method"],
+                    "method": scope.get("method", "WEBSOCKET"),
                     "path": scope["path"],
                     "status": status,
                     "node": scope.get("agentbox.node"),
@@ -208,6 +234,8 @@ class ClusterGateway:
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._sweeper
                 await self.nodes.aclose()
+                if self.ws is not None:
+                    await self.ws.aclose()
                 if self.audit is not None:
                     self.audit.close()
                 if self.chain is not None:  # after close: its last records are durable
@@ -528,6 +556,7 @@ def create_cluster_app(settings: GatewaySettings, *, operator_token: str, home: 
         cluster.lost_after_seconds,
         audit,
         chain,
+        ws_relay.WebSocketRelay(context),
     )
     hosts = allowed_hosts(settings.gateway.listen, settings.gateway.allowed_hosts)
     origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]
