@@ -11,6 +11,7 @@ Where a request goes:
     POST /v1/tokens                                     its sandbox's node
     GET /v1/sandboxes                                   every ready node, lists joined
     GET /v1/audit, GET /v1/events (no sandbox)          every ready node, merged (fanout.py)
+    /e2b/...                                            by sandbox, as above (e2b_routes.py)
     anything else (tokens, approvals, tasks, ...)       any ready node: that state is shared
 
 The replica authenticates the bearer token against the shared table before routing (a
@@ -36,7 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import hints
 from agentbox.audit.log import AuditLog
-from agentbox.cluster import fanout, pki, placement, ws_relay
+from agentbox.cluster import e2b_routes, fanout, pki, placement, ws_relay
 from agentbox.cluster.audit_chain import ChainShipper, replica_chain_id
 from agentbox.cluster.node_client import NodeClient
 from agentbox.cluster.registry import Node, Placement, Registry
@@ -273,6 +274,9 @@ class ClusterGateway:
             return
         if _DOT_SEGMENT.search(path):  # routed by one sandbox, normalised to another later
             raise InvalidRequest("a path with . or .. segments: send the normalised path")
+        if e2b_routes.is_e2b(path):  # E2B keys: the node checks them (e2b_routes.py)
+            await self._e2b(scope, receive, send)
+            return
         principal = await asyncio.to_thread(self.tokens.authenticate, _bearer(scope))
         scope["agentbox.actor"] = principal.actor
         if path == "/v1/cluster/nodes" and method == "GET":
@@ -332,6 +336,24 @@ class ClusterGateway:
             return
         await self._to_any(scope, receive, send, None)
 
+    async def _e2b(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._e2b_routed(scope, receive, send)
+        except AgentboxError as e:  # the replica's own answer, in E2B's shape for the SDKs
+            await e2b_routes.error(e)(scope, receive, send)
+
+    async def _e2b_routed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind, sandbox = e2b_routes.route(scope)
+        if kind == "create":
+            await self._create(scope, receive, send, await _read_body(receive))
+        elif kind == "list":
+            nodes = await self._ready_nodes()
+            await e2b_routes.merged_list(self.nodes, nodes, scope, receive, send)
+        elif sandbox is not None:
+            await self._to_sandbox(sandbox, None, scope, receive, send, None)
+        else:
+            await self._to_any(scope, receive, send, None)
+
     @staticmethod
     def _named_sandbox(path: str, body: Any) -> str | None:
         """The sandbox a tool call or an MCP request names in its body, if any."""
@@ -371,14 +393,15 @@ class ClusterGateway:
     async def _to_sandbox(
         self,
         sandbox: str,
-        principal: Principal,
+        principal: Principal | None,
         scope: Scope,
         receive: Receive,
         send: Send,
         body: bytes | None,
     ) -> None:
         scope["agentbox.sandbox"] = sandbox
-        principal.require_sandbox(sandbox)
+        if principal is not None:  # None: the node authenticates (E2B keys)
+            principal.require_sandbox(sandbox)
         where = self._checked(sandbox, await self._lookup(sandbox))
         content = body if body is not None else _stream_body(receive)
         try:
