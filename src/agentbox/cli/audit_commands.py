@@ -129,7 +129,7 @@ def _verify_cluster(config_path: Path, as_json: bool) -> None:
     failed = [r for r in reports if not r.ok]
     if as_json:
         chains = [r.to_dict() for r in reports]
-        click.echo(json.dumps({"ok": not failed, "chains": chains}))
+        click.echo(json.dumps({"ok": bool(reports) and not failed, "chains": chains}))
     else:
         for r in reports:
             if r.ok:
