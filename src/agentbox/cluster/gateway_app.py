@@ -128,6 +128,7 @@ class ClusterGateway:
         ws: ws_relay.WebSocketRelay | None = None,
     ) -> None:
         self.ws = ws
+        self._recording: set[asyncio.Task[None]] = set()
         self.db = db
         self.audit = audit  # this replica's own chain: one record per routed request
         self.chain = chain
@@ -164,7 +165,11 @@ class ClusterGateway:
         try:
             error = await self._answer(scope, receive, sending)
         finally:
-            await self._record(scope, status[0], error, started)
+            # Appended beside the next request, not before it: the answer is complete, and
+            # an fsync per request (audit.fsync: always) would hold a keep-alive connection.
+            task = asyncio.create_task(self._record(scope, status[0], error, started))
+            self._recording.add(task)
+            task.add_done_callback(self._recording.discard)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
@@ -237,6 +242,8 @@ class ClusterGateway:
                 await self.nodes.aclose()
                 if self.ws is not None:
                     await self.ws.aclose()
+                if self._recording:  # records of the last answers, before the log closes
+                    await asyncio.gather(*self._recording, return_exceptions=True)
                 if self.audit is not None:
                     self.audit.close()
                 if self.chain is not None:  # after close: its last records are durable
