@@ -83,17 +83,20 @@ class ChainShipper:
             records = []
             if durable > self.shipped:  # most ticks: nothing new, no file read
                 records = [r for r in self.audit.records_after(self.shipped) if r["seq"] <= durable]
+            shipped, head = self.shipped, self._head
+            if records:
+                shipped, head = records[-1]["seq"], records[-1]["hash"]
             with self.db.tx() as conn:
                 for start in range(0, len(records), _BATCH):
                     self._insert(conn, records[start : start + _BATCH])
-                if records:
-                    self.shipped, self._head = records[-1]["seq"], records[-1]["hash"]
                 conn.execute(
                     "UPDATE audit_chains SET head_seq = ?, head_hash = ?, updated_at ="
                     " agentbox_now(), closed_at = CASE WHEN ? THEN agentbox_now() END"
                     " WHERE id = ?",
-                    (self.shipped, self._head, closing, self.chain),
+                    (shipped, head, closing, self.chain),
                 )
+            # Only once committed: a transaction cut by a database restart ships them again.
+            self.shipped, self._head = shipped, head
             return len(records)
 
     def _insert(self, conn: Connection, batch: list[Record]) -> None:
