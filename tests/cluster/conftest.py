@@ -25,7 +25,11 @@ providers:
     api_key_env: FAKE_KEY
     models: [fake-model]
 tasks: {{workers: 1, lease_seconds: 2}}
+e2b:
+  api_keys:
+    - {{name: team-a, project: alpha, key_env: E2B_TEST_KEY_A}}
 """
+E2B_KEY = "ka-" + secrets.token_hex(16)  # the E2B front door through a replica
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +48,7 @@ def cluster(
     extra = TASKS_YAML.format(base_url=cluster_model.base_url)
     with running_cluster(
         postgres.new_database(), base, nodes=3, gateways=2, extra_yaml=extra,
-        env={"FAKE_KEY": "k"},
+        env={"FAKE_KEY": "k", "E2B_TEST_KEY_A": E2B_KEY},
     ) as running:  # fmt: skip
         yield running
     # The node homes' sandboxes and mounts are gone (running_cluster); never cross a mount.

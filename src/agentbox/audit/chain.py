@@ -191,7 +191,10 @@ class VerifyResult:
     torn: tuple[str, ...] = ()
 
 
-def _check_line(line: bytes, expected_seq: int, prev: str) -> tuple[str | None, Record | None]:
+def check_line(line: bytes, expected_seq: int, prev: str) -> tuple[str | None, Record | None]:
+    """One chain line (no newline) after the record whose hash is ``prev``: (what is wrong
+    with it or None, the record when it parses). Also run on the copies of a cluster's
+    chains (cluster/audit_verify.py)."""
     if not line:
         return "empty line", None
     try:
@@ -273,7 +276,7 @@ def verify(path: str | os.PathLike[str]) -> VerifyResult:
                         unfinished = True  # an interrupted append; never covered by the head
                         break
                     return bad(expected, file.name, lineno, "unterminated line in a rotated file")
-                problem, rec = _check_line(raw[:-1], expected, prev)
+                problem, rec = check_line(raw[:-1], expected, prev)
                 if problem:
                     seq = rec["seq"] if rec is not None else expected
                     return bad(seq, file.name, lineno, problem)

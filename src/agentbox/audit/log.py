@@ -183,6 +183,7 @@ class AuditLog:
         self._first_unsynced_at = 0.0
         self._sync_lock = threading.Lock()  # fsync=always: one group commit at a time
         self._synced_seq = 0
+        self._durable_seq = 0
         self._not_durable: list[Record] = []  # written, not yet fsynced (fsync=always)
         self._flusher: threading.Thread | None = None
 
@@ -474,6 +475,10 @@ class AuditLog:
                 raise
         return sources
 
+    def records_after(self, seq: int) -> list[Record]:
+        """Every record with a seq above ``seq``, oldest first (read from the files)."""
+        return self._records_after(seq)
+
     def _records_after(self, seq: int) -> list[Record]:
         sources = self._snapshot()
         try:
@@ -618,6 +623,13 @@ class AuditLog:
         # No directory fsync: if the rename is lost in a crash the older head remains, which
         # verify accepts (records after the head), so durability of the log is what matters.
         os.replace(tmp, head)
+        self._durable_seq = seq
+
+    @property
+    def durable_seq(self) -> int:
+        """The last seq fsynced with its head: a copy shipped elsewhere (cluster mode)
+        stops here, so a crash never leaves the copy ahead of the file it resumes from."""
+        return self._durable_seq
 
     def _flush_loop(self) -> None:
         """Batch mode: fsync and write the head when enough time or records have piled up."""

@@ -17,7 +17,7 @@ import click
 from agentbox.audit.log import canonical_json, default_audit_path, follow, read_records, verify
 from agentbox.cli.errors import reports_errors
 from agentbox.cli.params import SuggestingGroup
-from agentbox.errors import FileNotFound
+from agentbox.errors import FileNotFound, InvalidRequest
 
 _PATH = click.argument(
     "path", required=False, type=click.Path(dir_okay=False, path_type=Path), metavar="[PATH]"
@@ -37,8 +37,18 @@ def audit() -> None:
 @audit.command("verify")
 @_PATH
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@click.option(
+    "--cluster", "cluster", is_flag=True,
+    help="Check every chain of the cluster (the copies in PostgreSQL); needs --config.",
+)  # fmt: skip
+@click.option(
+    "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+    help="A cluster process's config (gateway.state, cluster:), with --cluster.",
+)  # fmt: skip
 @reports_errors()
-def verify_command(path: Path | None, as_json: bool) -> None:
+def verify_command(
+    path: Path | None, as_json: bool, cluster: bool, config_path: Path | None
+) -> None:
     """Prove that no record was altered, removed, reordered or inserted.
 
     Checks every rotated file in order, the hash chain and the head file. Exits 0 and
@@ -53,7 +63,20 @@ def verify_command(path: Path | None, as_json: bool) -> None:
       agentbox audit verify
       agentbox audit verify /var/log/agentbox/audit.jsonl
       agentbox audit verify --json | jq .first_bad
+      agentbox audit verify --cluster --config /etc/agentbox/gateway.yaml
+
+    With --cluster, every gateway replica's and node's chain is checked from its copy in
+    PostgreSQL (docs/cluster.md, "Audit"): one line per chain, exit 1 when any has a
+    gap (records altered or missing, a truncated tail, a chain that stopped).
     """
+    if cluster or config_path is not None:
+        if path is not None or not cluster or config_path is None:
+            raise InvalidRequest(
+                "--cluster needs --config FILE (a cluster process's config) and no PATH; "
+                "e.g. agentbox audit verify --cluster --config /etc/agentbox/gateway.yaml"
+            )
+        _verify_cluster(config_path, as_json)
+        return
     target = path or default_audit_path()
     result = verify(target)
     if as_json:
@@ -84,6 +107,39 @@ def verify_command(path: Path | None, as_json: bool) -> None:
         click.echo(f"FAILED: {where}: {seq}: {result.reason}")
         click.echo(f"({result.records} records verified before it)", err=True)
     if not result.ok:
+        raise SystemExit(1)
+
+
+def _verify_cluster(config_path: Path, as_json: bool) -> None:
+    from agentbox.cluster.audit_verify import verify_cluster
+    from agentbox.config.settings import load_settings
+    from agentbox.state import open_shared
+
+    settings = load_settings(config_path)
+    db = open_shared(settings.gateway.state)
+    if settings.cluster is None or db is None:
+        raise InvalidRequest(
+            f"{config_path} has no cluster section with a PostgreSQL gateway.state: give "
+            "a cluster process's config, or verify one log: agentbox audit verify [PATH]"
+        )
+    try:
+        reports = verify_cluster(db, settings.cluster.lost_after_seconds)
+    finally:
+        db.close()
+    failed = [r for r in reports if not r.ok]
+    if as_json:
+        chains = [r.to_dict() for r in reports]
+        click.echo(json.dumps({"ok": bool(reports) and not failed, "chains": chains}))
+    else:
+        for r in reports:
+            if r.ok:
+                state = "closed" if r.closed else "open"
+                click.echo(f"ok: {r.chain}: {r.records} records ({state})")
+            for problem in r.problems:
+                click.echo(f"FAILED: {r.chain}: {problem}")
+        if not reports:
+            click.echo("FAILED: no audit chain in the cluster's database")
+    if failed or not reports:
         raise SystemExit(1)
 
 

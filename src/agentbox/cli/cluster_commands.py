@@ -119,6 +119,8 @@ def node(config_path: Path | None) -> None:
     click.echo(f"agentbox: node {settings.cluster.node.id} on https://{listen}", err=True)
     gc.collect()
     gc.freeze()  # as `agentbox serve` (see there)
+    chain = app.state.audit_chain
+    chain.start()  # before serving: a replaced home's chain is refused here
     heartbeat.start()
     try:
         uvicorn.run(
@@ -131,3 +133,4 @@ def node(config_path: Path | None) -> None:
         )
     finally:
         heartbeat.stop()
+        chain.stop()  # the audit log is closed by now: ship its last records, mark closed

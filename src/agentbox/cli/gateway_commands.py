@@ -112,7 +112,7 @@ def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> N
     if settings.cluster is not None:  # a replica: no sandbox here (docs/cluster.md)
         from agentbox.cluster.gateway_app import create_cluster_app
 
-        app = create_cluster_app(settings, operator_token=token)
+        app = create_cluster_app(settings, operator_token=token, home=home)
     else:
         app = create_app(settings, operator_token=token, home=home)
     click.echo(f"agentbox: gateway on http://{settings.gateway.listen} (MCP at /mcp)", err=True)

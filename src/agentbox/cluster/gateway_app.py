@@ -10,6 +10,8 @@ Where a request goes:
                                                         session token's sandbox
     POST /v1/tokens                                     its sandbox's node
     GET /v1/sandboxes                                   every ready node, lists joined
+    GET /v1/audit, GET /v1/events (no sandbox)          every ready node, merged (fanout.py)
+    /e2b/...                                            by sandbox, as above (e2b_routes.py)
     anything else (tokens, approvals, tasks, ...)       any ready node: that state is shared
 
 The replica authenticates the bearer token against the shared table before routing (a
@@ -27,13 +29,16 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentbox import hints
-from agentbox.cluster import pki, placement
+from agentbox.audit.log import AuditLog
+from agentbox.cluster import e2b_routes, fanout, pki, placement, ws_relay
+from agentbox.cluster.audit_chain import ChainShipper, replica_chain_id
 from agentbox.cluster.node_client import NodeClient
 from agentbox.cluster.registry import Node, Placement, Registry
 from agentbox.config.settings import GatewaySettings
@@ -118,8 +123,15 @@ class ClusterGateway:
         nodes: NodeClient,
         heartbeat_seconds: float,
         lost_after_seconds: float,
+        audit: AuditLog | None = None,
+        chain: ChainShipper | None = None,
+        ws: ws_relay.WebSocketRelay | None = None,
     ) -> None:
+        self.ws = ws
+        self._recording: set[asyncio.Task[None]] = set()
         self.db = db
+        self.audit = audit  # this replica's own chain: one record per routed request
+        self.chain = chain
         self.registry = Registry(db)
         self.tokens = tokens
         self.nodes = nodes
@@ -136,19 +148,90 @@ class ClusterGateway:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
             return
-        if scope["type"] != "http":  # a websocket (the desktop's VNC relay): not routed yet
-            await receive()  # websocket.connect
-            await send({"type": "websocket.close", "code": 1008, "reason": "not in cluster mode"})
+        if scope["type"] == "websocket":  # the desktop's VNC relay: to its sandbox's node
+            await self._websocket(scope, receive, send)
             return
+        if self.audit is None or scope["path"] in ("/healthz", "/readyz"):
+            await self._answer(scope, receive, send)
+            return
+        started, status = time.monotonic(), [0]
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        error = None
+        try:
+            error = await self._answer(scope, receive, sending)
+        finally:
+            # Appended beside the next request, not before it: the answer is complete, and
+            # an fsync per request (audit.fsync: always) would hold a keep-alive connection.
+            task = asyncio.create_task(self._record(scope, status[0], error, started))
+            self._recording.add(task)
+            task.add_done_callback(self._recording.discard)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        match = _SANDBOX_PATH.match(path)
+        if match is None or _DOT_SEGMENT.search(path) or self.ws is None:
+            await ws_relay.refuse(receive, send, 1008, "only a sandbox's WebSocket is routed")
+            return
+        sandbox, started = match.group(1), time.monotonic()
+        try:
+            principal = await asyncio.to_thread(self.tokens.authenticate, ws_relay.bearer(scope))
+            scope["agentbox.actor"], scope["agentbox.sandbox"] = principal.actor, sandbox
+            principal.require_sandbox(sandbox)
+            where = self._checked(sandbox, await self._lookup(sandbox))
+        except AgentboxError as e:
+            await ws_relay.refuse(receive, send, 4401, f"{e.code}: {e.message}")
+            if self.audit is not None:
+                await self._record(scope, e.http_status, e.code, started)
+            return
+        scope["agentbox.node"] = where.node
+
+        async def ended(why: str) -> None:
+            if self.audit is not None:
+                await self._record(scope, 101, None, started)
+
+        await self.ws.relay(scope, receive, send, where.address or "", on_end=ended)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> str | None:
+        """Route and answer; the code of the error answered, if one was."""
         try:
             await self._http(scope, receive, send)
         except AgentboxError as e:
             await error_response(e)(scope, receive, send)
+            return e.code
+        return None
+
+    async def _record(self, scope: Scope, status: int, error: str | None, started: float) -> None:
+        """This replica's audit record of one request: who, what, which node, the answer.
+        Never fails the request (it has been answered): a disk that refuses is logged."""
+        assert self.audit is not None
+        try:
+            await self.audit.append_async(
+                decision="denied" if status in (401, 403) else "routed",
+                actor=scope.get("agentbox.actor"),
+                sandbox=scope.get("agentbox.sandbox"),
+                error=error,
+                duration_ms=round((time.monotonic() - started) * 1000, 3),
+                extra={
+                    "method": scope.get("method", "WEBSOCKET"),
+                    "path": scope["path"],
+                    "status": status,
+                    "node": scope.get("agentbox.node"),
+                },
+            )
+        except Exception:
+            log.exception("the replica's audit record failed")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
+                if self.chain is not None:
+                    await asyncio.to_thread(self.chain.start)
                 self._sweeper = asyncio.create_task(self._sweep_forever())
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
@@ -157,6 +240,14 @@ class ClusterGateway:
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._sweeper
                 await self.nodes.aclose()
+                if self.ws is not None:
+                    await self.ws.aclose()
+                if self._recording:  # records of the last answers, before the log closes
+                    await asyncio.gather(*self._recording, return_exceptions=True)
+                if self.audit is not None:
+                    self.audit.close()
+                if self.chain is not None:  # after close: its last records are durable
+                    await asyncio.to_thread(self.chain.stop)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -190,7 +281,11 @@ class ClusterGateway:
             return
         if _DOT_SEGMENT.search(path):  # routed by one sandbox, normalised to another later
             raise InvalidRequest("a path with . or .. segments: send the normalised path")
+        if e2b_routes.is_e2b(path):  # E2B keys: the node checks them (e2b_routes.py)
+            await self._e2b(scope, receive, send)
+            return
         principal = await asyncio.to_thread(self.tokens.authenticate, _bearer(scope))
+        scope["agentbox.actor"] = principal.actor
         if path == "/v1/cluster/nodes" and method == "GET":
             principal.require_operator("listing cluster nodes")
             nodes = await asyncio.to_thread(self.registry.nodes)
@@ -225,10 +320,46 @@ class ClusterGateway:
             if m := re.search(r"(?:^|&)sandbox=([A-Za-z0-9_.-]+)", query):
                 await self._to_sandbox(m.group(1), principal, scope, receive, send, None)
                 return
+            principal.require_operator("following every sandbox's events")
+            await fanout.events(self.nodes, await self._ready_nodes(), scope, receive, send)
+            return
+        if method == "GET" and path == "/v1/audit":
+            principal.require_operator("reading the audit trail")
+            query = scope.get("query_string", b"").decode()
+            if m := re.search(r"(?:^|&)node=([a-z0-9-]+)(?:&|$)", query):  # one chain
+                ready = {n.id: n for n in await self._ready_nodes()}
+                if (node := ready.get(m.group(1))) is None:
+                    raise NodeUnreachable(
+                        f"cluster node {m.group(1)} is not ready (GET /v1/cluster/nodes)",
+                        node=m.group(1),
+                        retry_after=2,
+                    )
+                await self._proxy(node.id, node.address, scope, send, b"")
+                return
+            await fanout.audit(self.nodes, await self._ready_nodes(), scope, receive, send)
+            return
         if principal.sandbox_id is not None:  # its sandbox's node knows what it may see
             await self._to_sandbox(principal.sandbox_id, principal, scope, receive, send, None)
             return
         await self._to_any(scope, receive, send, None)
+
+    async def _e2b(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._e2b_routed(scope, receive, send)
+        except AgentboxError as e:  # the replica's own answer, in E2B's shape for the SDKs
+            await e2b_routes.error(e)(scope, receive, send)
+
+    async def _e2b_routed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind, sandbox = e2b_routes.route(scope)
+        if kind == "create":
+            await self._create(scope, receive, send, await _read_body(receive))
+        elif kind == "list":
+            nodes = await self._ready_nodes()
+            await e2b_routes.merged_list(self.nodes, nodes, scope, receive, send)
+        elif sandbox is not None:
+            await self._to_sandbox(sandbox, None, scope, receive, send, None)
+        else:
+            await self._to_any(scope, receive, send, None)
 
     @staticmethod
     def _named_sandbox(path: str, body: Any) -> str | None:
@@ -269,13 +400,15 @@ class ClusterGateway:
     async def _to_sandbox(
         self,
         sandbox: str,
-        principal: Principal,
+        principal: Principal | None,
         scope: Scope,
         receive: Receive,
         send: Send,
         body: bytes | None,
     ) -> None:
-        principal.require_sandbox(sandbox)
+        scope["agentbox.sandbox"] = sandbox
+        if principal is not None:  # None: the node authenticates (E2B keys)
+            principal.require_sandbox(sandbox)
         where = self._checked(sandbox, await self._lookup(sandbox))
         content = body if body is not None else _stream_body(receive)
         try:
@@ -399,6 +532,7 @@ class ClusterGateway:
         send: Send,
         content: bytes | AsyncIterator[bytes],
     ) -> None:
+        scope["agentbox.node"] = node
         target = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")
         path = target.decode("latin-1") + (("?" + query.decode("latin-1")) if query else "")
@@ -424,9 +558,11 @@ class ClusterGateway:
             await response.aclose()
 
 
-def create_cluster_app(settings: GatewaySettings, *, operator_token: str) -> ASGIApp:
-    """The replica for ``settings`` (which has a ``cluster`` section)."""
-    from agentbox.gateway.app import HostAndSizeGuard, allowed_hosts
+def create_cluster_app(settings: GatewaySettings, *, operator_token: str, home: Path) -> ASGIApp:
+    """The replica for ``settings`` (which has a ``cluster`` section); its own audit chain
+    is ``settings.audit.path``, else ``home/audit/audit.jsonl``."""
+    from agentbox.gateway.app import HostAndSizeGuard, allowed_hosts, open_audit
+    from agentbox.policy.redaction import Redactor
     from agentbox.state import open_shared
 
     cluster = settings.cluster
@@ -435,8 +571,22 @@ def create_cluster_app(settings: GatewaySettings, *, operator_token: str) -> ASG
     assert db is not None  # settings refuse cluster: without postgresql
     tokens = TokenStore(db, operator_token, settings.gateway.auth.ttl_seconds)
     context = pki.client_context(cluster.ca_file, cluster.cert_file, cluster.key_file)
+    redactor = Redactor.from_env(
+        settings.redaction.literals_from_env, detectors=settings.redaction.detectors != "none"
+    )
+    audit = open_audit(settings, home, redactor)
+    chain = ChainShipper(
+        db, audit, replica_chain_id(settings.gateway.listen), "replica", cluster.heartbeat_seconds
+    )
     replica = ClusterGateway(
-        db, tokens, NodeClient(context), cluster.heartbeat_seconds, cluster.lost_after_seconds
+        db,
+        tokens,
+        NodeClient(context),
+        cluster.heartbeat_seconds,
+        cluster.lost_after_seconds,
+        audit,
+        chain,
+        ws_relay.WebSocketRelay(context),
     )
     hosts = allowed_hosts(settings.gateway.listen, settings.gateway.allowed_hosts)
     origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]

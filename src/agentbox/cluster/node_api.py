@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from agentbox.cluster.audit_chain import ChainShipper
 from agentbox.cluster.heartbeat import Heartbeat
 from agentbox.cluster.node_runtime import NodeRuntime
 from agentbox.cluster.registry import Registry
@@ -52,6 +53,11 @@ def create_node_app(
         runtime=runtime,
     )
     heartbeat = Heartbeat(runtime, node.advertise, node.labels, cluster.heartbeat_seconds)
+    # The node's own audit chain (its home's log, as on one host), copied to the cluster's
+    # database for `agentbox audit verify --cluster`; the CLI starts and stops it.
+    app.state.audit_chain = ChainShipper(
+        db, app.state.parts.audit, f"node:{node.id}", "node", cluster.heartbeat_seconds
+    )
 
     @app.get("/node/v1/status", tags=["cluster"])
     async def status() -> dict[str, Any]:

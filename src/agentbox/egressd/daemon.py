@@ -11,8 +11,10 @@ Every decision is appended to its own hash-chained audit log, ``audit/egress.jso
 (same format and ``agentbox audit verify``/``tail`` as the gateway's trail).
 
 Mode ``ask``: a connection to a name on neither list is held while a person decides
-(:mod:`egress_ask`); the request and the decision go through the gateway's approval table
-in this home's ``gateway.db``.
+(:mod:`egress_ask`); the request and the decision go through the gateway's approval table:
+this home's ``gateway.db``, or the shared state database (PostgreSQL) the gateway or
+node serving the home named in ``egress-state.url`` when it started (cluster mode: a
+person approving through any replica decides for this node's sandboxes).
 
 Credentials: the daemon inherits the environment of the process that started it (the
 gateway in production, which holds the secrets) and reads a credential's variable when a
@@ -57,6 +59,39 @@ UPSTREAM_CA_ENV = "AGENTBOX_EGRESS_UPSTREAM_CA"
 
 def audit_path(home: Path) -> Path:
     return home / "audit" / "egress.jsonl"
+
+
+def state_path(home: Path) -> Path:
+    """Where the gateway (or node) serving ``home`` names its state database, when that
+    is not the home's SQLite: the daemon files egress approvals there, so a person deciding
+    through any gateway replica decides for this home's sandboxes (cluster mode)."""
+    return home / "egress-state.url"
+
+
+def publish_state(home: Path, url: str) -> None:
+    """Called by the gateway at start: ``url`` (``gateway.state``) for the daemons it
+    starts from now on; ``sqlite`` removes the file (the home's ``gateway.db``)."""
+    target = state_path(home)
+    if url == "sqlite":
+        target.unlink(missing_ok=True)
+        return
+    tmp = target.with_name(target.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:  # 0600: the URL may hold the database's password
+        f.write(url + "\n")
+    os.replace(tmp, target)
+
+
+def approval_store(home: Path) -> ApprovalStore:
+    """The approval table the gateway serving ``home`` decides in (state_path)."""
+    try:
+        url = state_path(home).read_text().strip()
+    except FileNotFoundError:
+        return ApprovalStore(home / "gateway.db")
+    from agentbox.state import open_shared
+
+    shared = open_shared(url)
+    return ApprovalStore(shared if shared is not None else home / "gateway.db")
 
 
 def host_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
@@ -162,7 +197,7 @@ async def serve(home: Path, ready_fd: int | None) -> None:
         ca = None
     upstream = upstream_context(os.environ.get(UPSTREAM_CA_ENV) or None)
     with AuditLog(audit_path(home), fsync="batch") as audit:
-        ask = EgressAsk(ApprovalStore(home / "gateway.db"), lambda *step: _note(audit, *step))
+        ask = EgressAsk(approval_store(home), lambda *step: _note(audit, *step))
         proxy = EgressProxy(
             book.policy_for,
             lambda d: _record(audit, d),

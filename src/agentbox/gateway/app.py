@@ -33,6 +33,7 @@ from agentbox.config.host import Admission
 from agentbox.config.settings import GatewaySettings
 from agentbox.config.specs import invalid_request
 from agentbox.egressd.daemon import audit_path as egress_audit_path
+from agentbox.egressd.daemon import publish_state as publish_egress_state
 from agentbox.errors import (
     AgentboxError,
     InvalidRequest,
@@ -431,6 +432,8 @@ def create_app(
     shared = open_shared(settings.gateway.state)
     tokens = TokenStore(shared or home / "gateway.db", operator_token, auth.ttl_seconds)
     approvals = ApprovalStore(shared or home / "gateway.db")
+    # The egress daemon files mode-ask approvals where these routes decide them.
+    publish_egress_state(home, settings.gateway.state)
     redactor = Redactor.from_env(
         settings.redaction.literals_from_env, detectors=settings.redaction.detectors != "none"
     )

@@ -1,0 +1,76 @@
+"""The desktop's VNC relay through a replica: the WebSocket is routed to the sandbox's
+node, an RFB handshake passes both ways, and the node's refusals reach the viewer as the
+single host's do (403 at the upgrade)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from clusterkit import Cluster
+
+
+@pytest.fixture(scope="module")
+def desktop(cluster: Cluster) -> Iterator[str]:
+    for program in ("/usr/bin/Xvnc", "/usr/bin/openbox"):
+        if not Path(program).exists():
+            pytest.fail(f"{program} is missing: run scripts/install.sh (it installs desktops)")
+    with cluster.client("gw-1") as c:
+        created = c.post(
+            "/v1/sandboxes", json={"desktop": True, "memory": "1GiB", "disk": "512MiB"}
+        )
+        assert created.status_code == 201, created.text
+        sandbox = str(created.json()["id"])
+        try:
+            yield sandbox
+        finally:
+            c.delete(f"/v1/sandboxes/{sandbox}")
+
+
+def vnc_url(cluster: Cluster, gateway: str, sandbox: str) -> str:
+    return cluster.gateway_urls[gateway].replace("http://", "ws://") + (
+        f"/v1/sandboxes/{sandbox}/desktop/vnc"
+    )
+
+
+async def rfb_handshake(url: str, token: str) -> tuple[bytes, bytes]:
+    """The server's RFB version, then its security types after ours was sent."""
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession() as session, session.ws_connect(url, headers=headers) as ws:
+        version = await asyncio.wait_for(ws.receive_bytes(), 60)
+        await ws.send_bytes(b"RFB 003.008\n")
+        security = await asyncio.wait_for(ws.receive_bytes(), 60)
+        return version, security
+
+
+async def handshake_status(url: str, token: str) -> int:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession() as session:
+        try:
+            async with session.ws_connect(url, headers=headers) as ws:
+                await ws.close()
+                return 101
+        except aiohttp.WSServerHandshakeError as e:
+            return e.status
+
+
+def test_a_vnc_handshake_through_a_replica(cluster: Cluster, desktop: str) -> None:
+    url = vnc_url(cluster, "gw-2", desktop)  # made through gw-1: any replica routes it
+    version, security = asyncio.run(rfb_handshake(url, cluster.token))
+    assert version.startswith(b"RFB 003.") and version.endswith(b"\n"), version
+    assert security[0] >= 1 and len(security) >= 1 + security[0], security
+
+
+def test_refusals_reach_the_viewer(cluster: Cluster, desktop: str) -> None:
+    url = vnc_url(cluster, "gw-2", desktop)
+    assert asyncio.run(handshake_status(url, "not-a-token")) == 403  # the replica's check
+    with cluster.client("gw-1") as c:  # a session token without desktop_view: the node's
+        issued = c.post("/v1/tokens", json={"sandbox": desktop, "tools": ["terminal_run"]})
+        assert issued.status_code in (200, 201), issued.text
+        token = issued.json()["token"]
+    assert asyncio.run(handshake_status(url, token)) == 403
+    missing = vnc_url(cluster, "gw-2", "sb-000000000000")
+    assert asyncio.run(handshake_status(missing, cluster.token)) == 403
