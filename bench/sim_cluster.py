@@ -558,7 +558,7 @@ def main() -> None:
                     pr.kill()
         server.stop()
         shutil.rmtree(base, ignore_errors=True)
-    out = REPO / "bench" / "sim_cluster.last.json"
+    out = Path(tempfile.gettempdir()) / "agentbox-sim-cluster.json"  # the run's raw numbers
     out.write_text(json.dumps(results, indent=1, default=str))
     if a.write:
         write_doc(results, " ".join(["bench/sim_cluster.py", *sys.argv[1:]]))
