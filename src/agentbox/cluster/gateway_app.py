@@ -280,9 +280,7 @@ class ClusterGateway:
 
     async def _ready_nodes(self) -> list[Node]:
         nodes, age = await self._node_list()
-        return [
-            n for n in nodes if n.state == "ready" and n.heartbeat_age + age < self.lost_after
-        ]
+        return [n for n in nodes if n.state == "ready" and n.heartbeat_age + age < self.lost_after]
 
     async def _to_sandbox(
         self,
