@@ -82,9 +82,11 @@ class SimNodes:
         self.beats = 0
         self.late = 0  # beats that started more than one interval late
         self.served = {"create": 0, "call": 0, "other": 0}
+        self.connections = 0  # mutual-TLS connections the replicas opened to the nodes
         self.stop = threading.Event()
 
     async def handle(self, node: str, reader: asyncio.StreamReader, writer: Any) -> None:
+        self.connections += 1
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -178,6 +180,7 @@ class SimNodes:
                 "beats": self.beats,
                 "late": self.late,
                 "served": self.served,
+                "connections": self.connections,
                 "killed": sorted(self.dead),
             }
             print(json.dumps(answer), flush=True)
