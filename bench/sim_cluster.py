@@ -462,9 +462,11 @@ def main() -> None:
             n = share if i < len(levels) - 1 else a.sandboxes - len(ids)
             if n <= 0:
                 break
+            before = ask("stats")
             started = meter.start()
             made = asyncio.run(drive_creates(urls, token, n, c))
             m = meter.stop(started)
+            opened = ask("stats")["connections"] - before["connections"]
             ids += made
             s, k = m["seconds"], max(1, len(made))
             row = {
@@ -474,6 +476,7 @@ def main() -> None:
                 "creates_s": len(made) / s,
                 "statements_per_create": m["count"].statements / k,
                 "own_statements_per_create": own(m["count"]) / k,
+                "connections_per_create": opened / k,
                 "rows_per_create": m["count"].rows / k,
                 "server_ms_per_create": m["count"].server_ms / k,
                 "pg_cpu_ms_per_create": 1000 * m["cpu"]["postgres"] / k,
@@ -592,8 +595,9 @@ def render(r: dict[str, Any], command: str, code: str) -> str:
         "",
         "| concurrency | creates | registered after | creates/s | statements per create "
         "(all / its own) | rows read per create | PG CPU ms/create | replica CPU ms/create "
-        "| sim-nodes CPU ms/create | PG cores busy | replica cores busy |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| sim-nodes CPU ms/create | PG cores busy | replica cores busy "
+        "| new TLS connections per create |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in r["creates"]:
         out.append(
@@ -601,7 +605,8 @@ def render(r: dict[str, Any], command: str, code: str) -> str:
             f"{c['statements_per_create']:.2f} / {c['own_statements_per_create']:.2f} | "
             f"{c['rows_per_create']:.0f} | {c['pg_cpu_ms_per_create']:.2f} | "
             f"{c['gw_cpu_ms_per_create']:.2f} | {c['sim_cpu_ms_per_create']:.2f} | "
-            f"{c['pg_cpu']:.2f} | {c['gw_cpu']:.2f} |"
+            f"{c['pg_cpu']:.2f} | {c['gw_cpu']:.2f} | "
+            f"{c.get('connections_per_create', float('nan')):.2f} |"
         )
     if r["creates"]:
         out += ["", f"Statements behind a create (last level): {r['creates'][-1]['top']}."]
