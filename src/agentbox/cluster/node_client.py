@@ -27,6 +27,9 @@ _DROP = {
     b"content-length",
 }
 
+_POOL = 4096
+IDLE_S = 240.0
+
 
 def forwarded_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in raw if k.lower() not in _DROP]
@@ -39,7 +42,13 @@ class NodeClient:
             # No read timeout: a command or an event stream runs as long as it runs; the
             # node's own limits end it.
             timeout=httpx2.Timeout(connect=5.0, read=None, write=60.0, pool=60.0),
-            limits=httpx2.Limits(max_connections=1000, max_keepalive_connections=200),
+            # An idle connection kept per node, for minutes: placement spreads creates over
+            # every node, so a pool smaller than the cluster, or one that drops a connection
+            # idle for 5 s, re-did a mutual-TLS handshake for almost every create at 1,000
+            # nodes (docs/scale.md). The node keeps them longer still (node_api.py).
+            limits=httpx2.Limits(
+                max_connections=_POOL, max_keepalive_connections=_POOL, keepalive_expiry=IDLE_S
+            ),
         )
 
     async def open(
