@@ -456,12 +456,14 @@ def main() -> None:
         # Creates at rising concurrency, up to --sandboxes.
         ids: list[str] = []
         levels = [int(c) for c in a.concurrency.split(",")]
-        share = max(200, a.sandboxes // (2 * len(levels)))
+        # Each level, then the last one again, in steps of at most 5,000 creates: a row per
+        # step shows whether the rate holds as the registry grows.
+        share = max(200, min(5000, a.sandboxes // (2 * len(levels))))
+        plan = [(c, share) for c in levels[:-1]]
+        while (left := a.sandboxes - sum(n for _, n in plan)) > 0:
+            plan.append((levels[-1], min(share, left)))
         results["creates"] = []
-        for i, c in enumerate(levels):
-            n = share if i < len(levels) - 1 else a.sandboxes - len(ids)
-            if n <= 0:
-                break
+        for c, n in plan:
             before = ask("stats")
             started = meter.start()
             made = asyncio.run(drive_creates(urls, token, n, c))
