@@ -142,6 +142,12 @@ class ClusterGateway:
         self._sweeper: asyncio.Task[None] | None = None
         self._where: dict[str, tuple[Placement, float]] = {}
         self._cache_s = min(1.0, heartbeat_seconds)
+        # The node list, read at most once per heartbeat interval: reading every node row
+        # per create was the first limit at 1,000 nodes (docs/scale.md, the simulation).
+        # Nodes change only by heartbeat; creates placed since are in ``_placed``.
+        self._nodes_s = heartbeat_seconds
+        self._nodes: tuple[list[Node], float] | None = None
+        self._nodes_lock = asyncio.Lock()
 
     # ASGI ------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -393,9 +399,19 @@ class ClusterGateway:
         body = {"status": "ready" if not failing else "not ready", "failing": failing}
         await JSONResponse(body, status_code=200 if not failing else 503)(scope, receive, send)
 
+    async def _node_list(self) -> tuple[list[Node], float]:
+        """Every node row, and how many seconds old the list is (add that to each
+        ``heartbeat_age``): read once per ``_nodes_s`` by one request, the others wait."""
+        async with self._nodes_lock:
+            now = time.monotonic()
+            if self._nodes is None or now - self._nodes[1] >= self._nodes_s:
+                self._nodes = (await asyncio.to_thread(self.registry.nodes), time.monotonic())
+            nodes, read_at = self._nodes
+        return nodes, time.monotonic() - read_at
+
     async def _ready_nodes(self) -> list[Node]:
-        nodes = await asyncio.to_thread(self.registry.nodes)
-        return [n for n in nodes if n.state == "ready" and n.heartbeat_age < self.lost_after]
+        nodes, age = await self._node_list()
+        return [n for n in nodes if n.state == "ready" and n.heartbeat_age + age < self.lost_after]
 
     async def _to_sandbox(
         self,
@@ -475,12 +491,13 @@ class ClusterGateway:
         request = _json(body) if body else {}
         if not isinstance(request, dict):
             raise InvalidRequest("the body must be a JSON object")
+        nodes, age = await self._node_list()
         ranked = placement.rank(
-            await asyncio.to_thread(self.registry.nodes),
+            nodes,
             template=str(request.get("template") or "default"),
             isolation=isolation if isinstance(isolation := request.get("isolation"), str) else None,
             labels={},
-            lost_after=self.lost_after,
+            lost_after=self.lost_after - age,  # the list's heartbeat ages are ``age`` old
             placed=self._recently_placed(),
         )
         error: NodeUnreachable | None = None

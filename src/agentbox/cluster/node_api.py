@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 from agentbox.cluster.audit_chain import ChainShipper
 from agentbox.cluster.heartbeat import Heartbeat
+from agentbox.cluster.node_client import IDLE_S
 from agentbox.cluster.node_runtime import NodeRuntime
 from agentbox.cluster.registry import Registry
 from agentbox.config.settings import GatewaySettings
@@ -78,4 +79,7 @@ def uvicorn_tls(settings: GatewaySettings) -> dict[str, Any]:
         "ssl_keyfile": str(cluster.key_file),
         "ssl_ca_certs": str(cluster.ca_file),
         "ssl_cert_reqs": ssl.CERT_REQUIRED,
+        # Longer than the replicas keep an idle connection (node_client.IDLE_S): the
+        # replica closes first, so it never sends on a connection the node just closed.
+        "timeout_keep_alive": int(IDLE_S) + 60,
     }
