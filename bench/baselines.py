@@ -225,6 +225,9 @@ class PlainBwrap:
                 proc.kill()
                 proc.wait()
         elapsed = now_ns() - t0
+        # The namespace dies asynchronously (the kernel's netns cleanup work), taking the
+        # veth with it some time later: gone now, so the next round can name it again.
+        subprocess.run(["ip", "link", "del", ifname], capture_output=True, check=False)
         if code != 0:
             raise RuntimeError(f"plain bwrap with a veth exited {code}")
         return elapsed
