@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -178,3 +179,43 @@ def test_serve_on_embedded_defaults_generates_an_operator_token(tmp_path: Path) 
         _, stderr = proc.communicate(timeout=30)
         shutil.rmtree(home, ignore_errors=True)
     assert "generated an operator token" in stderr and token not in stderr
+
+
+def test_serve_with_tls_says_https_and_serves_it(tmp_path: Path) -> None:
+    """The address `agentbox serve` prints is one a client can use as printed."""
+    from agentbox.cluster import pki
+    from gateway_harness import free_port
+
+    home = Path(tempfile.mkdtemp(prefix="agentbox-tls-", dir="/var/tmp"))
+    home.chmod(0o711)
+    ca = pki.init_ca(tmp_path / "pki")
+    cert, key = pki.issue(tmp_path / "pki", "gateway", "node", ["127.0.0.1"])  # server auth
+    config = tmp_path / "gateway.yaml"
+    config.write_text(f"gateway:\n  tls:\n    cert_file: {cert}\n    key_file: {key}\n")
+    port = free_port()
+    env = {**os.environ, "AGENTBOX_HOME": str(home), "AGENTBOX_OPERATOR_TOKEN": "t" * 32}
+    argv = [AGENTBOX, "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"]
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        banner = ""
+        for _ in range(50):  # bounded: a few lines before the banner at most
+            banner = proc.stderr.readline()
+            if "gateway on" in banner or not banner:
+                break
+        assert f"gateway on https://127.0.0.1:{port}" in banner, banner
+        url = banner.split("gateway on ", 1)[1].split()[0]
+        for _ in range(300):  # bounded: the gateway starts within seconds
+            try:
+                response = httpx2.get(
+                    f"{url}/healthz", timeout=1, verify=ssl.create_default_context(cafile=str(ca))
+                )
+                break
+            except httpx2.TransportError:
+                assert proc.poll() is None, "agentbox serve exited at start"
+                time.sleep(0.05)
+        assert response.status_code == 200
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+        shutil.rmtree(home, ignore_errors=True)

@@ -115,7 +115,8 @@ def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> N
         app = create_cluster_app(settings, operator_token=token, home=home)
     else:
         app = create_app(settings, operator_token=token, home=home)
-    click.echo(f"agentbox: gateway on http://{settings.gateway.listen} (MCP at /mcp)", err=True)
+    scheme = "https" if tls else "http"
+    click.echo(f"agentbox: gateway on {scheme}://{settings.gateway.listen} (MCP at /mcp)", err=True)
     # What is alive now lives as long as the process (modules, the app, its routes and
     # schemas: ~140k objects). Frozen out of the collector's view, the occasional full
     # collection no longer walks them all: 100-500 ms each on a loaded 2-core host, one
