@@ -27,7 +27,7 @@ from tsclient import JS, run_ts_client, ts_sdk
 
 BASELINE = Path(__file__).resolve().parents[1] / "conformance" / "expected-failures.yaml"
 # The suite release whose frozen requirement sets cover each revision the gateway serves
-# (0.1.16 has no --requirements; 0.2.0-alpha.12 has both sets).
+# (0.2.0-alpha.12 has both sets; the stable 0.1.x line has no --requirements, so it is not installed).
 SUITE = "conformance-next"
 REVISIONS = ("2025-11-25", "2026-07-28")
 # Prints a line every 0.2 s, for long enough that only a cancellation ends it.
