@@ -105,9 +105,10 @@ def gw(
             thread.join(60)
 
 
-def _create(gw: RunningGateway) -> str:
+def _create(gw: RunningGateway, isolation: str = "namespaces") -> str:
+    body = {"memory": "1GiB", "disk": "512MiB", "isolation": isolation}
     with gw.operator() as op:
-        r = op.post("/v1/sandboxes", json={"memory": "1GiB", "disk": "512MiB"})
+        r = op.post("/v1/sandboxes", json=body)
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
 
@@ -117,9 +118,12 @@ def _destroy(gw: RunningGateway, sandbox: str) -> None:
         op.delete(f"/v1/sandboxes/{sandbox}")
 
 
-@pytest.fixture(scope="module")
-def box(gw: RunningGateway, net: tuple[Internet, Site]) -> Iterator[str]:
-    sandbox = _create(gw)
+@pytest.fixture(scope="module", params=("namespaces", "gvisor"))
+def box(
+    request: pytest.FixtureRequest, gw: RunningGateway, net: tuple[Internet, Site]
+) -> Iterator[str]:
+    """A sandbox on each isolation tier: every test below runs on both."""
+    sandbox = _create(gw, request.param)
     try:
         yield sandbox
     finally:

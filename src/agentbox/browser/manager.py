@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -105,6 +106,9 @@ class _Browser:
     playwright: Playwright | None = None
     browser: Browser | None = None
     leaf: str | None = None
+    # The runner's: how a leaf's tree is killed, and killed and dropped, is the tier's.
+    kill_leaf: Callable[[str], None] | None = None
+    end_leaf: Callable[[str], None] | None = None
     profile: str | None = None
     ended: str | None = None  # why the browser process is gone, once it is
 
@@ -436,18 +440,14 @@ class BrowserManager:
         if network.mode != "none" and network.credentials:
             ca = egressca.EgressCA.load_or_create(egressca.ca_dir(self.runtime.home))
             trusted_spki = ca.spki_sha256()
-        b.leaf = runner.cgroup.new_leaf("b" + tag)
-        argv = runner.launcher_argv([chromium], b.leaf, "/tmp")
-        assert argv[1] == "enter" and argv[-2:] == ["--", chromium]
-        # Playwright's DevTools pipe is fds 3 and 4: the only fds besides stdio it keeps.
-        nsexec_argv = [argv[0], "enter", "--keep-fds", "2", *argv[2:-1]]
+        b.leaf = runner.new_leaf("b")
+        b.kill_leaf, b.end_leaf = runner.kill_tree, runner.end_leaf
         spec = {
-            "nsexec_argv": nsexec_argv,
+            **runner.browser_launch(chromium, b.leaf, "/tmp", runner.environment(extra_env)),
             "chromium": chromium,
             "user_data_dir": f"{b.profile}/profile",
             "proxy": proxy,
             "trusted_spki": trusted_spki,
-            "env": runner.environment(extra_env),
         }
         script = launch.launcher_script(self.runtime.home / "lib")
         b.playwright = sync_playwright().start()
@@ -491,14 +491,10 @@ class BrowserManager:
 
     def _kill(self, b: _Browser, remove: bool = False) -> None:
         """SIGKILL everything in the browser's leaf (and remove it): nothing outlives it."""
-        if b.leaf is None:
+        if b.leaf is None or b.kill_leaf is None or b.end_leaf is None:
             return
-        with contextlib.suppress(AgentboxError, OSError):
-            cgroup = self.runtime.layout.sandbox(b.sandbox_id)
-            if remove:
-                cgroup.remove_leaf(b.leaf)
-            else:
-                cgroup.kill_leaf(b.leaf)
+        with contextlib.suppress(AgentboxError, OSError, subprocess.SubprocessError):
+            (b.end_leaf if remove else b.kill_leaf)(b.leaf)
 
     def _retire(self, b: _Browser) -> None:
         """Drop an ended browser (lock held) and clean it up on its own thread."""
