@@ -79,7 +79,7 @@ def test_launcher_script_is_root_owned_and_stable(tmp_path: Path) -> None:
     assert launcher_script(tmp_path) == first
     assert first.stat().st_mode & 0o777 == 0o755
     text = first.read_text()
-    assert text.startswith("#!/bin/sh\nexec ") and f"-I {Path(launch_module.__file__).resolve()}" in text
+    assert text.startswith("#!/bin/sh\nexec ") and f"-I '{Path(launch_module.__file__).resolve()}'" in text
 
 
 RAW = """- generic [active] [ref=e1]:
