@@ -37,8 +37,11 @@ SPEC_ENV = "AGENTBOX_BROWSER_SPEC"
 # TCP path). Enforced here whatever Playwright passes.
 # Port 9 is on Chromium's list of unsafe ports: a request there fails before connecting.
 _NOWHERE = "http://127.0.0.1:9"
+# User namespaces are disabled in the namespaces tier's sandboxes: Chromium's own sandbox
+# cannot start there, and the sandbox is the boundary. On gVisor it can (see own_sandbox).
+NO_SANDBOX = "--no-sandbox"
 REQUIRED_FLAGS = (
-    "--no-sandbox",  # user namespaces are disabled in sandboxes; the sandbox is the boundary
+    NO_SANDBOX,
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
@@ -79,7 +82,11 @@ _DROPPED = ("--no-proxy-server", "--proxy-auto-detect")
 
 
 def chromium_args(
-    given: Sequence[str], user_data_dir: str, proxy: str | None, trusted_spki: str | None = None
+    given: Sequence[str],
+    user_data_dir: str,
+    proxy: str | None,
+    trusted_spki: str | None = None,
+    own_sandbox: bool = False,
 ) -> list[str]:
     """Playwright's arguments, with our profile directory, proxy and required flags;
     ``trusted_spki``: the egress CA's key, for sandboxes whose egress injects credentials
@@ -97,7 +104,8 @@ def chromium_args(
         else:
             out.append(arg)
     disabled += [f for f in DISABLED_FEATURES if f not in disabled]
-    out += [*REQUIRED_FLAGS, f"--disable-features={','.join(_unique(disabled))}"]
+    required = [f for f in REQUIRED_FLAGS if not (own_sandbox and f == NO_SANDBOX)]
+    out += [*required, f"--disable-features={','.join(_unique(disabled))}"]
     out.append(f"--user-data-dir={user_data_dir}")
     if proxy:
         out.append(f"--proxy-server={proxy}")
@@ -117,7 +125,11 @@ def build_argv(spec: dict[str, Any], given: Sequence[str]) -> list[str]:
     if "nsexec_argv" in spec and prefix[-1] != "--":
         raise ValueError("nsexec_argv must end with --")
     args = chromium_args(
-        given, str(spec["user_data_dir"]), spec.get("proxy"), spec.get("trusted_spki")
+        given,
+        str(spec["user_data_dir"]),
+        spec.get("proxy"),
+        spec.get("trusted_spki"),
+        own_sandbox=bool(spec.get("own_sandbox")),
     )
     return [*prefix, str(spec["chromium"]), *args]
 

@@ -194,6 +194,7 @@ class GvisorCommandRunner(CommandRunner):
             "process": process,
             "process_file": str(self.spec_file(leaf)),
             "env": {"PATH": BASE_PATH},
+            "own_sandbox": True,
         }
 
     def pid_file(self, leaf: str) -> str:
