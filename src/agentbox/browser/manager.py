@@ -60,6 +60,10 @@ HANDLE = re.compile(r"^br-[0-9a-f]{12}$")
 URL_SCHEMES = ("http", "https", "file", "about", "data")
 PROFILE_PREFIX = "/tmp/.agentbox-browser-"
 MAX_SCREENSHOT_BYTES = 16 * 1024 * 1024
+# Measured (docs/design.md, "Isolation tiers"): the first page took the gVisor sandbox's
+# host cgroup to ~370 tasks, four pages to ~600 (runsc keeps ptrace stubs for reuse);
+# sandboxes with the default 512 (+128 headroom) were ended by the pids controller.
+GVISOR_MIN_PIDS = 2048
 _GRACE_S = 10.0  # on top of an operation's own timeout, before the caller gives up
 _SETTLE_MS = 5000  # after DOMContentLoaded, how long to wait for "load" at most
 FONTS_CONF = """<?xml version="1.0"?>
@@ -417,6 +421,13 @@ class BrowserManager:
                 "fonts-dejavu-core (scripts/install.sh does)"
             )
         record = self.runtime.running(b.sandbox_id)[0]
+        if record.isolation == "gvisor" and record.spec.pids < GVISOR_MIN_PIDS:
+            raise LimitExceeded(
+                f"the browser on the gvisor tier needs pids >= {GVISOR_MIN_PIDS} (this "
+                f"sandbox has {record.spec.pids}): under runsc's ptrace platform every "
+                "Chromium thread is a host thread, and a sandbox past its pids limit ends "
+                f"whole; create the sandbox with pids={GVISOR_MIN_PIDS} or more"
+            )
         runner = self.runtime.commands(b.sandbox_id)
         files = self.runtime.files(b.sandbox_id)
         if not files.exists(chromium):
