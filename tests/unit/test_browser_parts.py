@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agentbox.browser import launch as launch_module
 from agentbox.browser.launch import (
     DISABLED_FEATURES,
     REQUIRED_FLAGS,
@@ -15,7 +16,6 @@ from agentbox.browser.launch import (
     chromium_args,
     launcher_script,
 )
-from agentbox.browser import launch as launch_module
 from agentbox.browser.manager import check_url, png_size
 from agentbox.browser.snapshot import compact
 from agentbox.errors import InvalidRequest, SandboxError
@@ -79,7 +79,10 @@ def test_launcher_script_is_root_owned_and_stable(tmp_path: Path) -> None:
     assert launcher_script(tmp_path) == first
     assert first.stat().st_mode & 0o777 == 0o755
     text = first.read_text()
-    assert text.startswith("#!/bin/sh\nexec ") and f"-I '{Path(launch_module.__file__).resolve()}'" in text
+    assert (
+        text.startswith("#!/bin/sh\nexec ")
+        and f"-I '{Path(launch_module.__file__).resolve()}'" in text
+    )
 
 
 RAW = """- generic [active] [ref=e1]:
