@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import secrets
 import statistics
 import sys
@@ -153,7 +154,9 @@ def main() -> None:
         site(world.netns, Path(tmp)),
         bench_home("browser") as home,
     ):
+        load_before = os.getloadavg()[0]
         runs = interleaved(home, n)
+        load_after = os.getloadavg()[0]
 
     def cell(values: list[float]) -> str:
         return f"{percentile(values, 50):.0f} / {percentile(values, 95):.0f}"
@@ -184,7 +187,9 @@ def main() -> None:
             "`agentbox-nsexec enter` or `runsc exec`, Chromium in the sandbox, page through "
             "the egress proxy) up to the page's text; host: Playwright launching Chromium "
             "directly, page loaded directly, its text read. The navigation row reuses an "
-            "open page. The host is shared by several engineers' work: numbers are noisy.",
+            "open page. The host (2 cores) is shared by several engineers' work: numbers are "
+            f"noisy (1-minute load average {load_before:.1f} at the start, {load_after:.1f} "
+            "at the end).",
             table,
         )  # fmt: skip
 
