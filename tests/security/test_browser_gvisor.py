@@ -28,6 +28,7 @@ from agentbox.browser.manager import (
     NavigationFailed,
 )
 from agentbox.egressd import daemon as egressd
+from agentbox.errors import Conflict
 from agentbox.network import plane
 from agentbox.runtime.runtime import Runtime
 from browserkit import chromium_pids, require_browser
@@ -113,3 +114,16 @@ def test_the_browser_on_gvisor_takes_the_egress_path(
                 and r["decision"] == "egress_denied"]  # fmt: skip
 
     wait_for(denied, 10, "the refused CONNECT in egress.jsonl")
+
+
+def test_a_memory_snapshot_waits_for_the_browser_to_close(
+    runtime: Runtime, gvisor_browser: tuple[Sandbox, BrowserManager]
+) -> None:
+    """The DevTools pipe is a host fd in the Sentry, which a checkpoint cannot save (a
+    failed checkpoint ends the sandbox): refused with the next step, the sandbox intact."""
+    sb, manager = gvisor_browser
+    opened = manager.open(sb.id, PAGE, None, 120, 1000)
+    with pytest.raises(Conflict, match="browser_close"):
+        runtime.snapshot(sb.id, memory=True)
+    assert manager.snapshot(sb.id, opened["handle"], 30, 1000, False)["title"] == "Inside"
+    assert sb.commands.run("echo alive").stdout == "alive\n"
