@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import os
 import re
 import secrets
 import struct
@@ -28,6 +29,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from agentbox.audit.log import read_records
+from agentbox.browser.manager import CHROMIUM, GVISOR_MIN_PIDS
 from agentbox.config.settings import parse_settings
 from agentbox.egressd import daemon as egressd
 from agentbox.gateway.app import create_app
@@ -35,7 +37,7 @@ from agentbox.gateway.mcp_server import result_content
 from agentbox.runtime.host import UID_BASE
 from browserkit import SITE_PORT, Site, chromium_pids, leaf_pids, require_browser, site
 from gateway_harness import RunningGateway, free_port
-from hostres import wait_for
+from hostres import cmdline, wait_for
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
 
 SETTINGS = """
@@ -105,9 +107,12 @@ def gw(
             thread.join(60)
 
 
-def _create(gw: RunningGateway) -> str:
+def _create(gw: RunningGateway, isolation: str = "namespaces") -> str:
+    body: dict[str, Any] = {"memory": "1GiB", "disk": "512MiB", "isolation": isolation}
+    if isolation == "gvisor":
+        body["pids"] = GVISOR_MIN_PIDS  # every Chromium thread is a host thread there
     with gw.operator() as op:
-        r = op.post("/v1/sandboxes", json={"memory": "1GiB", "disk": "512MiB"})
+        r = op.post("/v1/sandboxes", json=body)
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
 
@@ -117,9 +122,12 @@ def _destroy(gw: RunningGateway, sandbox: str) -> None:
         op.delete(f"/v1/sandboxes/{sandbox}")
 
 
-@pytest.fixture(scope="module")
-def box(gw: RunningGateway, net: tuple[Internet, Site]) -> Iterator[str]:
-    sandbox = _create(gw)
+@pytest.fixture(scope="module", params=("namespaces", "gvisor"))
+def box(
+    request: pytest.FixtureRequest, gw: RunningGateway, net: tuple[Internet, Site]
+) -> Iterator[str]:
+    """A sandbox on each isolation tier: every test below runs on both."""
+    sandbox = _create(gw, request.param)
     try:
         yield sandbox
     finally:
@@ -334,6 +342,32 @@ def test_handles_belong_to_their_sandbox(gw: RunningGateway, box: str) -> None:
     assert closed.status_code == 404 and "browser_open" in closed.json()["error"]["message"]
 
 
+def _in_sandbox_chromium(gw: RunningGateway, sandbox: str) -> list[str]:
+    """Chromium's processes as the sandbox's own /proc lists them (gVisor's kernel: none
+    of them is a host process there)."""
+    listing = 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done'
+    out = gw.app.state.parts.gateway.runtime.commands(sandbox).run(listing).stdout
+    return [line for line in out.splitlines() if line.startswith(CHROMIUM)]
+
+
+def _browser_runs(gw: RunningGateway, sandbox: str, leaf: str) -> bool:
+    """Whether anything of the browser ``leaf`` still runs: on the namespaces tier its
+    cgroup leaf; on gvisor its host-side ``runsc exec`` (gone once its process tree is)
+    and Chromium in the sandbox's /proc."""
+    if gw.app.state.parts.gateway.runtime.get(sandbox).isolation == "namespaces":
+        return bool(leaf_pids(sandbox, leaf))
+    return bool(_runsc_execs(sandbox, leaf)) or bool(_in_sandbox_chromium(gw, sandbox))
+
+
+def _runsc_execs(sandbox: str, leaf: str = "b") -> list[int]:
+    """Host processes that are the browser's ``runsc exec`` (its process file names it)."""
+    return [
+        int(pid)
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and f"/{sandbox}/exec/{leaf}" in cmdline(pid)
+    ]
+
+
 def test_an_idle_page_is_closed_and_the_browser_with_it(gw: RunningGateway, box: str) -> None:
     browsers = gw.app.state.parts.gateway.browsers
     config = browsers.config
@@ -341,15 +375,50 @@ def test_an_idle_page_is_closed_and_the_browser_with_it(gw: RunningGateway, box:
     try:
         handle = ok(gw, box, "browser_open", url=f"{BASE}/")["handle"]
         leaf = browsers.leaf(box)
-        assert leaf is not None and leaf_pids(box, leaf)
+        assert leaf is not None and _browser_runs(gw, box, leaf)
         wait_for(lambda: handle not in browsers.handles(box), 15, "the idle page to close")
         r = call(gw, box, "browser_snapshot", handle=handle)
         assert r.status_code == 404 and "idle" in r.json()["error"]["message"]
         # The browser went with its last page: no process, no leaf left.
-        wait_for(lambda: not leaf_pids(box, leaf) and browsers.leaf(box) is None, 15,
+        wait_for(lambda: not _browser_runs(gw, box, leaf) and browsers.leaf(box) is None, 30,
                  "the browser to stop with its last page")  # fmt: skip
     finally:
         browsers.config = config
+
+
+def test_the_browser_refuses_a_gvisor_sandbox_with_too_few_pids(gw: RunningGateway) -> None:
+    """It would end the whole sandbox at the pids limit: refused first, saying what to do."""
+    with gw.operator() as op:
+        body = {"memory": "512MiB", "disk": "256MiB", "isolation": "gvisor", "network": "none"}
+        sandbox = op.post("/v1/sandboxes", json=body).json()["id"]
+    try:
+        r = call(gw, sandbox, "browser_open", url="data:text/html,<p>x</p>")
+        assert r.status_code == 429, r.text
+        error = r.json()["error"]
+        assert error["code"] == "limit_exceeded" and f"pids={GVISOR_MIN_PIDS}" in error["message"]
+    finally:
+        _destroy(gw, sandbox)
+
+
+def test_destroying_a_gvisor_sandbox_ends_its_browser(gw: RunningGateway) -> None:
+    """On gvisor Chromium is no host process: what the host holds of it is one runsc
+    exec, which ends with the sandbox."""
+    sandbox = _create(gw, "gvisor")
+    destroyed = False
+    try:
+        handle = ok(gw, sandbox, "browser_open", url="data:text/html,<title>x</title>")["handle"]
+        assert _runsc_execs(sandbox) and _in_sandbox_chromium(gw, sandbox)
+        slot = gw.app.state.parts.gateway.runtime.get(sandbox).slot
+        assert not chromium_pids(UID_BASE + slot)  # inside the Sentry, not on the host
+        _destroy(gw, sandbox)
+        destroyed = True
+        assert gw.app.state.parts.gateway.browsers.handles(sandbox) == []
+        wait_for(lambda: not _runsc_execs(sandbox), 15, "the browser's runsc exec to end")
+        r = call(gw, sandbox, "browser_snapshot", handle=handle)
+        assert r.status_code == 404, r.text
+    finally:
+        if not destroyed:
+            _destroy(gw, sandbox)
 
 
 def test_destroying_the_sandbox_ends_its_browser(gw: RunningGateway) -> None:

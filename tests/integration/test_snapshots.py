@@ -4,6 +4,7 @@ refuses planted keys with a report that never holds the value; CLI and gateway a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -14,9 +15,11 @@ from pathlib import Path
 import pytest
 
 from agentbox import Sandbox
-from agentbox.errors import SecretsFound, SnapshotNotFound
+from agentbox.client.remote import GatewayClient, RemoteRuntime
+from agentbox.errors import SandboxNotFound, SecretsFound, SnapshotNotFound, TierUnsupported
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import RunningGateway, running_gateway
+from hostres import wait_for
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 AWS_KEY = "AKIAZ7QHXQ4VN3TPLM2D"
@@ -234,3 +237,73 @@ def test_cli_through_a_gateway(gw: RunningGateway, agentbox_home: Path) -> None:
     finally:
         for sandbox_id in made:
             cli("sandbox", "rm", sandbox_id)
+
+
+# snapshots with memory through the gateway (runsc checkpoint; runtime/memory_snapshots.py)
+_COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"
+
+
+def _count(sb: Sandbox) -> int:
+    return int(sb.commands.run("cat /tmp/count").stdout.strip() or 0)
+
+
+@pytest.fixture
+def remote(gw: RunningGateway) -> Iterator[RemoteRuntime]:
+    client = GatewayClient(gw.url, gw.operator_token)
+    try:
+        yield RemoteRuntime(client)
+    finally:
+        client.close()
+
+
+def test_a_memory_snapshot_through_the_sdk_and_gateway_carries_a_process_on(
+    gw: RunningGateway, remote: RemoteRuntime
+) -> None:
+    """sb.snapshot(memory=True) on the remote backend (REST ``"memory": true``): the
+    source carries on, and the sandbox restored from it (through the gateway, after the
+    source is gone) goes on counting from the checkpoint's count, in memory only (/tmp is
+    not in a snapshot's files: a fresh process would start from 1)."""
+    spec = {"isolation": "gvisor", "network": "none", "memory": "256MiB", "disk": "128MiB"}
+    source = Sandbox(remote.create(spec), remote)
+    restored = None
+    try:
+        source.commands.start(_COUNTER)
+        wait_for(lambda: _count(source) >= 5, 30, "the counter to count")
+        before = _count(source)
+        info = source.snapshot(memory=True)
+        assert info.memory is not None and info.memory["size"] > 0
+        at_source = _count(source)
+        wait_for(lambda: _count(source) > at_source, 30, "the source to count on")
+        source.kill()
+        restored = Sandbox(remote.restore(info.id), remote)
+        first = wait_for(lambda: _count(restored), 30, "the restored process to count")
+        assert first > before
+        wait_for(lambda: _count(restored) > first, 30, "the restored process to count on")
+    finally:
+        for sb in (source, restored):
+            if sb is not None:
+                with contextlib.suppress(SandboxNotFound):
+                    sb.kill()
+    created = [json.loads(line) for line in gw.audit_path.read_text().splitlines()
+               if '"snapshot_created"' in line]  # fmt: skip
+    assert any(r.get("snapshot") == info.id and r.get("memory") is True for r in created)
+
+
+def test_a_memory_snapshot_on_the_namespaces_tier_is_a_typed_error_through_the_gateway(
+    gw: RunningGateway, remote: RemoteRuntime
+) -> None:
+    """Over REST and through the SDK alike: tier_unsupported, saying what to do instead."""
+    sb = Sandbox(remote.create({"network": "none", "memory": "256MiB", "disk": "128MiB"}), remote)
+    try:
+        with gw.operator() as op:
+            r = op.post(f"/v1/sandboxes/{sb.id}/snapshots", json={"memory": True})
+        assert r.status_code == 409, r.text
+        error = r.json()["error"]
+        assert error["code"] == "tier_unsupported"
+        assert "needs isolation gvisor" in error["message"]
+        assert '"memory": false' in error["message"] and "memory=False" in error["message"]
+        with pytest.raises(TierUnsupported, match="needs isolation gvisor"):
+            sb.snapshot(memory=True)
+        assert not [s for s in remote.list_snapshots() if s.sandbox == sb.id]
+    finally:
+        sb.kill()

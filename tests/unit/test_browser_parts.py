@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from agentbox.browser import launch as launch_module
 from agentbox.browser.launch import (
     DISABLED_FEATURES,
     REQUIRED_FLAGS,
@@ -78,7 +79,10 @@ def test_launcher_script_is_root_owned_and_stable(tmp_path: Path) -> None:
     assert launcher_script(tmp_path) == first
     assert first.stat().st_mode & 0o777 == 0o755
     text = first.read_text()
-    assert text.startswith("#!/bin/sh\nexec ") and "-I -m agentbox.browser.launch" in text
+    assert (
+        text.startswith("#!/bin/sh\nexec ")
+        and f"-I '{Path(launch_module.__file__).resolve()}'" in text
+    )
 
 
 RAW = """- generic [active] [ref=e1]:
@@ -162,3 +166,18 @@ def test_chromium_args_trust_only_our_egress_ca_key() -> None:
     assert spki == ["--ignore-certificate-errors-spki-list=b64spki="]
     assert not any(a.startswith("--ignore-certificate-errors-spki-list") for a in
                    chromium_args(given, "/tmp/p", None))  # fmt: skip
+
+
+def test_a_runsc_spec_puts_chromium_after_the_relay_shell() -> None:
+    process = {"args": ["/usr/bin/unshare", "--pid", "--", "/bin/sh", "-c", "relay", "sh"]}
+    spec = {
+        "runsc_argv": ["/usr/bin/runsc", "exec", "--process=/x.json", "sb-1"],
+        "process": process,
+        "process_file": "/x.json",
+        "chromium": "/usr/lib/chromium/chromium",
+        "user_data_dir": "/tmp/p",
+        "env": {"PATH": "/usr/bin"},
+    }
+    argv = build_argv(spec, ["--headless"])
+    assert argv[: len(process["args"]) + 1] == [*process["args"], "/usr/lib/chromium/chromium"]
+    assert "--headless" in argv and "--user-data-dir=/tmp/p" in argv

@@ -1,13 +1,20 @@
 """The browser launcher: what Playwright runs as "chromium" (``executable_path``).
 
 Playwright (on the host, in the gateway) starts ``$AGENTBOX_HOME/lib/agentbox-browser-*``,
-a generated shell script that execs ``python -I -m agentbox.browser.launch`` with
+a generated shell script that execs ``python -I .../browser/launch.py`` (this file) with
 chromium's arguments; fds 3 and 4 are Playwright's ``--remote-debugging-pipe``. This
 module turns that into ``agentbox-nsexec enter --keep-fds 2 ... -- chromium ARGS`` and
 execs it (exec, never spawn: Playwright's process handling and the pipe stay intact), so
 Chromium runs inside the sandbox: its namespaces, cgroup, seccomp, uid and network.
 
-What to run is decided by the gateway, which built the nsexec argv with the sandbox's
+On the gVisor tier no fd can be handed past ``runsc exec`` but its stdio, so the pipe
+rides on those: this module makes fd 3 its stdin and fd 4 its stdout and execs ``runsc
+exec``, whose process (a root-only file written here) is a shell inside the sandbox that
+moves stdin to fd 3 and stdout to fd 4 again (stdout itself then goes to stderr) and
+execs Chromium. Chromium sees the same two pipes it would on the default tier.
+
+What to run is decided by the gateway, which built the launch (``nsexec_argv``, or
+``runsc_argv`` with ``process`` and ``process_file``) with the sandbox's
 ``CommandRunner`` and hands it over in ``AGENTBOX_BROWSER_SPEC`` (JSON) through
 ``launch(env=...)``: the only environment this process gets. Chromium itself gets the
 sandbox's environment, never this one. Only the standard library is imported here: the
@@ -30,8 +37,11 @@ SPEC_ENV = "AGENTBOX_BROWSER_SPEC"
 # TCP path). Enforced here whatever Playwright passes.
 # Port 9 is on Chromium's list of unsafe ports: a request there fails before connecting.
 _NOWHERE = "http://127.0.0.1:9"
+# User namespaces are disabled in the namespaces tier's sandboxes: Chromium's own sandbox
+# cannot start there, and the sandbox is the boundary. On gVisor it can (see own_sandbox).
+NO_SANDBOX = "--no-sandbox"
 REQUIRED_FLAGS = (
-    "--no-sandbox",  # user namespaces are disabled in sandboxes; the sandbox is the boundary
+    NO_SANDBOX,
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
@@ -72,7 +82,11 @@ _DROPPED = ("--no-proxy-server", "--proxy-auto-detect")
 
 
 def chromium_args(
-    given: Sequence[str], user_data_dir: str, proxy: str | None, trusted_spki: str | None = None
+    given: Sequence[str],
+    user_data_dir: str,
+    proxy: str | None,
+    trusted_spki: str | None = None,
+    own_sandbox: bool = False,
 ) -> list[str]:
     """Playwright's arguments, with our profile directory, proxy and required flags;
     ``trusted_spki``: the egress CA's key, for sandboxes whose egress injects credentials
@@ -90,7 +104,8 @@ def chromium_args(
         else:
             out.append(arg)
     disabled += [f for f in DISABLED_FEATURES if f not in disabled]
-    out += [*REQUIRED_FLAGS, f"--disable-features={','.join(_unique(disabled))}"]
+    required = [f for f in REQUIRED_FLAGS if not (own_sandbox and f == NO_SANDBOX)]
+    out += [*required, f"--disable-features={','.join(_unique(disabled))}"]
     out.append(f"--user-data-dir={user_data_dir}")
     if proxy:
         out.append(f"--proxy-server={proxy}")
@@ -104,20 +119,44 @@ def _unique(items: Iterable[str]) -> list[str]:
 
 
 def build_argv(spec: dict[str, Any], given: Sequence[str]) -> list[str]:
-    """The nsexec argv (ends with ``--``), chromium, and its arguments."""
-    prefix = [str(a) for a in spec["nsexec_argv"]]
-    if prefix[-1] != "--":
+    """The nsexec argv (ends with ``--``), chromium, and its arguments; for a ``runsc``
+    spec, the process's argv (the relay shell's, then chromium's)."""
+    prefix = [str(a) for a in spec.get("nsexec_argv") or spec["process"]["args"]]
+    if "nsexec_argv" in spec and prefix[-1] != "--":
         raise ValueError("nsexec_argv must end with --")
     args = chromium_args(
-        given, str(spec["user_data_dir"]), spec.get("proxy"), spec.get("trusted_spki")
+        given,
+        str(spec["user_data_dir"]),
+        spec.get("proxy"),
+        spec.get("trusted_spki"),
+        own_sandbox=bool(spec.get("own_sandbox")),
     )
     return [*prefix, str(spec["chromium"]), *args]
 
 
+def _exec_in_gvisor(spec: dict[str, Any], full: list[str]) -> None:
+    """Write runsc's process file (root-only: it holds the sandbox's environment) and
+    exec ``runsc exec`` with the DevTools pipe (fds 3, 4) as its stdin and stdout."""
+    process = {**spec["process"], "args": full}
+    path = str(spec["process_file"])
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(process, f)
+    os.dup2(3, 0)
+    os.dup2(4, 1)
+    os.close(3)
+    os.close(4)
+    argv = [str(a) for a in spec["runsc_argv"]]
+    env = {str(k): str(v) for k, v in spec["env"].items()}
+    os.execve(argv[0], argv, env)  # noqa: S606 - an argv, no shell
+
+
 def launcher_script(lib_dir: Path) -> Path:
-    """The executable Playwright is given: a script that runs this module with the
-    gateway's own interpreter (``-I``: no PYTHON* variables, no user site, no cwd)."""
-    text = f'#!/bin/sh\nexec {_sh_quote(sys.executable)} -I -m agentbox.browser.launch "$@"\n'
+    """The executable Playwright is given: a script that runs this file (the gateway's
+    own code: it imports only the standard library) with the gateway's interpreter
+    (``-I``: no PYTHON* variables, no user site, no cwd or script directory)."""
+    here = _sh_quote(str(Path(__file__).resolve()))
+    text = f'#!/bin/sh\nexec {_sh_quote(sys.executable)} -I {here} "$@"\n'
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     script = lib_dir / f"agentbox-browser-{digest}"
     if script.exists():
@@ -146,6 +185,8 @@ def main(argv: Sequence[str]) -> None:
         raise SystemExit(125)
     spec = json.loads(raw)
     full = build_argv(spec, argv)
+    if "runsc_argv" in spec:
+        _exec_in_gvisor(spec, full)
     env = {str(k): str(v) for k, v in spec["env"].items()}
     os.execve(full[0], full, env)  # noqa: S606 - an argv, no shell
 

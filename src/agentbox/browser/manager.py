@@ -24,6 +24,7 @@ import os
 import re
 import secrets
 import struct
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -59,6 +60,10 @@ HANDLE = re.compile(r"^br-[0-9a-f]{12}$")
 URL_SCHEMES = ("http", "https", "file", "about", "data")
 PROFILE_PREFIX = "/tmp/.agentbox-browser-"
 MAX_SCREENSHOT_BYTES = 16 * 1024 * 1024
+# Measured (docs/design.md, "Isolation tiers"): the first page took the gVisor sandbox's
+# host cgroup to ~370 tasks, four pages to ~600 (runsc keeps ptrace stubs for reuse);
+# sandboxes with the default 512 (+128 headroom) were ended by the pids controller.
+GVISOR_MIN_PIDS = 2048
 _GRACE_S = 10.0  # on top of an operation's own timeout, before the caller gives up
 _SETTLE_MS = 5000  # after DOMContentLoaded, how long to wait for "load" at most
 FONTS_CONF = """<?xml version="1.0"?>
@@ -105,6 +110,9 @@ class _Browser:
     playwright: Playwright | None = None
     browser: Browser | None = None
     leaf: str | None = None
+    # The runner's: how a leaf's tree is killed, and killed and dropped, is the tier's.
+    kill_leaf: Callable[[str], None] | None = None
+    end_leaf: Callable[[str], None] | None = None
     profile: str | None = None
     ended: str | None = None  # why the browser process is gone, once it is
 
@@ -413,6 +421,13 @@ class BrowserManager:
                 "fonts-dejavu-core (scripts/install.sh does)"
             )
         record = self.runtime.running(b.sandbox_id)[0]
+        if record.isolation == "gvisor" and record.spec.pids < GVISOR_MIN_PIDS:
+            raise LimitExceeded(
+                f"the browser on the gvisor tier needs pids >= {GVISOR_MIN_PIDS} (this "
+                f"sandbox has {record.spec.pids}): under runsc's ptrace platform every "
+                "Chromium thread is a host thread, and a sandbox past its pids limit ends "
+                f"whole; create the sandbox with pids={GVISOR_MIN_PIDS} or more"
+            )
         runner = self.runtime.commands(b.sandbox_id)
         files = self.runtime.files(b.sandbox_id)
         if not files.exists(chromium):
@@ -436,18 +451,14 @@ class BrowserManager:
         if network.mode != "none" and network.credentials:
             ca = egressca.EgressCA.load_or_create(egressca.ca_dir(self.runtime.home))
             trusted_spki = ca.spki_sha256()
-        b.leaf = runner.cgroup.new_leaf("b" + tag)
-        argv = runner.launcher_argv([chromium], b.leaf, "/tmp")
-        assert argv[1] == "enter" and argv[-2:] == ["--", chromium]
-        # Playwright's DevTools pipe is fds 3 and 4: the only fds besides stdio it keeps.
-        nsexec_argv = [argv[0], "enter", "--keep-fds", "2", *argv[2:-1]]
+        b.leaf = runner.new_leaf("b")
+        b.kill_leaf, b.end_leaf = runner.kill_tree, runner.end_leaf
         spec = {
-            "nsexec_argv": nsexec_argv,
+            **runner.browser_launch(chromium, b.leaf, "/tmp", runner.environment(extra_env)),
             "chromium": chromium,
             "user_data_dir": f"{b.profile}/profile",
             "proxy": proxy,
             "trusted_spki": trusted_spki,
-            "env": runner.environment(extra_env),
         }
         script = launch.launcher_script(self.runtime.home / "lib")
         b.playwright = sync_playwright().start()
@@ -491,14 +502,10 @@ class BrowserManager:
 
     def _kill(self, b: _Browser, remove: bool = False) -> None:
         """SIGKILL everything in the browser's leaf (and remove it): nothing outlives it."""
-        if b.leaf is None:
+        if b.leaf is None or b.kill_leaf is None or b.end_leaf is None:
             return
-        with contextlib.suppress(AgentboxError, OSError):
-            cgroup = self.runtime.layout.sandbox(b.sandbox_id)
-            if remove:
-                cgroup.remove_leaf(b.leaf)
-            else:
-                cgroup.kill_leaf(b.leaf)
+        with contextlib.suppress(AgentboxError, OSError, subprocess.SubprocessError):
+            (b.end_leaf if remove else b.kill_leaf)(b.leaf)
 
     def _retire(self, b: _Browser) -> None:
         """Drop an ended browser (lock held) and clean it up on its own thread."""

@@ -55,19 +55,7 @@ def snapshot_create(
     allowlist = allow_list.read_text() if allow_list else None
     try:
         backend = _runtime()
-        if memory:
-            from agentbox.runtime.runtime import Runtime
-
-            if not isinstance(backend, Runtime):
-                from agentbox.errors import InvalidRequest
-
-                raise InvalidRequest(
-                    "snapshot create --memory runs on the sandbox's own host for now (not "
-                    "through a gateway): run it there, without AGENTBOX_URL"
-                )
-            info = backend.snapshot(sandbox_id, redact=redact, allowlist=allowlist, memory=True)
-        else:
-            info = backend.snapshot(sandbox_id, redact=redact, allowlist=allowlist)
+        info = backend.snapshot(sandbox_id, redact=redact, allowlist=allowlist, memory=memory)
     except SecretsFound as e:  # the report (file, line, kind) is its message
         fail(e, exit_code=3)
     print_json(info.to_dict()) if as_json else click.echo(info.id)

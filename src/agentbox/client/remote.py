@@ -502,9 +502,14 @@ class RemoteRuntime:
         return _record(self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/fork"))
 
     def snapshot(
-        self, sandbox_id: str, *, redact: bool = False, allowlist: str | None = None
+        self,
+        sandbox_id: str,
+        *,
+        redact: bool = False,
+        allowlist: str | None = None,
+        memory: bool = False,
     ) -> SnapshotInfo:
-        body = {"redact": redact, "allowlist": allowlist}
+        body = {"redact": redact, "allowlist": allowlist, "memory": memory}
         data = self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/snapshots", json=body)
         return SnapshotInfo(**data)
 

@@ -387,12 +387,16 @@ class Sandbox:
         whatever the size, and changes on either side stay on that side."""
         return Sandbox(self._rt.fork(self.id), self._rt)
 
-    def snapshot(self, *, redact: bool = False, allowlist: str | None = None) -> SnapshotInfo:
+    def snapshot(
+        self, *, redact: bool = False, allowlist: str | None = None, memory: bool = False
+    ) -> SnapshotInfo:
         """Store this sandbox's writable layer and /workspace (zstd, content-addressed)
         in the snapshot store; ``Sandbox.restore(info.id)`` makes a sandbox from it.
         Secrets found by the scan refuse it (SecretsFound: path, line, kind) unless
-        ``redact`` or an ``allowlist`` (text: path globs, ``path:LINE``, ``kind=...``)."""
-        return self._rt.snapshot(self.id, redact=redact, allowlist=allowlist)
+        ``redact`` or an ``allowlist`` (text: path globs, ``path:LINE``, ``kind=...``).
+        ``memory``: its running processes too, which a restore carries on (isolation
+        gvisor only, else TierUnsupported; the sandbox pauses for about a second)."""
+        return self._rt.snapshot(self.id, redact=redact, allowlist=allowlist, memory=memory)
 
     @classmethod
     def restore(cls, snapshot_id: str, *, home: Path | None = None) -> Sandbox:

@@ -102,6 +102,11 @@ class TakeSnapshot(Body):
         default=None,
         description="allow-list text: one entry a line, a path glob, PATH:LINE or kind=KIND",
     )
+    memory: bool = Field(
+        default=False,
+        description="keep the running processes too (isolation gvisor only: runsc "
+        "checkpoint; a restore carries on from them)",
+    )
 
 
 # Scopes a token's tool list may name besides the tools: routes that are not tool calls.
@@ -324,22 +329,32 @@ def build_router(
         sandbox_id: str, body: TakeSnapshot, p: Principal = auth
     ) -> dict[str, Any]:
         """Scan for secrets (refused with 422 secrets_found and a path/line/kind report
-        unless redact or allow-listed), then store the writable layer and /workspace."""
+        unless redact or allow-listed), then store the writable layer and /workspace;
+        with ``memory``, the running processes too (gvisor tier; else 400
+        tier_unsupported)."""
         p.require_operator("taking a snapshot")
         from agentbox.storage.secretscan import AllowList
 
         allowed = AllowList.parse(body.allowlist, "allowlist") if body.allowlist else None
         store = snapshots()
         try:
-            info = await asyncio.to_thread(
-                store.create, sandbox_id, redact=body.redact, allowlist=allowed
-            )
+            if body.memory:
+                from agentbox.runtime import memory_snapshots
+
+                info = await asyncio.to_thread(
+                    memory_snapshots.take, gateway.runtime, store, sandbox_id, body.redact,
+                    allowed,
+                )  # fmt: skip
+            else:
+                info = await asyncio.to_thread(
+                    store.create, sandbox_id, redact=body.redact, allowlist=allowed
+                )
         except SecretsFound as e:
             await gateway.audit_event(p, "snapshot_refused", sandbox=sandbox_id,
                                       findings=len(e.details.get("findings", [])))  # fmt: skip
             raise
         await gateway.audit_event(p, "snapshot_created", sandbox=sandbox_id, snapshot=info.id,
-                                  redacted=len(info.redacted))  # fmt: skip
+                                  redacted=len(info.redacted), memory=body.memory)  # fmt: skip
         retention = gateway.settings.snapshots
         if retention.max_count is not None or retention.max_age is not None:
             gone = await asyncio.to_thread(

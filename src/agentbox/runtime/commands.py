@@ -199,6 +199,19 @@ class CommandRunner:
             **options,
         )
 
+    def browser_launch(
+        self, chromium: str, leaf: str, cwd: str, env: dict[str, str]
+    ) -> dict[str, Any]:
+        """How ``browser.launch`` runs Chromium here: ``agentbox-nsexec enter`` keeping
+        Playwright's DevTools pipe (fds 3 and 4, the only fds besides stdio), and the
+        environment it hands on to Chromium."""
+        argv = self.launcher_argv([chromium], leaf, cwd)
+        return {"nsexec_argv": [argv[0], "enter", "--keep-fds", "2", *argv[2:-1]], "env": env}
+
+    def end_leaf(self, leaf: str) -> None:
+        """Kill a command's tree and drop what it left (the browser's, on close)."""
+        self._finish_leaf(leaf, kill=True)
+
     def new_leaf(self, kind: str = FOREGROUND_LEAF) -> str:
         """A fresh cgroup leaf for one command; ``kind`` is the first letter of its name
         (foreground commands' leaves are how the idle watcher sees a command running)."""

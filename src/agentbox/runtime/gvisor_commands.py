@@ -53,6 +53,9 @@ from agentbox.runtime.output import BoundedCapture, CommandResult, OutputCallbac
 from agentbox.runtime.requests import RunRequest, coerce
 
 _PID_WAIT_S = 5.0  # runsc writes a command's pid file as it starts it
+# The browser's first process in the sandbox (browser.launch): the DevTools pipe from
+# stdio back onto fds 3 and 4, where --remote-debugging-pipe expects it.
+PIPE_RELAY = 'exec 3<&0 4>&1 </dev/null >&2; exec "$@"'
 
 
 def unsupported(feature: str) -> TierUnsupported:
@@ -167,8 +170,32 @@ class GvisorCommandRunner(CommandRunner):
 
     def launcher_argv(self, argv: list[str], leaf: str, cwd: str | None, **_: object) -> list[str]:
         """The default tier's launcher would join the Sentry's *host* namespaces: outside
-        gVisor. Whatever asks for it here (the browser, background processes) is refused."""
-        raise unsupported("a host-side launch into the sandbox (the browser tool)")
+        gVisor. Whatever asks for it here is refused (the browser uses browser_launch)."""
+        raise unsupported("a host-side launch into the sandbox (agentbox-nsexec enter)")
+
+    def browser_launch(
+        self, chromium: str, leaf: str, cwd: str, env: dict[str, str]
+    ) -> dict[str, Any]:
+        """A ``runsc exec`` whose stdio carries the DevTools pipe (``browser.launch``
+        writes the process file, with Chromium's arguments, and moves the pipe); killed
+        like any command (``kill_tree``: its PID namespace)."""
+        process = gvisor.exec_process(
+            args=["/bin/sh", "-c", PIPE_RELAY, "sh"], env=env, cwd=self._cwd(cwd),
+            uid=self.host.host_uid, gid=self.host.host_gid,
+        )  # fmt: skip
+        runsc = self.host.runsc_argv(
+            "exec",
+            f"--process={self.spec_file(leaf)}",
+            f"--internal-pid-file={self.pid_file(leaf)}",
+            self.host.container,
+        )
+        return {
+            "runsc_argv": runsc,
+            "process": process,
+            "process_file": str(self.spec_file(leaf)),
+            "env": {"PATH": BASE_PATH},
+            "own_sandbox": True,
+        }
 
     def pid_file(self, leaf: str) -> str:
         """Where runsc writes the command's pid inside the Sentry (its unshare)."""

@@ -62,9 +62,10 @@ FEATURE = "a snapshot with memory (snapshot create --memory)"
 def refuse_memory_snapshot(isolation: str) -> TierUnsupported:
     """The namespaces tier's answer (its processes live in the host kernel)."""
     return TierUnsupported(
-        f"{FEATURE} needs isolation gvisor: this sandbox's processes run in the host "
-        "kernel, which cannot save them; snapshot its files without --memory, or "
-        "create the sandbox with --isolation gvisor",
+        "a snapshot with memory needs isolation gvisor: this sandbox's processes run in the "
+        "host kernel, which cannot save them; snapshot its files only (without --memory, "
+        'memory=False, "memory": false), or create the sandbox with isolation gvisor '
+        '(--isolation gvisor, isolation="gvisor")',
         tier=isolation,
         feature=FEATURE,
     )
@@ -90,6 +91,11 @@ def take(
         raise Conflict(
             f"a command is running in sandbox {sandbox_id}: a snapshot with memory "
             "cannot keep its output stream; retry when it has ended"
+        )
+    if any(host.exec_dir.glob("b*.json")):  # browser.launch's runsc exec: its pipe
+        raise Conflict(
+            f"sandbox {sandbox_id} has a browser open: its DevTools pipe cannot be "
+            "saved; close its pages (browser_close) and retry"
         )
     snapshots.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
     image_dir = snapshots.scratch / f"checkpoint-{secrets.token_hex(8)}"
