@@ -162,7 +162,9 @@ def released_migrate(url: str, upto: int) -> None:
         for version, sql in enumerate(released.POSTGRES_MIGRATIONS[:upto], start=1):
             db.execute(sql.encode())
             name = MIGRATIONS[version - 1][1]
-            db.execute("INSERT INTO schema_version VALUES (%s, %s, %s)", (version, name, time.time()))
+            db.execute(
+                "INSERT INTO schema_version VALUES (%s, %s, %s)", (version, name, time.time())
+            )
 
 
 @pytest.mark.parametrize("released_upto", [LATEST, 1])
