@@ -50,6 +50,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "closefds.h"
+
 #define MAX_REQUEST (8u << 20)
 #define MAX_ITEMS 65536
 #define CHUNK 65536
@@ -60,22 +62,6 @@ extern char **environ;
 static void die(const char *what) {
   dprintf(2, "agentbox-gvisor-agent: %s: %s\n", what, strerror(errno));
   _exit(1);
-}
-
-/* gVisor before 2023 has no close_range: close what /proc/self/fd lists but `keep`. */
-static void close_fds_but(int keep) {
-  for (int pass = 0; pass < 4; pass++) {
-    DIR *fds = opendir("/proc/self/fd");
-    if (!fds) die("/proc/self/fd");
-    int own = dirfd(fds), closed = 0;
-    struct dirent *entry;
-    while ((entry = readdir(fds)) != NULL) {
-      int fd = atoi(entry->d_name);
-      if (entry->d_name[0] != '.' && fd != own && fd != keep && close(fd) == 0) closed++;
-    }
-    closedir(fds);
-    if (!closed) break;
-  }
 }
 
 /* ---- frames ---------------------------------------------------------------------- */
@@ -352,7 +338,7 @@ int main(int argc, char **argv) {
   int listener = listen_on(argv[3]);
   if (listener < 0) die("listen");
   if (write(ready_fd, "r", 1) != 1) die("readiness pipe");
-  close_fds_but(listener);
+  if (close_fds_but(listener) < 0) die("/proc/self/fd");
   sigset_t blocked;
   sigemptyset(&blocked);
   sigaddset(&blocked, SIGCHLD);
