@@ -23,12 +23,13 @@ import os
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 
 from agentbox.client.desktop import Desktop
 from agentbox.client.interfaces import Backend, ProcessesAPI
 from agentbox.runtime.requests import (
     DownloadRequest,
+    ExportOptions,
     RunRequest,
     SessionRunRequest,
     StartRequest,
@@ -248,19 +249,12 @@ class Files:
     def upload_tar(self, dest_dir: str, fileobj: IO[bytes]) -> int:
         return self._rt.files(self._id).upload_tar(dest_dir, fileobj)
 
-    def download_tar(
-        self,
-        path: str,
-        fileobj: IO[bytes],
-        *,
-        include_unsafe: bool = False,
-        withheld: builtins.list[tuple[str, str]] | None = None,
-    ) -> int:
+    def download_tar(self, path: str, fileobj: IO[bytes], **options: Unpack[ExportOptions]) -> int:
         """A tar of ``path``; what the host would run or trust (git hooks and config,
         editor, agent and tool settings, rc files, setuid bits, symlinks that may leave
         the tree: see ``agentbox.runtime.export_safety``) is left out and listed in
         ``withheld`` unless ``include_unsafe``."""
-        request = DownloadRequest(path, fileobj, include_unsafe, withheld)
+        request = DownloadRequest(path, fileobj, **options)
         return self._rt.files(self._id).download(request)
 
 
