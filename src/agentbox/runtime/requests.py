@@ -74,6 +74,13 @@ class SessionRunRequest:
     def __post_init__(self) -> None:
         _check_run_limits(self.timeout, self.max_output_bytes)
 
+    def run_of(self, argv: Sequence[str]) -> RunRequest:
+        """The run of ``argv`` (the session's wrapper) with this request's stdin and
+        limits."""
+        return RunRequest(
+            argv, stdin=self.stdin, timeout=self.timeout, max_output_bytes=self.max_output_bytes
+        )
+
 
 @dataclass(frozen=True)
 class WriteRequest:
