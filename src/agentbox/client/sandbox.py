@@ -79,6 +79,12 @@ def _network(value: NetworkSpec | str | Mapping[str, object]) -> dict[str, objec
     return NetworkSpec.parse(value).model_dump(mode="json")
 
 
+def spec_of(template: str, **fields: object) -> dict[str, object]:
+    """A sandbox spec for ``Runtime.create``: ``template`` and the ``fields`` given (None:
+    the default), as the SDK and the CLI build it."""
+    return {"template": template, **{k: v for k, v in fields.items() if v is not None}}
+
+
 def _volumes(values: Sequence[str | Mapping[str, object]]) -> list[dict[str, object]]:
     """Volume mounts checked here whatever the backend (InvalidRequest naming the entry)."""
     from pydantic import ValidationError
@@ -323,22 +329,20 @@ class Sandbox:
         supports is in docs/design.md, Isolation tiers); ``volumes``: named volumes
         (``Volume.create``) to mount, each ``"NAME:PATH"``, ``"NAME:PATH:ro"`` or a dict
         ``{"name", "path", "mode": "rw"|"ro"}`` (rw: one sandbox at a time)."""
-        spec: dict[str, object] = {"template": template}
-        for key, value in (
-            ("memory", memory),
-            ("cpus", cpus),
-            ("pids", pids),
-            ("disk", disk),
-            ("lifetime", timeout),
-            ("env", dict(env) if env else None),
-            ("network", None if network is None else _network(network)),
-            ("idle_timeout", idle_timeout),
-            ("on_idle", on_idle),
-            ("isolation", isolation),
-            ("volumes", None if volumes is None else _volumes(volumes)),
-        ):
-            if value is not None:
-                spec[key] = value
+        spec = spec_of(
+            template,
+            memory=memory,
+            cpus=cpus,
+            pids=pids,
+            disk=disk,
+            lifetime=timeout,
+            env=dict(env) if env else None,
+            network=None if network is None else _network(network),
+            idle_timeout=idle_timeout,
+            on_idle=on_idle,
+            isolation=isolation,
+            volumes=None if volumes is None else _volumes(volumes),
+        )
         runtime = _runtime(home)
         return cls(runtime.create(spec), runtime)
 
