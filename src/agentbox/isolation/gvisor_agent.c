@@ -66,28 +66,22 @@ static void die(const char *what) {
 
 /* ---- frames ---------------------------------------------------------------------- */
 
-static int read_full(int fd, void *buf, size_t n) {
-  char *p = buf;
+/* All `n` bytes, read or (`out`) written, past EINTR; -1 on an error or end of file. */
+static int move_full(int fd, char *p, size_t n, int out) {
   while (n) {
-    ssize_t got = read(fd, p, n);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return -1;
-    p += got;
-    n -= (size_t)got;
+    ssize_t moved = out ? write(fd, p, n) : read(fd, p, n);
+    if (moved < 0 && errno == EINTR) continue;
+    if (moved <= 0) return -1;
+    p += moved;
+    n -= (size_t)moved;
   }
   return 0;
 }
 
+static int read_full(int fd, void *buf, size_t n) { return move_full(fd, buf, n, 0); }
+
 static int write_full(int fd, const void *buf, size_t n) {
-  const char *p = buf;
-  while (n) {
-    ssize_t put = write(fd, p, n);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) return -1;
-    p += put;
-    n -= (size_t)put;
-  }
-  return 0;
+  return move_full(fd, (char *)buf, n, 1); /* written from, never to */
 }
 
 static int send_frame(int fd, char type, const void *data, uint32_t len) {
