@@ -1,6 +1,7 @@
 """The tables declared once (src/agentbox/state/tables.py) make the same databases the
-released SQL text made (tests/state_released.py): a SQLite home and a PostgreSQL database
-created by an older agentbox must go on as they were, and a new one must be their twin.
+released SQL text made (tests/data/state_released/): a SQLite home and a PostgreSQL
+database created by an older agentbox must go on as they were, and a new one must be
+their twin.
 
 Schemas are compared as the databases describe themselves (``sqlite_master`` and
 ``PRAGMA`` on SQLite, ``information_schema`` and ``pg_indexes`` on PostgreSQL), not as
@@ -17,7 +18,6 @@ from typing import Any
 import psycopg
 import pytest
 
-import state_released as released
 from agentbox.gateway.auth import TokenStore
 from agentbox.models.providers.budget import BudgetLedger
 from agentbox.policy.approvals import ApprovalStore
@@ -30,11 +30,11 @@ from agentbox.tasks.store import TaskStore
 from agentbox.volumes.store import VolumeStore
 from pgkit import PgServer
 
-SQLITE_RELEASED = (
-    released.SQLITE_RUNTIME, released.SQLITE_VOLUMES, released.SQLITE_TOKENS,
-    released.SQLITE_APPROVALS, released.SQLITE_EGRESS_GRANTS, released.SQLITE_E2B_ACCESS,
-    released.SQLITE_E2B_SNAPSHOTS, released.SQLITE_USAGE, released.SQLITE_TASKS,
-)  # fmt: skip
+RELEASED = Path(__file__).resolve().parents[1] / "data" / "state_released"
+# The stores' SQLite text, and the columns policy/approvals.py then added in place.
+SQLITE_RELEASED = (RELEASED / "sqlite.sql").read_text()
+APPROVALS_ADDED = (("scope", "TEXT"), ("detail", "TEXT"), ("used_at", "REAL"))
+POSTGRES_RELEASED = [(RELEASED / f"postgresql-{v}.sql").read_bytes() for v in (1, 2, 3)]
 
 
 def _sql_shape(sql: str) -> str:
@@ -66,14 +66,14 @@ def sqlite_schema(path: Path) -> dict[str, Any]:
 def released_sqlite(path: Path, *, first_release: bool = False) -> None:
     """A home's tables as the released stores made them; ``first_release``: before the
     columns the stores later added in place."""
+    script = SQLITE_RELEASED
+    if first_release:  # the usage ledger's table before prompt-cache accounting
+        script = re.sub(r"\n    cache_(read|write)_tokens [^\n]*", "", script)
+        script = script.replace("priced INTEGER NOT NULL,", "priced INTEGER NOT NULL")
     with sqlite3.connect(path) as db:
-        for script in SQLITE_RELEASED:
-            if first_release:
-                script = re.sub(r"\n    cache_(read|write)_tokens [^\n]*", "", script)
-                script = script.replace("priced INTEGER NOT NULL,", "priced INTEGER NOT NULL")
-            db.executescript(script)
+        db.executescript(script)
         if not first_release:
-            for name, kind in released.SQLITE_APPROVALS_ADDED:
+            for name, kind in APPROVALS_ADDED:
                 db.execute(f"ALTER TABLE gateway_approvals ADD COLUMN {name} {kind}")
     db.close()
 
@@ -159,8 +159,8 @@ def released_migrate(url: str, upto: int) -> None:
             "CREATE TABLE schema_version (version BIGINT PRIMARY KEY, name TEXT NOT NULL,"
             " applied_at DOUBLE PRECISION NOT NULL)"
         )
-        for version, sql in enumerate(released.POSTGRES_MIGRATIONS[:upto], start=1):
-            db.execute(sql.encode())
+        for version, sql in enumerate(POSTGRES_RELEASED[:upto], start=1):
+            db.execute(sql)
             name = MIGRATIONS[version - 1][1]
             db.execute(
                 "INSERT INTO schema_version VALUES (%s, %s, %s)", (version, name, time.time())
@@ -173,7 +173,7 @@ def test_a_migrated_postgresql_is_the_twin_of_a_released_one(
 ) -> None:
     old, new = postgres.new_database(), postgres.new_database()
     released_migrate(old, released_upto)
-    assert len(released.POSTGRES_MIGRATIONS) == LATEST  # a new migration: compare it here
+    assert len(POSTGRES_RELEASED) == LATEST  # a new migration: compare it here
     # A database the release migrated part way takes the rest from this one.
     assert migrate(old) == (released_upto, list(range(released_upto + 1, LATEST + 1)))
     assert migrate(new) == (0, list(range(1, LATEST + 1)))
