@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Unpack
 
 from agentbox.audit.chain import (
     FORMAT_VERSION,
@@ -56,6 +56,7 @@ from agentbox.audit.chain import (
     verify,
 )
 from agentbox.audit.reader import (
+    Filters,
     Source,
     check_limit,
     complete_end,
@@ -201,7 +202,7 @@ class AuditLog:
             self._write_head(self._seq, self._hash)
             fsync_dir(self.path.parent)  # the log's and the head's names are durable
             if sink is not None:
-                sink.start(self._seq, self._records_after)
+                sink.start(self._seq, self.records_after)
         except BaseException:
             if hasattr(self, "_fd"):
                 os.close(self._fd)
@@ -410,28 +411,14 @@ class AuditLog:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def query(
-        self,
-        *,
-        since_seq: int | None = None,
-        sandbox: str | None = None,
-        tool: str | None = None,
-        decision: str | None = None,
-        limit: int | None = 100,
-    ) -> list[Record]:
-        """The newest ``limit`` records with seq above ``since_seq`` matching the filters,
-        oldest first. Reads files from the end, newest first, and stops early."""
-        check_limit(limit)
+    def query(self, **filters: Unpack[Filters]) -> list[Record]:
+        """The newest ``limit`` records with seq above ``since_seq`` matching the filters
+        (:class:`Filters`), oldest first. Reads files from the end, newest first, and
+        stops early."""
+        check_limit(filters)
         sources = self._snapshot()
         try:
-            return scan(
-                sources,
-                since_seq=since_seq,
-                sandbox=sandbox,
-                tool=tool,
-                decision=decision,
-                limit=limit,
-            )
+            return scan(sources, filters)
         finally:
             for source in sources:
                 source.file.close()
@@ -477,15 +464,7 @@ class AuditLog:
 
     def records_after(self, seq: int) -> list[Record]:
         """Every record with a seq above ``seq``, oldest first (read from the files)."""
-        return self._records_after(seq)
-
-    def _records_after(self, seq: int) -> list[Record]:
-        sources = self._snapshot()
-        try:
-            return scan(sources, since_seq=seq, sandbox=None, tool=None, decision=None, limit=None)
-        finally:
-            for source in sources:
-                source.file.close()
+        return self.query(since_seq=seq, limit=None)
 
     # -- closing ----------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TypedDict, Unpack
 
 from agentbox.audit.chain import Record, rotated_files
 from agentbox.errors import InvalidRequest
@@ -76,16 +76,30 @@ class Source:
     end: int
 
 
-def scan(
-    sources: Iterable[Source],
-    *,
-    since_seq: int | None,
-    sandbox: str | None,
-    tool: str | None,
-    decision: str | None,
-    limit: int | None,
-) -> list[Record]:
+class Filters(TypedDict, total=False):
+    """What :meth:`AuditLog.query` and :func:`read_records` select: records above
+    ``since_seq``, of ``sandbox``, ``tool`` and ``decision``, the newest ``limit`` of them
+    (100 unless given; None: all). Unset: any."""
+
+    since_seq: int | None
+    sandbox: str | None
+    tool: str | None
+    decision: str | None
+    limit: int | None
+
+
+def check_limit(filters: Filters) -> int | None:
+    """``filters``' limit, refused below 1 (before any file is opened)."""
+    limit = filters.get("limit", 100)
+    if limit is not None and limit < 1:
+        raise InvalidRequest(f"limit must be at least 1, got {limit}")
+    return limit
+
+
+def scan(sources: Iterable[Source], filters: Filters) -> list[Record]:
     """Newest matching records from ``sources`` (newest file first), returned oldest first."""
+    since_seq, limit = filters.get("since_seq"), check_limit(filters)
+    sandbox, tool, decision = filters.get("sandbox"), filters.get("tool"), filters.get("decision")
     found: list[Record] = []
     for source in sources:
         for _, line in reverse_lines(source.file, source.end):
@@ -105,27 +119,14 @@ def scan(
     return found[::-1]
 
 
-def check_limit(limit: int | None) -> None:
-    if limit is not None and limit < 1:
-        raise InvalidRequest(f"limit must be at least 1, got {limit}")
-
-
-def read_records(
-    path: str | os.PathLike[str],
-    *,
-    since_seq: int | None = None,
-    sandbox: str | None = None,
-    tool: str | None = None,
-    decision: str | None = None,
-    limit: int | None = 100,
-) -> list[Record]:
+def read_records(path: str | os.PathLike[str], **filters: Unpack[Filters]) -> list[Record]:
     """Recent records of the log at ``path`` without opening it for writing (CLI, tools).
 
     Same filters as :meth:`AuditLog.query`; safe while a writer appends (an unfinished
     last line is skipped; a rotation during the read can only duplicate, which is
     removed by seq).
     """
-    check_limit(limit)
+    check_limit(filters)
     path = Path(path)
     opened: list[Source] = []
     try:
@@ -148,9 +149,7 @@ def read_records(
                 f.close()
                 continue
             opened.append(Source(rotated.name, f, complete_end(f, st.st_size)))
-        records = scan(
-            opened, since_seq=since_seq, sandbox=sandbox, tool=tool, decision=decision, limit=limit
-        )
+        records = scan(opened, filters)
     finally:
         for source in opened:
             source.file.close()

@@ -164,27 +164,25 @@ def sandbox_create(
       agentbox sandbox create --isolation gvisor
       agentbox sandbox create --volume pip-cache:/home/user/.cache/pip
     """
-    spec: dict[str, object] = {"template": template}
-    for key, value in (
-        ("memory", memory),
-        ("pids", pids),
-        ("cpus", cpus),
-        ("disk", disk),
-        ("lifetime", lifetime),
-        ("idle_timeout", idle_timeout),
-        ("on_idle", on_idle),
-        ("project", project),
-        ("isolation", isolation),
-    ):
-        if value is not None:
-            spec[key] = value
+    from agentbox.client.sandbox import _volumes, spec_of
+
+    spec = spec_of(
+        template,
+        memory=memory,
+        pids=pids,
+        cpus=cpus,
+        disk=disk,
+        lifetime=lifetime,
+        idle_timeout=idle_timeout,
+        on_idle=on_idle,
+        project=project,
+        isolation=isolation,
+    )
     if env:
         spec["env"] = _parse_env(env)
     if network or allow:
         spec["network"] = {"mode": network or "allowlist", "allow": list(allow)}
     if volumes:
-        from agentbox.client.sandbox import _volumes
-
         spec["volumes"] = _volumes(volumes)
     record = _runtime().create(spec)
     if as_json:

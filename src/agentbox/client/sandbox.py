@@ -23,12 +23,13 @@ import os
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 
 from agentbox.client.desktop import Desktop
 from agentbox.client.interfaces import Backend, ProcessesAPI
 from agentbox.runtime.requests import (
     DownloadRequest,
+    ExportOptions,
     RunRequest,
     SessionRunRequest,
     StartRequest,
@@ -76,6 +77,12 @@ def _network(value: NetworkSpec | str | Mapping[str, object]) -> dict[str, objec
     from agentbox.config.specs import NetworkSpec  # pydantic: only a create with a network pays
 
     return NetworkSpec.parse(value).model_dump(mode="json")
+
+
+def spec_of(template: str, **fields: object) -> dict[str, object]:
+    """A sandbox spec for ``Runtime.create``: ``template`` and the ``fields`` given (None:
+    the default), as the SDK and the CLI build it."""
+    return {"template": template, **{k: v for k, v in fields.items() if v is not None}}
 
 
 def _volumes(values: Sequence[str | Mapping[str, object]]) -> list[dict[str, object]]:
@@ -248,19 +255,12 @@ class Files:
     def upload_tar(self, dest_dir: str, fileobj: IO[bytes]) -> int:
         return self._rt.files(self._id).upload_tar(dest_dir, fileobj)
 
-    def download_tar(
-        self,
-        path: str,
-        fileobj: IO[bytes],
-        *,
-        include_unsafe: bool = False,
-        withheld: builtins.list[tuple[str, str]] | None = None,
-    ) -> int:
+    def download_tar(self, path: str, fileobj: IO[bytes], **options: Unpack[ExportOptions]) -> int:
         """A tar of ``path``; what the host would run or trust (git hooks and config,
         editor, agent and tool settings, rc files, setuid bits, symlinks that may leave
         the tree: see ``agentbox.runtime.export_safety``) is left out and listed in
         ``withheld`` unless ``include_unsafe``."""
-        request = DownloadRequest(path, fileobj, include_unsafe, withheld)
+        request = DownloadRequest(path, fileobj, **options)
         return self._rt.files(self._id).download(request)
 
 
@@ -329,22 +329,20 @@ class Sandbox:
         supports is in docs/design.md, Isolation tiers); ``volumes``: named volumes
         (``Volume.create``) to mount, each ``"NAME:PATH"``, ``"NAME:PATH:ro"`` or a dict
         ``{"name", "path", "mode": "rw"|"ro"}`` (rw: one sandbox at a time)."""
-        spec: dict[str, object] = {"template": template}
-        for key, value in (
-            ("memory", memory),
-            ("cpus", cpus),
-            ("pids", pids),
-            ("disk", disk),
-            ("lifetime", timeout),
-            ("env", dict(env) if env else None),
-            ("network", None if network is None else _network(network)),
-            ("idle_timeout", idle_timeout),
-            ("on_idle", on_idle),
-            ("isolation", isolation),
-            ("volumes", None if volumes is None else _volumes(volumes)),
-        ):
-            if value is not None:
-                spec[key] = value
+        spec = spec_of(
+            template,
+            memory=memory,
+            cpus=cpus,
+            pids=pids,
+            disk=disk,
+            lifetime=timeout,
+            env=dict(env) if env else None,
+            network=None if network is None else _network(network),
+            idle_timeout=idle_timeout,
+            on_idle=on_idle,
+            isolation=isolation,
+            volumes=None if volumes is None else _volumes(volumes),
+        )
         runtime = _runtime(home)
         return cls(runtime.create(spec), runtime)
 

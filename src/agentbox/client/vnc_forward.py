@@ -9,12 +9,13 @@ what the viewer may do (watch, or take control) from the token and ``control``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 from collections.abc import Callable
 from urllib.parse import quote
 
 import aiohttp
+
+from agentbox.network.relay import first_of
 
 _READ = 64 * 1024
 
@@ -83,10 +84,5 @@ async def _pipe(
             writer.write(message.data)
             await writer.drain()
 
-    tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
-    _, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for task in pending:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+    await first_of(up(), down())
     await ws.close()

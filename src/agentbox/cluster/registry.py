@@ -9,7 +9,7 @@ hosts whose clocks disagree still agree on how long a node has been silent.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from agentbox.state.db import Database
@@ -27,14 +27,9 @@ class Node:
     heartbeat_age: float  # seconds since its last heartbeat, by the database's clock
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "address": self.address,
-            "labels": self.labels,
-            "capacity": self.capacity,
-            "state": self.state,
-            "heartbeat_age_s": round(self.heartbeat_age, 3),
-        }
+        data = asdict(self)
+        data["heartbeat_age_s"] = round(data.pop("heartbeat_age"), 3)
+        return data
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ its own, with the subprotocol the node chose, so a refusal reaches the viewer as
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ssl
 from collections.abc import Awaitable, Callable
@@ -19,6 +18,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from agentbox.errors import AgentboxError
+from agentbox.network.relay import first_of
 
 BEARER_PROTOCOL = "agentbox.bearer."  # as gateway/desktop_relay.py
 _CLOSE_AUTH, _CLOSE_ERROR, _CLOSE_POLICY = 4401, 4500, 1008
@@ -129,13 +129,7 @@ async def _pump(upstream: Any, receive: Receive, send: Send) -> str:
             await send({"type": "websocket.close", "code": code, "reason": ""})
         return f"node closed ({code})"
 
-    tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
-    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    for task in pending:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-    for task in done:
+    for task in await first_of(up(), down()):
         error = task.exception()
         if error is not None and not isinstance(error, AgentboxError | OSError):
             return f"error: {error}"

@@ -33,25 +33,13 @@ from agentbox.errors import (
 from agentbox.policy.principal import Principal
 from agentbox.state.db import Connection, Database
 from agentbox.state.sqlite import database
+from agentbox.state.tables import GATEWAY_TOKENS
 
 if TYPE_CHECKING:
     from agentbox.config.settings import AuthSettings
 
 TOKEN_PREFIX = "abx_"  # noqa: S105 - a prefix, not a secret
 OPERATOR_TOKEN_FILE = "operator.token"  # noqa: S105 - a file name
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS gateway_tokens (
-    id TEXT PRIMARY KEY,
-    hash TEXT NOT NULL UNIQUE,
-    sandbox TEXT NOT NULL,
-    tools TEXT,
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL,
-    revoked_at REAL
-);
-CREATE INDEX IF NOT EXISTS gateway_tokens_sandbox ON gateway_tokens (sandbox);
-"""
 
 
 @dataclass(frozen=True)
@@ -153,7 +141,7 @@ class TokenStore:
     def __init__(self, where: Path | Database, operator_token: str, default_ttl: int) -> None:
         self._operator_hash = _hash(operator_token)
         self.default_ttl = default_ttl
-        self.db = database(where, _SCHEMA, synchronous="FULL")
+        self.db = database(where, (GATEWAY_TOKENS,), synchronous="FULL")
 
     def _db(self) -> Connection:
         return self.db.conn()

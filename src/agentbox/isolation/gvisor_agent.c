@@ -50,6 +50,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "closefds.h"
+
 #define MAX_REQUEST (8u << 20)
 #define MAX_ITEMS 65536
 #define CHUNK 65536
@@ -62,46 +64,24 @@ static void die(const char *what) {
   _exit(1);
 }
 
-/* gVisor before 2023 has no close_range: close what /proc/self/fd lists but `keep`. */
-static void close_fds_but(int keep) {
-  for (int pass = 0; pass < 4; pass++) {
-    DIR *fds = opendir("/proc/self/fd");
-    if (!fds) die("/proc/self/fd");
-    int own = dirfd(fds), closed = 0;
-    struct dirent *entry;
-    while ((entry = readdir(fds)) != NULL) {
-      int fd = atoi(entry->d_name);
-      if (entry->d_name[0] != '.' && fd != own && fd != keep && close(fd) == 0) closed++;
-    }
-    closedir(fds);
-    if (!closed) break;
-  }
-}
-
 /* ---- frames ---------------------------------------------------------------------- */
 
-static int read_full(int fd, void *buf, size_t n) {
-  char *p = buf;
+/* All `n` bytes, read or (`out`) written, past EINTR; -1 on an error or end of file. */
+static int move_full(int fd, char *p, size_t n, int out) {
   while (n) {
-    ssize_t got = read(fd, p, n);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return -1;
-    p += got;
-    n -= (size_t)got;
+    ssize_t moved = out ? write(fd, p, n) : read(fd, p, n);
+    if (moved < 0 && errno == EINTR) continue;
+    if (moved <= 0) return -1;
+    p += moved;
+    n -= (size_t)moved;
   }
   return 0;
 }
 
+static int read_full(int fd, void *buf, size_t n) { return move_full(fd, buf, n, 0); }
+
 static int write_full(int fd, const void *buf, size_t n) {
-  const char *p = buf;
-  while (n) {
-    ssize_t put = write(fd, p, n);
-    if (put < 0 && errno == EINTR) continue;
-    if (put <= 0) return -1;
-    p += put;
-    n -= (size_t)put;
-  }
-  return 0;
+  return move_full(fd, (char *)buf, n, 1); /* written from, never to */
 }
 
 static int send_frame(int fd, char type, const void *data, uint32_t len) {
@@ -352,7 +332,7 @@ int main(int argc, char **argv) {
   int listener = listen_on(argv[3]);
   if (listener < 0) die("listen");
   if (write(ready_fd, "r", 1) != 1) die("readiness pipe");
-  close_fds_but(listener);
+  if (close_fds_but(listener) < 0) die("/proc/self/fd");
   sigset_t blocked;
   sigemptyset(&blocked);
   sigaddset(&blocked, SIGCHLD);

@@ -18,6 +18,10 @@ from pathlib import Path
 from agentbox.errors import HostUnsupported
 
 SOURCE = "nsexec.c"
+# The header the sources share (closing fds where close_range is missing): copied beside
+# the source it is built with, and part of the binary's hash (runtime/quick_exec.py
+# spells that hash again, without importing this).
+HEADERS = ("closefds.h",)
 
 
 def _source(name: str = SOURCE) -> bytes:
@@ -33,7 +37,8 @@ def static_binary(lib_dir: Path, source_name: str, stem: str) -> Path:
     """Path of the static build of C source ``source_name`` (this package's), built
     on first use (also the gVisor tier's exec agent, ``gvisor_agent.c``)."""
     source = _source(source_name)
-    digest = hashlib.sha256(source + b"\0static").hexdigest()[:16]
+    headers = {name: _source(name) for name in HEADERS}
+    digest = hashlib.sha256(source + b"".join(headers.values()) + b"\0static").hexdigest()[:16]
     binary = lib_dir / f"{stem}-{digest}"
     if binary.exists():
         return binary
@@ -47,6 +52,8 @@ def static_binary(lib_dir: Path, source_name: str, stem: str) -> Path:
     with tempfile.TemporaryDirectory(dir=lib_dir) as tmp:
         src = Path(tmp) / source_name
         src.write_bytes(source)
+        for name, text in headers.items():
+            (Path(tmp) / name).write_bytes(text)
         out = Path(tmp) / stem
         result = subprocess.run(
             # Static: the same binary is the init of sandboxes whose template has another

@@ -75,6 +75,8 @@
 #include <unistd.h>
 #include <grp.h>
 
+#include "closefds.h"
+
 #define LAUNCH_FAIL 125
 #define MAX_CGROUPS 16
 #define MAX_KEEP_FDS 8
@@ -382,22 +384,7 @@ _Noreturn static void run_init(int ready_fd, int lifetime_s) {
   /* Not dumpable: the sandbox user (our uid) cannot open /proc/1/mem and friends. */
   if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("dumpable");
   if (write(ready_fd, "r", 1) != 1) die("readiness pipe");
-  if (syscall(SYS_close_range, 0, ~0U, 0) < 0) {
-    /* gVisor before 2023 (the gvisor tier's runsc) has no close_range: close what
-     * /proc/self/fd lists, one by one, until it lists only its own fd. */
-    for (int pass = 0; pass < 4; pass++) {
-      DIR *fds = opendir("/proc/self/fd");
-      if (!fds) die("/proc/self/fd");
-      int own = dirfd(fds), closed = 0;
-      struct dirent *entry;
-      while ((entry = readdir(fds)) != NULL) {
-        int fd = atoi(entry->d_name);
-        if (entry->d_name[0] != '.' && fd != own && close(fd) == 0) closed++;
-      }
-      closedir(fds);
-      if (!closed) break;
-    }
-  }
+  if (syscall(SYS_close_range, 0, ~0U, 0) < 0 && close_fds_but(-1) < 0) die("/proc/self/fd");
   sigset_t chld;
   sigemptyset(&chld);
   sigaddset(&chld, SIGCHLD);

@@ -76,9 +76,7 @@ _PHRASES = {
     502: "Bad Gateway",
 }
 Streams = relay.Streams
-Serve = Callable[
-    [asyncio.StreamReader, asyncio.StreamWriter, EgressPolicy, Conn], Coroutine[Any, Any, None]
-]
+Serve = Callable[[Streams, EgressPolicy, Conn], Coroutine[Any, Any, None]]
 
 
 def so_original_dst(sock: socket.socket) -> tuple[str, int]:
@@ -216,7 +214,7 @@ class EgressProxy:
         try:
             policy = self._lookup(writer, conn)
             with self._slot(policy.sandbox_id):
-                await serve(reader, writer, policy, conn)
+                await serve((reader, writer), policy, conn)
         except Denied as deny:
             self._finish(conn, False, deny.reason)
             if deny.status and conn.can_respond:
@@ -380,13 +378,8 @@ class EgressProxy:
 
     # -- explicit proxy ------------------------------------------------------------------
 
-    async def _explicit(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        policy: EgressPolicy,
-        conn: Conn,
-    ) -> None:
+    async def _explicit(self, client: Streams, policy: EgressPolicy, conn: Conn) -> None:
+        reader, writer = client
         raw, rest = await peek.client_head(reader, b"", self.head_timeout)
         with peek.bad_request():
             request = httphead.parse_request(raw)
@@ -413,11 +406,26 @@ class EgressProxy:
             host, port, origin = httphead.split_absolute(request.first[1])
             body = httphead.request_body(request)
         self._check_host_header(request, host, port)
-        aim = await self._decide(policy, host, port, conn)
+        await self._plain((reader, writer), policy, conn, (host, port), request, rest, body, origin)
+
+    async def _plain(
+        self,
+        client: Streams,
+        policy: EgressPolicy,
+        conn: Conn,
+        to: tuple[str, int],
+        request: httphead.Head,
+        rest: bytes,
+        body: int | None,
+        origin: str | None,
+    ) -> None:
+        """A plain-HTTP request to ``to``, decided, then forwarded alone; ``origin``
+        None: the request's own target (checked after the decision)."""
+        aim = await self._decide(policy, *to, conn)
+        if origin is None:
+            origin = self._origin(request)
         injected = self._injections(aim)
-        await self._one_request(
-            (reader, writer), conn, aim, request, rest, body, origin, injected, tls=False
-        )
+        await self._one_request(client, conn, aim, request, rest, body, origin, injected, tls=False)
 
     async def _one_request(
         self,
@@ -575,13 +583,8 @@ class EgressProxy:
 
     # -- transparent proxy ---------------------------------------------------------------
 
-    async def _transparent(
-        self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        policy: EgressPolicy,
-        conn: Conn,
-    ) -> None:
+    async def _transparent(self, client: Streams, policy: EgressPolicy, conn: Conn) -> None:
+        reader, writer = client
         try:
             dst_ip, dst_port = self._original_dst(writer.get_extra_info("socket"))
         except OSError as e:
@@ -632,12 +635,7 @@ class EgressProxy:
                 raise Denied("plain HTTP without exactly one Host header", 400)
             host = httphead.split_authority(values[0], port)[0]
             body = httphead.request_body(request)
-        aim = await self._decide(policy, host, port, conn)
-        origin = self._origin(request)
-        injected = self._injections(aim)
-        await self._one_request(
-            (reader, writer), conn, aim, request, rest, body, origin, injected, tls=False
-        )
+        await self._plain((reader, writer), policy, conn, (host, port), request, rest, body, None)
 
     # -- relaying ------------------------------------------------------------------------
 

@@ -12,11 +12,12 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from agentbox.network import splice
 
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+T = TypeVar("T")
 # Large reads keep the per-chunk Python overhead small next to the copy itself.
 CHUNK = 256 * 1024
 # StreamReader limit: a reader pauses its transport only past 2x this, so a fast sender
@@ -144,6 +145,18 @@ async def supervise(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def first_of(*coros: Coroutine[Any, Any, T]) -> list[asyncio.Task[T]]:
+    """Run ``coros`` together until one ends (the two directions of a relay): the others
+    are cancelled and waited for. The tasks that ended by themselves, in order."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    return [task for task in tasks if task in done]
 
 
 async def relay(

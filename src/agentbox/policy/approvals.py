@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import secrets
-import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,30 +29,13 @@ from agentbox.errors import Conflict, InvalidRequest, NotFound
 from agentbox.hints import Hint
 from agentbox.policy import egress_grants
 from agentbox.state.db import Connection, Database
-from agentbox.state.sqlite import SqliteDB, database
+from agentbox.state.sqlite import database
+from agentbox.state.tables import EGRESS_GRANTS, GATEWAY_APPROVALS
 
 Status = Literal["pending", "approved", "denied", "expired"]
 Scope = Literal["once", "sandbox", "always"]
 EGRESS_TOOL = "egress"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS gateway_approvals (
-    id TEXT PRIMARY KEY,
-    sandbox TEXT NOT NULL,
-    tool TEXT NOT NULL,
-    summary TEXT NOT NULL,
-    args_hash TEXT NOT NULL,
-    requested_by TEXT NOT NULL,
-    rule TEXT,
-    status TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    deadline REAL NOT NULL,
-    decided_at REAL,
-    decided_by TEXT
-);
-"""
-# Columns added after the first release: (name, type), added to older databases in place.
-_ADDED = (("scope", "TEXT"), ("detail", "TEXT"), ("used_at", "REAL"))
 _INSERT = (
     "INSERT INTO gateway_approvals (id, sandbox, tool, summary, args_hash, requested_by, rule,"
     " status, created_at, deadline, decided_at, decided_by, scope, detail, used_at)"
@@ -94,15 +76,7 @@ class ApprovalStore:
     schema ``agentbox db migrate`` made)."""
 
     def __init__(self, where: Path | Database) -> None:
-        self.db = database(where, _SCHEMA, synchronous="FULL")
-        if isinstance(self.db, SqliteDB):
-            db = self.db.conn()
-            have = {r["name"] for r in db.execute("PRAGMA table_info(gateway_approvals)")}
-            for name, kind in _ADDED:
-                if name not in have:
-                    with contextlib.suppress(sqlite3.OperationalError):  # another process won
-                        db.execute(f"ALTER TABLE gateway_approvals ADD COLUMN {name} {kind}")
-            egress_grants.create(db)
+        self.db = database(where, (GATEWAY_APPROVALS, EGRESS_GRANTS), synchronous="FULL")
         self._events: dict[str, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
 

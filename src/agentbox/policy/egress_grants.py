@@ -12,25 +12,12 @@ with ``agentbox approvals allowlist``. It applies to the project's sandboxes in 
 
 from __future__ import annotations
 
-import sqlite3
 from dataclasses import dataclass
 from typing import Literal
 
 from agentbox.state.db import Connection
 
 Kind = Literal["sandbox", "always"]
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS egress_grants (
-    scope TEXT NOT NULL,        -- 'sandbox' (owner: a sandbox id) or 'always' (a project)
-    owner TEXT NOT NULL,
-    host TEXT NOT NULL,         -- a normalised name, matched exactly
-    approval TEXT NOT NULL,
-    decided_by TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    PRIMARY KEY (scope, owner, host)
-);
-"""
 
 
 @dataclass(frozen=True)
@@ -44,11 +31,6 @@ class Grant:
 
     def to_dict(self) -> dict[str, object]:
         return dict(self.__dict__)
-
-
-def create(db: sqlite3.Connection) -> None:
-    """The table in a SQLite file (PostgreSQL gets it from its migrations)."""
-    db.executescript(_SCHEMA)
 
 
 def grant(

@@ -60,7 +60,7 @@ import sys
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, Unpack
 
 from agentbox.errors import (
     AgentboxError,
@@ -79,7 +79,7 @@ from agentbox.fsutil import Access, required_text
 from agentbox.hints import Hint
 from agentbox.isolation import syscalls
 from agentbox.runtime import archive, export_safety
-from agentbox.runtime.requests import DownloadRequest, WriteMode, WriteRequest
+from agentbox.runtime.requests import DownloadRequest, ExportOptions, WriteMode, WriteRequest
 from agentbox.storage.inroot import open_in_root
 
 FileType = Literal["file", "dir", "symlink", "other"]
@@ -1226,9 +1226,8 @@ class SandboxFiles:
         path: str,
         fileobj: IO[bytes],
         *,
-        include_unsafe: bool = False,
-        withheld: builtins.list[tuple[str, str]] | None = None,
         guard: Guard | None = None,
+        **options: Unpack[ExportOptions],
     ) -> int:
         """Stream a tar of ``path`` (a file, symlink or directory tree) to ``fileobj``.
 
@@ -1245,7 +1244,10 @@ class SandboxFiles:
         the walk below follows none.
         """
         spath = self._sandbox_path(path)
-        export = _ExportGuard(not include_unsafe, withheld if withheld is not None else [])
+        withheld = options.get("withheld")
+        export = _ExportGuard(
+            not options.get("include_unsafe", False), withheld if withheld is not None else []
+        )
         tar = tarfile.open(fileobj=fileobj, mode="w|", format=tarfile.PAX_FORMAT)  # noqa: SIM115
         with tar, self._session("archive", spath) as rootfd:
             if spath == "/":

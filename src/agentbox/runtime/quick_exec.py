@@ -225,7 +225,8 @@ def _launch_paths(lib: str) -> tuple[str, str] | None:
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     isolation = os.path.join(package, "isolation")
-    source_digest = sha256(_read(os.path.join(isolation, "nsexec.c")) + b"\0static").hexdigest()
+    source = b"".join(_read(os.path.join(isolation, n)) for n in ("nsexec.c", "closefds.h"))
+    source_digest = sha256(source + b"\0static").hexdigest()
     nsexec = os.path.join(lib, f"agentbox-nsexec-{source_digest[:16]}")
     inputs = b"\0".join(
         [

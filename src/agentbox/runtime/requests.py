@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Literal, TypeVar, cast
+from typing import IO, Any, Literal, TypedDict, TypeVar, cast
 
 from agentbox.errors import InvalidRequest
 
@@ -74,6 +74,13 @@ class SessionRunRequest:
     def __post_init__(self) -> None:
         _check_run_limits(self.timeout, self.max_output_bytes)
 
+    def run_of(self, argv: Sequence[str]) -> RunRequest:
+        """The run of ``argv`` (the session's wrapper) with this request's stdin and
+        limits."""
+        return RunRequest(
+            argv, stdin=self.stdin, timeout=self.timeout, max_output_bytes=self.max_output_bytes
+        )
+
 
 @dataclass(frozen=True)
 class WriteRequest:
@@ -86,6 +93,13 @@ class WriteRequest:
     mode: WriteMode = "overwrite"
     perms: int = 0o644
     make_parents: bool = True
+
+
+class ExportOptions(TypedDict, total=False):
+    """``download_tar``'s keywords, in the SDK and the runtime alike."""
+
+    include_unsafe: bool  # also what the host would run or trust (default False)
+    withheld: list[tuple[str, str]] | None  # appended: (path in the tar, why left out)
 
 
 @dataclass(frozen=True)

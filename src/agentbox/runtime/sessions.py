@@ -74,16 +74,7 @@ class ShellSessions:
                 hint=Hint("shell_create", {}, "{call} to create one"),
             )
         argv = ["/bin/bash", "-c", _WRAPPER, "agentbox-session", state, request.command]
-        return self.runner.run(
-            RunRequest(
-                argv,
-                stdin=request.stdin,
-                timeout=request.timeout,
-                max_output_bytes=request.max_output_bytes,
-            ),
-            save=save,
-            save_max_bytes=save_max_bytes,
-        )
+        return self.runner.run(request.run_of(argv), save=save, save_max_bytes=save_max_bytes)
 
     def close(self, session_id: str) -> None:
         self.runner.run(RunRequest(["/bin/rm", "-f", self._state_file(session_id)], timeout=10))

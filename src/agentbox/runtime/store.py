@@ -21,6 +21,7 @@ from agentbox.hints import Hint
 from agentbox.runtime.record import SandboxRecord, SandboxState, stored
 from agentbox.state.db import Connection, Database
 from agentbox.state.sqlite import database
+from agentbox.state.tables import EVENTS, SANDBOXES
 
 if TYPE_CHECKING:
     from agentbox.config.specs import SandboxSpec
@@ -28,30 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SandboxRecord", "SandboxState", "Store"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS sandboxes (
-    id TEXT PRIMARY KEY,
-    slot INTEGER NOT NULL UNIQUE,
-    state TEXT NOT NULL,
-    template TEXT NOT NULL,
-    template_digest TEXT NOT NULL,
-    init_pid INTEGER,
-    init_start_time INTEGER,
-    created_at REAL NOT NULL,
-    expires_at REAL,
-    spec TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS sandboxes_expiry ON sandboxes (expires_at);
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    sandbox TEXT NOT NULL,
-    type TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    actor TEXT NOT NULL,
-    details TEXT NOT NULL
-);
-"""
 MAX_EVENTS = 100_000  # the oldest go first; the audit trail keeps the history
 
 
@@ -103,7 +80,7 @@ class Store:
     """``where``: the SQLite file, or the shared database (already migrated)."""
 
     def __init__(self, where: Path | Database) -> None:
-        self.db = database(where, _SCHEMA)
+        self.db = database(where, (SANDBOXES, EVENTS))
         self._pool = self.db.json_text("spec", "pool")
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ written once. A connection to PostgreSQL that broke (the server restarted) raise
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -42,6 +43,9 @@ class Connection(Protocol):
 class Database(ABC):
     dialect: ClassVar[Literal["sqlite", "postgresql"]]
     skip_locked: ClassVar[str]
+    json_text_sql: ClassVar[str]  # json_text's SQL, with {column} and {key}
+    json_int_sql: ClassVar[str]
+    _local: threading.local  # this thread's connection, as ``conn``
 
     @abstractmethod
     def conn(self) -> Connection:
@@ -56,19 +60,22 @@ class Database(ABC):
         """One round trip; raises ``StateUnavailable`` when the database cannot answer."""
         self.conn().execute("SELECT 1").fetchone()
 
-    @abstractmethod
     def close(self) -> None:
         """Close this thread's connection (others close when their thread ends)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+            self._local.conn = None
 
-    @staticmethod
-    @abstractmethod
-    def json_text(column: str, key: str) -> str:
+    @classmethod
+    def json_text(cls, column: str, key: str) -> str:
         """SQL for ``column``'s JSON field ``key`` as text (NULL when absent)."""
+        return cls.json_text_sql.format(column=column, key=key)
 
-    @staticmethod
-    @abstractmethod
-    def json_int(column: str, key: str) -> str:
+    @classmethod
+    def json_int(cls, column: str, key: str) -> str:
         """SQL for ``column``'s JSON field ``key`` as an integer (NULL when absent)."""
+        return cls.json_int_sql.format(column=column, key=key)
 
 
 def state_url_error(url: str) -> str | None:

@@ -81,6 +81,9 @@ class _Conn:
         self.raw = db.connect()
         self.in_tx = False
 
+    def close(self) -> None:
+        self.raw.close()
+
     def __del__(self) -> None:
         # Its thread ended (thread-locals go with it): hang up rather than leak the socket.
         raw = getattr(self, "raw", None)  # None: the connection was never made
@@ -106,6 +109,8 @@ class _Conn:
 class PostgresDB(Database):
     dialect: ClassVar[Literal["sqlite", "postgresql"]] = "postgresql"
     skip_locked: ClassVar[str] = " FOR UPDATE SKIP LOCKED"
+    json_text_sql: ClassVar[str] = "({column}::jsonb ->> '{key}')"
+    json_int_sql: ClassVar[str] = "({column}::jsonb ->> '{key}')::bigint"
 
     def __init__(self, url: str, *, check_schema: bool = True) -> None:
         self.url = url
@@ -186,20 +191,6 @@ class PostgresDB(Database):
             raise
         conn.in_tx = False
         conn.execute("COMMIT")
-
-    def close(self) -> None:
-        conn: _Conn | None = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.raw.close()
-            self._local.conn = None
-
-    @staticmethod
-    def json_text(column: str, key: str) -> str:
-        return f"({column}::jsonb ->> '{key}')"
-
-    @staticmethod
-    def json_int(column: str, key: str) -> str:
-        return f"({column}::jsonb ->> '{key}')::bigint"
 
 
 def migrate(url: str) -> tuple[int, list[int]]:

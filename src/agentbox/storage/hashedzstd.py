@@ -78,7 +78,37 @@ class _Worker:
             raise self.error
 
 
-class HashingZstdWriter(io.RawIOBase):
+class SnapshotWriter(io.RawIOBase):
+    """What both snapshot writers share (this one and zstdpipe's): ``sha256`` and
+    ``size`` of the uncompressed stream, and a ``with`` block left by an exception
+    abandons the work (``_abandon``) instead of finishing it: the caller's error is the
+    one that matters, and it discards the partial file."""
+
+    size: int
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.size  # what tarfile's mode "w" asks at its start
+
+    def _abandon(self) -> None:
+        raise NotImplementedError
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None and not self.closed:
+            io.RawIOBase.close(self)
+            self._abandon()
+            return
+        self.close()
+
+
+class HashingZstdWriter(SnapshotWriter):
     """Write the uncompressed stream; it is hashed and compressed into ``out`` on a
     worker thread. ``close()`` waits for the worker; then ``sha256`` and ``size`` are the
     uncompressed stream's digest and length. Leaving a ``with`` block by an exception
@@ -101,12 +131,6 @@ class HashingZstdWriter(io.RawIOBase):
             self.sha256.update(chunk)
             self._zout.write(chunk)
 
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.size  # what tarfile's mode "w" asks at its start
-
     def write(self, data: Any) -> int:
         chunk = bytes(data)  # the caller's buffer is reused once this returns
         if chunk and not self._worker.put(chunk):
@@ -122,17 +146,8 @@ class HashingZstdWriter(io.RawIOBase):
             self._worker.join()
             self._worker.raise_error()
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is not None and not self.closed:
-            io.RawIOBase.close(self)
-            self._worker.stop()  # the caller's error is the one that matters
-            return
-        self.close()
+    def _abandon(self) -> None:
+        self._worker.stop()
 
 
 class HashingZstdReader(io.RawIOBase):

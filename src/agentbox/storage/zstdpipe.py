@@ -23,7 +23,6 @@ import io
 import os
 import shutil
 import subprocess
-from types import TracebackType
 from typing import IO, Any
 
 from agentbox.errors import InvalidRequest
@@ -73,7 +72,7 @@ def _failed(proc: subprocess.Popen[bytes], what: str) -> str:
     return f"zstd {what} failed (exit {proc.returncode}): {err.decode(errors='replace').strip()}"
 
 
-class PipeWriter(io.RawIOBase):
+class PipeWriter(hashedzstd.SnapshotWriter):
     """Write the uncompressed stream: hashed here, compressed into ``out`` by ``zstd -T0``.
     ``close()`` waits for zstd and raises if it failed; leaving a ``with`` block by an
     exception kills it (the caller discards the partial file)."""
@@ -91,12 +90,6 @@ class PipeWriter(io.RawIOBase):
         assert self._proc.stdin is not None
         self._pipe = self._proc.stdin.fileno()
         _bigger_pipe(self._pipe)
-
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.size  # what tarfile's mode "w" asks at its start
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -126,22 +119,13 @@ class PipeWriter(io.RawIOBase):
         if self._proc.stderr is not None:
             self._proc.stderr.close()
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if exc is not None and not self.closed:
-            io.RawIOBase.close(self)
-            self._proc.kill()
-            assert self._proc.stdin is not None
-            with contextlib.suppress(BrokenPipeError):
-                self._proc.stdin.close()
-            self._proc.wait()
-            self._close_stderr()
-            return
-        self.close()
+    def _abandon(self) -> None:
+        self._proc.kill()
+        assert self._proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self._proc.stdin.close()
+        self._proc.wait()
+        self._close_stderr()
 
 
 class PipeReader(io.RawIOBase):

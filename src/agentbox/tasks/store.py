@@ -21,45 +21,8 @@ from agentbox.errors import Conflict, NotFound
 from agentbox.hints import Hint
 from agentbox.state.db import Database
 from agentbox.state.sqlite import database
+from agentbox.state.tables import TASK_STEPS, TASKS
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    id TEXT PRIMARY KEY,
-    project TEXT NOT NULL,
-    template TEXT NOT NULL,
-    goal TEXT NOT NULL,
-    state TEXT NOT NULL,
-    max_steps INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    sandbox TEXT,
-    worker TEXT,
-    lease_until REAL,
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    steps INTEGER NOT NULL DEFAULT 0,
-    tool_calls INTEGER NOT NULL DEFAULT 0,
-    tool_errors INTEGER NOT NULL DEFAULT 0,
-    tokens_in INTEGER NOT NULL DEFAULT 0,
-    tokens_out INTEGER NOT NULL DEFAULT 0,
-    cost_usd REAL NOT NULL DEFAULT 0,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    failure TEXT,
-    result TEXT
-);
-CREATE INDEX IF NOT EXISTS tasks_state ON tasks (state, created_at);
-CREATE TABLE IF NOT EXISTS task_steps (
-    task TEXT NOT NULL,
-    n INTEGER NOT NULL,
-    at REAL NOT NULL,
-    action TEXT NOT NULL,
-    result TEXT NOT NULL,
-    tokens_in INTEGER NOT NULL,
-    tokens_out INTEGER NOT NULL,
-    cost_usd REAL NOT NULL,
-    PRIMARY KEY (task, n)
-);
-"""
 FINAL_STATES = ("succeeded", "failed", "cancelled")
 # Failure categories: why a task ended without succeeding.
 FAILURES = ("provider", "budget", "max_steps", "bad_model_output", "sandbox", "cancelled", "error")
@@ -120,7 +83,7 @@ class TaskStore:
     """``where``: the SQLite file, or the shared database (already migrated)."""
 
     def __init__(self, where: Path | Database) -> None:
-        self.db = database(where, _SCHEMA)
+        self.db = database(where, (TASKS, TASK_STEPS))
 
     def close(self) -> None:
         self.db.close()

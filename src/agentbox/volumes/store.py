@@ -14,22 +14,8 @@ from typing import Any
 from agentbox.errors import LimitExceeded, VolumeExists, VolumeInUse, VolumeNotFound
 from agentbox.hints import Hint
 from agentbox.state.sqlite import SqliteDB
+from agentbox.state.tables import VOLUME_MOUNTS, VOLUMES
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS volumes (
-    name TEXT PRIMARY KEY,
-    image TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS volume_mounts (
-    volume TEXT NOT NULL,
-    sandbox TEXT NOT NULL,
-    path TEXT NOT NULL,
-    mode TEXT NOT NULL,
-    PRIMARY KEY (volume, sandbox)
-);
-"""
 # Mounts that count: their sandbox still has a record (any state: a stopped one keeps it).
 _HELD = "SELECT m.* FROM volume_mounts m JOIN sandboxes s ON s.id = m.sandbox"
 
@@ -59,7 +45,7 @@ def not_found(name: str) -> VolumeNotFound:
 class VolumeStore:
     def __init__(self, path: Path) -> None:
         # The sandboxes table is the runtime store's; it exists before this one opens.
-        self.db = SqliteDB(path, _SCHEMA)
+        self.db = SqliteDB(path, (VOLUMES, VOLUME_MOUNTS))
 
     def add(self, name: str, image: str, size: int, capacity: int | None) -> VolumeRecord:
         """A new record, if the pool's ``capacity`` (bytes of volume sizes) has room."""

@@ -27,22 +27,7 @@ from agentbox.gateway.auth import TokenStore
 from agentbox.policy.principal import OPERATOR, Principal
 from agentbox.state.db import Database
 from agentbox.state.sqlite import SqliteDB
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS e2b_sandboxes (
-    id TEXT PRIMARY KEY,
-    key TEXT NOT NULL,
-    alias TEXT NOT NULL,
-    metadata TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS e2b_pauses (
-    id TEXT PRIMARY KEY,
-    pause_at REAL,
-    timeout_s REAL NOT NULL,
-    keep_memory INTEGER NOT NULL,
-    auto_resume INTEGER NOT NULL
-);
-"""
+from agentbox.state.tables import E2B_PAUSES, E2B_SANDBOXES
 
 
 @dataclass(frozen=True)
@@ -95,7 +80,7 @@ class E2BAccess:
                 )
             self._keys.append((value, Caller(entry.name, entry.project)))
         shared = tokens.db if not isinstance(tokens.db, SqliteDB) else None
-        self.db: Database = shared or SqliteDB(home / "gateway.db", _SCHEMA)
+        self.db: Database = shared or SqliteDB(home / "gateway.db", (E2B_SANDBOXES, E2B_PAUSES))
 
     # control plane -----------------------------------------------------------------------
     def caller(self, api_key: str | None) -> Caller:

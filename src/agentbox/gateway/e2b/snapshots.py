@@ -31,17 +31,8 @@ from agentbox.runtime.snapshots import Snapshots
 from agentbox.runtime.store import SandboxRecord
 from agentbox.state.db import Database
 from agentbox.state.sqlite import SqliteDB
+from agentbox.state.tables import E2B_SNAPSHOTS
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS e2b_snapshots (
-    id TEXT NOT NULL,
-    project TEXT NOT NULL,
-    sandbox TEXT NOT NULL,
-    names TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    PRIMARY KEY (id, project)
-);
-"""
 MAX_PAGE = 1000
 
 
@@ -59,7 +50,8 @@ class E2BSnapshots:
 
     def __init__(self, gateway: Gateway, shared: Database | None = None) -> None:
         self.gateway = gateway
-        self.db: Database = shared or SqliteDB(gateway.runtime.home / "gateway.db", _SCHEMA)
+        home = gateway.runtime.home
+        self.db: Database = shared or SqliteDB(home / "gateway.db", (E2B_SNAPSHOTS,))
 
     def _store(self) -> Snapshots:
         return self.gateway.runtime.snapshots(self.gateway.settings.gateway.store)

@@ -28,36 +28,11 @@ from agentbox.errors import BudgetExceeded
 from agentbox.models.providers.types import Usage
 from agentbox.state.db import Connection, Database
 from agentbox.state.sqlite import database
+from agentbox.state.tables import BUDGET_ALERTS, USAGE
 
 log = logging.getLogger(__name__)
 
 NANO = 10**9  # nano-dollars per dollar
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS usage (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    day TEXT NOT NULL,
-    project TEXT NOT NULL,
-    sandbox TEXT,
-    task TEXT,
-    provider TEXT NOT NULL,
-    model TEXT NOT NULL,
-    input_tokens INTEGER NOT NULL,
-    output_tokens INTEGER NOT NULL,
-    cost_nanousd INTEGER NOT NULL,
-    priced INTEGER NOT NULL,
-    cache_read_tokens INTEGER NOT NULL DEFAULT 0,
-    cache_write_tokens INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS usage_by_day ON usage (day, project);
-CREATE TABLE IF NOT EXISTS budget_alerts (
-    day TEXT NOT NULL,
-    project TEXT NOT NULL,
-    threshold REAL NOT NULL,
-    at REAL NOT NULL,
-    PRIMARY KEY (day, project, threshold)
-);
-"""
 
 PriceTable = Mapping[str, Mapping[str, ModelPrice]]  # provider name → model → price
 
@@ -150,15 +125,8 @@ class BudgetLedger:
         self._prices = prices or {}
         self._clock = clock
         self._unpriced_warned: set[tuple[str, str]] = set()
-        self.db = database(where, _SCHEMA)
+        self.db = database(where, (USAGE, BUDGET_ALERTS))
         with self.db.tx() as db:
-            if self.db.dialect == "sqlite":
-                columns = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
-                for column in ("cache_read_tokens", "cache_write_tokens"):
-                    if column not in columns:  # a usage.db from before prompt-cache accounting
-                        db.execute(
-                            f"ALTER TABLE usage ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
-                        )
             oldest = _day(self._clock() - keep_days * 86400)
             db.execute("DELETE FROM usage WHERE day < ?", (oldest,))
             db.execute("DELETE FROM budget_alerts WHERE day < ?", (oldest,))
