@@ -40,6 +40,15 @@ def _checked(check: Callable[[str], str], value: str) -> str:
         raise ValueError(e.message) from None
 
 
+# The egress proxy's own check of each credential field (it checks them again on load).
+_CREDENTIAL_CHECKS: dict[str, Callable[[str], str]] = {
+    "domain": _credentials.check_domain,
+    "header": _credentials.check_header,
+    "secret_env": _credentials.check_env,
+    "format": _credentials.check_format,
+}
+
+
 class CredentialSpec(BaseModel):
     """A secret the egress proxy adds to requests for ``domain`` (one host, no wildcard):
     header ``header`` = ``format`` with ``{secret}`` replaced by the value of the
@@ -53,25 +62,10 @@ class CredentialSpec(BaseModel):
     secret_env: str
     format: str = "Bearer {secret}"
 
-    @field_validator("domain")
+    @field_validator(*_CREDENTIAL_CHECKS)
     @classmethod
-    def _domain(cls, value: str) -> str:
-        return _checked(_credentials.check_domain, value)
-
-    @field_validator("header")
-    @classmethod
-    def _header(cls, value: str) -> str:
-        return _checked(_credentials.check_header, value)
-
-    @field_validator("secret_env")
-    @classmethod
-    def _env(cls, value: str) -> str:
-        return _checked(_credentials.check_env, value)
-
-    @field_validator("format")
-    @classmethod
-    def _format(cls, value: str) -> str:
-        return _checked(_credentials.check_format, value)
+    def _check(cls, value: str, info: ValidationInfo) -> str:
+        return _checked(_CREDENTIAL_CHECKS[str(info.field_name)], value)
 
 
 class NetworkSpec(BaseModel):
