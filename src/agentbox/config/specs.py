@@ -236,6 +236,9 @@ def problem_of(
 
 MAX_MEMORY = 1024**5
 MAX_DISK = 16 * 1024**4
+# The largest memory and disk a spec may ask for, and their spelling in the error. The disk
+# is a sparse file on the host: ext4 files end at 16 TiB (mkfs failed).
+_SIZE_RANGES = {"memory": (MAX_MEMORY, "1PiB"), "disk": (MAX_DISK, "16TiB")}
 MAX_DURATION_S = 3650 * 86400.0
 
 
@@ -292,19 +295,12 @@ class SandboxSpec(BaseModel):
             return 0.0  # no idle timeout
         return parse_duration(value, name)
 
-    @field_validator("memory")
+    @field_validator(*_SIZE_RANGES)
     @classmethod
-    def _memory_range(cls, value: int) -> int:
-        if not 16 * 1024**2 <= value <= MAX_MEMORY:
-            raise ValueError("memory must be from 16MiB to 1PiB")
-        return value
-
-    @field_validator("disk")
-    @classmethod
-    def _disk_range(cls, value: int) -> int:
-        # The disk is a sparse file on the host: ext4 files end at 16 TiB (mkfs failed).
-        if not 16 * 1024**2 <= value <= MAX_DISK:
-            raise ValueError("disk must be from 16MiB to 16TiB")
+    def _size_range(cls, value: int, info: ValidationInfo) -> int:
+        top, spelled = _SIZE_RANGES[str(info.field_name)]
+        if not 16 * 1024**2 <= value <= top:
+            raise ValueError(f"{info.field_name} must be from 16MiB to {spelled}")
         return value
 
     @field_validator("lifetime", "idle_timeout")
