@@ -6,12 +6,15 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +22,14 @@ from typing import Any
 import httpx2
 import pytest
 import uvicorn
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from agentbox.config.settings import parse_settings
+from agentbox.egressd import daemon as egressd
 from agentbox.gateway.app import create_app
+from agentbox.runtime.host import release_home_mounts
+from agentbox.runtime.runtime import Runtime
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 POLICY_YAML = """
@@ -92,6 +100,26 @@ def server_log_handler() -> Iterator[ServerLog]:
             logger.removeHandler(handler)
 
 
+@contextlib.contextmanager
+def throwaway_home(prefix: str) -> Iterator[Path]:
+    """A fresh AGENTBOX_HOME under /var/tmp for a gateway process of one test. At the end
+    the egress daemon it started is stopped, its sandboxes destroyed, its mounts released
+    and the directory removed."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    path.chmod(0o711)
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(int((path / egressd.PID_FILE).read_text()), signal.SIGTERM)
+        runtime = Runtime(path)
+        for record in runtime.store.list():
+            with contextlib.suppress(Exception):
+                runtime.destroy(record.id)
+        release_home_mounts(path)
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,6 +144,31 @@ class RunningGateway:
 
     def operator(self) -> httpx2.Client:
         return self.client(self.operator_token)
+
+    @contextlib.contextmanager
+    def sandbox(self) -> Iterator[str]:
+        """A small sandbox the operator creates through the API, destroyed at the end."""
+        with self.operator() as op:
+            sid = op.post("/v1/sandboxes", json={"memory": "256MiB", "disk": "128MiB"}).json()["id"]
+            yield sid
+            op.delete(f"/v1/sandboxes/{sid}")
+
+
+def issue(gw: RunningGateway, sandbox: str, **body: Any) -> str:
+    """A session token for ``sandbox`` (``body``: more fields of the token request)."""
+    with gw.operator() as op:
+        return str(op.post("/v1/tokens", json={"sandbox": sandbox, **body}).json()["token"])
+
+
+@contextlib.asynccontextmanager
+async def mcp_client(gw: RunningGateway, token: str, mode: str = "auto",
+                     **kwargs: Any) -> AsyncIterator[Client]:  # fmt: skip
+    """The official MCP client over Streamable HTTP with ``token`` (``mode``, ``kwargs``:
+    the Client's, e.g. ``elicitation_callback``)."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as h:
+        async with Client(streamable_http_client(f"{gw.url}/mcp", http_client=h), mode=mode,
+                          **kwargs) as client:  # fmt: skip
+            yield client
 
 
 @contextlib.contextmanager

@@ -59,8 +59,8 @@ class Action:
     or as Python literals; ``{sandbox}`` is ID when the args do not name it)."""
 
     tool: str | None
-    cli: str | None
-    sdk: str | None
+    cli: str | None = None  # None: the surface has no way to do it
+    sdk: str | None = None
     rest: str | None = None
     tool_args: Mapping[str, Any] = field(default_factory=dict)
 
@@ -71,15 +71,14 @@ ACTIONS: dict[str, Action] = {
         cli="run `agentbox files ls {sandbox} {path}`",
         sdk="call `sb.files.list({path})`",
     ),
-    "fs_stat": Action("fs_stat", cli=None, sdk="call `sb.files.stat({path})`"),
+    "fs_stat": Action("fs_stat", sdk="call `sb.files.stat({path})`"),
     "fs_remove_tree": Action(
         "fs_remove",
-        cli=None,
         sdk="call `sb.files.remove({path}, recursive=True)`",
         tool_args={"recursive": True},
     ),
     "fs_edit_count": Action(
-        "fs_edit", cli=None, sdk="pass `count={count}` to `sb.files.edit` (`count=None`: all)"
+        "fs_edit", sdk="pass `count={count}` to `sb.files.edit` (`count=None`: all)"
     ),
     "fs_read_range": Action(
         "fs_read",
@@ -90,18 +89,16 @@ ACTIONS: dict[str, Action] = {
     ),
     "fs_binary": Action(
         "fs_write",
-        cli=None,
         sdk="call `sb.files.read_bytes({path})` and `sb.files.write({path}, data)`",
         tool_args={"encoding": "base64"},
     ),
-    "process_list": Action("process_list", cli=None, sdk="call `sb.commands.list()`"),
+    "process_list": Action("process_list", sdk="call `sb.commands.list()`"),
     "process_start_stdin": Action(
         "process_start",
-        cli=None,
         sdk="call `sb.commands.start(command, stdin=True)`",
         tool_args={"stdin": True},
     ),
-    "shell_create": Action("shell_create", cli=None, sdk="call `sb.shell()`"),
+    "shell_create": Action("shell_create", sdk="call `sb.shell()`"),
     "sandbox_list": Action(
         None, cli="run `agentbox sandbox ls`", sdk="call `Sandbox.list()`", rest="GET /v1/sandboxes"
     ),
@@ -114,10 +111,8 @@ ACTIONS: dict[str, Action] = {
     "volume_list": Action(
         None, cli="run `agentbox volume ls`", sdk="call `Volume.list()`", rest="GET /v1/volumes"
     ),
-    "approval_list": Action(
-        None, cli="run `agentbox approvals ls`", sdk=None, rest="GET /v1/approvals"
-    ),
-    "task_list": Action(None, cli="run `agentbox task ls`", sdk=None, rest="GET /v1/tasks"),
+    "approval_list": Action(None, cli="run `agentbox approvals ls`", rest="GET /v1/approvals"),
+    "task_list": Action(None, cli="run `agentbox task ls`", rest="GET /v1/tasks"),
     "sandbox_destroy": Action(
         None,
         cli="run `agentbox sandbox rm {sandbox}`",

@@ -19,9 +19,8 @@ import mcp_types as types
 import pytest
 import yaml
 from mcp.shared.exceptions import MCPError
-from test_gateway_mcp import issue, mcp_client
 
-from gateway_harness import RunningGateway, running_gateway
+from gateway_harness import RunningGateway, issue, mcp_client, running_gateway
 from mcpproxy import auth_proxy
 from tsclient import JS, run_ts_client, ts_sdk
 
@@ -53,10 +52,8 @@ def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path,
 
 @pytest.fixture(scope="module")
 def sandbox_id(gw: RunningGateway) -> Iterator[str]:
-    with gw.operator() as op:
-        sid = op.post("/v1/sandboxes", json={"memory": "256MiB", "disk": "128MiB"}).json()["id"]
+    with gw.sandbox() as sid:
         yield sid
-        op.delete(f"/v1/sandboxes/{sid}")
 
 
 def baseline_for(revision: str) -> list[str]:

@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,12 +19,10 @@ from typing import Any
 import httpx2
 import pytest
 
-from agentbox.egressd import daemon as egressd
 from agentbox.isolation import diskpool
 from agentbox.network import plane
-from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime
-from gateway_harness import GatewayProcess
+from gateway_harness import GatewayProcess, throwaway_home
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 CONFIG = """
@@ -44,15 +39,8 @@ audit:
 
 @pytest.fixture
 def home(host_ready: None) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="agentbox-crash-", dir="/var/tmp"))
-    path.chmod(0o711)
-    try:
+    with throwaway_home("agentbox-crash-") as path:
         yield path
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int((path / egressd.PID_FILE).read_text()), signal.SIGTERM)
-        release_home_mounts(path)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 class Gateway(GatewayProcess):

@@ -2,26 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from agentbox.gateway.sealed import load_key, unseal
-from gateway_harness import RunningGateway, running_gateway
+from gateway_harness import RunningGateway, issue, mcp_client, running_gateway
 
 NAME_RULE = r"^[a-zA-Z0-9_-]{1,64}$"
 
@@ -35,24 +32,8 @@ def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path,
 
 @pytest.fixture(scope="module")
 def sandbox_id(gw: RunningGateway) -> Iterator[str]:
-    with gw.operator() as op:
-        sid = op.post("/v1/sandboxes", json={"memory": "256MiB", "disk": "128MiB"}).json()["id"]
+    with gw.sandbox() as sid:
         yield sid
-        op.delete(f"/v1/sandboxes/{sid}")
-
-
-def issue(gw: RunningGateway, sandbox: str, **body: Any) -> str:
-    with gw.operator() as op:
-        return str(op.post("/v1/tokens", json={"sandbox": sandbox, **body}).json()["token"])
-
-
-@contextlib.asynccontextmanager
-async def mcp_client(gw: RunningGateway, token: str, mode: str = "auto",
-                     **kwargs: Any) -> AsyncIterator[Client]:  # fmt: skip
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as h:
-        async with Client(streamable_http_client(f"{gw.url}/mcp", http_client=h), mode=mode,
-                          **kwargs) as client:  # fmt: skip
-            yield client
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])

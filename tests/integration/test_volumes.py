@@ -6,25 +6,19 @@ volume survives a gateway killed with SIGKILL."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agentbox import AsyncVolume, Sandbox, Volume
-from agentbox.egressd import daemon as egressd
 from agentbox.errors import InvalidRequest, VolumeInUse, VolumeNotFound
 from agentbox.fsutil import is_mountpoint
 from agentbox.isolation import disk
-from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.recovery import recover
 from agentbox.runtime.runtime import Runtime
-from gateway_harness import GatewayProcess
+from gateway_harness import GatewayProcess, throwaway_home
 from volumekit import CACHE, NETWORK, counted_index
 
 SMALL = {"memory": "256MiB", "disk": "256MiB", "pids": 256, "network": "none"}
@@ -223,19 +217,8 @@ volumes:
 
 @pytest.fixture
 def gateway_home(host_ready: None) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="agentbox-volumes-", dir="/var/tmp"))
-    path.chmod(0o711)
-    try:
+    with throwaway_home("agentbox-volumes-") as path:
         yield path
-    finally:
-        with contextlib.suppress(OSError, ValueError):
-            os.kill(int((path / egressd.PID_FILE).read_text()), signal.SIGTERM)
-        runtime = Runtime(path)
-        for record in runtime.store.list():
-            with contextlib.suppress(Exception):
-                runtime.destroy(record.id)
-        release_home_mounts(path)
-        shutil.rmtree(path, ignore_errors=True)
 
 
 def test_a_volume_survives_a_gateway_killed_with_sigkill(gateway_home: Path) -> None:

@@ -15,20 +15,18 @@ import base64
 import contextlib
 import json
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import mcp_types as types
 import pytest
 from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from agentbox.gateway.sealed import load_key, seal, unseal
-from gateway_harness import RunningGateway, running_gateway
+from gateway_harness import RunningGateway, issue, mcp_client, running_gateway
 
 COMMAND = "rm -rf /workspace/victim"  # the test policy asks an operator about `rm -rf *`
 RECHECK = {"approval": types.ElicitResult(action="accept", content={"recheck": True})}
@@ -43,29 +41,20 @@ def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path,
 
 @pytest.fixture(scope="module")
 def sandbox_id(gw: RunningGateway) -> Iterator[str]:
-    with gw.operator() as op:
-        sid = op.post("/v1/sandboxes", json={"memory": "256MiB", "disk": "128MiB"}).json()["id"]
+    with gw.sandbox() as sid:
         yield sid
-        op.delete(f"/v1/sandboxes/{sid}")
-
-
-def issue(gw: RunningGateway, sandbox: str) -> str:
-    with gw.operator() as op:
-        return str(op.post("/v1/tokens", json={"sandbox": sandbox}).json()["token"])
 
 
 async def _never_asked(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
     raise AssertionError("the test answers the approval's elicitation itself")
 
 
-@contextlib.asynccontextmanager
-async def mcp_client(gw: RunningGateway, token: str) -> AsyncIterator[Client]:
+def declaring_elicitation(
+    gw: RunningGateway, token: str
+) -> contextlib.AbstractAsyncContextManager[Client]:
     """A 2026-07-28 client that declares elicitation (so approvals come as input-required
     results with requestState)."""
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as h:
-        transport = streamable_http_client(f"{gw.url}/mcp", http_client=h)
-        async with Client(transport, elicitation_callback=_never_asked) as client:
-            yield client
+    return mcp_client(gw, token, elicitation_callback=_never_asked)
 
 
 def _b64(data: bytes) -> str:
@@ -102,7 +91,7 @@ def test_unverifiable_request_state_is_refused_and_runs_nothing(
     key = load_key(gw.home)
 
     async def main() -> None:
-        async with mcp_client(gw, owner) as c:
+        async with declaring_elicitation(gw, owner) as c:
             made = await c.call_tool("terminal_run", {"command": "mkdir -p /workspace/victim"})
             assert not made.is_error, made.content
             first = await c.session.call_tool(
@@ -124,7 +113,7 @@ def test_unverifiable_request_state_is_refused_and_runs_nothing(
             op.post(f"/v1/approvals/{other_approval['approval_id']}/approve").raise_for_status()
 
         async def refused(token: str, bad: str) -> MCPError:
-            async with mcp_client(gw, token) as c:
+            async with declaring_elicitation(gw, token) as c:
                 with pytest.raises(MCPError) as e:
                     await c.session.call_tool(
                         "terminal_run", {"command": COMMAND},
@@ -142,7 +131,7 @@ def test_unverifiable_request_state_is_refused_and_runs_nothing(
         error = await refused(other, state)
         assert error.code == -32602 and "another token" in error.error.message, error.error
 
-        async with mcp_client(gw, owner) as c:
+        async with declaring_elicitation(gw, owner) as c:
             still = await c.call_tool("fs_stat", {"path": "/workspace/victim"})
             assert not still.is_error, "a refused state ran the command"
             ran = await c.session.call_tool(

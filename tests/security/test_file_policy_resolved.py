@@ -15,24 +15,21 @@ through ordinary symlinks still work.
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
 import tarfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx2
 import pytest
-from mcp import Client
-from mcp.client.streamable_http import streamable_http_client
 
 from agentbox import Sandbox
 from agentbox.errors import InvalidRequest
 from agentbox.policy.tool_policy import FilePolicy
 from agentbox.runtime.runtime import Runtime
-from gateway_harness import RunningGateway, running_gateway
+from gateway_harness import RunningGateway, mcp_client, running_gateway
 
 HOOKS = "tools.fs.write.protected: .git/hooks/**"
 CONFIG = "tools.fs.write.protected: .git/config"
@@ -405,13 +402,6 @@ def test_legitimate_writes_and_links_still_work(
 
 
 # -- the same over MCP -----------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def mcp_client(gw: RunningGateway, bearer: str) -> AsyncIterator[Client]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {bearer}"}, timeout=120) as h:
-        async with Client(streamable_http_client(f"{gw.url}/mcp", http_client=h)) as client:
-            yield client
 
 
 @pytest.mark.usefixtures("unchanged")

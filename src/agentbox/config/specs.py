@@ -40,6 +40,15 @@ def _checked(check: Callable[[str], str], value: str) -> str:
         raise ValueError(e.message) from None
 
 
+# The egress proxy's own check of each credential field (it checks them again on load).
+_CREDENTIAL_CHECKS: dict[str, Callable[[str], str]] = {
+    "domain": _credentials.check_domain,
+    "header": _credentials.check_header,
+    "secret_env": _credentials.check_env,
+    "format": _credentials.check_format,
+}
+
+
 class CredentialSpec(BaseModel):
     """A secret the egress proxy adds to requests for ``domain`` (one host, no wildcard):
     header ``header`` = ``format`` with ``{secret}`` replaced by the value of the
@@ -53,25 +62,10 @@ class CredentialSpec(BaseModel):
     secret_env: str
     format: str = "Bearer {secret}"
 
-    @field_validator("domain")
+    @field_validator(*_CREDENTIAL_CHECKS)
     @classmethod
-    def _domain(cls, value: str) -> str:
-        return _checked(_credentials.check_domain, value)
-
-    @field_validator("header")
-    @classmethod
-    def _header(cls, value: str) -> str:
-        return _checked(_credentials.check_header, value)
-
-    @field_validator("secret_env")
-    @classmethod
-    def _env(cls, value: str) -> str:
-        return _checked(_credentials.check_env, value)
-
-    @field_validator("format")
-    @classmethod
-    def _format(cls, value: str) -> str:
-        return _checked(_credentials.check_format, value)
+    def _check(cls, value: str, info: ValidationInfo) -> str:
+        return _checked(_CREDENTIAL_CHECKS[str(info.field_name)], value)
 
 
 class NetworkSpec(BaseModel):
@@ -242,6 +236,9 @@ def problem_of(
 
 MAX_MEMORY = 1024**5
 MAX_DISK = 16 * 1024**4
+# The largest memory and disk a spec may ask for, and their spelling in the error. The disk
+# is a sparse file on the host: ext4 files end at 16 TiB (mkfs failed).
+_SIZE_RANGES = {"memory": (MAX_MEMORY, "1PiB"), "disk": (MAX_DISK, "16TiB")}
 MAX_DURATION_S = 3650 * 86400.0
 
 
@@ -298,19 +295,12 @@ class SandboxSpec(BaseModel):
             return 0.0  # no idle timeout
         return parse_duration(value, name)
 
-    @field_validator("memory")
+    @field_validator(*_SIZE_RANGES)
     @classmethod
-    def _memory_range(cls, value: int) -> int:
-        if not 16 * 1024**2 <= value <= MAX_MEMORY:
-            raise ValueError("memory must be from 16MiB to 1PiB")
-        return value
-
-    @field_validator("disk")
-    @classmethod
-    def _disk_range(cls, value: int) -> int:
-        # The disk is a sparse file on the host: ext4 files end at 16 TiB (mkfs failed).
-        if not 16 * 1024**2 <= value <= MAX_DISK:
-            raise ValueError("disk must be from 16MiB to 16TiB")
+    def _size_range(cls, value: int, info: ValidationInfo) -> int:
+        top, spelled = _SIZE_RANGES[str(info.field_name)]
+        if not 16 * 1024**2 <= value <= top:
+            raise ValueError(f"{info.field_name} must be from 16MiB to {spelled}")
         return value
 
     @field_validator("lifetime", "idle_timeout")

@@ -182,12 +182,9 @@ def _tool(spec: ToolSpec) -> types.Tool:
         description=spec.description,
         input_schema=spec.input_schema,
         output_schema=spec.output_schema,
-        annotations=types.ToolAnnotations(
-            title=spec.title,
-            read_only_hint=spec.read_only,
-            destructive_hint=spec.destructive,
-            idempotent_hint=spec.idempotent,
-            open_world_hint=spec.open_world,
+        # The same hints REST lists, under MCP's wire names.
+        annotations=types.ToolAnnotations.model_validate(
+            {"title": spec.title, **spec.annotations()}
         ),
     )
 

@@ -99,18 +99,42 @@ class ToolCall:
 
 
 @dataclass(frozen=True)
+class Effect:
+    """What a tool does to the sandbox and beyond, as MCP's tool annotations tell a client."""
+
+    read_only: bool = False
+    destructive: bool = False  # may lose data (overwrite, remove, run anything)
+    idempotent: bool = False  # the same call again changes nothing more
+    open_world: bool = False  # reaches outside the sandbox (the web)
+
+    def annotations(self) -> dict[str, bool]:
+        return {
+            "readOnlyHint": self.read_only,
+            "destructiveHint": self.destructive,
+            "idempotentHint": self.idempotent,
+            "openWorldHint": self.open_world,
+        }
+
+
+READS = Effect(read_only=True, idempotent=True)
+ADDS = Effect()
+SETS = Effect(idempotent=True)
+DESTROYS = Effect(destructive=True)
+REMOVES = Effect(destructive=True, idempotent=True)
+OPENS_WEB = Effect(open_world=True)
+ACTS_ON_WEB = Effect(destructive=True, open_world=True)
+
+
+@dataclass(frozen=True)
 class ToolSpec:
     name: str
     title: str
     description: str
     input_schema: dict[str, Any]
     output_schema: dict[str, Any]
-    read_only: bool
-    destructive: bool
-    idempotent: bool
+    effect: Effect
     handler: Handler
     policy: PolicyKind
-    open_world: bool = False
     # Short, bounded and never waiting on the sandbox: may run on the event loop thread
     # when it reads at most INLINE_MAX_BYTES (a worker-thread hop costs more than the call).
     inline: bool = False
@@ -123,12 +147,7 @@ class ToolSpec:
         return filled | args
 
     def annotations(self) -> dict[str, bool]:
-        return {
-            "readOnlyHint": self.read_only,
-            "destructiveHint": self.destructive,
-            "idempotentHint": self.idempotent,
-            "openWorldHint": self.open_world,
-        }
+        return self.effect.annotations()
 
 
 def _out(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
@@ -529,47 +548,47 @@ def browser_close(call: ToolCall) -> dict[str, Any]:
 
 # Arguments whose default or maximum comes from the gateway's config: render_tools puts
 # the configured values into the schemas a gateway lists (and its handlers then read).
+def _bounded_int(minimum: int, default: int, description: str) -> dict[str, Any]:
+    return {"type": "integer", "minimum": minimum, "default": default, "description": description}
+
+
 def _timeout_ms(lim: ToolLimits) -> dict[str, Any]:
-    return {
-        "type": "integer",
-        "minimum": 1,
-        "default": lim.timeout_ms,
-        "description": f"Wall-clock limit in milliseconds; default and maximum {lim.timeout_ms} "
+    return _bounded_int(
+        1,
+        lim.timeout_ms,
+        f"Wall-clock limit in milliseconds; default and maximum {lim.timeout_ms} "
         "(a longer request is cut to it, and limits_applied says so)",
-    }
+    )
 
 
 def _max_output(lim: ToolLimits) -> dict[str, Any]:
-    return {
-        "type": "integer",
-        "minimum": 0,
-        "default": lim.output_bytes,
-        "description": f"Bytes of each stream the result keeps, head and tail; default "
+    return _bounded_int(
+        0,
+        lim.output_bytes,
+        f"Bytes of each stream the result keeps, head and tail; default "
         f"{lim.output_bytes} ({human_size(lim.output_bytes)}), at most {lim.max_output_bytes} "
         f"({human_size(lim.max_output_bytes)}). Longer output is saved whole in the sandbox: "
         "the result's stdout_file / stderr_file name it for fs_read (0: no output kept "
         "and none saved).",
-    }
+    )
 
 
 def _read_limit(lim: ToolLimits) -> dict[str, Any]:
-    return {
-        "type": "integer",
-        "minimum": 1,
-        "default": lim.max_output_bytes,
-        "description": f"Bytes to return at most; default and maximum {lim.max_output_bytes} "
+    return _bounded_int(
+        1,
+        lim.max_output_bytes,
+        f"Bytes to return at most; default and maximum {lim.max_output_bytes} "
         f"({human_size(lim.max_output_bytes)})",
-    }
+    )
 
 
 def _read_length(lim: ToolLimits) -> dict[str, Any]:
-    return {
-        "type": "integer",
-        "minimum": 0,
-        "default": lim.read_max_bytes,
-        "description": f"Bytes to read from offset; default and maximum {lim.read_max_bytes} "
+    return _bounded_int(
+        0,
+        lim.read_max_bytes,
+        f"Bytes to read from offset; default and maximum {lim.read_max_bytes} "
         f"({human_size(lim.read_max_bytes)}): page a larger file with offset",
-    }
+    )
 
 
 def _content(lim: ToolLimits) -> dict[str, Any]:
@@ -583,13 +602,12 @@ def _content(lim: ToolLimits) -> dict[str, Any]:
 
 def _text_chars(lim: ToolLimits) -> dict[str, Any]:
     default = min(DEFAULT_TEXT_CHARS, lim.max_output_bytes)
-    return {
-        "type": "integer",
-        "minimum": 1,
-        "default": default,
-        "description": f"Characters of page text returned at most; default {default}, "
+    return _bounded_int(
+        1,
+        default,
+        f"Characters of page text returned at most; default {default}, "
         f"maximum {lim.max_output_bytes} (beyond: truncated=true)",
-    }
+    )
 
 
 def _full_page(lim: ToolLimits) -> dict[str, Any]:
@@ -643,9 +661,19 @@ PAGE_STATE = {
 }
 ACTION_RESULT = _out({**PAGE_STATE, "navigated": BOOL})
 
+
+def _tool(
+    handler: Handler, title: str, description: str, args: type[tool_args.ToolArgs],
+    output: dict[str, Any], effect: Effect, policy: PolicyKind, *, inline: bool = False,
+) -> ToolSpec:  # fmt: skip
+    """A tool named after its handler, its input schema its argument model's."""
+    return ToolSpec(handler.__name__, title, description, _schema(args), output, effect,
+                    handler, policy, inline)  # fmt: skip
+
+
 TOOLS: list[ToolSpec] = [
-    ToolSpec(
-        "terminal_run",
+    _tool(
+        terminal_run,
         "Run a command",
         "Run a bash command in the sandbox and wait for it. Returns stdout, stderr and the exit "
         "code; the command's whole process tree is killed at the timeout. Long output keeps "
@@ -653,32 +681,26 @@ TOOLS: list[ToolSpec] = [
         "stderr_file) for fs_read. A command that waits for input (a prompt, an editor) "
         "returns early with waiting_for_input=true and runs on as a background process "
         "(process_id) that process_write can answer.",
-        _schema(tool_args.TerminalRun),
+        tool_args.TerminalRun,
         RESULT_SCHEMA,
-        read_only=False,
-        destructive=True,
-        idempotent=False,
-        handler=terminal_run,
-        policy="command",
+        DESTROYS,
+        "command",
     ),
-    ToolSpec(
-        "process_start",
+    _tool(
+        process_start,
         "Start a background process",
         "Start a command in the background; returns a process_id handle for process_read, "
         "process_write, process_signal.",
-        _schema(tool_args.ProcessStart),
+        tool_args.ProcessStart,
         _out({"process_id": STR, "running": BOOL}),
-        read_only=False,
-        destructive=True,
-        idempotent=False,
-        handler=process_start,
-        policy="command",
+        DESTROYS,
+        "command",
     ),
-    ToolSpec(
-        "process_read",
+    _tool(
+        process_read,
         "Read a background process's output",
         "Output of a background process from a byte offset; pass next_offset back to continue.",
-        _schema(tool_args.ProcessRead),
+        tool_args.ProcessRead,
         _out(
             {
                 "data": STR,
@@ -689,43 +711,34 @@ TOOLS: list[ToolSpec] = [
             },
             ["data", "next_offset", "running", "exit_code", "waiting_for_input"],
         ),
-        read_only=True,
-        destructive=False,
-        idempotent=True,
-        handler=process_read,
-        policy="none",
+        READS,
+        "none",
     ),
-    ToolSpec(
-        "process_write",
+    _tool(
+        process_write,
         "Write to a background process's stdin",
         "Send text to the stdin of a process started with stdin=true (or type it into its "
         "terminal); eof=true then closes its stdin.",
-        _schema(tool_args.ProcessWrite),
+        tool_args.ProcessWrite,
         _out({"written": INT}),
-        read_only=False,
-        destructive=False,
-        idempotent=False,
-        handler=process_write,
-        policy="none",
+        ADDS,
+        "none",
     ),
-    ToolSpec(
-        "process_resize",
+    _tool(
+        process_resize,
         "Resize a background process's terminal",
         "Set the size of the terminal of a process started with pty; it gets SIGWINCH.",
-        _schema(tool_args.ProcessResize),
+        tool_args.ProcessResize,
         _out({"process_id": STR, "cols": INT, "rows": INT}),
-        read_only=False,
-        destructive=False,
-        idempotent=True,
-        handler=process_resize,
-        policy="none",
+        SETS,
+        "none",
     ),
-    ToolSpec(
-        "process_signal",
+    _tool(
+        process_signal,
         "Signal a background process",
         "Send a signal (default SIGTERM; SIGKILL kills its whole tree). signalled=false: "
         "the process had already ended (exit_code says how).",
-        _schema(tool_args.ProcessSignal),
+        tool_args.ProcessSignal,
         _out(
             {
                 "process_id": STR,
@@ -734,65 +747,50 @@ TOOLS: list[ToolSpec] = [
                 "exit_code": NULL_INT,
             }
         ),
-        read_only=False,
-        destructive=True,
-        idempotent=False,
-        handler=process_signal,
-        policy="none",
+        DESTROYS,
+        "none",
     ),
-    ToolSpec(
-        "process_list",
+    _tool(
+        process_list,
         "List background processes",
         "Background processes of the sandbox.",
-        _schema(tool_args.ProcessList),
+        tool_args.ProcessList,
         _out({"processes": {"type": "array", "items": {"type": "object"}}}),
-        read_only=True,
-        destructive=False,
-        idempotent=True,
-        handler=process_list,
-        policy="none",
+        READS,
+        "none",
     ),
-    ToolSpec(
-        "shell_create",
+    _tool(
+        shell_create,
         "Open a shell session",
         "Open a persistent shell: cd and export carry over between shell_run calls.",
-        _schema(tool_args.ShellCreate),
+        tool_args.ShellCreate,
         _out({"session_id": STR}),
-        read_only=False,
-        destructive=False,
-        idempotent=False,
-        handler=shell_create,
-        policy="none",
+        ADDS,
+        "none",
     ),
-    ToolSpec(
-        "shell_run",
+    _tool(
+        shell_run,
         "Run in a shell session",
         "Run a bash command in a shell session (its cwd and environment persist).",
-        _schema(tool_args.ShellRun),
+        tool_args.ShellRun,
         RESULT_SCHEMA,
-        read_only=False,
-        destructive=True,
-        idempotent=False,
-        handler=shell_run,
-        policy="command",
+        DESTROYS,
+        "command",
     ),
-    ToolSpec(
-        "shell_close",
+    _tool(
+        shell_close,
         "Close a shell session",
         "Forget a shell session.",
-        _schema(tool_args.ShellClose),
+        tool_args.ShellClose,
         _out({"session_id": STR, "closed": BOOL}),
-        read_only=False,
-        destructive=False,
-        idempotent=True,
-        handler=shell_close,
-        policy="none",
+        SETS,
+        "none",
     ),
-    ToolSpec(
-        "fs_read",
+    _tool(
+        fs_read,
         "Read a file",
         "Read a file (UTF-8 text, or base64 for binary) from an optional byte offset/length.",
-        _schema(tool_args.FsRead),
+        tool_args.FsRead,
         _out(
             {
                 "path": STR,
@@ -802,106 +800,82 @@ TOOLS: list[ToolSpec] = [
                 "truncated": BOOL,
             }
         ),
-        read_only=True,
-        destructive=False,
-        idempotent=True,
-        handler=fs_read,
-        policy="fs_read",
+        READS,
+        "fs_read",
         inline=True,
     ),
-    ToolSpec(
-        "fs_write",
+    _tool(
+        fs_write,
         "Write a file",
         "Create, overwrite or append to a file (missing parents are created unless "
         "make_parents=false).",
-        _schema(tool_args.FsWrite),
+        tool_args.FsWrite,
         _out({"path": STR, "size": INT, "diff": STR}, ["path", "size"]),
-        read_only=False,
-        destructive=True,
-        idempotent=False,
-        handler=fs_write,
-        policy="fs_write",
+        DESTROYS,
+        "fs_write",
     ),
-    ToolSpec(
-        "fs_edit",
+    _tool(
+        fs_edit,
         "Edit a file",
         "Replace an exact string; fails unless it occurs exactly `count` times (default 1).",
-        _schema(tool_args.FsEdit),
+        tool_args.FsEdit,
         _out({"path": STR, "replacements": INT, "diff": STR}, ["path", "replacements"]),
-        read_only=False,
-        destructive=True,
-        idempotent=False,
-        handler=fs_edit,
-        policy="fs_write",
+        DESTROYS,
+        "fs_write",
     ),
-    ToolSpec(
-        "fs_list",
+    _tool(
+        fs_list,
         "List a directory",
         "Entries of a directory, optionally recursive (depth).",
-        _schema(tool_args.FsList),
+        tool_args.FsList,
         _out({"entries": {"type": "array", "items": FILE_INFO}}),
-        read_only=True,
-        destructive=False,
-        idempotent=True,
-        handler=fs_list,
-        policy="fs_read",
+        READS,
+        "fs_read",
     ),
-    ToolSpec(
-        "fs_stat",
+    _tool(
+        fs_stat,
         "Stat a path",
         "Type, size, mode and mtime of a path.",
-        _schema(tool_args.FsStat),
+        tool_args.FsStat,
         FILE_INFO | {"required": ["path", "type", "size"]},
-        read_only=True,
-        destructive=False,
-        idempotent=True,
-        handler=fs_stat,
-        policy="fs_read",
+        READS,
+        "fs_read",
     ),
-    ToolSpec(
-        "fs_remove",
+    _tool(
+        fs_remove,
         "Remove a path",
         "Remove a file, or a directory with recursive=true.",
-        _schema(tool_args.FsRemove),
+        tool_args.FsRemove,
         _out({"path": STR, "removed": BOOL}),
-        read_only=False,
-        destructive=True,
-        idempotent=True,
-        handler=fs_remove,
-        policy="fs_write",
+        REMOVES,
+        "fs_write",
     ),
-    ToolSpec(
-        "fs_move",
+    _tool(
+        fs_move,
         "Move a path",
         "Move or rename a file or directory.",
-        _schema(tool_args.FsMove),
+        tool_args.FsMove,
         FILE_INFO | {"required": ["path"]},
-        read_only=False,
-        destructive=True,
-        idempotent=False,
-        handler=fs_move,
-        policy="fs_write",
+        DESTROYS,
+        "fs_write",
     ),
-    ToolSpec(
-        "fs_mkdir",
+    _tool(
+        fs_mkdir,
         "Make a directory",
         "Create a directory (and its parents, unless parents=false).",
-        _schema(tool_args.FsMkdir),
+        tool_args.FsMkdir,
         FILE_INFO | {"required": ["path"]},
-        read_only=False,
-        destructive=False,
-        idempotent=True,
-        handler=fs_mkdir,
-        policy="fs_write",
+        SETS,
+        "fs_write",
     ),
-    ToolSpec(
-        "browser_open",
+    _tool(
+        browser_open,
         "Open a web page",
         "Open a URL in a headless browser inside the sandbox (its network policy applies to "
         "every request and redirect). Without handle a new page is opened and its handle "
         "returned; with handle that page navigates. Returns the final url, HTTP status, "
         "title and the page's readable text (cut at max_chars, then truncated=true).",
-        _schema(tool_args.BrowserOpen),
+        tool_args.BrowserOpen,
         _out(
             {
                 **PAGE_STATE,
@@ -910,21 +884,17 @@ TOOLS: list[ToolSpec] = [
                 "truncated": BOOL,
             }
         ),
-        read_only=False,
-        destructive=False,
-        idempotent=False,
-        handler=browser_open,
-        policy="browser",
-        open_world=True,
+        OPENS_WEB,
+        "browser",
     ),
-    ToolSpec(
-        "browser_snapshot",
+    _tool(
+        browser_snapshot,
         "Snapshot a page's elements",
         "A compact accessibility tree of the page: landmarks, headings, links, buttons and "
         "inputs, each with a ref (e12) for browser_click / browser_type / browser_press. "
         "Refs stay valid until the page navigates or changes; then take a new snapshot. "
         "text=true also returns the page's readable text.",
-        _schema(tool_args.BrowserSnapshot),
+        tool_args.BrowserSnapshot,
         _out(
             {
                 **PAGE_STATE,
@@ -936,59 +906,44 @@ TOOLS: list[ToolSpec] = [
             },
             ["handle", "url", "title", "snapshot", "refs", "truncated"],
         ),
-        read_only=True,
-        destructive=False,
-        idempotent=True,
-        handler=browser_snapshot,
-        policy="browser",
+        READS,
+        "browser",
     ),
-    ToolSpec(
-        "browser_click",
+    _tool(
+        browser_click,
         "Click an element",
         "Click the element with this ref (from browser_snapshot). Returns the page's url and "
         "title and whether it navigated.",
-        _schema(tool_args.BrowserClick),
+        tool_args.BrowserClick,
         ACTION_RESULT,
-        read_only=False,
-        destructive=True,
-        idempotent=False,
-        handler=browser_click,
-        policy="browser",
-        open_world=True,
+        ACTS_ON_WEB,
+        "browser",
     ),
-    ToolSpec(
-        "browser_type",
+    _tool(
+        browser_type,
         "Type into a field",
         "Replace the value of a text field (or choose a select option by its label) with "
         "text; submit=true then presses Enter.",
-        _schema(tool_args.BrowserType),
+        tool_args.BrowserType,
         ACTION_RESULT,
-        read_only=False,
-        destructive=True,
-        idempotent=False,
-        handler=browser_type,
-        policy="browser",
-        open_world=True,
+        ACTS_ON_WEB,
+        "browser",
     ),
-    ToolSpec(
-        "browser_press",
+    _tool(
+        browser_press,
         "Press a key",
         "Press a key or chord (Enter, Tab, ArrowDown, Control+A, ...) on the element with ref, "
         "or on whatever has focus.",
-        _schema(tool_args.BrowserPress),
+        tool_args.BrowserPress,
         ACTION_RESULT,
-        read_only=False,
-        destructive=True,
-        idempotent=False,
-        handler=browser_press,
-        policy="browser",
-        open_world=True,
+        ACTS_ON_WEB,
+        "browser",
     ),
-    ToolSpec(
-        "browser_screenshot",
+    _tool(
+        browser_screenshot,
         "Screenshot a page",
         "A PNG of the viewport (full_page=true: the whole page), base64 in png_base64.",
-        _schema(tool_args.BrowserScreenshot),
+        tool_args.BrowserScreenshot,
         _out(
             {
                 **PAGE_STATE,
@@ -999,24 +954,18 @@ TOOLS: list[ToolSpec] = [
                 "file": NULL_STR,
             }
         ),
-        read_only=True,
-        destructive=False,
-        idempotent=True,
-        handler=browser_screenshot,
-        policy="browser",
+        READS,
+        "browser",
     ),
-    ToolSpec(
-        "browser_close",
+    _tool(
+        browser_close,
         "Close a page",
         "Close the page (its browser context, cookies included). The browser itself stops "
         "with its last page; idle pages close by themselves.",
-        _schema(tool_args.BrowserClose),
+        tool_args.BrowserClose,
         _out({"handle": STR, "closed": BOOL}),
-        read_only=False,
-        destructive=False,
-        idempotent=True,
-        handler=browser_close,
-        policy="browser",
+        SETS,
+        "browser",
     ),
 ]
 
@@ -1058,11 +1007,8 @@ def _desktop_tool(
     output: dict[str, Any], handler: Handler, *, read_only: bool = False,
     policy: PolicyKind = "desktop",
 ) -> ToolSpec:  # fmt: skip
-    return ToolSpec(
-        name, title, description, inputs, output,
-        read_only=read_only, destructive=not read_only, idempotent=read_only,
-        handler=handler, policy=policy,
-    )  # fmt: skip
+    effect = READS if read_only else DESTROYS
+    return ToolSpec(name, title, description, inputs, output, effect, handler, policy)
 
 
 TOOLS += [

@@ -134,31 +134,12 @@ class EgressCA:
         """A fresh certificate (and its key) for the host ``name``, signed by this CA."""
         host = normalize_host(name)
         key = ec.generate_private_key(ec.SECP256R1())
-        now = _now()
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
         cert = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - BACKDATE)
-            .not_valid_after(now + LEAF_VALIDITY)
+            _builder(subject, self.cert.subject, key, LEAF_VALIDITY)
             .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage("digital_signature"), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
             .add_extension(
@@ -216,7 +197,6 @@ class EgressCA:
 
 
 def _ca_certificate(key: ec.EllipticCurvePrivateKey) -> x509.Certificate:
-    now = _now()
     name = x509.Name(
         [
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "agentbox"),
@@ -224,28 +204,38 @@ def _ca_certificate(key: ec.EllipticCurvePrivateKey) -> x509.Certificate:
         ]
     )
     return (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - BACKDATE)
-        .not_valid_after(now + CA_VALIDITY)
+        _builder(name, name, key, CA_VALIDITY)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage("key_cert_sign", "crl_sign"), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
         .sign(key, hashes.SHA256())
     )
+
+
+def _builder(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    validity: datetime.timedelta,
+) -> x509.CertificateBuilder:
+    """A certificate for ``key``, valid from a little before now (clock skew) for ``validity``."""
+    now = _now()
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + validity)
+    )
+
+
+_KEY_USAGES = ("digital_signature", "content_commitment", "key_encipherment",
+               "data_encipherment", "key_agreement", "key_cert_sign", "crl_sign",
+               "encipher_only", "decipher_only")  # fmt: skip
+
+
+def _key_usage(*allowed: str) -> x509.KeyUsage:
+    """A KeyUsage extension that allows exactly ``allowed``."""
+    return x509.KeyUsage(**{usage: usage in allowed for usage in _KEY_USAGES})

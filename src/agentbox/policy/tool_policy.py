@@ -275,6 +275,19 @@ class Decision:
         """Allowed and no approval needed."""
         return self.allowed and not self.needs_approval
 
+    @classmethod
+    def allow(cls, reason: str, programs: tuple[str, ...] = ()) -> Decision:
+        return cls(True, False, None, reason, programs)
+
+    @classmethod
+    def deny(cls, rule: str | None, reason: str, programs: tuple[str, ...] = ()) -> Decision:
+        return cls(False, False, rule, reason, programs)
+
+    @classmethod
+    def hold(cls, rule: str, reason: str, programs: tuple[str, ...] = ()) -> Decision:
+        """Allowed once a person approves it."""
+        return cls(True, True, rule, reason, programs)
+
 
 def _collapse(text: str) -> str:
     return " ".join(text.split())
@@ -349,7 +362,7 @@ class CommandPolicy:
             denied = self._denied_decision(exc.programs)
             if denied is not None:
                 return denied, False
-            return Decision(False, False, exc.rule, exc.message, tuple(exc.programs)), False
+            return Decision.deny(exc.rule, exc.message, tuple(exc.programs)), False
         analysis.path_changed = analysis.path_changed or path_env
         unknown, resolved, used_sandbox = _identities(analysis, resolve)
         decision = self._decide_analysed(command, analysis, resolved, unknown)
@@ -369,21 +382,16 @@ class CommandPolicy:
             return denied
         whole = _collapse(" ".join(command) if isinstance(command, list) else command)
         targets = _Targets(whole, analysis)
-        for pattern in self.deny_patterns:
-            matched = targets.match(pattern)
-            if matched is not None:
-                return Decision(
-                    False,
-                    False,
-                    f"tools.{self.tool}.deny: {pattern.text}",
-                    f"`{matched}` matches the deny pattern {pattern.text!r} of {self.tool}. Do "
-                    "the task without it, or ask the operator.",
-                    programs,
-                )
+        if hit := targets.first(self.deny_patterns):
+            pattern, matched = hit
+            return Decision.deny(
+                f"tools.{self.tool}.deny: {pattern.text}",
+                f"`{matched}` matches the deny pattern {pattern.text!r} of {self.tool}. Do "
+                "the task without it, or ask the operator.",
+                programs,
+            )
         if self.allow is not None and unknown:
-            return Decision(
-                False,
-                False,
+            return Decision.deny(
                 RULE_UNKNOWN_IDENTITY,
                 f"`{unknown[0]}` {_UNKNOWN_WHY}, so it is not the program of that name on the "
                 f"allow list of {self.tool}. Run the program by its name from the system PATH "
@@ -395,9 +403,7 @@ class CommandPolicy:
             for program in dict.fromkeys(resolved):
                 if program not in self.allow and program not in SHELL_BUILTINS:
                     listed = ", ".join(sorted(self.allow)) or "(none)"
-                    return Decision(
-                        False,
-                        False,
+                    return Decision.deny(
                         f"tools.{self.tool}.allow",
                         f"`{program}` is not on the allow list of {self.tool}. Allowed "
                         f"programs: {listed} (plus shell builtins such as cd, echo, test). Use "
@@ -407,9 +413,7 @@ class CommandPolicy:
         decision = self._approval_decision(targets, analysis, programs)
         if decision.needs_approval or not unknown or not (self.deny or self.deny_patterns):
             return decision
-        return Decision(
-            True,
-            True,
+        return Decision.hold(
             RULE_UNKNOWN_IDENTITY,
             f"`{unknown[0]}` {_UNKNOWN_WHY}: it could be a denied program under another name, "
             "so it runs only after a human approves it. Run programs by their name from the "
@@ -421,9 +425,7 @@ class CommandPolicy:
         programs = tuple(found)
         for program in programs:
             if program in self.deny:
-                return Decision(
-                    False,
-                    False,
+                return Decision.deny(
                     f"tools.{self.tool}.deny: {program}",
                     f"`{program}` is denied by the {self.tool} policy (deny list: "
                     f"{', '.join(sorted(self.deny))}). Do the task without it, or ask the "
@@ -435,29 +437,24 @@ class CommandPolicy:
     def _approval_decision(
         self, targets: _Targets, analysis: CommandAnalysis, programs: tuple[str, ...]
     ) -> Decision:
-        for pattern in self.approval:
-            matched = targets.match(pattern)
-            if matched is not None:
-                return Decision(
-                    True,
-                    True,
-                    f"tools.{self.tool}.approval: {pattern.text}",
-                    f"`{matched}` matches the approval pattern {pattern.text!r}: it runs only "
-                    "after a human approves it. Wait for the approval, or choose a less "
-                    "risky command.",
-                    programs,
-                )
+        if hit := targets.first(self.approval):
+            pattern, matched = hit
+            return Decision.hold(
+                f"tools.{self.tool}.approval: {pattern.text}",
+                f"`{matched}` matches the approval pattern {pattern.text!r}: it runs only "
+                "after a human approves it. Wait for the approval, or choose a less "
+                "risky command.",
+                programs,
+            )
         for program in _PRIVILEGED:
             if program in analysis.privileged:
-                return Decision(
-                    True,
-                    True,
+                return Decision.hold(
                     f"privilege escalation: {program}",
                     f"`{program}` escalates privileges: it runs only after a human approves "
                     f"it. Run the command without {program} if you can.",
                     programs,
                 )
-        return Decision(True, False, None, f"allowed (runs: {', '.join(programs)})", programs)
+        return Decision.allow(f"allowed (runs: {', '.join(programs)})", programs)
 
 
 _UNSEEN_ENV = IDENTITY_VARIABLES | CODE_VARIABLES
@@ -524,6 +521,14 @@ class _Targets:
         for pipeline in self.pipelines:
             if pattern.matches_pipeline(pipeline):
                 return " | ".join(cmd.render() for cmd in pipeline)
+        return None
+
+    def first(self, patterns: Iterable[CommandPattern]) -> tuple[CommandPattern, str] | None:
+        """The first of ``patterns`` that matches, with what it matched, or None."""
+        for pattern in patterns:
+            matched = self.match(pattern)
+            if matched is not None:
+                return pattern, matched
         return None
 
 
@@ -647,14 +652,12 @@ class FilePolicy:
     def _common(self, path: str, size: int | None, tool: str) -> tuple[Decision | None, str]:
         if not path or "\x00" in path:
             reason = "the path is empty or contains a NUL byte; send a valid sandbox path"
-            return Decision(False, False, "invalid path", reason), ""
+            return Decision.deny("invalid path", reason), ""
         norm = self.resolve(path)
         rel = self._relative(norm)
         if rel is None:
             return (
-                Decision(
-                    False,
-                    False,
+                Decision.deny(
                     f"tools.{tool}.root: {self.root}",
                     f"{norm} is outside {self.root}, the root of {tool}; use a path under "
                     f"{self.root}.",
@@ -663,9 +666,7 @@ class FilePolicy:
             )
         if size is not None and self.max_bytes is not None and size > self.max_bytes:
             return (
-                Decision(
-                    False,
-                    False,
+                Decision.deny(
                     f"tools.{tool}.max_bytes",
                     f"{norm} is {size} bytes, over the {tool} limit of {self.max_bytes} bytes; "
                     "split the content or read/write a smaller range.",
@@ -677,7 +678,7 @@ class FilePolicy:
     def check_read(self, path: str, size: int | None = None) -> Decision:
         """May the file tool read ``path`` (of ``size`` bytes, if known)?"""
         denied, norm = self._common(path, size, self.read_tool)
-        return denied or Decision(True, False, None, f"allowed: read {norm}")
+        return denied or Decision.allow(f"allowed: read {norm}")
 
     def check_write(self, path: str, size: int | None = None, *, whole: bool = True) -> Decision:
         """May the file tool write/edit/remove ``path`` (new size ``size``, if known)?
@@ -693,14 +694,12 @@ class FilePolicy:
         for prot in self.protected:
             if prot.matches(rel, whole):
                 what = "is protected" if prot.regex.fullmatch(rel) else "contains protected paths"
-                return Decision(
-                    False,
-                    False,
+                return Decision.deny(
                     f"tools.{self.write_tool}.protected: {prot.pattern}",
                     f"{norm} {what} ({prot.pattern!r}); {self.write_tool} refuses to change it"
                     " (or to link to it). Change a different file, or ask the operator.",
                 )
-        return Decision(True, False, None, f"allowed: write {norm}")
+        return Decision.allow(f"allowed: write {norm}")
 
     def check_resolved(self, path: str, access: Access) -> Decision:
         """The write check of a canonical path the file layer is about to act on, for
@@ -709,7 +708,7 @@ class FilePolicy:
         ``protected`` (outside ``root`` is fine: a write through the link is judged where
         it lands, so the root still holds)."""
         if access == "symlink_to" and self._relative(self.resolve(path)) is None:
-            return Decision(True, False, None, f"allowed: link to {path}")
+            return Decision.allow(f"allowed: link to {path}")
         return self.check_write(path, whole=access == "write")
 
     def check_move(self, src: str, dst: str) -> Decision:

@@ -1,3 +1,4 @@
+# Whole on purpose: each lifecycle step beside the one store, lock and live table it must share
 """The sandbox lifecycle on one host: create, get, list, exec, destroy.
 
 State lives in SQLite (``runtime.store``); a sandbox is a set of host resources

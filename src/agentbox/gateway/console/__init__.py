@@ -1,4 +1,5 @@
-"""The web console: one static page served at ``/``, its script and style under ``/console/``.
+"""The web console: its page served at ``/``, its script, style and desktop view under
+``/console/``; both pages are put together once from their parts (:mod:`.pages`).
 
 The page carries no data, so these routes need no token. The operator pastes the operator
 token into the page, which keeps it in a JavaScript variable only (never storage, cookies
@@ -20,6 +21,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from agentbox.errors import NotFound
+from agentbox.gateway.console.pages import PAGES, render
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; connect-src 'self'; "
@@ -54,8 +56,11 @@ PAGE = "index.html"
 def console_router() -> APIRouter:
     """``GET /`` (the page) and ``GET /console/{asset}``; the files are read once, here."""
     files = resources.files(__name__)
-    page = files.joinpath(PAGE).read_bytes()
-    assets = {name: files.joinpath(name).read_bytes() for name in ASSETS}
+    page = render(PAGE)
+    assets = {
+        name: render(name) if name in PAGES else files.joinpath(name).read_bytes()
+        for name in ASSETS
+    }
     router = APIRouter(include_in_schema=False)
 
     @router.get("/")

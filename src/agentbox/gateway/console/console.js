@@ -236,10 +236,16 @@ function updateSandboxRow(row, sandbox) {
   }
 }
 
+// A list endpoint's records ordered by created_at, newest or oldest first.
+async function listByAge(path, newestFirst) {
+  const list = await api("GET", path);
+  const items = Array.isArray(list) ? list : [];
+  const sign = newestFirst ? -1 : 1;
+  return items.sort((a, b) => sign * ((a.created_at || 0) - (b.created_at || 0)));
+}
+
 async function refreshSandboxes() {
-  const list = await api("GET", "/v1/sandboxes");
-  const sandboxes = Array.isArray(list) ? list : [];
-  sandboxes.sort((a, b) => (b.created_at || 0) - (a.created_at || 0));
+  const sandboxes = await listByAge("/v1/sandboxes", true);
   syncRows($("sandboxes-rows"), sandboxes, (s) => s.id, buildSandboxRow, updateSandboxRow,
     "No sandboxes.");
   const counts = {};
@@ -325,9 +331,7 @@ function updateApprovalRow(row, approval) {
 }
 
 async function refreshApprovals() {
-  const list = await api("GET", "/v1/approvals?status=pending");
-  const pending = Array.isArray(list) ? list : [];
-  pending.sort((a, b) => (a.created_at || 0) - (b.created_at || 0));
+  const pending = await listByAge("/v1/approvals?status=pending", false);
   syncRows($("approvals-rows"), pending, (a) => a.id, buildApprovalRow, updateApprovalRow,
     "Nothing waits for a decision.");
   // Commands and new egress names (network mode ask) wait in the one queue.

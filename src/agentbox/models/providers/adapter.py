@@ -160,6 +160,12 @@ async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[ServerSentE
         yield event
 
 
+def _check_status(response: aiohttp.ClientResponse, body: bytes) -> None:
+    """Raises the classified failure of a response that is not a 2xx."""
+    if not 200 <= response.status < 300:
+        raise failure_from_response(response.status, response.headers, body, response.reason or "")
+
+
 class Adapter(ABC):
     """One provider: translates ``ChatRequest`` to its wire format and back.
 
@@ -169,6 +175,7 @@ class Adapter(ABC):
 
     kind: ClassVar[str]
     default_base_url: ClassVar[str]
+    path: ClassVar[str]  # the endpoint, below base_url
 
     def __init__(self, settings: ProviderSettings, env: Mapping[str, str] | None = None) -> None:
         self.settings = settings
@@ -198,8 +205,8 @@ class Adapter(ABC):
         self._http: aiohttp.ClientSession | None = None  # made on first use, on the loop
 
     # The wire format -------------------------------------------------------------------
-    @abstractmethod
-    def url(self) -> str: ...
+    def url(self) -> str:
+        return self.base_url + self.path
 
     @abstractmethod
     def headers(self) -> dict[str, str]: ...
@@ -223,20 +230,20 @@ class Adapter(ABC):
 
     # Calls ---------------------------------------------------------------------------
     def _post(self, request: ChatRequest, stream: bool) -> Any:
-        if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(timeout=self._timeout)
         body = self.payload(request, stream)
         if request.extra and request.extra_kind == self.kind:
             body = {**request.extra, **body}  # what we set wins
+        return self._send(self.url(), body, self.request_headers(request))
+
+    def _send(self, url: str, body: dict[str, Any], headers: dict[str, str]) -> Any:
+        """The POST of ``body`` as JSON (an aiohttp request context manager)."""
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession(timeout=self._timeout)
         return self._http.post(
-            self.url(),
+            url,
             proxy=self._proxy,
             data=json.dumps(body).encode(),
-            headers={
-                "Content-Type": "application/json",
-                **self.headers(),
-                **self.request_headers(request),
-            },
+            headers={"Content-Type": "application/json", **self.headers(), **headers},
             allow_redirects=False,  # a key must not travel to another host
         )
 
@@ -247,10 +254,7 @@ class Adapter(ABC):
                 body = await _read_capped(response)
         except TRANSPORT_ERRORS as e:
             raise failure_from_exception(e) from e
-        if not 200 <= response.status < 300:
-            raise failure_from_response(
-                response.status, response.headers, body, response.reason or ""
-            )
+        _check_status(response, body)
         try:
             return self.parse(json.loads(body), request)
         except _SHAPE_ERRORS as e:
@@ -261,10 +265,7 @@ class Adapter(ABC):
         try:
             async with self._post(request, stream=True) as response:
                 if not 200 <= response.status < 300:
-                    body = await _read_capped(response)
-                    raise failure_from_response(
-                        response.status, response.headers, body, response.reason or ""
-                    )
+                    _check_status(response, await _read_capped(response))
                 source = aiter(_events(response))
                 async for event in self.events(source, request):
                     yield event
@@ -288,23 +289,12 @@ class Adapter(ABC):
                          headers: dict[str, str] | None = None) -> Any:  # fmt: skip
         """One JSON POST to ``url`` (not retried), its parsed answer; failures classified."""
         self._check_key()
-        if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(timeout=self._timeout)
         try:
-            async with self._http.post(
-                url,
-                proxy=self._proxy,
-                data=json.dumps(body).encode(),
-                headers={"Content-Type": "application/json", **self.headers(), **(headers or {})},
-                allow_redirects=False,
-            ) as response:
+            async with self._send(url, body, headers or {}) as response:
                 raw = await _read_capped(response)
         except TRANSPORT_ERRORS as e:
             raise failure_from_exception(e) from e
-        if not 200 <= response.status < 300:
-            raise failure_from_response(
-                response.status, response.headers, raw, response.reason or ""
-            )
+        _check_status(response, raw)
         try:
             return json.loads(raw)
         except ValueError as e:

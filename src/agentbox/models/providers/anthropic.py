@@ -200,9 +200,7 @@ def _messages(messages: list[Message]) -> list[dict[str, Any]]:
 class AnthropicAdapter(Adapter):
     kind = "anthropic"
     default_base_url = "https://api.anthropic.com"
-
-    def url(self) -> str:
-        return f"{self.base_url}/v1/messages"
+    path = "/v1/messages"
 
     def headers(self) -> dict[str, str]:
         headers = {"anthropic-version": API_VERSION}
@@ -258,7 +256,7 @@ class AnthropicAdapter(Adapter):
     async def count_tokens(self, request: ChatRequest) -> int | None:
         # The counting endpoint takes only what shapes the input (no max_tokens, stream …).
         body = {k: v for k, v in self.payload(request, stream=False).items() if k in _COUNTED}
-        data = await self._post_json(f"{self.base_url}/v1/messages/count_tokens", body,
+        data = await self._post_json(f"{self.url()}/count_tokens", body,
                                      self.request_headers(request))  # fmt: skip
         try:
             return int(data["input_tokens"])

@@ -96,12 +96,14 @@ def _error_in_body(data: Any) -> ProviderFailure | None:
     return None
 
 
+# Request fields OpenAI takes as they are, under the same name, when set.
+_AS_IS = ("max_tokens", "temperature", "top_p", "reasoning_effort", "verbosity")
+
+
 class OpenAIAdapter(Adapter):
     kind = "openai"
     default_base_url = "https://api.openai.com/v1"
-
-    def url(self) -> str:
-        return f"{self.base_url}/chat/completions"
+    path = "/chat/completions"
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
@@ -113,12 +115,7 @@ class OpenAIAdapter(Adapter):
             "model": self.model_of(request),
             "messages": messages,
         }
-        if request.max_tokens is not None:
-            body["max_tokens"] = request.max_tokens
-        if request.temperature is not None:
-            body["temperature"] = request.temperature
-        if request.top_p is not None:
-            body["top_p"] = request.top_p
+        body |= {k: v for k in _AS_IS if (v := getattr(request, k)) is not None}
         if request.stop:
             body["stop"] = request.stop
         if request.tools and request.tool_choice:
@@ -130,10 +127,6 @@ class OpenAIAdapter(Adapter):
             )
         if request.tools and request.parallel_tool_calls is not None:
             body["parallel_tool_calls"] = request.parallel_tool_calls
-        if request.reasoning_effort is not None:
-            body["reasoning_effort"] = request.reasoning_effort
-        if request.verbosity is not None:
-            body["verbosity"] = request.verbosity
         if request.tools:
             body["tools"] = [
                 {
