@@ -79,6 +79,30 @@ def host_resources(home: Path) -> dict[str, Any]:
             "nft": nft, "processes": sorted(processes), "dirs": sandbox_dirs, "images": images}  # fmt: skip
 
 
+def leaked_cgroups(new: set[str], home: Path) -> list[str]:
+    """The cgroups of ``new`` that are not another home's: another home's sandbox has its
+    bubblewrap or runsc (named by that home) in its cgroup, or goes away within seconds when it
+    was ending; a leak of this home's stays, empty or with this home's processes."""
+
+    def foreign(cgroup: str) -> bool:
+        for procs in Path(cgroup).rglob("cgroup.procs"):
+            with contextlib.suppress(OSError):
+                for pid in procs.read_text().split():
+                    with contextlib.suppress(OSError):
+                        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                        launcher = b"bwrap" in cmdline or b"runsc" in cmdline
+                        if launcher and str(home).encode() not in cmdline:
+                            return True
+        return False
+
+    deadline = time.monotonic() + 10
+    while True:  # bounded: another home's ending sandbox is gone within seconds
+        suspects = [c for c in sorted(new) if Path(c).exists() and not foreign(c)]
+        if not suspects or time.monotonic() > deadline:
+            return suspects
+        time.sleep(0.2)
+
+
 def test_sigkill_during_50_creates_then_restart(home: Path) -> None:
     gw = Gateway(home)
     gw.start()
@@ -129,8 +153,9 @@ def test_sigkill_during_50_creates_then_restart(home: Path) -> None:
     runtime.destroy(kept)
     after = host_resources(home)
     # Cgroups are named by sandbox, not by home: one that ended meanwhile may be another
-    # home's (an earlier test's sandbox going away); none may be new.
-    assert set(after.pop("cgroups")) <= set(before.pop("cgroups"))
+    # home's (an earlier test's sandbox going away), one that is new may be another home's
+    # live sandbox; none of this home's may be new.
+    assert not leaked_cgroups(set(after.pop("cgroups")) - set(before.pop("cgroups")), home)
     assert after == before
 
 
