@@ -24,7 +24,7 @@ from agentbox.errors import AgentboxError, SandboxLost
 from fakeproviders import FakeProvider, Reply
 from pgkit import PgServer
 
-AGENTS = int(os.environ.get("AGENTBOX_CLUSTER_AGENTS", "20"))
+AGENTS = int(os.environ.get("AGENTBOX_CLUSTER_AGENTS", "50"))
 T = TypeVar("T")
 
 
