@@ -4,14 +4,15 @@ events, file up- and downloads pass through as they come).
 
 Where a request goes:
 
-    POST /v1/sandboxes, POST /v1/snapshots/ID/restore   placement (cluster/placement.py)
+    POST /v1/sandboxes, POST /v1/snapshots/ID/restore   placement (cluster/placement.py;
+                                                        a node's warm pool first)
     /v1/sandboxes/ID/...                                ID's node (the registry)
     POST /v1/tools/NAME, POST /mcp                      arguments.sandbox_id, else the
                                                         session token's sandbox
     POST /v1/tokens                                     its sandbox's node
     GET /v1/sandboxes                                   every ready node, lists joined
     GET /v1/audit, GET /v1/events (no sandbox)          every ready node, merged (fanout.py)
-    /e2b/...                                            by sandbox, as above (e2b_routes.py)
+    /e2b/..., Host PORT-ID.DOMAIN, /files?signature=    by sandbox, as above (e2b_routes.py)
     anything else (tokens, approvals, tasks, ...)       any ready node: that state is shared
 
 The replica authenticates the bearer token against the shared table before routing (a
