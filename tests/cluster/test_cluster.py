@@ -112,10 +112,23 @@ def destroy_all(cluster: Cluster, ids: list[str]) -> None:
             c.delete(f"/v1/sandboxes/{sandbox}")
 
 
+def pg_connections(cluster: Cluster) -> int:
+    """The cluster's connections to its database now (each process keeps one per thread
+    that used it: after a burst, about its peak)."""
+    import psycopg
+
+    with psycopg.connect(cluster.state_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) - 1 if row else 0  # less this one
+
+
 def test_concurrent_agents_through_both_replicas(cluster: Cluster) -> None:
     done, errors = run_agents(cluster, AGENTS)
     lost = lost_work(cluster, done)
     report(f"{AGENTS} concurrent agents", len(errors), lost)
+    print(f"[cluster] PostgreSQL connections after {AGENTS} agents: {pg_connections(cluster)}")
     assert not errors, errors[:3]
     assert lost == 0
     nodes = placed(cluster)
