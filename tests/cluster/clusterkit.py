@@ -187,6 +187,18 @@ class Cluster:
         wait_for(f"gateway {name}", ready)
 
 
+def placed(cluster: Cluster) -> dict[str, str]:
+    """sandbox id -> node, from the joined listing of every node."""
+    with cluster.client("gw-1") as c:
+        return {r["id"]: r["node"] for r in c.get("/v1/sandboxes").raise_for_status().json()}
+
+
+def destroy_all(cluster: Cluster, ids: list[str]) -> None:
+    with cluster.client("gw-1") as c:
+        for sandbox in ids:
+            c.delete(f"/v1/sandboxes/{sandbox}")
+
+
 def _config(
     cluster: Cluster,
     name: str,

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import httpx2
 import pytest
-from clusterkit import AGENTBOX, LOST_AFTER_S, Cluster, wait_for
+from clusterkit import AGENTBOX, LOST_AFTER_S, Cluster, destroy_all, placed, wait_for
 
 from agentbox.client.remote import GatewayClient, RemoteRuntime
 from agentbox.errors import AgentboxError, SandboxLost
@@ -98,18 +98,6 @@ def run_agents(cluster: Cluster, count: int) -> tuple[list[Work], list[BaseExcep
             except BaseException as e:  # counted and shown, not raised one by one
                 errors.append(e)
     return done, errors
-
-
-def placed(cluster: Cluster) -> dict[str, str]:
-    """sandbox id -> node, from the joined listing of every node."""
-    with cluster.client("gw-1") as c:
-        return {r["id"]: r["node"] for r in c.get("/v1/sandboxes").raise_for_status().json()}
-
-
-def destroy_all(cluster: Cluster, ids: list[str]) -> None:
-    with cluster.client("gw-1") as c:
-        for sandbox in ids:
-            c.delete(f"/v1/sandboxes/{sandbox}")
 
 
 def pg_connections(cluster: Cluster) -> int:

@@ -23,6 +23,14 @@ def use(monkeypatch: pytest.MonkeyPatch, cluster: Cluster, gateway: str) -> None
     monkeypatch.setenv("E2B_API_KEY", E2B_KEY)
 
 
+def kill_all(boxes: list[Sandbox]) -> None:
+    for sb in boxes:
+        try:
+            Sandbox.kill(sb.sandbox_id)
+        except Exception as e:  # already gone: fine
+            print(f"kill {sb.sandbox_id}: {e}")
+
+
 def test_the_e2b_sdk_through_a_replica(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     tag = secrets.token_hex(4)
     use(monkeypatch, cluster, "gw-1")
@@ -48,11 +56,7 @@ def test_the_e2b_sdk_through_a_replica(cluster: Cluster, monkeypatch: pytest.Mon
         with pytest.raises(NotFoundException):
             Sandbox.connect(boxes[1].sandbox_id)
     finally:
-        for sb in boxes:
-            try:
-                Sandbox.kill(sb.sandbox_id)
-            except Exception as e:  # already gone: fine
-                print(f"kill {sb.sandbox_id}: {e}")
+        kill_all(boxes)
 
 
 def test_port_hosts_and_signed_file_urls_through_a_replica(
@@ -102,8 +106,4 @@ def test_port_hosts_and_signed_file_urls_through_a_replica(
             wrong = {"e2b-traffic-access-token": str(other.traffic_access_token)}
             assert client.get("/signed.txt", headers=wrong).status_code == 401
     finally:
-        for sb in boxes:
-            try:
-                Sandbox.kill(sb.sandbox_id)
-            except Exception as e:  # already gone: fine
-                print(f"kill {sb.sandbox_id}: {e}")
+        kill_all(boxes)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusterkit import Cluster, running_cluster, wait_for
+from clusterkit import Cluster, destroy_all, placed, running_cluster, wait_for
 
 from agentbox.client.remote import GatewayClient, RemoteRuntime
 from pgkit import PgServer
@@ -73,17 +73,6 @@ def create(cluster: Cluster, gateway: str, spec: dict[str, Any]) -> dict[str, An
         return dict(answer.json())
 
 
-def placed(cluster: Cluster) -> dict[str, str]:
-    with cluster.client("gw-1") as c:
-        return {r["id"]: r["node"] for r in c.get("/v1/sandboxes").raise_for_status().json()}
-
-
-def destroy(cluster: Cluster, ids: list[str]) -> None:
-    with cluster.client("gw-1") as c:
-        for sandbox in ids:
-            c.delete(f"/v1/sandboxes/{sandbox}")
-
-
 def test_a_create_through_replica_b_claims_the_warm_one_on_its_node(pooled: Cluster) -> None:
     warm = full_pool(pooled)
     # Through gw-2 (node-1 is as empty; only the pool makes node-2 the place).
@@ -103,7 +92,7 @@ def test_a_create_through_replica_b_claims_the_warm_one_on_its_node(pooled: Clus
     assert not fixed["from_pool"]
     refilled = full_pool(pooled)  # the node tops its pool up; the report follows
     assert not set(refilled) & set(warm)
-    destroy(pooled, [first["id"], second["id"], fixed["id"]])
+    destroy_all(pooled, [first["id"], second["id"], fixed["id"]])
 
 
 def test_concurrent_creates_through_both_replicas_never_share_a_warm_one(pooled: Cluster) -> None:
@@ -118,5 +107,5 @@ def test_concurrent_creates_through_both_replicas_never_share_a_warm_one(pooled:
     assert set(warm) <= set(claimed)  # both replicas sent creates to the warm ones
     nodes = placed(pooled)
     assert all(nodes[sandbox] == NODE for sandbox in claimed)
-    destroy(pooled, ids)
+    destroy_all(pooled, ids)
     full_pool(pooled)
