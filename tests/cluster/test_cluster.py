@@ -116,7 +116,9 @@ def test_concurrent_agents_through_both_replicas(cluster: Cluster) -> None:
     done, errors = run_agents(cluster, AGENTS)
     lost = lost_work(cluster, done)
     report(f"{AGENTS} concurrent agents", len(errors), lost)
-    print(f"[cluster] PostgreSQL connections after {AGENTS} agents: {pg_connections(cluster)}")
+    connections = pg_connections(cluster)
+    print(f"[cluster] PostgreSQL connections after {AGENTS} agents: {connections}")
+    assert connections < 100  # PostgreSQL's default max_connections (was 129: one per thread)
     assert not errors, errors[:3]
     assert lost == 0
     nodes = placed(cluster)
