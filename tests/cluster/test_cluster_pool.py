@@ -85,6 +85,7 @@ def test_a_create_through_replica_b_claims_the_warm_one_on_its_node(pooled: Clus
     rt = RemoteRuntime(GatewayClient(pooled.gateway_urls["gw-1"], pooled.token, timeout=120))
     try:  # a claimed one is the create's: its environment, reachable through the other replica
         assert rt.commands(first["id"]).run("echo $WHO").stdout == "first\n"
+        assert rt.get(first["id"]).from_pool  # the SDK's record says so too
     finally:
         rt.client.close()
     # A create naming a launch-time setting is not steered by the pool (it may not match).
