@@ -187,6 +187,18 @@ class Cluster:
         wait_for(f"gateway {name}", ready)
 
 
+def placed(cluster: Cluster) -> dict[str, str]:
+    """sandbox id -> node, from the joined listing of every node."""
+    with cluster.client("gw-1") as c:
+        return {r["id"]: r["node"] for r in c.get("/v1/sandboxes").raise_for_status().json()}
+
+
+def destroy_all(cluster: Cluster, ids: list[str]) -> None:
+    with cluster.client("gw-1") as c:
+        for sandbox in ids:
+            c.delete(f"/v1/sandboxes/{sandbox}")
+
+
 def _config(
     cluster: Cluster,
     name: str,
@@ -216,14 +228,15 @@ def running_cluster(
     base: Path,
     nodes: int = 3,
     gateways: int = 2,
-    warm: int = 0,
+    warm: int | dict[str, int] = 0,
     extra_yaml: str = "",
     env: dict[str, str] | None = None,
     heartbeat: float = HEARTBEAT_S,
 ) -> Iterator[Cluster]:
     """``pg_url``: an empty database (migrated here). Node homes live under ``base``.
     ``extra_yaml``: more top-level sections for every part (providers, tasks);
-    ``heartbeat``: seconds (tests beat fast to detect a dead node fast)."""
+    ``heartbeat``: seconds (tests beat fast to detect a dead node fast); ``warm``: every
+    node's warm pool size, or per node name (absent: none)."""
     migrate(pg_url)
     base.mkdir(parents=True, exist_ok=True)
     base.chmod(0o711)  # sandboxes run as their own uids: they traverse to their node's home
@@ -236,7 +249,8 @@ def running_cluster(
         home = base / name
         home.mkdir(parents=True)
         node_block = _NODE.format(name=name, node_port=port, index=i)
-        config = _config(cluster, name, free_port(), warm, node_block, extra_yaml, heartbeat)
+        size = warm.get(name, 0) if isinstance(warm, dict) else warm
+        config = _config(cluster, name, free_port(), size, node_block, extra_yaml, heartbeat)
         cluster.nodes[name] = Proc(
             name,
             [AGENTBOX, "node", "--config", str(config)],

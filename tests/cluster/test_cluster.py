@@ -17,14 +17,14 @@ from typing import TypeVar
 
 import httpx2
 import pytest
-from clusterkit import AGENTBOX, LOST_AFTER_S, Cluster, wait_for
+from clusterkit import AGENTBOX, LOST_AFTER_S, Cluster, destroy_all, placed, wait_for
 
 from agentbox.client.remote import GatewayClient, RemoteRuntime
 from agentbox.errors import AgentboxError, SandboxLost
 from fakeproviders import FakeProvider, Reply
 from pgkit import PgServer
 
-AGENTS = int(os.environ.get("AGENTBOX_CLUSTER_AGENTS", "20"))
+AGENTS = int(os.environ.get("AGENTBOX_CLUSTER_AGENTS", "50"))
 T = TypeVar("T")
 
 
@@ -100,22 +100,25 @@ def run_agents(cluster: Cluster, count: int) -> tuple[list[Work], list[BaseExcep
     return done, errors
 
 
-def placed(cluster: Cluster) -> dict[str, str]:
-    """sandbox id -> node, from the joined listing of every node."""
-    with cluster.client("gw-1") as c:
-        return {r["id"]: r["node"] for r in c.get("/v1/sandboxes").raise_for_status().json()}
+def pg_connections(cluster: Cluster) -> int:
+    """The cluster's connections to its database now (each process keeps one per thread
+    that used it: after a burst, about its peak)."""
+    import psycopg
 
-
-def destroy_all(cluster: Cluster, ids: list[str]) -> None:
-    with cluster.client("gw-1") as c:
-        for sandbox in ids:
-            c.delete(f"/v1/sandboxes/{sandbox}")
+    with psycopg.connect(cluster.state_url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) - 1 if row else 0  # less this one
 
 
 def test_concurrent_agents_through_both_replicas(cluster: Cluster) -> None:
     done, errors = run_agents(cluster, AGENTS)
     lost = lost_work(cluster, done)
     report(f"{AGENTS} concurrent agents", len(errors), lost)
+    connections = pg_connections(cluster)
+    print(f"[cluster] PostgreSQL connections after {AGENTS} agents: {connections}")
+    assert connections < 100  # PostgreSQL's default max_connections (was 129: one per thread)
     assert not errors, errors[:3]
     assert lost == 0
     nodes = placed(cluster)

@@ -42,13 +42,15 @@ def test_a_matching_create_claims_a_warm_sandbox(runtime: Runtime) -> None:
     assert time.perf_counter() - start < 1.0
     assert claimed.id == warm.id and claimed.state == "running"
     assert claimed.spec.project == "team-x" and claimed.pool is None
+    assert claimed.from_pool and runtime.get(claimed.id).to_dict()["from_pool"]
     assert claimed.expires_at is not None and abs(claimed.expires_at - time.time() - 600) < 5
     r = runtime.commands(claimed.id).run("echo $WHO; hostname")
     assert r.stdout == f"claimer\n{claimed.id}\n"
     types = [(e["type"], e["reason"]) for e in runtime.store.events_after(0, sandbox=warm.id)]
     assert types == [("pooled", "pool"), ("created", "operator")]
     # no warm one left: the next create is a cold one
-    assert runtime.create(BASE).id != warm.id
+    cold = runtime.create(BASE)
+    assert cold.id != warm.id and not cold.from_pool
 
 
 def test_only_the_fixed_settings_must_match(runtime: Runtime) -> None:

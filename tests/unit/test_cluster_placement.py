@@ -9,7 +9,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from agentbox.cluster import pki
-from agentbox.cluster.placement import rank
+from agentbox.cluster.placement import rank, warm_counts
 from agentbox.cluster.registry import Node
 from agentbox.config.settings import parse_settings
 from agentbox.errors import CapacityExceeded, InvalidRequest
@@ -55,6 +55,19 @@ def test_template_holders_first_and_only_live_nodes() -> None:
         node("gone", state="unreachable"),
     ]
     assert ranked(nodes) == ["warm", "cold"]
+
+
+def test_a_node_with_a_warm_sandbox_first_less_what_this_replica_sent_to_claim() -> None:
+    pool = {"pools": [{"template": "default", "size": 2, "ready": 2, "ids": ["sb-1", "sb-2"]}]}
+    nodes = [node("busy", sandboxes=4, capacity=pool), node("idle")]
+    warm = warm_counts(nodes, "default", {"env": {"A": "1"}}, {})
+    assert warm == {"busy": 2}
+    assert ranked(nodes, warm=warm) == ["busy", "idle"]  # a claim beats an empty node
+    assert warm_counts(nodes, "default", {}, {"busy": 2}) == {}  # both already sent there
+    assert warm_counts(nodes, "other", {}, {}) == {}  # another template's pool
+    # A request naming a launch-time setting may not match the pool's key: not steered.
+    assert warm_counts(nodes, "default", {"memory": "1g"}, {}) == {}
+    assert ranked(nodes, warm={}) == ["idle", "busy"]
 
 
 def test_isolation_tier_and_labels_filter() -> None:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 
 from agentbox.errors import StateUnavailable
-from agentbox.state.postgres import PostgresDB, migrate
+from agentbox.state.postgres import IDLE_MAX, PostgresDB, migrate
 from pgkit import PgServer
 
 WRITE = "INSERT INTO nodes (id, address, registered_at, heartbeat_at) VALUES (?, 'a', 0, 0)"
@@ -48,4 +49,33 @@ def test_one_broken_connection_refreshes_every_threads(postgres: PgServer) -> No
     go.set()
     thread.join(60)
     assert outcomes["other"] == "ok"  # reconnected before its statement
+    db.close()
+
+
+def test_connections_follow_concurrent_statements_not_threads(postgres: PgServer) -> None:
+    """A node's request threads each touch the database; the process keeps at most
+    IDLE_MAX connections after, not one per thread (129 for 50 agents on three nodes,
+    over PostgreSQL's default max_connections of 100)."""
+    import psycopg
+
+    url = postgres.new_database()
+    migrate(url)
+    db = PostgresDB(url)
+    threads = 40
+    barrier = threading.Barrier(threads)
+
+    def use(_: int) -> int:
+        barrier.wait(60)  # every call on its own thread, all alive at once
+        with db.tx() as conn:  # a transaction holds its connection to the end
+            conn.execute(WRITE, (f"t{threading.get_ident()}",))
+        return int(db.conn().execute("SELECT 1").fetchone()[0])
+
+    with ThreadPoolExecutor(threads) as pool:
+        assert sum(pool.map(use, range(threads))) == threads
+        with psycopg.connect(url, autocommit=True) as probe:
+            row = probe.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid()"
+            ).fetchone()
+        assert row is not None and row[0] <= IDLE_MAX  # the threads are still alive
     db.close()

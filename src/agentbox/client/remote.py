@@ -150,6 +150,8 @@ def _record(data: dict[str, Any]) -> SandboxRecord:
     # The gateway shows the public part of the spec; the rest (env, lifetime) stays there.
     spec = {k: data[k] for k in SandboxRecord.PUBLIC_SPEC if data.get(k) is not None}
     spec["isolation"] = data.get("isolation") or "namespaces"
+    if data.get("from_pool"):  # record.from_pool, as on the gateway's side
+        spec["from_pool"] = True
     return SandboxRecord(
         id=data["id"],
         slot=-1,

@@ -4,7 +4,15 @@
     GET /e2b/sandboxes, GET /e2b/v2/sandboxes           every ready node, lists merged
     /e2b/sandboxes/ID/..., /e2b/v2/sandboxes/ID/...     ID's node
     envd (/e2b/files, /e2b/SERVICE/METHOD)              the ``E2b-Sandbox-Id`` header's node
+    Host PORT-ID.DOMAIN (``sandbox.get_host``)          ID's node, the Host kept (its port)
+    /files?signature=... (``download_url``/``upload_url``)  each ready node in turn, until
+                                                        one does not answer 401
     anything else (/e2b/snapshots, ...)                 any ready node (shared state)
+
+A signed file URL names no sandbox: its signature is made with the sandbox's envd token,
+which only the node that made the sandbox can compute (its own key), so the replica asks
+the nodes in turn; every other node answers 401 (the signature matches none of its
+sandboxes).
 
 The replica does not authenticate these: E2B keys and envd access tokens are the node's
 to check (every node reads the same keys and the shared ``e2b_sandboxes`` table), and a
@@ -20,11 +28,12 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.responses import JSONResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agentbox.cluster.node_client import NodeClient
 from agentbox.cluster.registry import Node
 from agentbox.errors import AgentboxError
+from agentbox.gateway.e2b import ports
 from agentbox.gateway.e2b.models import e2b_error
 
 PREFIX = "/e2b"
@@ -46,8 +55,18 @@ def is_e2b(path: str) -> bool:
     return path == PREFIX or path.startswith(PREFIX + "/")
 
 
-def route(scope: Scope) -> tuple[str, str | None]:
-    """("create" | "list" | "sandbox" | "any", the sandbox id for "sandbox")."""
+def is_e2b_root(scope: Scope, hosts: re.Pattern[str]) -> bool:
+    """A request of the E2B SDKs outside ``/e2b``: a port host or a signed file URL."""
+    return ports.port_host(scope, hosts) is not None or ports.signed_files(scope)
+
+
+def route(scope: Scope, hosts: re.Pattern[str]) -> tuple[str, str | None]:
+    """("create" | "list" | "sandbox" | "port" | "signed" | "any", the sandbox id for
+    "sandbox" and "port")."""
+    if match := ports.port_host(scope, hosts):
+        return "port", match.group(2)
+    if ports.signed_files(scope):
+        return "signed", None
     path, method = scope["path"], scope["method"]
     if _CREATE.match(path):
         return ("create" if method == "POST" else "list"), None
@@ -96,3 +115,17 @@ async def merged_list(
         else None
     )
     await JSONResponse(page, headers=out)(scope, receive, send)
+
+
+class PortHostsFirst:
+    """The replica's outermost layer, as ``ports.PortHosts`` is on one host: a request to
+    a port host skips the Host check (its Host names the sandbox, not the replica) and
+    goes to ``replica``; the rest go through ``guarded``. The body is capped by the
+    node's own port-host layer, which reads it."""
+
+    def __init__(self, guarded: ASGIApp, replica: ASGIApp, hosts: re.Pattern[str]) -> None:
+        self.guarded, self.replica, self.hosts = guarded, replica, hosts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        app = self.replica if ports.port_host(scope, self.hosts) else self.guarded
+        await app(scope, receive, send)

@@ -4,14 +4,15 @@ events, file up- and downloads pass through as they come).
 
 Where a request goes:
 
-    POST /v1/sandboxes, POST /v1/snapshots/ID/restore   placement (cluster/placement.py)
+    POST /v1/sandboxes, POST /v1/snapshots/ID/restore   placement (cluster/placement.py;
+                                                        a node's warm pool first)
     /v1/sandboxes/ID/...                                ID's node (the registry)
     POST /v1/tools/NAME, POST /mcp                      arguments.sandbox_id, else the
                                                         session token's sandbox
     POST /v1/tokens                                     its sandbox's node
     GET /v1/sandboxes                                   every ready node, lists joined
     GET /v1/audit, GET /v1/events (no sandbox)          every ready node, merged (fanout.py)
-    /e2b/...                                            by sandbox, as above (e2b_routes.py)
+    /e2b/..., Host PORT-ID.DOMAIN, /files?signature=    by sandbox, as above (e2b_routes.py)
     anything else (tokens, approvals, tasks, ...)       any ready node: that state is shared
 
 The replica authenticates the bearer token against the shared table before routing (a
@@ -32,6 +33,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -51,6 +53,7 @@ from agentbox.errors import (
     StateUnavailable,
 )
 from agentbox.gateway.auth import TokenStore
+from agentbox.gateway.e2b.ports import host_pattern
 from agentbox.gateway.rest_errors import error_response
 from agentbox.policy.principal import Principal
 from agentbox.state.db import Database
@@ -126,8 +129,10 @@ class ClusterGateway:
         audit: AuditLog | None = None,
         chain: ChainShipper | None = None,
         ws: ws_relay.WebSocketRelay | None = None,
+        e2b_domain: str = "e2b.localhost",
     ) -> None:
         self.ws = ws
+        self.port_hosts = host_pattern(e2b_domain)  # sandbox.get_host(port)
         self._recording: set[asyncio.Task[None]] = set()
         self.db = db
         self.audit = audit  # this replica's own chain: one record per routed request
@@ -139,6 +144,8 @@ class ClusterGateway:
         self.lost_after = lost_after_seconds
         # Creates this replica placed per node since the heartbeats it ranks by.
         self._placed: dict[str, list[float]] = {}
+        # Creates this replica sent to claim a node's warm sandbox, likewise.
+        self._claimed: dict[str, list[float]] = {}
         self._sweeper: asyncio.Task[None] | None = None
         self._where: dict[str, tuple[Placement, float]] = {}
         self._cache_s = min(1.0, heartbeat_seconds)
@@ -279,6 +286,9 @@ class ClusterGateway:
     # routing ---------------------------------------------------------------------------
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
+        if e2b_routes.is_e2b_root(scope, self.port_hosts):  # routed by Host or signature
+            await self._e2b(scope, receive, send)
+            return
         if path == "/healthz":
             await JSONResponse({"status": "ok"})(scope, receive, send)
             return
@@ -356,8 +366,12 @@ class ClusterGateway:
             await e2b_routes.error(e)(scope, receive, send)
 
     async def _e2b_routed(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind, sandbox = e2b_routes.route(scope)
-        if kind == "create":
+        kind, sandbox = e2b_routes.route(scope, self.port_hosts)
+        if kind == "port":  # the node's own port-host layer reads the Host: keep it
+            scope["agentbox.keep_host"] = True
+        if kind == "signed":
+            await self._signed_files(scope, send, await _read_body(receive))
+        elif kind == "create":
             await self._create(scope, receive, send, await _read_body(receive))
         elif kind == "list":
             nodes = await self._ready_nodes()
@@ -492,17 +506,31 @@ class ClusterGateway:
         if not isinstance(request, dict):
             raise InvalidRequest("the body must be a JSON object")
         nodes, age = await self._node_list()
+        template = str(request.get("template") or "default")
+        warm = {}
+        if not _RESTORE_PATH.match(scope["path"]):  # a restore is never a warm one
+            _recent(self._claimed, self.lost_after)  # drops old stamps
+            now = time.monotonic()
+            # Only claims sent since a node's heartbeat are not in its pool count yet.
+            claimed = {
+                n.id: sum(1 for t in self._claimed.get(n.id, ()) if t > now - n.heartbeat_age - age)
+                for n in nodes
+            }
+            warm = placement.warm_counts(nodes, template, request, claimed)
         ranked = placement.rank(
             nodes,
-            template=str(request.get("template") or "default"),
+            template=template,
             isolation=isolation if isinstance(isolation := request.get("isolation"), str) else None,
             labels={},
             lost_after=self.lost_after - age,  # the list's heartbeat ages are ``age`` old
-            placed=self._recently_placed(),
+            placed=_recent(self._placed, 2 * self.heartbeat_seconds),
+            warm=warm,
         )
         error: NodeUnreachable | None = None
         for node in ranked[:_CREATE_ATTEMPTS]:
             self._placed.setdefault(node.id, []).append(time.monotonic())
+            if warm.get(node.id):  # counted off its pool until a heartbeat shows the claim
+                self._claimed.setdefault(node.id, []).append(time.monotonic())
             try:
                 await self._proxy(node.id, node.address, scope, send, body)
                 return
@@ -512,14 +540,6 @@ class ClusterGateway:
                 error = e  # refused before anything was sent: the next node
         assert error is not None
         raise error
-
-    def _recently_placed(self) -> dict[str, int]:
-        horizon = time.monotonic() - 2 * self.heartbeat_seconds
-        counts = {}
-        for node, stamps in self._placed.items():
-            stamps[:] = [t for t in stamps if t > horizon]
-            counts[node] = len(stamps)
-        return counts
 
     async def _list(self, scope: Scope, receive: Receive, send: Send, principal: Principal) -> None:
         if principal.sandbox_id is not None:
@@ -541,6 +561,40 @@ class ClusterGateway:
                 records.extend(dict(r, node=node.id) for r in data)
         await JSONResponse(records)(scope, receive, send)
 
+    async def _signed_files(self, scope: Scope, send: Send, body: bytes) -> None:
+        """A signed file URL: to each ready node until one knows the signature (the
+        others answer 401; e2b_routes.py says why)."""
+        nodes = await self._ready_nodes()
+        if not nodes:
+            raise NodeUnreachable("no cluster node is ready: retry shortly", retry_after=2)
+        for node in nodes:
+            last = node is nodes[-1]
+            try:
+                response = await self._open(node.id, node.address, scope, body)
+            except NodeUnreachable as e:
+                if e.details.get("delivered") or last:
+                    raise
+                continue
+            if response.status_code == 401 and not last:
+                await response.aclose()
+                continue
+            await self._relay(response, send)
+            return
+
+    async def _open(
+        self, node: str, address: str, scope: Scope, content: bytes | AsyncIterator[bytes]
+    ) -> httpx2.Response:
+        scope["agentbox.node"] = node
+        target = scope.get("raw_path") or scope["path"].encode()
+        query = scope.get("query_string", b"")
+        path = target.decode("latin-1") + (("?" + query.decode("latin-1")) if query else "")
+        host = None
+        if scope.get("agentbox.keep_host"):
+            host = next((v for k, v in scope["headers"] if k.lower() == b"host"), None)
+        return await self.nodes.open(
+            address, scope["method"], path, list(scope["headers"]), content, node, host=host
+        )
+
     async def _proxy(
         self,
         node: str,
@@ -549,13 +603,10 @@ class ClusterGateway:
         send: Send,
         content: bytes | AsyncIterator[bytes],
     ) -> None:
-        scope["agentbox.node"] = node
-        target = scope.get("raw_path") or scope["path"].encode()
-        query = scope.get("query_string", b"")
-        path = target.decode("latin-1") + (("?" + query.decode("latin-1")) if query else "")
-        response = await self.nodes.open(
-            address, scope["method"], path, list(scope["headers"]), content, node
-        )
+        await self._relay(await self._open(node, address, scope, content), send)
+
+    async def _relay(self, response: httpx2.Response, send: Send) -> None:
+        """The node's answer, as it streams, to the client (closed after)."""
         try:
             headers = [
                 (k, v)
@@ -573,6 +624,16 @@ class ClusterGateway:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await response.aclose()
+
+
+def _recent(stamps_by_node: dict[str, list[float]], seconds: float) -> dict[str, int]:
+    """Per node, how many of its stamps are under ``seconds`` old (older ones dropped)."""
+    horizon = time.monotonic() - seconds
+    counts = {}
+    for node, stamps in stamps_by_node.items():
+        stamps[:] = [t for t in stamps if t > horizon]
+        counts[node] = len(stamps)
+    return counts
 
 
 def create_cluster_app(settings: GatewaySettings, *, operator_token: str, home: Path) -> ASGIApp:
@@ -604,10 +665,12 @@ def create_cluster_app(settings: GatewaySettings, *, operator_token: str, home: 
         audit,
         chain,
         ws_relay.WebSocketRelay(context),
+        settings.e2b.domain,
     )
     hosts = allowed_hosts(settings.gateway.listen, settings.gateway.allowed_hosts)
     origins = [f"http://{h}" for h in hosts] + [f"https://{h}" for h in hosts]
     origins += settings.gateway.allowed_origins
-    return HostAndSizeGuard(
+    guard = HostAndSizeGuard(
         replica, hosts=hosts, origins=origins, max_body=settings.gateway.max_body_bytes
     )
+    return e2b_routes.PortHostsFirst(guard, replica, replica.port_hosts)

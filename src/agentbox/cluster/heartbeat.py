@@ -23,6 +23,7 @@ from typing import Any
 
 from agentbox.cluster.node_runtime import NodeRuntime
 from agentbox.errors import AgentboxError
+from agentbox.runtime.record import SandboxRecord
 
 log = logging.getLogger(__name__)
 # Records that are sandboxes a caller holds (not a warm pool's, nor half-made/removed).
@@ -44,8 +45,10 @@ class Heartbeat:
         address: str,
         labels: dict[str, str],
         interval: float,
+        pool_sizes: dict[str, int] | None = None,
     ) -> None:
         self.runtime = runtime
+        self.pool_sizes = pool_sizes or {}  # template -> the warm pool size it is kept at
         self.registry = runtime.registry
         self.node = runtime.node_id
         self.address = address
@@ -54,14 +57,30 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def capacity(self, sandboxes: int) -> dict[str, Any]:
+    def capacity(self, records: list[SandboxRecord]) -> dict[str, Any]:
+        templates = self.runtime.templates.list()
         return {
             "memory_free_bytes": memory_available(),
             "cpus": os.cpu_count() or 1,
             "load1": round(os.getloadavg()[0], 2),
-            "sandboxes": sandboxes,
-            "templates": [t.name for t in self.runtime.templates.list()],
+            "sandboxes": sum(1 for r in records if r.state in _LIVE),
+            "templates": [t.name for t in templates],
+            "pools": self.pools(records, {t.name: t.digest for t in templates}),
         }
+
+    def pools(self, records: list[SandboxRecord], digests: dict[str, str]) -> list[dict[str, Any]]:
+        """The warm pools as a replica steers creates by them: per template, its size and
+        the warm sandboxes a create can claim now (made from the template's current
+        digest; a stale one is being replaced)."""
+        ready: dict[str, list[str]] = {name: [] for name in self.pool_sizes}
+        for record in records:
+            if record.state == "pooled" and digests.get(record.template) == record.template_digest:
+                ready.setdefault(record.template, []).append(record.id)
+        return [
+            {"template": name, "size": self.pool_sizes.get(name, 0), "ready": len(ids),
+             "ids": ids}
+            for name, ids in sorted(ready.items())
+        ]  # fmt: skip
 
     def reconcile(self) -> dict[str, list[str]]:
         rows = self.registry.on_node(self.node)
@@ -86,8 +105,8 @@ class Heartbeat:
     def beat(self) -> dict[str, list[str]]:
         """One reconcile and heartbeat; raises StateUnavailable without the database."""
         done = self.reconcile()
-        count = sum(1 for r in self.runtime.store.list() if r.state in _LIVE)
-        self.registry.heartbeat(self.node, self.address, self.labels, self.capacity(count))
+        capacity = self.capacity(self.runtime.store.list())
+        self.registry.heartbeat(self.node, self.address, self.labels, capacity)
         if done["destroyed"] or done["dropped"]:
             log.warning("cluster reconcile on %s: %s", self.node, done)
         elif done["claimed"]:  # usually a create between its build and its row: harmless

@@ -53,7 +53,12 @@ def create_node_app(
         home=home,
         runtime=runtime,
     )
-    heartbeat = Heartbeat(runtime, node.advertise, node.labels, cluster.heartbeat_seconds)
+    warm = settings.sandbox.warm_pool
+    sizes = warm if isinstance(warm, dict) else {settings.sandbox.template: warm}
+    heartbeat = Heartbeat(
+        runtime, node.advertise, node.labels, cluster.heartbeat_seconds,
+        {name: size for name, size in sizes.items() if size > 0},
+    )  # fmt: skip
     # The node's own audit chain (its home's log, as on one host), copied to the cluster's
     # database for `agentbox audit verify --cluster`; the CLI starts and stops it.
     app.state.audit_chain = ChainShipper(

@@ -71,13 +71,15 @@ class NodeClient:
         headers: list[tuple[bytes, bytes]],
         body: bytes | AsyncIterator[bytes],
         node: str,
+        host: bytes | None = None,
     ) -> httpx2.Response:
         """The node's response, headers read and body still streaming (close it).
+        ``host``: the Host to send instead of the node's (an E2B port host, which the
+        node routes by; TLS still checks the node's own name).
         Raises NodeUnreachable when no connection could be made (nothing was sent)."""
         http = self._pool(address)
-        request = http.build_request(
-            method, address + target, headers=forwarded_headers(headers), content=body
-        )
+        sent = forwarded_headers(headers) + ([(b"host", host)] if host else [])
+        request = http.build_request(method, address + target, headers=sent, content=body)
         try:
             return await http.send(request, stream=True)
         except (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout) as e:

@@ -72,6 +72,11 @@ class SandboxRecord:
         return str(pool) if pool else None
 
     @property
+    def from_pool(self) -> bool:
+        """Whether a create claimed it warm from a pool (no launch on its create's path)."""
+        return bool(self._raw.get("from_pool"))
+
+    @property
     def isolation(self) -> str:
         """``namespaces`` (the default tier) or ``gvisor`` (see ``runtime.tiers``)."""
         return str(self._raw.get("isolation") or "namespaces")
@@ -107,15 +112,21 @@ class SandboxRecord:
             "isolation": self.isolation,
             "created_at": self.created_at,
             "expires_at": self.expires_at,
+            "from_pool": self.from_pool,
             **{k: self._raw.get(k) for k in PUBLIC_SPEC},
         }
 
 
-def stored(spec: SandboxSpec | StoredSpec, pool: str | None = None) -> str:
-    """The JSON text a record keeps for ``spec`` (and a warm sandbox's pool key)."""
+def stored(
+    spec: SandboxSpec | StoredSpec, pool: str | None = None, *, from_pool: bool = False
+) -> str:
+    """The JSON text a record keeps for ``spec`` (and a warm sandbox's pool key, or that a
+    create claimed it from one)."""
     data = spec.model_dump(mode="json")
     if pool is not None:
         data["pool"] = pool
+    if from_pool:
+        data["from_pool"] = True
     return json.dumps(data)
 
 

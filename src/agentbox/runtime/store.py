@@ -184,7 +184,7 @@ class Store:
                 limit = Admission(max_per_project=admission.max_per_project)
                 _admit(db, type(self.db), limit, spec)
             expires = min(time.time() + lifetime, float(row["created_at"]) + max_age)
-            text = stored(spec)
+            text = stored(spec, from_pool=True)
             db.execute(
                 "UPDATE sandboxes SET state='running', spec=?, expires_at=? WHERE id=?",
                 (text, expires, row["id"]),

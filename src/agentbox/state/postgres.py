@@ -1,9 +1,15 @@
 """The stores on PostgreSQL (``gateway.state: postgresql://…``): many gateway replicas
 and nodes share one database.
 
-One connection per thread, in autocommit (like the SQLite side, so store code is the
-same); the schema comes from ``agentbox db migrate`` (see :mod:`agentbox.state.migrations`)
-and is checked once per process: a replica never migrates by itself.
+Each thread has its own handle (``conn()``, like the SQLite side, so store code is the
+same), in autocommit; a handle holds a connection only for a statement or a transaction,
+and gives it back to the process's idle connections after (at most ``IDLE_MAX`` kept).
+A process's connections are thus about its concurrent statements, not every thread that
+ever touched the database: a node's request threads (64 for tools, 40 for sync routes)
+held one each, and 50 agents on three nodes kept 129 connections open, more than
+PostgreSQL's default ``max_connections`` of 100. The schema comes from ``agentbox db
+migrate`` (see :mod:`agentbox.state.migrations`) and is checked once per process: a
+replica never migrates by itself.
 
 When the server restarts, every open connection breaks. A broken connection is dropped
 and the call that found it retried once on a new one when that is safe (a ``SELECT``
@@ -30,6 +36,8 @@ from agentbox.errors import StateUnavailable
 from agentbox.state.db import Database
 
 CONNECT_TIMEOUT_S = 5
+IDLE_MAX = 8  # idle connections a process keeps; more are made while statements overlap
+_IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 class Row(tuple[Any, ...]):
@@ -73,37 +81,58 @@ def _lock_key(name: str) -> int:
 
 
 class _Conn:
-    """One thread's connection; ``execute`` speaks the stores' SQL."""
+    """One thread's handle; ``execute`` speaks the stores' SQL. ``raw`` is the connection
+    it holds: during a statement, and from ``BEGIN`` to its end."""
 
     def __init__(self, db: PostgresDB) -> None:
         self._db = db
         self.generation = db.generation
-        self.raw = db.connect()
+        self.raw: psycopg.Connection[Row] | None = None
         self.in_tx = False
 
     def close(self) -> None:
-        self.raw.close()
+        if self.raw is not None:
+            self.raw.close()
+            self.raw = None
 
     def __del__(self) -> None:
         # Its thread ended (thread-locals go with it): hang up rather than leak the socket.
-        raw = getattr(self, "raw", None)  # None: the connection was never made
+        raw = getattr(self, "raw", None)  # None: no connection held
         if raw is not None:
             raw.close()
+
+    def held(self) -> psycopg.Connection[Row]:
+        """The connection, taken from the idle ones (or made) if none is held."""
+        if self.raw is None:
+            self.raw, self.generation = self._db.borrow()
+        return self.raw
+
+    def release(self) -> None:
+        """Give the connection back unless a transaction is open on it (the cursor a
+        statement returned keeps its rows: psycopg reads them all at ``execute``)."""
+        raw = self.raw
+        if raw is not None and not self.in_tx and raw.info.transaction_status == _IDLE:
+            self.raw = None
+            self._db.give_back(raw, self.generation)
 
     def execute(self, sql: str, parameters: Sequence[Any] = (), /) -> psycopg.Cursor[Row]:
         retry = not self.in_tx and sql.lstrip()[:6].upper() in ("SELECT", "BEGIN")
         try:
-            return self.raw.execute(_sql(sql), tuple(parameters))
+            return self.held().execute(_sql(sql), tuple(parameters))
         except psycopg.OperationalError as e:
             self._db.drop(self)
             if not retry:
                 raise self._db.unavailable(e) from e
+        finally:
+            self.release()
         fresh = self._db.conn()  # the server may be back already: one more try
         try:
-            return fresh.raw.execute(_sql(sql), tuple(parameters))
+            return fresh.held().execute(_sql(sql), tuple(parameters))
         except psycopg.OperationalError as e:
             self._db.drop(fresh)
             raise self._db.unavailable(e) from e
+        finally:
+            fresh.release()
 
 
 class PostgresDB(Database):
@@ -119,11 +148,18 @@ class PostgresDB(Database):
         self._check_schema = check_schema
         self._checked = False
         self._local = threading.local()
+        self._idle: list[tuple[psycopg.Connection[Row], int]] = []
+        self._idle_lock = threading.Lock()
         # Bumped whenever a thread finds its connection broken: the server went away, so
-        # every other thread's connection is stale too and is replaced before its next
-        # statement, instead of each thread failing one call of its own (a pool of 64
-        # request threads would fail 64 calls after a PostgreSQL restart).
+        # every other connection is stale too and is replaced before its next statement,
+        # instead of each thread failing one call of its own (a pool of 64 request
+        # threads would fail 64 calls after a PostgreSQL restart).
         self.generation = 0
+
+    def __del__(self) -> None:
+        # Dropped without close() (a test's, a command's): hang up the idle connections.
+        for raw, _ in getattr(self, "_idle", ()):
+            raw.close()
 
     def connect(self) -> psycopg.Connection[Row]:
         try:
@@ -147,6 +183,27 @@ class PostgresDB(Database):
             self._checked = True
         return raw
 
+    def borrow(self) -> tuple[psycopg.Connection[Row], int]:
+        """An idle connection of the current generation, else a new one."""
+        while True:
+            with self._idle_lock:
+                if not self._idle:
+                    break
+                raw, generation = self._idle.pop()
+            if generation == self.generation and not (raw.closed or raw.broken):
+                return raw, generation
+            raw.close()  # from before the server went away
+        generation = self.generation
+        return self.connect(), generation
+
+    def give_back(self, raw: psycopg.Connection[Row], generation: int) -> None:
+        if generation == self.generation and not (raw.closed or raw.broken):
+            with self._idle_lock:
+                if len(self._idle) < IDLE_MAX:
+                    self._idle.append((raw, generation))
+                    return
+        raw.close()
+
     def unavailable(self, e: Exception) -> StateUnavailable:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return StateUnavailable(
@@ -158,17 +215,20 @@ class PostgresDB(Database):
     def drop(self, conn: _Conn) -> None:
         if conn.generation == self.generation:
             self.generation += 1  # a racing increment is as good: staleness is all it says
-        conn.raw.close()
+        if conn.raw is not None:
+            conn.raw.close()
+            conn.raw = None
         if getattr(self._local, "conn", None) is conn:
             self._local.conn = None
 
     def conn(self) -> _Conn:
         conn: _Conn | None = getattr(self._local, "conn", None)
+        raw = conn.raw if conn is not None else None
         # Mid-transaction a stale generation is left alone: the transaction's own
         # statements find out, and roll back.
         stale = conn is not None and conn.generation != self.generation and not conn.in_tx
-        if conn is not None and (conn.raw.closed or conn.raw.broken or stale):
-            conn.raw.close()
+        if conn is not None and raw is not None and (raw.closed or raw.broken or stale):
+            raw.close()
             self._local.conn = conn = None
         if conn is None:
             conn = self._local.conn = _Conn(self)
@@ -186,11 +246,21 @@ class PostgresDB(Database):
             yield conn
         except BaseException:
             conn.in_tx = False
-            if not (conn.raw.closed or conn.raw.broken):
-                conn.raw.execute("ROLLBACK")
+            raw = conn.raw
+            if raw is not None and not (raw.closed or raw.broken):
+                raw.execute("ROLLBACK")
+                conn.release()
             raise
         conn.in_tx = False
         conn.execute("COMMIT")
+
+    def close(self) -> None:
+        """This thread's connection and the idle ones (a later call connects again)."""
+        super().close()
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for raw, _ in idle:
+            raw.close()
 
 
 def migrate(url: str) -> tuple[int, list[int]]:
@@ -205,14 +275,14 @@ def migrate(url: str) -> tuple[int, list[int]]:
                 "CREATE TABLE IF NOT EXISTS schema_version (version BIGINT PRIMARY KEY,"
                 " name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)"
             )
-            before = _version(conn.raw) or 0
+            before = _version(conn.held()) or 0
             if before > LATEST:
-                check_version(conn.raw, db.where)  # raises: newer than we know
+                check_version(conn.held(), db.where)  # raises: newer than we know
             applied = []
             for version, name, sql in MIGRATIONS:
                 if version <= before:
                     continue
-                conn.raw.execute(sql)  # DDL is transactional: all or nothing
+                conn.held().execute(sql)  # DDL is transactional: all or nothing
                 conn.execute(
                     "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?)",
                     (version, name, time.time()),

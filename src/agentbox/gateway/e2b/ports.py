@@ -34,17 +34,11 @@ class PortHosts:
     ) -> None:  # fmt: skip
         self.app, self.e2b, self.gateway, self.access = app, e2b, gateway, access
         self.max_body = max_body
-        self.pattern = re.compile(
-            rf"^([0-9]{{1,5}})-(sb-[0-9a-f]+)\.{re.escape(domain.lower())}(?::[0-9]+)?$"
-        )
+        self.pattern = host_pattern(domain)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = None
-        if scope["type"] == "http":
-            for key, value in scope["headers"]:
-                if key == b"host":
-                    match = self.pattern.match(value.decode("latin-1").lower())
-        if match is None and _signed_files(scope):
+        match = port_host(scope, self.pattern)
+        if match is None and signed_files(scope):
             length = dict(scope["headers"]).get(b"content-length", b"0")
             if not length.isdigit() or int(length) > self.max_body:
                 too_big = e2b_error(413, f"the body must have a length under {self.max_body}")
@@ -87,7 +81,22 @@ class PortHosts:
         )
 
 
-def _signed_files(scope: Scope) -> bool:
+def host_pattern(domain: str) -> re.Pattern[str]:
+    """``PORT-ID.DOMAIN`` (any port after it): groups port and sandbox id."""
+    return re.compile(rf"^([0-9]{{1,5}})-(sb-[0-9a-f]+)\.{re.escape(domain.lower())}(?::[0-9]+)?$")
+
+
+def port_host(scope: Scope, pattern: re.Pattern[str]) -> re.Match[str] | None:
+    """The match of an HTTP request's Host against ``pattern`` (None: not a port host)."""
+    if scope["type"] != "http":
+        return None
+    for key, value in scope["headers"]:
+        if key == b"host":
+            return pattern.match(value.decode("latin-1").lower())
+    return None
+
+
+def signed_files(scope: Scope) -> bool:
     return bool(
         scope["type"] == "http"
         and scope["path"] == "/files"
