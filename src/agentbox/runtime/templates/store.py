@@ -65,7 +65,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import re
 import secrets
 import shutil
@@ -222,7 +221,7 @@ class TemplateStore:
             "suite": suite,
             "packages": pkgs,
             "mirror": mirror or host_sources or "mmdebstrap-default",
-            "arch": platform.machine(),
+            "arch": os.uname().machine,
         }
         digest = "sha256:" + _sha256_json(recipe)
         if self._has_digest(digest):
