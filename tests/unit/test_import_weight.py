@@ -31,9 +31,11 @@ HEAVY = (
     "uvloop",
     "zstandard",
 )
-# Standard modules that cost a one-shot script a few ms each for one value (``uuid`` loads
-# ``platform``, which probes the C library): os.urandom and os.uname give the same.
-STDLIB_HEAVY = ("platform", "uuid")
+# Standard modules that cost a one-shot script a few ms each: for one value (``uuid``
+# loads ``platform``, which probes the C library; os.urandom and os.uname give the same),
+# for a rare warning (``logging``, with traceback and string) or for what a create never
+# does (``tarfile``: importing an image, snapshots, uploads).
+STDLIB_HEAVY = ("logging", "platform", "tarfile", "uuid")
 # Also absent until a call needs them: asyncio (AsyncSandbox only: sync users and the CLI
 # never run a loop), pydantic (validating a spec: create, not exec) and pyseccomp
 # (compiling the seccomp filter, cached on disk after the first time).
