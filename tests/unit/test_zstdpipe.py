@@ -116,24 +116,3 @@ def test_the_forward_reader_never_seeks_back() -> None:
     out = io.BytesIO()
     assert stream.copy_into(out, 500, 64) == 149  # what was left, not what was asked
     assert out.getvalue() == bytes(range(51, 200))
-
-
-def test_a_reused_buffer_is_hashed_as_it_was_written(tmp_path: Path) -> None:
-    # Big writes are hashed on a thread while they go down the pipe, small ones (tar
-    # headers) at once: the digest keeps their order, and the caller may overwrite its
-    # buffer as soon as write() returns (BufferedWriter does).
-    data = payload()
-    sizes = [512, CHUNK, 100, 3 * CHUNK // 2, 10_240]
-    buffer = bytearray(max(sizes))
-    target = tmp_path / "out.zst"
-    with target.open("wb") as out, zstdpipe.writer(out, level=3) as w:
-        at, turn = 0, 0
-        while at < len(data):
-            piece = data[at : at + sizes[turn % len(sizes)]]
-            buffer[: len(piece)] = piece
-            assert w.write(memoryview(buffer)[: len(piece)]) == len(piece)
-            buffer[:] = bytes(len(buffer))  # what a reused buffer does next
-            at, turn = at + len(piece), turn + 1
-    assert w.sha256.hexdigest() == hashlib.sha256(data).hexdigest()
-    with target.open("rb") as f:
-        assert zstandard.ZstdDecompressor().stream_reader(f).read() == data
