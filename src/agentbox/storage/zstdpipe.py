@@ -3,13 +3,12 @@ process of its own, the SHA-256 in this one.
 
 ``hashedzstd`` does both on a worker thread of this process; on two busy cores its chunk
 hand-offs between threads (each waiting for the GIL and a wake-up) ran it at a third of
-``tar | zstd -T0``. Here the caller's thread writes each chunk to a pipe while one thread
-hashes it (``hashlib`` releases the GIL; one hand-off per MiB, none per tar header), and
-``zstd -T0`` compresses on its own threads straight into the archive file, as the shell
-pipeline does: no copy of the compressed stream through Python. The archive is written
-out to disk as it grows, so the store's closing fsync has little left to wait for.
-Restore reads ``zstd -d``'s output from a pipe the same way. The frames are standard zstd
-frames either way, so archives written by one are read by the other.
+``tar | zstd -T0``. Here the caller's thread hashes each chunk (``hashlib`` releases the
+GIL) and writes it to a pipe, and ``zstd -T0`` compresses on its own threads straight into
+the archive file, as the shell pipeline does: nothing to hand between threads, no copy of
+the compressed stream through Python. Restore reads ``zstd -d``'s output from a pipe the
+same way. The frames are standard zstd frames either way, so archives written by one are
+read by the other.
 
 ``writer`` / ``reader`` pick this when the ``zstd`` program is installed and the file has
 a descriptor, else the in-process codec of ``hashedzstd``.
@@ -22,10 +21,8 @@ import fcntl
 import hashlib
 import io
 import os
-import queue
 import shutil
 import subprocess
-import threading
 from types import TracebackType
 from typing import IO, Any
 
@@ -33,10 +30,6 @@ from agentbox.errors import InvalidRequest
 from agentbox.storage import hashedzstd
 
 CHUNK = hashedzstd.CHUNK
-# A write at least this big is hashed on the hashing thread while it goes down the pipe;
-# a smaller one (a tar header) here, where a hand-off would cost more than the hash.
-_OVERLAP = 64 * 1024
-_WRITEBACK = 8 * CHUNK  # input between two requests to write the archive out
 _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named from Python 3.10 on some builds only
 
 
@@ -80,45 +73,13 @@ def _failed(proc: subprocess.Popen[bytes], what: str) -> str:
     return f"zstd {what} failed (exit {proc.returncode}): {err.decode(errors='replace').strip()}"
 
 
-class _Hasher:
-    """SHA-256 on a thread of its own: ``start(view)`` begins hashing it, ``wait()`` returns
-    once done (the caller may then reuse the buffer). ``hashlib`` releases the GIL, so a
-    chunk is hashed while the caller writes the same chunk to zstd's pipe: the two cost
-    the time of the slower, not their sum (the hash is as slow as the pipe on this host)."""
-
-    def __init__(self) -> None:
-        self.sha256 = hashlib.sha256()
-        self._todo: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
-        self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="snapshot-hash", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (view := self._todo.get()) is not None:
-            try:
-                self.sha256.update(view)
-                self._done.put(None)
-            except BaseException as e:  # raised in the caller by wait()
-                self._done.put(e)
-
-    def start(self, view: memoryview) -> None:
-        self._todo.put(view)
-
-    def wait(self) -> None:
-        if (error := self._done.get()) is not None:
-            raise error
-
-    def stop(self) -> None:
-        self._todo.put(None)
-        self._thread.join()
-
-
 class PipeWriter(io.RawIOBase):
     """Write the uncompressed stream: hashed here, compressed into ``out`` by ``zstd -T0``.
     ``close()`` waits for zstd and raises if it failed; leaving a ``with`` block by an
     exception kills it (the caller discards the partial file)."""
 
     def __init__(self, program: str, out: IO[bytes], out_fd: int, level: int) -> None:
+        self.sha256 = hashlib.sha256()
         self.size = 0
         out.flush()
         self._proc = subprocess.Popen(
@@ -130,10 +91,6 @@ class PipeWriter(io.RawIOBase):
         assert self._proc.stdin is not None
         self._pipe = self._proc.stdin.fileno()
         _bigger_pipe(self._pipe)
-        self._hasher = _Hasher()
-        self.sha256 = self._hasher.sha256
-        self._out_fd = out_fd
-        self._flushed = 0
 
     def writable(self) -> bool:
         return True
@@ -144,35 +101,20 @@ class PipeWriter(io.RawIOBase):
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         n = len(view)
-        overlap = n >= _OVERLAP
-        if overlap:
-            self._hasher.start(view)
-        else:
-            self.sha256.update(view)
+        self.sha256.update(view)
         try:
             while view:
                 view = view[os.write(self._pipe, view) :]
         except BrokenPipeError:
             self._proc.wait()
             raise OSError(_failed(self._proc, "compression")) from None
-        finally:
-            if overlap:  # the caller reuses its buffer once this returns
-                self._hasher.wait()
         self.size += n
-        if self.size - self._flushed >= _WRITEBACK:
-            self._flushed = self.size
-            # Start writing out what zstd wrote so far (DONTNEED begins writeback of dirty
-            # pages without waiting, and drops clean ones: nothing here reads them again),
-            # so the store's fsync at the end waits for the last few MiB, not the archive.
-            with contextlib.suppress(OSError):
-                os.posix_fadvise(self._out_fd, 0, 0, os.POSIX_FADV_DONTNEED)
         return n
 
     def close(self) -> None:
         if self.closed:
             return
         super().close()
-        self._hasher.stop()
         assert self._proc.stdin is not None
         with contextlib.suppress(BrokenPipeError):
             self._proc.stdin.close()
@@ -192,7 +134,6 @@ class PipeWriter(io.RawIOBase):
     ) -> None:
         if exc is not None and not self.closed:
             io.RawIOBase.close(self)
-            self._hasher.stop()
             self._proc.kill()
             assert self._proc.stdin is not None
             with contextlib.suppress(BrokenPipeError):
