@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx2
 
 from agentbox import Sandbox
-from common import remove_home, timed, write_doc_section
+from common import destroy_all, remove_home, timed, write_doc_section
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 CONFIG = """
@@ -208,7 +208,8 @@ def main() -> None:
                                  verdicts, cpu_notes)  # fmt: skip
     finally:
         local.kill()
-    remove_home(home)
+        destroy_all(home)  # a failed load point leaves the gateway's sandbox behind
+        remove_home(home)
     load_after = "{:.1f} / {:.1f}".format(*os.getloadavg()[:2])
     lines = [
         "| call (REST, wrk) | p50 ms (1 client) | p95 ms | p99 ms | in-process SDK p50 ms | "

@@ -55,13 +55,16 @@ class CgroupLayout:
             fields = line.split()
             if len(fields) < 4:
                 continue
-            target, fstype, options = Path(fields[1]), fields[2], fields[3].split(",")
+            # Only cgroup lines are parsed further: a busy host has thousands of mounts
+            # (every sandbox has some) and this runs on a process's first create.
+            fstype = fields[2]
             if fstype == "cgroup2":
-                v2 = target
+                v2 = Path(fields[1])
             elif fstype == "cgroup":
+                options = fields[3].split(",")
                 for ctrl in _V1_CONTROLLERS:
                     if ctrl in options:
-                        v1[ctrl] = target
+                        v1[ctrl] = Path(fields[1])
         if v2 is None:
             raise HostUnsupported(
                 "no cgroup v2 mount found; agentbox needs cgroup v2 (unified) or the hybrid "

@@ -19,7 +19,6 @@ import select
 import shutil
 import subprocess
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -290,7 +289,7 @@ class SandboxHost:
         init = initfs.ensure(self.home, paths.nsexec)  # a stat, once it is there
         seccomp_fd = os.open(paths.seccomp, os.O_RDONLY)
         boot_id_fd = os.memfd_create("boot_id", os.MFD_CLOEXEC)
-        os.write(boot_id_fd, f"{uuid.uuid4()}\n".encode())
+        os.write(boot_id_fd, f"{_random_uuid()}\n".encode())
         os.lseek(boot_id_fd, 0, os.SEEK_SET)
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
@@ -402,3 +401,13 @@ def _ignore_missing(func: object, path: str, exc_info: object) -> None:
         return
     if isinstance(exc, BaseException):
         raise exc
+
+
+def _random_uuid() -> str:
+    """A random (version 4) UUID, as ``uuid.uuid4()`` formats it: that module imports
+    ``platform`` and costs a one-shot SDK script a few ms for one value."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40  # version 4
+    raw[8] = raw[8] & 0x3F | 0x80  # RFC 4122 variant
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from agentbox.runtime.files import SandboxFiles
     from agentbox.runtime.processes import ProcessTable
     from agentbox.runtime.sessions import ShellSessions
-    from agentbox.runtime.snapshots import SnapshotInfo, Snapshots
+    from agentbox.runtime.snapshots import Fill, SnapshotInfo, Snapshots
     from agentbox.runtime.spec_cache import StoredSpec
     from agentbox.runtime.templates import Template, TemplateStore
     from agentbox.volumes.service import Volumes
@@ -231,20 +231,12 @@ class Runtime:
                    forked_from=source_id)  # fmt: skip
         return self._admitted(record)
 
-    def create_filled(
-        self,
-        spec: SandboxSpec,
-        template: Template,
-        populate: Callable[[SandboxHost, Path], None],
-        *,
-        actor: str = "local",
-        slot: int | None = None,
-        **details: Any,
-    ) -> SandboxRecord:
-        """Create a sandbox whose fresh disk ``populate(host, disk)`` fills before anything
-        runs on it (a restore); ``slot``: that one (its uid) or a Conflict."""
-        record = self._build(spec, template, None, populate, slot=slot)
-        self.event(record.id, "created", "operator", actor, template=record.template, **details)
+    def create_filled(self, fill: Fill, *, actor: str = "local") -> SandboxRecord:
+        """Create a sandbox whose fresh disk ``fill.populate(host, disk)`` fills before
+        anything runs on it (a restore); ``fill.slot``: that one (its uid) or a Conflict."""
+        record = self._build(fill.spec, fill.template, None, fill.populate, slot=fill.slot)
+        self.event(record.id, "created", "operator", actor, template=record.template,
+                   **fill.details)  # fmt: skip
         return self._admitted(record)
 
     def _admitted(self, record: SandboxRecord) -> SandboxRecord:

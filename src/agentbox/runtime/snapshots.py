@@ -128,16 +128,19 @@ class Runtime(Protocol):
 
     def get(self, sandbox_id: str) -> SandboxRecord: ...
 
-    def create_filled(
-        self,
-        spec: SandboxSpec,
-        template: Template,
-        populate: Callable[[SandboxHost, Path], None],
-        *,
-        actor: str = "local",
-        slot: int | None = None,
-        **details: Any,
-    ) -> SandboxRecord: ...
+    def create_filled(self, fill: Fill, *, actor: str = "local") -> SandboxRecord: ...
+
+
+@dataclass(frozen=True)
+class Fill:
+    """A sandbox to create with its disk filled by ``populate(host, disk)`` before anything
+    runs on it (``Runtime.create_filled``): a restore."""
+
+    spec: SandboxSpec
+    template: Template
+    populate: Callable[[SandboxHost, Path], None]
+    slot: int | None = None  # that slot (its uid), or a Conflict; None: any free one
+    details: dict[str, Any] = field(default_factory=dict)  # for the "created" event
 
 
 class Snapshots:
@@ -368,13 +371,9 @@ class Snapshots:
 
             # A memory snapshot's processes keep their uid: the slot that names it.
             slot = None if info.memory is None else int(info.memory["slot"])
+            fill_spec = spec_from({**info.spec, **(spec or {})})
             return self.runtime.create_filled(
-                spec_from({**info.spec, **(spec or {})}),
-                template,
-                fill,
-                actor=actor,
-                slot=slot,
-                snapshot=info.id,
+                Fill(fill_spec, template, fill, slot, {"snapshot": info.id}), actor=actor
             )
         raise AssertionError("unreachable")
 

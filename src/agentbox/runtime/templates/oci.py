@@ -10,7 +10,6 @@ import hashlib
 import io
 import json
 import os
-import platform
 import posixpath
 import re
 import shutil
@@ -99,7 +98,7 @@ def _blob_path(digest: object) -> str:
 
 
 def _pick_manifest(manifests: list[dict[str, Any]]) -> dict[str, Any]:
-    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
     for m in manifests:
         plat = m.get("platform") or {}
         if plat.get("os") == "linux" and plat.get("architecture") == arch:

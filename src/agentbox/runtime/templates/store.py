@@ -63,14 +63,11 @@ import errno
 import fcntl
 import hashlib
 import json
-import logging
 import os
-import platform
 import re
 import secrets
 import shutil
 import sqlite3
-import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
@@ -108,9 +105,11 @@ from agentbox.runtime.templates.default import (
     _sha256_json,
 )
 from agentbox.runtime.templates.harden import Progress, _finish_rootfs
-from agentbox.runtime.templates.oci import _CHUNK, _HEX64_RE, _apply_image
 
-log = logging.getLogger(__name__)
+# Not imported here: oci (image import: tar readers), logging (one rare warning). A create
+# loads this module and needs neither; each import is paid where it is used.
+_CHUNK = 1 << 20
+_HEX64_RE = re.compile(r"^[0-9a-f]{64}$")  # a sha256 digest's hex part
 
 DEFAULT_NAME = "default"
 
@@ -222,7 +221,7 @@ class TemplateStore:
             "suite": suite,
             "packages": pkgs,
             "mirror": mirror or host_sources or "mmdebstrap-default",
-            "arch": platform.machine(),
+            "arch": os.uname().machine,
         }
         digest = "sha256:" + _sha256_json(recipe)
         if self._has_digest(digest):
@@ -296,6 +295,10 @@ class TemplateStore:
         with self._staging_dir("import") as staging:
             rootfs = staging / "rootfs"
             rootfs.mkdir(mode=0o755)
+            import tarfile
+
+            from agentbox.runtime.templates.oci import _apply_image
+
             try:
                 with tarfile.open(tarball, "r:*") as image:
                     _apply_image(image, rootfs, say)
@@ -518,7 +521,11 @@ class TemplateStore:
                 in_use = self._in_use()
             except sqlite3.Error as exc:
                 # Without the records any tree may be a sandbox's root: keep them all.
-                log.warning("template collection skipped: cannot read %s: %s", self._state_db, exc)
+                import logging
+
+                logging.getLogger(__name__).warning(
+                    "template collection skipped: cannot read %s: %s", self._state_db, exc
+                )
                 return
             for entry in self._digests.iterdir():
                 if f"sha256:{entry.name}" in in_use:
