@@ -610,7 +610,11 @@ _Noreturn static void resident_child(struct request *r, int fds[REQUEST_FDS], in
   sigset_t none;
   sigemptyset(&none);
   sigprocmask(SIG_SETMASK, &none, NULL);
-  for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
+  /* The raw call: glibc refuses its own two (32, 33), which a posix_spawn'ed resident
+   * got ignored. An all-zero kernel sigaction is SIG_DFL on every layout. */
+  uint64_t dfl[8];
+  memset(dfl, 0, sizeof dfl);
+  for (int sig = 1; sig <= 64; sig++) syscall(SYS_rt_sigaction, sig, dfl, NULL, 8);
   /* The received fds are all above 2 (our 0-2 are /dev/null), so no dup2 clobbers one. */
   for (int i = 0; i < 3; i++)
     if (dup2(fds[i], i) < 0) die("dup2");

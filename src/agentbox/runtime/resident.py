@@ -145,7 +145,9 @@ def launch(
             fds = b"".join(fd.to_bytes(4, "little", signed=True) for fd in (*stdio, leaf))
             head = len(payload).to_bytes(4, "little")
             sent = sock.sendmsg([head, payload], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
-            sock.sendall(memoryview(head + payload)[sent:])
+            if sent < len(head) + len(payload):  # (sendall of nothing still sends: EPIPE
+                # once a quick command ended and the launcher closed the connection)
+                sock.sendall(memoryview(head + payload)[sent:])
         finally:
             os.close(leaf)
         return _started(sock)
