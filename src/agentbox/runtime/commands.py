@@ -39,7 +39,7 @@ from agentbox.runtime.output import (
     CommandResult,
     OutputCallback,
     OutputSaver,
-    read_ready,
+    read_events,
 )
 from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
 from agentbox.runtime.requests import RunRequest, coerce
@@ -525,22 +525,15 @@ class CommandRunner:
                 else:
                     ends = [t for t in (deadline, check_at) if t is not None]
                     wait = max(0.0, min(ends) - now) if ends else None
-                for key, _ in sel.select(wait):
-                    fd = int(key.fd)
-                    if fd == pidfd:
-                        sel.unregister(pidfd)
-                        exited_at = time.monotonic()
-                        continue
-                    chunk = read_ready(fd)
-                    if chunk is None:
-                        continue
+                exited, chunks = read_events(sel, sel.select(wait), pidfd)
+                exited_at = exited if exited is not None else exited_at
+                for fd, chunk in chunks:
                     if chunk:
                         streams[by_fd[fd]].feed(chunk)
                         last_output = time.monotonic()
                         recent += chunk
                         del recent[:-_RECENT_BYTES]
                     else:
-                        sel.unregister(fd)
                         del by_fd[fd]
         finally:
             sel.close()
