@@ -525,18 +525,6 @@ extern char **environ;
 
 struct command { int conn; pid_t pid; };
 
-/* Reads exactly N bytes (the request's sender writes it whole: it is host root). */
-static int read_exact(int fd, char *buf, size_t n) {
-  while (n > 0) {
-    ssize_t got = read(fd, buf, n);
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) return -1;
-    buf += got;
-    n -= (size_t)got;
-  }
-  return 0;
-}
-
 /* The length prefix and the fds that ride on it; 0 on success. */
 static int receive_head(int conn, uint32_t *len, int fds[REQUEST_FDS]) {
   char control[CMSG_SPACE(sizeof(int) * REQUEST_FDS)];
@@ -635,7 +623,9 @@ static pid_t serve_request(int conn, int uid, int gid, struct sock_fprog *filter
   struct request r = {0};
   pid_t child = -1;
   int failed = 0;
-  if (!body || read_exact(conn, body, len) < 0 || parse_request(body, len, &r) < 0) {
+  /* Whole (the sender is host root, writing it at once), else no request. */
+  if (!body || recv(conn, body, len, MSG_WAITALL) != (ssize_t)len ||
+      parse_request(body, len, &r) < 0) {
     failed = -1; /* malformed: no command, no reply */
   } else {
     int pidfd = -1;
