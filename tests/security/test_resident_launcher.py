@@ -27,6 +27,7 @@ import pytest
 from secprobe import host_uid
 
 from agentbox import Sandbox
+from agentbox.errors import InvalidRequest
 from agentbox.runtime import quick_exec, resident
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.output import CommandResult
@@ -230,3 +231,17 @@ def test_the_cli_exec_path_goes_through_the_launcher(
     assert status == 3
     assert b"".join(d for fd, d in chunks if fd == 1) == b"out\n"
     assert b"".join(d for fd, d in chunks if fd == 2) == b"err\n"
+
+
+def test_an_oversized_argv_is_refused_as_enter_refused_it(
+    runtime: Runtime, shared_sandbox: Sandbox
+) -> None:
+    """execve's E2BIG happened on the host (the launcher's exec); with the launcher it
+    would happen in the sandbox: the host refuses it first, with the same error."""
+    runner = _runner(runtime, shared_sandbox, use_resident=True)
+    fds = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(InvalidRequest, match="too large"):
+        runner.run(["echo", "x" * (256 * 1024)])
+    with pytest.raises(InvalidRequest, match="too large"):
+        runner.run("true", env={"BIG": "x" * (256 * 1024)})
+    assert len(os.listdir("/proc/self/fd")) == fds, "a refused command left fds open"

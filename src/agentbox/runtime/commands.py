@@ -428,15 +428,17 @@ class CommandRunner:
         in_r, in_w = os.pipe() if with_stdin else (null, -1)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        started = None
         try:
             started = self._launch(job, (in_r, out_w, err_w))
         finally:
             for fd in {null, in_r, out_w, err_w}:
                 os.close(fd)
+            if started is None:  # the old path, or an error (E2BIG): our ends go too
+                for fd in (in_w, out_r, err_r):
+                    if fd >= 0:
+                        os.close(fd)
         if started is None:
-            for fd in (in_w, out_r, err_r):
-                if fd >= 0:
-                    os.close(fd)
             return None
         stdin = os.fdopen(in_w, "wb") if in_w >= 0 else None
         return ResidentProcess(started, stdin, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
