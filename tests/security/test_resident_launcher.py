@@ -140,10 +140,11 @@ def test_the_sandbox_cannot_see_reach_or_signal_the_launcher(
     _runner(runtime, sb, use_resident=True)
     pids = _launcher_pids(runtime, sb)
     assert len(pids) == 1, pids
-    path = resident.socket_path(str(runtime.host(runtime.store.get(sb.id)).dir))  # type: ignore[arg-type]
+    runner = runtime.commands(sb.id)
+    path = resident.socket_path(str(runner.host.dir), str(runner.paths.nsexec))
     probe = (
         f"test -e {path} && echo SEEN-PATH; "
-        "find / -xdev -type s -name launcher.sock 2>/dev/null | sed s/^/SEEN-SOCKET:/; "
+        "find / -xdev -type s -name 'launcher*.sock' 2>/dev/null | sed s/^/SEEN-SOCKET:/; "
         "grep -h launcher /proc/net/unix | sed s/^/SEEN-UNIX:/; "
         "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -o 'nsexec[^ ]* resid[e]nt' "
         "| sed s/^/SEEN-PROC:/; "
@@ -163,7 +164,7 @@ def test_the_launcher_serves_host_root_only(
     """Even with the socket's mode opened up, the sandbox's own host uid is refused."""
     sb = shared_sandbox
     runner = _runner(runtime, sb, use_resident=True)
-    path = resident.socket_path(str(runner.host.dir))
+    path = resident.socket_path(str(runner.host.dir), str(runner.paths.nsexec))
     marker = f"/workspace/launched-{secrets.token_hex(4)}"
     leaf = runner.new_leaf()
     script = (

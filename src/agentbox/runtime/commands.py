@@ -410,7 +410,7 @@ class CommandRunner:
         if not self.uses_resident:
             return None
         return resident.launch(
-            resident.socket_path(str(self.host.dir)),
+            resident.socket_path(str(self.host.dir), str(self.paths.nsexec)),
             job.argv,
             job.env,
             absolute_cwd(job.cwd) or WORKSPACE,

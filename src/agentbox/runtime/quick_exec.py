@@ -127,7 +127,7 @@ def prepare(sandbox_id: str, argv: Sequence[str], leaf: str) -> Prepared | None:
     )
     with _suppressed(FileNotFoundError):
         os.utime(os.path.join(sandbox_dir, "activity"))  # the idle clock restarts
-    socket = resident.socket_path(sandbox_dir)
+    socket = resident.socket_path(sandbox_dir, paths[0])
     return Prepared(launcher, env, leaf_dir, list(argv), socket, resident_argv)
 
 

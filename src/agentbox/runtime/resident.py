@@ -26,15 +26,16 @@ TYPE_CHECKING = False  # typing is not loaded on the light path
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-SOCKET_NAME = "launcher.sock"
 LEAF = "launcher"  # its cgroup leaf: not a command's ("c..." / "p...")
 _SUN_PATH_MAX = 107
 _MAX_ARG_STRLEN = 131072  # the kernel's MAX_ARG_STRLEN, with the NUL
 _KILLED = -9  # what the old launcher reported when its middle process was killed
 
 
-def socket_path(sandbox_dir: str) -> str:
-    return os.path.join(sandbox_dir, SOCKET_NAME)
+def socket_path(sandbox_dir: str, nsexec: str) -> str:
+    """Named by the launcher binary's digest: a launcher left by an older agentbox in a
+    sandbox that outlived an upgrade is never asked to speak a newer request."""
+    return os.path.join(sandbox_dir, f"launcher-{os.path.basename(nsexec).rsplit('-', 1)[-1]}.sock")
 
 
 def start_argv(
@@ -46,7 +47,7 @@ def start_argv(
     seccomp: str,
 ) -> list[str]:
     """The argv that starts the sandbox's launcher (it returns once it listens)."""
-    out = [nsexec, "resident", "--socket", socket_path(sandbox_dir), "--leaf", leaf_dir]
+    out = [nsexec, "resident", "--socket", socket_path(sandbox_dir, nsexec), "--leaf", leaf_dir]
     for d in v1_dirs:
         out += ["--cgroup", d]
     out += ["--ns-pid", str(init_pid), "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID)]
