@@ -15,9 +15,9 @@ through it instead, as ``CommandRunner`` sends it; the first command without one
 
 from __future__ import annotations
 
+import _sqlite3 as sqlite3  # the C core: the package adds datetime adapters we never use
 import os
 import select
-import sqlite3
 
 from agentbox.network import sandbox_env
 from agentbox.runtime import enter_argv, resident
