@@ -50,7 +50,10 @@ def test_fork_bomb_is_contained(tier: str, runtime: Runtime, agentbox_home: Path
         cg = SandboxCgroups(sb.id)
         limit = cg.pids_max()
         assert limit == 64
-        baseline = cg.pids_current()  # the init and bubblewrap's monitor
+        # A first command starts the sandbox's resident launcher (runtime/resident.py), in
+        # its cgroups from then on like the init: the baseline counts it.
+        assert sb.commands.run("true").exit_code == 0
+        baseline = cg.pids_current()  # the init, bubblewrap's monitor, the launcher
         peak, spawn_times = 0, []
         with ThreadPoolExecutor(max_workers=1) as pool:
             bomb = pool.submit(sb.commands.run, ":(){ :|:& };:; sleep 60", timeout=4)
@@ -66,7 +69,8 @@ def test_fork_bomb_is_contained(tier: str, runtime: Runtime, agentbox_home: Path
         )
         assert max(spawn_times) < 2.0, f"the host stalled spawning `true`: {max(spawn_times)}s"
         assert len(spawn_times) > 20, "the host barely ran during the bomb"
-        # The timeout killed the whole tree: only the init (and bwrap's monitor) are left.
+        # The timeout killed the whole tree: only the init, bwrap's monitor and the
+        # launcher are left.
         wait_for(lambda: cg.pids_current() <= baseline, 15, "the bomb to end")
         assert sb.commands.run("echo alive").stdout == "alive\n"
         assert host_spawn_seconds() < 2.0

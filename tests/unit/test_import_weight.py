@@ -44,6 +44,7 @@ LAZY = ("asyncio", "pydantic", "pydantic_core", "pyseccomp")
 # no more than os, select and sqlite3: each of these costs a share of a call that should
 # take little more than the interpreter's start and the command itself.
 QUICK_EXEC_NEVER = (
+    "datetime",  # sqlite3's adapters: the light path uses its C core, _sqlite3
     "agentbox.client.sandbox",
     "agentbox.errors",
     "agentbox.runtime.runtime",

@@ -43,6 +43,29 @@
  *     end while the command runs, so the command sees EOF only when SIGUSR1 asks the
  *     launcher to let go (close_stdin), or never: a restart of the daemon changes nothing.
  *
+ *   resident --socket PATH --leaf DIR [--cgroup DIR...] --ns-pid PID --uid U --gid G
+ *            --seccomp FILE
+ *     The middle process of enter, made resident (one per sandbox, started on its first
+ *     command): it listens on the host unix socket PATH (bound before it joins anything,
+ *     mode 0600 in the sandbox's host directory, which no sandbox mount shows), forks
+ *     into cgroup leaf DIR, joins the v1 cgroups and the ipc/uts/net/pid/mnt namespaces
+ *     once, and then, per connection from host root (SO_PEERCRED uid 0), clones one
+ *     command straight into the leaf whose directory fd the request carries and runs
+ *     exactly enter's confinement (exec_confined: cgroup and user namespaces, fds, ids,
+ *     caps, no_new_privs, seccomp, exec). It saves the per-command exec of this program,
+ *     two forks, seven setns and the v1 cgroup moves, whose RCU grace period (8-21 ms
+ *     after idle on hybrid hosts) dominated a command. It stays host root outside the
+ *     sandbox's user and PID namespaces: the sandbox cannot see, signal or ptrace it, and
+ *     it never resolves a path in the sandbox (the child does, after dropping to the
+ *     sandbox user). It is in the sandbox's cgroups, so the sandbox's kill ends it; it
+ *     also exits when the sandbox's init does.
+ *     Request: [u32 LE body length] then the body, "A<arg>\0"... "E<VAR=value>\0"...
+ *     "C<cwd>\0" and optionally "T\0" (a controlling tty: setsid + TIOCSCTTY), with
+ *     SCM_RIGHTS on the first bytes: stdin, stdout, stderr, the leaf directory.
+ *     Replies: "P" with the command's pidfd (SCM_RIGHTS), later "S" + its wait status
+ *     (i32 LE) once it is reaped; or "S" alone when it could not be started (status
+ *     125 << 8, the reason on its stderr, as enter would have said it).
+ *
  * Order follows NOTES-linux: cgroup -> setns -> ids -> caps -> no_new_privs ->
  * seccomp -> exec. Any failure before exec exits 125 with a message on stderr
  * prefixed "agentbox-nsexec:", so the daemon can tell launcher errors from the
@@ -61,10 +84,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <poll.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -476,19 +502,280 @@ _Noreturn static void exit_like(int status) {
   _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
 }
 
+/* ---- resident ---------------------------------------------------------------------- */
+#define MAX_COMMANDS 256
+#define MAX_REQUEST (4 << 20) /* argv + environment: ARG_MAX-sized, with room */
+#define REQUEST_FDS 4         /* stdin, stdout, stderr, the command's leaf directory */
+#define AB_CLONE_PIDFD 0x1000ULL
+
+extern char **environ;
+
+struct command { int conn; pid_t pid; };
+
+/* The length prefix and the fds that ride on it; 0 on success. */
+static int receive_head(int conn, uint32_t *len, int fds[REQUEST_FDS]) {
+  char control[CMSG_SPACE(sizeof(int) * REQUEST_FDS)];
+  struct iovec iov = {len, sizeof *len};
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
+                       .msg_controllen = sizeof control};
+  ssize_t got = recvmsg(conn, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+  struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+  int nfds = 0;
+  if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+    nfds = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+    memcpy(fds, CMSG_DATA(c), sizeof(int) * (nfds < REQUEST_FDS ? nfds : REQUEST_FDS));
+  }
+  if (got == (ssize_t)sizeof *len && nfds == REQUEST_FDS && !(msg.msg_flags & MSG_CTRUNC) &&
+      *len > 0 && *len <= MAX_REQUEST)
+    return 0;
+  for (int i = 0; i < nfds && i < REQUEST_FDS; i++) close(fds[i]);
+  return -1;
+}
+
+static void reply(int conn, char kind, const void *data, size_t len, int fd) {
+  char buf[8] = {kind};
+  memcpy(buf + 1, data, len);
+  struct iovec iov = {buf, 1 + len};
+  char control[CMSG_SPACE(sizeof(int))];
+  struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  /* A few bytes into an empty socket buffer: never blocks; a host that left gets none. */
+  (void)sendmsg(conn, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+struct request { char **argv, **envp; const char *cwd; int ctty; };
+
+/* Splits the body into argv/envp (pointers into BODY); 0 on success. */
+static int parse_request(char *body, uint32_t len, struct request *r) {
+  if (body[len - 1] != 0) return -1;
+  size_t nargs = 0, nenv = 0;
+  for (char *p = body; p < body + len; p += strlen(p) + 1) {
+    if (*p == 'A') nargs++;
+    else if (*p == 'E') nenv++;
+  }
+  r->argv = calloc(nargs + 1, sizeof(char *));
+  r->envp = calloc(nenv + 1, sizeof(char *));
+  if (!r->argv || !r->envp) return -1;
+  r->cwd = NULL;
+  r->ctty = 0;
+  nargs = nenv = 0;
+  for (char *p = body; p < body + len; p += strlen(p) + 1) {
+    if (*p == 'A') r->argv[nargs++] = p + 1;
+    else if (*p == 'E') r->envp[nenv++] = p + 1;
+    else if (*p == 'C') r->cwd = p + 1;
+    else if (*p == 'T' && p[1] == 0) r->ctty = 1;
+    else return -1;
+  }
+  return nargs > 0 && r->argv[0][0] ? 0 : -1;
+}
+
+/* The command: as enter's, from the point where the middle has cloned it. */
+_Noreturn static void resident_child(struct request *r, int fds[REQUEST_FDS], int uid, int gid,
+                                     struct sock_fprog *filter, int ns_fds[NS_COUNT]) {
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die("pdeathsig");
+  /* What enter's process inherited from a fresh Popen: no blocked or ignored signal. */
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  /* The raw call: glibc refuses its own two (32, 33), which a posix_spawn'ed resident
+   * got ignored. An all-zero kernel sigaction is SIG_DFL on every layout. */
+  uint64_t dfl[8];
+  memset(dfl, 0, sizeof dfl);
+  for (int sig = 1; sig <= 64; sig++) syscall(SYS_rt_sigaction, sig, dfl, NULL, 8);
+  /* The received fds are all above 2 (our 0-2 are /dev/null), so no dup2 clobbers one. */
+  for (int i = 0; i < 3; i++)
+    if (dup2(fds[i], i) < 0) die("dup2");
+  environ = r->envp;
+  exec_confined(r->argv, uid, gid, r->cwd, filter, r->ctty, r->ctty, ns_fds, 0);
+}
+
+/* One request on CONN: clone its command into its leaf, or say why not. */
+static pid_t serve_request(int conn, int uid, int gid, struct sock_fprog *filter,
+                           int ns_fds[NS_COUNT]) {
+  uint32_t len;
+  int fds[REQUEST_FDS];
+  /* Bounded: a stuck request must not hold up every other command of the sandbox. */
+  struct timeval limit = {5, 0};
+  setsockopt(conn, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  if (receive_head(conn, &len, fds) < 0) return -1;
+  char *body = malloc(len);
+  struct request r = {0};
+  pid_t child = -1;
+  int failed = 0;
+  /* Whole (the sender is host root, writing it at once), else no request. */
+  if (!body || recv(conn, body, len, MSG_WAITALL) != (ssize_t)len ||
+      parse_request(body, len, &r) < 0) {
+    failed = -1; /* malformed: no command, no reply */
+  } else {
+    int pidfd = -1;
+    struct clone_args_v2 args;
+    memset(&args, 0, sizeof args);
+    args.flags = AB_CLONE_INTO_CGROUP | AB_CLONE_PIDFD;
+    args.pidfd = (uint64_t)(uintptr_t)&pidfd;
+    args.exit_signal = SIGCHLD;
+    args.cgroup = (uint64_t)fds[3];
+    child = (pid_t)syscall(435 /* clone3 */, &args, sizeof args);
+    if (child == 0) resident_child(&r, fds, uid, gid, filter, ns_fds);
+    if (child < 0) {
+      dprintf(fds[2], "agentbox-nsexec: clone3 into the command's cgroup: %s\n",
+              strerror(errno));
+      int32_t status = LAUNCH_FAIL << 8;
+      reply(conn, 'S', &status, sizeof status, -1);
+    } else {
+      reply(conn, 'P', NULL, 0, pidfd);
+      close(pidfd);
+    }
+  }
+  free(r.argv);
+  free(r.envp);
+  free(body);
+  for (int i = 0; i < REQUEST_FDS; i++) close(fds[i]);
+  return failed ? -1 : child;
+}
+
+/* Only root of the host's user namespace: the runtime, the gateway, the CLI. */
+static int from_host_root(int conn) {
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  return getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 && cred.uid == 0;
+}
+
+_Noreturn static void serve(int listener, int init_pidfd, int uid, int gid,
+                            struct sock_fprog *filter, int ns_fds[NS_COUNT]) {
+  struct command running[MAX_COMMANDS];
+  int count = 0;
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t chld;
+  sigemptyset(&chld);
+  sigaddset(&chld, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &chld, NULL);
+  int sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sfd < 0) die("signalfd");
+  for (;;) {
+    struct pollfd p[3] = {{listener, POLLIN, 0}, {sfd, POLLIN, 0}, {init_pidfd, POLLIN, 0}};
+    if (poll(p, 3, -1) < 0) {
+      if (errno == EINTR) continue;
+      die("poll");
+    }
+    if (p[2].revents) _exit(0); /* the sandbox's init ended: so does the sandbox */
+    if (p[1].revents) {
+      struct signalfd_siginfo info;
+      while (read(sfd, &info, sizeof info) > 0) {
+      }
+      int status;
+      pid_t pid;
+      while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int i = 0; i < count; i++) {
+          if (running[i].pid != pid) continue;
+          int32_t s = status;
+          reply(running[i].conn, 'S', &s, sizeof s, -1);
+          close(running[i].conn);
+          running[i] = running[--count];
+          break;
+        }
+      }
+    }
+    if (p[0].revents) {
+      int conn = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+      if (conn < 0) continue;
+      pid_t child = -1;
+      if (count < MAX_COMMANDS && from_host_root(conn))
+        child = serve_request(conn, uid, gid, filter, ns_fds);
+      if (child > 0) {
+        running[count].conn = conn;
+        running[count].pid = child;
+        count++;
+      } else {
+        close(conn); /* refused, malformed, or answered already (not started) */
+      }
+    }
+  }
+}
+
+/* Binds PATH (a long one through its directory's fd: sun_path holds 108 bytes). */
+static int listen_at(const char *path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) die("socket");
+  struct sockaddr_un addr;
+  memset(&addr, 0, sizeof addr);
+  addr.sun_family = AF_UNIX;
+  char dir[4096];
+  if (snprintf(dir, sizeof dir, "%s", path) >= (int)sizeof dir) die_msg("--socket path too long");
+  char *slash = strrchr(dir, '/');
+  if (!slash || slash == dir) die_msg("--socket needs an absolute path in a directory");
+  *slash = 0;
+  int dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) die(dir);
+  snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/%s", dfd, slash + 1);
+  /* One resident per sandbox: starters that race (two first commands) take turns, and
+   * one that finds a resident answering leaves it be. */
+  int lock = openat(dfd, "launcher.lock", O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (lock < 0 || flock(lock, LOCK_EX) < 0) die("lock the launcher socket");
+  if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) _exit(0);
+  close(fd);
+  fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) die("socket");
+  if (unlinkat(dfd, slash + 1, 0) < 0 && errno != ENOENT) die("remove the old socket");
+  mode_t old = umask(0177); /* 0600 from birth: no moment where another uid may connect */
+  if (bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0) die("bind the launcher socket");
+  umask(old);
+  if (listen(fd, 128) < 0) die("listen");
+  close(lock); /* the next starter finds us listening */
+  close(dfd);
+  return fd;
+}
+
+_Noreturn static void run_resident(const char *socket_path, const char *leaf,
+                                   const char **cgroups, int ncgroups, int ns_pid, int uid,
+                                   int gid, const char *seccomp) {
+  struct sock_fprog filter = read_seccomp(seccomp);
+  /* Pins the sandbox's init: if its pid were reused after this, the pidfd says so. */
+  int init_pidfd = (int)syscall(SYS_pidfd_open, ns_pid, 0);
+  if (init_pidfd < 0) die("pidfd_open of the sandbox's init");
+  int ns_fds[NS_COUNT];
+  open_namespaces(ns_pid, ns_fds);
+  struct pollfd alive = {init_pidfd, POLLIN, 0};
+  if (poll(&alive, 1, 0) != 0) die_msg("the sandbox's init is gone");
+  int listener = listen_at(socket_path);
+  int leaf_fd = open(leaf, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (leaf_fd < 0) die(leaf);
+  /* Detach into the sandbox's cgroup leaf: its kill ends us; the caller returns now
+   * (the socket already listens: a request waits in its backlog until we serve). */
+  pid_t pid = fork_into_cgroup(leaf_fd);
+  if (pid < 0) die("clone3 into the launcher's cgroup");
+  if (pid > 0) _exit(0);
+  close(leaf_fd);
+  if (setsid() < 0) die("setsid");
+  for (int c = 0; c < ncgroups; c++) join_cgroup(cgroups[c]);
+  release_stdio();
+  join_namespaces(ns_fds, 0, NS_CGROUP);
+  if (chdir("/") < 0) die("chdir /");
+  serve(listener, init_pidfd, uid, gid, &filter, ns_fds);
+}
+
 int main(int argc, char **argv) {
-  if (argc < 2) die_msg("usage: agentbox-nsexec init|spawn|enter [options] -- ARGV");
+  if (argc < 2) die_msg("usage: agentbox-nsexec init|spawn|enter|resident [options] [-- ARGV]");
   if (strcmp(argv[1], "init") == 0) {
     if (argc != 4) die_msg("usage: agentbox-nsexec init READY_FD LIFETIME_SECONDS");
     run_init(parse_int(argv[2], "fd"), parse_int(argv[3], "lifetime"));
   }
-  int enter = strcmp(argv[1], "enter") == 0;
-  if (!enter && strcmp(argv[1], "spawn") != 0) die_msg("mode must be spawn or enter");
+  int enter = strcmp(argv[1], "enter") == 0, resident = strcmp(argv[1], "resident") == 0;
+  if (!enter && !resident && strcmp(argv[1], "spawn") != 0)
+    die_msg("mode must be spawn, enter or resident");
 
   const char *cgroups[MAX_CGROUPS];
   int ncgroups = 0, ns_pid = -1, uid = -1, gid = -1, want_setsid = 0, want_ctty = 0;
   int want_detach = 0, keep_fds = 0;
   const char *cwd = NULL, *seccomp = NULL, *exit_file = NULL, *leaf = NULL, *hold = NULL;
+  const char *socket_path = NULL;
   const char *views[MAX_VIEWS];
   int nviews = 0;
   int i = 2;
@@ -511,13 +798,14 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--seccomp") == 0) seccomp = argv[++i];
     else if (strcmp(a, "--exit-file") == 0) exit_file = argv[++i];
     else if (strcmp(a, "--hold-stdin") == 0) hold = argv[++i];
+    else if (strcmp(a, "--socket") == 0) socket_path = argv[++i];
     else if (strcmp(a, "--setsid") == 0) want_setsid = 1;
     else if (strcmp(a, "--ctty") == 0) want_ctty = 1;
     else if (strcmp(a, "--detach") == 0) want_detach = 1;
     else if (strcmp(a, "--keep-fds") == 0) keep_fds = parse_int(argv[++i], "--keep-fds");
     else { dprintf(2, "agentbox-nsexec: unknown option %s\n", a); _exit(LAUNCH_FAIL); }
   }
-  if (i >= argc) die_msg("no program given after --");
+  if (i >= argc && !resident) die_msg("no program given after --");
   if (uid < 0 || gid < 0) die_msg("--uid and --gid are required");
   char **prog = &argv[i];
 
@@ -530,6 +818,11 @@ int main(int argc, char **argv) {
   if (oom < 0 || write(oom, "1000", 4) != 4) die("oom_score_adj");
   close(oom);
 
+  if (resident) {
+    if (!socket_path || !leaf || !seccomp || ns_pid <= 0)
+      die_msg("resident needs --socket, --leaf, --seccomp and --ns-pid");
+    run_resident(socket_path, leaf, cgroups, ncgroups, ns_pid, uid, gid, seccomp);
+  }
   if (!enter && keep_fds) die_msg("--keep-fds is for enter only");
   if (enter && nviews) die_msg("--view is for spawn only");
   if (!enter) {

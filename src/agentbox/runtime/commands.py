@@ -3,7 +3,10 @@
 Every command goes through ``agentbox-nsexec enter``: it joins a fresh per-command leaf
 cgroup of the sandbox, every namespace of the sandbox's init, and applies the same uid,
 capability, no_new_privs and seccomp settings before exec. The launcher is our child,
-so the exit status we report comes from ``waitpid`` on the host.
+so the exit status we report comes from ``waitpid`` on the host. Or, when the sandbox's
+resident launcher answers (``runtime.resident``; started by the first command without
+one), that launcher clones the command into the same leaf with the same confinement and
+reports the status it got from ``waitpid`` (host code, out of the sandbox's reach).
 """
 
 from __future__ import annotations
@@ -22,12 +25,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, ClassVar
 
 from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, SandboxError
 from agentbox.fsutil import exec_text, required_text, stdin_bytes
 from agentbox.isolation.cgroups import SandboxCgroup
-from agentbox.runtime import enter_argv
+from agentbox.runtime import enter_argv, resident
 from agentbox.runtime.enter_argv import WORKSPACE as WORKSPACE
 from agentbox.runtime.enter_argv import base_env
 from agentbox.runtime.host import LaunchPaths, SandboxHost
@@ -36,7 +39,7 @@ from agentbox.runtime.output import (
     CommandResult,
     OutputCallback,
     OutputSaver,
-    read_ready,
+    read_events,
 )
 from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
 from agentbox.runtime.requests import RunRequest, coerce
@@ -85,11 +88,39 @@ class Cancellation:
                 kill()
 
 
+class ResidentProcess:
+    """A command the sandbox's resident launcher started, with what the runner and the
+    process table use of a ``Popen``: its pipes and ``wait``."""
+
+    def __init__(
+        self,
+        started: resident.Started,
+        stdin: IO[bytes] | None,
+        stdout: IO[bytes] | None,
+        stderr: IO[bytes] | None,
+    ) -> None:
+        self.started = started
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+
+    def wait(self) -> int:
+        return self.started.wait()
+
+
+Process = subprocess.Popen[bytes] | ResidentProcess
+
+
+def exit_fd(proc: Process) -> int:
+    """A new fd that polls readable once ``proc`` ended (the caller closes it)."""
+    if isinstance(proc, ResidentProcess):
+        return proc.started.exit_fd()
+    return os.pidfd_open(proc.pid)
+
+
 @dataclass(frozen=True)
 class LiveCommand:
     """A foreground command still running, its pipes open, handed over to an adopter."""
 
-    proc: subprocess.Popen[bytes]
+    proc: Process
     argv: list[str]
     cwd: str | None
     leaf: str
@@ -125,6 +156,15 @@ def launch_failure(status: int, stderr: bytes) -> AgentboxError | None:
     return SandboxError(f"could not start the command in the sandbox: {message}")
 
 
+def absolute_cwd(cwd: str | None) -> str | None:
+    """A command's cwd checked, a relative one taken from /workspace (None: the default)."""
+    if cwd is not None:
+        required_text(cwd, "cwd", f"pass a directory, e.g. {WORKSPACE}")
+    if cwd is not None and not cwd.startswith("/"):  # relative: to /workspace, as files
+        cwd = posixpath.normpath(posixpath.join(WORKSPACE, cwd))
+    return cwd
+
+
 def shell_argv(command: str) -> list[str]:
     return [DEFAULT_SHELL, "-c", exec_text(command, "the command")]
 
@@ -144,16 +184,22 @@ def normalise_argv(command: str | Sequence[str]) -> list[str]:
 @dataclass(frozen=True)
 class _Job:
     """A foreground command as launched: the host argv and its environment, the input to
-    feed it, its limit in seconds and its cgroup leaf (what pipes and a pty share)."""
+    feed it, its limit in seconds and its cgroup leaf (what pipes and a pty share); the
+    command itself and its cwd, for the resident launcher."""
 
     launcher: list[str]
     env: dict[str, str]
     stdin: bytes | None
     timeout: float | None
     leaf: str
+    argv: list[str]
+    cwd: str | None
 
 
 class CommandRunner:
+    # Whether foreground commands may go through the sandbox's resident launcher.
+    uses_resident: ClassVar[bool] = True
+
     def __init__(
         self,
         paths: LaunchPaths,
@@ -184,17 +230,13 @@ class CommandRunner:
     ) -> list[str]:
         """``enter_argv.launcher_argv`` for this sandbox (``cwd`` checked, a relative one
         taken from /workspace); ``options`` as there."""
-        if cwd is not None:
-            required_text(cwd, "cwd", f"pass a directory, e.g. {WORKSPACE}")
-        if cwd is not None and not cwd.startswith("/"):  # relative: to /workspace, as files
-            cwd = posixpath.normpath(posixpath.join(WORKSPACE, cwd))
         return enter_argv.launcher_argv(
             str(self.paths.nsexec),
             self.cgroup.leaf_dir(leaf),
             self.cgroup.v1_dirs(),
             self.init_pid,
             str(self.paths.seccomp),
-            cwd,
+            absolute_cwd(cwd),
             argv,
             **options,
         )
@@ -275,7 +317,7 @@ class CommandRunner:
             cancel.bind(lambda: self.kill_tree(leaf))
         try:
             try:
-                job = _Job(launcher, environment, stdin_data, timeout, leaf)
+                job = _Job(launcher, environment, stdin_data, timeout, leaf, argv, cwd)
                 if pty:
                     status, outcome = self._run_pty(job, out)
                     recent, process_id = b"", None
@@ -309,7 +351,7 @@ class CommandRunner:
 
     def _settle(
         self,
-        proc: subprocess.Popen[bytes],
+        proc: Process,
         outcome: str,
         adopt: Adopter | None,
         argv: list[str],
@@ -332,15 +374,19 @@ class CommandRunner:
 
     def _run_pipes(
         self, job: _Job, out: BoundedCapture, err: BoundedCapture, watch: bool
-    ) -> tuple[subprocess.Popen[bytes], str, bytes]:
-        proc = subprocess.Popen(
-            job.launcher,
-            stdin=subprocess.PIPE if job.stdin or watch else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=job.env,
-            close_fds=True,
-        )
+    ) -> tuple[Process, str, bytes]:
+        with_stdin = bool(job.stdin or watch)
+        proc: Process | None = self._resident_pipes(job, with_stdin)
+        if proc is None:
+            proc = subprocess.Popen(
+                job.launcher,
+                stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=job.env,
+                close_fds=True,
+            )
+            self.start_resident()
         assert proc.stdout is not None and proc.stderr is not None
         streams: dict[IO[bytes], BoundedCapture] = {proc.stdout: out, proc.stderr: err}
         stdin_id = stream_id(proc.stdin.fileno()) if watch and proc.stdin is not None else None
@@ -350,9 +396,16 @@ class CommandRunner:
     def _run_pty(self, job: _Job, out: BoundedCapture) -> tuple[int, str]:
         master, slave = self.open_pty()
         try:
-            proc = subprocess.Popen(
-                job.launcher, stdin=slave, stdout=slave, stderr=slave, env=job.env, close_fds=True
-            )
+            started = self._launch(job, (slave, slave, slave), ctty=True)
+            proc: Process
+            if started is not None:
+                proc = ResidentProcess(started, None, None, None)
+            else:
+                proc = subprocess.Popen(
+                    job.launcher, stdin=slave, stdout=slave, stderr=slave, env=job.env,
+                    close_fds=True,
+                )  # fmt: skip
+                self.start_resident()
         finally:
             os.close(slave)
         master_file = os.fdopen(master, "r+b", buffering=0)
@@ -361,6 +414,62 @@ class CommandRunner:
                 master_file.write(job.stdin)
             outcome, _ = self._pump(proc, {master_file: out}, None, job.timeout, job.leaf, None)
         return proc.wait(), outcome
+
+    # the resident launcher ----------------------------------------------------------------
+    def _launch(
+        self, job: _Job, stdio: tuple[int, int, int], ctty: bool = False
+    ) -> resident.Started | None:
+        """Start the job through the resident launcher; None: none answers (old path)."""
+        if not self.uses_resident:
+            return None
+        return resident.launch(
+            resident.socket_path(str(self.host.dir), str(self.paths.nsexec)),
+            job.argv,
+            job.env,
+            absolute_cwd(job.cwd) or WORKSPACE,
+            ctty,
+            stdio,
+            self.cgroup.leaf_dir(job.leaf),
+        )
+
+    def _resident_pipes(self, job: _Job, with_stdin: bool) -> ResidentProcess | None:
+        """The job started by the resident launcher with pipes, as ``_run_pipes``'s Popen
+        would have them, or None (old path)."""
+        if not self.uses_resident:
+            return None
+        null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        in_r, in_w = os.pipe() if with_stdin else (null, -1)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        started = None
+        try:
+            started = self._launch(job, (in_r, out_w, err_w))
+        finally:
+            for fd in {null, in_r, out_w, err_w}:
+                os.close(fd)
+            if started is None:  # the old path, or an error (E2BIG): our ends go too
+                for fd in (in_w, out_r, err_r):
+                    if fd >= 0:
+                        os.close(fd)
+        if started is None:
+            return None
+        stdin = os.fdopen(in_w, "wb") if in_w >= 0 else None
+        return ResidentProcess(started, stdin, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+
+    def start_resident(self) -> None:
+        """Start the sandbox's resident launcher for the next commands (best effort)."""
+        if not self.uses_resident:
+            return
+        resident.start(
+            resident.start_argv(
+                str(self.paths.nsexec),
+                str(self.host.dir),
+                self.cgroup.leaf_dir(resident.LEAF),
+                self.cgroup.v1_dirs(),
+                self.init_pid,
+                str(self.paths.seccomp),
+            )
+        )
 
     def open_pty(self) -> tuple[int, int]:
         """A pty pair from the sandbox's own devpts, so ``tty`` and ``ttyname`` work inside."""
@@ -381,7 +490,7 @@ class CommandRunner:
 
     def _pump(
         self,
-        proc: subprocess.Popen[bytes],
+        proc: Process,
         streams: dict[IO[bytes], BoundedCapture],
         stdin: bytes | None,
         timeout: float | None,
@@ -396,7 +505,7 @@ class CommandRunner:
         A command waiting for input keeps its pipes open: the caller takes them over.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        pidfd = os.pidfd_open(proc.pid)
+        pidfd = exit_fd(proc)
         sel = selectors.DefaultSelector()
         by_fd = {stream.fileno(): stream for stream in streams}
         outcome = EXITED
@@ -431,22 +540,15 @@ class CommandRunner:
                 else:
                     ends = [t for t in (deadline, check_at) if t is not None]
                     wait = max(0.0, min(ends) - now) if ends else None
-                for key, _ in sel.select(wait):
-                    fd = int(key.fd)
-                    if fd == pidfd:
-                        sel.unregister(pidfd)
-                        exited_at = time.monotonic()
-                        continue
-                    chunk = read_ready(fd)
-                    if chunk is None:
-                        continue
+                exited, chunks = read_events(sel, sel.select(wait), pidfd)
+                exited_at = exited if exited is not None else exited_at
+                for fd, chunk in chunks:
                     if chunk:
                         streams[by_fd[fd]].feed(chunk)
                         last_output = time.monotonic()
                         recent += chunk
                         del recent[:-_RECENT_BYTES]
                     else:
-                        sel.unregister(fd)
                         del by_fd[fd]
         finally:
             sel.close()

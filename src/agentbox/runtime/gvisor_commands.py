@@ -69,6 +69,7 @@ def unsupported(feature: str) -> TierUnsupported:
 
 class GvisorCommandRunner(CommandRunner):
     host: GvisorHost
+    uses_resident = False  # its exec agent is this tier's resident launcher
 
     def __init__(
         self,

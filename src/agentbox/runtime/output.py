@@ -7,7 +7,9 @@ caller can save it where the agent can page it when the kept part was cut.
 from __future__ import annotations
 
 import os
+import selectors
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -27,6 +29,29 @@ def read_ready(fd: int) -> bytes | None:
         return None
     except OSError:
         return b""
+
+
+def read_events(
+    sel: selectors.BaseSelector, events: Iterable[tuple[selectors.SelectorKey, int]], exit_fd: int
+) -> tuple[float | None, list[tuple[int, bytes]]]:
+    """Handle what ``sel.select`` returned while pumping a command's output until its
+    ``exit_fd`` (a pidfd) fires: the time it fired, if it did now (it is unregistered),
+    and each stream's chunk as ``(fd, bytes)``, b"" once it ended (it is unregistered)."""
+    exited: float | None = None
+    chunks: list[tuple[int, bytes]] = []
+    for key, _ in events:
+        fd = int(key.fd)
+        if fd == exit_fd:
+            sel.unregister(exit_fd)
+            exited = time.monotonic()
+            continue
+        chunk = read_ready(fd)
+        if chunk is None:
+            continue
+        if not chunk:
+            sel.unregister(fd)
+        chunks.append((fd, chunk))
+    return exited, chunks
 
 
 class BoundedCapture:

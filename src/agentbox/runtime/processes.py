@@ -44,6 +44,8 @@ from agentbox.runtime.commands import (
     INPUT_QUIET_S,
     CommandRunner,
     LiveCommand,
+    Process,
+    exit_fd,
     launch_error,
     normalise_argv,
 )
@@ -493,7 +495,7 @@ def _move_processes(unified: Path, old: str, new: str) -> None:
                 (unified / new / "cgroup.procs").write_text(pid)
 
 
-def _relay(proc: subprocess.Popen[bytes], pdir: Path, fifo: int, ids: tuple[int, int]) -> None:
+def _relay(proc: Process, pdir: Path, fifo: int, ids: tuple[int, int]) -> None:
     """Copy an adopted command's output to its files and the FIFO to its stdin until it
     exits; then record its exit like the launcher does (128 + signal when killed).
 
@@ -513,12 +515,12 @@ def _relay(proc: subprocess.Popen[bytes], pdir: Path, fifo: int, ids: tuple[int,
     (pdir / "exit.tmp").rename(pdir / "exit")
 
 
-def _copy(proc: subprocess.Popen[bytes], sinks: dict[int, int], fifo: int) -> None:
+def _copy(proc: Process, sinks: dict[int, int], fifo: int) -> None:
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     stdin = proc.stdin.fileno()
     os.set_blocking(stdin, False)
     pending = b""
-    pidfd = os.pidfd_open(proc.pid)
+    pidfd = exit_fd(proc)
     sel = selectors.DefaultSelector()
     try:
         for fd in (*sinks, fifo, pidfd):

@@ -9,16 +9,18 @@ and seccomp program already built. For anything else :func:`prepare` returns Non
 caller takes the full path, which resumes, explains or refuses as usual. The command is
 confined by the same ``agentbox-nsexec enter`` argv (``runtime.enter_argv``, shared with
 ``CommandRunner``); tests/integration/test_quick_exec.py checks both build the same one.
+When the sandbox's resident launcher answers (``runtime.resident``), the command goes
+through it instead, as ``CommandRunner`` sends it; the first command without one starts it.
 """
 
 from __future__ import annotations
 
+import _sqlite3 as sqlite3  # the C core: the package adds datetime adapters we never use
 import os
 import select
-import sqlite3
 
 from agentbox.network import sandbox_env
-from agentbox.runtime import enter_argv
+from agentbox.runtime import enter_argv, resident
 
 TYPE_CHECKING = False  # typing itself is a tenth of this path's start-up
 if TYPE_CHECKING:
@@ -43,12 +45,24 @@ _ENV = (
 
 
 class Prepared:
-    """A command ready to start: the launcher argv, its environment, the cgroup leaf."""
+    """A command ready to start: the launcher argv, its environment, the cgroup leaf; the
+    command itself and the sandbox's resident launcher (its socket, how to start it)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], leaf_dir: str) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        leaf_dir: str,
+        command: list[str],
+        socket: str,
+        resident_argv: list[str],
+    ) -> None:
         self.argv = argv
         self.env = env
         self.leaf_dir = leaf_dir
+        self.command = command
+        self.socket = socket
+        self.resident_argv = resident_argv
 
 
 def home() -> str:
@@ -108,9 +122,13 @@ def prepare(sandbox_id: str, argv: Sequence[str], leaf: str) -> Prepared | None:
     launcher = enter_argv.launcher_argv(
         paths[0], leaf_dir, v1, init_pid, paths[1], None, list(argv)
     )
+    resident_argv = resident.start_argv(
+        paths[0], sandbox_dir, os.path.join(unified, resident.LEAF), v1, init_pid, paths[1]
+    )
     with _suppressed(FileNotFoundError):
         os.utime(os.path.join(sandbox_dir, "activity"))  # the idle clock restarts
-    return Prepared(launcher, env, leaf_dir)
+    socket = resident.socket_path(sandbox_dir, paths[0])
+    return Prepared(launcher, env, leaf_dir, list(argv), socket, resident_argv)
 
 
 def run(
@@ -134,22 +152,25 @@ def _spawn_and_pump(
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC), -1)
+    pid = -1
     try:
-        pid = os.posix_spawn(
-            prepared.argv[0],
-            prepared.argv,
-            prepared.env,
-            # Every fd is CLOEXEC (PEP 446); the launcher also closes all but 0-2.
-            file_actions=[
-                (os.POSIX_SPAWN_DUP2, in_r, 0),
-                (os.POSIX_SPAWN_DUP2, out_w, 1),
-                (os.POSIX_SPAWN_DUP2, err_w, 2),
-            ],
-        )
+        stdio = (in_r, out_w, err_w)
+        started = resident.launch(
+            prepared.socket, prepared.command, prepared.env, enter_argv.WORKSPACE, False,
+            stdio, prepared.leaf_dir,
+        )  # fmt: skip
+        if started is None:
+            pid = os.posix_spawn(
+                prepared.argv[0],
+                prepared.argv,
+                prepared.env,
+                # Every fd is CLOEXEC (PEP 446); the launcher also closes all but 0-2.
+                file_actions=[(os.POSIX_SPAWN_DUP2, fd, i) for i, fd in enumerate(stdio)],
+            )
     finally:
         for fd in (in_r, out_w, err_w):
             os.close(fd)
-    pidfd = os.pidfd_open(pid)
+    pidfd = started.exit_fd() if started is not None else os.pidfd_open(pid)
     if stdin:
         _feed(in_w, stdin)
     err_head = bytearray()
@@ -184,7 +205,11 @@ def _spawn_and_pump(
     finally:
         for fd in (out_r, err_r, pidfd):
             os.close(fd)
+    if started is not None:
+        return started.wait(), bytes(err_head)
     _, status = os.waitpid(pid, 0)
+    # No launcher answered: start one for the next command (after this one's output).
+    resident.start(prepared.resident_argv)
     return os.waitstatus_to_exitcode(status), bytes(err_head)
 
 

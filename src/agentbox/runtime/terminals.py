@@ -29,7 +29,7 @@ from pathlib import Path
 
 from agentbox.errors import InvalidRequest, LimitExceeded, ProcessNotFound
 from agentbox.runtime.files import sandbox_credentials
-from agentbox.runtime.output import read_ready
+from agentbox.runtime.output import read_events
 
 MAX_SIDE = 10_000  # columns or rows
 _DRAIN_S = 0.05  # quiet time after the exit before the output counts as complete
@@ -167,16 +167,10 @@ def _copy(proc: subprocess.Popen[bytes], master: int, sink: int) -> None:
             events = sel.select(_DRAIN_S if exited_at is not None else None)
             if not events and exited_at is not None:
                 return  # quiet since the exit: all output is in
-            for key, _ in events:
-                if key.fd == pidfd:
-                    sel.unregister(pidfd)
-                    exited_at = time.monotonic()
-                    continue
-                chunk = read_ready(master)
-                if chunk is None:
-                    continue
+            exited, chunks = read_events(sel, events, pidfd)
+            exited_at = exited if exited is not None else exited_at
+            for _, chunk in chunks:
                 if not chunk:
-                    sel.unregister(master)
                     reading = False
                 elif sink >= 0:
                     with contextlib.suppress(OSError):  # a full disk drops output
