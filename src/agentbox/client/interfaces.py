@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterator, Mapping
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol, Unpack
 
 from agentbox.runtime.requests import DEFAULT_MAX_OUTPUT as DEFAULT_MAX_OUTPUT
 from agentbox.runtime.requests import DEFAULT_TIMEOUT_S as DEFAULT_TIMEOUT_S
+from agentbox.runtime.requests import SnapshotOptions
 from agentbox.runtime.requests import WriteMode as WriteMode
 
 if TYPE_CHECKING:  # the SDK loads light: these are imported where they are used
@@ -110,14 +111,7 @@ class Backend(Protocol):
     def resume(self, sandbox_id: str) -> SandboxRecord: ...
     def stop(self, sandbox_id: str) -> SandboxRecord: ...
     def fork(self, sandbox_id: str) -> SandboxRecord: ...
-    def snapshot(
-        self,
-        sandbox_id: str,
-        *,
-        redact: bool = False,
-        allowlist: str | None = None,
-        memory: bool = False,
-    ) -> SnapshotInfo: ...
+    def snapshot(self, sandbox_id: str, **options: Unpack[SnapshotOptions]) -> SnapshotInfo: ...
     def restore(self, snapshot_id: str) -> SandboxRecord: ...
     def list_snapshots(self) -> builtins.list[SnapshotInfo]: ...
     def delete_snapshot(self, snapshot_id: str) -> None: ...

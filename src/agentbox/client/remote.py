@@ -15,7 +15,7 @@ import json
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, Unpack
 from urllib.parse import quote
 
 import httpx2
@@ -28,6 +28,7 @@ from agentbox.runtime.requests import (
     DownloadRequest,
     RunRequest,
     SessionRunRequest,
+    SnapshotOptions,
     StartRequest,
     WriteRequest,
     coerce,
@@ -503,15 +504,12 @@ class RemoteRuntime:
     def fork(self, sandbox_id: str) -> SandboxRecord:
         return _record(self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/fork"))
 
-    def snapshot(
-        self,
-        sandbox_id: str,
-        *,
-        redact: bool = False,
-        allowlist: str | None = None,
-        memory: bool = False,
-    ) -> SnapshotInfo:
-        body = {"redact": redact, "allowlist": allowlist, "memory": memory}
+    def snapshot(self, sandbox_id: str, **options: Unpack[SnapshotOptions]) -> SnapshotInfo:
+        body = {
+            "redact": options.get("redact", False),
+            "allowlist": options.get("allowlist"),
+            "memory": options.get("memory", False),
+        }
         data = self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/snapshots", json=body)
         return SnapshotInfo(**data)
 

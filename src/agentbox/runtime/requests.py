@@ -102,6 +102,14 @@ class ExportOptions(TypedDict, total=False):
     withheld: list[tuple[str, str]] | None  # appended: (path in the tar, why left out)
 
 
+class SnapshotOptions(TypedDict, total=False):
+    """``snapshot``'s keywords, in the SDK's backends and the runtime alike."""
+
+    redact: bool  # replace found secrets instead of refusing (default False)
+    allowlist: str | None  # allow-list text (see storage.secretscan.AllowList)
+    memory: bool  # its running processes too (isolation gvisor; default False)
+
+
 @dataclass(frozen=True)
 class DownloadRequest:
     """A tar of ``path`` streamed into ``fileobj``: what the host would run or trust is

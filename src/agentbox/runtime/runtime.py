@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from agentbox.config.host import Admission, agentbox_home
 from agentbox.errors import (
@@ -41,6 +41,7 @@ from agentbox.runtime import template_tiers
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.host import Launch, LaunchPaths, SandboxHost, process_start_time
 from agentbox.runtime.live import LiveSandboxes, Running
+from agentbox.runtime.requests import SnapshotOptions
 from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.store import SandboxRecord, SandboxState, Store
 from agentbox.runtime.tiers import GVISOR, host_for, host_limits
@@ -596,20 +597,15 @@ class Runtime:
         url = store_url or os.environ.get("AGENTBOX_STORE") or None
         return Snapshots(self, open_store(url, self.home))
 
-    def snapshot(
-        self,
-        sandbox_id: str,
-        *,
-        redact: bool = False,
-        allowlist: str | None = None,
-        memory: bool = False,
-    ) -> SnapshotInfo:
+    def snapshot(self, sandbox_id: str, **options: Unpack[SnapshotOptions]) -> SnapshotInfo:
         """Scan, archive and store the sandbox's writable layer and /workspace; refused
         (SecretsFound, with a report) when secrets are found, unless ``redact``.
         ``allowlist``: allow-list text (see storage.secretscan.AllowList). ``memory``:
         its running processes too (gvisor tier; runtime.memory_snapshots)."""
         from agentbox.storage.secretscan import AllowList
 
+        redact, allowlist = options.get("redact", False), options.get("allowlist")
+        memory = options.get("memory", False)
         allowed = AllowList.parse(allowlist, "allow-list") if allowlist else None
         if memory:
             from agentbox.runtime import memory_snapshots
