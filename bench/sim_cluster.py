@@ -54,7 +54,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import httpx2  # noqa: E402
 
 from agentbox.cluster import pki, placement  # noqa: E402
-from agentbox.cluster.registry import Registry  # noqa: E402
+from agentbox.cluster.registry import ON_NODE_SQL, Registry  # noqa: E402
 from agentbox.state.postgres import PostgresDB, migrate  # noqa: E402
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
@@ -129,28 +129,45 @@ class SimNodes:
         return 404, {"error": {"code": "not_found", "message": path}}
 
     def beat_loop(self, names: list[str]) -> None:
-        """The heartbeats of ``names``, each every ``interval``, staggered evenly."""
+        """The heartbeats of ``names``, each every ``interval``, staggered evenly.
+
+        The beats due at once go to PostgreSQL in one pipeline, each beat's two statements
+        followed by its own sync (its own implicit transaction and commit, as a real
+        node's autocommit statements): the server executes and commits exactly what 1,000
+        real nodes would send, while this process spares a round trip and a thread wake-up
+        per statement (profiled: waiting on those round trips was most of its time, and the
+        threads fell behind under load)."""
         step = self.interval / len(names)
         start = time.monotonic()
         k = 0
         while not self.stop.is_set():
-            node = names[k % len(names)]
             due = start + k * step
             delay = due - time.monotonic()
             if delay > 0 and self.stop.wait(delay):
                 return
+            # Every beat due by now, at most a tenth of the thread's nodes per batch.
+            n = max(1, min(len(names) // 10, int((time.monotonic() - due) / step) + 1))
             if delay < -self.interval:
-                self.late += 1
-            k += 1
-            if node in self.dead:
-                continue
+                self.late += n
+            batch = [names[(k + i) % len(names)] for i in range(n)]
+            k += n
+            batch = [node for node in batch if node not in self.dead]
             try:
-                self.registry.on_node(node)  # the reconcile's read
-                capacity = dict(CAPACITY, sandboxes=self.sandboxes[node])
-                self.registry.heartbeat(node, self.addresses[node], {"zone": "z1"}, capacity)
-                self.beats += 1
+                conn = self.registry.db.conn()
+                reads = []
+                with conn.raw.pipeline() as pipe:
+                    for node in batch:
+                        reads.append(conn.execute(ON_NODE_SQL, (node,)))  # reconcile read
+                        capacity = dict(CAPACITY, sandboxes=self.sandboxes[node])
+                        self.registry.heartbeat(
+                            node, self.addresses[node], {"zone": "z1"}, capacity
+                        )
+                        pipe.sync()
+                for cursor in reads:  # decoded as a node does
+                    _ = {str(r[0]): (str(r[1]), float(r[2])) for r in cursor.fetchall()}
+                self.beats += len(batch)
             except Exception as e:  # keep beating: a lost node would skew everything
-                print(f"heartbeat of {node} failed: {e}", file=sys.stderr, flush=True)
+                print(f"heartbeats of {batch[:3]}... failed: {e}", file=sys.stderr, flush=True)
 
     def kill(self, nodes: list[str]) -> None:
         for node in nodes:
@@ -214,6 +231,25 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / HZ
 
 
+def pg_connections(pid: int, port: int) -> int:
+    """How many connections process ``pid`` holds open to PostgreSQL on ``port``."""
+    inodes = set()
+    try:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            target = os.readlink(fd) if fd.is_symlink() else ""
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return 0
+    count = 0
+    for line in lines:
+        f = line.split()
+        if f[3] == "01" and int(f[2].rsplit(":", 1)[1], 16) == port and f[9] in inodes:
+            count += 1
+    return count
+
+
 def pg_pids(data: Path) -> list[int]:
     """The postmaster and its children (backends, walwriter, ...)."""
     master = int((data / "postmaster.pid").read_text().split()[0])
@@ -241,6 +277,7 @@ class Meter:
             "postgres": cpu_seconds(pg_pids(self.data)),
             "gateways": cpu_seconds(self.gateways),
             "sim": cpu_seconds([self.nodes]),
+            "driver": cpu_seconds([os.getpid()]),  # the load generator (this process)
         }
 
     def start(self) -> tuple[float, dict[str, float]]:
@@ -275,47 +312,87 @@ def top(count: Any, per: float, n: int = 4) -> str:
     return "; ".join(f"{calls / per:.2f}x `{q[:60]}`" for calls, q in count.top[:n])
 
 
+class Conn:
+    """One keep-alive HTTP/1.1 connection to a replica, for the load driver.
+
+    Not httpx: profiled, httpx spent ~5 ms of this process's CPU per create (its pool, its
+    response model), as much as the replica under test, on a host whose two cores the
+    driver shares with everything it measures. A replica's answer always carries a
+    content-length (JSON bodies)."""
+
+    def __init__(self, url: str, token: str) -> None:
+        parts = url.removeprefix("http://").split(":")
+        self.host, self.port = parts[0], int(parts[1])
+        self.auth = f"Bearer {token}"
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: Any = None
+
+    async def post(self, path: str, body: Any) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        data = json.dumps(body).encode()
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n"
+            f"authorization: {self.auth}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        length, close = 0, False
+        for line in head[1:]:
+            key, _, value = line.partition(":")
+            key = key.strip().lower()
+            if key == "content-length":
+                length = int(value)
+            elif key == "connection" and value.strip().lower() == "close":
+                close = True
+        answer = await self.reader.readexactly(length)
+        if close:
+            await self.close()
+        return int(head[0].split(" ", 2)[1]), answer
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = self.reader = None
+
+
 async def drive_creates(urls: list[str], token: str, n: int, concurrency: int) -> list[str]:
     ids: list[str] = []
     errors: list[str] = []
-    headers = {"Authorization": f"Bearer {token}"}
-    clients = [httpx2.AsyncClient(base_url=u, headers=headers, timeout=120) for u in urls]
     todo = iter(range(n))
 
     async def worker(w: int) -> None:
-        client = clients[w % len(clients)]
+        conn = Conn(urls[w % len(urls)], token)
         for _ in todo:
-            r = await client.post("/v1/sandboxes", json={"template": "default"})
-            if r.status_code == 201:
-                ids.append(r.json()["id"])
+            status, answer = await conn.post("/v1/sandboxes", {"template": "default"})
+            if status == 201:
+                ids.append(json.loads(answer)["id"])
             else:
-                errors.append(f"{r.status_code} {r.text[:200]}")
+                errors.append(f"{status} {answer[:200]!r}")
+        await conn.close()
 
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    for c in clients:
-        await c.aclose()
     if errors:
         print(f"  {len(errors)} creates failed, first: {errors[0]}", flush=True)
     return ids
 
 
 async def drive_calls(urls: list[str], token: str, ids: list[str], concurrency: int) -> int:
-    headers = {"Authorization": f"Bearer {token}"}
-    clients = [httpx2.AsyncClient(base_url=u, headers=headers, timeout=120) for u in urls]
     todo = iter(ids)
     failed = [0]
 
     async def worker(w: int) -> None:
-        client = clients[w % len(clients)]
+        conn = Conn(urls[w % len(urls)], token)
         for sandbox in todo:
             body = {"arguments": {"sandbox_id": sandbox, "command": "true"}}
-            r = await client.post("/v1/tools/terminal_run", json=body)
-            if r.status_code != 200:
+            status, _ = await conn.post("/v1/tools/terminal_run", body)
+            if status != 200:
                 failed[0] += 1
+        await conn.close()
 
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    for c in clients:
-        await c.aclose()
     return failed[0]
 
 
@@ -448,6 +525,9 @@ def main() -> None:
                 "beats_s": (after["beats"] - before["beats"]) / s,
                 "late": after["late"] - before["late"],
                 "top": top(m["count"], s),
+                # Connections each process holds to PostgreSQL (docs/scale.md).
+                "pg_conns_replicas": [pg_connections(pid, server.port) for pid in gateway_pids],
+                "pg_conns_sim": pg_connections(sim.pid, server.port),
             }
             print(label, json.dumps(results[label]), flush=True)
 
@@ -484,6 +564,7 @@ def main() -> None:
                 "pg_cpu_ms_per_create": 1000 * m["cpu"]["postgres"] / k,
                 "gw_cpu_ms_per_create": 1000 * m["cpu"]["gateways"] / k,
                 "sim_cpu_ms_per_create": 1000 * m["cpu"]["sim"] / k,
+                "driver_cpu_ms_per_create": 1000 * m["cpu"]["driver"] / k,
                 "pg_cpu": m["cpu"]["postgres"] / s,
                 "gw_cpu": m["cpu"]["gateways"] / s,
                 "top": top(m["count"], k, 6),
@@ -509,6 +590,10 @@ def main() -> None:
             "top": top(m["count"], k),
         }
         print("calls", json.dumps(results["calls"]), flush=True)
+        results["pg_conns_after_calls"] = {
+            "replicas": [pg_connections(pid, server.port) for pid in gateway_pids],
+            "sim": pg_connections(sim.pid, server.port),
+        }
 
         idle("idle_full")
 
@@ -597,9 +682,9 @@ def render(r: dict[str, Any], command: str, code: str) -> str:
         "",
         "| concurrency | creates | registered after | creates/s | statements per create "
         "(all / its own) | rows read per create | PG CPU ms/create | replica CPU ms/create "
-        "| sim-nodes CPU ms/create | PG cores busy | replica cores busy "
+        "| sim-nodes CPU ms/create | driver CPU ms/create | PG cores busy | replica cores busy "
         "| new TLS connections per create |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in r["creates"]:
         out.append(
@@ -607,6 +692,7 @@ def render(r: dict[str, Any], command: str, code: str) -> str:
             f"{c['statements_per_create']:.2f} / {c['own_statements_per_create']:.2f} | "
             f"{c['rows_per_create']:.0f} | {c['pg_cpu_ms_per_create']:.2f} | "
             f"{c['gw_cpu_ms_per_create']:.2f} | {c['sim_cpu_ms_per_create']:.2f} | "
+            f"{c.get('driver_cpu_ms_per_create', float('nan')):.2f} | "
             f"{c['pg_cpu']:.2f} | {c['gw_cpu']:.2f} | "
             f"{c.get('connections_per_create', float('nan')):.2f} |"
         )
@@ -631,6 +717,16 @@ def render(r: dict[str, Any], command: str, code: str) -> str:
                 f"| {a['nodes']} nodes, {name} | {i['statements_s']:.0f} | {i['beats_s']:.0f} | "
                 f"{i['server_ms_s']:.1f} | {i['pg_cpu']:.3f} | {i['sim_cpu']:.3f} | {i['late']} |"
             )
+    if "pg_conns_after_calls" in r:
+        pc = r["pg_conns_after_calls"]
+        out += [
+            "",
+            f"Connections to PostgreSQL after the calls: each replica "
+            f"{', '.join(map(str, pc['replicas']))} (one per thread that touched the "
+            f"database: its request threads, the sweep, the audit shipper); the simulated "
+            f"nodes together {pc['sim']} ({a['db_threads']} heartbeat threads and the threads "
+            "that write the creates' rows).",
+        ]
     if "placement" in r:
         pl = r["placement"]
         out += [
