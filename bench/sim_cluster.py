@@ -52,6 +52,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import httpx2  # noqa: E402
+from pgbouncerkit import connections_of  # noqa: E402
 
 from agentbox.cluster import pki, placement  # noqa: E402
 from agentbox.cluster.registry import ON_NODE_SQL, Registry  # noqa: E402
@@ -229,25 +230,6 @@ def cpu_seconds(pids: list[int]) -> float:
             continue
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / HZ
-
-
-def pg_connections(pid: int, port: int) -> int:
-    """How many connections process ``pid`` holds open to PostgreSQL on ``port``."""
-    inodes = set()
-    try:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            target = os.readlink(fd) if fd.is_symlink() else ""
-            if target.startswith("socket:["):
-                inodes.add(target[8:-1])
-        lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
-    except OSError:
-        return 0
-    count = 0
-    for line in lines:
-        f = line.split()
-        if f[3] == "01" and int(f[2].rsplit(":", 1)[1], 16) == port and f[9] in inodes:
-            count += 1
-    return count
 
 
 def pg_pids(data: Path) -> list[int]:
@@ -526,8 +508,8 @@ def main() -> None:
                 "late": after["late"] - before["late"],
                 "top": top(m["count"], s),
                 # Connections each process holds to PostgreSQL (docs/scale.md).
-                "pg_conns_replicas": [pg_connections(pid, server.port) for pid in gateway_pids],
-                "pg_conns_sim": pg_connections(sim.pid, server.port),
+                "pg_conns_replicas": [connections_of(pid, server.port) for pid in gateway_pids],
+                "pg_conns_sim": connections_of(sim.pid, server.port),
             }
             print(label, json.dumps(results[label]), flush=True)
 
@@ -591,8 +573,8 @@ def main() -> None:
         }
         print("calls", json.dumps(results["calls"]), flush=True)
         results["pg_conns_after_calls"] = {
-            "replicas": [pg_connections(pid, server.port) for pid in gateway_pids],
-            "sim": pg_connections(sim.pid, server.port),
+            "replicas": [connections_of(pid, server.port) for pid in gateway_pids],
+            "sim": connections_of(sim.pid, server.port),
         }
 
         idle("idle_full")

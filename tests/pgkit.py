@@ -32,9 +32,10 @@ USER = "postgres"
 class PgServer:
     """``durable``: fsync on (benchmarks); tests run without it."""
 
-    def __init__(self, base: Path, durable: bool = False) -> None:
+    def __init__(self, base: Path, durable: bool = False, max_connections: int = 200) -> None:
         self.base = base
         self.durable = durable
+        self.max_connections = max_connections
         self.data = base / "data"
         self.port = free_port()
         self.log = base / "server.log"
@@ -58,7 +59,7 @@ class PgServer:
     def start(self) -> None:
         options = (
             f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 "
-            f"-c fsync={'on' if self.durable else 'off'} -c max_connections=200"
+            f"-c fsync={'on' if self.durable else 'off'} -c max_connections={self.max_connections}"
         )
         self._run(str(BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
                   "-o", options, "-w", "-t", "60", "start")  # fmt: skip
