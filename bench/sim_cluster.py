@@ -52,11 +52,11 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import httpx2  # noqa: E402
-from pgbouncerkit import connections_of  # noqa: E402
 
 from agentbox.cluster import pki, placement  # noqa: E402
 from agentbox.cluster.registry import ON_NODE_SQL, Registry  # noqa: E402
 from agentbox.state.postgres import PostgresDB, migrate  # noqa: E402
+from pgbouncerkit import connections_of  # noqa: E402
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 HZ = os.sysconf("SC_CLK_TCK")

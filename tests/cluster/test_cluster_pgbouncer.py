@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 from clusterkit import running_cluster
-from pgbouncerkit import connections_of, running_pgbouncer
 
 from agentbox.cluster.registry import Registry
 from agentbox.errors import StateUnavailable
 from agentbox.state.postgres import PostgresDB, migrate
+from pgbouncerkit import connections_of, running_pgbouncer
 from pgkit import USER, PgServer
 
 MAX_CONNECTIONS = 25  # PostgreSQL's own limit here (3 of them reserved for superusers)
@@ -90,7 +90,7 @@ def run_clients(url: str, clients: int) -> tuple[list[BaseException], int]:
                     registry.sweep(3600.0)  # a transaction with an advisory lock
                 with lock:
                     written[0] += 1
-        except BaseException as e:  # noqa: BLE001 - reported by the test
+        except BaseException as e:
             errors.append(e)
         finally:
             db.close()
