@@ -62,13 +62,9 @@ def migrate_command(config_path: Path | None, url: str | None, roles: bool, as_j
             from agentbox.state.roles import apply_roles
 
             apply_roles(url)
-        result = {
-            "state": "postgresql",
-            "before": before,
-            "applied": applied,
-            "version": LATEST,
-            "roles": roles,
-        }
+        result = {"state": "postgresql", "before": before, "applied": applied, "version": LATEST}
+        if roles:
+            result["roles"] = True
         message = (
             f"schema version {LATEST}: applied {', '.join(map(str, applied))} (was {before})"
             if applied

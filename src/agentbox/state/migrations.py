@@ -215,11 +215,25 @@ CREATE TABLE audit_records (
 );
 """
 
+_V4_AUDIT_CHECKPOINTS = """
+-- Retention of the audit copies (`agentbox audit prune --cluster`): where a chain's copy
+-- was cut. The first record kept links to `hash` (its `prev`), so verification starts
+-- here and reports what lies before as pruned; only the owner role writes this table.
+CREATE TABLE audit_checkpoints (
+    chain TEXT PRIMARY KEY,
+    seq BIGINT NOT NULL,
+    hash TEXT NOT NULL,
+    pruned_at DOUBLE PRECISION NOT NULL,
+    records_pruned BIGINT NOT NULL
+);
+"""
+
 # (version, name, SQL); append only.
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (1, "initial", _V1_INITIAL),
     (2, "cluster registry", _V2_CLUSTER),
     (3, "cluster audit chains", _V3_AUDIT_CHAINS),
+    (4, "audit checkpoints", _V4_AUDIT_CHECKPOINTS),
 )
 LATEST = MIGRATIONS[-1][0]
 _LOCK = "agentbox:schema"

@@ -4,8 +4,10 @@
 Two group roles, never logged in as themselves:
 
 * ``agentbox_gateway``: the replicas. Every table, except that the audit copies are
-  append-only (``audit_records``: read and insert; ``audit_chains``: no delete). Pruning
-  old audit copies (``agentbox audit prune --cluster``) runs as the owner, not a replica.
+  append-only (``audit_records``: read and insert; ``audit_chains``: no delete;
+  ``audit_checkpoints``: read only). Pruning old audit copies (``agentbox audit prune
+  --cluster``) runs as the owner, not a replica: whoever may cut a chain may also write
+  where it was cut, and no running process can.
 * ``agentbox_node``: the nodes. Each node logs in as a role named exactly its
   ``cluster.node.id``, a member of ``agentbox_node``; row-level security keys its rows on
   ``current_user``. A node writes only its own ``nodes`` row, its own registry rows and
@@ -81,9 +83,9 @@ def statements() -> list[str]:
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {GATEWAY}",
         f"REVOKE UPDATE, DELETE ON audit_records FROM {GATEWAY}",
         f"REVOKE DELETE ON audit_chains FROM {GATEWAY}",
-        f"REVOKE INSERT, UPDATE, DELETE ON schema_version FROM {GATEWAY}",
+        f"REVOKE INSERT, UPDATE, DELETE ON schema_version, audit_checkpoints FROM {GATEWAY}",
         f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {GATEWAY}",
-        f"GRANT SELECT ON schema_version TO {NODE}",
+        f"GRANT SELECT ON schema_version, audit_checkpoints TO {NODE}",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON {', '.join(_SHARED)} TO {NODE}",
         f"GRANT SELECT, INSERT, UPDATE ON nodes, audit_chains TO {NODE}",
         f"GRANT SELECT, INSERT, DELETE ON cluster_sandboxes TO {NODE}",
