@@ -111,6 +111,6 @@ def apply_roles(url: str) -> None:
     try:
         with db.tx(lock="agentbox:schema") as conn:
             for sql in statements():
-                conn.raw.execute(sql)  # type: ignore[call-overload] - our own constant SQL
+                conn.raw.execute(sql)  # our own constant SQL, no parameters
     finally:
         db.close()
