@@ -1,7 +1,14 @@
 """The cluster's control plane at 1,000 nodes, by simulation (docs/scale.md).
 
     .venv/bin/python bench/sim_cluster.py [--nodes 1000] [--sandboxes 20000]
-        [--gateways 1] [--calls 2000] [--kill 10] [--write]
+        [--gateways 1] [--calls 2000] [--kill 10] [--write LABEL] [--keep DIR]
+    .venv/bin/python bench/sim_cluster.py --resume DIR --sandboxes 100000 [...]
+
+``--keep DIR`` keeps PostgreSQL's data, the certificates and the results in DIR (an
+interrupted run, Ctrl-C or SIGINT, stops cleanly and says so); ``--resume DIR`` starts
+them again (new ports: the nodes' rows follow) and continues creating up to
+``--sandboxes`` from the sandboxes still running there, then runs the later phases: a
+long run split over several sittings on a shared host.
 
 Real: PostgreSQL 15 (tests/pgkit.py, fsync on, ``pg_stat_statements`` loaded), the
 cluster's gateway replicas (``agentbox serve`` with a ``cluster:`` section, each its own
@@ -177,6 +184,10 @@ class SimNodes:
 
     async def run(self, ready: Path) -> None:
         loop = asyncio.get_running_loop()
+        counts = self.registry.db.conn().execute(
+            "SELECT node, COUNT(*) FROM cluster_sandboxes GROUP BY node"
+        )
+        self.sandboxes.update({str(n): int(k) for n, k in counts})  # a resumed run's
         for node in self.names:
             server = await asyncio.start_server(
                 lambda r, w, n=node: self.handle(n, r, w), "127.0.0.1", 0, ssl=self.context
@@ -420,38 +431,68 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--write", metavar="LABEL", help="fill docs/scale.md's sim-LABEL block")
     p.add_argument("--code", default="", help="what code ran (default: git HEAD)")
+    p.add_argument(
+        "--keep", type=Path, metavar="DIR",
+        help="run in DIR and keep it (PostgreSQL's data, certificates, results) for --resume",
+    )  # fmt: skip
+    p.add_argument(
+        "--resume", type=Path, metavar="DIR",
+        help="continue a --keep run (interrupted, or a smaller --sandboxes) up to --sandboxes",
+    )  # fmt: skip
     a = p.parse_args()
     from bench_pg_load import Stats, start_server
+    from pgkit import PgServer
 
-    base = Path(tempfile.mkdtemp(prefix="agentbox-sim-", dir="/var/tmp"))
+    keep = a.resume or a.keep
+    base = keep or Path(tempfile.mkdtemp(prefix="agentbox-sim-", dir="/var/tmp"))
+    base.mkdir(exist_ok=True)
     base.chmod(0o711)  # the postgres user traverses to its data directory
     entry = pwd.getpwnam("postgres")
     pgdir = base / "pg"
-    pgdir.mkdir()
-    os.chown(pgdir, entry.pw_uid, entry.pw_gid)
-    server = start_server(pgdir)
-    procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, Any] = {"args": vars(a)}
+    if a.resume:
+        server = PgServer(pgdir, durable=True)  # its data as the last run left it
+        server.start()
+        results = {**json.loads((base / "results.json").read_text()), "args": vars(a)}
+    else:
+        pgdir.mkdir()
+        os.chown(pgdir, entry.pw_uid, entry.pw_gid)
+        server = start_server(pgdir)
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def save() -> None:  # after each step: an interrupted --keep run resumes from here
+        if keep:
+            (base / "results.json").write_text(json.dumps(results, default=str))
+
     try:
-        server.sql("CREATE DATABASE sim")
-        server.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         url = server.url("sim")
-        migrate(url)
+        if not a.resume:
+            server.sql("CREATE DATABASE sim")
+            server.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            migrate(url)
+            pki.init_ca(base / "pki")
+            pki.issue(base / "pki", "sim-nodes", "node", ["127.0.0.1"])
         stats = Stats(server, "sim")
-        pki.init_ca(base / "pki")
-        pki.issue(base / "pki", "sim-nodes", "node", ["127.0.0.1"])
+        if a.resume:
+            # The nodes' rows are as old as the last run: a replica's first sweep would
+            # declare every node lost before the simulated nodes beat again. They beat
+            # within one interval of starting; until then, count them as just heard.
+            conn = PostgresDB(url, check_schema=False)
+            conn.conn().execute("UPDATE nodes SET heartbeat_at = agentbox_now() + 60")
+            conn.close()
         token = secrets.token_urlsafe(24)
         env = {**os.environ, "AGENTBOX_SIM_TOKEN": token}
         urls = []
         for i in range(1, a.gateways + 1):
             name = f"gw-{i}"
-            pki.issue(base / "pki", name, "gateway", [])
+            if not (base / "pki" / f"{name}.pem").exists():
+                pki.issue(base / "pki", name, "gateway", [])
             from s3kit import free_port
 
             port = free_port()
             config = gateway_config(base, name, port, url, a.heartbeat, a.lost_after)
             home = base / name
-            home.mkdir()
+            home.mkdir(exist_ok=True)
             log = (base / f"{name}.log").open("ab")
             procs.append(
                 subprocess.Popen(
@@ -467,6 +508,7 @@ def main() -> None:
             wait_for(u, lambda u=u: httpx2.get(u + "/healthz").status_code == 200)
         gateway_pids = [pr.pid for pr in procs]
         ready = base / "nodes.json"
+        ready.unlink(missing_ok=True)  # a resumed run's is the last run's
         sim = subprocess.Popen(
             [sys.executable, __file__, "--serve-nodes", "--url", url, "--pki", str(base / "pki"),
              "--nodes", str(a.nodes), "--interval", str(a.heartbeat),
@@ -483,10 +525,12 @@ def main() -> None:
 
         wait_for("simulated nodes", ready.exists, timeout=300)
         registry = Registry(PostgresDB(url))
-        wait_for(
+        addresses = json.loads(ready.read_text())
+        wait_for(  # resumed: the rows must name this run's ports too
             "every node's first heartbeat",
-            lambda: sum(n.state == "ready" for n in registry.nodes()) == a.nodes,
-        )
+            lambda: sum(n.state == "ready" and addresses[n.id] == n.address
+                        for n in registry.nodes()) == a.nodes,
+        )  # fmt: skip
         print(f"{a.nodes} nodes beating; gateways {urls}", flush=True)
         meter = Meter(stats, server.data, gateway_pids, sim.pid)
 
@@ -513,18 +557,25 @@ def main() -> None:
             }
             print(label, json.dumps(results[label]), flush=True)
 
-        idle("idle_empty")
+        if "idle_empty" not in results:
+            idle("idle_empty")
+            save()
 
         # Creates at rising concurrency, up to --sandboxes.
-        ids: list[str] = []
+        ids: list[str] = [
+            str(r[0])
+            for r in registry.db.conn().execute(
+                "SELECT id FROM cluster_sandboxes WHERE state = 'running' ORDER BY created_at"
+            )
+        ]  # none unless resumed
         levels = [int(c) for c in a.concurrency.split(",")]
         # Each level, then the last one again, in steps of at most 5,000 creates: a row per
         # step shows whether the rate holds as the registry grows.
         share = max(200, min(5000, a.sandboxes // (2 * len(levels))))
-        plan = [(c, share) for c in levels[:-1]]
-        while (left := a.sandboxes - sum(n for _, n in plan)) > 0:
+        plan = [(c, share) for c in levels[:-1]] if not ids else []
+        while (left := a.sandboxes - len(ids) - sum(n for _, n in plan)) > 0:
             plan.append((levels[-1], min(share, left)))
-        results["creates"] = []
+        results.setdefault("creates", [])
         for c, n in plan:
             before = ask("stats")
             started = meter.start()
@@ -552,6 +603,7 @@ def main() -> None:
                 "top": top(m["count"], k, 6),
             }
             results["creates"].append(row)
+            save()
             print("creates", json.dumps(row), flush=True)
 
         # Tool calls through the replica(s), spread over the sandboxes.
@@ -635,7 +687,11 @@ def main() -> None:
                 except subprocess.TimeoutExpired:
                     pr.kill()
         server.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        if keep:
+            save()
+            print(f"kept in {base}: continue with --resume {base}", flush=True)
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     out = Path(tempfile.gettempdir()) / "agentbox-sim-cluster.json"  # the run's raw numbers
     out.write_text(json.dumps(results, indent=1, default=str))
     if a.write:
