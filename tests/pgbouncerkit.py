@@ -79,12 +79,8 @@ def running_pgbouncer(pg_port: int, pool_size: int = 5) -> Iterator[PgBouncer]:
         _wait_listening(bouncer)
         yield bouncer
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        proc.terminate()  # PgBouncer's immediate shutdown: it closes every connection
+        proc.wait(timeout=30)
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,10 +96,17 @@ def postgres() -> Iterator[PgServer]:
             pytest.fail(
                 f"{BIN / tool} is missing: install Debian's postgresql (scripts/install.sh --dev)"
             )
+    with running_postgres() as server:
+        yield server
+
+
+@contextmanager
+def running_postgres(max_connections: int = 200) -> Iterator[PgServer]:
+    """A server of its own in a temp directory, torn down on exit."""
     base = Path(tempfile.mkdtemp(prefix="agentbox-pg-", dir="/var/tmp"))
     entry = pwd.getpwnam(USER)
     os.chown(base, entry.pw_uid, entry.pw_gid)
-    server = PgServer(base)
+    server = PgServer(base, max_connections=max_connections)
     try:
         server.init()
         server.start()

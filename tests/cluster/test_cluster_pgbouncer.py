@@ -11,12 +11,8 @@ token, destroyed; the connections each process holds are counted for docs/scale.
 
 from __future__ import annotations
 
-import os
-import pwd
 import secrets
-import shutil
 import subprocess
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +24,7 @@ from agentbox.cluster.registry import Registry
 from agentbox.errors import StateUnavailable
 from agentbox.state.postgres import PostgresDB, migrate
 from pgbouncerkit import connections_of, running_pgbouncer
-from pgkit import USER, PgServer
+from pgkit import PgServer, running_postgres
 
 MAX_CONNECTIONS = 25  # PostgreSQL's own limit here (3 of them reserved for superusers)
 CLIENTS = 120  # each a node thread's connection: several times what the server takes
@@ -38,19 +34,8 @@ ROUNDS = 8  # past psycopg's prepare threshold (5 runs of one statement on a con
 
 @pytest.fixture(scope="module")
 def small_postgres() -> Iterator[PgServer]:
-    base = Path(tempfile.mkdtemp(prefix="agentbox-pg-small-", dir="/var/tmp"))
-    entry = pwd.getpwnam(USER)
-    os.chown(base, entry.pw_uid, entry.pw_gid)
-    server = PgServer(base, max_connections=MAX_CONNECTIONS)
-    try:
-        server.init()
-        server.start()
+    with running_postgres(max_connections=MAX_CONNECTIONS) as server:
         yield server
-    finally:
-        try:
-            server.stop()
-        finally:
-            shutil.rmtree(base, ignore_errors=True)
 
 
 def server_backends(server: PgServer, database: str) -> int:
