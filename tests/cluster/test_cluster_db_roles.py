@@ -6,15 +6,18 @@ copies, DDL, the single-host tables. A replica's role cannot alter audit copies 
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 import pytest
-from clusterkit import AGENTBOX
+from clusterkit import _NODE, AGENTBOX, Proc, _config, free_port, running_cluster
 
+from agentbox.cluster import pki
 from agentbox.cluster.registry import Registry
 from agentbox.gateway.auth import TokenStore
 from agentbox.state.postgres import PostgresDB
@@ -139,3 +142,62 @@ def test_a_node_does_its_own_work_and_nothing_of_another(roles: Roles) -> None:
     finally:
         for db in (gateway, mine, theirs):
             db.close()
+
+
+def test_a_real_node_under_its_own_role(
+    roles: Roles, agentbox_home: Path, host_ready: None
+) -> None:
+    """A real ``agentbox node`` logged in as its role serves a sandbox end to end through
+    a replica: placement, a session token it mints, a command, the destroy; its heartbeat
+    and audit chain land; what it may not do stays refused (the test above)."""
+    agentbox_home.chmod(0o711)  # node homes live under it, sandboxes traverse to them
+    base = agentbox_home / f"roles-{secrets.token_hex(4)}"
+    try:
+        with running_cluster(roles.url("postgres"), base, nodes=0, gateways=1) as cluster:
+            name, port = roles.me, free_port()
+            pki.issue(cluster.pki, name, "node", ["127.0.0.1"])
+            home = base / name
+            home.mkdir()
+            node_block = _NODE.format(name=name, node_port=port, index=1)
+            cluster.state_url = roles.url(roles.me)  # the node's config names its own role
+            config = _config(cluster, name, free_port(), 0, node_block)
+            env = {**os.environ, "AGENTBOX_TEST_OPERATOR_TOKEN": cluster.token}
+            cluster.nodes[name] = Proc(
+                name,
+                [AGENTBOX, "node", "--config", str(config)],
+                {**env, "AGENTBOX_HOME": str(home)},
+                base / f"{name}.log",
+                home,
+            )
+            cluster.node_urls[name] = f"https://127.0.0.1:{port}"
+            cluster.start_node(name)
+            with cluster.client("gw-1") as c:
+                made = c.post("/v1/sandboxes", json={"template": "default"})
+                assert made.status_code == 201, made.text + cluster.nodes[name].tail()
+                sandbox = made.json()["id"]
+                issued = c.post("/v1/tokens", json={"sandbox": sandbox})
+                session = issued.raise_for_status().json()["token"]
+                r = c.post(
+                    "/v1/tools/terminal_run",
+                    json={"arguments": {"sandbox_id": sandbox, "command": "echo hi"}},
+                    headers={"Authorization": f"Bearer {session}"},
+                )
+                assert r.status_code == 200 and r.json()["stdout"] == "hi\n", r.text
+                assert c.delete(f"/v1/sandboxes/{sandbox}").status_code in (200, 204)
+            owner = roles.db("postgres")
+            try:
+                conn = owner.conn()
+                row = conn.execute(
+                    "SELECT head_seq FROM audit_chains WHERE id = ?", (f"node:{name}",)
+                ).fetchone()
+                revoked = conn.execute(
+                    "SELECT revoked_at FROM gateway_tokens WHERE sandbox = ?", (sandbox,)
+                ).fetchone()
+            finally:
+                owner.close()
+            assert row is not None  # its chain registered under its role
+            assert revoked is not None and revoked[0] is not None  # revoked by the destroy
+            assert "permission denied" not in cluster.nodes[name].tail()
+            assert "row-level security" not in cluster.nodes[name].tail()
+    finally:
+        subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)

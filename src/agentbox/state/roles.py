@@ -13,11 +13,12 @@ Two group roles, never logged in as themselves:
   ``current_user``. A node writes only its own ``nodes`` row, its own registry rows and
   its own audit chain; it mints and revokes session tokens only for sandboxes it runs
   (it reads token rows: listings are routed to any node, and a row's hash cannot
-  authenticate); it cannot delete or alter audit copies, run DDL or touch the
-  single-host tables. The shared features a node serves (approvals, egress grants,
-  usage and budgets of the batch tasks it runs, the task queue, E2B state) stay open to
-  it. The single-host tables (``sandboxes``, ``events``: a node keeps its own in its
-  home) are granted to no node.
+  authenticate; it may also revoke the tokens of a sandbox that runs nowhere any more,
+  since a destroy drops the registry row before revoking); it cannot delete or alter
+  audit copies, run DDL or touch the single-host tables. The shared features a node
+  serves (approvals, egress grants, usage and budgets of the batch tasks it runs, the
+  task queue, E2B state) stay open to it. The single-host tables (``sandboxes``,
+  ``events``: a node keeps its own in its home) are granted to no node.
 
 The owner (the role that runs the migrations) bypasses row-level security, so a
 deployment without these roles behaves as before. Applying is idempotent and re-grants
@@ -44,7 +45,17 @@ _SHARED = (
     "e2b_pauses",
     "e2b_snapshots",
 )
-_OWN_SANDBOX = "sandbox IN (SELECT id FROM cluster_sandboxes WHERE node = current_user)"
+_OWN_SANDBOX = "agentbox_sandbox_node(sandbox) = current_user"
+# A node destroys the sandbox (its registry row goes) before revoking its tokens: it may
+# revoke the tokens of a sandbox that runs nowhere any more, as well as its own.
+_OWN_OR_GONE = "COALESCE(agentbox_sandbox_node(sandbox), current_user) = current_user"
+# Which node runs a sandbox, whoever asks: a node's own reads of the registry see only
+# its rows, and a policy must know whether another node's row exists.
+_SANDBOX_NODE = (
+    "CREATE OR REPLACE FUNCTION agentbox_sandbox_node(sandbox TEXT) RETURNS TEXT"
+    " LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public"
+    " AS $$ SELECT node FROM cluster_sandboxes WHERE id = sandbox $$"
+)
 
 # (table, policy name, command, role, USING, WITH CHECK)
 _POLICIES: tuple[tuple[str, str, str, str, str | None, str | None], ...] = (
@@ -57,7 +68,7 @@ _POLICIES: tuple[tuple[str, str, str, str, str | None, str | None], ...] = (
     ("gateway_tokens", "gateway_all", "ALL", GATEWAY, "true", "true"),
     ("gateway_tokens", "node_read", "SELECT", NODE, "true", None),
     ("gateway_tokens", "node_mint_own", "INSERT", NODE, None, _OWN_SANDBOX),
-    ("gateway_tokens", "node_revoke_own", "UPDATE", NODE, _OWN_SANDBOX, _OWN_SANDBOX),
+    ("gateway_tokens", "node_revoke_own", "UPDATE", NODE, _OWN_OR_GONE, _OWN_OR_GONE),
     ("audit_chains", "gateway_all", "ALL", GATEWAY, "true", "true"),
     ("audit_chains", "node_own", "ALL", NODE, "id = 'node:' || current_user",
      "id = 'node:' || current_user"),
@@ -78,6 +89,9 @@ def statements() -> list[str]:
             "EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$"
         )
     out += [
+        _SANDBOX_NODE,
+        "REVOKE ALL ON FUNCTION agentbox_sandbox_node(TEXT) FROM PUBLIC",
+        f"GRANT EXECUTE ON FUNCTION agentbox_sandbox_node(TEXT) TO {GATEWAY}, {NODE}",
         f"GRANT USAGE ON SCHEMA public TO {GATEWAY}, {NODE}",
         f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {GATEWAY}, {NODE}",
         f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {GATEWAY}",
