@@ -22,7 +22,8 @@ from clusterkit import running_cluster
 
 from agentbox.cluster.registry import Registry
 from agentbox.errors import StateUnavailable
-from agentbox.state.postgres import PostgresDB, migrate
+from agentbox.state.db import state_url_error
+from agentbox.state.postgres import PostgresDB, migrate, split_pooler
 from pgbouncerkit import connections_of, running_pgbouncer
 from pgkit import PgServer, running_postgres
 
@@ -152,3 +153,15 @@ def test_a_node_and_a_replica_through_the_pooler(
                     assert c.delete(f"/v1/sandboxes/{sandbox}").status_code in (200, 204)
         finally:
             subprocess.run(["rm", "-rf", "--one-file-system", str(base)], check=False)
+
+
+def test_the_pooler_key_is_checked_and_never_reaches_libpq() -> None:
+    url = "postgresql://agentbox@db:6432/agentbox?sslmode=require&pooler=transaction"
+    assert state_url_error(url) is None
+    assert split_pooler(url) == (
+        "postgresql://agentbox@db:6432/agentbox?sslmode=require",
+        "transaction",
+    )
+    assert split_pooler("postgresql://agentbox@db/agentbox")[1] is None
+    problem = state_url_error("postgresql://agentbox@db/agentbox?pooler=session")
+    assert problem is not None and "pooler= takes one value, transaction" in problem
