@@ -15,9 +15,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from clusterkit import _NODE, AGENTBOX, Proc, _config, free_port, running_cluster
+from clusterkit import AGENTBOX, add_node, running_cluster
 
-from agentbox.cluster import pki
 from agentbox.cluster.registry import Registry
 from agentbox.gateway.auth import TokenStore
 from agentbox.state.postgres import PostgresDB
@@ -154,22 +153,10 @@ def test_a_real_node_under_its_own_role(
     base = agentbox_home / f"roles-{secrets.token_hex(4)}"
     try:
         with running_cluster(roles.url("postgres"), base, nodes=0, gateways=1) as cluster:
-            name, port = roles.me, free_port()
-            pki.issue(cluster.pki, name, "node", ["127.0.0.1"])
-            home = base / name
-            home.mkdir()
-            node_block = _NODE.format(name=name, node_port=port, index=1)
+            name = roles.me
             cluster.state_url = roles.url(roles.me)  # the node's config names its own role
-            config = _config(cluster, name, free_port(), 0, node_block)
             env = {**os.environ, "AGENTBOX_TEST_OPERATOR_TOKEN": cluster.token}
-            cluster.nodes[name] = Proc(
-                name,
-                [AGENTBOX, "node", "--config", str(config)],
-                {**env, "AGENTBOX_HOME": str(home)},
-                base / f"{name}.log",
-                home,
-            )
-            cluster.node_urls[name] = f"https://127.0.0.1:{port}"
+            add_node(cluster, name, 1, env)
             cluster.start_node(name)
             with cluster.client("gw-1") as c:
                 made = c.post("/v1/sandboxes", json={"template": "default"})
