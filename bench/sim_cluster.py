@@ -1,7 +1,14 @@
 """The cluster's control plane at 1,000 nodes, by simulation (docs/scale.md).
 
     .venv/bin/python bench/sim_cluster.py [--nodes 1000] [--sandboxes 20000]
-        [--gateways 1] [--calls 2000] [--kill 10] [--write]
+        [--gateways 1] [--calls 2000] [--kill 10] [--write LABEL] [--keep DIR]
+    .venv/bin/python bench/sim_cluster.py --resume DIR --sandboxes 100000 [...]
+
+``--keep DIR`` keeps PostgreSQL's data, the certificates and the results in DIR (an
+interrupted run, Ctrl-C or SIGINT, stops cleanly and says so); ``--resume DIR`` starts
+them again (new ports: the nodes' rows follow) and continues creating up to
+``--sandboxes`` from the sandboxes still running there, then runs the later phases: a
+long run split over several sittings on a shared host.
 
 Real: PostgreSQL 15 (tests/pgkit.py, fsync on, ``pg_stat_statements`` loaded), the
 cluster's gateway replicas (``agentbox serve`` with a ``cluster:`` section, each its own
@@ -54,8 +61,9 @@ sys.path.insert(0, str(REPO / "bench"))
 import httpx2  # noqa: E402
 
 from agentbox.cluster import pki, placement  # noqa: E402
-from agentbox.cluster.registry import Registry  # noqa: E402
+from agentbox.cluster.registry import ON_NODE_SQL, Registry  # noqa: E402
 from agentbox.state.postgres import PostgresDB, migrate  # noqa: E402
+from pgbouncerkit import connections_of  # noqa: E402
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 HZ = os.sysconf("SC_CLK_TCK")
@@ -129,28 +137,45 @@ class SimNodes:
         return 404, {"error": {"code": "not_found", "message": path}}
 
     def beat_loop(self, names: list[str]) -> None:
-        """The heartbeats of ``names``, each every ``interval``, staggered evenly."""
+        """The heartbeats of ``names``, each every ``interval``, staggered evenly.
+
+        The beats due at once go to PostgreSQL in one pipeline, each beat's two statements
+        followed by its own sync (its own implicit transaction and commit, as a real
+        node's autocommit statements): the server executes and commits exactly what 1,000
+        real nodes would send, while this process spares a round trip and a thread wake-up
+        per statement (profiled: waiting on those round trips was most of its time, and the
+        threads fell behind under load)."""
         step = self.interval / len(names)
         start = time.monotonic()
         k = 0
         while not self.stop.is_set():
-            node = names[k % len(names)]
             due = start + k * step
             delay = due - time.monotonic()
             if delay > 0 and self.stop.wait(delay):
                 return
+            # Every beat due by now, at most a tenth of the thread's nodes per batch.
+            n = max(1, min(len(names) // 10, int((time.monotonic() - due) / step) + 1))
             if delay < -self.interval:
-                self.late += 1
-            k += 1
-            if node in self.dead:
-                continue
+                self.late += n
+            batch = [names[(k + i) % len(names)] for i in range(n)]
+            k += n
+            batch = [node for node in batch if node not in self.dead]
             try:
-                self.registry.on_node(node)  # the reconcile's read
-                capacity = dict(CAPACITY, sandboxes=self.sandboxes[node])
-                self.registry.heartbeat(node, self.addresses[node], {"zone": "z1"}, capacity)
-                self.beats += 1
+                conn = self.registry.db.conn()
+                reads = []
+                with conn.raw.pipeline() as pipe:
+                    for node in batch:
+                        reads.append(conn.execute(ON_NODE_SQL, (node,)))  # reconcile read
+                        capacity = dict(CAPACITY, sandboxes=self.sandboxes[node])
+                        self.registry.heartbeat(
+                            node, self.addresses[node], {"zone": "z1"}, capacity
+                        )
+                        pipe.sync()
+                for cursor in reads:  # decoded as a node does
+                    _ = {str(r[0]): (str(r[1]), float(r[2])) for r in cursor.fetchall()}
+                self.beats += len(batch)
             except Exception as e:  # keep beating: a lost node would skew everything
-                print(f"heartbeat of {node} failed: {e}", file=sys.stderr, flush=True)
+                print(f"heartbeats of {batch[:3]}... failed: {e}", file=sys.stderr, flush=True)
 
     def kill(self, nodes: list[str]) -> None:
         for node in nodes:
@@ -159,6 +184,10 @@ class SimNodes:
 
     async def run(self, ready: Path) -> None:
         loop = asyncio.get_running_loop()
+        counts = self.registry.db.conn().execute(
+            "SELECT node, COUNT(*) FROM cluster_sandboxes GROUP BY node"
+        )
+        self.sandboxes.update({str(n): int(k) for n, k in counts})  # a resumed run's
         for node in self.names:
             server = await asyncio.start_server(
                 lambda r, w, n=node: self.handle(n, r, w), "127.0.0.1", 0, ssl=self.context
@@ -241,6 +270,7 @@ class Meter:
             "postgres": cpu_seconds(pg_pids(self.data)),
             "gateways": cpu_seconds(self.gateways),
             "sim": cpu_seconds([self.nodes]),
+            "driver": cpu_seconds([os.getpid()]),  # the load generator (this process)
         }
 
     def start(self) -> tuple[float, dict[str, float]]:
@@ -275,47 +305,87 @@ def top(count: Any, per: float, n: int = 4) -> str:
     return "; ".join(f"{calls / per:.2f}x `{q[:60]}`" for calls, q in count.top[:n])
 
 
+class Conn:
+    """One keep-alive HTTP/1.1 connection to a replica, for the load driver.
+
+    Not httpx: profiled, httpx spent ~5 ms of this process's CPU per create (its pool, its
+    response model), as much as the replica under test, on a host whose two cores the
+    driver shares with everything it measures. A replica's answer always carries a
+    content-length (JSON bodies)."""
+
+    def __init__(self, url: str, token: str) -> None:
+        parts = url.removeprefix("http://").split(":")
+        self.host, self.port = parts[0], int(parts[1])
+        self.auth = f"Bearer {token}"
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: Any = None
+
+    async def post(self, path: str, body: Any) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        data = json.dumps(body).encode()
+        self.writer.write(
+            f"POST {path} HTTP/1.1\r\nhost: {self.host}:{self.port}\r\n"
+            f"authorization: {self.auth}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        length, close = 0, False
+        for line in head[1:]:
+            key, _, value = line.partition(":")
+            key = key.strip().lower()
+            if key == "content-length":
+                length = int(value)
+            elif key == "connection" and value.strip().lower() == "close":
+                close = True
+        answer = await self.reader.readexactly(length)
+        if close:
+            await self.close()
+        return int(head[0].split(" ", 2)[1]), answer
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = self.reader = None
+
+
 async def drive_creates(urls: list[str], token: str, n: int, concurrency: int) -> list[str]:
     ids: list[str] = []
     errors: list[str] = []
-    headers = {"Authorization": f"Bearer {token}"}
-    clients = [httpx2.AsyncClient(base_url=u, headers=headers, timeout=120) for u in urls]
     todo = iter(range(n))
 
     async def worker(w: int) -> None:
-        client = clients[w % len(clients)]
+        conn = Conn(urls[w % len(urls)], token)
         for _ in todo:
-            r = await client.post("/v1/sandboxes", json={"template": "default"})
-            if r.status_code == 201:
-                ids.append(r.json()["id"])
+            status, answer = await conn.post("/v1/sandboxes", {"template": "default"})
+            if status == 201:
+                ids.append(json.loads(answer)["id"])
             else:
-                errors.append(f"{r.status_code} {r.text[:200]}")
+                errors.append(f"{status} {answer[:200]!r}")
+        await conn.close()
 
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    for c in clients:
-        await c.aclose()
     if errors:
         print(f"  {len(errors)} creates failed, first: {errors[0]}", flush=True)
     return ids
 
 
 async def drive_calls(urls: list[str], token: str, ids: list[str], concurrency: int) -> int:
-    headers = {"Authorization": f"Bearer {token}"}
-    clients = [httpx2.AsyncClient(base_url=u, headers=headers, timeout=120) for u in urls]
     todo = iter(ids)
     failed = [0]
 
     async def worker(w: int) -> None:
-        client = clients[w % len(clients)]
+        conn = Conn(urls[w % len(urls)], token)
         for sandbox in todo:
             body = {"arguments": {"sandbox_id": sandbox, "command": "true"}}
-            r = await client.post("/v1/tools/terminal_run", json=body)
-            if r.status_code != 200:
+            status, _ = await conn.post("/v1/tools/terminal_run", body)
+            if status != 200:
                 failed[0] += 1
+        await conn.close()
 
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    for c in clients:
-        await c.aclose()
     return failed[0]
 
 
@@ -361,38 +431,68 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--write", metavar="LABEL", help="fill docs/scale.md's sim-LABEL block")
     p.add_argument("--code", default="", help="what code ran (default: git HEAD)")
+    p.add_argument(
+        "--keep", type=Path, metavar="DIR",
+        help="run in DIR and keep it (PostgreSQL's data, certificates, results) for --resume",
+    )  # fmt: skip
+    p.add_argument(
+        "--resume", type=Path, metavar="DIR",
+        help="continue a --keep run (interrupted, or a smaller --sandboxes) up to --sandboxes",
+    )  # fmt: skip
     a = p.parse_args()
     from bench_pg_load import Stats, start_server
+    from pgkit import PgServer
 
-    base = Path(tempfile.mkdtemp(prefix="agentbox-sim-", dir="/var/tmp"))
+    keep = a.resume or a.keep
+    base = keep or Path(tempfile.mkdtemp(prefix="agentbox-sim-", dir="/var/tmp"))
+    base.mkdir(exist_ok=True)
     base.chmod(0o711)  # the postgres user traverses to its data directory
     entry = pwd.getpwnam("postgres")
     pgdir = base / "pg"
-    pgdir.mkdir()
-    os.chown(pgdir, entry.pw_uid, entry.pw_gid)
-    server = start_server(pgdir)
-    procs: list[subprocess.Popen[bytes]] = []
     results: dict[str, Any] = {"args": vars(a)}
+    if a.resume:
+        server = PgServer(pgdir, durable=True)  # its data as the last run left it
+        server.start()
+        results = {**json.loads((base / "results.json").read_text()), "args": vars(a)}
+    else:
+        pgdir.mkdir()
+        os.chown(pgdir, entry.pw_uid, entry.pw_gid)
+        server = start_server(pgdir)
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def save() -> None:  # after each step: an interrupted --keep run resumes from here
+        if keep:
+            (base / "results.json").write_text(json.dumps(results, default=str))
+
     try:
-        server.sql("CREATE DATABASE sim")
-        server.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         url = server.url("sim")
-        migrate(url)
+        if not a.resume:
+            server.sql("CREATE DATABASE sim")
+            server.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            migrate(url)
+            pki.init_ca(base / "pki")
+            pki.issue(base / "pki", "sim-nodes", "node", ["127.0.0.1"])
         stats = Stats(server, "sim")
-        pki.init_ca(base / "pki")
-        pki.issue(base / "pki", "sim-nodes", "node", ["127.0.0.1"])
+        if a.resume:
+            # The nodes' rows are as old as the last run: a replica's first sweep would
+            # declare every node lost before the simulated nodes beat again. They beat
+            # within one interval of starting; until then, count them as just heard.
+            conn = PostgresDB(url, check_schema=False)
+            conn.conn().execute("UPDATE nodes SET heartbeat_at = agentbox_now() + 60")
+            conn.close()
         token = secrets.token_urlsafe(24)
         env = {**os.environ, "AGENTBOX_SIM_TOKEN": token}
         urls = []
         for i in range(1, a.gateways + 1):
             name = f"gw-{i}"
-            pki.issue(base / "pki", name, "gateway", [])
+            if not (base / "pki" / f"{name}.pem").exists():
+                pki.issue(base / "pki", name, "gateway", [])
             from s3kit import free_port
 
             port = free_port()
             config = gateway_config(base, name, port, url, a.heartbeat, a.lost_after)
             home = base / name
-            home.mkdir()
+            home.mkdir(exist_ok=True)
             log = (base / f"{name}.log").open("ab")
             procs.append(
                 subprocess.Popen(
@@ -408,6 +508,7 @@ def main() -> None:
             wait_for(u, lambda u=u: httpx2.get(u + "/healthz").status_code == 200)
         gateway_pids = [pr.pid for pr in procs]
         ready = base / "nodes.json"
+        ready.unlink(missing_ok=True)  # a resumed run's is the last run's
         sim = subprocess.Popen(
             [sys.executable, __file__, "--serve-nodes", "--url", url, "--pki", str(base / "pki"),
              "--nodes", str(a.nodes), "--interval", str(a.heartbeat),
@@ -424,10 +525,12 @@ def main() -> None:
 
         wait_for("simulated nodes", ready.exists, timeout=300)
         registry = Registry(PostgresDB(url))
-        wait_for(
+        addresses = json.loads(ready.read_text())
+        wait_for(  # resumed: the rows must name this run's ports too
             "every node's first heartbeat",
-            lambda: sum(n.state == "ready" for n in registry.nodes()) == a.nodes,
-        )
+            lambda: sum(n.state == "ready" and addresses[n.id] == n.address
+                        for n in registry.nodes()) == a.nodes,
+        )  # fmt: skip
         print(f"{a.nodes} nodes beating; gateways {urls}", flush=True)
         meter = Meter(stats, server.data, gateway_pids, sim.pid)
 
@@ -448,21 +551,31 @@ def main() -> None:
                 "beats_s": (after["beats"] - before["beats"]) / s,
                 "late": after["late"] - before["late"],
                 "top": top(m["count"], s),
+                # Connections each process holds to PostgreSQL (docs/scale.md).
+                "pg_conns_replicas": [connections_of(pid, server.port) for pid in gateway_pids],
+                "pg_conns_sim": connections_of(sim.pid, server.port),
             }
             print(label, json.dumps(results[label]), flush=True)
 
-        idle("idle_empty")
+        if "idle_empty" not in results:
+            idle("idle_empty")
+            save()
 
         # Creates at rising concurrency, up to --sandboxes.
-        ids: list[str] = []
+        ids: list[str] = [
+            str(r[0])
+            for r in registry.db.conn().execute(
+                "SELECT id FROM cluster_sandboxes WHERE state = 'running' ORDER BY created_at"
+            )
+        ]  # none unless resumed
         levels = [int(c) for c in a.concurrency.split(",")]
         # Each level, then the last one again, in steps of at most 5,000 creates: a row per
         # step shows whether the rate holds as the registry grows.
         share = max(200, min(5000, a.sandboxes // (2 * len(levels))))
-        plan = [(c, share) for c in levels[:-1]]
-        while (left := a.sandboxes - sum(n for _, n in plan)) > 0:
+        plan = [(c, share) for c in levels[:-1]] if not ids else []
+        while (left := a.sandboxes - len(ids) - sum(n for _, n in plan)) > 0:
             plan.append((levels[-1], min(share, left)))
-        results["creates"] = []
+        results.setdefault("creates", [])
         for c, n in plan:
             before = ask("stats")
             started = meter.start()
@@ -484,11 +597,13 @@ def main() -> None:
                 "pg_cpu_ms_per_create": 1000 * m["cpu"]["postgres"] / k,
                 "gw_cpu_ms_per_create": 1000 * m["cpu"]["gateways"] / k,
                 "sim_cpu_ms_per_create": 1000 * m["cpu"]["sim"] / k,
+                "driver_cpu_ms_per_create": 1000 * m["cpu"]["driver"] / k,
                 "pg_cpu": m["cpu"]["postgres"] / s,
                 "gw_cpu": m["cpu"]["gateways"] / s,
                 "top": top(m["count"], k, 6),
             }
             results["creates"].append(row)
+            save()
             print("creates", json.dumps(row), flush=True)
 
         # Tool calls through the replica(s), spread over the sandboxes.
@@ -509,6 +624,10 @@ def main() -> None:
             "top": top(m["count"], k),
         }
         print("calls", json.dumps(results["calls"]), flush=True)
+        results["pg_conns_after_calls"] = {
+            "replicas": [connections_of(pid, server.port) for pid in gateway_pids],
+            "sim": connections_of(sim.pid, server.port),
+        }
 
         idle("idle_full")
 
@@ -568,7 +687,11 @@ def main() -> None:
                 except subprocess.TimeoutExpired:
                     pr.kill()
         server.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        if keep:
+            save()
+            print(f"kept in {base}: continue with --resume {base}", flush=True)
+        else:
+            shutil.rmtree(base, ignore_errors=True)
     out = Path(tempfile.gettempdir()) / "agentbox-sim-cluster.json"  # the run's raw numbers
     out.write_text(json.dumps(results, indent=1, default=str))
     if a.write:
@@ -597,9 +720,9 @@ def render(r: dict[str, Any], command: str, code: str) -> str:
         "",
         "| concurrency | creates | registered after | creates/s | statements per create "
         "(all / its own) | rows read per create | PG CPU ms/create | replica CPU ms/create "
-        "| sim-nodes CPU ms/create | PG cores busy | replica cores busy "
+        "| sim-nodes CPU ms/create | driver CPU ms/create | PG cores busy | replica cores busy "
         "| new TLS connections per create |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in r["creates"]:
         out.append(
@@ -607,6 +730,7 @@ def render(r: dict[str, Any], command: str, code: str) -> str:
             f"{c['statements_per_create']:.2f} / {c['own_statements_per_create']:.2f} | "
             f"{c['rows_per_create']:.0f} | {c['pg_cpu_ms_per_create']:.2f} | "
             f"{c['gw_cpu_ms_per_create']:.2f} | {c['sim_cpu_ms_per_create']:.2f} | "
+            f"{c.get('driver_cpu_ms_per_create', float('nan')):.2f} | "
             f"{c['pg_cpu']:.2f} | {c['gw_cpu']:.2f} | "
             f"{c.get('connections_per_create', float('nan')):.2f} |"
         )
@@ -631,6 +755,16 @@ def render(r: dict[str, Any], command: str, code: str) -> str:
                 f"| {a['nodes']} nodes, {name} | {i['statements_s']:.0f} | {i['beats_s']:.0f} | "
                 f"{i['server_ms_s']:.1f} | {i['pg_cpu']:.3f} | {i['sim_cpu']:.3f} | {i['late']} |"
             )
+    if "pg_conns_after_calls" in r:
+        pc = r["pg_conns_after_calls"]
+        out += [
+            "",
+            f"Connections to PostgreSQL after the calls: each replica "
+            f"{', '.join(map(str, pc['replicas']))} (one per thread that touched the "
+            f"database: its request threads, the sweep, the audit shipper); the simulated "
+            f"nodes together {pc['sim']} ({a['db_threads']} heartbeat threads and the threads "
+            "that write the creates' rows).",
+        ]
     if "placement" in r:
         pl = r["placement"]
         out += [

@@ -36,8 +36,10 @@ PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs xfsp
           tigervnc-standalone-server openbox xdotool python3-pil x11-utils novnc)
 # --dev: postgresql runs the state-store tests on a real server (tests/pgkit.py starts its
 # own cluster in a temp directory with /usr/lib/postgresql/15/bin; the system one is unused);
-# systemd: systemd-analyze checks the units in deploy/systemd/ (tests/unit/test_deploy_systemd.py).
-[ "$DEV" = 1 ] && PACKAGES+=(postgresql systemd)
+# systemd: systemd-analyze checks the units in deploy/systemd/ (tests/unit/test_deploy_systemd.py);
+# pgbouncer: transaction pooling in front of PostgreSQL for 1,000 nodes' connections
+# (tests/pgbouncerkit.py starts its own on loopback, like pgkit; docs/cluster.md "Connections").
+[ "$DEV" = 1 ] && PACKAGES+=(postgresql systemd pgbouncer)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,9 +33,10 @@ USER = "postgres"
 class PgServer:
     """``durable``: fsync on (benchmarks); tests run without it."""
 
-    def __init__(self, base: Path, durable: bool = False) -> None:
+    def __init__(self, base: Path, durable: bool = False, max_connections: int = 200) -> None:
         self.base = base
         self.durable = durable
+        self.max_connections = max_connections
         self.data = base / "data"
         self.port = free_port()
         self.log = base / "server.log"
@@ -58,7 +60,7 @@ class PgServer:
     def start(self) -> None:
         options = (
             f"-p {self.port} -k {self.base} -c listen_addresses=127.0.0.1 "
-            f"-c fsync={'on' if self.durable else 'off'} -c max_connections=200"
+            f"-c fsync={'on' if self.durable else 'off'} -c max_connections={self.max_connections}"
         )
         self._run(str(BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log),
                   "-o", options, "-w", "-t", "60", "start")  # fmt: skip
@@ -94,10 +96,17 @@ def postgres() -> Iterator[PgServer]:
             pytest.fail(
                 f"{BIN / tool} is missing: install Debian's postgresql (scripts/install.sh --dev)"
             )
+    with running_postgres() as server:
+        yield server
+
+
+@contextmanager
+def running_postgres(max_connections: int = 200) -> Iterator[PgServer]:
+    """A server of its own in a temp directory, torn down on exit."""
     base = Path(tempfile.mkdtemp(prefix="agentbox-pg-", dir="/var/tmp"))
     entry = pwd.getpwnam(USER)
     os.chown(base, entry.pw_uid, entry.pw_gid)
-    server = PgServer(base)
+    server = PgServer(base, max_connections=max_connections)
     try:
         server.init()
         server.start()

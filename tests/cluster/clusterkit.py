@@ -244,21 +244,9 @@ def running_cluster(
     pki.init_ca(cluster.pki)
     env = {**os.environ, **(env or {}), "AGENTBOX_TEST_OPERATOR_TOKEN": cluster.token}
     for i in range(1, nodes + 1):
-        name, port = f"node-{i}", free_port()
-        pki.issue(cluster.pki, name, "node", ["127.0.0.1"])
-        home = base / name
-        home.mkdir(parents=True)
-        node_block = _NODE.format(name=name, node_port=port, index=i)
+        name = f"node-{i}"
         size = warm.get(name, 0) if isinstance(warm, dict) else warm
-        config = _config(cluster, name, free_port(), size, node_block, extra_yaml, heartbeat)
-        cluster.nodes[name] = Proc(
-            name,
-            [AGENTBOX, "node", "--config", str(config)],
-            {**env, "AGENTBOX_HOME": str(home)},
-            base / f"{name}.log",
-            home,
-        )
-        cluster.node_urls[name] = f"https://127.0.0.1:{port}"
+        add_node(cluster, name, i, env, size, extra_yaml, heartbeat)
     for i in range(1, gateways + 1):
         name, port = f"gw-{i}", free_port()
         pki.issue(cluster.pki, name, "gateway", [])
@@ -284,6 +272,33 @@ def running_cluster(
             proc.stop()
         for proc in cluster.nodes.values():
             _clean_home(proc.home)
+
+
+def add_node(
+    cluster: Cluster,
+    name: str,
+    index: int,
+    env: dict[str, str],
+    warm: int = 0,
+    extra: str = "",
+    heartbeat: float = HEARTBEAT_S,
+) -> None:
+    """A node's certificate, home and config (its ``gateway.state`` is ``cluster.state_url``
+    now), not started yet: ``cluster.start_node(name)``."""
+    port = free_port()
+    pki.issue(cluster.pki, name, "node", ["127.0.0.1"])
+    home = cluster.base / name
+    home.mkdir(parents=True)
+    node_block = _NODE.format(name=name, node_port=port, index=index)
+    config = _config(cluster, name, free_port(), warm, node_block, extra, heartbeat)
+    cluster.nodes[name] = Proc(
+        name,
+        [AGENTBOX, "node", "--config", str(config)],
+        {**env, "AGENTBOX_HOME": str(home)},
+        cluster.base / f"{name}.log",
+        home,
+    )
+    cluster.node_urls[name] = f"https://127.0.0.1:{port}"
 
 
 def _clean_home(home: Path) -> None:

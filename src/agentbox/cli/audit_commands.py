@@ -112,16 +112,8 @@ def verify_command(
 
 def _verify_cluster(config_path: Path, as_json: bool) -> None:
     from agentbox.cluster.audit_verify import verify_cluster
-    from agentbox.config.settings import load_settings
-    from agentbox.state import open_shared
 
-    settings = load_settings(config_path)
-    db = open_shared(settings.gateway.state)
-    if settings.cluster is None or db is None:
-        raise InvalidRequest(
-            f"{config_path} has no cluster section with a PostgreSQL gateway.state: give "
-            "a cluster process's config, or verify one log: agentbox audit verify [PATH]"
-        )
+    settings, db = _cluster_db(config_path)
     try:
         reports = verify_cluster(db, settings.cluster.lost_after_seconds)
     finally:
@@ -134,13 +126,84 @@ def _verify_cluster(config_path: Path, as_json: bool) -> None:
         for r in reports:
             if r.ok:
                 state = "closed" if r.closed else "open"
-                click.echo(f"ok: {r.chain}: {r.records} records ({state})")
+                pruned = f", pruned through seq {r.pruned_through}" if r.pruned_through else ""
+                click.echo(f"ok: {r.chain}: {r.records} records ({state}{pruned})")
             for problem in r.problems:
                 click.echo(f"FAILED: {r.chain}: {problem}")
         if not reports:
             click.echo("FAILED: no audit chain in the cluster's database")
     if failed or not reports:
         raise SystemExit(1)
+
+
+@audit.command("prune")
+@click.option(
+    "--cluster", "cluster", is_flag=True, required=True,
+    help="Prune the cluster's copies in PostgreSQL (the only kind there is to prune).",
+)  # fmt: skip
+@click.option(
+    "--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+    help="A cluster process's config (gateway.state, cluster:).",
+)  # fmt: skip
+@click.option(
+    "--older-than-days", type=float, default=None,
+    help="Default: the config's cluster.audit_retention_days.",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@reports_errors()
+def prune_command(
+    cluster: bool, config_path: Path, older_than_days: float | None, as_json: bool
+) -> None:
+    """Delete the cluster's audit copies older than the retention, behind a checkpoint.
+
+    Each chain is verified up to the cut first (a bad record is reported, never pruned);
+    `agentbox audit verify --cluster` then starts at the checkpoint and reports what lies
+    before it as pruned. Run it as the database's owner (e.g. a daily timer): the
+    replicas' and nodes' roles cannot delete audit copies.
+
+    \b
+    Example:
+      agentbox audit prune --cluster --config /etc/agentbox/gateway.yaml
+    """
+    from agentbox.cluster.audit_retention import prune
+
+    settings, db = _cluster_db(config_path)
+    assert settings.cluster is not None
+    days = older_than_days if older_than_days is not None else settings.cluster.audit_retention_days
+    if days is None or days <= 0:
+        raise InvalidRequest(
+            f"{config_path} sets no cluster.audit_retention_days: set it, or give "
+            "--older-than-days N"
+        )
+    try:
+        results = prune(db, days * 86400)
+    finally:
+        db.close()
+    bad = [r for r in results if r.problem]
+    if as_json:
+        click.echo(json.dumps({"ok": not bad, "chains": [r.to_dict() for r in results]}))
+    else:
+        for r in results:
+            if r.problem:
+                click.echo(f"FAILED: {r.chain}: {r.problem}")
+            else:
+                click.echo(f"{r.chain}: {r.records} pruned, checkpoint at seq {r.through_seq}")
+    if bad:
+        raise SystemExit(1)
+
+
+def _cluster_db(config_path: Path) -> tuple[Any, Any]:
+    from agentbox.config.settings import load_settings
+    from agentbox.state import open_shared
+
+    settings = load_settings(config_path)
+    db = open_shared(settings.gateway.state)
+    if settings.cluster is None or db is None:
+        raise InvalidRequest(
+            f"{config_path} has no cluster section with a PostgreSQL gateway.state: give "
+            "a cluster process's config, or verify one log: agentbox audit verify [PATH]"
+        )
+    return settings, db
 
 
 def _human(rec: dict[str, Any]) -> str:

@@ -20,9 +20,15 @@ def db() -> None:
 @db.command("migrate")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), help="Gateway YAML.")
 @click.option("--url", help="postgresql://USER@HOST:PORT/DB (default: the config's gateway.state).")
+@click.option(
+    "--roles",
+    is_flag=True,
+    help="Also create the agentbox_gateway and agentbox_node roles (needs CREATEROLE) and "
+    "apply their grants and row-level security (docs/cluster.md, Database roles).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 @reports_errors()
-def migrate_command(config_path: Path | None, url: str | None, as_json: bool) -> None:
+def migrate_command(config_path: Path | None, url: str | None, roles: bool, as_json: bool) -> None:
     """Bring the PostgreSQL schema to this release (idempotent; safe to run again).
 
     Run it once before starting the gateways of a new release, from any one host: a
@@ -35,6 +41,7 @@ def migrate_command(config_path: Path | None, url: str | None, as_json: bool) ->
     Examples:
       agentbox db migrate --config /etc/agentbox/gateway.yaml
       agentbox db migrate --url postgresql://agentbox@db.internal:5432/agentbox
+      agentbox db migrate --config /etc/agentbox/gateway.yaml --roles
     """
     from agentbox.config.settings import load_settings
     from agentbox.state.db import state_url_error
@@ -51,12 +58,18 @@ def migrate_command(config_path: Path | None, url: str | None, as_json: bool) ->
         message = "gateway.state is sqlite: nothing to migrate (each file keeps its schema)"
     else:
         before, applied = migrate(url)
+        if roles:
+            from agentbox.state.roles import apply_roles
+
+            apply_roles(url)
         result = {"state": "postgresql", "before": before, "applied": applied, "version": LATEST}
+        if roles:
+            result["roles"] = True
         message = (
             f"schema version {LATEST}: applied {', '.join(map(str, applied))} (was {before})"
             if applied
             else f"schema version {LATEST}: up to date"
-        )
+        ) + ("; roles agentbox_gateway and agentbox_node granted" if roles else "")
     if as_json:
         print_json(result)
     else:

@@ -9,6 +9,11 @@ copies in PostgreSQL (cluster/audit_chain.py ships them), gaps reported per chai
   last copy is only in its home);
 * records whose chain has no witness row (the row was removed).
 
+A chain pruned by ``agentbox audit prune --cluster`` (cluster/audit_retention.py) is
+checked from its checkpoint: the first record kept must follow the checkpoint's seq and
+link to its hash, and what lies before is reported as pruned (``pruned_through``), not
+as missing.
+
 Each chain's witness is read before its records, so a writer shipping meanwhile can
 only add records past it, never cause a false alarm.
 """
@@ -35,6 +40,7 @@ class ChainReport:
     closed: bool = False
     age_s: float = 0.0
     first_bad: int | None = None
+    pruned_through: int = 0  # records up to this seq were pruned by retention
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -43,6 +49,47 @@ class ChainReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok, "age_s": round(self.age_s, 3)}
+
+
+def checkpoint(db: Database, chain: str) -> tuple[int, str]:
+    """Where ``chain``'s copy starts: (last pruned seq, its hash), or (0, GENESIS)."""
+    row = (
+        db.conn()
+        .execute("SELECT seq, hash FROM audit_checkpoints WHERE chain = ?", (chain,))
+        .fetchone()
+    )
+    return (0, GENESIS) if row is None else (int(row[0]), str(row[1]))
+
+
+def walk(
+    db: Database, chain: str, after: tuple[int, str], until: int | None = None
+) -> tuple[int, str, int, tuple[int, str] | None]:
+    """Check ``chain``'s copy from ``after`` (seq, hash) up to ``until``: (the last seq
+    and hash that checked, records checked, (seq, problem) of the first bad one)."""
+    expected, prev = after[0] + 1, after[1]
+    count = 0
+    while until is None or expected <= until:
+        limit = _PAGE if until is None else min(_PAGE, until - expected + 1)
+        page = (
+            db.conn()
+            .execute(
+                "SELECT seq, line FROM audit_records WHERE chain = ? AND seq >= ?"
+                " ORDER BY seq LIMIT ?",
+                (chain, expected, limit),
+            )
+            .fetchall()
+        )
+        for seq, line in page:
+            problem, record = check_line(str(line).encode(), expected, prev)
+            if problem:
+                bad = int(record["seq"]) if record else int(seq)
+                return expected - 1, prev, count, (bad, problem)
+            assert record is not None
+            expected, prev = expected + 1, record["hash"]
+            count += 1
+        if len(page) < limit:
+            break
+    return expected - 1, prev, count, None
 
 
 def _check_chain(db: Database, row: dict[str, Any], stopped_after: float) -> ChainReport:
@@ -54,29 +101,13 @@ def _check_chain(db: Database, row: dict[str, Any], stopped_after: float) -> Cha
         closed=row["closed_at"] is not None,
         age_s=float(row["age_s"]),
     )
-    expected, prev = 1, GENESIS
-    while True:
-        page = (
-            db.conn()
-            .execute(
-                "SELECT seq, line FROM audit_records WHERE chain = ? AND seq >= ?"
-                " ORDER BY seq LIMIT ?",
-                (report.chain, expected, _PAGE),
-            )
-            .fetchall()
-        )
-        for seq, line in page:
-            problem, record = check_line(str(line).encode(), expected, prev)
-            if problem:
-                report.first_bad = int(record["seq"]) if record else int(seq)
-                report.problems.append(f"seq {report.first_bad}: {problem}")
-                return report
-            assert record is not None
-            expected, prev = expected + 1, record["hash"]
-            report.records += 1
-        if len(page) < _PAGE:
-            break
-    last = expected - 1
+    start = checkpoint(db, report.chain)
+    report.pruned_through = start[0]
+    last, prev, report.records, bad = walk(db, report.chain, start)
+    if bad is not None:
+        report.first_bad = bad[0]
+        report.problems.append(f"seq {bad[0]}: {bad[1]}")
+        return report
     if last < report.head_seq:
         report.first_bad = last + 1
         report.problems.append(

@@ -15,6 +15,8 @@ from typing import Any
 from agentbox.state.db import Database
 
 _SWEEP_LOCK = "agentbox:cluster-sweep"
+# A heartbeat's reconcile read (bench/sim_cluster.py pipelines it as sent here).
+ON_NODE_SQL = "SELECT id, state, agentbox_now() - created_at FROM cluster_sandboxes WHERE node = ?"
 
 
 @dataclass(frozen=True)
@@ -118,10 +120,7 @@ class Registry:
 
     def on_node(self, node: str) -> dict[str, tuple[str, float]]:
         """The node's rows: sandbox id -> (state, seconds since created)."""
-        rows = self.db.conn().execute(
-            "SELECT id, state, agentbox_now() - created_at FROM cluster_sandboxes WHERE node = ?",
-            (node,),
-        )
+        rows = self.db.conn().execute(ON_NODE_SQL, (node,))
         return {str(r[0]): (str(r[1]), float(r[2])) for r in rows}
 
     def sandboxes(self) -> list[Placement]:

@@ -474,6 +474,10 @@ class ClusterSettings(Strict):
     key_file: Path
     heartbeat_seconds: float = Field(default=2.0, gt=0)
     lost_after_seconds: float = Field(default=10.0, gt=0)
+    # How long the audit copies in PostgreSQL are kept (`agentbox audit prune --cluster`
+    # deletes older ones behind a checkpoint); None: forever. Each host's own JSONL file
+    # keeps gateway.audit's rotation whatever this says.
+    audit_retention_days: float | None = Field(default=None, gt=0)
     node: ClusterNodeSettings | None = None
 
 

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Literal, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 
 class Cursor(Protocol):
@@ -85,6 +85,12 @@ def state_url_error(url: str) -> str | None:
     parts = urlsplit(url)
     if parts.scheme not in ("postgresql", "postgres"):
         return "expected sqlite (the home's files) or postgresql://USER@HOST:PORT/DATABASE"
+    pooler = [v for k, v in parse_qsl(parts.query) if k == "pooler"]
+    if pooler and pooler != ["transaction"]:
+        return (
+            "pooler= takes one value, transaction (PgBouncer's pool_mode = transaction); "
+            "drop it to talk to PostgreSQL, or to a pooler in session mode"
+        )
     if parts.password:
         return (
             "a password in the URL would sit in the configuration file: put it in "

@@ -35,11 +35,14 @@ CREATE FUNCTION agentbox_now() RETURNS DOUBLE PRECISION LANGUAGE SQL VOLATILE
 _V2_CLUSTER = render("postgresql", t.CLUSTER_SANDBOXES) + _NOW
 _V3_AUDIT_CHAINS = render("postgresql", t.AUDIT_CHAINS, t.AUDIT_RECORDS)
 
+_V4_AUDIT_CHECKPOINTS = render("postgresql", t.AUDIT_CHECKPOINTS)
+
 # (version, name, SQL); append only.
 MIGRATIONS: tuple[tuple[int, str, str], ...] = (
     (1, "initial", _V1_INITIAL),
     (2, "cluster registry", _V2_CLUSTER),
     (3, "cluster audit chains", _V3_AUDIT_CHAINS),
+    (4, "audit checkpoints", _V4_AUDIT_CHECKPOINTS),
 )
 LATEST = MIGRATIONS[-1][0]
 _LOCK = "agentbox:schema"

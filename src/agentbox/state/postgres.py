@@ -11,6 +11,11 @@ PostgreSQL's default ``max_connections`` of 100. The schema comes from ``agentbo
 migrate`` (see :mod:`agentbox.state.migrations`) and is checked once per process: a
 replica never migrates by itself.
 
+Behind PgBouncer in transaction mode (``…/agentbox?pooler=transaction``: docs/cluster.md,
+"Connections"), no statement is prepared: consecutive statements of one client may run on
+different server connections, where a statement prepared on another does not exist.
+Nothing else here needs a session: locks are transaction-scoped advisory locks.
+
 When the server restarts, every open connection breaks. A broken connection is dropped
 and the call that found it retried once on a new one when that is safe (a ``SELECT``
 outside a transaction, or the ``BEGIN`` that opens one); otherwise the call raises
@@ -27,7 +32,7 @@ from contextlib import contextmanager
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any, ClassVar, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg.rows import RowMaker
@@ -74,6 +79,16 @@ def _row_factory(cursor: psycopg.Cursor[Any]) -> RowMaker[Row]:
 def _sql(portable: str) -> str:
     """``?`` placeholders (the stores' portable spelling) as psycopg's ``%s``."""
     return portable.replace("%", "%%").replace("?", "%s")
+
+
+def split_pooler(url: str) -> tuple[str, str | None]:
+    """``url`` without agentbox's own ``pooler=`` parameter (libpq knows no such key),
+    and that parameter's value (None: no pooler between us and PostgreSQL)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    pooler = [v for k, v in query if k == "pooler"]
+    rest = urlencode([(k, v) for k, v in query if k != "pooler"])
+    return urlunsplit(parts._replace(query=rest)), (pooler[-1] if pooler else None)
 
 
 def _lock_key(name: str) -> int:
@@ -143,6 +158,10 @@ class PostgresDB(Database):
 
     def __init__(self, url: str, *, check_schema: bool = True) -> None:
         self.url = url
+        self._conninfo, pooler = split_pooler(url)
+        # psycopg prepares a statement run 5 times on a connection; through a transaction
+        # pooler the next run may land on a server connection that never saw it.
+        self._prepare_threshold = None if pooler == "transaction" else 5
         parts = urlsplit(url)
         self.where = f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
         self._check_schema = check_schema
@@ -164,8 +183,9 @@ class PostgresDB(Database):
     def connect(self) -> psycopg.Connection[Row]:
         try:
             raw = psycopg.connect(
-                self.url,
+                self._conninfo,
                 autocommit=True,
+                prepare_threshold=self._prepare_threshold,
                 row_factory=_row_factory,
                 connect_timeout=CONNECT_TIMEOUT_S,
                 application_name="agentbox",

@@ -273,3 +273,11 @@ AUDIT_RECORDS = Table(
     ("chain TEXT NOT NULL", "seq INTEGER NOT NULL", "line TEXT NOT NULL"),
     key=("chain", "seq"),
 )
+# Retention of the audit copies (`agentbox audit prune --cluster`): where a chain's copy
+# was cut. The first record kept links to `hash` (its `prev`), so verification starts
+# there and reports what lies before as pruned; only the owner role writes this table.
+AUDIT_CHECKPOINTS = Table(
+    "audit_checkpoints",
+    ("chain TEXT PRIMARY KEY", "seq INTEGER NOT NULL", "hash TEXT NOT NULL",
+     "pruned_at REAL NOT NULL", "records_pruned INTEGER NOT NULL"),
+)  # fmt: skip
