@@ -19,8 +19,7 @@ from tierkit import sandbox_on
 # The tests marked BOTH_TIERS run on both isolation tiers; the others exercise what the
 # gvisor tier answers with a typed TierUnsupported (input detection and adoption, closing
 # a background stdin, background processes on a terminal: test_gvisor_tier checks that
-# error) or, for a signal sent right after start, a gvisor race still open (docs/design.md);
-# and the exit file's `find /` (22 s on gvisor, whose tree it does not reach either: the
+# error); and the exit file's `find /` (22 s on gvisor, whose tree it does not reach either: the
 # files are on the disk's host side, never bound into its root).
 BOTH_TIERS = pytest.mark.parametrize("sandbox", ["namespaces", "gvisor"], indirect=True)
 
@@ -165,10 +164,12 @@ def test_a_background_process_reports_waiting_for_input(sandbox: Sandbox,
     assert table.read_output(info.id).text.endswith("answered y\n")
 
 
+@BOTH_TIERS
 def test_a_signal_right_after_start_reaches_the_command(sandbox: Sandbox,
                                                         runtime: Runtime) -> None:  # fmt: skip
     """start() returns once the command runs: a SIGKILL 0 ms later used to remove the leaf
-    under the launcher (exit 125, "agentbox failed"), a SIGTERM found no process at all."""
+    under the launcher (exit 125, "agentbox failed"), a SIGTERM found no process at all
+    (on gvisor too: it looked for the command under its wrapper, not yet forked)."""
     table = runtime.processes(sandbox.id)
     for sig, code in (("SIGKILL", 137), ("SIGTERM", 143)):
         for _ in range(5):

@@ -6,8 +6,8 @@ The waiter (``setsid -f sh``, host root, outside the sandbox) runs ``runsc exec`
 waits for the command in the Sentry, and writes its status to ``exit``: nothing in the
 sandbox can forge it, and it outlives the process that started it. As for one-shot
 commands on this tier, the command is the init of a PID namespace of its own (see
-``isolation.gvisor.exec_process``): SIGKILL (``runsc kill`` of its ``unshare``) ends its
-whole tree; other signals go to the command itself. No detection of a process waiting
+``isolation.gvisor.exec_process``): SIGKILL (``runsc kill`` of its wrapper) ends its
+whole tree; the wrapper passes other signals to the command. No detection of a process waiting
 for input (``waiting_for_input`` stays false).
 """
 
@@ -96,7 +96,9 @@ class GvisorProcessTable(ProcessTable):
 
     def signal(self, process_id: str, sig: int | str = "SIGTERM") -> bool:
         """SIGKILL ends the command's whole tree; another signal goes to the command
-        (the child of its ``unshare``, found with ``runsc ps``)."""
+        through its wrapper (``gvisor_agent.c``, ``exec``), whose pid runsc wrote before
+        ``start`` returned: a signal sent at once finds it (or ends it before the command
+        runs, with that signal's status)."""
         pdir = self._dir(process_id)
         signum = _signal_number(sig)
         meta = json.loads((pdir / "meta.json").read_text())
@@ -110,7 +112,4 @@ class GvisorProcessTable(ProcessTable):
             wrapper = int(Path(self.runner.pid_file(leaf)).read_text().strip())
         except (OSError, ValueError):
             return False
-        command = self.runner.child_of(wrapper)
-        if command is None:
-            return False
-        return self.runner.signal_pid(command, signals.Signals(signum).name)
+        return self.runner.signal_pid(wrapper, signals.Signals(signum).name)
