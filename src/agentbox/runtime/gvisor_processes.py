@@ -19,6 +19,7 @@ import signal as signals
 import time
 from pathlib import Path
 
+from agentbox.isolation import syscalls
 from agentbox.runtime.commands import LiveCommand
 from agentbox.runtime.gvisor_commands import GvisorCommandRunner, unsupported
 from agentbox.runtime.processes import (
@@ -31,11 +32,14 @@ from agentbox.runtime.processes import (
 
 # Runs runsc exec, drops its files, then writes the status like the default tier's
 # launcher does: a number and a newline, atomically. $0: the exit file; $1, $2: runsc's
-# process spec and pid file.
+# process spec and pid file. `1<>` writes into the blocks reserved for the status at
+# launch, without O_TRUNC freeing them: the Sentry writes the command's output as host
+# root, so a flood takes even root's reserve, and a new block for the status would fail.
 _WAITER = (
     'rc=0; spec=$1; pid=$2; shift 2; "$@" || rc=$?; rm -f "$spec" "$pid"; '
-    'printf "%s\\n" "$rc" > "$0.tmp" && mv "$0.tmp" "$0"'
+    'printf "%s\\n" "$rc" 1<>"$0.tmp" && mv "$0.tmp" "$0"'
 )
+_EXIT_RESERVE = 4096  # one block for the status
 _STARTED_S = 10.0
 
 
@@ -74,6 +78,7 @@ class GvisorProcessTable(ProcessTable):
             json.dumps({"argv": argv, "started_at": started, "leaf": leaf, "cwd": cwd})
         )
         launcher, host_env = self.runner.command_launch(argv, leaf, cwd, environment, False)
+        _reserve_exit_file(pdir / "exit.tmp")
         files = [str(self.runner.spec_file(leaf)), self.runner.pid_file(leaf)]
         waiter = ["setsid", "-f", "sh", "-c", _WAITER, str(pdir / "exit"), *files, *launcher]
         if stdin:
@@ -113,3 +118,12 @@ class GvisorProcessTable(ProcessTable):
         except (OSError, ValueError):
             return False
         return self.runner.signal_pid(wrapper, signals.Signals(signum).name)
+
+
+def _reserve_exit_file(path: Path) -> None:
+    """An empty status file whose block is already the file's (see ``_WAITER``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        syscalls.reserve_blocks(fd, _EXIT_RESERVE)
+    finally:
+        os.close(fd)
