@@ -7,6 +7,8 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from agentbox import Sandbox
 from agentbox.runtime.runtime import Runtime
 
@@ -22,3 +24,10 @@ def sandbox_on(
     finally:
         if runtime.store.get(sb.id) is not None:
             sb.kill()
+
+
+def not_on_gvisor(tier: str, reason: str) -> None:
+    """Skip on the gvisor tier, saying why it does not hold there (a skip, never a pass;
+    keep these few, each with its reason)."""
+    if tier == "gvisor":
+        pytest.skip(f"does not hold on the gvisor tier: {reason}")

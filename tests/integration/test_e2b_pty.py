@@ -21,6 +21,9 @@ from agentbox import Sandbox as AgentboxSandbox
 from agentbox.errors import InvalidRequest
 from gateway_harness import RunningGateway, running_gateway
 
+# Every test on both isolation tiers (tests/conftest.py, default_tier).
+pytestmark = pytest.mark.usefixtures("default_tier")
+
 KEY = "kp-" + secrets.token_hex(16)
 E2B_YAML = """
 e2b:

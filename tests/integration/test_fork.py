@@ -16,6 +16,9 @@ from agentbox import Sandbox
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import RunningGateway, running_gateway
 
+# Every test on both isolation tiers (tests/conftest.py, default_tier).
+pytestmark = pytest.mark.usefixtures("default_tier")
+
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 
 

@@ -26,7 +26,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path,
 
 
 @pytest.fixture(scope="module")
-def sandbox_id(gw: RunningGateway) -> Iterator[str]:
+def sandbox_id(gw: RunningGateway, default_tier: str) -> Iterator[str]:
     with gw.operator() as op:
         r = op.post("/v1/sandboxes", json={"memory": "256MiB", "disk": "128MiB"})
         assert r.status_code == 201, r.text
@@ -310,6 +310,9 @@ def test_audit_records_everything_and_verifies(gw: RunningGateway, sandbox_id: s
 
 SERVICE = r"""
 import http.server, json
+
+# Every test on both isolation tiers (tests/conftest.py, default_tier).
+pytestmark = pytest.mark.usefixtures("default_tier")
 class H(http.server.BaseHTTPRequestHandler):
     def _answer(self):
         n = int(self.headers.get("Content-Length") or 0)

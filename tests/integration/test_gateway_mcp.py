@@ -23,6 +23,9 @@ from mcp.shared.exceptions import MCPError
 from agentbox.gateway.sealed import load_key, unseal
 from gateway_harness import RunningGateway, running_gateway
 
+# Every test on both isolation tiers (tests/conftest.py, default_tier).
+pytestmark = pytest.mark.usefixtures("default_tier")
+
 NAME_RULE = r"^[a-zA-Z0-9_-]{1,64}$"
 
 
@@ -34,7 +37,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory, agentbox_home: Path,
 
 
 @pytest.fixture(scope="module")
-def sandbox_id(gw: RunningGateway) -> Iterator[str]:
+def sandbox_id(gw: RunningGateway, default_tier: str) -> Iterator[str]:
     with gw.operator() as op:
         sid = op.post("/v1/sandboxes", json={"memory": "256MiB", "disk": "128MiB"}).json()["id"]
         yield sid
