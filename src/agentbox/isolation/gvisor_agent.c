@@ -52,6 +52,7 @@
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -339,7 +340,7 @@ _Noreturn static void serve(int sock) {
 /* What `runsc exec` runs (see isolation/gvisor.py, exec_process): the command as the init
  * of a PID namespace of its own, so SIGKILL to this process (whose pid runsc writes to
  * the host) ends the whole tree. Any other signal sent to this process is passed to the
- * command, so the host signals one pid it knows from the start: no lookup of a child
+ * command (SIGWINCH: to its terminal's foreground process group), so the host signals one pid it knows from the start: no lookup of a child
  * that may not exist yet. A signal from the terminal (SI_KERNEL: ^C, a resize) already
  * reached the command, which shares our process group: not passed twice. Our status is
  * the command's (a signal that killed it kills us). */
@@ -347,7 +348,14 @@ static volatile pid_t wrapped_child;
 
 static void pass_on(int sig, siginfo_t *info, void *context) {
   (void)context;
-  if (info->si_code != SI_KERNEL) kill(wrapped_child, sig);
+  if (info->si_code == SI_KERNEL) return;
+  /* The Sentry does not see a host terminal's resize: the host sends SIGWINCH here,
+   * for the terminal's foreground process group (a program run from the shell). */
+  pid_t foreground = sig == SIGWINCH ? tcgetpgrp(0) : -1;
+  if (foreground > 0)
+    kill(-foreground, sig);
+  else
+    kill(wrapped_child, sig);
 }
 
 _Noreturn static void run_wrapped(char **argv) {

@@ -7,8 +7,10 @@ waits for the command in the Sentry, and writes its status to ``exit``: nothing 
 sandbox can forge it, and it outlives the process that started it. As for one-shot
 commands on this tier, the command is the init of a PID namespace of its own (see
 ``isolation.gvisor.exec_process``): SIGKILL (``runsc kill`` of its wrapper) ends its
-whole tree; the wrapper passes other signals to the command. No detection of a process waiting
-for input (``waiting_for_input`` stays false).
+whole tree; the wrapper passes other signals to the command. On a terminal, runsc exec
+runs with a host pty as its stdio (the default tier's relay holds the master and records
+the exit). No detection of a process waiting for input (``waiting_for_input`` stays
+false).
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ _STARTED_S = 10.0
 class GvisorProcessTable(ProcessTable):
     runner: GvisorCommandRunner
 
-    def _terminal(self, pty: tuple[int, int] | None) -> tuple[int, int] | None:
-        if pty is not None:
-            raise unsupported("a background process on a terminal (pty)")
-        return None
+    def _terminal_launcher(
+        self, argv: list[str], leaf: str, cwd: str | None, environment: dict[str, str]
+    ) -> tuple[list[str], dict[str, str]]:
+        # runsc exec with the host pty as its stdio: the Sentry makes it the command's
+        # terminal, as for a one-shot PTY command (GvisorCommandRunner.open_pty).
+        return self.runner.command_launch(argv, leaf, cwd, environment, True)
 
     def _discard_leaf(self, leaf: str) -> None:
         pass  # runsc's own cgroups, not a leaf of ours: nothing was made
@@ -63,6 +67,14 @@ class GvisorProcessTable(ProcessTable):
             if _read_exit(pdir / "exit") is not None:
                 break
             time.sleep(0.005)
+        # runsc has read the process spec (it holds the environment): not kept around.
+        self.runner.spec_file(leaf).unlink(missing_ok=True)
+
+    def resize(self, process_id: str, cols: int, rows: int) -> None:
+        """The size is set on the host's pty, which the Sentry reads but does not watch:
+        the command's wrapper is told (SIGWINCH) and signals the foreground program."""
+        super().resize(process_id, cols, rows)
+        self.signal(process_id, "SIGWINCH")
 
     def close_stdin(self, process_id: str) -> None:
         self._dir(process_id)  # an unknown process is NotFound first
