@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -366,6 +367,9 @@ _Noreturn static void run_wrapped(char **argv) {
   struct sigaction forward = {.sa_sigaction = pass_on, .sa_flags = SA_SIGINFO | SA_RESTART};
   for (int sig = 1; sig < NSIG; sig++)
     if (sig != SIGKILL && sig != SIGSTOP && sig != SIGCHLD) sigaction(sig, &forward, NULL);
+  /* On a terminal, make it ours (runsc leaves a session leader without one): its
+   * foreground process group can then be read, for SIGWINCH. No error is fatal. */
+  if (isatty(0)) ioctl(0, TIOCSCTTY, 0);
   if (unshare(CLONE_NEWPID) < 0) die("new pid namespace");
   pid_t child = fork();
   if (child < 0) die("fork");
