@@ -27,6 +27,7 @@ from agentbox.runtime.gvisor_commands import GvisorCommandRunner, unsupported
 from agentbox.runtime.processes import (
     ProcessInfo,
     ProcessTable,
+    _alive,
     _read_exit,
     _signal_number,
     run_detached,
@@ -106,7 +107,13 @@ class GvisorProcessTable(ProcessTable):
         pdir = self._dir(process_id)
         meta = json.loads((pdir / "meta.json").read_text())
         code = _read_exit(pdir / "exit")
-        return ProcessInfo(process_id, meta["argv"], meta["started_at"], code is None, code)
+        terminal = bool(meta.get("terminal"))
+        # A terminal's exit is recorded by the relay of the daemon that started it: with
+        # that daemon gone, the terminal closed (the session got SIGHUP) and no exit comes.
+        running = code is None and (not terminal or _alive(meta.get("relay_pid")))
+        return ProcessInfo(
+            process_id, meta["argv"], meta["started_at"], running, code, terminal=terminal
+        )
 
     def adopt(self, live: LiveCommand) -> str:
         raise unsupported("adopting a command waiting for input")
