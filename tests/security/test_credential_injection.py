@@ -30,6 +30,7 @@ from agentbox import Sandbox
 from agentbox.audit.log import read_records, verify
 from agentbox.egressd import daemon as egressd
 from agentbox.network import egressca, plane
+from agentbox.runtime import template_tiers
 from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
@@ -170,12 +171,16 @@ def secret() -> Iterator[str]:
         yield value
 
 
-@pytest.fixture(scope="module")
-def home(host_ready: None, pki: Pki, secret: str) -> Iterator[Path]:
+@pytest.fixture(scope="module", params=template_tiers.TIERS)
+def home(
+    request: pytest.FixtureRequest, host_ready: None, pki: Pki, secret: str
+) -> Iterator[Path]:
     """A fresh AGENTBOX_HOME whose egress daemon is started by this process, with the
-    secret and AGENTBOX_EGRESS_UPSTREAM_CA in its environment."""
+    secret and AGENTBOX_EGRESS_UPSTREAM_CA in its environment; once per isolation tier
+    (its default template's: every sandbox here is made on it)."""
     path = Path(tempfile.mkdtemp(prefix="agentbox-cred-", dir="/var/tmp"))
     path.chmod(0o755)
+    template_tiers.set_default_tier(path, "default", request.param)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(egressd.UPSTREAM_CA_ENV, str(pki.ca))
         try:
