@@ -15,6 +15,9 @@ from agentbox.audit.log import verify
 from gateway_harness import RunningGateway, running_gateway
 from tierkit import not_on_gvisor
 
+# Every test on both isolation tiers (tests/conftest.py, default_tier).
+pytestmark = pytest.mark.usefixtures("default_tier")
+
 SECRET = "planted-secret-value-7f3a9c"
 
 
@@ -317,9 +320,6 @@ def test_audit_records_everything_and_verifies(gw: RunningGateway, sandbox_id: s
 
 SERVICE = r"""
 import http.server, json
-
-# Every test on both isolation tiers (tests/conftest.py, default_tier).
-pytestmark = pytest.mark.usefixtures("default_tier")
 class H(http.server.BaseHTTPRequestHandler):
     def _answer(self):
         n = int(self.headers.get("Content-Length") or 0)

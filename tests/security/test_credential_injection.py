@@ -172,9 +172,7 @@ def secret() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module", params=template_tiers.TIERS)
-def home(
-    request: pytest.FixtureRequest, host_ready: None, pki: Pki, secret: str
-) -> Iterator[Path]:
+def home(request: pytest.FixtureRequest, host_ready: None, pki: Pki, secret: str) -> Iterator[Path]:
     """A fresh AGENTBOX_HOME whose egress daemon is started by this process, with the
     secret and AGENTBOX_EGRESS_UPSTREAM_CA in its environment; once per isolation tier
     (its default template's: every sandbox here is made on it)."""
