@@ -20,7 +20,6 @@ from e2b.sandbox.commands.command_handle import PtySize
 from agentbox import Sandbox as AgentboxSandbox
 from agentbox.errors import InvalidRequest
 from gateway_harness import RunningGateway, running_gateway
-from tierkit import not_on_gvisor
 
 # Every test on both isolation tiers (tests/conftest.py, default_tier).
 pytestmark = pytest.mark.usefixtures("default_tier")
@@ -134,9 +133,7 @@ def test_pty_kill(e2b_env: None) -> None:
         sb.kill()
 
 
-def test_close_stdin_sends_eof_sync_and_async(e2b_env: None, default_tier: str) -> None:
-    not_on_gvisor(default_tier, "closing a background process's stdin is refused there "
-                  "(tier_unsupported: the FIFO is held open by runsc exec; test_gvisor_tier)")  # fmt: skip
+def test_close_stdin_sends_eof_sync_and_async(e2b_env: None) -> None:
     sb = Sandbox.create(timeout=120)
     try:
         cmd = sb.commands.run("cat", background=True, stdin=True)
@@ -211,11 +208,9 @@ def test_a_terminal_program_is_still_judged(gw: RunningGateway) -> None:
 
 
 def test_agentbox_sdk_over_the_gateway_closes_stdin_and_resizes(
-    gw: RunningGateway, monkeypatch: pytest.MonkeyPatch, default_tier: str
+    gw: RunningGateway, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """agentbox's own SDK, remote backend: the same calls as in-process (REST routes)."""
-    not_on_gvisor(default_tier, "closing a background process's stdin is refused there "
-                  "(tier_unsupported: the FIFO is held open by runsc exec; test_gvisor_tier)")  # fmt: skip
     monkeypatch.setenv("AGENTBOX_URL", gw.url)
     monkeypatch.setenv("AGENTBOX_TOKEN", gw.operator_token)
     with AgentboxSandbox.create(memory="128MiB", disk="64MiB") as sb:

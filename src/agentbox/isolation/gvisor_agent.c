@@ -349,11 +349,12 @@ static volatile pid_t wrapped_child;
 
 static void pass_on(int sig, siginfo_t *info, void *context) {
   (void)context;
-  if (info->si_code == SI_KERNEL) return;
+  if (info->si_code == SI_KERNEL || info->si_pid == getpid()) return;
   /* The Sentry does not see a host terminal's resize: the host sends SIGWINCH here,
-   * for the terminal's foreground process group (a program run from the shell). */
+   * for the terminal's foreground process group (a program run from the shell). Ours
+   * (no job control below): the command alone, not us again. */
   pid_t foreground = sig == SIGWINCH ? tcgetpgrp(0) : -1;
-  if (foreground > 0)
+  if (foreground > 0 && foreground != getpgrp())
     kill(-foreground, sig);
   else
     kill(wrapped_child, sig);

@@ -42,6 +42,17 @@ _WAITER = (
     'rc=0; spec=$1; pid=$2; shift 2; "$@" || rc=$?; rm -f "$spec" "$pid"; '
     'printf "%s\\n" "$rc" 1<>"$0.tmp" && mv "$0.tmp" "$0"'
 )
+# With stdin: the waiter holds the FIFO's write end (fd 3) while the command runs, and
+# closes it on SIGUSR1 (close_stdin): the command then reads EOF once it read what was
+# sent. The command runs in the background so that `wait` returns for the trap; $3: the
+# FIFO. Its pid goes to exit.holder once the trap is set (a SIGUSR1 before would kill it).
+_HOLDING_WAITER = (
+    'rc=0; spec=$1; pid=$2; fifo=$3; shift 3; exec 3>"$fifo" 4<&0; '
+    "trap 'exec 3>&-' USR1; echo $$ > \"$0.holder\"; "
+    '"$@" <&4 3>&- 4<&- & child=$!; exec 4<&-; '
+    'while :; do wait "$child"; rc=$?; kill -0 "$child" 2>/dev/null || break; done; '
+    'rm -f "$spec" "$pid"; printf "%s\\n" "$rc" 1<>"$0.tmp" && mv "$0.tmp" "$0"'
+)
 _EXIT_RESERVE = 4096  # one block for the status
 _STARTED_S = 10.0
 
@@ -77,9 +88,16 @@ class GvisorProcessTable(ProcessTable):
         super().resize(process_id, cols, rows)
         self.signal(process_id, "SIGWINCH")
 
-    def close_stdin(self, process_id: str) -> None:
-        self._dir(process_id)  # an unknown process is NotFound first
-        raise unsupported("closing a background process's stdin")
+    def _stdin_holder(self, pdir: Path, meta: dict[str, object]) -> int | None:
+        """The waiter holding the FIFO's write end (``_HOLDING_WAITER``): root's, and
+        started for this process's exit file."""
+        try:
+            pid = int((pdir / "exit.holder").read_text())
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            owner = os.stat(f"/proc/{pid}").st_uid
+        except (OSError, ValueError):
+            return None
+        return pid if owner == 0 and os.fsencode(pdir / "exit") in argv else None
 
     def _launch(
         self, pdir: Path, argv: list[str], environment: dict[str, str], leaf: str,
@@ -87,19 +105,26 @@ class GvisorProcessTable(ProcessTable):
     ) -> float:  # fmt: skip
         pdir.mkdir(mode=0o700)
         started = time.time()
-        (pdir / "meta.json").write_text(
-            json.dumps({"argv": argv, "started_at": started, "leaf": leaf, "cwd": cwd})
-        )
+        meta = {"argv": argv, "started_at": started, "leaf": leaf, "cwd": cwd}
+        if stdin:
+            meta["stdin"] = "held"  # the waiter holds the write end: close_stdin works
+        (pdir / "meta.json").write_text(json.dumps(meta))
         launcher, host_env = self.runner.command_launch(argv, leaf, cwd, environment, False)
         _reserve_exit_file(pdir / "exit.tmp")
         files = [str(self.runner.spec_file(leaf)), self.runner.pid_file(leaf)]
-        waiter = ["setsid", "-f", "sh", "-c", _WAITER, str(pdir / "exit"), *files, *launcher]
+        exit_file = str(pdir / "exit")
         if stdin:
-            os.mkfifo(pdir / "stdin", 0o600)
-            # O_RDWR: opening never blocks, and the reader sees no EOF between writers.
-            stdin_fd = os.open(pdir / "stdin", os.O_RDWR | os.O_CLOEXEC)
+            fifo = pdir / "stdin"
+            os.mkfifo(fifo, 0o600)
+            # The read end (non-blocking open: no writer yet), blocking for the command;
+            # the waiter opens the write end and holds it until close_stdin.
+            stdin_fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            os.set_blocking(stdin_fd, True)
+            script, files = _HOLDING_WAITER, [*files, str(fifo)]
         else:
             stdin_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            script = _WAITER
+        waiter = ["setsid", "-f", "sh", "-c", script, exit_file, *files, *launcher]
         run_detached(waiter, host_env, pdir, stdin_fd, "the waiter failed to start")
         return started
 
