@@ -15,6 +15,7 @@ import pytest
 
 from agentbox import Sandbox
 from agentbox.errors import HostUnsupported
+from agentbox.runtime import template_tiers
 from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime
 from tierkit import sandbox_on
@@ -90,6 +91,21 @@ def tiered_sandbox(
     for this one as its ``sandbox``."""
     with sandbox_on(runtime, agentbox_home, request.param) as sb:
         yield sb
+
+
+@pytest.fixture(scope="module", params=template_tiers.TIERS)
+def default_tier(request: pytest.FixtureRequest, agentbox_home: Path) -> Iterator[str]:
+    """While it is set up, every sandbox made from template ``default`` without an
+    isolation of its own runs on this tier, whoever creates it (SDK, REST, MCP, the CLI,
+    a gateway in another process): a module runs on both tiers with
+    ``pytestmark = pytest.mark.usefixtures("default_tier")``. Module-scoped, so a module's
+    tests run tier by tier; a module-scoped fixture that creates a sandbox must ask for
+    it (to be made after it, once per tier)."""
+    template_tiers.set_default_tier(agentbox_home, "default", request.param)
+    try:
+        yield request.param
+    finally:
+        template_tiers.set_default_tier(agentbox_home, "default", None)
 
 
 @pytest.fixture

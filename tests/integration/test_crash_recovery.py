@@ -22,6 +22,7 @@ import pytest
 from agentbox.isolation import diskpool
 from agentbox.network import plane
 from agentbox.runtime.runtime import Runtime
+from agentbox.runtime.template_tiers import TIERS
 from gateway_harness import GatewayProcess, throwaway_home
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
@@ -71,7 +72,7 @@ def host_resources(home: Path) -> dict[str, Any]:
     for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError):
             cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            if str(home) in cmdline and "bwrap" in cmdline:
+            if str(home) in cmdline and ("bwrap" in cmdline or "runsc" in cmdline):
                 processes.append(cmdline[:80])
     sandbox_dirs = sorted(p.name for p in (home / "sandboxes").glob("sb-*"))
     images = sorted(p.name for p in diskpool.pool_dir(home).glob("*.img"))
@@ -79,34 +80,17 @@ def host_resources(home: Path) -> dict[str, Any]:
             "nft": nft, "processes": sorted(processes), "dirs": sandbox_dirs, "images": images}  # fmt: skip
 
 
-def leaked_cgroups(new: set[str], home: Path) -> list[str]:
-    """The cgroups of ``new`` that are not another home's: another home's sandbox has its
-    bubblewrap or runsc (named by that home) in its cgroup, or goes away within seconds when it
-    was ending; a leak of this home's stays, empty or with this home's processes."""
-
-    def foreign(cgroup: str) -> bool:
-        for procs in Path(cgroup).rglob("cgroup.procs"):
-            with contextlib.suppress(OSError):
-                for pid in procs.read_text().split():
-                    with contextlib.suppress(OSError):
-                        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-                        launcher = b"bwrap" in cmdline or b"runsc" in cmdline
-                        if launcher and str(home).encode() not in cmdline:
-                            return True
-        return False
-
-    deadline = time.monotonic() + 10
-    while True:  # bounded: another home's ending sandbox is gone within seconds
-        suspects = [c for c in sorted(new) if Path(c).exists() and not foreign(c)]
-        if not suspects or time.monotonic() > deadline:
-            return suspects
-        time.sleep(0.2)
+# On gvisor 20 creates, not 50: each is a Sentry and a Gofer (runsc processes, ~40 MiB)
+# on a 2-core host; 8 must still be made before the kill lands.
+CREATES = {"namespaces": 50, "gvisor": 20}
 
 
-def test_sigkill_during_50_creates_then_restart(home: Path) -> None:
+@pytest.mark.parametrize("tier", TIERS)
+def test_sigkill_during_creates_then_restart(home: Path, tier: str) -> None:
     gw = Gateway(home)
     gw.start()
-    body = {"memory": "64MiB", "disk": "32MiB", "idle_timeout": 0}
+    body = {"memory": "64MiB", "disk": "32MiB", "idle_timeout": 0, "isolation": tier}
+    creates = CREATES[tier]
     with gw.client() as op:  # warm: the disk pool, the egress daemon, the nft table
         for network in ("none", {"mode": "allowlist", "allow": ["example.test"]}):
             sid = op.post("/v1/sandboxes", json={**body, "network": network}).json()["id"]
@@ -124,14 +108,14 @@ def test_sigkill_during_50_creates_then_restart(home: Path) -> None:
             return sid
         return "failed"
 
-    with ThreadPoolExecutor(50) as pool:
-        futures = [pool.submit(create_and_exec, i) for i in range(50)]
+    with ThreadPoolExecutor(creates) as pool:
+        futures = [pool.submit(create_and_exec, i) for i in range(creates)]
         deadline = time.monotonic() + 120
         while len(created) < 8 and time.monotonic() < deadline:  # mid-work, for sure
             time.sleep(0.02)
         gw.kill(signal.SIGKILL)
         outcomes = [f.result() for f in futures]
-    assert 8 <= len(created) < 50 or "failed" in outcomes, "the kill came too late to test"
+    assert 8 <= len(created) < creates or "failed" in outcomes, "the kill came too late"
 
     gw.start()  # recovery runs before it serves
     trail = [json.loads(x) for x in (home / "audit" / "audit.jsonl").read_text().splitlines()]
@@ -147,23 +131,30 @@ def test_sigkill_during_50_creates_then_restart(home: Path) -> None:
         for sandbox in listed:
             assert op.delete(f"/v1/sandboxes/{sandbox['id']}").status_code == 200
         kept = op.post("/v1/sandboxes", json={**body, "network": "none"}).json()["id"]
+        assert op.get(f"/v1/sandboxes/{kept}").json()["isolation"] == tier
     gw.kill(signal.SIGTERM)  # a graceful stop leaves sandboxes running (on_shutdown: keep)
     runtime = Runtime(home)
     assert runtime.commands(kept).run("echo still").stdout == "still\n"
     runtime.destroy(kept)
     after = host_resources(home)
-    # Cgroups are named by sandbox, not by home: one that ended meanwhile may be another
-    # home's (an earlier test's sandbox going away), one that is new may be another home's
-    # live sandbox; none of this home's may be new.
-    assert not leaked_cgroups(set(after.pop("cgroups")) - set(before.pop("cgroups")), home)
+    # Cgroups are named by sandbox, not by home: others on a shared host come and go while
+    # this runs (minutes on gvisor). None may be left of a sandbox this test made: those
+    # it heard of, and the half-made ones the recovery removed.
+    ours = {*created, *(s["id"] for s in listed), kept, *recovery[-1]["removed"],
+            *recovery[-1].get("orphans", [])}  # fmt: skip
+    left = [c for c in after.pop("cgroups") if Path(c).name in ours]
+    assert left == [], left
+    before.pop("cgroups")
     assert after == before
 
 
+@pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("how", ["stop", "destroy"])
-def test_on_shutdown_stop_or_destroy(home: Path, how: str) -> None:
+def test_on_shutdown_stop_or_destroy(home: Path, how: str, tier: str) -> None:
     gw = Gateway(home, on_shutdown=how)
     gw.start()
-    body = {"memory": "64MiB", "disk": "32MiB", "idle_timeout": 0, "network": "none"}
+    body = {"memory": "64MiB", "disk": "32MiB", "idle_timeout": 0, "network": "none",
+            "isolation": tier}  # fmt: skip
     with gw.client() as op:
         ids = [op.post("/v1/sandboxes", json=body).json()["id"] for _ in range(2)]
     gw.kill(signal.SIGTERM)

@@ -291,8 +291,6 @@ def test_unsupported_features_raise_a_typed_error(box: Sandbox, runtime: Runtime
         # the default tier's launcher would join the Sentry's host namespaces (the browser)
         "host launch": lambda: runtime.commands(box.id).launcher_argv(["chromium"], "b", None),
         "on_idle stop": lambda: runtime.create({"isolation": "gvisor", "on_idle": "stop"}),
-        "background pty": lambda: box.commands.start("cat", pty=(80, 24)),
-        "close stdin": lambda: box.commands.start("cat", stdin=True).close_stdin(),
     }
     for name, attempt in attempts.items():
         with pytest.raises(TierUnsupported) as caught:

@@ -15,6 +15,10 @@ from agentbox import Sandbox
 from agentbox.errors import SandboxNotFound, SandboxNotRunning
 from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.runtime import Runtime
+from tierkit import not_on_gvisor
+
+# Every test on both isolation tiers (tests/conftest.py, default_tier).
+pytestmark = pytest.mark.usefixtures("default_tier")
 
 IDLE = 1.5  # seconds
 
@@ -98,7 +102,11 @@ def test_calls_restart_the_idle_clock(runtime: Runtime, make: Any) -> None:
     assert runtime.get(sb.id).state == "running"
 
 
-def test_on_idle_stop_keeps_files_and_resume_starts_it_again(runtime: Runtime, make: Any) -> None:
+def test_on_idle_stop_keeps_files_and_resume_starts_it_again(
+    runtime: Runtime, make: Any, default_tier: str
+) -> None:
+    not_on_gvisor(default_tier, "on_idle stop is refused there with tier_unsupported "
+                  "(tests/integration/test_gvisor_tier.py checks the error)")  # fmt: skip
     sb = make(idle_timeout=IDLE, on_idle="stop")
     sb.files.write("/workspace/kept.txt", "still here")
     sb.commands.start("sleep 600")
@@ -167,7 +175,10 @@ def test_a_crashed_sandbox_ends_with_reason_error(runtime: Runtime, make: Any) -
     assert events(runtime, sb.id)[-1] == ("destroyed", "error")
 
 
-def test_an_oom_kill_is_an_event(runtime: Runtime, make: Any) -> None:
+def test_an_oom_kill_is_an_event(runtime: Runtime, make: Any, default_tier: str) -> None:
+    not_on_gvisor(default_tier, "one memory cgroup holds the Sentry and every process, so "
+                  "an OOM ends the whole sandbox, not one process (docs/design.md; "
+                  "tests/security/test_resource_limits.py checks that tier's answer)")  # fmt: skip
     sb = make(memory="64MiB", idle_timeout=0)
     watcher = IdleWatcher(runtime)
     watcher.check()

@@ -22,7 +22,12 @@ from agentbox.errors import (
 from agentbox.runtime.runtime import Runtime
 from hostres import host_resources
 
+# The tests that make a sandbox run on both isolation tiers (tests/conftest.py); the
+# others check arguments and errors before any tier is involved.
+BOTH_TIERS = pytest.mark.usefixtures("default_tier")
 
+
+@BOTH_TIERS
 def test_create_list_get_destroy(runtime: Runtime, agentbox_home: Path) -> None:
     sb = Sandbox.create(memory="128MiB", disk="64MiB", home=agentbox_home)
     alive = host_resources(agentbox_home, {sb.id})
@@ -39,8 +44,10 @@ def test_create_list_get_destroy(runtime: Runtime, agentbox_home: Path) -> None:
     assert [m for m in left["mounts"] if sb.id in m] == []
     assert [d for d in left["dirs"] if sb.id in d] == []
     assert [lo for lo in left["loops"] if sb.id in lo] == []
+    assert _processes_naming(sb.id) == []  # gvisor: its Sentry and Gofer are gone too
 
 
+@BOTH_TIERS
 def test_sandbox_outlives_the_process_that_created_it(agentbox_home: Path) -> None:
     script = (
         "from agentbox import Sandbox; from pathlib import Path; import sys;"
@@ -59,9 +66,17 @@ def test_sandbox_outlives_the_process_that_created_it(agentbox_home: Path) -> No
         sb.kill()
 
 
-def test_destroy_kills_daemonised_processes(agentbox_home: Path) -> None:
+@BOTH_TIERS
+def test_destroy_kills_daemonised_processes(agentbox_home: Path, default_tier: str) -> None:
     sb = Sandbox.create(memory="128MiB", disk="64MiB", home=agentbox_home)
     sb.commands.run("setsid nohup sleep 1000 >/dev/null 2>&1 & (setsid sleep 1001 &) ; true")
+    if default_tier == "gvisor":
+        # Its processes live in the Sentry, no host process each: the host holds the
+        # Sentry, the Gofer and their ptrace stubs, which must all go.
+        assert _processes_naming(sb.id), "the sandbox's runsc processes should be running"
+        sb.kill()
+        assert _processes_naming(sb.id) == []
+        return
     host_pids = [p for p in os.listdir("/proc") if p.isdigit()]
     survivors = [p for p in host_pids if _cmdline(p) in ("sleep 1000", "sleep 1001")]
     assert len(survivors) == 2, "the daemons should be running before destroy"
@@ -74,6 +89,11 @@ def test_destroy_kills_daemonised_processes(agentbox_home: Path) -> None:
     assert still == []
 
 
+def _processes_naming(sandbox_id: str) -> list[str]:
+    """Host processes whose command line names the sandbox (runsc's name it)."""
+    return [p for p in os.listdir("/proc") if p.isdigit() and sandbox_id in _cmdline(p)]
+
+
 def _cmdline(pid: str) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
@@ -81,6 +101,7 @@ def _cmdline(pid: str) -> str:
         return ""
 
 
+@BOTH_TIERS
 def test_lifetime_ends_the_sandbox_without_a_daemon(agentbox_home: Path) -> None:
     sb = Sandbox.create(memory="128MiB", disk="64MiB", timeout=1, home=agentbox_home)
     record = sb.info()
@@ -138,6 +159,7 @@ def test_home_under_a_private_directory_is_refused_with_the_fix(tmp_path: Path) 
     assert "chmod o+x" in err.value.message and str(private) in err.value.message
 
 
+@BOTH_TIERS
 def test_a_runtime_notices_a_sandbox_ended_elsewhere(agentbox_home: Path) -> None:
     """A long-lived Runtime (the gateway's) caches running sandboxes; ending one from
     another process, or its init dying, must be seen on the next call."""

@@ -10,10 +10,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from agentbox import Sandbox
 from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import RunningGateway, running_gateway
+
+# Every test on both isolation tiers (tests/conftest.py, default_tier).
+pytestmark = pytest.mark.usefixtures("default_tier")
 
 COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.01; done"
 

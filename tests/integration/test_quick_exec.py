@@ -14,6 +14,9 @@ from agentbox.runtime import quick_exec
 from agentbox.runtime.commands import launch_failure
 from agentbox.runtime.runtime import Runtime
 
+# One tier: the light path is the namespaces tier's own (it starts the launcher
+# directly); a gvisor sandbox is left to the runtime, which the last test checks.
+
 ARGV = ["sh", "-c", "echo out; echo err >&2; exit 3"]
 
 
@@ -81,3 +84,9 @@ def test_a_launch_failure_reads_as_on_the_full_path(sandbox: Sandbox) -> None:
     with pytest.raises(AgentboxError) as full:
         sandbox.commands.run(["true"], cwd="/no/such/dir")
     assert type(full.value) is type(failure) and full.value.message == failure.message
+
+
+def test_a_gvisor_sandbox_is_left_to_the_runtime(runtime: Runtime, agentbox_home: Path) -> None:
+    with Sandbox.create(memory="128MiB", disk="64MiB", isolation="gvisor",
+                        home=agentbox_home) as sb:  # fmt: skip
+        assert quick_exec.prepare(sb.id, ARGV, "cquick") is None

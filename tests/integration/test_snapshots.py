@@ -21,6 +21,9 @@ from agentbox.runtime.runtime import Runtime
 from gateway_harness import RunningGateway, running_gateway
 from hostres import wait_for
 
+# Every test on both isolation tiers (tests/conftest.py, default_tier).
+pytestmark = pytest.mark.usefixtures("default_tier")
+
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 AWS_KEY = "AKIAZ7QHXQ4VN3TPLM2D"
 PRIVATE_KEY = (

@@ -94,16 +94,21 @@ def test_real_build_then_cache_hit(tmp_path: Path) -> None:
 
     # A sandbox runs on it: its own /usr (no host /usr bind), python from the template.
     from agentbox import Sandbox
+    from agentbox.runtime.template_tiers import TIERS
 
     # pytest's tmp dirs are 0700; sandbox uids must traverse to their root.
     for parent in [tmp_path, *tmp_path.parents]:
         if str(parent).startswith("/tmp/"):
             parent.chmod(parent.stat().st_mode | 0o001)
-    with Sandbox.create("py", memory="128MiB", disk="64MiB", home=tmp_path / "home") as sb:
-        r = sb.commands.run(["/usr/bin/python3", "-c", "import sys; print(sys.version_info[0])"])
-        assert (r.stdout, r.exit_code) == ("3\n", 0)
-        assert sb.commands.run(["/bin/sh", "-c", "test -e /usr/bin/gcc"]).exit_code == 1
-        assert sb.commands.run(["/usr/bin/id", "-un"]).stdout == "user\n"
+    for tier in TIERS:  # on each isolation tier, from the one build
+        with Sandbox.create("py", memory="128MiB", disk="64MiB", isolation=tier,
+                            home=tmp_path / "home") as sb:  # fmt: skip
+            r = sb.commands.run(
+                ["/usr/bin/python3", "-c", "import sys; print(sys.version_info[0])"]
+            )
+            assert (r.stdout, r.exit_code) == ("3\n", 0), tier
+            assert sb.commands.run(["/bin/sh", "-c", "test -e /usr/bin/gcc"]).exit_code == 1
+            assert sb.commands.run(["/usr/bin/id", "-un"]).stdout == "user\n", tier
 
 
 @pytest.mark.timeout(120)

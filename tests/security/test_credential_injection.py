@@ -30,10 +30,12 @@ from agentbox import Sandbox
 from agentbox.audit.log import read_records, verify
 from agentbox.egressd import daemon as egressd
 from agentbox.network import egressca, plane
+from agentbox.runtime import template_tiers
 from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
 from testpki import Pki, make_pki
+from tierkit import not_on_gvisor
 
 SECRET_ENV = "AGENTBOX_TEST_EGRESS_TOKEN"
 MISSING_ENV = "AGENTBOX_TEST_EGRESS_ABSENT_" + secrets.token_hex(4).upper()
@@ -170,12 +172,14 @@ def secret() -> Iterator[str]:
         yield value
 
 
-@pytest.fixture(scope="module")
-def home(host_ready: None, pki: Pki, secret: str) -> Iterator[Path]:
+@pytest.fixture(scope="module", params=template_tiers.TIERS)
+def home(request: pytest.FixtureRequest, host_ready: None, pki: Pki, secret: str) -> Iterator[Path]:
     """A fresh AGENTBOX_HOME whose egress daemon is started by this process, with the
-    secret and AGENTBOX_EGRESS_UPSTREAM_CA in its environment."""
+    secret and AGENTBOX_EGRESS_UPSTREAM_CA in its environment; once per isolation tier
+    (its default template's: every sandbox here is made on it)."""
     path = Path(tempfile.mkdtemp(prefix="agentbox-cred-", dir="/var/tmp"))
     path.chmod(0o755)
+    template_tiers.set_default_tier(path, "default", request.param)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(egressd.UPSTREAM_CA_ENV, str(pki.ca))
         try:
@@ -374,7 +378,6 @@ def test_other_https_hosts_are_not_intercepted(
 def test_no_trace_of_the_secret_in_the_sandbox(
     box: Sandbox, secret: str, home: Path, runtime_c: Runtime
 ) -> None:
-    box.commands.run("sleep 30 >/dev/null 2>&1 &")  # a live process with the usual env
     code, _, info = _curl(box, "-D", "/home/user/headers.txt", "https://api.allowed.test/again",
                           output="/tmp/again.txt")  # fmt: skip
     assert code == 0, info
@@ -386,7 +389,10 @@ def test_no_trace_of_the_secret_in_the_sandbox(
     assert "hello https from api.allowed.test" in files  # the responses were searched
     assert "BEGIN CERTIFICATE" in files  # so was /etc/agentbox
     assert secret not in files
+    # A live process with the usual env, in the same command: on gvisor each command has
+    # a PID namespace of its own, and another command's processes are not in its /proc.
     procs = box.commands.run(
+        "sleep 30 >/dev/null 2>&1 & "
         "for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do cat $f 2>/dev/null; echo; done",
         max_output_bytes=64 << 20,
     ).stdout
@@ -418,7 +424,7 @@ def test_sandboxes_without_credentials_do_not_trust_the_egress_ca(
 ) -> None:
     other = _create(home, allow=["*.allowed.test"])
     try:
-        r = other.commands.run("env; ls /etc/agentbox 2>&1")
+        r = other.commands.run("env; cat /etc/agentbox 2>&1")  # ls: statx fails on gvisor
         assert "SSL_CERT_FILE" not in r.stdout and "No such file" in r.stdout
         # Without the CA it cannot talk to the intercepting side at all; and the
         # credential of `box` is not injected for it (not its credential).
@@ -482,6 +488,8 @@ def test_the_browser_reaches_a_credential_host_over_https(
     """Chromium reads no SSL_CERT_FILE: it is told to trust the egress CA's key, which
     only chains the proxy presents contain; the upstream gets the header, the page shows
     it masked."""
+    not_on_gvisor(box.info().isolation, "the browser on gvisor is issue 18's other part "
+                  "(tier_unsupported today)")  # fmt: skip
     from agentbox.browser.manager import BrowserConfig, BrowserManager
     from browserkit import require_browser
 

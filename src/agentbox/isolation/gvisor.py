@@ -36,6 +36,11 @@ from typing import Any
 from agentbox.errors import HostUnsupported
 
 TIER = "gvisor"
+AGENT_PATH = "/.agentbox/agent"  # the first process: init and exec agent in one
+# What the agent (and its wrapper of runsc exec commands) holds: the commands it runs
+# have none of them, in no set.
+AGENT_CAPABILITIES = ("CAP_SYS_ADMIN", "CAP_SETPCAP")
+CAPABILITY_SETS = ("bounding", "effective", "permitted")
 # Where runsc may be: a newer release installed by hand beside Debian's package.
 CANDIDATES = ("/usr/local/bin/runsc", "/usr/bin/runsc", "/usr/sbin/runsc")
 INSTALL_FIX = "apt-get install -y runsc (scripts/install.sh installs it)"
@@ -198,7 +203,7 @@ def bundle_config(
             "args": list(args),
             "env": [f"{k}={v}" for k, v in env.items()],
             "cwd": "/",
-            "capabilities": {k: list(capabilities) for k in ("bounding", "effective", "permitted")},
+            "capabilities": {k: list(capabilities) for k in CAPABILITY_SETS},
             "noNewPrivileges": True,
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": nofile, "soft": nofile}],
         },
@@ -231,19 +236,20 @@ def exec_process(
     gid: int,
     terminal: bool = False,
 ) -> dict[str, Any]:
-    """The ``--process`` file of one ``runsc exec``: the command under ``unshare --pid
-    --fork --kill-child``, so that killing that one process (``runsc kill --pid``) ends
-    the command's whole tree, ``setsid`` daemons included (a PID namespace dies with its
-    init, and the init dies with its parent). CAP_SYS_ADMIN is only in unshare's
-    permitted set; exec as a non-root uid clears it before the command runs. ``terminal``:
-    runsc's own stdio is a pty (the caller's), which the Sentry makes the command's tty."""
-    caps = ["CAP_SYS_ADMIN"]
+    """The ``--process`` file of one ``runsc exec``: the command under the exec agent's
+    wrapper (``AGENT_PATH exec``, see ``gvisor_agent.c``), which makes it the init of a
+    PID namespace of its own, so that killing the wrapper (``runsc kill --pid``) ends the
+    command's whole tree, ``setsid`` daemons included; other signals sent to the wrapper
+    reach the command. The wrapper holds CAP_SYS_ADMIN (the namespace) and CAP_SETPCAP (to
+    empty the command's bounding set); the command runs with no capability at all.
+    ``terminal``: runsc's own stdio is a pty (the caller's), which the Sentry makes the
+    command's tty."""
     return {
         "user": {"uid": uid, "gid": gid},
-        "args": ["/usr/bin/unshare", "--pid", "--fork", "--kill-child", "--", *args],
+        "args": [AGENT_PATH, "exec", *args],
         "env": [f"{k}={v}" for k, v in env.items()],
         "cwd": cwd,
-        "capabilities": {"bounding": caps, "effective": caps, "permitted": caps},
+        "capabilities": {k: list(AGENT_CAPABILITIES) for k in CAPABILITY_SETS},
         "noNewPrivileges": True,
         "terminal": terminal,
     }

@@ -5,6 +5,10 @@
  * started once with the sandbox, makes a command one round trip on a unix socket.
  *
  *   agentbox-gvisor-agent READY_FD LIFETIME_S SOCKET
+ *   agentbox-gvisor-agent exec COMMAND [ARG...]
+ *
+ * The second form wraps a command that the host starts with `runsc exec` (background
+ * processes, PTY commands): see run_wrapped below.
  *
  * It does what the namespaces tier's init does (nsexec.c, `init`): it is not dumpable,
  * reaps orphans, ends the sandbox after LIFETIME_S (0 = never), and as the sandbox's
@@ -14,8 +18,8 @@
  * which the host connects to (the directory is the host's to own once we are ready).
  *
  * It runs as the sandbox user with the privilege a `runsc exec` of the same tier has:
- * CAP_SYS_ADMIN (for a new PID namespace per command) and nothing else, no_new_privs,
- * inside gVisor. Each connection is one request, served by a forked worker:
+ * CAP_SYS_ADMIN (for a new PID namespace per command) and CAP_SETPCAP (to empty a
+ * command's bounding set) and nothing else, no_new_privs, inside gVisor. Each connection is one request, served by a forked worker:
  *
  *   host -> agent  frames [type u8][len u32 LE][data]:
  *     'A' an argv item, 'E' an environment entry K=V, 'C' the cwd, 'I' all of stdin
@@ -26,7 +30,8 @@
  *
  * The command is the init of a PID namespace of its own (`unshare --pid --fork` on the
  * runsc exec path): killing it (a 'K', the host hanging up, a 'Z') ends its whole tree,
- * setsid daemons included. It runs with no capability and no_new_privs. The host treats
+ * setsid daemons included. It runs with no capability, none in its bounding set either
+ * (nothing it execs can regain one), and no_new_privs. The host treats
  * every frame as untrusted (sizes bounded, types checked): code in the sandbox can only
  * lie about its own sandbox's commands.
  */
@@ -42,11 +47,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -141,7 +148,15 @@ static void on_killall(int sig) {
 }
 static void on_child(int sig) { (void)sig; }
 
+/* Every capability gone, the bounding set's too: exec as a non-root uid clears the
+ * permitted set but keeps the bounding set, from which a file capability could give
+ * one back. EINVAL past the kernel's last capability ends the loop. */
 static void drop_capabilities(void) {
+  for (int cap = 0;; cap++) {
+    if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0) continue;
+    if (errno == EINVAL) break;
+    die("drop the bounding set");
+  }
   struct __user_cap_header_struct head = {_LINUX_CAPABILITY_VERSION_3, 0};
   struct __user_cap_data_struct data[2];
   memset(data, 0, sizeof data);
@@ -301,6 +316,71 @@ _Noreturn static void serve(int sock) {
   _exit(0);
 }
 
+/* ---- a command started with runsc exec ------------------------------------------- */
+
+/* What `runsc exec` runs (see isolation/gvisor.py, exec_process): the command as the init
+ * of a PID namespace of its own, so SIGKILL to this process (whose pid runsc writes to
+ * the host) ends the whole tree. Any other signal sent to this process is passed to the
+ * command (SIGWINCH: to its terminal's foreground process group), so the host signals one pid it knows from the start: no lookup of a child
+ * that may not exist yet. A signal from the terminal (SI_KERNEL: ^C, a resize) already
+ * reached the command, which shares our process group: not passed twice. Our status is
+ * the command's (a signal that killed it kills us). */
+static volatile pid_t wrapped_child;
+
+static void pass_on(int sig, siginfo_t *info, void *context) {
+  (void)context;
+  if (info->si_code == SI_KERNEL || info->si_pid == getpid()) return;
+  /* The Sentry does not see a host terminal's resize: the host sends SIGWINCH here,
+   * for the terminal's foreground process group (a program run from the shell). Ours
+   * (no job control below): the command alone, not us again. */
+  pid_t foreground = sig == SIGWINCH ? tcgetpgrp(0) : -1;
+  if (foreground > 0 && foreground != getpgrp())
+    kill(-foreground, sig);
+  else
+    kill(wrapped_child, sig);
+}
+
+_Noreturn static void run_wrapped(char **argv) {
+  sigset_t all, old;
+  sigfillset(&all);
+  sigprocmask(SIG_BLOCK, &all, &old); /* pending until the child's pid is known */
+  if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) die("dumpable");
+  struct sigaction forward = {.sa_sigaction = pass_on, .sa_flags = SA_SIGINFO | SA_RESTART};
+  for (int sig = 1; sig < NSIG; sig++)
+    if (sig != SIGKILL && sig != SIGSTOP && sig != SIGCHLD) sigaction(sig, &forward, NULL);
+  /* On a terminal, make it ours (runsc leaves a session leader without one): its
+   * foreground process group can then be read, for SIGWINCH. No error is fatal. */
+  if (isatty(0)) ioctl(0, TIOCSCTTY, 0);
+  if (unshare(CLONE_NEWPID) < 0) die("new pid namespace");
+  pid_t child = fork();
+  if (child < 0) die("fork");
+  if (child == 0) {
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die("pdeathsig");
+    for (int sig = 1; sig < NSIG; sig++) signal(sig, SIG_DFL);
+    drop_capabilities();
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    execvp(argv[0], argv);
+    int e = errno;
+    dprintf(2, "agentbox: %s: %s\n", argv[0], strerror(e));
+    _exit(e == ENOENT ? 127 : 126);
+  }
+  wrapped_child = child;
+  sigprocmask(SIG_SETMASK, &old, NULL);
+  int status;
+  while (waitpid(child, &status, 0) < 0)
+    if (errno != EINTR) die("wait");
+  if (WIFSIGNALED(status)) {
+    signal(WTERMSIG(status), SIG_DFL);
+    sigprocmask(SIG_BLOCK, &all, NULL);
+    sigset_t only;
+    sigemptyset(&only);
+    sigaddset(&only, WTERMSIG(status));
+    sigprocmask(SIG_UNBLOCK, &only, NULL);
+    kill(getpid(), WTERMSIG(status));
+  }
+  _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+}
+
 /* ---- the agent ------------------------------------------------------------------- */
 
 static volatile sig_atomic_t quiesce, relisten;
@@ -322,8 +402,9 @@ static int listen_on(const char *path) {
 }
 
 int main(int argc, char **argv) {
+  if (argc > 2 && strcmp(argv[1], "exec") == 0) run_wrapped(argv + 2);
   if (argc != 4) {
-    dprintf(2, "usage: agentbox-gvisor-agent READY_FD LIFETIME_S SOCKET\n");
+    dprintf(2, "usage: agentbox-gvisor-agent READY_FD LIFETIME_S SOCKET | exec COMMAND...\n");
     return 2;
   }
   int ready_fd = atoi(argv[1]), lifetime_s = atoi(argv[2]);

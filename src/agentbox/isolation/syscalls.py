@@ -88,6 +88,18 @@ def mount(source: str, target: str, fstype: str, flags: int = 0, data: str = "")
     )
 
 
+FALLOC_FL_KEEP_SIZE = 0x01
+
+
+def reserve_blocks(fd: int, length: int) -> None:
+    """Allocate ``length`` bytes of blocks to ``fd``'s file without changing its size
+    (``fallocate`` with KEEP_SIZE): a later write there needs no free block."""
+    _check(
+        _libc.fallocate(fd, FALLOC_FL_KEEP_SIZE, ctypes.c_long(0), ctypes.c_long(length)),
+        "fallocate",
+    )
+
+
 def umount(target: str, flags: int = MNT_DETACH) -> None:
     _check(_libc.umount2(os.fsencode(target), ctypes.c_int(flags)), f"umount {target}")
 

@@ -9,8 +9,8 @@ commands (as it can forge their output); the host checks every reply's framing. 
 command, a large stdin, background processes, and a sandbox whose agent does not answer
 take the ``runsc exec`` path below, whose status is runsc's own.
 
-Every command is one ``runsc exec`` whose process runs under ``unshare --pid --fork
---kill-child`` (see ``isolation.gvisor.exec_process``): killing that process inside the
+Every command is one ``runsc exec`` whose process runs under the exec agent's wrapper
+(``agent exec``, see ``isolation.gvisor.exec_process``): killing that process inside the
 Sentry (``runsc kill --pid``) ends the command's PID namespace, so a timeout kills the
 whole tree, ``setsid`` daemons included, while other commands run on. The exit status
 is ``runsc exec``'s own (it waits for the process in the Sentry), read with waitpid on
@@ -199,21 +199,11 @@ class GvisorCommandRunner(CommandRunner):
         }
 
     def pid_file(self, leaf: str) -> str:
-        """Where runsc writes the command's pid inside the Sentry (its unshare)."""
+        """Where runsc writes the command's pid inside the Sentry (its wrapper)."""
         return str(self.host.exec_dir / f"{leaf}.pid")
 
     def spec_file(self, leaf: str) -> Path:
         return self.host.exec_dir / f"{leaf}.json"
-
-    def child_of(self, pid: int) -> int | None:
-        """The first child of Sentry pid ``pid`` (``runsc ps``), or None."""
-        argv = self.host.runsc_argv("ps", self.host.container)
-        listed = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-        for line in listed.stdout.splitlines()[1:]:
-            fields = line.split()
-            if len(fields) > 2 and fields[2] == str(pid) and fields[1].isdigit():
-                return int(fields[1])
-        return None
 
     def signal_pid(self, pid: int, signal: str) -> bool:
         """Deliver ``signal`` (a name) to Sentry pid ``pid``; whether runsc did."""
@@ -224,7 +214,7 @@ class GvisorCommandRunner(CommandRunner):
         return done.returncode == 0
 
     def kill_tree(self, leaf: str) -> None:
-        """Kill the command's ``unshare`` inside the Sentry: its PID namespace dies."""
+        """Kill the command's wrapper inside the Sentry: its PID namespace dies."""
         deadline = time.monotonic() + _PID_WAIT_S
         pid = None
         while pid is None and time.monotonic() < deadline:

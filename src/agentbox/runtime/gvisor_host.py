@@ -36,7 +36,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from agentbox.errors import SandboxError, TierUnsupported
+from agentbox.errors import SandboxError
 from agentbox.isolation import disk, gvisor, initfs, syscalls
 from agentbox.isolation.cgroups import GROUP_PARENT
 from agentbox.isolation.launcher import static_binary
@@ -55,10 +55,8 @@ from agentbox.storage.inroot import InRoot
 MS_BIND = 0x1000
 MS_REMOUNT = 0x20
 AGENT_DIR = ".agentbox"
-AGENT_PATH = "/.agentbox/agent"  # the first process: init and exec agent in one
 CHECKPOINT_FILE = "checkpoint.img"  # what runsc checkpoint writes in --image-path
 CHECKPOINT_TIMEOUT_S = 300.0
-UNSHARE = "usr/bin/unshare"  # what every command runs under (see gvisor.exec_process)
 
 
 class GvisorHost(SandboxHost):
@@ -184,7 +182,7 @@ class GvisorHost(SandboxHost):
             (self.disk / "tmp", "tmp", False),
             (self.disk / "var-tmp", "var/tmp", False),
             (init, INIT_PATH.lstrip("/"), True),
-            (agent, AGENT_PATH.lstrip("/"), True),
+            (agent, gvisor.AGENT_PATH.lstrip("/"), True),
             (self.agent_dir, agent_client.IN_SANDBOX_DIR.lstrip("/"), False),
         ]
         if host_usr:
@@ -231,19 +229,13 @@ class GvisorHost(SandboxHost):
         # root's: nothing in the sandbox can swap the socket for one of its own.
         self.agent_socket.unlink(missing_ok=True)
         os.chown(self.agent_dir, self.host_uid, self.host_gid)
-        if not self._exists_in_root(UNSHARE):
-            raise TierUnsupported(
-                "the gvisor tier runs every command under util-linux's unshare, and this "
-                "template has no /usr/bin/unshare; add util-linux to the template or "
-                "use isolation namespaces"
-            )
         networked = self.netns.exists()
         # The agent (the init's job, and commands) writes its readiness byte to fd 1:
         # runsc hands the container its own stdio, so that is our pipe.
         socket_in_sandbox = f"{agent_client.IN_SANDBOX_DIR}/{agent_client.SOCKET_NAME}"
         config = gvisor.bundle_config(
             root=self.root,
-            args=[AGENT_PATH, "1", str(int(lifetime_s)), socket_in_sandbox],
+            args=[gvisor.AGENT_PATH, "1", str(int(lifetime_s)), socket_in_sandbox],
             env=base_env(self.hostname),
             uid=self.host_uid,
             gid=self.host_gid,
@@ -255,8 +247,8 @@ class GvisorHost(SandboxHost):
             pids=limits.pids,
             cpus=limits.cpus,
             # What a runsc exec of this tier has (exec_process): the agent makes each
-            # command's PID namespace; the command itself runs with none.
-            capabilities=["CAP_SYS_ADMIN"],
+            # command's PID namespace and empties its bounding set; the command has none.
+            capabilities=gvisor.AGENT_CAPABILITIES,
         )
         self.bundle.mkdir(mode=0o700, exist_ok=True)
         (self.bundle / "config.json").write_text(json.dumps(config))

@@ -204,12 +204,12 @@ class ProcessTable:
         (pdir / "meta.json").write_text(json.dumps(meta))
         for name in ("stdout", "stderr"):  # stderr stays empty: a terminal has one stream
             os.close(os.open(pdir / name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
-        launcher = self.runner.launcher_argv(argv, leaf, cwd, setsid=True, ctty=True)
+        launcher, launch_env = self._terminal_launcher(argv, leaf, cwd, environment)
         master, slave = self.runner.open_pty()
         try:
             terminals.set_size(master, *size)
             proc = subprocess.Popen(
-                launcher, stdin=slave, stdout=slave, stderr=slave, env=environment,
+                launcher, stdin=slave, stdout=slave, stderr=slave, env=launch_env,
                 close_fds=True, start_new_session=True,
             )  # fmt: skip
         except BaseException:
@@ -219,6 +219,12 @@ class ProcessTable:
             os.close(slave)
         terminals.attach(pdir, proc, master, (self.runner.host.host_uid, self.runner.host.host_gid))
         return started
+
+    def _terminal_launcher(
+        self, argv: list[str], leaf: str, cwd: str | None, environment: dict[str, str]
+    ) -> tuple[list[str], dict[str, str]]:
+        """What runs the command on the terminal given as its stdio, and its environment."""
+        return self.runner.launcher_argv(argv, leaf, cwd, setsid=True, ctty=True), environment
 
     def list(self) -> list[ProcessInfo]:
         if not self.root.exists():
