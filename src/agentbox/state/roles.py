@@ -125,6 +125,6 @@ def apply_roles(url: str) -> None:
     try:
         with db.tx(lock="agentbox:schema") as conn:
             for sql in statements():
-                conn.raw.execute(sql)  # our own constant SQL, no parameters
+                conn.held().execute(sql)  # our own constant SQL, no parameters
     finally:
         db.close()
