@@ -34,7 +34,7 @@ RELEASED = Path(__file__).resolve().parents[1] / "data" / "state_released"
 # The stores' SQLite text, and the columns policy/approvals.py then added in place.
 SQLITE_RELEASED = (RELEASED / "sqlite.sql").read_text()
 APPROVALS_ADDED = (("scope", "TEXT"), ("detail", "TEXT"), ("used_at", "REAL"))
-POSTGRES_RELEASED = [(RELEASED / f"postgresql-{v}.sql").read_bytes() for v in (1, 2, 3)]
+POSTGRES_RELEASED = [(RELEASED / f"postgresql-{v}.sql").read_bytes() for v in (1, 2, 3, 4)]
 
 
 def _sql_shape(sql: str) -> str:
@@ -178,5 +178,5 @@ def test_a_migrated_postgresql_is_the_twin_of_a_released_one(
     assert migrate(old) == (released_upto, list(range(released_upto + 1, LATEST + 1)))
     assert migrate(new) == (0, list(range(1, LATEST + 1)))
     want = postgres_schema(old)
-    assert len({row[0] for row in want["columns"]}) == 16 and want["functions"]
+    assert len({row[0] for row in want["columns"]}) == 17 and want["functions"]
     assert postgres_schema(new) == want
