@@ -76,9 +76,31 @@ TIER_INDEPENDENT = {
 }
 # Not run on gvisor yet, and where to pick up.
 NOT_YET_ON_GVISOR = {
-    "test_browser.py": "the browser on gvisor (issue 18, its own branch)",
-    "test_desktop.py": "desktop mode with the browser work (issue 18)",
-    "test_task_seed_chain.py": "its chain opens the browser (issue 18)",
+    "test_desktop.py": "desktop mode (Xvnc, openbox) is built on the namespaces tier only",
+    "test_task_seed_chain.py": "its browser step on gvisor: test_browser runs the browser there",
     "test_real_agents.py": "real agents from npm: long; run it on gvisor with default_tier",
-    "test_warm_pool.py": "a pool's spec takes no template tier: see the gv18b report",
+}
+
+# Security files that run on one tier, and why: what they attack is the gateway, the
+# policy or host-side code the tiers share (the same files API, proxy and archive code),
+# or a part only one tier has. Those that attack the sandbox boundary itself run on both
+# (tests/security/conftest.py, ``tier``); tests/unit/test_integration_tiers.py checks.
+SECURITY_ONE_TIER = {
+    "test_approval_state.py": "MCP approval state in the gateway; no sandbox boundary",
+    "test_bad_input.py": "argument checks before any sandbox is reached (runtime/requests.py)",
+    "test_browser_confinement.py": "the namespaces tier's browser; gvisor's: test_browser_gvisor",
+    "test_command_policy_bypass.py": "the gateway's command policy, before any tier",
+    "test_desktop_access.py": "desktop mode is built on the namespaces tier only",
+    "test_egress_ask.py": "the egress proxy's ask decisions, the same for both tiers' netns",
+    "test_file_policy_resolved.py": "the gateway's file policy, before any tier",
+    "test_gateway_bad_input.py": "the gateway's HTTP and MCP input, before any tier",
+    "test_host_side_paths.py": "host code walking /proc/PID/root of a bubblewrap init",
+    "test_launcher_env.py": "the namespaces tier's host-side launcher (agentbox-nsexec)",
+    "test_network_spec_refusals.py": "network spec validation, before any tier",
+    "test_resident_launcher.py": "the namespaces tier's resident launcher",
+    "test_safe_export.py": "host-side export of the sandbox disk, the same code on both",
+    "test_shell_parser_differential.py": "the shell parser against bash; no sandbox",
+    "test_snapshot_restore.py": "host-side unpacking of a hostile archive into a new disk",
+    "test_teardown.py": "gvisor's teardown: test_lifecycle and test_crash_recovery (both tiers)",
+    "test_watch_confinement.py": "runtime/watches.py on a fake root beside a host directory",
 }

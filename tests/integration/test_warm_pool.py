@@ -12,6 +12,7 @@ import pytest
 
 from agentbox.config.host import Admission
 from agentbox.errors import CapacityExceeded, SandboxNotRunning
+from agentbox.runtime import template_tiers
 from agentbox.runtime.runtime import Runtime, pool_key
 from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.warmpool import Pool, PoolKeeper
@@ -150,3 +151,19 @@ def test_a_gateway_keeps_its_pool_and_serves_creates_from_it(
             op.delete(f"/v1/sandboxes/{sid}")
     for sandbox_id in pooled():  # the runtime fixture removes them too; be explicit
         runtime.recycle(sandbox_id)
+
+
+def test_a_pool_keeps_its_template_tier(runtime: Runtime, agentbox_home: Path) -> None:
+    """A template on gvisor: its pool fills gvisor sandboxes, which its creates claim."""
+    template_tiers.set_default_tier(agentbox_home, "default", "gvisor")
+    try:
+        keeper = PoolKeeper(runtime, [Pool(spec_from(BASE), 1)])
+        assert keeper.refill_once(keeper.pools[0])
+        (warm,) = [r for r in runtime.store.list() if r.state == "pooled"]
+        assert warm.isolation == "gvisor"
+        assert keeper.refill_once(keeper.pools[0]) is False  # the pool counts it as its own
+        claimed = runtime.create(BASE)
+        assert claimed.id == warm.id and claimed.from_pool and claimed.isolation == "gvisor"
+        assert runtime.commands(claimed.id).run("uname -r").stdout.startswith("4.4.0")
+    finally:
+        template_tiers.set_default_tier(agentbox_home, "default", None)

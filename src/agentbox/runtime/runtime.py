@@ -164,11 +164,7 @@ class Runtime:
                 if tier is not None and tier != resolved.isolation:
                     resolved = validated(self.home, {**(spec or {}), "isolation": tier})
         else:
-            resolved = spec_from(spec)
-            if "isolation" not in resolved.model_fields_set:
-                tier = template_tiers.default_tier(self.home, resolved.template)
-                if tier is not None:
-                    resolved = resolved.model_copy(update={"isolation": tier})
+            resolved = self.with_template_tier(spec_from(spec))
         if resolved.isolation == GVISOR and resolved.on_idle == "stop":
             from agentbox.runtime.gvisor_commands import unsupported
 
@@ -189,6 +185,14 @@ class Runtime:
         self.event(record.id, "created", "operator", actor, template=record.template)
         return self._admitted(record)
 
+    def with_template_tier(self, spec: SandboxSpec) -> SandboxSpec:
+        """``spec`` on its template's tier (``agentbox template tier``) when it names no
+        isolation of its own: creates and the warm pools that serve them agree."""
+        if "isolation" in spec.model_fields_set:
+            return spec
+        tier = template_tiers.default_tier(self.home, spec.template)
+        return spec if tier is None else spec.model_copy(update={"isolation": tier})
+
     def recycle(self, sandbox_id: str) -> bool:
         """Destroy a pooled sandbox unless a create claimed it first (then False)."""
         record = self.store.get(sandbox_id)
@@ -203,6 +207,7 @@ class Runtime:
         admission, invisible to calls until ``create`` claims it). Replaced after
         POOL_MAX_AGE; its init lives POOL_LIFETIME, the most a claimed one can have."""
         # No volumes: a warm sandbox would hold them; a create with volumes never claims one.
+        spec = self.with_template_tier(spec)
         pooled = spec.model_copy(
             update={"lifetime": POOL_LIFETIME, "project": POOL_PROJECT, "volumes": ()}
         )

@@ -68,12 +68,13 @@ class PoolKeeper:
 
     def refill_once(self, pool: Pool) -> bool:
         """Replace one stale pooled sandbox or add one missing; whether it did anything."""
-        template = self.runtime.templates.get(pool.spec.template)
-        members = self.runtime.store.pooled(pool_key(pool.spec))
+        spec = self.runtime.with_template_tier(pool.spec)  # the tier its creates get
+        template = self.runtime.templates.get(spec.template)
+        members = self.runtime.store.pooled(pool_key(spec))
         for record in members:
             if record.state == "pooled" and record.template_digest != template.digest:
                 return self.runtime.recycle(record.id)  # False: claimed meanwhile
         if len(members) < pool.size:
-            self.runtime.fill_pool(pool.spec)
+            self.runtime.fill_pool(spec)
             return True
         return False
