@@ -36,6 +36,9 @@ HEAVY = (
 # for a rare warning (``logging``, with traceback and string) or for what a create never
 # does (``tarfile``: importing an image, snapshots, uploads).
 STDLIB_HEAVY = ("logging", "platform", "tarfile", "uuid")
+# Loaded by no create or command (pydantic's validation aside, which imports
+# importlib.metadata): package data is read beside its module (isolation/).
+SDK_NEVER = ("importlib.resources",)
 # Also absent until a call needs them: asyncio (AsyncSandbox only: sync users and the CLI
 # never run a loop), pydantic (validating a spec: create, not exec) and pyseccomp
 # (compiling the seccomp filter, cached on disk after the first time).
@@ -50,6 +53,7 @@ QUICK_EXEC_NEVER = (
     "agentbox.runtime.runtime",
     "click",
     "dataclasses",
+    "importlib",  # agentbox/__init__ imports it on a public name's first use only
     "hashlib",
     "json",
     "pathlib",
@@ -136,4 +140,34 @@ def test_sdk_create_loads_pydantic_but_nothing_heavy(tmp_path: Path, sandbox: Sa
     assert heavy_in(loaded(tmp_path, code), allowed=validating) == []
     # The same settings again, in a new process: validated before, read back from the
     # home's cache (runtime/spec_cache.py), no pydantic.
-    assert heavy_in(loaded(tmp_path, code)) == []
+    modules = loaded_modules(tmp_path, code)
+    assert heavy_in({m.split(".")[0] for m in modules}) == []
+    assert sorted(m for m in SDK_NEVER if m in modules) == []
+
+
+def test_the_installed_command_runs_the_light_exec_without_site(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    """The command scripts/install.sh writes (cli/script.py) starts Python with -S: the
+    plain exec never loads site; any other command loads it before click."""
+    from agentbox.cli import script
+
+    command = tmp_path / "agentbox"
+    script.write(str(command))
+
+    def imported(*argv: str) -> set[str]:
+        # PYTHONPROFILEIMPORTTIME: each import on stderr, "import time: us | us | name".
+        result = subprocess.run(
+            [str(command), *argv],
+            capture_output=True,
+            env={**os.environ, "AGENTBOX_URL": "", "PYTHONPROFILEIMPORTTIME": "1"},
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr.decode()[-2000:]
+        lines = result.stderr.decode().splitlines()
+        return {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
+
+    light = imported("sandbox", "exec", sandbox.id, "--", "true")
+    assert "agentbox.runtime.quick_exec" in light and "site" not in light
+    assert {"site", "click"} <= imported("sandbox", "ls")

@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import tempfile
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,8 @@ def load_profile(path: Path | None = None) -> dict[str, Any]:
 
 
 def _profile_bytes() -> bytes:
-    return resources.files("agentbox.isolation").joinpath(PROFILE_RESOURCE).read_bytes()
+    # Beside this module (as isolation/launcher.py reads its sources: no importlib.resources).
+    return Path(__file__).with_name(PROFILE_RESOURCE).read_bytes()
 
 
 def _action(rule: dict[str, Any]) -> Any:
