@@ -3,26 +3,14 @@
 everything else through the click command tree (``cli.main``).
 
 The command scripts/install.sh writes (``cli.script``) starts Python without ``site``
-(``-S``): processing the environment's .pth files is a fifth of a light exec's start-up.
-Any other path runs it first (``ensure_site``), as if Python had started with it."""
+(``-S``); any path but the light exec runs it first (``script.ensure_site``), as if Python
+had started with it."""
 
 from __future__ import annotations
 
 import sys
 
-
-_site_done = False
-
-
-def ensure_site() -> None:
-    """Add the environment's site directories (and run its .pth files) if Python started
-    without them: before importing anything but the standard library and agentbox."""
-    global _site_done
-    if sys.flags.no_site and not _site_done:
-        _site_done = True
-        import site
-
-        site.main()
+from agentbox.cli.script import ensure_site
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from agentbox.cli.entry import ensure_site
+from agentbox.cli.script import ensure_site
 
 TYPE_CHECKING = False  # typing, re and the error tree: a tenth of a plain exec's start-up
 if TYPE_CHECKING:

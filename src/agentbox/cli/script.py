@@ -4,7 +4,7 @@ pip's console script runs ``python`` plainly, so ``site`` processes the environm
 files (an editable install's path, setuptools' distutils shim, the distribution's
 sitecustomize) before agentbox runs: about 4 ms of CPU of a light ``sandbox exec``'s 25.
 The command written here passes ``-S`` and puts agentbox's own directory on the path;
-``cli.entry.ensure_site`` runs ``site`` once a command needs more than the standard
+``ensure_site`` runs ``site`` once a command needs more than the standard
 library (everything but the plain exec on a running sandbox).
 
     python -m agentbox.cli.script PATH     (scripts/install.sh: PATH is .venv/bin/agentbox)
@@ -17,13 +17,26 @@ import sys
 
 import agentbox
 
+_site_done = False
+
+
+def ensure_site() -> None:
+    """Add the environment's site directories (and run its .pth files) if Python started
+    without them: before importing anything but the standard library and agentbox."""
+    global _site_done
+    if sys.flags.no_site and not _site_done:
+        _site_done = True
+        import site
+
+        site.main()
+
 
 def text(python: str, package_parent: str) -> str:
     """The script: ``python`` (absolute) runs agentbox found in ``package_parent``."""
     return (
         f"#!{python} -S\n"
         "# Written by `python -m agentbox.cli.script` (src/agentbox/cli/script.py): Python\n"
-        "# starts without site; agentbox.cli.entry runs it when a command needs it.\n"
+        "# starts without site; agentbox.cli.script runs it when a command needs it.\n"
         "import sys\n"
         f"sys.path.append({package_parent!r})\n"
         "from agentbox.cli.entry import main\n"
