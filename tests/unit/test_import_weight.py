@@ -36,9 +36,10 @@ HEAVY = (
 # for a rare warning (``logging``, with traceback and string) or for what a create never
 # does (``tarfile``: importing an image, snapshots, uploads).
 STDLIB_HEAVY = ("logging", "platform", "tarfile", "uuid")
-# Loaded by no create or command (pydantic's validation aside, which imports
-# importlib.metadata): package data is read beside its module (isolation/).
-SDK_NEVER = ("importlib.resources",)
+# Loaded by no create, command or kill (pydantic's validation aside, which imports
+# importlib.metadata): package data is read beside its module (isolation/), names and ids
+# come from agentbox.digest (hashlib loads OpenSSL; secrets, hmac and with it OpenSSL).
+SDK_NEVER = ("importlib.resources", "hashlib", "_hashlib", "secrets", "hmac")
 # Also absent until a call needs them: asyncio (AsyncSandbox only: sync users and the CLI
 # never run a loop), pydantic (validating a spec: create, not exec) and pyseccomp
 # (compiling the seccomp filter, cached on disk after the first time).
@@ -135,7 +136,12 @@ def test_sdk_run_on_a_sandbox_needs_no_pydantic(tmp_path: Path, sandbox: Sandbox
 
 
 def test_sdk_create_loads_pydantic_but_nothing_heavy(tmp_path: Path, sandbox: Sandbox) -> None:
-    code = "from agentbox import Sandbox\nSandbox.create(memory='96MiB', disk='64MiB').kill()\n"
+    code = (
+        "from agentbox import Sandbox\n"
+        "sb = Sandbox.create(memory='96MiB', disk='64MiB')\n"
+        "assert sb.commands.run('true').exit_code == 0\n"
+        "sb.kill()\n"
+    )
     validating = ("pydantic", "pydantic_core", "platform", "uuid")  # pydantic imports uuid
     assert heavy_in(loaded(tmp_path, code), allowed=validating) == []
     # The same settings again, in a new process: validated before, read back from the

@@ -51,7 +51,7 @@ def write(path: str, python: str = sys.executable) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         f.write(text(os.path.abspath(python), parent))
-    os.chmod(tmp, 0o755)
+    os.chmod(tmp, 0o755)  # noqa: S103  # a command on PATH, as pip's is
     os.replace(tmp, path)
 
 

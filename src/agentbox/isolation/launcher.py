@@ -7,13 +7,13 @@ versions never mix.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
+from agentbox.digest import sha256_hex
 from agentbox.errors import HostUnsupported
 
 SOURCE = "nsexec.c"
@@ -39,7 +39,7 @@ def static_binary(lib_dir: Path, source_name: str, stem: str) -> Path:
     on first use (also the gVisor tier's exec agent, ``gvisor_agent.c``)."""
     source = _source(source_name)
     headers = {name: _source(name) for name in HEADERS}
-    digest = hashlib.sha256(source + b"".join(headers.values()) + b"\0static").hexdigest()[:16]
+    digest = sha256_hex(source + b"".join(headers.values()) + b"\0static")[:16]
     binary = lib_dir / f"{stem}-{digest}"
     if binary.exists():
         return binary

@@ -12,12 +12,13 @@ process that only launches sandboxes never imports pyseccomp.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from agentbox.digest import sha256_hex
 
 PROFILE_RESOURCE = "seccomp_profile.json"
 _OPS = {
@@ -109,7 +110,7 @@ def compiled_filter_path(cache_dir: Path) -> Path:
     inputs = b"\0".join(
         [_profile_bytes(), Path(__file__).read_bytes(), os.uname().machine.encode()]
     )
-    path = cache_dir / f"seccomp-{hashlib.sha256(inputs).hexdigest()[:16]}.bpf"
+    path = cache_dir / f"seccomp-{sha256_hex(inputs)[:16]}.bpf"
     if not path.exists():
         program = compile_profile(load_profile())
         cache_dir.mkdir(parents=True, exist_ok=True)

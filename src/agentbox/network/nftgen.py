@@ -10,6 +10,7 @@ lives in /run, so a reboot forgets it.)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -87,7 +88,5 @@ def note_checked(directory: str, gen: int) -> None:
             f.write(str(gen))
         os.replace(tmp, path)
     except OSError:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
