@@ -49,6 +49,8 @@ LAZY = ("asyncio", "pydantic", "pydantic_core", "pyseccomp")
 # take little more than the interpreter's start and the command itself.
 QUICK_EXEC_NEVER = (
     "datetime",  # sqlite3's adapters: the light path uses its C core, _sqlite3
+    "functools",  # _sqlite3 takes lru_cache as it loads (quick_exec._sqlite_core)
+    "collections",
     "agentbox.client.sandbox",
     "agentbox.errors",
     "agentbox.runtime.runtime",
