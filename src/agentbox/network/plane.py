@@ -426,4 +426,9 @@ def detach(link: Link) -> None:
     """Remove the host end of the veth if it outlived the sandbox's netns (deleting the
     netns, when its last process exits, normally takes the pair with it)."""
     if Path(f"/sys/class/net/{link.host_ifname}").exists():
-        subprocess.run(["ip", "link", "del", link.host_ifname], capture_output=True, check=False)
+        from agentbox.network import rtnetlink
+
+        # Over rtnetlink, not `ip link del` (a process: most of a kill's wall time). Best
+        # effort as before: gone meanwhile (ENODEV) or not, the netns's end goes with it.
+        with contextlib.suppress(OSError), rtnetlink.Route.here() as route:
+            route.delete_link(link.host_ifname)

@@ -1,7 +1,8 @@
-"""The host network setup a create starts with (``plane.ensure_host_setup``) lists
-agentbox's nft table only when the ruleset changed since the last check
-(``network/nftgen.py``). Each case runs in a network namespace of its own (``unshare
--n``): its ruleset, its generations and its note, never the host's."""
+"""The host network plumbing a create and a kill do without starting processes: the
+setup a create starts with (``plane.ensure_host_setup``) lists agentbox's nft table only
+when the ruleset changed since the last check (``network/nftgen.py``), and a kill removes
+a veth left on the host over rtnetlink (``plane.detach``). Each case runs in a network
+namespace of its own (``unshare -n``): its ruleset, links and note, never the host's."""
 
 from __future__ import annotations
 
@@ -65,6 +66,37 @@ print("ok")
 def test_setup_lists_the_table_only_when_the_ruleset_changed(tmp_path: Path) -> None:
     done = subprocess.run(
         ["unshare", "-n", sys.executable, "-c", _SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+_DETACH = """
+import os, subprocess
+from pathlib import Path
+from agentbox.network import plane
+
+link = plane.HomeNet(31).link(7)
+subprocess.run(["ip", "link", "add", link.host_ifname, "type", "veth", "peer", "name", "p7"],
+               check=True)
+assert Path(f"/sys/class/net/{link.host_ifname}").exists()
+os.environ["PATH"] = "/nonexistent"  # no `ip` process: a kill starts none
+plane.detach(link)
+assert not Path(f"/sys/class/net/{link.host_ifname}").exists()
+assert not Path("/sys/class/net/p7").exists()  # the pair goes together
+plane.detach(link)  # gone already: nothing to do, no error
+print("ok")
+"""
+
+
+def test_detach_removes_the_veth_left_on_the_host() -> None:
+    done = subprocess.run(
+        # Its own mount namespace too: /sys/class/net shows the netns sysfs was mounted in.
+        ["unshare", "-n", "-m", "sh", "-c", 'mount -t sysfs sysfs /sys && exec "$0" -c "$1"',
+         sys.executable, _DETACH],  # fmt: skip
         capture_output=True,
         text=True,
         timeout=120,
