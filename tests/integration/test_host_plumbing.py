@@ -92,11 +92,20 @@ print("ok")
 """
 
 
+_NEW_NETNS_AND_SYSFS = [
+    "unshare",
+    "-n",
+    "-m",
+    "sh",
+    "-c",
+    'mount -t sysfs sysfs /sys && exec "$0" -c "$1"',
+]
+
+
 def test_detach_removes_the_veth_left_on_the_host() -> None:
     done = subprocess.run(
         # Its own mount namespace too: /sys/class/net shows the netns sysfs was mounted in.
-        ["unshare", "-n", "-m", "sh", "-c", 'mount -t sysfs sysfs /sys && exec "$0" -c "$1"',
-         sys.executable, _DETACH],  # fmt: skip
+        [*_NEW_NETNS_AND_SYSFS, sys.executable, _DETACH],
         capture_output=True,
         text=True,
         timeout=120,
