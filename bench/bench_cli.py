@@ -2,18 +2,23 @@
 beside whole baseline processes, all in one interleaved run (A B C ... A B C ...), so
 that a shared machine's drift moves every row alike and the ratios stay honest.
 
-    .venv/bin/python bench/bench_cli.py [--quick] [-n N] [--before SRC] [--write]   (as root)
+    .venv/bin/python bench/bench_cli.py [--quick] [-n N] [--write]   (as root)
 
-Rows: bare ``true``; ``python -c pass`` (the interpreter's own start); a plain bwrap
+Rows: bare ``true``; ``python -c pass`` and ``python -S -c pass`` (the interpreter's own
+start, with and without ``site``); a plain bwrap
 sandbox running ``true`` (``baselines.PlainBwrap``: agentbox's namespace shape, no disk,
 cgroup or state) and ``nsenter`` into a live one (the exec floor); ``podman run``/``exec``
 when podman is installed; then ``agentbox --help``, ``agentbox sandbox exec ID -- true``,
 a one-shot SDK script (import, ``Sandbox.create()``, ``run('true')``, ``kill()``) and
 ``agentbox sandbox create`` / ``rm``. Each figure is one process from spawn to exit, wall
-clock; CPU (user + system of the child) is shown beside it, since on a loaded host wall
-time also counts waiting for a core. ``--before SRC`` adds the CLI and SDK rows once more
-with another checkout's ``src`` first on the path (e.g. ``git archive BASE src | tar -x
--C /var/tmp/base``), so a change is measured against its base in the same run.
+clock; CPU (user + system of the whole process tree, from the reaped children's rusage)
+is shown beside it, since on a loaded host wall time also counts waiting for a core.
+``agentbox`` is the command scripts/install.sh writes (``cli/script.py``: Python without
+``site``), written into the bench's home; one row runs pip's console script instead.
+
+(A ``--before SRC`` mode ran the rows with a base checkout's ``src`` on the path; dropped:
+in the bench's fresh home the base code took other paths than in a used one, e.g. no
+cached spec or help text, so its rows did not measure the base as users run it.)
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 import agentbox  # noqa: E402
+from agentbox.cli import script  # noqa: E402
 from baselines import NsenterTarget, PlainBwrap, podman_path  # noqa: E402
 from common import (  # noqa: E402
     HEADER,
@@ -46,7 +52,7 @@ from common import (  # noqa: E402
     write_doc_section,
 )
 
-AGENTBOX = str(Path(sys.executable).parent / "agentbox")
+PIP_SCRIPT = str(Path(sys.executable).parent / "agentbox")  # pip's console script
 EXEC_TARGET_MS = 40.0
 HELP_TARGET_MS = 60.0
 ONESHOT_TARGET_MS = 60.0
@@ -100,24 +106,23 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="15 rounds instead of 31")
     parser.add_argument("-n", type=int, help="rounds (each row runs once per round)")
-    parser.add_argument("--before", type=Path, help="another checkout's src, measured beside")
     parser.add_argument("--write", action="store_true", help="update docs/benchmarks.md")
     args = parser.parse_args()
     n = args.n or (15 if args.quick else 31)
     # What users run has its bytecode cached; PYTHONDONTWRITEBYTECODE (set on some hosts)
     # would otherwise make every run compile agentbox from source.
     compileall.compile_dir(str(Path(agentbox.__file__).parent), quiet=1)
-    if args.before is not None:
-        compileall.compile_dir(str(args.before / "agentbox"), quiet=1)
     podman = podman_path()
     with bench_home("cli") as home:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTBOX_")}
         env["AGENTBOX_HOME"] = str(home)
+        agentbox_cmd = str(home / "agentbox")
+        script.write(agentbox_cmd)  # what scripts/install.sh installs
         plain = PlainBwrap(home / "baseline", home / "lib")
         target = NsenterTarget(plain)
-        created = run_process([AGENTBOX, "sandbox", "create"], env)[2].decode().strip()
+        created = run_process([agentbox_cmd, "sandbox", "create"], env)[2].decode().strip()
         try:
-            rows, rounds = _plan(env, plain, target, created, podman, args.before)
+            rows, rounds = _plan(env, plain, target, created, podman, agentbox_cmd)
             progress(f"cli: {n} rounds of {len(rows)} rows, load {load()}")
             load_before = load()
             for i in range(n + 2):  # the first two rounds warm caches up, not counted
@@ -129,7 +134,7 @@ def main() -> None:
             load_after = load()
         finally:
             target.close()
-            run_process([AGENTBOX, "sandbox", "rm", created], env)
+            run_process([agentbox_cmd, "sandbox", "rm", created], env)
     table, met = _table(rows, podman)
     cpu_table = md_table(
         ["measurement", "CPU p50 (user + system)"],
@@ -140,10 +145,7 @@ def main() -> None:
     if args.write:
         write_doc_section(
             "cli", "CLI and one-shot SDK scripts: whole processes", "bench_cli.py",
-            " ".join(
-                [*([f"-n {n}"] if args.n else ["--quick"] if args.quick else [])]
-                + ([f"--before {args.before}"] if args.before else [])
-            ),
+            f"-n {n}" if args.n else "--quick" if args.quick else "",
             f"{n} interleaved rounds (two warm-up rounds first), every row one whole process "
             f"from spawn to exit, wall clock; 2 cores, shared with about 8 engineers' test "
             f"runs this session: load average {load_before} before, {load_after} after (a "
@@ -157,8 +159,12 @@ def main() -> None:
             "`sandbox exec` on a running sandbox takes `runtime/quick_exec.py`; the SDK "
             "script's settings were validated by an earlier create in this home "
             "(`runtime/spec_cache.py`; the new-settings row validates them each time). "
-            + (f"`before:` rows: `{args.before}` holds the base commit's `src` "
-               "(`git archive BASE src`), run by the same interpreter." if args.before else ""),
+            + "`agentbox` is the command scripts/install.sh writes (`cli/script.py`: "
+            "Python started without `site`); the `pip's console script` row runs the one "
+            "pip writes. CPU is user + system time of each whole process tree (the "
+            "sandbox's resident launcher, which runs `exec`'s command, is not in it). "
+            "The earlier `before:` rows are gone: in the bench's fresh home the base "
+            "code took other paths than it does in a used home.",
             text,
         )  # fmt: skip
 
@@ -169,7 +175,7 @@ def _plan(
     target: NsenterTarget,
     sandbox_id: str,
     podman: str | None,
-    before: Path | None,
+    agentbox_cmd: str,
 ) -> tuple[dict[str, Measured], list[tuple[Measured, Callable[[], tuple[int, float]]]]]:
     def process(argv: list[str], with_env: dict[str, str] = env) -> Callable[[], tuple[int, float]]:
         return lambda: run_process(argv, with_env)[:2]
@@ -193,19 +199,21 @@ def _plan(
     def help_first_call() -> tuple[int, float]:
         # No saved help text (cli/help_cache.py): click renders it, as on a first call.
         with tempfile.TemporaryDirectory() as cache:
-            return run_process([AGENTBOX, "--help"], {**env, "XDG_CACHE_HOME": cache})[:2]
+            return run_process([agentbox_cmd, "--help"], {**env, "XDG_CACHE_HOME": cache})[:2]
 
     def create() -> tuple[int, float]:
-        wall, cpu, out = run_process([AGENTBOX, "sandbox", "create"], env)
+        wall, cpu, out = run_process([agentbox_cmd, "sandbox", "create"], env)
         pending.append(out.decode().strip())
         return wall, cpu
 
     def remove() -> tuple[int, float]:
-        return run_process([AGENTBOX, "sandbox", "rm", pending.pop()], env)[:2]
+        return run_process([agentbox_cmd, "sandbox", "rm", pending.pop()], env)[:2]
 
     plan: list[tuple[str, str, Callable[[], tuple[int, float]]]] = [
         ("true", "baseline: bare `true`", process(["true"])),
         ("python", "baseline: `python -c pass`", process([sys.executable, "-c", "pass"])),
+        ("python_s", "baseline: `python -S -c pass` (no site)",
+         process([sys.executable, "-S", "-c", "pass"])),
         ("bwrap", "baseline: plain bwrap sandbox running `true`", in_python(plain.run_true)),
         ("nsenter", "baseline: nsenter into a live plain bwrap sandbox, `true`",
          in_python(target.run_true)),
@@ -221,10 +229,12 @@ def _plan(
             )
         )
     plan += [
-        ("help", "agentbox --help", process([AGENTBOX, "--help"])),
+        ("help", "agentbox --help", process([agentbox_cmd, "--help"])),
         ("help_first", "agentbox --help, no saved text (first call)", help_first_call),
         ("exec", "agentbox sandbox exec ID -- true",
-         process([AGENTBOX, "sandbox", "exec", sandbox_id, "--", "true"])),
+         process([agentbox_cmd, "sandbox", "exec", sandbox_id, "--", "true"])),
+        ("exec_pip", "agentbox sandbox exec ID -- true, pip's console script (with site)",
+         process([PIP_SCRIPT, "sandbox", "exec", sandbox_id, "--", "true"])),
         ("oneshot", "SDK script: import, Sandbox.create(), run('true'), kill()",
          process([sys.executable, "-c", ONESHOT])),
         ("oneshot_new", "SDK script as above, settings new to this home (memory=N MiB)",
@@ -232,17 +242,6 @@ def _plan(
         ("create", "agentbox sandbox create", create),
         ("rm", "agentbox sandbox rm ID", remove),
     ]  # fmt: skip
-    if before is not None:
-        old = {**env, "PYTHONPATH": str(before.resolve())}
-        # What that checkout's console script runs (its entry point may differ from ours).
-        script = [sys.executable, "-c", "import sys; from agentbox.cli.main import main; main()"]
-        plan += [
-            ("help_before", "before: agentbox --help", process([*script, "--help"], old)),
-            ("exec_before", "before: agentbox sandbox exec ID -- true",
-             process([*script, "sandbox", "exec", sandbox_id, "--", "true"], old)),
-            ("oneshot_before", "before: SDK script (as above)",
-             process([sys.executable, "-c", ONESHOT], old)),
-        ]  # fmt: skip
     rows = {key: Measured(what) for key, what, _ in plan}
     return rows, [(rows[key], once) for key, _, once in plan]
 
@@ -266,11 +265,8 @@ def _table(rows: dict[str, Measured], podman: str | None) -> tuple[list[str], li
         elif key == "oneshot":
             row.ratio = f"{ratio(p50['oneshot'], p50[run_floor])} of {run_floor}"
             row.target, row.met = f"<= {ONESHOT_TARGET_MS:.0f} ms", oneshot_ok
-        elif key in ("create", "rm", "help_first", "oneshot_new"):
+        elif key in ("create", "rm", "help_first", "oneshot_new", "exec_pip"):
             row.ratio = f"{ratio(p50[key], p50['python'])} of python"
-        elif key.endswith("_before"):
-            now = key.removesuffix("_before")
-            row.ratio = f"now {ratio(p50[now], p50[key])} of this"
         out.append(row.cells())
     met = [
         f"- target `sandbox exec` p50 <= {EXEC_TARGET_MS:.0f} ms: {p50['exec']:.1f} ms, "

@@ -85,6 +85,10 @@ if [ "$DEV" = 1 ]; then
 else
   .venv/bin/pip install -q --disable-pip-version-check -e .
 fi
+# pip's console script starts Python with site (the .pth files: ~4 ms of a 25 ms `sandbox
+# exec`); this one starts it without, and agentbox runs site when a command needs it
+# (src/agentbox/cli/script.py). Written after pip, which rewrites its own.
+.venv/bin/python -m agentbox.cli.script "$PWD/.venv/bin/agentbox"
 # On PATH, and the command MCP clients spawn (the README's stdio snippet) at a path that
 # does not depend on where this checkout lives: /usr/local/bin/agentbox -> this checkout's.
 # A file there that we did not link is never replaced.

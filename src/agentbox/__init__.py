@@ -8,8 +8,6 @@ with Sandbox.create(memory="512MiB") as sb:
 
 from __future__ import annotations
 
-import importlib
-
 # Not ``typing.TYPE_CHECKING``: every agentbox import runs this file, and typing (with re,
 # which it imports) is a tenth of a CLI call's start-up (tests/unit/test_import_weight.py).
 TYPE_CHECKING = False
@@ -52,6 +50,8 @@ def __getattr__(name: str) -> Any:
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'agentbox' has no attribute {name!r}")
+    import importlib  # here, not above: the CLI's light paths never need it
+
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # the next lookup is a plain global
     return value

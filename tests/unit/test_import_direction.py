@@ -21,7 +21,8 @@ PACKAGE = SRC / "agentbox"
 LAYERS: list[set[str]] = [
     {"hints"},  # how an error says what to do next (errors render with it)
     {"errors"},  # the one error tree
-    {"units", "fsutil"},  # sizes and durations; durable writes, locks, access kinds
+    {"units", "fsutil", "digest"},  # sizes and durations; durable writes, locks, access
+    # kinds; SHA-256 names and random ids without hashlib
     {"state"},  # the state database (SQLite, PostgreSQL)
     {"isolation"},  # kernel mechanisms: namespaces, cgroups, seccomp, disks, gVisor
     {"network", "volumes"},  # the egress library (names, proxy, netns plane); cache volumes

@@ -36,6 +36,10 @@ HEAVY = (
 # for a rare warning (``logging``, with traceback and string) or for what a create never
 # does (``tarfile``: importing an image, snapshots, uploads).
 STDLIB_HEAVY = ("logging", "platform", "tarfile", "uuid")
+# Loaded by no create, command or kill (pydantic's validation aside, which imports
+# importlib.metadata): package data is read beside its module (isolation/), names and ids
+# come from agentbox.digest (hashlib loads OpenSSL; secrets, hmac and with it OpenSSL).
+SDK_NEVER = ("importlib.resources", "hashlib", "_hashlib", "secrets", "hmac")
 # Also absent until a call needs them: asyncio (AsyncSandbox only: sync users and the CLI
 # never run a loop), pydantic (validating a spec: create, not exec) and pyseccomp
 # (compiling the seccomp filter, cached on disk after the first time).
@@ -45,11 +49,14 @@ LAZY = ("asyncio", "pydantic", "pydantic_core", "pyseccomp")
 # take little more than the interpreter's start and the command itself.
 QUICK_EXEC_NEVER = (
     "datetime",  # sqlite3's adapters: the light path uses its C core, _sqlite3
+    "functools",  # _sqlite3 takes lru_cache as it loads (quick_exec._sqlite_core)
+    "collections",
     "agentbox.client.sandbox",
     "agentbox.errors",
     "agentbox.runtime.runtime",
     "click",
     "dataclasses",
+    "importlib",  # agentbox/__init__ imports it on a public name's first use only
     "hashlib",
     "json",
     "pathlib",
@@ -131,9 +138,44 @@ def test_sdk_run_on_a_sandbox_needs_no_pydantic(tmp_path: Path, sandbox: Sandbox
 
 
 def test_sdk_create_loads_pydantic_but_nothing_heavy(tmp_path: Path, sandbox: Sandbox) -> None:
-    code = "from agentbox import Sandbox\nSandbox.create(memory='96MiB', disk='64MiB').kill()\n"
+    code = (
+        "from agentbox import Sandbox\n"
+        "sb = Sandbox.create(memory='96MiB', disk='64MiB')\n"
+        "assert sb.commands.run('true').exit_code == 0\n"
+        "sb.kill()\n"
+    )
     validating = ("pydantic", "pydantic_core", "platform", "uuid")  # pydantic imports uuid
     assert heavy_in(loaded(tmp_path, code), allowed=validating) == []
     # The same settings again, in a new process: validated before, read back from the
     # home's cache (runtime/spec_cache.py), no pydantic.
-    assert heavy_in(loaded(tmp_path, code)) == []
+    modules = loaded_modules(tmp_path, code)
+    assert heavy_in({m.split(".")[0] for m in modules}) == []
+    assert sorted(m for m in SDK_NEVER if m in modules) == []
+
+
+def test_the_installed_command_runs_the_light_exec_without_site(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    """The command scripts/install.sh writes (cli/script.py) starts Python with -S: the
+    plain exec never loads site; any other command loads it before click."""
+    from agentbox.cli import script
+
+    command = tmp_path / "agentbox"
+    script.write(str(command))
+
+    def imported(*argv: str) -> set[str]:
+        # PYTHONPROFILEIMPORTTIME: each import on stderr, "import time: us | us | name".
+        result = subprocess.run(
+            [str(command), *argv],
+            capture_output=True,
+            env={**os.environ, "AGENTBOX_URL": "", "PYTHONPROFILEIMPORTTIME": "1"},
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr.decode()[-2000:]
+        lines = result.stderr.decode().splitlines()
+        return {line.split("|")[-1].strip() for line in lines if line.startswith("import time:")}
+
+    light = imported("sandbox", "exec", sandbox.id, "--", "true")
+    assert "agentbox.runtime.quick_exec" in light and "site" not in light
+    assert {"site", "click"} <= imported("sandbox", "ls")

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
+from agentbox.cli.script import ensure_site
+
 TYPE_CHECKING = False  # typing, re and the error tree: a tenth of a plain exec's start-up
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
@@ -77,12 +79,14 @@ def run_plain(sandbox_id: str, argv: list[str]) -> NoReturn:
     try:
         stdin = _stdin()
         _run_quick(sandbox_id, argv, stdin)
+        ensure_site()  # the full path imports third-party packages
         run(sandbox_id, argv, None, None, {}, _say, stdin)
     except BrokenPipeError:  # as click does: exit 1, and no second error at shutdown's flush
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     except Exception as e:
         # Imported only on the error path: the error tree brings typing and dataclasses.
+        ensure_site()
         from agentbox.cli.errors import fail
         from agentbox.errors import AgentboxError
 
@@ -110,10 +114,12 @@ def _run_quick(sandbox_id: str, argv: list[str], stdin: bytes | None) -> None:
     except BrokenPipeError:
         raise
     except OSError as e:  # could not start it (e.g. E2BIG): as the full path says it
+        ensure_site()
         from agentbox.runtime.commands import launch_error
 
         raise launch_error(e) from None
     if status == 125:  # the launcher's own failure, said the way the full path says it
+        ensure_site()
         from agentbox.runtime.commands import launch_failure
 
         failure = launch_failure(status, stderr_head)

@@ -16,13 +16,13 @@ import contextlib
 import ctypes
 import errno
 import fcntl
-import hashlib
 import os
 import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from agentbox.digest import sha256_hex
 from agentbox.errors import HostUnsupported, SandboxError
 from agentbox.isolation import syscalls
 
@@ -94,7 +94,7 @@ def make_filesystem(
         _format(image, size_bytes, layout)
         return
     recipe = " ".join(MKFS_OPTIONS) + "|" + layout_key
-    key = hashlib.sha256(recipe.encode()).hexdigest()[:12]
+    key = sha256_hex(recipe.encode())[:12]
     formatted = cache_dir / f"ext4-{size_bytes}-{key}.img"
     if not formatted.exists():
         cache_dir.mkdir(parents=True, exist_ok=True)

@@ -7,14 +7,13 @@ versions never mix.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
-from importlib import resources
 from pathlib import Path
 
+from agentbox.digest import sha256_hex
 from agentbox.errors import HostUnsupported
 
 SOURCE = "nsexec.c"
@@ -25,7 +24,9 @@ HEADERS = ("closefds.h",)
 
 
 def _source(name: str = SOURCE) -> bytes:
-    return resources.files("agentbox.isolation").joinpath(name).read_bytes()
+    # Beside this module, as the package installs them (not importlib.resources: its
+    # import and first lookup were a tenth of the first create in a process).
+    return Path(__file__).with_name(name).read_bytes()
 
 
 def nsexec_path(lib_dir: Path) -> Path:
@@ -38,7 +39,7 @@ def static_binary(lib_dir: Path, source_name: str, stem: str) -> Path:
     on first use (also the gVisor tier's exec agent, ``gvisor_agent.c``)."""
     source = _source(source_name)
     headers = {name: _source(name) for name in HEADERS}
-    digest = hashlib.sha256(source + b"".join(headers.values()) + b"\0static").hexdigest()[:16]
+    digest = sha256_hex(source + b"".join(headers.values()) + b"\0static")[:16]
     binary = lib_dir / f"{stem}-{digest}"
     if binary.exists():
         return binary

@@ -12,13 +12,13 @@ process that only launches sandboxes never imports pyseccomp.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import tempfile
-from importlib import resources
 from pathlib import Path
 from typing import Any
+
+from agentbox.digest import sha256_hex
 
 PROFILE_RESOURCE = "seccomp_profile.json"
 _OPS = {
@@ -34,7 +34,8 @@ def load_profile(path: Path | None = None) -> dict[str, Any]:
 
 
 def _profile_bytes() -> bytes:
-    return resources.files("agentbox.isolation").joinpath(PROFILE_RESOURCE).read_bytes()
+    # Beside this module (as isolation/launcher.py reads its sources: no importlib.resources).
+    return Path(__file__).with_name(PROFILE_RESOURCE).read_bytes()
 
 
 def _action(rule: dict[str, Any]) -> Any:
@@ -109,7 +110,7 @@ def compiled_filter_path(cache_dir: Path) -> Path:
     inputs = b"\0".join(
         [_profile_bytes(), Path(__file__).read_bytes(), os.uname().machine.encode()]
     )
-    path = cache_dir / f"seccomp-{hashlib.sha256(inputs).hexdigest()[:16]}.bpf"
+    path = cache_dir / f"seccomp-{sha256_hex(inputs)[:16]}.bpf"
     if not path.exists():
         program = compile_profile(load_profile())
         cache_dir.mkdir(parents=True, exist_ok=True)

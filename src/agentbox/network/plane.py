@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentbox.errors import HostUnsupported, SandboxError
-from agentbox.network import sandbox_env
+from agentbox.network import nftgen, sandbox_env
 from agentbox.network.addresses import DENIED_NETWORKS
 from agentbox.network.sandbox_env import SANDBOX_CA_BUNDLE as SANDBOX_CA_BUNDLE
 from agentbox.network.sandbox_env import ca_env as ca_env
@@ -65,7 +65,7 @@ REGISTRY = Path("/run/agentbox/net-homes.json")
 NET_DEVICES = Path("/sys/class/net")
 _IFNAME_PREFIX = "abh"
 _setup_lock = threading.Lock()
-_set_up: set[int] = set()  # per process: checking costs two subprocesses (~5 ms)
+_set_up: set[int] = set()  # per process: checking costs a netlink round trip or two
 _homes: dict[str, HomeNet] = {}
 _held: dict[Path, int] = {}  # use lock -> its fd, shared-locked for this process's life
 
@@ -341,24 +341,40 @@ table inet {TABLE} {{
 
 
 def ensure_host_setup(net: HomeNet) -> None:
-    """The nft table and this home's proxy address. Safe to call again; rules first."""
+    """The nft table and this home's proxy address. Safe to call again; rules first.
+    Cheap in a new process too (a one-shot script's first create paid an ``nft`` and an
+    ``ip`` process here): the table is listed only when the ruleset changed since the last
+    check (``nftgen``), and the address is added over rtnetlink, present or not."""
     with _setup_lock:
         if net.index in _set_up:
             return
-        if not _table_loaded():
-            _run(["nft", "-f", "-"], ruleset())
-        if not _proxy_address_present(net):
-            # On lo, not a dummy link: these kernels may lack the dummy driver, and an
-            # address on lo is local to the host and routed nowhere.
-            _run(["ip", "addr", "add", f"{net.proxy_address}/32", "dev", "lo"])
+        # Read before the check: a change during it makes a newer one, checked next time.
+        gen = nftgen.generation()
+        if gen is None or gen != nftgen.read_checked(str(REGISTRY.parent)):
+            if _table_loaded():
+                if gen is not None:
+                    REGISTRY.parent.mkdir(parents=True, exist_ok=True)
+                    nftgen.note_checked(str(REGISTRY.parent), gen)
+            else:
+                _run(["nft", "-f", "-"], ruleset())  # noted once a later check finds it
+        # On lo, not a dummy link: these kernels may lack the dummy driver, and an
+        # address on lo is local to the host and routed nowhere.
+        _add_proxy_address(net)
         _set_up.add(net.index)
 
 
-def _proxy_address_present(net: HomeNet) -> bool:
-    done = subprocess.run(
-        ["ip", "-o", "addr", "show", "dev", "lo"], capture_output=True, text=True, check=False
-    )
-    return f" {net.proxy_address}/32 " in done.stdout
+def _add_proxy_address(net: HomeNet) -> None:
+    from agentbox.network import rtnetlink
+
+    try:
+        with rtnetlink.Route.here() as route:
+            route.add_address(route.index("lo"), net.proxy_address, 32)
+    except FileExistsError:
+        pass  # there already (an earlier create, another process)
+    except OSError as e:
+        raise SandboxError(
+            f"network setup failed: adding {net.proxy_address}/32 to lo: {e.strerror}"
+        ) from None
 
 
 def _table_loaded() -> bool:
@@ -410,4 +426,9 @@ def detach(link: Link) -> None:
     """Remove the host end of the veth if it outlived the sandbox's netns (deleting the
     netns, when its last process exits, normally takes the pair with it)."""
     if Path(f"/sys/class/net/{link.host_ifname}").exists():
-        subprocess.run(["ip", "link", "del", link.host_ifname], capture_output=True, check=False)
+        from agentbox.network import rtnetlink
+
+        # Over rtnetlink, not `ip link del` (a process: most of a kill's wall time). Best
+        # effort as before: gone meanwhile (ENODEV) or not, the netns's end goes with it.
+        with contextlib.suppress(OSError), rtnetlink.Route.here() as route:
+            route.delete_link(link.host_ifname)

@@ -20,7 +20,7 @@ import struct
 from pathlib import Path
 
 # linux/rtnetlink.h, linux/if_link.h, linux/veth.h, linux/if_addr.h
-RTM_NEWLINK, RTM_GETLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 18, 20, 24
+RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 17, 18, 20, 24
 NLMSG_ERROR = 2
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
 IFLA_IFNAME, IFLA_LINKINFO, IFLA_NET_NS_PID, IFLA_NET_NS_FD = 3, 18, 19, 28
@@ -108,6 +108,11 @@ class Route:
         finally:
             if fd >= 0:
                 os.close(fd)
+
+    def delete_link(self, name: str) -> None:
+        """Delete link ``name`` (a veth: its peer goes with it)."""
+        body = _IFINFO.pack(0, 0, 0, 0, 0) + attr(IFLA_IFNAME, _name(name))
+        self.request(RTM_DELLINK, NLM_F_ACK, body)
 
     def index(self, name: str) -> int:
         body = _IFINFO.pack(0, 0, 0, 0, 0) + attr(IFLA_IFNAME, _name(name))

@@ -17,7 +17,6 @@ import errno
 import fcntl
 import os
 import posixpath
-import secrets
 import selectors
 import struct
 import subprocess
@@ -27,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, ClassVar
 
+from agentbox.digest import token_hex
 from agentbox.errors import AgentboxError, InvalidRequest, LimitExceeded, SandboxError
 from agentbox.fsutil import exec_text, required_text, stdin_bytes
 from agentbox.isolation.cgroups import SandboxCgroup
@@ -257,7 +257,7 @@ class CommandRunner:
     def new_leaf(self, kind: str = FOREGROUND_LEAF) -> str:
         """A fresh cgroup leaf for one command; ``kind`` is the first letter of its name
         (foreground commands' leaves are how the idle watcher sees a command running)."""
-        return self.cgroup.new_leaf(kind + secrets.token_hex(6))
+        return self.cgroup.new_leaf(kind + token_hex(6))
 
     def command_launch(
         self, argv: list[str], leaf: str, cwd: str | None, env: dict[str, str], pty: bool

@@ -15,9 +15,9 @@ through it instead, as ``CommandRunner`` sends it; the first command without one
 
 from __future__ import annotations
 
-import _sqlite3 as sqlite3  # the C core: the package adds datetime adapters we never use
 import os
 import select
+import sys
 
 from agentbox.network import sandbox_env
 from agentbox.runtime import enter_argv, resident
@@ -25,6 +25,7 @@ from agentbox.runtime import enter_argv, resident
 TYPE_CHECKING = False  # typing itself is a tenth of this path's start-up
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from types import ModuleType
 
 _DEFAULT_HOME = "/var/lib/agentbox"  # config.DEFAULT_HOME (not imported: pathlib)
 _REGISTRY = "/run/agentbox/net-homes.json"  # network.plane.REGISTRY
@@ -42,6 +43,34 @@ _ENV = (
     "SELECT key, value, type FROM sandboxes, json_each(sandboxes.spec, '$.env')"
     " WHERE sandboxes.id = ?"
 )
+
+
+def _sqlite_core() -> ModuleType:
+    """sqlite3's C core (the package adds datetime adapters we never use), imported
+    without functools: _sqlite3 takes ``functools.lru_cache`` as it loads, for each
+    connection's statement cache, and functools (with collections, operator, reprlib,
+    keyword) is a seventh of this path's CPU. Each connection here runs each statement
+    once, so a cache that keeps nothing is the same. (A later full-path connection in
+    this process gets no statement cache either: slower by a lookup, no different.)"""
+    if "functools" in sys.modules:
+        import _sqlite3
+
+        return _sqlite3
+    stub = type(sys)("functools")
+    stub.lru_cache = lambda maxsize: lambda connection: connection  # type: ignore[attr-defined]
+    sys.modules["functools"] = stub
+    try:
+        import _sqlite3
+    finally:
+        if sys.modules.get("functools") is stub:
+            del sys.modules["functools"]
+    return _sqlite3
+
+
+if TYPE_CHECKING:
+    import _sqlite3 as sqlite3
+else:
+    sqlite3 = _sqlite_core()
 
 
 class Prepared:

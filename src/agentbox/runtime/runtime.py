@@ -13,10 +13,8 @@ import builtins
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import json
 import os
-import secrets
 import sqlite3
 import threading
 import time
@@ -24,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 
+from agentbox import digest
 from agentbox.config.host import Admission, agentbox_home
 from agentbox.errors import (
     AgentboxError,
@@ -91,7 +90,7 @@ def pool_key(spec: SandboxSpec | StoredSpec) -> str:
     fixed = spec.model_dump(
         include={"template", "isolation", "memory", "pids", "cpus", "disk", "network"}
     )
-    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode()).hexdigest()[:24]
+    return digest.sha256_hex(json.dumps(fixed, sort_keys=True).encode())[:24]
 
 
 class Runtime:
@@ -263,7 +262,7 @@ class Runtime:
         if spec.network.mode != "none":
             self.net  # noqa: B018 - allocate the network number first: a refusal leaves nothing
         disks = diskpool.ensure(self.home)
-        sandbox_id = "sb-" + secrets.token_hex(6)
+        sandbox_id = "sb-" + digest.token_hex(6)
         from agentbox.runtime.create_lock import creating
 
         with creating(self.home, sandbox_id):  # recovery leaves a live creator alone

@@ -128,8 +128,9 @@ def _remember(path: Path, dump: dict[str, Any]) -> None:
 
 
 def _key(values: dict[str, object]) -> str:
-    import hashlib
     from importlib.machinery import PathFinder
+
+    from agentbox.digest import sha256_hex
 
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     files = [os.path.join(package, name) for name in _CODE]
@@ -142,4 +143,4 @@ def _key(values: dict[str, object]) -> str:
             parts.append(f"{name}:{st.st_size}:{st.st_mtime_ns}")
         except OSError:
             parts.append(f"{name}:-")
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+    return sha256_hex("\0".join(parts).encode())[:32]

@@ -5,13 +5,13 @@ synthesised ``/etc`` with the host's public CA bundle, ``/etc/alternatives`` lin
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from agentbox.digest import sha256_hex
 from agentbox.runtime.templates.harden import _HOSTS, USER_NAME, USER_UID
 
 _DEFAULT_FORMAT = 2  # bump when the synthesis changes shape
@@ -21,9 +21,7 @@ _LD_SO_CACHE = Path("/etc/ld.so.cache")
 
 
 def _sha256_json(doc: object) -> str:
-    return hashlib.sha256(
-        json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-    ).hexdigest()
+    return sha256_hex(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
 
 
 @dataclass(frozen=True)
@@ -75,7 +73,7 @@ def _default_inputs_key() -> str:
     """What the default template is made from, cheaply: the host files' stat keys and the
     source of this module (which holds the rest of its content)."""
     stats = [_stat_key(p) for p in (_CA_BUNDLE, _HOST_ALTERNATIVES, _LD_SO_CACHE)]
-    source = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    source = sha256_hex(Path(__file__).read_bytes())
     return _sha256_json([_DEFAULT_FORMAT, source, stats])
 
 
@@ -145,7 +143,7 @@ def _host_alternatives() -> list[tuple[str, str]]:
 
 def _digest_entries(entries: list[_Entry]) -> str:
     doc = [_DEFAULT_FORMAT] + [
-        [e.path, e.kind, e.mode, hashlib.sha256(e.data).hexdigest(), e.target] for e in entries
+        [e.path, e.kind, e.mode, sha256_hex(e.data), e.target] for e in entries
     ]
     return _sha256_json(doc)
 

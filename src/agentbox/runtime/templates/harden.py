@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import secrets
 import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from agentbox.digest import token_hex
 from agentbox.storage.inroot import InRoot
 
 Progress = Callable[[str], None]
@@ -81,7 +81,7 @@ class _Tree(InRoot):
         parent_rel, base = posixpath.split(rel)
         parent = self.open_dir(parent_rel, create=True)
         assert parent is not None
-        tmp = f".agentbox-{secrets.token_hex(6)}"
+        tmp = f".agentbox-{token_hex(6)}"
         try:
             st = os.stat(base, dir_fd=parent, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):

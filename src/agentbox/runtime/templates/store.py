@@ -61,11 +61,9 @@ import builtins
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import re
-import secrets
 import shutil
 import sqlite3
 import tempfile
@@ -75,6 +73,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentbox.digest import token_hex
 from agentbox.errors import (
     HostUnsupported,
     InvalidConfig,
@@ -355,7 +354,7 @@ class TemplateStore:
             raise InvalidRequest(f"{key!r} cannot name a template pin")
         with self._locked():
             self._pins.mkdir(mode=0o755, exist_ok=True)
-            tmp = self._pins / f".{key}.{secrets.token_hex(6)}.tmp"
+            tmp = self._pins / f".{key}.{token_hex(6)}.tmp"
             tmp.write_text(digest)
             tmp.replace(self._pins / key)
 
@@ -481,7 +480,7 @@ class TemplateStore:
 
     def _write_names(self, names: dict[str, str]) -> None:
         data = json.dumps({"format": _STORE_FORMAT, "names": dict(sorted(names.items()))}, indent=2)
-        tmp = self._names_file.with_name(f".names.{secrets.token_hex(6)}.tmp")
+        tmp = self._names_file.with_name(f".names.{token_hex(6)}.tmp")
         with open(tmp, "w") as f:
             f.write(data + "\n")
             f.flush()
@@ -532,7 +531,7 @@ class TemplateStore:
                     continue
                 # Renamed away under the lock so no reader sees a half-deleted tree.
                 self._staging.mkdir(mode=0o711, exist_ok=True)
-                trash = self._staging / f"trash-{secrets.token_hex(6)}"
+                trash = self._staging / f"trash-{token_hex(6)}"
                 entry.rename(trash)
                 doomed.append(trash)
         for trash in doomed:
@@ -637,6 +636,8 @@ def _check_new_name(name: str) -> None:
 
 
 def _sha256_file(path: Path) -> str:
+    import hashlib  # here: OpenSSL's is the fast one for files, but no create needs it
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
