@@ -58,6 +58,7 @@ TIER_INDEPENDENT = {
     "test_gateway_fuzz.py": "the gateway's request handling",
     "test_gateway_lifecycle.py": "the gateway's watcher, SSE and webhooks; idle: test_idle_and_events",
     "test_host_checks.py": "the doctor's host checks",
+    "test_host_plumbing.py": "the host side of a sandbox's network link (nft check, link removal)",
     "test_launcher_view.py": "the namespaces tier's launcher (bubblewrap) only",
     "test_loop_direct_io.py": "a snapshot view's loop device on the host",
     "test_mcp_auth.py": "the gateway's HTTP authorization",
