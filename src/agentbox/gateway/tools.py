@@ -143,7 +143,7 @@ class ToolSpec:
         """``args`` completed with the schema's defaults: the handler reads its defaults
         from the schema the client was shown, so the two cannot differ."""
         props = self.input_schema["properties"]
-        filled = {k: copy.deepcopy(v["default"]) for k, v in props.items() if "default" in v}
+        filled = {k: _fresh(v["default"]) for k, v in props.items() if "default" in v}
         return filled | args
 
     def annotations(self) -> dict[str, bool]:
@@ -276,6 +276,15 @@ def _prune_saved(files: SandboxFiles, directory: str) -> None:
     for old in saved[: max(0, len(saved) - SAVED_OUTPUTS_KEPT + 1)]:
         with contextlib.suppress(AgentboxError):
             files.remove(old.path)
+
+
+def _fresh(default: Any) -> Any:
+    """A schema default the handler may change without changing the schema: a copy of a
+    list or dict; the rest as is (a deepcopy of each on every call showed in profiles)."""
+    return default if type(default) in _IMMUTABLE else copy.deepcopy(default)
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
 
 
 # handlers -------------------------------------------------------------------------------
