@@ -241,9 +241,10 @@ def main() -> None:
         "as many threads of the bench's process. `fsync=always` fsyncs the record and the "
         "head before each call returns; concurrent calls share them (group commit).",
         "",
-        "CPU per `terminal_run` call, fsync=batch (from /proc: the gateway process and the "
-        "sandbox's resident launcher, and the children they reaped: `bash -c true` in the "
-        "sandbox), the bound on 2 cores whatever the gateway does:",
+        "CPU per call, fsync=batch (from /proc: the gateway process, the sandbox's "
+        "resident launcher, and the children they reaped: `bash -c true` in the sandbox), "
+        "the bound on 2 cores whatever the host's other load; the HTTP floor and wrk are "
+        "not counted:",
         "",
         *cpu_notes,
         "",
@@ -293,18 +294,20 @@ def run_mode(
                 for c in CLIENTS:
                     floors[c] = wrk(floor_url, token, tool, arguments, c, seconds, floor=True)
                     launcher = resident_pid(home, sid)
-                    before = _add(cpu_seconds(pid), cpu_seconds(launcher))
+                    before = (*cpu_seconds(pid), *cpu_seconds(launcher))
                     loads[c] = wrk(url, token, tool, arguments, c, seconds)
-                    after = _add(cpu_seconds(pid), cpu_seconds(launcher))
-                    if tool == "terminal_run" and fsync == "batch":
+                    after = (*cpu_seconds(pid), *cpu_seconds(launcher))
+                    if fsync == "batch":
                         calls = loads[c].calls_per_s * seconds
-                        own, kids = (
+                        gw, gw_kids, own, kids = (
                             (a - b) * 1e3 / calls for a, b in zip(after, before, strict=True)
                         )
+                        total = gw + own + gw_kids + kids
                         cpu_notes.append(
-                            f"  - {c} client{'s' if c > 1 else ''}: gateway process "
-                            f"+ launcher {own:.2f} ms, command {kids:.2f} ms; 2 cores / "
-                            f"{own + kids:.2f} ms = {2000 / (own + kids):.0f} calls/s at most"
+                            f"  - {tool}, {c} client{'s' if c > 1 else ''}: gateway process "
+                            f"{gw:.2f} ms, launcher {own:.2f} ms, command "
+                            f"{gw_kids + kids:.2f} ms; 2 cores / {total:.2f} ms = "
+                            f"{2000 / total:.0f} calls/s at most"
                         )
                     if tool == "terminal_run":
                         sdk[c] = sdk_rate(lambda: local.commands.run("true"), c, seconds)
@@ -331,10 +334,6 @@ def resident_pid(home: Path, sandbox_id: str) -> int:
     """The sandbox's resident launcher (started by the warm-up's first command)."""
     procs = Runtime(home).layout.sandbox(sandbox_id).unified / resident.LEAF / "cgroup.procs"
     return int(procs.read_text().split()[0])
-
-
-def _add(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
-    return a[0] + b[0], a[1] + b[1]
 
 
 def _verdicts(tool: str, loads: dict[int, Load], floors: dict[int, Load]) -> list[str]:

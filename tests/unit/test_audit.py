@@ -19,8 +19,11 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentbox.audit import log as audit_mod
+from agentbox.audit.chain import hashed_line
 from agentbox.audit.log import (
     GENESIS,
     AuditLog,
@@ -700,3 +703,20 @@ def test_fsync_always_group_commit_shares_fsyncs_and_ships_only_durable_records(
     assert [seq for seq, _ in sink.seen] == list(range(1, 41))
     assert all(durable >= seq for seq, durable in sink.seen), "shipped before it was durable"
     assert verify(log_path).ok
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(), kids, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(st.dictionaries(st.text(min_size=1).filter(lambda k: k != "hash"), _JSON, max_size=8))
+@settings(max_examples=300, derandomize=True, deadline=None)
+def test_the_line_written_is_the_record_with_its_hash_encoded_once(record: dict[str, Any]) -> None:
+    # append encodes a record once and splices its hash in; it must be exactly what the
+    # verifier recomputes: the hash of the record without it, and the canonical JSON with it.
+    digest, line = hashed_line(record)
+    assert digest == record_hash(record)
+    assert line == canonical_json({**record, "hash": digest})

@@ -178,3 +178,30 @@ def test_any_value_decodes_as_the_stdlib_does_or_is_refused(value: Any, wrap: in
 def test_arbitrary_bytes_are_values_or_invalid_requests(body: bytes) -> None:
     with contextlib.suppress(InvalidRequest):  # anything else escapes and fails the test
         jsonbody.loads(body)
+
+
+class _Text(str):
+    """A str subclass (as a StrEnum member is): handled as text, not passed through."""
+
+
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(), kids, max_size=4),
+    max_leaves=20,
+))  # fmt: skip
+@BOUNDED
+def test_encodable_leaves_what_encodes_unchanged_and_fixes_lone_surrogates(value: Any) -> None:
+    out = jsonbody.encodable(value)
+    json.dumps(out)  # never raises, whatever surrogates the text held
+    text = json.dumps(value, ensure_ascii=True)
+    if "\\ud8" not in text.lower() and "\\udc" not in text.lower():
+        assert out == value or value != value  # NaN is never equal to itself
+
+
+def test_encodable_replaces_surrogates_in_keys_values_and_subclasses_at_any_depth() -> None:
+    bad = "a\udcff"
+    value = {bad: [bad, (1, _Text(bad)), {"k": bad}], "ok": 1.5, "n": None, "t": True}
+    assert jsonbody.encodable(value) == {
+        "a\ufffd": ["a\ufffd", [1, "a\ufffd"], {"k": "a\ufffd"}], "ok": 1.5, "n": None,
+        "t": True,
+    }  # fmt: skip

@@ -4,6 +4,7 @@ Schema ``default`` that is the handler's own (the handler reads it from the sche
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import textwrap
 
@@ -74,3 +75,17 @@ def test_configured_limits_are_in_the_descriptions_and_defaults() -> None:
     assert "4.321 s" in tools["browser_open"]["url"]["description"]
     # The module's own list stays the default rendering; rendering leaves it alone.
     assert TOOLS[0].input_schema["properties"]["timeout_ms"]["default"] == 120_000
+
+
+def test_a_mutable_default_is_a_fresh_copy_per_call() -> None:
+    # Immutable defaults are shared (no copy per call); a list or dict one must not be, or
+    # a handler changing its args would change the schema every client is shown.
+    spec = next(t for t in RENDERED if t.name == "terminal_run")
+    schema = {**spec.input_schema, "properties": {
+        **spec.input_schema["properties"], "tags": {"type": "array", "default": [["a"]]}}}  # fmt: skip
+    spec = dataclasses.replace(spec, input_schema=schema)
+    first = spec.with_defaults({})
+    first["tags"][0].append("changed")
+    assert spec.with_defaults({})["tags"] == [["a"]]
+    assert schema["properties"]["tags"]["default"] == [["a"]]
+    assert first["timeout_ms"] == schema["properties"]["timeout_ms"]["default"]

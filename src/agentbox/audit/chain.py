@@ -102,6 +102,20 @@ def record_hash(record: Mapping[str, Any]) -> str:
     return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
 
 
+def hashed_line(record: Mapping[str, Any]) -> tuple[str, bytes]:
+    """``record_hash(record)`` and ``canonical_json`` of ``record`` with that ``hash``,
+    encoding the record once: sorted keys put ``hash`` between the keys before it and the
+    keys after it, so the line is the hashed body with ``"hash":...`` spliced in."""
+    low = canonical_json({k: v for k, v in record.items() if k < "hash"})[1:-1]
+    high = canonical_json({k: v for k, v in record.items() if k > "hash"})[1:-1]
+    digest = "sha256:" + hashlib.sha256(_object(low, high)).hexdigest()
+    return digest, _object(low, b'"hash":"' + digest.encode() + b'"', high)
+
+
+def _object(*members: bytes) -> bytes:
+    return b"{" + b",".join(m for m in members if m) + b"}"
+
+
 def args_hash(args: object) -> str:
     """``sha256:<hex>`` over the canonical JSON of a tool call's arguments.
 

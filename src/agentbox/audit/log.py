@@ -46,6 +46,7 @@ from agentbox.audit.chain import (
     args_hash,
     canonical_json,
     default_audit_path,
+    hashed_line,
     head_path,
     read_head,
     record_hash,
@@ -294,8 +295,8 @@ class AuditLog:
                 "ts": rfc3339(datetime.now(UTC)),
                 "prev": self._hash,
             }
-            record["hash"] = record_hash(record)
-            line = canonical_json(record) + b"\n"
+            record["hash"], line = hashed_line(record)
+            line += b"\n"
             if len(line) > MAX_RECORD_BYTES:
                 raise InvalidRequest(
                     f"audit record of {len(line)} bytes exceeds {MAX_RECORD_BYTES}: "

@@ -126,10 +126,22 @@ def encodable(value: Any) -> Any:
     if isinstance(value, str):
         return _SURROGATE.sub("\ufffd", value) if not value.isascii() else value
     if isinstance(value, dict):
-        return {encodable(k): encodable(v) for k, v in value.items()}
+        return {_leaf(k): _leaf(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [encodable(v) for v in value]
+        return [_leaf(v) for v in value]
     return value
+
+
+_UNCHANGED = frozenset({int, float, bool, type(None)})
+
+
+def _leaf(value: Any) -> Any:
+    """``encodable`` without a call for what it returns as is (most of a result: ASCII
+    strings and numbers), which is most of its cost on every tool call's result."""
+    kind = type(value)
+    if kind in _UNCHANGED or (kind is str and value.isascii()):
+        return value
+    return encodable(value)
 
 
 def parse_int(text: str, field: str, low: int = 0, high: int = MAX_INT) -> int:

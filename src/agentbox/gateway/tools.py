@@ -143,7 +143,7 @@ class ToolSpec:
         """``args`` completed with the schema's defaults: the handler reads its defaults
         from the schema the client was shown, so the two cannot differ."""
         props = self.input_schema["properties"]
-        filled = {k: copy.deepcopy(v["default"]) for k, v in props.items() if "default" in v}
+        filled = {k: _fresh(v["default"]) for k, v in props.items() if "default" in v}
         return filled | args
 
     def annotations(self) -> dict[str, bool]:
@@ -254,10 +254,10 @@ def _saver(call: ToolCall) -> OutputSaver | None:
         # cap 0: the caller asked for no output in the result (it streams it, like the
         # CLI's exec through a gateway), so there is nothing to page back either.
         return None
-    files = call.runtime.files(call.sandbox_id)
     name = "r-" + secrets.token_hex(6)
 
     def save(stream: str, chunks: Iterable[bytes]) -> str:
+        files = call.runtime.files(call.sandbox_id)  # only when a stream was cut
         _prune_saved(files, call.output.save_dir)
         path = f"{call.output.save_dir}/{name}.{stream}"
         files.write(path, chunks, perms=0o600)
@@ -278,6 +278,15 @@ def _prune_saved(files: SandboxFiles, directory: str) -> None:
             files.remove(old.path)
 
 
+def _fresh(default: Any) -> Any:
+    """A schema default the handler may change without changing the schema: a copy of a
+    list or dict; the rest as is (a deepcopy of each on every call showed in profiles)."""
+    return default if type(default) in _IMMUTABLE else copy.deepcopy(default)
+
+
+_IMMUTABLE = frozenset({str, int, float, bool, type(None)})
+
+
 # handlers -------------------------------------------------------------------------------
 def terminal_run(call: ToolCall) -> dict[str, Any]:
     request = RunRequest(
@@ -294,7 +303,9 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
         save=_saver(call),
         save_max_bytes=call.output.save_max_bytes,
         detect_input=True,
-        adopt=call.runtime.processes(call.sandbox_id).adopt,
+        # Built when a command waits for input, not on every call (a second runner and
+        # its process table cost ~50 µs of the gateway's CPU per call).
+        adopt=lambda live: call.runtime.processes(call.sandbox_id).adopt(live),
         cancel=call.cancel,
     )
     return result_dict(result, call)
