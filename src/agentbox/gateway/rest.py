@@ -354,7 +354,8 @@ def build_router(
                                       findings=len(e.details.get("findings", [])))  # fmt: skip
             raise
         await gateway.audit_event(p, "snapshot_created", sandbox=sandbox_id, snapshot=info.id,
-                                  redacted=len(info.redacted), memory=body.memory)  # fmt: skip
+                                  redacted=len(info.redacted), memory=body.memory,
+                                  **info.scan_audit())  # fmt: skip
         retention = gateway.settings.snapshots
         if retention.max_count is not None or retention.max_age is not None:
             gone = await asyncio.to_thread(

@@ -38,6 +38,9 @@ from agentbox.storage import secretwindows
 if TYPE_CHECKING:
     from agentbox.policy.redaction import Redactor
 
+# The default budget of a snapshot's scan: far past a sandbox's disk quota, so in practice
+# only a tree built to waste the scan's time meets it (and is then reported).
+MAX_SCAN_BYTES = 64 * 1024**3
 _CHUNK = 1 << 20
 _OVERLAP = 4 * secretwindows.WINDOW  # > a window's reach ahead of its hit (2 lines)
 _MAX_DEPTH = 200  # one open descriptor per level; deeper trees are reported, not walked
@@ -75,6 +78,7 @@ class ScanResult(list[Finding]):
         super().__init__(sorted(findings))
         self.over_budget = list(over_budget)  # not wholly read: max_scan_bytes ran out
         self.skipped_unreadable = list(skipped_unreadable)  # permission, I/O, too deep
+        self.scanned_bytes = 0  # data bytes read
 
     def unscanned(self) -> list[dict[str, str]]:
         """What was not (wholly) scanned and why, for a snapshot's record and audit."""
@@ -306,12 +310,13 @@ class _Budget:
 
     def __init__(self, limit: int | None) -> None:
         self.left = limit
+        self.taken = 0
 
     def take(self, wanted: int) -> int:
-        if self.left is None:
-            return wanted
-        granted = min(wanted, self.left)
-        self.left -= granted
+        granted = wanted if self.left is None else min(wanted, self.left)
+        if self.left is not None:
+            self.left -= granted
+        self.taken += granted
         return granted
 
 
@@ -421,7 +426,9 @@ def scan_tree(
         if left_out:
             over.append(path)
         findings.extend(f for f in found if not allow.allows(f))
-    return ScanResult(findings, over, unreadable)
+    result = ScanResult(findings, over, unreadable)
+    result.scanned_bytes = budget.taken
+    return result
 
 
 def redact_file(data: bytes, findings: Iterable[Finding]) -> bytes:
@@ -483,6 +490,7 @@ def format_report(findings: Iterable[Finding]) -> str:
 
 
 __all__ = [
+    "MAX_SCAN_BYTES",
     "AllowList",
     "Finding",
     "ScanResult",

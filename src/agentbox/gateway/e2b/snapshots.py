@@ -95,7 +95,7 @@ class E2BSnapshots:
             )
         await self.gateway.audit_event(
             principal, "snapshot_created", sandbox=record.id, snapshot=info.id,
-            redacted=len(info.redacted), api="e2b",
+            redacted=len(info.redacted), api="e2b", **info.scan_audit(),
         )  # fmt: skip
         await self._retention(caller)
         return JSONResponse({"snapshotID": info.id, "names": names}, status_code=201)
