@@ -10,7 +10,7 @@ hit's line and the next, each cut ``WINDOW`` bytes from the hit) go to the detec
 
 It is exact by construction, not a heuristic: a detector this module cannot pre-filter
 (detect-secrets added one) makes every byte a candidate (slow, never blind), and a test
-holds the list complete. Non-ASCII letters that IGNORECASE folds to ASCII (``ſ``, the
+holds the list complete. Non-ASCII letters that IGNORECASE folds to ASCII (the long s, the
 Kelvin sign) also make their line a candidate, so ``\\u212aey = …`` is not a way round.
 """
 
@@ -31,11 +31,14 @@ _SHAPES = {
     r"SK[a-z0-9]{32}": rb"SK[a-z0-9]{32}",
     r"(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9_]{36}": rb"gh[pousr]_",
     r"\d{8,10}:[0-9A-Za-z_-]{35}": rb"[0-9]{8}:[0-9A-Za-z_-]{35}",
-    r"[MNO][a-zA-Z\d_-]{23,25}\.[a-zA-Z\d_-]{6}\.[a-zA-Z\d_-]{27}": rb"[a-zA-Z0-9_-]{6}\.[a-zA-Z0-9_-]{27}",
+    r"[MNO][a-zA-Z\d_-]{23,25}\.[a-zA-Z\d_-]{6}\.[a-zA-Z\d_-]{27}": (
+        rb"[a-zA-Z0-9_-]{6}\.[a-zA-Z0-9_-]{27}"
+    ),
 }
 # The secret scan's own detector (``aws_secret_access_key = …``) needs this word.
 _EXTRA_WORDS = ("secret",)
-# Letters outside ASCII that IGNORECASE matches to ASCII ones (ſ→s, K→k, İ, ı).
+# Letters outside ASCII that IGNORECASE matches to ASCII ones (long s, Kelvin sign, the
+# dotted and the dotless i).
 _FOLD_TRAPS = tuple(c.encode() for c in "\u017f\u212a\u0130\u0131")
 
 
