@@ -3,10 +3,11 @@
 detect-secrets' regexes run at ~10 MB/s in Python, too slow for every byte of a
 snapshot. Each of its pattern detectors can only match text that holds some literal
 (``AKIA``, ``eyJ``, ``PRIVATE KEY``, ``-us``) or, for the keyword detectors, one of a few
-words (``key``, ``pass``, ``token``; case-insensitive); the few whose literal is one or two
-characters get a bytes regex of a shape every match has (a ``.`` between two token runs).
-``bytes.find`` looks for those at memchr speed, and only the lines around a hit (the
-hit's line and the next, each cut ``WINDOW`` bytes from the hit) go to the detectors.
+words followed by an assignment (``pass =``, ``token:``; case-insensitive); the few whose
+literal is one or two characters get a shape every match has (``AKIA`` or ``ASIA``…, a
+``.`` between two token runs), as a regex that starts with a literal. ``bytes.find`` and
+re's literal-prefix search look for those in C, and only the lines around a hit (its line
+and the next, each cut ``WINDOW`` bytes from the hit) go to the detectors.
 
 It is exact by construction, not a heuristic: a detector this module cannot pre-filter
 (detect-secrets added one) makes every byte a candidate (slow, never blind), and a test
@@ -22,51 +23,85 @@ from dataclasses import dataclass
 
 WINDOW = 2048  # bytes kept each side of a hit; a secret with its keyword is far shorter
 _MIN_LITERAL = 3  # a shorter required literal (``A``, ``:``) would hit everywhere
-# Detectors whose required literal is too short: a shape each of their matches contains.
-_SHAPES = {
-    r'(?:\s|=|:|"|^)AP[\dABCDEF][a-zA-Z0-9]{8,}(?:\s|"|$)': rb"AP[0-9A-F][a-zA-Z0-9]{8}",
-    r"(?:A3T[A-Z0-9]|ABIA|ACCA|AKIA|ASIA)[0-9A-Z]{16}": rb"A(?:3T|BIA|CCA|KIA|SIA)",
-    r"(glpat|gldt|glft|glsoat|glrt)-[A-Za-z0-9_\-]{20,50}(?!\w)": rb"gl(?:pat|dt|ft|soat|rt)-",
-    r"AC[a-z0-9]{32}": rb"AC[a-z0-9]{32}",
-    r"SK[a-z0-9]{32}": rb"SK[a-z0-9]{32}",
-    r"(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9_]{36}": rb"gh[pousr]_",
-    r"\d{8,10}:[0-9A-Za-z_-]{35}": rb"[0-9]{8}:[0-9A-Za-z_-]{35}",
+_SEP = rb"[\"']?\]? *[=: ]"  # what follows the word in every keyword detector
+# The keyword detectors (``cloudant_password = …``) hold one of these words then _SEP: a
+# regex that starts with a literal, which re looks for in C, then checks the rest.
+_WORDS = {
+    "key": rb"key" + _SEP,
+    "pw": rb"pwd?" + _SEP,
+    "pass": rb"pass(?:word)?" + _SEP,
+    "token": rb"token" + _SEP,
+}
+# Detectors whose required literal is too short: literals or literal-led regexes that
+# every one of their matches contains.
+_SHAPES: dict[str, tuple[bytes, ...]] = {
+    r'(?:\s|=|:|"|^)AP[\dABCDEF][a-zA-Z0-9]{8,}(?:\s|"|$)': (rb"AP[0-9A-F][a-zA-Z0-9]{8}",),
+    r"(?:A3T[A-Z0-9]|ABIA|ACCA|AKIA|ASIA)[0-9A-Z]{16}": (
+        b"A3T",
+        b"ABIA",
+        b"ACCA",
+        b"AKIA",
+        b"ASIA",
+    ),
+    r"(glpat|gldt|glft|glsoat|glrt)-[A-Za-z0-9_\-]{20,50}(?!\w)": (
+        b"glpat-",
+        b"gldt-",
+        b"glft-",
+        b"glsoat-",
+        b"glrt-",
+    ),
+    r"AC[a-z0-9]{32}": (rb"AC[a-z0-9]{32}",),
+    r"SK[a-z0-9]{32}": (rb"SK[a-z0-9]{32}",),
+    r"(ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9_]{36}": (b"ghp_", b"gho_", b"ghu_", b"ghs_", b"ghr_"),
+    r"\d{8,10}:[0-9A-Za-z_-]{35}": (rb":[0-9A-Za-z_-]{35}",),
     r"[MNO][a-zA-Z\d_-]{23,25}\.[a-zA-Z\d_-]{6}\.[a-zA-Z\d_-]{27}": (
-        rb"[a-zA-Z0-9_-]{6}\.[a-zA-Z0-9_-]{27}"
+        rb"\.[a-zA-Z0-9_-]{6}\.[a-zA-Z0-9_-]{27}",
     ),
 }
-# The secret scan's own detector (``aws_secret_access_key = …``) needs this word.
-_EXTRA_WORDS = ("secret",)
 # Letters outside ASCII that IGNORECASE matches to ASCII ones (long s, Kelvin sign, the
 # dotted and the dotless i).
 _FOLD_TRAPS = tuple(c.encode() for c in "\u017f\u212a\u0130\u0131")
+_PLAIN = re.compile(rb"[A-Za-z0-9_\-]*")
 
 
 @dataclass(frozen=True)
 class Prefilter:
     literals: tuple[bytes, ...]  # case-sensitive
     folded: tuple[bytes, ...]  # looked for in the lower-cased bytes
-    shapes: re.Pattern[bytes] | None
+    shapes: tuple[re.Pattern[bytes], ...]  # in the bytes
+    folded_shapes: tuple[re.Pattern[bytes], ...]  # in the lower-cased bytes
     everything: bool  # a detector could not be pre-filtered: all bytes are candidates
+
+
+def _add(item: bytes, literals: set[bytes], regexes: set[bytes]) -> None:
+    (literals if _PLAIN.fullmatch(item) else regexes).add(item)
 
 
 def build(detectors: list[tuple[str, str, bool, tuple[str, ...]]]) -> Prefilter:
     """From (pattern, required literal, ignore-case, required words) of each detector."""
     literals: set[bytes] = set()
-    folded: set[bytes] = {w.encode() for w in _EXTRA_WORDS}
-    shapes: list[bytes] = []
+    folded: set[bytes] = {b"secret"}  # the scan's own detector: aws_secret_access_key = …
+    shapes: set[bytes] = set()
+    folded_shapes: set[bytes] = set()
     everything = False
     for pattern, literal, ignore_case, words in detectors:
-        if words:
-            folded.update(w.encode() for w in words)
-        elif len(literal) >= _MIN_LITERAL:
+        if len(literal) >= _MIN_LITERAL:
             (folded if ignore_case else literals).add(literal.encode())
+        elif words and all(w in _WORDS for w in words):
+            for w in words:
+                _add(_WORDS[w], folded, folded_shapes)
         elif pattern in _SHAPES:
-            shapes.append(_SHAPES[pattern])
+            for item in _SHAPES[pattern]:
+                _add(item, literals, shapes)
         else:
             everything = True
-    joined = re.compile(b"|".join(shapes)) if shapes else None
-    return Prefilter(tuple(sorted(literals)), tuple(sorted(folded)), joined, everything)
+    return Prefilter(
+        tuple(sorted(literals)),
+        tuple(sorted(folded)),
+        tuple(re.compile(x) for x in sorted(shapes)),
+        tuple(re.compile(x) for x in sorted(folded_shapes)),
+        everything,
+    )
 
 
 @functools.cache
@@ -85,6 +120,23 @@ def _hits(data: bytes, needle: bytes, lo: int, hi: int, out: list[int]) -> None:
         at = data.find(needle, at + 1, hi + len(needle) - 1)
 
 
+_TRAP_LEADS = frozenset(t[0] for t in _FOLD_TRAPS)
+_LETTERS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+
+
+def _in_word(data: bytes, at: int) -> bool:
+    """Whether the fold trap at ``at`` touches a letter or another trap: in every keyword
+    it could spell (a long-s "secret", a Kelvin-sign "token") it does; in binary noise it
+    mostly does not."""
+    before = data[at - 1] if at else -1
+    width = 3 if data[at] == 0xE2 else 2
+    after = data[at + width] if at + width < len(data) else -1
+    after_trap = (
+        data[max(0, at - 2) : at] in _FOLD_TRAPS or data[max(0, at - 3) : at] in _FOLD_TRAPS
+    )
+    return before in _LETTERS or after in _LETTERS or after in _TRAP_LEADS or after_trap
+
+
 def hits(data: bytes, lo: int, hi: int, pf: Prefilter | None = None) -> list[int]:
     """Offsets in [lo, hi) where a candidate starts, sorted."""
     pf = pf or default()
@@ -96,10 +148,15 @@ def hits(data: bytes, lo: int, hi: int, pf: Prefilter | None = None) -> list[int
     lowered = data.lower()  # bytes.lower() folds ASCII only: offsets are kept
     for needle in pf.folded:
         _hits(lowered, needle, lo, hi, out)
+    traps: list[int] = []
     for needle in _FOLD_TRAPS:
-        _hits(data, needle, lo, hi, out)
-    if pf.shapes is not None:
-        out.extend(m.start() for m in pf.shapes.finditer(data, lo, min(len(data), hi + 128)))
+        _hits(data, needle, lo, hi, traps)
+    out.extend(h for h in traps if _in_word(data, h))
+    reach = min(len(data), hi + 256)  # a shape that starts before hi may end past it
+    for shape in pf.shapes:
+        out.extend(m.start() for m in shape.finditer(data, lo, reach))
+    for shape in pf.folded_shapes:
+        out.extend(m.start() for m in shape.finditer(lowered, lo, reach))
     return sorted({h for h in out if lo <= h < hi})
 
 
