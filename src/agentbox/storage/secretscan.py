@@ -113,14 +113,47 @@ def _slug(kind: str) -> str:
     return slug(kind)
 
 
+# Letters outside ASCII that IGNORECASE matches to ASCII ones (long s, Kelvin sign, the
+# dotted and the dotless i): text without them can be pre-filtered in ASCII lower case.
+_FOLDING = re.compile("[\u017f\u212a\u0130\u0131]")
+
+
+def _lowered(text: str) -> str | None:
+    """``text`` with ASCII letters lower-cased, when a case-insensitive detector's
+    literal can be looked for in it exactly; None when it cannot (then they all run)."""
+    if text.isascii():
+        return text.lower()
+    if _FOLDING.search(text):
+        return None
+    # Binary and non-English text: only ASCII letters may be folded, offsets do not matter.
+    return text.encode("utf-8", "surrogateescape").lower().decode("ascii", "replace")
+
+
+@functools.cache
+def _gates() -> dict[str, re.Pattern[str]]:
+    return {k: re.compile(v) for k, v in secretwindows.GATES.items()}
+
+
 def _matches(text: str) -> list[_Match]:
     redactor, names = _engine()
-    # The redactor's prefilters make the common case (no secret) one cheap pass; only
-    # detectors that found something run again, to locate each value.
-    present = {f.kind for f in redactor.findings(text)}
+    gates = _gates()
+    lowered = _lowered(text)
     found: list[_Match] = []
     for detector in redactor.detectors:
-        if detector.kind not in present:
+        if len(text) < detector.min_length:
+            break  # sorted by min_length: no later detector can match either
+        # The redactor's exact prefilters (a literal, or one of some words, every match
+        # holds), so that most detectors cost one substring search.
+        if detector.ignore_case:
+            if lowered is not None and (
+                (detector.literal and detector.literal not in lowered)
+                or (detector.words and not any(w in lowered for w in detector.words))
+            ):
+                continue
+        elif detector.literal and detector.literal not in text:
+            continue
+        gate = gates.get(detector.pattern.pattern)
+        if gate is not None and not gate.search(text):
             continue
         kind = names.get(detector.kind, detector.kind)
         for m in detector.pattern.finditer(text):
@@ -133,8 +166,7 @@ def _matches(text: str) -> list[_Match]:
             if value and len(value) >= _MIN_VALUE:
                 start, end = m.span(1)
             found.append(_Match(kind, start, end))
-    # An exact prefilter only on ASCII: IGNORECASE also matches some other letters (U+017F).
-    if not text.isascii() or "secret" in text.lower():
+    if lowered is None or "secret" in lowered:
         for m in _AWS_CREDENTIALS_LINE.finditer(text):
             found.append(_Match(_AWS, *m.span(1)))
     return found

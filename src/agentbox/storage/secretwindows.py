@@ -17,20 +17,24 @@ Kelvin sign) also make their line a candidate, so ``\\u212aey = …`` is not a w
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from dataclasses import dataclass
 
+from agentbox.storage import secrethits
+
 WINDOW = 2048  # bytes kept each side of a hit; a secret with its keyword is far shorter
 _MIN_LITERAL = 3  # a shorter required literal (``A``, ``:``) would hit everywhere
-_SEP = rb"[\"']?\]? *[=: ]"  # what follows the word in every keyword detector
-# The keyword detectors (``cloudant_password = …``) hold one of these words then _SEP: a
-# regex that starts with a literal, which re looks for in C, then checks the rest.
+# What follows the word in every keyword detector (a quote, ``]``, spaces, ``=``, ``:``).
+_AFTER = rb"[\"'\] =:]"
+# The keyword detectors (``cloudant_password = …``) hold one of these words then _AFTER:
+# a regex that starts with a literal, which re looks for in C, then checks the rest.
 _WORDS = {
-    "key": rb"key" + _SEP,
-    "pw": rb"pwd?" + _SEP,
-    "pass": rb"pass(?:word)?" + _SEP,
-    "token": rb"token" + _SEP,
+    "key": rb"key" + _AFTER,
+    "pw": rb"pw[\"'\] =:d]",  # pwd
+    "pass": rb"pass[\"'\] =:w]",  # password
+    "token": rb"token" + _AFTER,
 }
 # Detectors whose required literal is too short: literals or literal-led regexes that
 # every one of their matches contains.
@@ -57,6 +61,17 @@ _SHAPES: dict[str, tuple[bytes, ...]] = {
     r"[MNO][a-zA-Z\d_-]{23,25}\.[a-zA-Z\d_-]{6}\.[a-zA-Z\d_-]{27}": (
         rb"\.[a-zA-Z0-9_-]{6}\.[a-zA-Z0-9_-]{27}",
     ),
+}
+# For those same detectors, what a window's text must hold before their (slow) regex runs
+# on it: their shape as a str regex. Digits are ASCII ones (``\\d`` in the detectors also
+# takes other scripts' digits, which no issued token holds).
+GATES = {
+    r"(?:A3T[A-Z0-9]|ABIA|ACCA|AKIA|ASIA)[0-9A-Z]{16}": r"A3T|ABIA|ACCA|AKIA|ASIA",
+    r"\d{8,10}:[0-9A-Za-z_-]{35}": r":[0-9A-Za-z_-]{35}",
+    r"[MNO][a-zA-Z\d_-]{23,25}\.[a-zA-Z\d_-]{6}\.[a-zA-Z\d_-]{27}": (
+        r"\.[a-zA-Z0-9_-]{6}\.[a-zA-Z0-9_-]{27}"
+    ),
+    r'(?:\s|=|:|"|^)AP[\dABCDEF][a-zA-Z0-9]{8,}(?:\s|"|$)': r"AP[0-9A-F][a-zA-Z0-9]{8}",
 }
 # Letters outside ASCII that IGNORECASE matches to ASCII ones (long s, Kelvin sign, the
 # dotted and the dotless i).
@@ -113,6 +128,54 @@ def default() -> Prefilter:
     )
 
 
+_PIECE = re.compile(rb"(\\.|\[(?:\\.|[^\]])*\]|[^\\\[])(?:\{(\d+)\})?")
+
+
+def _byte_set(piece: bytes, fold: bool) -> frozenset[int]:
+    """The bytes one piece of a shape matches: ``x``, ``\\.`` or a class like ``[a-z_-]``."""
+    if not piece.startswith(b"["):
+        chars = {piece[-1]}
+    else:
+        body = re.sub(rb"\\(.)", rb"\1", piece[1:-1])
+        chars = set()
+        i = 0
+        while i < len(body):
+            if i + 2 < len(body) and body[i + 1] == ord("-"):
+                chars.update(range(body[i], body[i + 2] + 1))
+                i += 3
+            else:
+                chars.add(body[i])
+                i += 1
+    if fold:
+        chars |= {c ^ 0x20 for c in chars if chr(c).isascii() and chr(c).isalpha()}
+    return frozenset(chars)
+
+
+def _needle(shape: bytes, fold: bool) -> list[tuple[frozenset[int], int]]:
+    """A literal or a shape (literal bytes, escapes and classes, each with an optional
+    ``{n}``: nothing that varies in length) as the C pass's needle."""
+    out: list[tuple[frozenset[int], int]] = []
+    pos = 0
+    while pos < len(shape):
+        m = _PIECE.match(shape, pos)
+        assert m is not None, shape
+        out.append((_byte_set(m.group(1), fold), int(m.group(2) or 1)))
+        pos = m.end()
+    return out
+
+
+@functools.cache
+def _program(pf: Prefilter) -> tuple[bytes, int]:
+    """The C pass's program for ``pf``, and the index of its first fold trap needle."""
+    needles = [_needle(re.escape(x), False) for x in pf.literals]
+    needles += [_needle(re.escape(x), True) for x in pf.folded]
+    needles += [_needle(x.pattern, False) for x in pf.shapes]
+    needles += [_needle(x.pattern, True) for x in pf.folded_shapes]
+    traps = len(needles)
+    needles += [_needle(re.escape(x), False) for x in _FOLD_TRAPS]
+    return secrethits.program(needles), traps
+
+
 def _hits(data: bytes, needle: bytes, lo: int, hi: int, out: list[int]) -> None:
     at = data.find(needle, lo, hi + len(needle) - 1)
     while at != -1:
@@ -142,6 +205,15 @@ def hits(data: bytes, lo: int, hi: int, pf: Prefilter | None = None) -> list[int
     pf = pf or default()
     if pf.everything:
         return list(range(lo, hi, WINDOW)) if hi > lo else []
+    if secrethits.available():
+        prog, traps = _program(pf)
+        with contextlib.suppress(secrethits.Unsupported):  # then the Python pass
+            found = secrethits.hits(data, lo, hi, prog)
+            return sorted({h for h, k in found if k < traps or _in_word(data, h)})
+    return _python_hits(data, lo, hi, pf)
+
+
+def _python_hits(data: bytes, lo: int, hi: int, pf: Prefilter) -> list[int]:
     out: list[int] = []
     for needle in pf.literals:
         _hits(data, needle, lo, hi, out)
@@ -182,4 +254,4 @@ def windows(data: bytes, offsets: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
-__all__ = ["WINDOW", "Prefilter", "build", "default", "hits", "windows"]
+__all__ = ["GATES", "WINDOW", "Prefilter", "build", "default", "hits", "windows"]
