@@ -10,12 +10,22 @@ credentials file, which detect-secrets only finds quoted.
 The tree belongs to the sandbox and is treated as hostile: it is walked through directory
 file descriptors without following symlinks (so a link to ``/etc/shadow``, or a directory
 swapped for a link mid-walk, leads nowhere), only regular files are opened, FIFOs and
-devices never are, and nothing is read past ``max_file_bytes``. Files with a NUL byte in
-their first 8 KiB are taken as binary and skipped; invalid UTF-8 is scanned as is.
+devices never are.
+
+Every data byte of every regular file is scanned: big files, binaries (a NUL anywhere),
+databases, core dumps. A file is read once, in 1 MiB chunks that overlap (a secret across
+a chunk boundary is whole in one of them), holes skipped (SEEK_DATA: zeros hold no
+secret, so a sparse 10 GiB file costs what it stores). Each chunk is also read as its
+even and its odd bytes, which turns UTF-16 (and NUL-interleaved text in a binary) into
+plain text. A pre-filter (``secretwindows``, its pass in C) finds where a detector could
+match; the detectors run only on the lines around those places. The bytes read are
+bounded by ``max_scan_bytes`` over the whole tree: what is past it, and what could not be
+read, is listed in the result (``ScanResult.unscanned``), never dropped.
 
 A finding names the file, line and kind, never the secret: findings go into logs and
 error messages. ``scan_tree`` returns a ``ScanResult``, a list of findings that also says
-which files were too large or could not be read.
+which files were not wholly read, and why. In a binary the line is the count of newline
+bytes before the finding, plus one.
 """
 
 from __future__ import annotations
