@@ -5,6 +5,7 @@ across the scan's chunk boundary or behind a hole, and a sparse bomb costs nothi
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from agentbox import Sandbox
 from agentbox.errors import SecretsFound
 from agentbox.runtime.runtime import Runtime
-from agentbox.storage import secretscan, secretwindows
+from agentbox.storage import secrethits, secretscan, secretwindows
 from agentbox.storage.secretscan import Finding, scan_tree
 
 AWS_ID = "AKIA" + "Z7QHXQ4VN3TPLM2D"  # built from parts: this file is not a leak
@@ -49,6 +50,20 @@ def test_every_detector_is_prefiltered_without_reading_everything() -> None:
     # A detector this pre-filter does not know makes every byte a candidate: slow, never
     # blind; this holds the list in step with detect-secrets.
     assert not secretwindows.default().everything
+
+
+def test_the_c_pass_finds_every_place_the_python_pass_does() -> None:
+    # Two implementations of one pre-filter: the C one (used when a compiler is there)
+    # must never be blinder than the Python one the detectors' literals are checked with.
+    assert secrethits.available()
+    text = Path(secretscan.__file__).read_bytes() + Path(__file__).read_bytes()
+    noise = random.Random(20).randbytes(1 << 20)
+    tricky = "to\u212aen = x\n\u017fecret: y\n".encode() + "key: z".encode("utf-16-le")
+    pf = secretwindows.default()
+    for data in (text, noise, tricky, noise + text + tricky):
+        c_hits = set(secretwindows.hits(data, 0, len(data)))
+        assert set(secretwindows._python_hits(data, 0, len(data), pf)) <= c_hits
+    assert len(secretwindows.hits(tricky, 0, len(tricky))) >= 2  # the folded letters
 
 
 def test_a_secret_at_the_end_of_a_20_mib_log(tmp_path: Path) -> None:
