@@ -154,13 +154,7 @@ def _matches(text: str) -> list[_Match]:
             break  # sorted by min_length: no later detector can match either
         # The redactor's exact prefilters (a literal, or one of some words, every match
         # holds), so that most detectors cost one substring search.
-        if detector.ignore_case:
-            if lowered is not None and (
-                (detector.literal and detector.literal not in lowered)
-                or (detector.words and not any(w in lowered for w in detector.words))
-            ):
-                continue
-        elif detector.literal and detector.literal not in text:
+        if not detector.may_match(text, lowered):
             continue
         gate = gates.get(detector.pattern.pattern)
         if gate is not None and not gate.search(text):
