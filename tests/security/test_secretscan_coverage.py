@@ -4,6 +4,7 @@ across the scan's chunk boundary or behind a hole, and a sparse bomb costs nothi
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import sqlite3
@@ -17,6 +18,7 @@ from agentbox.errors import SecretsFound
 from agentbox.runtime.runtime import Runtime
 from agentbox.storage import secrethits, secretscan, secretwindows
 from agentbox.storage.secretscan import Finding, scan_tree
+from gateway_harness import running_gateway
 
 AWS_ID = "AKIA" + "Z7QHXQ4VN3TPLM2D"  # built from parts: this file is not a leak
 GITHUB = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
@@ -181,3 +183,28 @@ def test_a_snapshot_refuses_hidden_secrets_and_records_what_it_did_not_scan(
     assert {"path": "/workspace/big.log", "reason": "over the scan budget"} in info.unscanned
     assert snapshots.get(info.id).unscanned == info.unscanned
     snapshots.delete(info.id)
+
+
+def test_the_gateway_audits_what_its_scan_budget_left_unscanned(
+    tmp_path: Path, agentbox_home: Path, host_ready: None
+) -> None:
+    extra = "snapshots:\n  scan_budget: 4KiB\n"
+    env = {"AGENTBOX_STORE": f"file://{tmp_path / 'store'}"}
+    with running_gateway(agentbox_home, tmp_path, extra_yaml=extra, env=env) as gw:
+        with gw.operator() as op:
+            made = op.post(
+                "/v1/sandboxes", json={"memory": "256MiB", "disk": "128MiB", "network": "none"}
+            )
+            sid = made.json()["id"]
+            try:
+                op.put(f"/v1/sandboxes/{sid}/files", json={"path": "big", "content": "x" * 9000})
+                r = op.post(f"/v1/sandboxes/{sid}/snapshots", json={})
+                assert r.status_code == 201, r.text
+                unscanned = {"path": "/workspace/big", "reason": "over the scan budget"}
+                assert unscanned in r.json()["unscanned"]
+            finally:
+                op.delete(f"/v1/sandboxes/{sid}")
+        records = [json.loads(line) for line in gw.audit_path.read_text().splitlines()]
+    created = [r for r in records if r.get("decision") == "snapshot_created"]
+    assert created and created[-1]["unscanned_count"] >= 1
+    assert unscanned in created[-1]["unscanned"]

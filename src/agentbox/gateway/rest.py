@@ -322,7 +322,9 @@ def build_router(
 
     # snapshots ----------------------------------------------------------------------------
     def snapshots() -> Snapshots:
-        return gateway.runtime.snapshots(gateway.settings.gateway.store)
+        store = gateway.runtime.snapshots(gateway.settings.gateway.store)
+        store.scan_budget = gateway.settings.snapshots.scan_budget
+        return store
 
     @api.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, tags=["snapshots"])
     async def take_snapshot(
