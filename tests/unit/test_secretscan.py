@@ -66,7 +66,7 @@ EXPECTED = [
 def test_planted_secrets_are_found_with_path_line_and_kind(tree: Path) -> None:
     result = scan_tree(tree)
     assert list(result) == EXPECTED
-    assert result.skipped_large == [] and result.skipped_unreadable == []
+    assert result.over_budget == [] and result.skipped_unreadable == []
 
 
 def test_secret_values_never_appear_in_findings_or_report(tree: Path) -> None:
@@ -212,7 +212,7 @@ def test_a_fifo_and_a_socket_do_not_hang_the_scan(tmp_path: Path) -> None:
         assert [f.path for f in scan_tree(root)] == ["after/creds", "after/creds"]
 
 
-def test_binary_files_are_skipped_and_invalid_utf8_is_scanned(tmp_path: Path) -> None:
+def test_binary_files_and_invalid_utf8_are_scanned(tmp_path: Path) -> None:
     root = plant(
         tmp_path / "root",
         {
@@ -220,14 +220,21 @@ def test_binary_files_are_skipped_and_invalid_utf8_is_scanned(tmp_path: Path) ->
             "latin1.txt": b"caf\xe9 \xff\xfe\n" + f"key = {AWS_ID}\n".encode(),
         },
     )
-    assert list(scan_tree(root)) == [Finding("latin1.txt", 2, "AWS Access Key")]
+    assert list(scan_tree(root)) == [
+        Finding("blob.bin", 1, "AWS Access Key"),
+        Finding("latin1.txt", 2, "AWS Access Key"),
+    ]
 
 
-def test_files_over_the_limit_are_skipped_and_listed(tmp_path: Path) -> None:
+def test_what_is_past_the_scan_budget_is_listed_with_its_reason(tmp_path: Path) -> None:
     root = plant(tmp_path / "root", {"big.log": "x" * 2000 + AWS_ID, "small": AWS_ID})
-    result = scan_tree(root, max_file_bytes=1000)
-    assert list(result) == [Finding("small", 1, "AWS Access Key")]
-    assert result.skipped_large == ["big.log"]
+    result = scan_tree(root, max_scan_bytes=1000)
+    assert list(result) == []  # big.log (first) used the budget up, and hid its secret
+    assert result.over_budget == ["big.log", "small"]
+    assert result.unscanned() == [
+        {"path": "big.log", "reason": "over the scan budget"},
+        {"path": "small", "reason": "over the scan budget"},
+    ]
 
 
 def test_unreadable_and_too_deep_directories_are_listed_not_fatal(tmp_path: Path) -> None:

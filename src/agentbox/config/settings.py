@@ -402,10 +402,17 @@ class LifecycleSettings(Strict):
 
 
 class SnapshotSettings(Strict):
-    """Retention, applied after each snapshot the gateway takes."""
+    """Retention, applied after each snapshot the gateway takes; the secret scan's budget."""
 
     max_count: int | None = Field(default=None, gt=0)
     max_age: float | None = None
+    # Bytes the secret scan reads per snapshot at most (holes are free; "64GiB"); what is
+    # past it is listed as unscanned in the snapshot and its audit record. None: no limit.
+    scan_budget: int | None = Field(default=64 * 1024**3, ge=0)
+
+    _budget = field_validator("scan_budget", mode="before")(
+        classmethod(lambda c, v: None if v is None else _size(v))
+    )
 
     _age = field_validator("max_age", mode="before")(
         classmethod(lambda c, v: None if v is None else _seconds(v))

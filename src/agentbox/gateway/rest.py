@@ -322,7 +322,9 @@ def build_router(
 
     # snapshots ----------------------------------------------------------------------------
     def snapshots() -> Snapshots:
-        return gateway.runtime.snapshots(gateway.settings.gateway.store)
+        store = gateway.runtime.snapshots(gateway.settings.gateway.store)
+        store.scan_budget = gateway.settings.snapshots.scan_budget
+        return store
 
     @api.post("/sandboxes/{sandbox_id}/snapshots", status_code=201, tags=["snapshots"])
     async def take_snapshot(
@@ -354,7 +356,8 @@ def build_router(
                                       findings=len(e.details.get("findings", [])))  # fmt: skip
             raise
         await gateway.audit_event(p, "snapshot_created", sandbox=sandbox_id, snapshot=info.id,
-                                  redacted=len(info.redacted), memory=body.memory)  # fmt: skip
+                                  redacted=len(info.redacted), memory=body.memory,
+                                  **info.scan_audit())  # fmt: skip
         retention = gateway.settings.snapshots
         if retention.max_count is not None or retention.max_age is not None:
             gone = await asyncio.to_thread(

@@ -106,6 +106,16 @@ class _Detector:
         words = _required_words(pattern)
         return cls(kind, pattern, int(tree.getwidth()[0]), literal, words, ignore_case)
 
+    def may_match(self, text: str, lowered: str | None) -> bool:
+        """False when the prefilters rule a match in ``text`` out; ``lowered``: ``text``
+        with ASCII letters lower-cased, or None when that is not exact (see findings)."""
+        if self.ignore_case:
+            return lowered is None or not (
+                (self.literal and self.literal not in lowered)
+                or (self.words and not any(w in lowered for w in self.words))
+            )
+        return not self.literal or self.literal in text
+
 
 def kind_slug(secret_type: str) -> str:
     """A detect-secrets type as the short kind redaction and the secret scan report."""

@@ -91,9 +91,16 @@ class SnapshotInfo:
     # A snapshot with memory (runtime.memory_snapshots): its checkpoint image's sha256,
     # size and the slot (host uid) its processes run as; None: files only.
     memory: dict[str, Any] | None = None
+    # Files the secret scan did not wholly read: {"path", "reason"} (over its byte budget,
+    # unreadable). Stored, returned and audited, so a hidden corner is never silent.
+    unscanned: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def scan_audit(self) -> dict[str, Any]:
+        """The audit record's account of what the secret scan did not read (bounded)."""
+        return {"unscanned": self.unscanned[:20], "unscanned_count": len(self.unscanned)}
 
 
 def data_key(snapshot_id: str) -> str:
@@ -148,6 +155,9 @@ class Snapshots:
         self.runtime = runtime
         self.store = store
         self.scratch = runtime.home / "lib" / "snapshot-tmp"
+        # Bytes the secret scan reads at most per snapshot (holes are free); past it,
+        # files are listed in SnapshotInfo.unscanned. None: every byte.
+        self.scan_budget: int | None = secretscan.MAX_SCAN_BYTES
 
     # taking -------------------------------------------------------------------------------
     def create(
@@ -176,7 +186,7 @@ class Snapshots:
         source = SandboxHost(self.runtime.home, sandbox_id, record.slot)
         self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
         with self._frozen_view(source) as view:
-            findings = self._scan(view, allowlist)
+            findings, unscanned = self._scan(view, allowlist)
             if memory_image is not None:  # a secret in memory cannot be redacted out
                 image_findings = self._scan_image(memory_image, allowlist)
                 if image_findings:
@@ -223,6 +233,7 @@ class Snapshots:
                     sha256=digest,
                     redacted=sorted({f.path for f in findings}),
                     memory=memory,
+                    unscanned=unscanned,
                 )
                 if not self.store.exists(data_key(info.id)):  # same content: stored once
                     self.store.put_file(data_key(info.id), staging, move=True)
@@ -265,14 +276,24 @@ class Snapshots:
                 findings.append(finding)
         return sorted(findings)
 
-    def _scan(self, view: Path, allowlist: secretscan.AllowList | None) -> list[secretscan.Finding]:
+    def _scan(
+        self, view: Path, allowlist: secretscan.AllowList | None
+    ) -> tuple[list[secretscan.Finding], list[dict[str, str]]]:
+        """The findings not allowed, and what the scan could not wholly read (by path)."""
         findings: list[secretscan.Finding] = []
+        unscanned: list[dict[str, str]] = []
+        budget = self.scan_budget
         for part in KEPT:
-            for f in secretscan.scan_tree(view / part):
+            result = secretscan.scan_tree(view / part, max_scan_bytes=budget)
+            if budget is not None:
+                budget = max(0, budget - result.scanned_bytes)
+            for f in result:
                 finding = secretscan.Finding(sandbox_path(part, f.path), f.line, f.kind)
                 if allowlist is None or not allowlist.allows(finding):
                     findings.append(finding)
-        return sorted(findings)
+            for u in result.unscanned():
+                unscanned.append({**u, "path": sandbox_path(part, u["path"])})
+        return sorted(findings), unscanned
 
     def _archive(
         self,

@@ -10,17 +10,28 @@ credentials file, which detect-secrets only finds quoted.
 The tree belongs to the sandbox and is treated as hostile: it is walked through directory
 file descriptors without following symlinks (so a link to ``/etc/shadow``, or a directory
 swapped for a link mid-walk, leads nowhere), only regular files are opened, FIFOs and
-devices never are, and nothing is read past ``max_file_bytes``. Files with a NUL byte in
-their first 8 KiB are taken as binary and skipped; invalid UTF-8 is scanned as is.
+devices never are.
+
+Every data byte of every regular file is scanned: big files, binaries (a NUL anywhere),
+databases, core dumps. A file is read once, in 1 MiB chunks that overlap (a secret across
+a chunk boundary is whole in one of them), holes skipped (SEEK_DATA: zeros hold no
+secret, so a sparse 10 GiB file costs what it stores). Each chunk is also read as its
+even and its odd bytes, which turns UTF-16 (and NUL-interleaved text in a binary) into
+plain text. A pre-filter (``secretwindows``, its pass in C) finds where a detector could
+match; the detectors run only on the lines around those places. The bytes read are
+bounded by ``max_scan_bytes`` over the whole tree: what is past it, and what could not be
+read, is listed in the result (``ScanResult.unscanned``), never dropped.
 
 A finding names the file, line and kind, never the secret: findings go into logs and
 error messages. ``scan_tree`` returns a ``ScanResult``, a list of findings that also says
-which files were too large or could not be read.
+which files were not wholly read, and why. In a binary the line is the count of newline
+bytes before the finding, plus one.
 """
 
 from __future__ import annotations
 
 import bisect
+import errno
 import fnmatch
 import functools
 import os
@@ -32,12 +43,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentbox.errors import InvalidRequest
+from agentbox.storage import secretwindows
 
 if TYPE_CHECKING:
     from agentbox.policy.redaction import Redactor
 
-MAX_FILE_BYTES = 8 * 1024**2
-_BINARY_PROBE = 8192
+# The default budget of a snapshot's scan: far past a sandbox's disk quota, so in practice
+# only a tree built to waste the scan's time meets it (and is then reported).
+MAX_SCAN_BYTES = 64 * 1024**3
+_CHUNK = 1 << 20
+_OVERLAP = 4 * secretwindows.WINDOW  # > a window's reach ahead of its hit (2 lines)
 _MAX_DEPTH = 200  # one open descriptor per level; deeper trees are reported, not walked
 _MIN_VALUE = 8  # a shorter capture group is a token's prefix (ghp_, glpat-), not its value
 _PRIVATE_KEY = "private-key"
@@ -67,12 +82,19 @@ class ScanResult(list[Finding]):
     def __init__(
         self,
         findings: Iterable[Finding] = (),
-        skipped_large: Iterable[str] = (),
+        over_budget: Iterable[str] = (),
         skipped_unreadable: Iterable[str] = (),
     ) -> None:
         super().__init__(sorted(findings))
-        self.skipped_large = list(skipped_large)  # over max_file_bytes
+        self.over_budget = list(over_budget)  # not wholly read: max_scan_bytes ran out
         self.skipped_unreadable = list(skipped_unreadable)  # permission, I/O, too deep
+        self.scanned_bytes = 0  # data bytes read
+
+    def unscanned(self) -> list[dict[str, str]]:
+        """What was not (wholly) scanned and why, for a snapshot's record and audit."""
+        return [{"path": p, "reason": "over the scan budget"} for p in self.over_budget] + [
+            {"path": p, "reason": "unreadable"} for p in self.skipped_unreadable
+        ]
 
 
 @dataclass(frozen=True)
@@ -101,14 +123,41 @@ def _slug(kind: str) -> str:
     return slug(kind)
 
 
+# Letters outside ASCII that IGNORECASE matches to ASCII ones (long s, Kelvin sign, the
+# dotted and the dotless i): text without them can be pre-filtered in ASCII lower case.
+_FOLDING = re.compile("[\u017f\u212a\u0130\u0131]")
+
+
+def _lowered(text: str) -> str | None:
+    """``text`` with ASCII letters lower-cased, when a case-insensitive detector's
+    literal can be looked for in it exactly; None when it cannot (then they all run)."""
+    if text.isascii():
+        return text.lower()
+    if _FOLDING.search(text):
+        return None
+    # Binary and non-English text: only ASCII letters may be folded, offsets do not matter.
+    return text.encode("utf-8", "surrogateescape").lower().decode("ascii", "replace")
+
+
+@functools.cache
+def _gates() -> dict[str, re.Pattern[str]]:
+    return {k: re.compile(v) for k, v in secretwindows.GATES.items()}
+
+
 def _matches(text: str) -> list[_Match]:
     redactor, names = _engine()
-    # The redactor's prefilters make the common case (no secret) one cheap pass; only
-    # detectors that found something run again, to locate each value.
-    present = {f.kind for f in redactor.findings(text)}
+    gates = _gates()
+    lowered = _lowered(text)
     found: list[_Match] = []
     for detector in redactor.detectors:
-        if detector.kind not in present:
+        if len(text) < detector.min_length:
+            break  # sorted by min_length: no later detector can match either
+        # The redactor's exact prefilters (a literal, or one of some words, every match
+        # holds), so that most detectors cost one substring search.
+        if not detector.may_match(text, lowered):
+            continue
+        gate = gates.get(detector.pattern.pattern)
+        if gate is not None and not gate.search(text):
             continue
         kind = names.get(detector.kind, detector.kind)
         for m in detector.pattern.finditer(text):
@@ -121,8 +170,7 @@ def _matches(text: str) -> list[_Match]:
             if value and len(value) >= _MIN_VALUE:
                 start, end = m.span(1)
             found.append(_Match(kind, start, end))
-    # An exact prefilter only on ASCII: IGNORECASE also matches some other letters (U+017F).
-    if not text.isascii() or "secret" in text.lower():
+    if lowered is None or "secret" in lowered:
         for m in _AWS_CREDENTIALS_LINE.finditer(text):
             found.append(_Match(_AWS, *m.span(1)))
     return found
@@ -274,63 +322,149 @@ def _walk(root: Path, unreadable: list[str]) -> Iterator[tuple[int, str, str]]:
             os.close(pending[0])
 
 
-class _TooLarge(Exception):
-    pass
+def _extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """[start, end) of the file's data: a hole reads as zeros, which hold no secret, so a
+    sparse 10 GiB file costs what it stores, not what it claims."""
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+            end = os.lseek(fd, start, os.SEEK_HOLE)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # no data after pos
+                return
+            yield pos, size  # SEEK_DATA unsupported here: all of it is data
+            return
+        if start >= size:
+            return
+        yield start, min(end, size)
+        pos = end
 
 
-def _read_regular(dir_fd: int, name: str, max_bytes: int) -> bytes | None:
-    """The file's bytes if it is a regular file, else None. Never opens a FIFO or device:
-    lstat first, and O_NONBLOCK|O_NOFOLLOW in case the entry was swapped since."""
+class _Budget:
+    """Bytes the whole scan may still read; what is past it is reported, not skipped."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.left = limit
+        self.taken = 0
+
+    def take(self, wanted: int) -> int:
+        granted = wanted if self.left is None else min(wanted, self.left)
+        if self.left is not None:
+            self.left -= granted
+        self.taken += granted
+        return granted
+
+
+def _scan_views(path: str, buf: bytes, lo: int, hi: int, line0: int) -> set[Finding]:
+    """Findings whose candidate starts in buf[lo:hi); ``line0``: lines before buf[0]."""
+    found = _scan_view(path, buf, lo, hi, line0)
+    if b"\0" in buf:
+        # UTF-16 (and NUL-interleaved text in binaries): ASCII characters sit at even
+        # offsets (little endian) or odd ones (big endian); each view is then plain text.
+        # buf starts at an even file offset, so the views are the same in every chunk.
+        for view in (buf[0::2], buf[1::2]):
+            found |= _scan_view(path, view, lo // 2, hi // 2, line0)
+    return found
+
+
+def _scan_view(path: str, data: bytes, lo: int, hi: int, line0: int) -> set[Finding]:
+    found: set[Finding] = set()
+    line, counted = line0, 0
+    for start, end in secretwindows.windows(data, secretwindows.hits(data, lo, hi)):
+        line += data.count(b"\n", counted, start)
+        counted = start
+        text = data[start:end].decode("utf-8", "surrogateescape")
+        starts = _line_starts(text)
+        found.update(
+            Finding(path, line + _line_of(starts, m.start), m.kind) for m in _matches(text)
+        )
+    return found
+
+
+def _scan_fd(path: str, fd: int, budget: _Budget) -> tuple[set[Finding], int]:
+    """Findings in an open regular file, and how many of its data bytes were left unread
+    (over the budget). Read in chunks that overlap, so a secret across a chunk boundary is
+    whole in one of them; memory stays at one chunk whatever the file's size."""
+    found: set[Finding] = set()
+    size = os.fstat(fd).st_size
+    line0 = 0  # newlines before buf[0] (holes hold none)
+    left_out = 0
+    for start, end in _extents(fd, size):
+        pos = start - start % 2  # even: see _scan_views
+        buf, lo = b"", 0
+        while pos < end:
+            want = budget.take(min(_CHUNK, end - pos))
+            if want == 0:
+                left_out += end - pos
+                break
+            data = os.pread(fd, want, pos)
+            if not data:
+                break
+            pos += len(data)
+            buf += data
+            last = pos >= end or budget.left == 0 or len(data) < want
+            hi = len(buf) if last else len(buf) - _OVERLAP
+            found |= _scan_views(path, buf, lo, hi, line0)
+            keep = max(0, hi - _OVERLAP)  # back context for the next hits
+            keep -= keep % 2
+            line0 += buf.count(b"\n", 0, keep)
+            buf, lo = buf[keep:], hi - keep
+        else:
+            continue
+        if budget.left == 0:
+            # The rest of the file (later extents included) was not read.
+            left_out += sum(e - s for s, e in _extents(fd, size) if s >= end)
+            break
+    return found, left_out
+
+
+def _open_regular(dir_fd: int, name: str) -> int | None:
+    """A descriptor of the entry if it is a regular file, else None. Never opens a FIFO or
+    device: lstat first, and O_NONBLOCK|O_NOFOLLOW in case the entry was swapped since."""
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     if not stat.S_ISREG(st.st_mode):
         return None
-    if st.st_size > max_bytes:
-        raise _TooLarge
     fd = os.open(name, _OPEN_FLAGS, dir_fd=dir_fd)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks: list[bytes] = []
-        size = 0
-        while size <= max_bytes:  # the file may grow while it is read
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    finally:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-    if size > max_bytes:
-        raise _TooLarge
-    return b"".join(chunks)
+        return None
+    return fd
 
 
 def scan_tree(
-    root: Path, allowlist: AllowList | None = None, max_file_bytes: int = MAX_FILE_BYTES
+    root: Path, allowlist: AllowList | None = None, max_scan_bytes: int | None = None
 ) -> ScanResult:
-    """Every secret under ``root`` not allowed by ``allowlist``, sorted by path and line."""
+    """Every secret under ``root`` not allowed by ``allowlist``, sorted by path and line.
+    Every data byte of every regular file is read, up to ``max_scan_bytes`` in all (None:
+    no limit); files not wholly read are listed in ``over_budget``."""
     allow = allowlist or AllowList()
+    budget = _Budget(max_scan_bytes)
     findings: list[Finding] = []
-    large: list[str] = []
+    over: list[str] = []
     unreadable: list[str] = []
     for dir_fd, name, path in _walk(Path(root), unreadable):
         if allow.allows_file(path):
             continue
         try:
-            data = _read_regular(dir_fd, name, max_file_bytes)
-        except _TooLarge:
-            large.append(path)
-            continue
+            fd = _open_regular(dir_fd, name)
+            if fd is None:
+                continue
+            try:
+                found, left_out = _scan_fd(path, fd, budget)
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             continue  # removed meanwhile
         except OSError:
             unreadable.append(path)
             continue
-        if data is None or b"\0" in data[:_BINARY_PROBE]:
-            continue
-        text = data.decode("utf-8", "surrogateescape")
-        findings.extend(f for f in scan_text(path, text) if not allow.allows(f))
-    return ScanResult(findings, large, unreadable)
+        if left_out:
+            over.append(path)
+        findings.extend(f for f in found if not allow.allows(f))
+    result = ScanResult(findings, over, unreadable)
+    result.scanned_bytes = budget.taken
+    return result
 
 
 def redact_file(data: bytes, findings: Iterable[Finding]) -> bytes:
@@ -392,7 +526,7 @@ def format_report(findings: Iterable[Finding]) -> str:
 
 
 __all__ = [
-    "MAX_FILE_BYTES",
+    "MAX_SCAN_BYTES",
     "AllowList",
     "Finding",
     "ScanResult",

@@ -54,7 +54,9 @@ class E2BSnapshots:
         self.db: Database = shared or SqliteDB(home / "gateway.db", (E2B_SNAPSHOTS,))
 
     def _store(self) -> Snapshots:
-        return self.gateway.runtime.snapshots(self.gateway.settings.gateway.store)
+        store = self.gateway.runtime.snapshots(self.gateway.settings.gateway.store)
+        store.scan_budget = self.gateway.settings.snapshots.scan_budget
+        return store
 
     def _rows(self, caller: Caller, snapshot_id: str | None = None) -> list[dict[str, Any]]:
         query, args = "SELECT id, project, sandbox, names, created_at FROM e2b_snapshots", []
@@ -95,7 +97,7 @@ class E2BSnapshots:
             )
         await self.gateway.audit_event(
             principal, "snapshot_created", sandbox=record.id, snapshot=info.id,
-            redacted=len(info.redacted), api="e2b",
+            redacted=len(info.redacted), api="e2b", **info.scan_audit(),
         )  # fmt: skip
         await self._retention(caller)
         return JSONResponse({"snapshotID": info.id, "names": names}, status_code=201)
