@@ -296,7 +296,8 @@ def test_a_memory_snapshot_on_the_namespaces_tier_is_a_typed_error_through_the_g
     gw: RunningGateway, remote: RemoteRuntime
 ) -> None:
     """Over REST and through the SDK alike: tier_unsupported, saying what to do instead."""
-    sb = Sandbox(remote.create({"network": "none", "memory": "256MiB", "disk": "128MiB"}), remote)
+    spec = {"network": "none", "memory": "256MiB", "disk": "128MiB", "isolation": "namespaces"}
+    sb = Sandbox(remote.create(spec), remote)  # namespaces whatever the module's tier
     try:
         with gw.operator() as op:
             r = op.post(f"/v1/sandboxes/{sb.id}/snapshots", json={"memory": True})
