@@ -99,6 +99,7 @@ SECURITY_ONE_TIER = {
     "test_launcher_env.py": "the namespaces tier's host-side launcher (agentbox-nsexec)",
     "test_network_spec_refusals.py": "network spec validation, before any tier",
     "test_resident_launcher.py": "the namespaces tier's resident launcher",
+    "test_secretscan_coverage.py": "host-side secret scan of a snapshot's files",
     "test_safe_export.py": "host-side export of the sandbox disk, the same code on both",
     "test_shell_parser_differential.py": "the shell parser against bash; no sandbox",
     "test_snapshot_restore.py": "host-side unpacking of a hostile archive into a new disk",

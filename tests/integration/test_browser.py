@@ -184,8 +184,10 @@ def test_an_allowed_page_renders_and_its_text_comes_back(
     assert f"GET allowed.test:{SITE_PORT} /" in web.requests()
     short = ok(gw, box, "browser_open", url=f"{BASE}/", handle=opened["handle"], max_chars=10)
     assert short["truncated"] is True and len(short["text"]) == 10
-    # Chromium phoned nobody: every name it asked the proxy for is one a page named.
-    assert {r["host"] for r in _egress(gw, box)} <= EXPECTED_HOSTS
+    # Chromium phoned nobody: every name it asked the proxy for is one a page named (a
+    # connection it opened and closed unused, e.g. a preconnect on a busy host, names none).
+    named = {r["host"] for r in _egress(gw, box) if r["host"]}
+    assert named <= EXPECTED_HOSTS, named - EXPECTED_HOSTS
     ok(gw, box, "browser_close", handle=opened["handle"])
 
 

@@ -488,8 +488,9 @@ def test_the_browser_reaches_a_credential_host_over_https(
     """Chromium reads no SSL_CERT_FILE: it is told to trust the egress CA's key, which
     only chains the proxy presents contain; the upstream gets the header, the page shows
     it masked."""
-    not_on_gvisor(box.info().isolation, "the browser on gvisor is issue 18's other part "
-                  "(tier_unsupported today)")  # fmt: skip
+    not_on_gvisor(box.info().isolation, "the browser on gvisor needs pids >= 2048, more "
+                  "than this module's shared box has; the browser's egress on gvisor: "
+                  "tests/security/test_browser_gvisor.py")  # fmt: skip
     from agentbox.browser.manager import BrowserConfig, BrowserManager
     from browserkit import require_browser
 
