@@ -28,8 +28,10 @@ from mcp.client.streamable_http import streamable_http_client
 from agentbox import Sandbox
 from agentbox.audit.log import read_records
 from agentbox.egressd import daemon as egressd
+from agentbox.state.postgres import migrate
 from gateway_harness import AGENTBOX, RunningGateway, running_gateway
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
+from pgkit import PgServer
 
 WAIT = 60.0  # bound on every poll below (a loaded host is slow, never this slow)
 
@@ -299,6 +301,42 @@ def test_always_is_the_projects_allowlist_and_survives_a_gateway_restart(
     finally:
         for sb in made:
             sb.kill()
+
+
+def test_a_running_daemon_files_where_the_gateway_serving_the_home_now_decides(
+    gw: RunningGateway, make: Callable[..., Sandbox], net: Internet, postgres: PgServer,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """The egress daemon outlives gateways. One started on another state database
+    (PostgreSQL after SQLite, and back) publishes where approvals go, and the daemon
+    already running files its next request there: it used to keep the table of the
+    gateway it started under, so a person deciding through the new one never saw it."""
+    hosts = _names("moved", "back")
+    (moved, _), (back, _) = hosts.items()  # fmt: skip
+    sb = make(hosts)
+    assert _curl(sb, "http://listed.test/")[0] == 200  # the daemon runs, under gw (SQLite)
+    url = postgres.new_database()
+    migrate(url)
+    try:
+        with running_gateway(gw.home, tmp_path / "pg", state=url) as pg:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                held = pool.submit(_curl, sb, f"http://{moved}/")
+                (approval,) = _pending(pg, sb.id)
+                assert approval["summary"] == f"connect to {moved}:80"
+                _decide(pg, approval["id"], "approve")
+                assert held.result(WAIT)[0] == 200
+        with gw.operator() as op:  # the SQLite table never heard of it
+            listed = op.get("/v1/approvals").json()
+        assert approval["id"] not in {a["id"] for a in listed}
+        with running_gateway(gw.home, tmp_path / "sqlite") as again:  # back on SQLite
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                held = pool.submit(_curl, sb, f"http://{back}/")
+                (approval,) = _pending(again, sb.id)
+                assert approval["summary"] == f"connect to {back}:80"
+                _decide(gw, approval["id"], "deny")  # one table: the home's gateway.db
+                assert held.result(WAIT)[0] == 403
+    finally:
+        egressd.publish_state(gw.home, "sqlite")  # gw's own state, for the tests after
 
 
 def test_ask_as_the_gateways_default_mode(

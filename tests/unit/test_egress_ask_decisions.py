@@ -40,7 +40,7 @@ def _asker(store: ApprovalStore, steps: Steps, **kw: Any) -> EgressAsk:
     def note(decision: str, sandbox: str, extra: Mapping[str, Any]) -> None:
         steps.append((decision, sandbox, dict(extra)))
 
-    return EgressAsk(store, note, **kw)
+    return EgressAsk(lambda: store, note, **kw)
 
 
 async def _resolve_never(name: str, port: int) -> tuple[Any, ...]:

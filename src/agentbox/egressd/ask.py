@@ -51,10 +51,11 @@ def request_hash(host: str) -> str:
 class EgressAsk:
     def __init__(
         self,
-        approvals: ApprovalStore,
+        approvals: Callable[[], ApprovalStore],
         note: Note,
         max_pending: int = MAX_PENDING_PER_SANDBOX,
     ) -> None:
+        # the table of the gateway serving the home now (see daemon.ServingApprovals)
         self.approvals = approvals
         self._note = note
         self.max_pending = max_pending
@@ -63,7 +64,8 @@ class EgressAsk:
 
     async def __call__(self, policy: EgressPolicy, name: str, port: int, conn: Conn) -> str:
         sandbox = policy.sandbox_id
-        grant = await asyncio.to_thread(self.approvals.egress_grant, sandbox, policy.project, name)
+        store = await asyncio.to_thread(self.approvals)  # reads a file: off the loop
+        grant = await asyncio.to_thread(store.egress_grant, sandbox, policy.project, name)
         if grant is not None:
             where = "for this sandbox" if grant.scope == "sandbox" else "always"
             return f"{name} approved {where} by {grant.decided_by} ({grant.approval})"
@@ -98,10 +100,11 @@ class EgressAsk:
             del self._waits[key]
 
     async def _ask(self, policy: EgressPolicy, name: str, port: int, kind: str) -> Approval:
-        approval = await asyncio.to_thread(self._file, policy, name, port, kind)
-        approval = await self.approvals.wait(approval.id)
+        store = await asyncio.to_thread(self.approvals)  # filed and waited for in one table
+        approval = await asyncio.to_thread(self._file, store, policy, name, port, kind)
+        approval = await store.wait(approval.id)
         if approval.status == "pending":  # woke at the deadline: record the expiry
-            approval = await asyncio.to_thread(self.approvals.get, approval.id)
+            approval = await asyncio.to_thread(store.get, approval.id)
         self._note(
             "egress_approval_decided",
             policy.sandbox_id,
@@ -115,10 +118,12 @@ class EgressAsk:
         )
         return approval
 
-    def _file(self, policy: EgressPolicy, name: str, port: int, kind: str) -> Approval:
+    def _file(
+        self, store: ApprovalStore, policy: EgressPolicy, name: str, port: int, kind: str
+    ) -> Approval:
         """The pending approval for this name: one left by an earlier daemon, or a new one."""
         digest = request_hash(name)
-        found = self.approvals.find_pending(policy.sandbox_id, EGRESS_TOOL, digest)
+        found = store.find_pending(policy.sandbox_id, EGRESS_TOOL, digest)
         if found is not None:
             self._note(
                 "egress_approval_rejoined",
@@ -126,7 +131,7 @@ class EgressAsk:
                 {"host": name, "port": port, "approval": found.id, "kind": kind},
             )
             return found
-        approval = self.approvals.request(
+        approval = store.request(
             policy.sandbox_id,
             EGRESS_TOOL,
             f"connect to {name}:{port}",

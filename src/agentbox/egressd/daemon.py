@@ -82,16 +82,34 @@ def publish_state(home: Path, url: str) -> None:
     os.replace(tmp, target)
 
 
-def approval_store(home: Path) -> ApprovalStore:
-    """The approval table the gateway serving ``home`` decides in (state_path)."""
-    try:
-        url = state_path(home).read_text().strip()
-    except FileNotFoundError:
-        return ApprovalStore(home / "gateway.db")
-    from agentbox.state import open_shared
+class ServingApprovals:
+    """The approval table of the gateway serving ``home`` *now* (state_path), for a
+    daemon that outlives gateways: one restarted on another state database (SQLite <->
+    PostgreSQL, or another PostgreSQL) republishes the file, and the next approval must go
+    where a person deciding through that gateway will see it, not where the daemon's first
+    gateway kept them. The file is read per approval filed (a few bytes); the table is
+    opened again only when it names another database."""
 
-    shared = open_shared(url)
-    return ApprovalStore(shared if shared is not None else home / "gateway.db")
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self._url: str | None = None
+        self._store: ApprovalStore | None = None
+
+    def __call__(self) -> ApprovalStore:
+        try:
+            url = state_path(self.home).read_text().strip()
+        except FileNotFoundError:
+            url = "sqlite"
+        if self._store is None or url != self._url:
+            from agentbox.state import open_shared
+
+            shared = open_shared(url)
+            # An approval being waited for keeps the table it was filed in (its own reference).
+            self._url, self._store = (
+                url,
+                ApprovalStore(shared if shared is not None else self.home / "gateway.db"),
+            )
+        return self._store
 
 
 def host_networks() -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
@@ -197,7 +215,7 @@ async def serve(home: Path, ready_fd: int | None) -> None:
         ca = None
     upstream = upstream_context(os.environ.get(UPSTREAM_CA_ENV) or None)
     with AuditLog(audit_path(home), fsync="batch") as audit:
-        ask = EgressAsk(approval_store(home), lambda *step: _note(audit, *step))
+        ask = EgressAsk(ServingApprovals(home), lambda *step: _note(audit, *step))
         proxy = EgressProxy(
             book.policy_for,
             lambda d: _record(audit, d),
