@@ -71,6 +71,7 @@ TIER_INDEPENDENT = {
     "test_state_postgres.py": "the gateways' shared state",
     "test_stdio_gateway.py": "the stdio relay to a gateway; its tool calls: test_gateway_mcp",
     "test_tasks.py": "batch task workers and accounting; their tools: test_gateway_mcp",
+    "test_task_state_outage.py": "the task workers across a PostgreSQL outage; the tier is not involved",
     "test_telemetry.py": "OTLP traces of the gateway",
     "test_template_gc.py": "the template store's collection (host side)",
     "test_tool_arguments.py": "argument models, checked before any sandbox is reached",

@@ -1,6 +1,7 @@
-"""After PostgreSQL restarts, one thread's failed call tells the process: every other
-thread's connection is replaced before its next statement (a node's 64 request threads
-must not each fail a write of their own)."""
+"""After PostgreSQL restarts, an idle connection is replaced before its next statement
+(its socket says the server hung up), and when one breaks in use anyway, that thread's
+failed call tells the process: every other thread's connection is replaced before its
+next statement (a node's 64 request threads must not each fail a write of their own)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from agentbox.errors import StateUnavailable
+from agentbox.state import postgres as pg
 from agentbox.state.postgres import IDLE_MAX, PostgresDB, migrate
 from pgkit import PgServer
 
@@ -26,7 +28,34 @@ def _outcome(call: Callable[[], Any]) -> Any:
         return e
 
 
-def test_one_broken_connection_refreshes_every_threads(postgres: PgServer) -> None:
+def test_a_write_after_a_restart_finds_a_live_connection(postgres: PgServer) -> None:
+    """Writes are not retried (they may have run), so the connection they get must be
+    live: a task's step lost to a restart failed the task (tests/cluster)."""
+    import psycopg
+
+    url = postgres.new_database()
+    migrate(url)
+    db = PostgresDB(url)
+    db.conn().execute("SELECT 1")  # an idle connection from before the restart
+    postgres.restart()
+    db.conn().execute(WRITE, ("n1",))
+    db.conn().execute("SELECT 1")
+    with psycopg.connect(url, autocommit=True) as admin:  # the server ends an idle session
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    db.conn().execute(WRITE, ("n2",))
+    assert [r[0] for r in db.conn().execute("SELECT id FROM nodes ORDER BY id")] == ["n1", "n2"]
+    db.close()
+
+
+def test_one_broken_connection_refreshes_every_threads(
+    postgres: PgServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The restart's goodbye not on the sockets yet (as when it races the next statement):
+    # the statement itself finds out.
+    monkeypatch.setattr(pg, "_hung_up", lambda raw: raw.closed or raw.broken)
     url = postgres.new_database()
     migrate(url)
     db = PostgresDB(url)

@@ -16,15 +16,19 @@ Behind PgBouncer in transaction mode (``…/agentbox?pooler=transaction``: docs/
 different server connections, where a statement prepared on another does not exist.
 Nothing else here needs a session: locks are transaction-scoped advisory locks.
 
-When the server restarts, every open connection breaks. A broken connection is dropped
-and the call that found it retried once on a new one when that is safe (a ``SELECT``
-outside a transaction, or the ``BEGIN`` that opens one); otherwise the call raises
-:class:`~agentbox.errors.StateUnavailable` (retryable) and the next call reconnects.
+When the server restarts, every open connection breaks. An idle connection the server
+hung up on (a restart, ``idle_session_timeout``, ``pg_terminate_backend``) says so on its
+socket before anything is sent, and is replaced then: no statement is lost to it. A
+connection that breaks while in use is dropped and the call that found it retried once on
+a new one when that is safe (a ``SELECT`` outside a transaction, or the ``BEGIN`` that
+opens one); otherwise the call raises :class:`~agentbox.errors.StateUnavailable`
+(retryable) and the next call reconnects.
 """
 
 from __future__ import annotations
 
 import hashlib
+import select
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -43,6 +47,17 @@ from agentbox.state.db import Database
 CONNECT_TIMEOUT_S = 5
 IDLE_MAX = 8  # idle connections a process keeps; more are made while statements overlap
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+def _hung_up(raw: psycopg.Connection[Any]) -> bool:
+    """An idle connection with something to read was hung up on: nothing was asked of it,
+    so what waits is the server's goodbye (FATAL 57P01 on a restart) or end of file. One
+    poll, no round trip; a false alarm (a stray notice) costs one reconnect."""
+    if raw.closed or raw.broken:
+        return True
+    poller = select.poll()
+    poller.register(raw.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(0))
 
 
 class Row(tuple[Any, ...]):
@@ -210,7 +225,7 @@ class PostgresDB(Database):
                 if not self._idle:
                     break
                 raw, generation = self._idle.pop()
-            if generation == self.generation and not (raw.closed or raw.broken):
+            if generation == self.generation and not _hung_up(raw):
                 return raw, generation
             raw.close()  # from before the server went away
         generation = self.generation

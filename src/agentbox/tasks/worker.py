@@ -88,9 +88,17 @@ class TaskWorkers:
                 await self._run(task)
             except asyncio.CancelledError:
                 raise  # the gateway stops: the lease runs out, another run resumes it
+            except StateUnavailable as e:
+                # Not the task's fault, and where it stands cannot be written now: its
+                # lease runs out and a worker resumes it after its last stored step, in the
+                # same sandbox (kept).
+                log.warning("task %s: paused, it resumes when its lease runs out: %s",
+                            task.id, e.message)  # fmt: skip
+                continue
             except Exception:
                 log.exception("task %s: the worker failed", task.id)
-                self.store.finish(task.id, "failed", "error", "internal error; see the log")
+                with contextlib.suppress(StateUnavailable):  # its lease still runs out
+                    self.store.finish(task.id, "failed", "error", "internal error; see the log")
             try:
                 await asyncio.to_thread(self._end_sandbox, task.id)
             except Exception:  # the worker must carry on; the sandbox's lifetime still ends it
@@ -119,6 +127,8 @@ class TaskWorkers:
             self.store.finish(task.id, "failed", "budget", e.message)
         except ProviderError as e:
             self.store.finish(task.id, "failed", "provider", e.message)
+        except StateUnavailable:
+            raise  # the database, not the sandbox: _loop leaves the task to resume
         except AgentboxError as e:
             self.store.finish(task.id, "failed", "sandbox", f"{e.code}: {e.message}")
         finally:
