@@ -8,9 +8,10 @@ import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
-import aiohttp
 import pytest
 from clusterkit import Cluster
+
+from vnckit import handshake_status, rfb_handshake
 
 
 @pytest.fixture(scope="module")
@@ -34,27 +35,6 @@ def vnc_url(cluster: Cluster, gateway: str, sandbox: str) -> str:
     return cluster.gateway_urls[gateway].replace("http://", "ws://") + (
         f"/v1/sandboxes/{sandbox}/desktop/vnc"
     )
-
-
-async def rfb_handshake(url: str, token: str) -> tuple[bytes, bytes]:
-    """The server's RFB version, then its security types after ours was sent."""
-    headers = {"Authorization": f"Bearer {token}"}
-    async with aiohttp.ClientSession() as session, session.ws_connect(url, headers=headers) as ws:
-        version = await asyncio.wait_for(ws.receive_bytes(), 60)
-        await ws.send_bytes(b"RFB 003.008\n")
-        security = await asyncio.wait_for(ws.receive_bytes(), 60)
-        return version, security
-
-
-async def handshake_status(url: str, token: str) -> int:
-    headers = {"Authorization": f"Bearer {token}"}
-    async with aiohttp.ClientSession() as session:
-        try:
-            async with session.ws_connect(url, headers=headers) as ws:
-                await ws.close()
-                return 101
-        except aiohttp.WSServerHandshakeError as e:
-            return e.status
 
 
 def test_a_vnc_handshake_through_a_replica(cluster: Cluster, desktop: str) -> None:

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import httpx2
 import pytest
 from PIL import Image
@@ -28,6 +27,7 @@ from agentbox.audit.log import read_records
 from agentbox.client import vnc_forward
 from gateway_harness import AGENTBOX, RunningGateway, running_gateway
 from hostres import wait_for
+from vnckit import handshake_status
 
 # A full-screen button: red, green after a press, red after the next...; each press appends
 # to a file, and
@@ -505,17 +505,6 @@ def test_tokens_that_may_not_view_or_control_this_desktop_are_refused(
         assert asyncio.run(handshake_status(url, viewer, origin="http://evil.example")) == 403
     finally:
         destroy(gw, other)
-
-
-async def handshake_status(url: str, token: str, origin: str | None = None) -> int:
-    headers = {"Authorization": f"Bearer {token}"} | ({"Origin": origin} if origin else {})
-    async with aiohttp.ClientSession() as session:
-        try:
-            async with session.ws_connect(url, headers=headers) as ws:
-                await ws.close()
-                return 101
-        except aiohttp.WSServerHandshakeError as e:
-            return e.status
 
 
 def test_the_sdk_drives_a_desktop_in_process(agentbox_home: Path, host_ready: None) -> None:

@@ -28,9 +28,9 @@ import pytest
 
 from agentbox.audit.log import read_records
 from agentbox.client import vnc_forward
-from agentbox.gateway.desktop_relay import BEARER_PROTOCOL
 from gateway_harness import RunningGateway, running_gateway
 from hostres import wait_for
+from vnckit import handshake_status
 
 # A full-screen button that appends to clicked.txt, and a key logger writing keys.txt.
 APP = """\
@@ -106,19 +106,6 @@ def _issue(gw: RunningGateway, sandbox: str, tools: list[str] | None = None) -> 
         return str(r.json()["token"]), str(r.json().get("id") or r.json().get("token_id"))
 
 
-async def _status(url: str, token: str, how: str) -> int:
-    """The handshake's HTTP status with ``token`` in the header or as a subprotocol."""
-    headers = {"Authorization": f"Bearer {token}"} if how == "header" else {}
-    protocols = ("binary", BEARER_PROTOCOL + token) if how == "subprotocol" else ()
-    async with aiohttp.ClientSession() as session:
-        try:
-            async with session.ws_connect(url, headers=headers, protocols=protocols) as ws:
-                await ws.close()
-                return 101
-        except aiohttp.WSServerHandshakeError as e:
-            return e.status
-
-
 def test_tokens_that_may_not_watch_this_desktop_are_refused_in_every_spelling(
     gw: RunningGateway, page: str
 ) -> None:
@@ -137,9 +124,10 @@ def test_tokens_that_may_not_watch_this_desktop_are_refused_in_every_spelling(
         for how in ("header", "subprotocol"):
             for token, url in ((foreign, view), (foreign, control), (no_view, view),
                                (viewer, control), (revoked, view), ("not-a-token", view)):  # fmt: skip
-                status = asyncio.run(_status(url, token, how))
+                status = asyncio.run(handshake_status(url, token, how=how))
                 assert status in (401, 403), (how, token[:8], url)
-            assert asyncio.run(_status(view, viewer, how)) == 101  # the probe itself works
+            # the probe itself works
+            assert asyncio.run(handshake_status(view, viewer, how=how)) == 101
     finally:
         with gw.operator() as op:
             op.delete(f"/v1/sandboxes/{other}")
