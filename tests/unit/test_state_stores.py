@@ -339,6 +339,39 @@ def test_stores_outlive_a_postgresql_restart(postgres: PgServer) -> None:
     assert [t.id for t in retry_once(lambda: tasks.list())] == [task.id]
 
 
+def test_a_wait_for_a_decision_outlives_a_postgresql_outage(postgres: PgServer) -> None:
+    """A person's decision arrives after the shared database was away for a while: the
+    waiting call gets it (it used to raise the outage at the waiter, ending the wait)."""
+    import asyncio
+
+    from agentbox.policy.approvals import ApprovalStore
+
+    url = postgres.new_database()
+    migrate(url)
+    waiting, deciding = ApprovalStore(PostgresDB(url)), ApprovalStore(PostgresDB(url))
+    asked = waiting.request("sb-1", "terminal_run", "rm -rf x", "h", "agent", "r", 60)
+
+    down = False
+
+    async def scenario() -> str:
+        nonlocal down
+        waiter = asyncio.create_task(waiting.wait(asked.id))
+        await asyncio.sleep(0.3)  # the wait is under way
+        down = True
+        await asyncio.to_thread(postgres.stop)
+        await asyncio.sleep(1.5)  # at least two of the waiter's reads find it away
+        await asyncio.to_thread(postgres.start)
+        down = False
+        await asyncio.to_thread(retry_once, lambda: deciding.decide(asked.id, True, "alice"))
+        return (await asyncio.wait_for(waiter, 30)).status
+
+    try:
+        assert asyncio.run(scenario()) == "approved"
+    finally:
+        if down:
+            postgres.start()
+
+
 def test_single_host_default_opens_no_shared_database() -> None:
     assert parse_settings("").gateway.state == "sqlite"
     assert open_shared("sqlite") is None

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
-from agentbox.errors import Conflict, InvalidRequest, NotFound
+from agentbox.errors import Conflict, InvalidRequest, NotFound, StateUnavailable
 from agentbox.hints import Hint
 from agentbox.policy import egress_grants
 from agentbox.state.db import Connection, Database
@@ -240,16 +240,24 @@ class ApprovalStore:
             self._loop.call_soon_threadsafe(event.set)
 
     async def wait(self, approval_id: str, timeout: float | None = None) -> Approval:
-        """Wait until decided, past its deadline (then expired: a denial), or ``timeout``."""
+        """Wait until decided, past its deadline (then expired: a denial), or ``timeout``.
+        Reads run off the event loop (PostgreSQL: a round trip, or a connect timeout while
+        the server is away), and a read that finds the database away mid-wait is asked
+        again at the next tick: a restart does not end a person's decision early."""
         self._loop = asyncio.get_running_loop()
         event = self._events.setdefault(approval_id, asyncio.Event())
-        first = self.get(approval_id)
+        first = await asyncio.to_thread(self.get, approval_id)
         end = first.deadline if timeout is None else min(first.deadline, time.time() + timeout)
         try:
             while True:
-                approval = self.get(approval_id)
                 left = end - time.time()
-                if approval.status != "pending" or left <= 0:
+                try:
+                    approval: Approval | None = await asyncio.to_thread(self.get, approval_id)
+                except StateUnavailable:
+                    if left <= 0:
+                        raise
+                    approval = None
+                if approval is not None and (approval.status != "pending" or left <= 0):
                     return approval
                 # Woken by decide(); the short cap also notices decisions made by another
                 # process sharing the database.
