@@ -74,6 +74,8 @@ def pod_specs(objs: list[Obj]) -> Iterator[tuple[Obj, Obj]]:
     for obj in objs:
         if obj["kind"] in ("Deployment", "DaemonSet", "Job"):
             yield obj, obj["spec"]["template"]["spec"]
+        elif obj["kind"] == "CronJob":
+            yield obj, obj["spec"]["jobTemplate"]["spec"]["template"]["spec"]
 
 
 def pod_labels(objs: list[Obj], kind: str) -> dict[str, str]:
@@ -187,7 +189,32 @@ def test_every_manifest_is_applied_or_an_example() -> None:
     assert listed == on_disk
     kinds = {o["kind"] for o in applied()}
     assert {"DaemonSet", "Deployment", "Service", "PodDisruptionBudget", "ConfigMap"} <= kinds
-    assert {"Secret", "Job", "NetworkPolicy"} <= kinds
+    assert {"Secret", "Job", "CronJob", "NetworkPolicy"} <= kinds
+
+
+def test_the_one_off_and_scheduled_commands_are_the_clis() -> None:
+    """The Job's and the CronJob's command lines are ones `agentbox` takes (a renamed
+    command or option would fail only when the cluster runs them), with the gateway's
+    config, which for the prune sets the retention it needs."""
+    from click.testing import CliRunner
+
+    from agentbox.cli.main import cli
+
+    objs = applied()
+    runs = {o["kind"]: c for o, spec in pod_specs(objs) for c in spec["containers"]
+            if o["kind"] in ("Job", "CronJob")}  # fmt: skip
+    assert set(runs) == {"Job", "CronJob"}
+    for kind, container in runs.items():
+        assert container["command"] == ["agentbox"], kind
+        args = container["args"]
+        words = [a for a in args if not a.startswith("-")][:2]
+        shown = CliRunner().invoke(cli, [*words, "--help"])
+        assert shown.exit_code == 0, (kind, shown.output)
+        assert all(a in shown.output for a in args if a.startswith("--")), (kind, args)
+        assert args[args.index("--config") + 1] == "/etc/agentbox/config/gateway.yaml"
+    assert runs["CronJob"]["args"][:3] == ["audit", "prune", "--cluster"]
+    cluster = config_files(objs)["gateway.yaml"]["cluster"]
+    assert cluster["audit_retention_days"] > 0
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -35,8 +35,9 @@ def verify(unit_text: str, name: str, tmp_path: Path) -> str:
     return (done.stdout + done.stderr).strip() if done.returncode or done.stderr else ""
 
 
-def test_the_three_units_are_there() -> None:
+def test_the_units_are_there() -> None:
     assert [u.name for u in UNITS] == [
+        "agentbox-audit-prune.service",
         "agentbox-db-migrate.service",
         "agentbox-gateway.service",
         "agentbox-node.service",
@@ -48,6 +49,21 @@ def test_systemd_accepts_the_unit(unit: Path, tmp_path: Path) -> None:
     text = unit.read_text()
     assert INSTALLED in text
     assert verify(text, unit.name, tmp_path) == ""
+
+
+def test_the_daily_prune_timer_starts_its_service(tmp_path: Path) -> None:
+    timer = ROOT / "deploy" / "systemd" / "agentbox-audit-prune.timer"
+    service = timer.with_suffix(".service")
+    # verify checks the unit a timer starts: it must be beside it, as once installed
+    (tmp_path / service.name).write_text(service.read_text().replace(INSTALLED, "/bin/true"))
+    assert verify(timer.read_text(), timer.name, tmp_path) == ""
+    lines = timer.read_text().splitlines()
+    assert "OnCalendar=daily" in lines and "WantedBy=timers.target" in lines
+    exec_start = [
+        line for line in service.read_text().splitlines() if line.startswith("ExecStart=")
+    ]
+    assert exec_start == [f"ExecStart={INSTALLED} audit prune --cluster --config "
+                          "/etc/agentbox/gateway.yaml"]  # fmt: skip
 
 
 @pytest.mark.parametrize(
