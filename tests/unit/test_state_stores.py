@@ -348,7 +348,8 @@ def test_a_wait_for_a_decision_outlives_a_postgresql_outage(postgres: PgServer) 
 
     url = postgres.new_database()
     migrate(url)
-    waiting, deciding = ApprovalStore(PostgresDB(url)), ApprovalStore(PostgresDB(url))
+    dbs = PostgresDB(url), PostgresDB(url)
+    waiting, deciding = ApprovalStore(dbs[0]), ApprovalStore(dbs[1])
     asked = waiting.request("sb-1", "terminal_run", "rm -rf x", "h", "agent", "r", 60)
 
     down = False
@@ -370,6 +371,8 @@ def test_a_wait_for_a_decision_outlives_a_postgresql_outage(postgres: PgServer) 
     finally:
         if down:
             postgres.start()
+        for db in dbs:
+            db.close()
 
 
 def test_single_host_default_opens_no_shared_database() -> None:
