@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import secrets
+import sqlite3
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from agentbox import Sandbox
 from agentbox.audit.log import read_records
 from agentbox.egressd import daemon as egressd
 from agentbox.state.postgres import migrate
-from gateway_harness import AGENTBOX, RunningGateway, running_gateway
+from gateway_harness import AGENTBOX, RunningGateway, issue, running_gateway
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
 from pgkit import PgServer
 
@@ -259,6 +260,41 @@ def test_sandbox_scope_lasts_for_the_sandbox_only(
         (again,) = _pending(gw, other.id)  # another sandbox is asked anew
         _decide(gw, again["id"], "deny")
         assert asked.result(WAIT)[0] == 403
+
+
+def test_a_destroyed_sandboxs_grants_approvals_and_tokens_end(gw: RunningGateway) -> None:
+    """However a sandbox goes (here the SDK in another process's place, not the gateway's
+    route), the gateway ends what it held: the names granted to it alone, the approvals
+    still waiting for a person (nobody is left to run what they would allow), its tokens."""
+    hosts = _names("granted", "waiting")
+    (granted, _), (waiting, _) = hosts.items()  # fmt: skip
+    sb = _create(gw, hosts)
+    token = issue(gw, sb.id)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(_curl, sb, f"http://{granted}/")
+        (first,) = _pending(gw, sb.id)
+        _decide(gw, first["id"], "approve", "sandbox")
+        assert held.result(WAIT)[0] == 200
+    db = sqlite3.connect(gw.home / "gateway.db")
+    grants = "SELECT host FROM egress_grants WHERE scope = 'sandbox' AND owner = ?"
+    assert db.execute(grants, (sb.id,)).fetchall() == [(granted,)]
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    pool.submit(_curl, sb, f"http://{waiting}/")  # ends with the sandbox, either way
+    (second,) = _pending(gw, sb.id)
+    sb.kill()
+    pool.shutdown(wait=True)
+
+    def ended() -> dict[str, Any] | None:
+        with gw.operator() as op:
+            mine = [a for a in op.get("/v1/approvals").json() if a["id"] == second["id"]]
+        return mine[0] if mine and mine[0]["status"] != "pending" else None
+
+    approval = _eventually(ended, "the destroyed sandbox's approval is still pending")
+    assert (approval["status"], approval["decided_by"]) == ("expired", "sandbox-destroyed")
+    assert db.execute(grants, (sb.id,)).fetchall() == []
+    with gw.client(token) as c:
+        assert c.get(f"/v1/sandboxes/{sb.id}").status_code == 401
+    db.close()
 
 
 def test_always_is_the_projects_allowlist_and_survives_a_gateway_restart(

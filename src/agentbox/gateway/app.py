@@ -477,9 +477,15 @@ def create_app(
     )
     gateway.metrics.observe_desktops(gateway.desktops.memory_total)
     egress_ingest = EgressIngest(egress_audit_path(home), audit, gateway.metrics)
+
+    def forget_sandbox(sandbox: str) -> None:  # however it was destroyed
+        tokens.revoke_sandbox(sandbox)
+        approvals.forget_sandbox(sandbox)
+
     lifecycle_ingest = LifecycleIngest(
-        runtime.store, audit, gateway.metrics, settings.lifecycle.webhooks
-    )
+        runtime.store, audit, gateway.metrics, settings.lifecycle.webhooks,
+        on_destroyed=forget_sandbox,
+    )  # fmt: skip
     gateway.lifecycle = lifecycle_ingest
     idle_watcher = IdleWatcher(
         runtime, settings.lifecycle.cpu_floor, settings.lifecycle.check_interval

@@ -7,6 +7,10 @@ configured webhooks. Its position is kept in ``audit/lifecycle.ingested``, so a 
 resumes where it stopped (a crash between the append and the position write may copy an
 event twice: dedupe on ``event_id``).
 
+A ``destroyed`` event also calls ``on_destroyed(sandbox)`` (the gateway revokes the
+sandbox's tokens and ends its approvals and grants), whichever process destroyed it: the
+CLI, an idle timeout or the sandbox's lifetime as well as the gateway's own routes.
+
 Webhook deliveries are JSON POSTs of the event, signed when the hook names a secret
 (``X-Agentbox-Signature-256: sha256=<HMAC-SHA256 of the body>``), retried with backoff
 and then dropped with a log line: a slow receiver never holds up the gateway.
@@ -21,6 +25,7 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +80,10 @@ class LifecycleIngest:
         metrics: Metrics | None = None,
         webhooks: list[WebhookSettings] | None = None,
         poll_interval: float = 0.25,
+        on_destroyed: Callable[[str], Any] | None = None,
     ) -> None:
         self.store = store
+        self.on_destroyed = on_destroyed
         self.audit = audit
         self.metrics = metrics
         self.poll_interval = poll_interval
@@ -132,6 +139,8 @@ class LifecycleIngest:
             },
         )
         self.sender.send(public_event(event))
+        if event["type"] == "destroyed" and self.on_destroyed is not None:
+            self.on_destroyed(event["sandbox"])
 
 
 class WebhookSender:

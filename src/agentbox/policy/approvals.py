@@ -202,6 +202,22 @@ class ApprovalStore:
     def egress_revoke(self, project: str, host: str) -> bool:
         return egress_grants.revoke(self._db(), project, host)
 
+    def forget_sandbox(self, sandbox: str) -> tuple[int, int]:
+        """``sandbox`` is gone: its pending approvals end (``expired``, by
+        ``sandbox-destroyed``: nobody is left to run what they would allow) and its
+        sandbox-scope egress grants go. (approvals ended, grants removed)"""
+        pending = (
+            self._db()
+            .execute(
+                "SELECT id FROM gateway_approvals WHERE status = 'pending' AND sandbox = ?",
+                (sandbox,),
+            )
+            .fetchall()
+        )
+        ended = sum(self._set(approval_id, "expired", "sandbox-destroyed")
+                    for (approval_id,) in pending)  # fmt: skip
+        return ended, egress_grants.forget_sandbox(self._db(), sandbox)
+
     def expire_overdue(self) -> None:
         now = time.time()
         rows = (

@@ -75,3 +75,11 @@ def revoke(db: Connection, project: str, host: str) -> bool:
         (project, host),
     )
     return cursor.rowcount > 0
+
+
+def forget_sandbox(db: Connection, sandbox: str) -> int:
+    """Drop what was granted to ``sandbox`` alone (it is gone); the rows removed."""
+    cursor = db.execute(
+        "DELETE FROM egress_grants WHERE scope = 'sandbox' AND owner = ?", (sandbox,)
+    )
+    return cursor.rowcount
