@@ -457,8 +457,11 @@ class CommandRunner:
                         os.close(fd)
         if started is None:
             return None
-        stdin = os.fdopen(in_w, "wb") if in_w >= 0 else None
-        return ResidentProcess(started, stdin, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+        # Unbuffered: only their fds are used (read, written, polled), and a buffered file
+        # costs an isatty ioctl and a seek each.
+        stdin = os.fdopen(in_w, "wb", buffering=0) if in_w >= 0 else None
+        out, err = os.fdopen(out_r, "rb", buffering=0), os.fdopen(err_r, "rb", buffering=0)
+        return ResidentProcess(started, stdin, out, err)
 
     def start_resident(self) -> None:
         """Start the sandbox's resident launcher for the next commands (best effort)."""
