@@ -115,16 +115,16 @@ def _build(staging: Path) -> None:
             shutil.copytree(source, staging / source.name, symlinks=True)
         else:
             shutil.copy2(source, staging / source.name)
-    # localedef writes PREFIX/usr/lib/locale/locale-archive.
+    # localedef writes PREFIX/usr/lib/locale/locale-archive (its compiled-in path).
     prefix = staging / ".prefix"
-    (prefix / HOST_LOCALES.relative_to("/")).mkdir(parents=True)
+    (prefix / "usr/lib/locale").mkdir(parents=True)
     subprocess.run(
         ["localedef", "--prefix", str(prefix), "--add-to-archive", *map(str, locales)],
         check=True,
         capture_output=True,
         env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"},
     )
-    (prefix / HOST_LOCALES.relative_to("/") / ARCHIVE).rename(staging / ARCHIVE)
+    (prefix / "usr/lib/locale" / ARCHIVE).rename(staging / ARCHIVE)
     shutil.rmtree(prefix)
     # Readable by the sandbox user whatever our umask (copies keep the host's modes).
     os.chmod(staging, 0o755)  # noqa: S103 - public data, bound read-only
