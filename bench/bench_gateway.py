@@ -7,8 +7,10 @@ Prints a markdown table; rows: per-call latency p50/p95/p99 (1 client), throughp
 gateway's CPU), and the cost of `audit.fsync: always` vs `batch`. Each load point runs right
 after the same load on an HTTP floor: a bare ASGI app on the same server stack (uvicorn,
 uvloop, httptools) answering every POST with a 1 KiB JSON body, so the throughput is also
-given as a fraction of what this host's HTTP stack did at that moment. With ``--write`` the
-table replaces the gateway section of docs/benchmarks.md.
+given as a fraction of what this host's HTTP stack did at that moment. Whether 50 clients
+are served no slower than 10 is judged on the median of three more alternating 10/50
+pairs, with the CPU per call of each side. With ``--write`` the table replaces the gateway
+section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
