@@ -128,6 +128,7 @@ def node(config_path: Path | None) -> None:
             host=host.strip("[]"),
             port=int(port),
             log_level="warning",
+            access_log=False,  # as `agentbox serve` (see there)
             proxy_headers=False,
             **uvicorn_tls(settings),
         )

@@ -1,5 +1,6 @@
 """The sandbox init's binary on a small tmpfs per home (``$AGENTBOX_HOME/initfs``), from
-where it is bound read-only into every sandbox as ``/.agentbox/init``.
+where it is bound read-only into every sandbox as ``/.agentbox/init`` (and, beside it, the
+locale archive of sandboxes on the host's /usr: ``isolation.locales``).
 
 A bind mount shows, in the sandbox's ``/proc/self/mountinfo``, the source file's path
 inside its filesystem: bound from the host's filesystem that path names the home; from
@@ -50,7 +51,8 @@ def ensure(home: Path, binary: Path) -> Path:
                     if e.errno != errno.ENOSPC:
                         raise
                     for other in root.iterdir():
-                        other.unlink()
+                        if not other.is_dir():  # a locale directory (isolation.locales)
+                            other.unlink()  # stays: running sandboxes see into it
                     _install(binary, target)
         except OSError as e:
             raise SandboxError(f"could not set up the sandbox init at {root}: {e}") from e

@@ -183,11 +183,12 @@ def normalise_argv(command: str | Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class _Job:
-    """A foreground command as launched: the host argv and its environment, the input to
-    feed it, its limit in seconds and its cgroup leaf (what pipes and a pty share); the
-    command itself and its cwd, for the resident launcher."""
+    """A foreground command as launched: how to make the host argv and its environment
+    (``launch``: only when no resident launcher takes it), the command's environment, the
+    input to feed it, its limit in seconds and its cgroup leaf (what pipes and a pty share);
+    the command itself and its cwd, for the resident launcher."""
 
-    launcher: list[str]
+    launch: Callable[[], tuple[list[str], dict[str, str]]]
     env: dict[str, str]
     stdin: bytes | None
     timeout: float | None
@@ -308,7 +309,6 @@ class CommandRunner:
         stdin_data = None if stdin is None else stdin_bytes(stdin)
         environment = self.environment(env)
         leaf = self.new_leaf()
-        launcher, environment = self.command_launch(argv, leaf, cwd, environment, pty)
         keep = save_max_bytes if save is not None else 0
         out = BoundedCapture(max_output_bytes, "stdout", on_output, keep)
         err = BoundedCapture(max_output_bytes, "stderr", on_output, keep)
@@ -317,7 +317,10 @@ class CommandRunner:
             cancel.bind(lambda: self.kill_tree(leaf))
         try:
             try:
-                job = _Job(launcher, environment, stdin_data, timeout, leaf, argv, cwd)
+                job = _Job(
+                    lambda: self.command_launch(argv, leaf, cwd, environment, pty),
+                    environment, stdin_data, timeout, leaf, argv, cwd,
+                )  # fmt: skip
                 if pty:
                     status, outcome = self._run_pty(job, out)
                     recent, process_id = b"", None
@@ -378,12 +381,13 @@ class CommandRunner:
         with_stdin = bool(job.stdin or watch)
         proc: Process | None = self._resident_pipes(job, with_stdin)
         if proc is None:
+            launcher, env = job.launch()
             proc = subprocess.Popen(
-                job.launcher,
+                launcher,
                 stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=job.env,
+                env=env,
                 close_fds=True,
             )
             self.start_resident()
@@ -401,10 +405,10 @@ class CommandRunner:
             if started is not None:
                 proc = ResidentProcess(started, None, None, None)
             else:
+                launcher, env = job.launch()
                 proc = subprocess.Popen(
-                    job.launcher, stdin=slave, stdout=slave, stderr=slave, env=job.env,
-                    close_fds=True,
-                )  # fmt: skip
+                    launcher, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True
+                )
                 self.start_resident()
         finally:
             os.close(slave)
@@ -453,8 +457,11 @@ class CommandRunner:
                         os.close(fd)
         if started is None:
             return None
-        stdin = os.fdopen(in_w, "wb") if in_w >= 0 else None
-        return ResidentProcess(started, stdin, os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+        # Unbuffered: only their fds are used (read, written, polled), and a buffered file
+        # costs an isatty ioctl and a seek each.
+        stdin = os.fdopen(in_w, "wb", buffering=0) if in_w >= 0 else None
+        out, err = os.fdopen(out_r, "rb", buffering=0), os.fdopen(err_r, "rb", buffering=0)
+        return ResidentProcess(started, stdin, out, err)
 
     def start_resident(self) -> None:
         """Start the sandbox's resident launcher for the next commands (best effort)."""
@@ -506,7 +513,9 @@ class CommandRunner:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         pidfd = exit_fd(proc)
-        sel = selectors.DefaultSelector()
+        # poll(2), not epoll: for four fds it is one syscall a wait, where an epoll set
+        # costs its creation, a syscall per registration and its close, on every command.
+        sel = selectors.PollSelector()
         by_fd = {stream.fileno(): stream for stream in streams}
         outcome = EXITED
         exited_at: float | None = None

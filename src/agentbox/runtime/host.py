@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbox.errors import SandboxError
-from agentbox.isolation import disk, diskpool, initfs, syscalls
+from agentbox.isolation import disk, diskpool, initfs, locales, syscalls
 from agentbox.isolation.cgroups import Limits, SandboxCgroup
 
 # Re-exported (``X as X``): what starts a command lives in enter_argv, light enough for
@@ -236,7 +236,9 @@ class SandboxHost:
         shm_bytes: int,
         init: Path,
         boot_id_fd: int,
+        locale_dir: Path | None = None,
     ) -> list[str]:
+        """``locale_dir``: bound at /usr/lib/locale over the host's (isolation.locales)."""
         namespaces = ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc"]
         namespaces += ["--unshare-uts", "--unshare-cgroup"]
         hardening = [
@@ -248,6 +250,8 @@ class SandboxHost:
         mounts: list[tuple[str, ...]] = [("--bind", str(self.root), "/")]
         if host_usr:
             mounts.append(("--ro-bind", "/usr", "/usr"))
+            if locale_dir is not None:
+                mounts.append(("--ro-bind", str(locale_dir), str(locales.HOST_LOCALES)))
         mounts += [
             ("--proc", "/proc"),
             # Each start is a boot: a boot id of its own (never the host's, which would
@@ -294,7 +298,9 @@ class SandboxHost:
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
         shm = max(memory_bytes // 2, 1 << 20)
-        argv = self.bwrap_argv(host_usr, seccomp_fd, info_w, shm, init, boot_id_fd)
+        # On the init tmpfs beside the init: the launcher's view shows it already.
+        locale_dir = locales.ensure(self.home, init.parent) if host_usr else None
+        argv = self.bwrap_argv(host_usr, seccomp_fd, info_w, shm, init, boot_id_fd, locale_dir)
         argv += ["--", INIT_PATH, "init", str(ready_w), str(int(lifetime_s))]
         launcher = [
             str(paths.nsexec),

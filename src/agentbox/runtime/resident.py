@@ -30,6 +30,7 @@ LEAF = "launcher"  # its cgroup leaf: not a command's ("c..." / "p...")
 _SUN_PATH_MAX = 107
 _MAX_ARG_STRLEN = 131072  # the kernel's MAX_ARG_STRLEN, with the NUL
 _KILLED = -9  # what the old launcher reported when its middle process was killed
+_arg_max: int | None = None  # sysconf(SC_ARG_MAX), read once
 
 
 def socket_path(sandbox_dir: str, nsexec: str) -> str:
@@ -160,10 +161,11 @@ def launch(
 def _check_exec_size(strings: list[bytes]) -> None:
     """Refuse what execve would (E2BIG), here, as the old path's exec of the launcher did:
     a string of 128 KiB or more, or argv and environment over ARG_MAX."""
+    global _arg_max
+    if _arg_max is None:  # a quarter of the stack limit: a prlimit64 per call otherwise
+        _arg_max = os.sysconf("SC_ARG_MAX")
     sizes = [len(s) + 1 for s in strings]  # with the NUL, as the kernel counts
-    if any(n > _MAX_ARG_STRLEN for n in sizes) or sum(sizes) + 8 * len(sizes) > os.sysconf(
-        "SC_ARG_MAX"
-    ):
+    if any(n > _MAX_ARG_STRLEN for n in sizes) or sum(sizes) + 8 * len(sizes) > _arg_max:
         raise OSError(errno.E2BIG, os.strerror(errno.E2BIG))
 
 
