@@ -23,7 +23,6 @@ from pathlib import Path
 from agentbox.config.host import agentbox_home
 
 SOURCE = "secrethits.c"
-_MAX_OUT = 4096  # hits returned per call; more: called again from the last one
 
 
 def _build(lib_dir: Path) -> Path | None:
@@ -41,7 +40,7 @@ def _build(lib_dir: Path) -> Path | None:
             src, out = Path(tmp) / SOURCE, Path(tmp) / "secrethits.so"
             src.write_bytes(source)
             built = subprocess.run(
-                [compiler, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(out), str(src)],
+                [compiler, "-O3", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(out), str(src)],
                 capture_output=True,
                 check=False,
             )
@@ -53,63 +52,148 @@ def _build(lib_dir: Path) -> Path | None:
     return library
 
 
+class _Library:
+    """The C pass's functions, bound once per process."""
+
+    def __init__(self, library: Path) -> None:
+        lib = ctypes.CDLL(str(library))  # a CDLL call releases the GIL while it runs
+        size = lib.secret_compiled_size
+        size.restype = ctypes.c_size_t
+        self.compiled_size = int(size())
+        self.compile = lib.secret_compile
+        self.compile.restype = ctypes.c_int
+        self.compile.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        self.hits = lib.secret_hits
+        self.hits.restype = ctypes.c_size_t
+        self.hits.argtypes = [
+            ctypes.c_char_p,  # buf
+            ctypes.c_size_t,  # len
+            ctypes.c_size_t,  # lo
+            ctypes.c_size_t,  # hi
+            ctypes.c_int,  # views
+            ctypes.c_size_t,  # from
+            ctypes.c_char_p,  # prog
+            ctypes.c_char_p,  # compiled
+            ctypes.POINTER(ctypes.c_uint64),
+            ctypes.POINTER(ctypes.c_uint32),
+            ctypes.POINTER(ctypes.c_uint8),
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_size_t),
+        ]
+        self.newlines = lib.secret_newlines
+        self.newlines.restype = ctypes.c_size_t
+        self.newlines.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t]
+
+
 @functools.cache
-def _function() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _library() -> _Library | None:
     library = _build(agentbox_home() / "lib")
-    if library is None:
-        return None
-    fn = ctypes.CDLL(str(library)).secret_hits
-    fn.restype = ctypes.c_size_t
-    fn.argtypes = [
-        ctypes.c_char_p,
-        ctypes.c_size_t,
-        ctypes.c_size_t,
-        ctypes.c_size_t,
-        ctypes.c_char_p,
-        ctypes.POINTER(ctypes.c_uint64),
-        ctypes.POINTER(ctypes.c_uint32),
-        ctypes.c_size_t,
-    ]
-    return fn
+    return None if library is None else _Library(library)
 
 
 def available() -> bool:
-    return _function() is not None
+    return _library() is not None
 
 
-def program(needles: list[list[tuple[frozenset[int], int]]]) -> bytes:
-    """Needles (each a list of (byte set, repeat count)) in the C pass's layout."""
+ELEMENT_TRAPS = {"s": 1, "k": 2, "i": 4}  # letters a fold trap can stand for (secrethits.c)
+
+
+def program(needles: list[tuple[bool, list[tuple[frozenset[int], int]]]]) -> bytes:
+    """Needles (each folded or not, and a list of (byte set, repeat count)) in the C
+    pass's layout, with the bitmap of the two bytes each can start with."""
     out = bytearray(len(needles).to_bytes(4, "little"))
-    for needle in needles:
-        out += len(needle).to_bytes(4, "little")
+    pairs = bytearray(8192)
+    for folded, needle in needles:
+        out += int(folded).to_bytes(4, "little") + len(needle).to_bytes(4, "little")
         for byte_set, count in needle:
             bits = bytearray(32)
             for b in byte_set:
                 bits[b >> 3] |= 1 << (b & 7)
-            out += bits + count.to_bytes(4, "little")
-    return bytes(out)
+            out += bits + count.to_bytes(4, "little") + _traps(byte_set).to_bytes(4, "little")
+        for first, second in _starts(folded, needle):
+            pair = first << 8 | second
+            pairs[pair >> 3] |= 1 << (pair & 7)
+    return bytes(out + pairs)
+
+
+_TRAPS = {1: (b"\xc5\xbf",), 2: (b"\xe2\x84\xaa",), 4: (b"\xc4\xb0", b"\xc4\xb1")}
+
+
+def _traps(byte_set: frozenset[int]) -> int:
+    return sum(bit for letter, bit in ELEMENT_TRAPS.items() if ord(letter) in byte_set)
+
+
+def _starts(folded: bool, needle: list[tuple[frozenset[int], int]]) -> set[tuple[int, int]]:
+    """The (first, second) bytes a match of the needle can start with."""
+    if sum(count for _, count in needle) < 2 or (
+        folded and any(b >= 0x80 for byte_set, _ in needle for b in byte_set)
+    ):
+        raise Unsupported  # no pair to filter on, or a fold trap would be ambiguous
+    first = needle[0][0]
+    second = first if needle[0][1] > 1 else needle[1][0]
+    seconds = set(second)
+    starts: set[tuple[int, int]] = set()
+    if folded:
+        for bit, traps in _TRAPS.items():
+            if _traps(second) & bit:
+                seconds |= {t[0] for t in traps}
+            if _traps(first) & bit:
+                starts |= {(t[0], t[1]) for t in traps}
+    starts |= {(a, b) for a in first for b in seconds}
+    return starts
 
 
 class Unsupported(Exception):
-    """The program has more needles than the C pass holds (256, 32 per first byte)."""
+    """A program the C pass cannot hold (over 256 needles, 32 per first byte, a needle of
+    one byte, a folded one with bytes past ASCII): the Python pass runs instead."""
 
 
-def hits(data: bytes, lo: int, hi: int, prog: bytes) -> list[tuple[int, int]]:
-    """(offset, needle index) of every match starting in [lo, hi), in order."""
-    fn = _function()
-    assert fn is not None
+_MAX_OUT = 4096  # hits returned per call; more: called again from where it stopped
+
+
+@functools.cache
+def _compiled(prog: bytes) -> ctypes.Array[ctypes.c_char]:
+    lib = _library()
+    assert lib is not None
+    compiled = ctypes.create_string_buffer(lib.compiled_size)
+    if lib.compile(prog, compiled) != 0:
+        raise Unsupported
+    return compiled
+
+
+def hits(
+    data: bytes, lo: int, hi: int, prog: bytes, views: bool = False
+) -> list[tuple[int, int, int]]:
+    """(offset, needle index, view) of every match starting in [lo, hi) of ``data`` (view
+    0) and, with ``views``, in [lo//2, hi//2) of its even bytes (view 1) and odd bytes
+    (view 2), offsets in the view; in the order of their bytes."""
+    lib = _library()
+    assert lib is not None
+    compiled = _compiled(prog)
     at = (ctypes.c_uint64 * _MAX_OUT)()
     which = (ctypes.c_uint32 * _MAX_OUT)()
-    found: list[tuple[int, int]] = []
-    while lo < hi:
-        n = fn(data, len(data), lo, hi, prog, at, which, _MAX_OUT)
-        if n == ctypes.c_size_t(-1).value:
-            raise Unsupported
-        found.extend(zip(at[:n], which[:n], strict=True))
-        if n < _MAX_OUT:
-            break
-        lo = at[n - 1]  # again from there: it may hold more hits than were returned
-    return found
+    view = (ctypes.c_uint8 * _MAX_OUT)()
+    resume = ctypes.c_size_t(0)
+    found: list[tuple[int, int, int]] = []
+    start = 0
+    while True:
+        n = lib.hits(
+            data, len(data), lo, hi, int(views), start, prog, compiled,
+            at, which, view, _MAX_OUT, ctypes.byref(resume),
+        )  # fmt: skip
+        if n:
+            found.extend(zip(at[:n], which[:n], view[:n], strict=True))
+        if resume.value >= len(data):
+            return found
+        start = resume.value
 
 
-__all__ = ["Unsupported", "available", "hits", "program"]
+def newlines(data: bytes, lo: int, hi: int) -> int:
+    """``data.count(b"\\n", lo, hi)``, in the C pass when there is one."""
+    lib = _library()
+    if lib is None:
+        return data.count(b"\n", lo, hi)
+    return int(lib.newlines(data, lo, max(lo, min(hi, len(data)))))
+
+
+__all__ = ["Unsupported", "available", "hits", "newlines", "program"]
