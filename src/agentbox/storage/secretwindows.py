@@ -21,7 +21,6 @@ their odd bytes (UTF-16 as plain text), each view read in place.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 from dataclasses import dataclass
