@@ -82,9 +82,12 @@ def archive(
     redact: bool = False,
     budget: int | None = None,
     hold: frozenset[str] = frozenset(),
+    hold_bytes: int = HOLD,
 ) -> Outcome:
-    """Write the tar of ``tree`` to ``sink`` while scanning it; see the module's doc."""
-    run = _Run(tree, sink, allow or AllowList(), redact, budget, hold)
+    """Write the tar of ``tree`` to ``sink`` while scanning it; see the module's doc.
+    ``hold``: files (shown paths) held whatever their size; ``hold_bytes``: the size up
+    to which every file is."""
+    run = _Run(tree, sink, allow or AllowList(), redact, budget, hold, hold_bytes)
     for part in tree.parts:
         run.part(part)
     run.finish()
@@ -100,6 +103,7 @@ class _Run:
         redact: bool,
         budget: int | None,
         hold: frozenset[str],
+        hold_bytes: int,
     ) -> None:
         self.tree = tree
         self.sink: Sink | None = sink  # None once the archive is given up: scan only
@@ -107,6 +111,7 @@ class _Run:
         self.redact = redact
         self.budget = secretscan.Budget(budget)
         self.hold = hold
+        self.hold_bytes = hold_bytes
         self.outcome = Outcome()
         self.offset = 0
         self.stored: dict[tuple[int, int], _Stored] = {}
@@ -205,7 +210,7 @@ class _Run:
             info = self._info(fst, arcname, tarfile.REGTYPE)
             info.size = fst.st_size
             scan = secretscan.FileScan(shown)
-            held = fst.st_size <= HOLD or shown in self.hold
+            held = fst.st_size <= self.hold_bytes or shown in self.hold
             streamed = self.sink is not None and not held
             if streamed:
                 self._add(info)

@@ -16,6 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+#endif
 
 #define ELEM 40 /* 32 bytes of byte set, uint32 repeat count, uint32 fold traps */
 #define MAX_NEEDLES 256
@@ -32,7 +36,23 @@ struct compiled {
     uint8_t first[256];                  /* needles that can start with each byte */
     uint8_t by_first[256][PER_FIRST];    /* which, in program order */
     uint8_t pairs[8192];                 /* bit (b0 << 8 | b1): some needle starts so */
+    /* A coarser filter of the same pairs for 32 bytes at a time (AVX2): the needles'
+     * starts in 8 buckets, each byte of a pair looked up by its low and its high nibble
+     * (t0: first bytes, t1: second bytes; a bit per bucket). */
+    uint8_t nibbles[4][16];
+    int avx2;
 };
+
+#ifdef HAVE_AVX2_PATH
+static int have_avx2(void) {
+    static int known = -1; /* a race here only computes the same answer twice */
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx2") != 0;
+    }
+    return known;
+}
+#endif
 
 size_t secret_compiled_size(void) { return sizeof(struct compiled); }
 
@@ -99,6 +119,10 @@ int secret_compile(const uint8_t *prog, struct compiled *out) {
         p += 8 + (size_t)out->sizes[k] * ELEM;
     }
     memcpy(out->pairs, p, sizeof out->pairs);
+    memcpy(out->nibbles, p + sizeof out->pairs, sizeof out->nibbles);
+#ifdef HAVE_AVX2_PATH
+    out->avx2 = have_avx2();
+#endif
     return 0;
 }
 
@@ -136,6 +160,66 @@ static size_t probe_both(const uint8_t *buf, size_t len, size_t i, int plain, in
     return n;
 }
 
+#ifdef HAVE_AVX2_PATH
+__attribute__((target("avx2"))) static inline __m256i bucket_bits(__m256i v, __m256i lo_tab,
+                                                                   __m256i hi_tab) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    __m256i lo = _mm256_shuffle_epi8(lo_tab, _mm256_and_si256(v, low));
+    __m256i hi = _mm256_shuffle_epi8(hi_tab, _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+    return _mm256_and_si256(lo, hi);
+}
+
+/* The hot loop 32 bytes at a time, from *at while 32 more fit before stop (which leaves
+ * two bytes after it in the buffer). Returns the hit count; *at is where it stopped, and
+ * *full is set when max_out ran short there. */
+__attribute__((target("avx2"))) static size_t hot_avx2(
+    const uint8_t *buf, size_t len, size_t *at, size_t stop, int views, const uint8_t *prog,
+    const struct compiled *c, uint64_t *out_at, uint32_t *out_needle, uint8_t *out_view,
+    size_t n, size_t max_out, int *full) {
+    const __m256i zero = _mm256_setzero_si256();
+    __m256i t[4];
+    for (int k = 0; k < 4; k++)
+        t[k] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)c->nibbles[k]));
+    size_t room = 2 * (size_t)c->needles, i = *at;
+    for (; i + 32 <= stop; i += 32) {
+        __m256i first = bucket_bits(_mm256_loadu_si256((const __m256i *)(buf + i)), t[0], t[1]);
+        __m256i next = bucket_bits(_mm256_loadu_si256((const __m256i *)(buf + i + 1)), t[2], t[3]);
+        if (views)
+            next = _mm256_or_si256(
+                next, bucket_bits(_mm256_loadu_si256((const __m256i *)(buf + i + 2)), t[2], t[3]));
+        __m256i both = _mm256_and_si256(first, next);
+        uint32_t bits = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(both, zero));
+        while (bits) {
+            size_t p = i + (size_t)__builtin_ctz(bits);
+            bits &= bits - 1;
+            int one = pair_at(c, buf[p], buf[p + 1]);
+            int two = views && pair_at(c, buf[p], buf[p + 2]);
+            if (!(one | two)) continue;
+            if (n + room > max_out) {
+                *at = p;
+                *full = 1;
+                return n;
+            }
+            n = probe_both(buf, len, p, one, two, prog, c, out_at, out_needle, out_view, n);
+        }
+    }
+    *at = i;
+    return n;
+}
+
+__attribute__((target("avx2"))) static size_t newlines_avx2(const uint8_t *buf, size_t *at,
+                                                             size_t hi) {
+    const __m256i nl = _mm256_set1_epi8('\n');
+    size_t n = 0, i = *at;
+    for (; i + 32 <= hi; i += 32) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(buf + i));
+        n += (size_t)__builtin_popcount((uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, nl)));
+    }
+    *at = i;
+    return n;
+}
+#endif
+
 /* Hits starting in [lo, hi) of the bytes (view 0, offset i) and, with views, at view
  * offsets j in [lo/2, hi/2) of the even bytes (view 1, byte 2j) and the odd bytes (view
  * 2, byte 2j+1). A needle may end past hi (up to len). Starts at byte `from` (0 the
@@ -160,6 +244,17 @@ size_t secret_hits(const uint8_t *buf, size_t len, size_t lo, size_t hi, int vie
     size_t n = 0;
     for (size_t i = start; i < end; i++) {
         if (i >= core_lo && i < core_hi) {
+#ifdef HAVE_AVX2_PATH
+            if (c->avx2) {
+                int full = 0;
+                n = hot_avx2(buf, len, &i, core_hi, views, prog, c, out_at, out_needle, out_view,
+                             n, max_out, &full);
+                if (full) {
+                    *next = i;
+                    return n;
+                }
+            }
+#endif
             /* The hot loop: one or two table loads a byte, a branch almost never taken. */
             size_t stop = core_hi;
             if (views) {
@@ -202,7 +297,10 @@ size_t secret_hits(const uint8_t *buf, size_t len, size_t lo, size_t hi, int vie
 
 /* Newline bytes in buf[lo, hi): a finding's line number is counted from them. */
 size_t secret_newlines(const uint8_t *buf, size_t lo, size_t hi) {
-    size_t n = 0;
-    for (size_t i = lo; i < hi; i++) n += buf[i] == '\n';
+    size_t n = 0, i = lo;
+#ifdef HAVE_AVX2_PATH
+    if (have_avx2()) n = newlines_avx2(buf, &i, hi);
+#endif
+    for (; i < hi; i++) n += buf[i] == '\n';
     return n;
 }

@@ -113,7 +113,52 @@ def program(needles: list[tuple[bool, list[tuple[frozenset[int], int]]]]) -> byt
         for first, second in _starts(folded, needle):
             pair = first << 8 | second
             pairs[pair >> 3] |= 1 << (pair & 7)
-    return bytes(out + pairs)
+    return bytes(out + pairs + _nibble_tables(pairs))
+
+
+def _nibble_tables(pairs: bytearray) -> bytes:
+    """The AVX2 loop's coarse filter of ``pairs``: first bytes in 8 buckets, chosen so few
+    other pairs pass (a bucket lets through every pair whose bytes' low and high nibbles
+    each occur among its own), as 4 tables of 16 bucket masks: first byte's low nibble,
+    its high nibble, second byte's low nibble, its high nibble."""
+    seconds: dict[int, set[int]] = {}
+    for pair in range(65536):
+        if pairs[pair >> 3] >> (pair & 7) & 1:
+            seconds.setdefault(pair >> 8, set()).add(pair & 0xFF)
+
+    def nibbles(values: set[int]) -> tuple[int, int]:
+        lo = hi = 0
+        for v in values:
+            lo, hi = lo | 1 << (v & 15), hi | 1 << (v >> 4)
+        return lo, hi
+
+    # (first lo, first hi, second lo, second hi) masks and the first bytes of each bucket
+    buckets = [(*nibbles({a}), *nibbles(b), [a]) for a, b in seconds.items()]
+
+    def cost(m: tuple[int, int, int, int, list[int]]) -> int:
+        return m[0].bit_count() * m[1].bit_count() * m[2].bit_count() * m[3].bit_count()
+
+    while len(buckets) > 8:  # merge the two that let the fewest new pairs through
+        best: tuple[int, int, int] | None = None
+        for i in range(len(buckets)):
+            for j in range(i + 1, len(buckets)):
+                x, y = buckets[i], buckets[j]
+                merged = (x[0] | y[0], x[1] | y[1], x[2] | y[2], x[3] | y[3], [])
+                extra = cost(merged) - cost(x) - cost(y)
+                if best is None or extra < best[0]:
+                    best = (extra, i, j)
+        assert best is not None
+        _, i, j = best
+        x, y = buckets[i], buckets[j]
+        buckets[i] = (x[0] | y[0], x[1] | y[1], x[2] | y[2], x[3] | y[3], x[4] + y[4])
+        del buckets[j]
+    tables = [bytearray(16) for _ in range(4)]
+    for k, (lo0, hi0, lo1, hi1, _) in enumerate(buckets):
+        for t, mask in enumerate((lo0, hi0, lo1, hi1)):
+            for nibble in range(16):
+                if mask >> nibble & 1:
+                    tables[t][nibble] |= 1 << k
+    return b"".join(bytes(t) for t in tables)
 
 
 _TRAPS = {1: (b"\xc5\xbf",), 2: (b"\xe2\x84\xaa",), 4: (b"\xc4\xb0", b"\xc4\xb1")}
