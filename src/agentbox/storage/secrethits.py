@@ -132,10 +132,12 @@ def _nibble_tables(pairs: bytearray) -> bytes:
             lo, hi = lo | 1 << (v & 15), hi | 1 << (v >> 4)
         return lo, hi
 
-    # (first lo, first hi, second lo, second hi) masks and the first bytes of each bucket
-    buckets = [(*nibbles({a}), *nibbles(b), [a]) for a, b in seconds.items()]
+    # (first lo, first hi, second lo, second hi) nibble masks of each bucket
+    buckets: list[tuple[int, int, int, int]] = [
+        (*nibbles({a}), *nibbles(b)) for a, b in seconds.items()
+    ]
 
-    def cost(m: tuple[int, int, int, int, list[int]]) -> int:
+    def cost(m: tuple[int, int, int, int]) -> int:
         return m[0].bit_count() * m[1].bit_count() * m[2].bit_count() * m[3].bit_count()
 
     while len(buckets) > 8:  # merge the two that let the fewest new pairs through
@@ -143,18 +145,18 @@ def _nibble_tables(pairs: bytearray) -> bytes:
         for i in range(len(buckets)):
             for j in range(i + 1, len(buckets)):
                 x, y = buckets[i], buckets[j]
-                merged = (x[0] | y[0], x[1] | y[1], x[2] | y[2], x[3] | y[3], [])
+                merged = (x[0] | y[0], x[1] | y[1], x[2] | y[2], x[3] | y[3])
                 extra = cost(merged) - cost(x) - cost(y)
                 if best is None or extra < best[0]:
                     best = (extra, i, j)
         assert best is not None
         _, i, j = best
         x, y = buckets[i], buckets[j]
-        buckets[i] = (x[0] | y[0], x[1] | y[1], x[2] | y[2], x[3] | y[3], x[4] + y[4])
+        buckets[i] = (x[0] | y[0], x[1] | y[1], x[2] | y[2], x[3] | y[3])
         del buckets[j]
     tables = [bytearray(16) for _ in range(4)]
-    for k, (lo0, hi0, lo1, hi1, _) in enumerate(buckets):
-        for t, mask in enumerate((lo0, hi0, lo1, hi1)):
+    for k, bucket in enumerate(buckets):
+        for t, mask in enumerate(bucket):
             for nibble in range(16):
                 if mask >> nibble & 1:
                     tables[t][nibble] |= 1 << k
