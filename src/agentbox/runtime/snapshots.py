@@ -10,10 +10,11 @@ scanned and archived from there while the sandbox carries on.
   ``workspace/``. Ownership is stored as the sandbox's own ids (1000 for the agent's
   files), so a restore maps it to the new sandbox's host ids. /tmp and processes are not
   kept.
-* **Secret scan** (detect-secrets, ``storage.secretscan``) before anything is stored: a
-  finding refuses the snapshot with a report of path, line and kind (never the value),
-  unless the caller redacts (each value replaced by ``[REDACTED:kind]`` in the stored
-  copy) or allow-lists it.
+* **Secret scan** (detect-secrets, ``storage.secretscan``) in the archive's own read of
+  each file (``storage.scanarchive``: the bytes stored are the bytes scanned), before
+  anything reaches the store: a finding refuses the snapshot with a report of path, line
+  and kind (never the value), unless the caller redacts (each value replaced by
+  ``[REDACTED:kind]`` in the stored copy) or allow-lists it.
 * **Addressing**: the id is ``snap-`` + the first 32 hex digits of the SHA-256 of the
   uncompressed tar, so the same content is stored once; restore checks the digest. Two
   objects per snapshot: ``snapshots/<id>.tar.zst`` and ``snapshots/<id>.json`` (metadata).

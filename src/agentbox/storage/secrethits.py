@@ -17,8 +17,10 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from agentbox.config.host import agentbox_home
 
@@ -208,6 +210,22 @@ def _compiled(prog: bytes) -> ctypes.Array[ctypes.c_char]:
     return compiled
 
 
+_local = threading.local()
+
+
+def _buffers() -> tuple[Any, Any, Any, ctypes.c_size_t]:
+    """This thread's output arrays of the C pass (allocated once: a call per small file)."""
+    buffers = getattr(_local, "buffers", None)
+    if buffers is None:
+        buffers = _local.buffers = (
+            (ctypes.c_uint64 * _MAX_OUT)(),
+            (ctypes.c_uint32 * _MAX_OUT)(),
+            (ctypes.c_uint8 * _MAX_OUT)(),
+            ctypes.c_size_t(0),
+        )
+    return buffers
+
+
 def hits(
     data: bytes, lo: int, hi: int, prog: bytes, views: bool = False
 ) -> list[tuple[int, int, int]]:
@@ -217,10 +235,7 @@ def hits(
     lib = _library()
     assert lib is not None
     compiled = _compiled(prog)
-    at = (ctypes.c_uint64 * _MAX_OUT)()
-    which = (ctypes.c_uint32 * _MAX_OUT)()
-    view = (ctypes.c_uint8 * _MAX_OUT)()
-    resume = ctypes.c_size_t(0)
+    at, which, view, resume = _buffers()
     found: list[tuple[int, int, int]] = []
     start = 0
     while True:
