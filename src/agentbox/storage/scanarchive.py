@@ -236,13 +236,13 @@ class _Run:
         elif streamed:
             self._pad(info.size)
         elif self.sink is not None:
-            data = b"".join(pieces)
             if refused:
-                data = secretscan.redact_file(data, refused)
-                info.size = len(data)
+                pieces = [secretscan.redact_file(b"".join(pieces), refused)]
+                info.size = len(pieces[0])
                 self.outcome.redacted.append(shown)
             self._add(info)
-            self._write(data)
+            for piece in pieces:
+                self._write(piece)
             self._pad(info.size)
         if st.st_nlink > 1 and inode not in self.stored and self.sink is not None:
             self.stored[inode] = _Stored(
