@@ -155,8 +155,8 @@ class PipeWriter(hashedzstd.SnapshotWriter):
             self._proc.stderr.close()
 
     def _abandon(self) -> None:
+        self._proc.kill()  # first: a write blocked on the pipe fails now
         self._worker.stop()
-        self._proc.kill()
         assert self._proc.stdin is not None
         with contextlib.suppress(BrokenPipeError):
             self._proc.stdin.close()
