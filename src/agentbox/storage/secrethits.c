@@ -36,10 +36,10 @@ struct compiled {
     uint8_t first[256];                  /* needles that can start with each byte */
     uint8_t by_first[256][PER_FIRST];    /* which, in program order */
     uint8_t pairs[8192];                 /* bit (b0 << 8 | b1): some needle starts so */
-    /* A coarser filter of the same pairs for 32 bytes at a time (AVX2): the needles'
-     * starts in 8 buckets, each byte of a pair looked up by its low and its high nibble
-     * (t0: first bytes, t1: second bytes; a bit per bucket). */
-    uint8_t nibbles[4][16];
+    /* A coarser filter for 32 bytes at a time (AVX2), of the needles' first three bytes:
+     * in 8 buckets, each byte looked up by its low and its high nibble (tables 0-1: the
+     * first byte, 2-3: the second, 4-5: the third; a bit per bucket). */
+    uint8_t nibbles[6][16];
     int avx2;
 };
 
@@ -170,23 +170,26 @@ __attribute__((target("avx2"))) static inline __m256i bucket_bits(__m256i v, __m
 }
 
 /* The hot loop 32 bytes at a time, from *at while 32 more fit before stop (which leaves
- * two bytes after it in the buffer). Returns the hit count; *at is where it stopped, and
+ * four bytes after it in the buffer). Returns the hit count; *at is where it stopped, and
  * *full is set when max_out ran short there. */
 __attribute__((target("avx2"))) static size_t hot_avx2(
     const uint8_t *buf, size_t len, size_t *at, size_t stop, int views, const uint8_t *prog,
     const struct compiled *c, uint64_t *out_at, uint32_t *out_needle, uint8_t *out_view,
     size_t n, size_t max_out, int *full) {
     const __m256i zero = _mm256_setzero_si256();
-    __m256i t[4];
-    for (int k = 0; k < 4; k++)
+    __m256i t[6];
+    for (int k = 0; k < 6; k++)
         t[k] = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)c->nibbles[k]));
     size_t room = 2 * (size_t)c->needles, i = *at;
     for (; i + 32 <= stop; i += 32) {
-        __m256i first = bucket_bits(_mm256_loadu_si256((const __m256i *)(buf + i)), t[0], t[1]);
-        __m256i next = bucket_bits(_mm256_loadu_si256((const __m256i *)(buf + i + 1)), t[2], t[3]);
+#define AT(k) _mm256_loadu_si256((const __m256i *)(buf + i + (k)))
+        __m256i first = bucket_bits(AT(0), t[0], t[1]);
+        __m256i next = _mm256_and_si256(bucket_bits(AT(1), t[2], t[3]),
+                                        bucket_bits(AT(2), t[4], t[5]));
         if (views)
-            next = _mm256_or_si256(
-                next, bucket_bits(_mm256_loadu_si256((const __m256i *)(buf + i + 2)), t[2], t[3]));
+            next = _mm256_or_si256(next, _mm256_and_si256(bucket_bits(AT(2), t[2], t[3]),
+                                                          bucket_bits(AT(4), t[4], t[5])));
+#undef AT
         __m256i both = _mm256_and_si256(first, next);
         uint32_t bits = ~(uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(both, zero));
         while (bits) {
@@ -247,7 +250,8 @@ size_t secret_hits(const uint8_t *buf, size_t len, size_t lo, size_t hi, int vie
 #ifdef HAVE_AVX2_PATH
             if (c->avx2) {
                 int full = 0;
-                n = hot_avx2(buf, len, &i, core_hi, views, prog, c, out_at, out_needle, out_view,
+                size_t stop = core_hi + 4 <= len ? core_hi : (len >= 4 ? len - 4 : 0);
+                n = hot_avx2(buf, len, &i, stop, views, prog, c, out_at, out_needle, out_view,
                              n, max_out, &full);
                 if (full) {
                     *next = i;

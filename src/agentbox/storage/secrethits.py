@@ -100,11 +100,14 @@ def available() -> bool:
 ELEMENT_TRAPS = {"s": 1, "k": 2, "i": 4}  # letters a fold trap can stand for (secrethits.c)
 
 
-def program(needles: list[tuple[bool, list[tuple[frozenset[int], int]]]]) -> bytes:
-    """Needles (each folded or not, and a list of (byte set, repeat count)) in the C
-    pass's layout, with the bitmap of the two bytes each can start with."""
+Needle = list[tuple[frozenset[int], int]]  # (byte set, repeat count) elements
+
+
+def program(needles: list[tuple[bool, Needle]]) -> bytes:
+    """Needles (each folded or not) in the C pass's layout, then the bitmap of the two
+    bytes each can start with, then the AVX2 loop's nibble tables."""
     out = bytearray(len(needles).to_bytes(4, "little"))
-    pairs = bytearray(8192)
+    starts: dict[int, tuple[set[int], set[int]]] = {}  # first byte: (seconds, thirds)
     for folded, needle in needles:
         out += int(folded).to_bytes(4, "little") + len(needle).to_bytes(4, "little")
         for byte_set, count in needle:
@@ -112,21 +115,23 @@ def program(needles: list[tuple[bool, list[tuple[frozenset[int], int]]]]) -> byt
             for b in byte_set:
                 bits[b >> 3] |= 1 << (b & 7)
             out += bits + count.to_bytes(4, "little") + _traps(byte_set).to_bytes(4, "little")
-        for first, second in _starts(folded, needle):
+        for first, second, third in _starts(folded, needle):
+            seconds, thirds = starts.setdefault(first, (set(), set()))
+            seconds.add(second)
+            thirds |= third
+    pairs = bytearray(8192)
+    for first, (seconds, _) in starts.items():
+        for second in seconds:
             pair = first << 8 | second
             pairs[pair >> 3] |= 1 << (pair & 7)
-    return bytes(out + pairs + _nibble_tables(pairs))
+    return bytes(out + pairs + _nibble_tables(starts))
 
 
-def _nibble_tables(pairs: bytearray) -> bytes:
-    """The AVX2 loop's coarse filter of ``pairs``: first bytes in 8 buckets, chosen so few
-    other pairs pass (a bucket lets through every pair whose bytes' low and high nibbles
-    each occur among its own), as 4 tables of 16 bucket masks: first byte's low nibble,
-    its high nibble, second byte's low nibble, its high nibble."""
-    seconds: dict[int, set[int]] = {}
-    for pair in range(65536):
-        if pairs[pair >> 3] >> (pair & 7) & 1:
-            seconds.setdefault(pair >> 8, set()).add(pair & 0xFF)
+def _nibble_tables(starts: dict[int, tuple[set[int], set[int]]]) -> bytes:
+    """The AVX2 loop's coarse filter of the needles' first three bytes: first bytes in 8
+    buckets, chosen so few other triples pass (a bucket lets through every triple whose
+    bytes' low and high nibbles each occur among its own), as 6 tables of 16 bucket
+    masks: the low then the high nibble of the first, second and third byte."""
 
     def nibbles(values: set[int]) -> tuple[int, int]:
         lo = hi = 0
@@ -134,29 +139,34 @@ def _nibble_tables(pairs: bytearray) -> bytes:
             lo, hi = lo | 1 << (v & 15), hi | 1 << (v >> 4)
         return lo, hi
 
-    # (first lo, first hi, second lo, second hi) nibble masks of each bucket
-    buckets: list[tuple[int, int, int, int]] = [
-        (*nibbles({a}), *nibbles(b)) for a, b in seconds.items()
+    Bucket = tuple[int, int, int, int, int, int]
+    buckets: list[Bucket] = [
+        (*nibbles({a}), *nibbles(seconds), *nibbles(thirds))
+        for a, (seconds, thirds) in sorted(starts.items())
     ]
 
-    def cost(m: tuple[int, int, int, int]) -> int:
-        return m[0].bit_count() * m[1].bit_count() * m[2].bit_count() * m[3].bit_count()
+    def cost(m: Bucket) -> int:
+        out = 1
+        for mask in m:
+            out *= mask.bit_count()
+        return out
 
-    while len(buckets) > 8:  # merge the two that let the fewest new pairs through
+    def merge(x: Bucket, y: Bucket) -> Bucket:
+        return (x[0] | y[0], x[1] | y[1], x[2] | y[2], x[3] | y[3], x[4] | y[4], x[5] | y[5])
+
+    while len(buckets) > 8:  # merge the two that let the fewest new triples through
         best: tuple[int, int, int] | None = None
         for i in range(len(buckets)):
             for j in range(i + 1, len(buckets)):
                 x, y = buckets[i], buckets[j]
-                merged = (x[0] | y[0], x[1] | y[1], x[2] | y[2], x[3] | y[3])
-                extra = cost(merged) - cost(x) - cost(y)
+                extra = cost(merge(x, y)) - cost(x) - cost(y)
                 if best is None or extra < best[0]:
                     best = (extra, i, j)
         assert best is not None
         _, i, j = best
-        x, y = buckets[i], buckets[j]
-        buckets[i] = (x[0] | y[0], x[1] | y[1], x[2] | y[2], x[3] | y[3])
+        buckets[i] = merge(buckets[i], buckets[j])
         del buckets[j]
-    tables = [bytearray(16) for _ in range(4)]
+    tables = [bytearray(16) for _ in range(6)]
     for k, bucket in enumerate(buckets):
         for t, mask in enumerate(bucket):
             for nibble in range(16):
@@ -166,29 +176,44 @@ def _nibble_tables(pairs: bytearray) -> bytes:
 
 
 _TRAPS = {1: (b"\xc5\xbf",), 2: (b"\xe2\x84\xaa",), 4: (b"\xc4\xb0", b"\xc4\xb1")}
+_ANY = frozenset(range(256))
 
 
 def _traps(byte_set: frozenset[int]) -> int:
     return sum(bit for letter, bit in ELEMENT_TRAPS.items() if ord(letter) in byte_set)
 
 
-def _starts(folded: bool, needle: list[tuple[frozenset[int], int]]) -> set[tuple[int, int]]:
-    """The (first, second) bytes a match of the needle can start with."""
+def _starts(folded: bool, needle: Needle) -> list[tuple[int, int, frozenset[int]]]:
+    """(first byte, second byte, the bytes that can follow those two) of every way a
+    match of the needle can start."""
     if sum(count for _, count in needle) < 2 or (
         folded and any(b >= 0x80 for byte_set, _ in needle for b in byte_set)
     ):
         raise Unsupported  # no pair to filter on, or a fold trap would be ambiguous
-    first = needle[0][0]
-    second = first if needle[0][1] > 1 else needle[1][0]
-    seconds = set(second)
-    starts: set[tuple[int, int]] = set()
-    if folded:
-        for bit, traps in _TRAPS.items():
-            if _traps(second) & bit:
-                seconds |= {t[0] for t in traps}
-            if _traps(first) & bit:
-                starts |= {(t[0], t[1]) for t in traps}
-    starts |= {(a, b) for a in first for b in seconds}
+    chars = [byte_set for byte_set, count in needle for _ in range(min(count, 3))][:3]
+
+    def options(i: int) -> list[bytes]:
+        """What the i-th character can be: one of its bytes, or a fold trap."""
+        if i >= len(chars):
+            return []
+        out = [bytes([b]) for b in sorted(chars[i])]
+        if folded:
+            out += [t for bit, traps in _TRAPS.items() if _traps(chars[i]) & bit for t in traps]
+        return out
+
+    def firsts(i: int) -> frozenset[int]:
+        return frozenset(o[0] for o in options(i)) if i < len(chars) else _ANY
+
+    starts = []
+    for one in options(0):
+        if len(one) >= 3:
+            starts.append((one[0], one[1], frozenset({one[2]})))
+        elif len(one) == 2:
+            starts.append((one[0], one[1], firsts(1)))
+        else:
+            for two in options(1):
+                third = frozenset({two[1]}) if len(two) > 1 else firsts(2)
+                starts.append((one[0], two[0], third))
     return starts
 
 
