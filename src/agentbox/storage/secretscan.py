@@ -383,10 +383,7 @@ def read_file(
                 want = min(want, budget.left)
             data = os.pread(fd, want, pos)
             if len(data) < want and archive:
-                raise InvalidRequest(
-                    "a file changed while the snapshot read it (its frozen copy cannot "
-                    "change: the host's disk is failing?); take the snapshot again"
-                )
+                raise _changed()
             granted = budget.take(len(data))
             yield data  # first: the archive's writer works on it while it is scanned
             pos += len(data)
@@ -399,6 +396,15 @@ def read_file(
         done = end
     if archive:
         yield from _zeros(size - done)
+        if os.fstat(fd).st_size != size:  # cut short: its end was taken for a hole
+            raise _changed()
+
+
+def _changed() -> InvalidRequest:
+    return InvalidRequest(
+        "a file changed while the snapshot read it (its frozen copy cannot change: the "
+        "host's disk is failing?); take the snapshot again"
+    )
 
 
 def _zeros(count: int) -> Iterator[bytes]:
