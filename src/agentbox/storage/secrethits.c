@@ -210,13 +210,15 @@ __attribute__((target("avx2"))) static size_t hot_avx2(
     return n;
 }
 
+/* mask: which of each 32 bytes count (every one, or every other from the first). */
 __attribute__((target("avx2"))) static size_t newlines_avx2(const uint8_t *buf, size_t *at,
-                                                             size_t hi) {
+                                                             size_t hi, uint32_t mask) {
     const __m256i nl = _mm256_set1_epi8('\n');
     size_t n = 0, i = *at;
     for (; i + 32 <= hi; i += 32) {
         __m256i v = _mm256_loadu_si256((const __m256i *)(buf + i));
-        n += (size_t)__builtin_popcount((uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, nl)));
+        uint32_t bits = (uint32_t)_mm256_movemask_epi8(_mm256_cmpeq_epi8(v, nl)) & mask;
+        n += (size_t)__builtin_popcount(bits);
     }
     *at = i;
     return n;
@@ -299,12 +301,14 @@ size_t secret_hits(const uint8_t *buf, size_t len, size_t lo, size_t hi, int vie
     return n;
 }
 
-/* Newline bytes in buf[lo, hi): a finding's line number is counted from them. */
-size_t secret_newlines(const uint8_t *buf, size_t lo, size_t hi) {
+/* Newline bytes at buf[lo], buf[lo + stride], ... before hi (stride 1 or 2): a
+ * finding's line number is counted from them, in the bytes or in a view. */
+size_t secret_newlines(const uint8_t *buf, size_t lo, size_t hi, size_t stride) {
     size_t n = 0, i = lo;
 #ifdef HAVE_AVX2_PATH
-    if (have_avx2()) n = newlines_avx2(buf, &i, hi);
+    if (have_avx2() && (stride == 1 || stride == 2))
+        n = newlines_avx2(buf, &i, hi, stride == 2 ? 0x55555555u : 0xffffffffu);
 #endif
-    for (; i < hi; i++) n += buf[i] == '\n';
+    for (; i < hi; i += stride) n += buf[i] == '\n';
     return n;
 }

@@ -84,7 +84,12 @@ class _Library:
         ]
         self.newlines = lib.secret_newlines
         self.newlines.restype = ctypes.c_size_t
-        self.newlines.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t]
+        self.newlines.argtypes = [
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.c_size_t,
+            ctypes.c_size_t,
+        ]
 
 
 @functools.cache
@@ -275,12 +280,14 @@ def hits(
         start = resume.value
 
 
-def newlines(data: bytes, lo: int, hi: int) -> int:
-    """``data.count(b"\\n", lo, hi)``, in the C pass when there is one."""
+def newlines(data: bytes, lo: int, hi: int, stride: int = 1) -> int:
+    """Newline bytes among ``data[lo:hi:stride]`` (stride 1 or 2), in the C pass when
+    there is one."""
+    hi = max(lo, min(hi, len(data)))
     lib = _library()
     if lib is None:
-        return data.count(b"\n", lo, hi)
-    return int(lib.newlines(data, lo, max(lo, min(hi, len(data)))))
+        return data.count(b"\n", lo, hi) if stride == 1 else data[lo:hi:stride].count(b"\n")
+    return int(lib.newlines(data, lo, hi, stride))
 
 
 __all__ = ["Unsupported", "available", "hits", "newlines", "program"]

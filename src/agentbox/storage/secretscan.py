@@ -139,7 +139,36 @@ def _lowered(text: str) -> str | None:
 
 @functools.cache
 def _gates() -> dict[str, re.Pattern[str]]:
-    return {k: re.compile(v) for k, v in secretwindows.GATES.items()}
+    gates = {k: re.compile(v) for k, v in secretwindows.GATES.items()}
+    for detector in _engine()[0].detectors:
+        if detector.words and detector.pattern.pattern not in gates:
+            gate = _value_gate(detector.pattern)
+            if gate is not None:
+                gates[detector.pattern.pattern] = gate
+    return gates
+
+
+_VALUE = re.compile(r"\((\[[^\]]*\]\{\d+\})")
+
+
+def _value_gate(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
+    """A keyword detector's value as a gate: its first group, a run of one class (40
+    token characters, 64 hex digits) that every match holds, and that the lines around
+    a keyword in random bytes almost never do; its lookbehinds and alternations are then
+    run on a few windows, not on every one. None unless that group is plainly there,
+    not optional (at the top of the pattern)."""
+    from re import _parser  # type: ignore[attr-defined]  # as policy.redaction does
+
+    m = _VALUE.search(pattern.pattern)
+    if m is None or "(" in pattern.pattern[: m.start()].replace("(?", ""):
+        return None  # not the first group
+    try:
+        tree = _parser.parse(pattern.pattern, pattern.flags)
+    except Exception:  # a private module: if it changes, there is simply no gate
+        return None
+    if not any(op is _parser.SUBPATTERN and arg[0] == 1 for op, arg in tree):
+        return None  # group 1 inside an alternation or a repeat: it may not be there
+    return re.compile(m.group(1), pattern.flags)
 
 
 def _matches(text: str) -> list[_Match]:
@@ -300,27 +329,54 @@ def _scan_views(path: str, buf: bytes, lo: int, hi: int, line0: int) -> set[Find
     # UTF-16 (and NUL-interleaved text in binaries): ASCII characters sit at even
     # offsets (little endian) or odd ones (big endian); each view is then plain text.
     # buf starts at an even file offset, so the views are the same in every chunk. The
-    # C pass looks at all three in one loop; a view is copied out only where it hit.
+    # C pass looks at all three in one loop; of a view, only the bytes around its hits
+    # are ever copied out.
     plain, even, odd = secretwindows.view_hits(buf, lo, hi, b"\0" in buf)
-    found = _scan_view(path, buf, plain, line0) if plain else set()
-    for parity, hits in enumerate((even, odd)):
-        if hits:
-            found |= _scan_view(path, buf[parity::2], hits, line0)
-    return found
-
-
-def _scan_view(path: str, data: bytes, hits: list[int], line0: int) -> set[Finding]:
     found: set[Finding] = set()
-    line, counted = line0, 0
-    for start, end in secretwindows.windows(data, hits):
-        line += data.count(b"\n", counted, start)
-        counted = start
-        text = data[start:end].decode("utf-8", "surrogateescape")
-        starts = _line_starts(text)
-        found.update(
-            Finding(path, line + _line_of(starts, m.start), m.kind) for m in _matches(text)
-        )
+    for parity, hits in ((-1, plain), (0, even), (1, odd)):
+        if hits:
+            found |= _scan_view(path, buf, parity, hits, line0)
     return found
+
+
+def _scan_view(path: str, buf: bytes, parity: int, hits: list[int], line0: int) -> set[Finding]:
+    """Findings around ``hits`` of buf (``parity`` -1) or of its even (0) or odd (1)
+    bytes, read in pieces around the hits: a piece reaches as far as a window can."""
+    found: set[Finding] = set()
+    stride, first = (1, 0) if parity < 0 else (2, parity)
+    size = len(buf) if parity < 0 else (len(buf) - parity + 1) // 2
+    line, counted = line0, 0  # newlines in the view before ``counted``
+    for start, end, group in _pieces(hits, size):
+        piece = buf[first + stride * start : first + stride * end : stride]
+        for w_start, w_end in secretwindows.windows(piece, [h - start for h in group]):
+            at = start + w_start
+            line += secrethits.newlines(buf, first + stride * counted, first + stride * at, stride)
+            counted = at
+            text = piece[w_start:w_end].decode("utf-8", "surrogateescape")
+            starts = _line_starts(text)
+            found.update(
+                Finding(path, line + _line_of(starts, m.start), m.kind) for m in _matches(text)
+            )
+    return found
+
+
+def _pieces(hits: list[int], size: int) -> Iterator[tuple[int, int, list[int]]]:
+    """[start, end) spans of a view of ``size`` bytes holding every window of the hits
+    (sorted) in them, hits whose windows could touch in the same span."""
+    reach = 2 * secretwindows.WINDOW + 2  # a window's end: its line's and the next one's
+    group: list[int] = []
+    start = end = 0
+    for h in hits:
+        lo, hi = max(0, h - secretwindows.WINDOW), min(size, h + reach)
+        if group and lo <= end:
+            group.append(h)
+            end = hi
+            continue
+        if group:
+            yield start, end, group
+        group, start, end = [h], lo, hi
+    if group:
+        yield start, end, group
 
 
 class FileScan:
