@@ -23,6 +23,9 @@ subdirectories), so the same tree gives the same tar.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
 import os
 import stat
 import tarfile
@@ -38,6 +41,20 @@ from agentbox.storage.secretscan import AllowList, Finding
 HOLD = 16 * 1024**2  # a file this small waits in memory for its scan before it is stored
 _BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt(3) parameters (glibc)
+
+
+@functools.cache
+def _reuse_freed_chunks() -> None:
+    """Have glibc keep the 1 MiB chunks a snapshot frees for reuse. They are allocated
+    here and freed on the hashing thread; with glibc's defaults their pages went back to
+    the kernel and were faulted in (and zeroed) again: a page fault per 4 KiB of every
+    snapshot, a third of the reading thread's time. The values are the ones glibc's own
+    dynamic thresholds reach after freeing one 32 MiB chunk."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 * 1024**2)
+        libc.mallopt(_M_TRIM_THRESHOLD, 64 * 1024**2)
 
 
 class Sink(Protocol):
@@ -87,6 +104,7 @@ def archive(
     """Write the tar of ``tree`` to ``sink`` while scanning it; see the module's doc.
     ``hold``: files (shown paths) held whatever their size; ``hold_bytes``: the size up
     to which every file is."""
+    _reuse_freed_chunks()
     run = _Run(tree, sink, allow or AllowList(), redact, budget, hold, hold_bytes)
     for part in tree.parts:
         run.part(part)
