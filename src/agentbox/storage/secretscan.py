@@ -138,17 +138,32 @@ def _lowered(text: str) -> str | None:
 
 
 @functools.cache
-def _gates() -> dict[str, re.Pattern[str]]:
+def _gates() -> tuple[dict[str, re.Pattern[str]], dict[str, re.Pattern[str]], re.Pattern[str]]:
+    """Gates by detector pattern: secretwindows' shapes; the keyword detectors' values;
+    and one class holding every value's characters, as long as the shortest value, which
+    a window must hold before any value gate is looked for (one search, not four)."""
     gates = {k: re.compile(v) for k, v in secretwindows.GATES.items()}
+    values: dict[str, re.Pattern[str]] = {}
     for detector in _engine()[0].detectors:
         if detector.words and detector.pattern.pattern not in gates:
             gate = _value_gate(detector.pattern)
-            if gate is not None:
-                gates[detector.pattern.pattern] = gate
-    return gates
+            if gate is not None and gate.flags == re.IGNORECASE | re.UNICODE:
+                values[detector.pattern.pattern] = gate
+    runs = [_VALUE_RUN.fullmatch(g.pattern) for g in values.values()]
+    insides = [m.group(1) for m in runs if m is not None]
+    # Classes joined into one: only those that cannot run into their neighbour (an
+    # unescaped "-" at either end, a leading "^"), else no joint gate (it passes all).
+    plain = len(insides) == len(runs) and all(
+        i and i[0] not in "-^" and (not i.endswith("-") or i.endswith("\\-")) for i in insides
+    )
+    shortest = min((int(m.group(2)) for m in runs if m is not None), default=0)
+    joint = f"[{''.join(insides)}]{{{shortest}}}" if plain and insides else ""
+    any_value = re.compile(joint, re.IGNORECASE)
+    return gates, values, any_value
 
 
 _VALUE = re.compile(r"\((\[[^\]]*\]\{\d+\})")
+_VALUE_RUN = re.compile(r"\[([^\]]*)\]\{(\d+)\}")  # a class's inside, its count
 
 
 def _value_gate(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
@@ -173,9 +188,10 @@ def _value_gate(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
 
 def _matches(text: str) -> list[_Match]:
     redactor, names = _engine()
-    gates = _gates()
+    gates, values, any_value = _gates()
     lowered = _lowered(text)
     found: list[_Match] = []
+    has_value: bool | None = None  # any keyword detector's value in text: asked once
     for detector in redactor.detectors:
         if len(text) < detector.min_length:
             break  # sorted by min_length: no later detector can match either
@@ -183,7 +199,12 @@ def _matches(text: str) -> list[_Match]:
         # holds), so that most detectors cost one substring search.
         if not detector.may_match(text, lowered):
             continue
-        gate = gates.get(detector.pattern.pattern)
+        gate = gates.get(detector.pattern.pattern) or values.get(detector.pattern.pattern)
+        if gate is not None and detector.pattern.pattern in values:
+            if has_value is None:
+                has_value = any_value.search(text) is not None
+            if not has_value:
+                continue
         if gate is not None and not gate.search(text):
             continue
         kind = names.get(detector.kind, detector.kind)
