@@ -31,6 +31,7 @@ bytes before the finding, plus one.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import fnmatch
 import functools
@@ -435,6 +436,7 @@ class FileScan:
 
 
 _ZEROS = bytes(_CHUNK)
+_AHEAD = 8 * _CHUNK  # how far ahead of the chunk being read the kernel is asked to read
 
 
 def read_file(
@@ -451,8 +453,10 @@ def read_file(
             yield from _zeros(start - done)
         scan.extent(start)
         pos = start
+        _read_ahead(fd, start, min(end, start + _AHEAD))
         while pos < end:
             want = min(_CHUNK, end - pos)
+            _read_ahead(fd, pos + _AHEAD, min(end, pos + _AHEAD + want))
             if not archive and budget.left is not None:
                 if budget.left == 0:  # the rest is not read at all
                     scan.left_out += end - pos + sum(e - s for s, e in extents[index + 1 :])
@@ -475,6 +479,15 @@ def read_file(
         yield from _zeros(size - done)
         if os.fstat(fd).st_size != size:  # cut short: its end was taken for a hole
             raise _changed()
+
+
+def _read_ahead(fd: int, start: int, end: int) -> None:
+    """Have the kernel read [start, end) now, while earlier chunks are scanned: a
+    snapshot reads a fresh clone of the disk (nothing cached), whose device reads ahead
+    only 128 KiB, so each 1 MiB read used to wait for the disk."""
+    if end > start:
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
 
 
 def _changed() -> InvalidRequest:
