@@ -68,6 +68,62 @@ def test_the_c_pass_finds_every_place_the_python_pass_does() -> None:
     assert len(secretwindows.hits(tricky, 0, len(tricky))) >= 2  # the folded letters
 
 
+def _planted(seed: int) -> bytes:
+    """Noise with needles, fold traps and UTF-16 text sown through it."""
+    rng = random.Random(seed)
+    seeds = [AWS_ID.encode(), GITHUB.encode(), b"token = ", b"\xc5\xbfecret", b"to\xe2\x84\xaaen:",
+             b"\xc4\xb1", "pass: x".encode("utf-16-le"), "Key=y".encode("utf-16-be"), b"\n"]  # fmt: skip
+    out = bytearray()
+    while len(out) < 200_000:
+        out += rng.randbytes(rng.randrange(0, 300)) + rng.choice(seeds)
+    return bytes(out)
+
+
+def test_the_c_pass_and_the_python_pass_agree_on_the_bytes_and_both_views() -> None:
+    # The C pass reads the even and odd bytes in place (a 32-byte loop, then a checked
+    # one at the edges); the Python pass copies the views out. Any [lo, hi) agrees.
+    pf = secretwindows.default()
+    rng = random.Random(7)
+    for seed in range(3):
+        data = _planted(seed)
+        for lo, hi in [(0, len(data)), *((rng.randrange(0, 999), rng.randrange(1000, len(data)))
+                                         for _ in range(4))]:  # fmt: skip
+            plain, even, odd = secretwindows.view_hits(data, lo, hi, True)
+            assert plain == secretwindows._python_hits(data, lo, hi, pf)
+            assert even == secretwindows._python_hits(data[0::2], lo // 2, hi // 2, pf)
+            assert odd == secretwindows._python_hits(data[1::2], lo // 2, hi // 2, pf)
+            assert plain == secretwindows.view_hits(data, lo, hi, False)[0]
+
+
+def test_more_candidates_than_one_call_returns_are_all_found() -> None:
+    data = b"AKIA" * 5000 + "xAKIA".encode("utf-16-le") * 3000
+    plain, even, odd = secretwindows.view_hits(data, 0, len(data), True)
+    assert len(plain) == 5000 and plain[-1] == 4 * 4999
+    assert len(even) + len(odd) >= 3000
+
+
+def test_fold_traps_count_where_they_spell_a_needle_only() -> None:
+    # IGNORECASE takes the long s for an s (and the Kelvin sign for a k): "\u017fecret"
+    # is a candidate; the same two bytes in binary noise are not (they used to be, with
+    # a letter beside them: a window of Python regexes per trap, the bulk of the cost).
+    assert secretwindows.hits("a \u017fecret".encode(), 0, 10) == [2]
+    assert secretwindows.hits("to\u212aen = 1".encode(), 0, 10) == [0]
+    assert secretwindows.hits(b"ab\xc5\xbfcd\xe2\x84\xaaey\xc4\xb1x", 0, 14) == []
+
+
+def test_a_keyword_spelled_with_a_fold_trap_is_still_found(tmp_path: Path) -> None:
+    secret = "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYzQ9kPm2LsT"
+    (tmp_path / "creds").write_text(f"x\naws_\u017fecret_access_key = {secret}\n")
+    assert list(only(tmp_path, "creds")) == [Finding("creds", 2, AWS)]
+
+
+def test_random_data_gives_the_detectors_almost_nothing_to_run_on() -> None:
+    # What keeps the scan of binaries near the speed of reading them: on noise the C
+    # pass hands Python a handful of places per MiB, not one per fold trap.
+    noise = random.Random(21).randbytes(1 << 20)
+    assert sum(map(len, secretwindows.view_hits(noise, 0, len(noise), True))) < 40
+
+
 def test_a_secret_at_the_end_of_a_20_mib_log(tmp_path: Path) -> None:
     line = b"2026-12-02 INFO request served in 3 ms\n"
     (tmp_path / "app.log").write_bytes(

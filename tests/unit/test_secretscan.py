@@ -275,3 +275,22 @@ def test_unquoted_and_env_style_aws_secrets_are_found(tmp_path: Path, line: str)
     assert list(result) == [Finding(".env", 2, "AWS Access Key")]
     redacted = redact_file((root / ".env").read_bytes(), result).decode()
     assert AWS_SECRET not in redacted and "[REDACTED:AWS Access Key]" in redacted
+
+
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        ("cloudant_password = 'abcdefghijklmnopqrstuvwx'", "Cloudant Credentials"),
+        ("ibm_cloud_iam_key: " + "aB3_-" * 8 + "zZ9q", "IBM Cloud IAM Key"),
+        ("softlayer_api_key = " + "a1b2c3d4" * 8, "SoftLayer Credentials"),
+        ("ibm_cos_hmac_secret_access_key = " + "0fa9" * 12, "IBM COS HMAC Credentials"),
+        ("aws pass = '" + "Ab1/+" * 8 + "'", "AWS Access Key"),
+    ],
+)
+def test_keyword_detectors_still_find_their_values_through_the_value_gate(
+    tmp_path: Path, line: str, kind: str
+) -> None:
+    # A keyword detector's lookbehinds run only on windows that hold a run of its value
+    # (storage.secretscan._value_gate); the gate must never stand in a real match's way.
+    root = plant(tmp_path / "root", {"conf": f"# settings\n{line}\n"})
+    assert Finding("conf", 2, kind) in scan_tree(root)

@@ -10,10 +10,11 @@ scanned and archived from there while the sandbox carries on.
   ``workspace/``. Ownership is stored as the sandbox's own ids (1000 for the agent's
   files), so a restore maps it to the new sandbox's host ids. /tmp and processes are not
   kept.
-* **Secret scan** (detect-secrets, ``storage.secretscan``) before anything is stored: a
-  finding refuses the snapshot with a report of path, line and kind (never the value),
-  unless the caller redacts (each value replaced by ``[REDACTED:kind]`` in the stored
-  copy) or allow-lists it.
+* **Secret scan** (detect-secrets, ``storage.secretscan``) in the archive's own read of
+  each file (``storage.scanarchive``: the bytes stored are the bytes scanned), before
+  anything reaches the store: a finding refuses the snapshot with a report of path, line
+  and kind (never the value), unless the caller redacts (each value replaced by
+  ``[REDACTED:kind]`` in the stored copy) or allow-lists it.
 * **Addressing**: the id is ``snap-`` + the first 32 hex digits of the SHA-256 of the
   uncompressed tar, so the same content is stored once; restore checks the digest. Two
   objects per snapshot: ``snapshots/<id>.tar.zst`` and ``snapshots/<id>.json`` (metadata).
@@ -50,7 +51,7 @@ from agentbox.runtime import archive as tar_entries
 from agentbox.runtime.host import SandboxHost
 from agentbox.runtime.spec_input import spec_from
 from agentbox.runtime.store import SandboxRecord
-from agentbox.storage import hashedzstd, secretscan, zstdpipe
+from agentbox.storage import hashedzstd, scanarchive, secretscan, zstdpipe
 from agentbox.storage.forwardread import ForwardReader
 from agentbox.storage.objectstore import ObjectStore
 
@@ -186,7 +187,6 @@ class Snapshots:
         source = SandboxHost(self.runtime.home, sandbox_id, record.slot)
         self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
         with self._frozen_view(source) as view:
-            findings, unscanned = self._scan(view, allowlist)
             if memory_image is not None:  # a secret in memory cannot be redacted out
                 image_findings = self._scan_image(memory_image, allowlist)
                 if image_findings:
@@ -199,15 +199,20 @@ class Snapshots:
                             {"path": f.path, "line": f.line, "kind": f.kind} for f in image_findings
                         ],
                     )
-            if findings and not redact:
-                raise SecretsFound(
-                    f"snapshot of {sandbox_id} refused: the secret scan found "
-                    f"{len(findings)} secret(s).\n{secretscan.format_report(findings)}",
-                    findings=[{"path": f.path, "line": f.line, "kind": f.kind} for f in findings],
-                )
             staging = self.scratch / f"snap-{secrets.token_hex(8)}.tar.zst"
             try:
-                digest, raw_size, files = self._archive(view, source, findings, staging)
+                outcome, digest, raw_size = self._archive(
+                    view, source, staging, redact=redact, allowlist=allowlist
+                )
+                findings = outcome.findings
+                if findings and not redact:
+                    raise SecretsFound(
+                        f"snapshot of {sandbox_id} refused: the secret scan found "
+                        f"{len(findings)} secret(s).\n{secretscan.format_report(findings)}",
+                        findings=[
+                            {"path": f.path, "line": f.line, "kind": f.kind} for f in findings
+                        ],
+                    )
                 memory = None
                 snapshot_digest = digest
                 if memory_image is not None:
@@ -229,11 +234,11 @@ class Snapshots:
                     created_at=time.time(),
                     size=staging.stat().st_size,
                     raw_size=raw_size,
-                    files=files,
+                    files=outcome.entries,
                     sha256=digest,
                     redacted=sorted({f.path for f in findings}),
                     memory=memory,
-                    unscanned=unscanned,
+                    unscanned=outcome.unscanned,
                 )
                 if not self.store.exists(data_key(info.id)):  # same content: stored once
                     self.store.put_file(data_key(info.id), staging, move=True)
@@ -276,94 +281,41 @@ class Snapshots:
                 findings.append(finding)
         return sorted(findings)
 
-    def _scan(
-        self, view: Path, allowlist: secretscan.AllowList | None
-    ) -> tuple[list[secretscan.Finding], list[dict[str, str]]]:
-        """The findings not allowed, and what the scan could not wholly read (by path)."""
-        findings: list[secretscan.Finding] = []
-        unscanned: list[dict[str, str]] = []
-        budget = self.scan_budget
-        for part in KEPT:
-            result = secretscan.scan_tree(view / part, max_scan_bytes=budget)
-            if budget is not None:
-                budget = max(0, budget - result.scanned_bytes)
-            for f in result:
-                finding = secretscan.Finding(sandbox_path(part, f.path), f.line, f.kind)
-                if allowlist is None or not allowlist.allows(finding):
-                    findings.append(finding)
-            for u in result.unscanned():
-                unscanned.append({**u, "path": sandbox_path(part, u["path"])})
-        return sorted(findings), unscanned
-
     def _archive(
         self,
         view: Path,
         source: SandboxHost,
-        findings: list[secretscan.Finding],
         target: Path,
-    ) -> tuple[str, int, int]:
-        """Write the tar.zst of ``view``'s kept parts; return (sha256 of the tar, its size,
-        entries)."""
-        by_path: dict[str, list[secretscan.Finding]] = {}
-        for f in findings:
-            by_path.setdefault(f.path, []).append(f)
-        with target.open("wb") as out:
-            with zstdpipe.writer(out, level=_ZSTD_LEVEL) as hashing:
-                # Headers are gathered into 1 MiB chunks for the codec; file data is read
-                # and passed on 1 MiB at a time (copybufsize). Mode "w", not the stream
-                # mode "w|": the same bytes, without the stream's 10 KB re-slicing (which
-                # copies a 1 MiB write a hundred times); it only asks the writer's tell().
-                buffered = io.BufferedWriter(hashing, hashedzstd.CHUNK)
-                with tarfile.open(fileobj=buffered, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                    tar.copybufsize = hashedzstd.CHUNK  # type: ignore[attr-defined]  # CPython has it
-                    files = 0
-                    for part in KEPT:
-                        files += self._add_tree(tar, view, part, source, by_path)
-                buffered.flush()
-            return hashing.sha256.hexdigest(), hashing.size, files
+        *,
+        redact: bool,
+        allowlist: secretscan.AllowList | None,
+    ) -> tuple[scanarchive.Outcome, str, int]:
+        """Scan ``view``'s kept parts and write their tar.zst to ``target`` in one read of
+        each file (``storage.scanarchive``); return the outcome, the tar's SHA-256 and
+        its size. A secret to redact in a file too big to hold back until its scan ended
+        costs a second run, which holds that file."""
 
-    def _add_tree(
-        self,
-        tar: tarfile.TarFile,
-        view: Path,
-        part: str,
-        source: SandboxHost,
-        by_path: dict[str, list[secretscan.Finding]],
-    ) -> int:
-        """Add ``view/part`` in a fixed order (same content, same tar, same id)."""
-        count = 0
-        root = view / part
-        for directory, dirs, names in os.walk(root):  # never descends through symlinks
-            links = sorted(d for d in dirs if os.path.islink(os.path.join(directory, d)))
-            dirs[:] = sorted(d for d in dirs if d not in links)
-            for path in [
-                directory,
-                *(os.path.join(directory, n) for n in (*sorted(names), *links)),
-            ]:
-                rel = os.path.relpath(path, view)
-                info = tar.gettarinfo(path, arcname=rel)
-                if info is None:  # a socket: nothing to keep
-                    continue
-                info.uid = _inside_id(info.uid, source.host_uid)
-                info.gid = _inside_id(info.gid, source.host_gid)
-                info.uname = info.gname = ""
-                if info.isdir():
-                    with contextlib.suppress(OSError):
-                        if os.getxattr(path, _OPAQUE, follow_symlinks=False) == b"y":
-                            info.pax_headers = {**info.pax_headers, _PAX_OPAQUE: "y"}
-                if info.isreg():
-                    with _open_nofollow(Path(path)) as f:
-                        hits = by_path.get(sandbox_path(part, os.path.relpath(path, root)))
-                        if hits:  # a file with secrets (small: the scan reads whole files)
-                            data = secretscan.redact_file(f.read(), hits)
-                            info.size = len(data)
-                            tar.addfile(info, io.BytesIO(data))
-                        else:  # streamed: a big file never sits in memory
-                            tar.addfile(info, f)
-                else:
-                    tar.addfile(info)
-                count += 1
-        return count
+        def ids(uid: int, gid: int) -> tuple[int, int]:
+            return _inside_id(uid, source.host_uid), _inside_id(gid, source.host_gid)
+
+        tree = scanarchive.Tree(view, KEPT, sandbox_path, ids, _opaque_header)
+        hold: frozenset[str] = frozenset()
+        for _ in range(2):
+            with target.open("wb") as out, zstdpipe.writer(out, level=_ZSTD_LEVEL) as sink:
+                outcome = scanarchive.archive(
+                    tree, sink, allow=allowlist, redact=redact, budget=self.scan_budget, hold=hold
+                )
+                if not outcome.complete:
+                    sink.abandon()
+            if outcome.complete or (outcome.findings and not redact):
+                return outcome, sink.sha256.hexdigest(), sink.size
+            if outcome.hold <= hold:  # held this time and still not whole: it changed
+                break
+            hold = frozenset(outcome.hold)
+        raise InvalidRequest(
+            "the snapshot's files changed while they were read (their frozen copy "
+            "cannot change: the host's disk is failing?); take the snapshot again"
+        )
 
     # restoring ----------------------------------------------------------------------------
     def restore(
@@ -489,14 +441,12 @@ def _inside_id(host_id: int, sandbox_host_id: int) -> int:
     return SANDBOX_ID if host_id == sandbox_host_id else host_id
 
 
-def _open_nofollow(path: Path) -> IO[bytes]:
-    """A regular file of the read-only view, opened without following a symlink."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    f = os.fdopen(fd, "rb")
-    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-        f.close()
-        raise InvalidRequest(f"{path} changed type during the snapshot")
-    return f
+def _opaque_header(dir_fd: int) -> dict[str, str]:
+    """An overlay opaque directory's mark, kept as a PAX xattr header."""
+    with contextlib.suppress(OSError):
+        if os.getxattr(dir_fd, _OPAQUE) == b"y":
+            return {_PAX_OPAQUE: "y"}
+    return {}
 
 
 def _extract(archive: IO[bytes], target: Path, host: SandboxHost, sha256: str) -> None:

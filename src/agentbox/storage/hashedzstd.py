@@ -28,11 +28,11 @@ _DEPTH = 8  # chunks in flight: enough to ride out a slow file, 8 MiB of memory 
 _END = b""
 
 
-class _Worker:
+class Worker:
     """A thread doing ``work`` beside the caller, trading chunks through ``queue``. The
     first error is kept for the caller; ``stop`` ends the thread at its next chunk."""
 
-    def __init__(self, name: str, work: Callable[[_Worker], None]) -> None:
+    def __init__(self, name: str, work: Callable[[Worker], None]) -> None:
         self.queue: queue.Queue[bytes] = queue.Queue(_DEPTH)
         self.error: BaseException | None = None
         self.stopping = threading.Event()
@@ -95,15 +95,21 @@ class SnapshotWriter(io.RawIOBase):
     def _abandon(self) -> None:
         raise NotImplementedError
 
+    def abandon(self) -> None:
+        """Give the stream up unfinished (its file is to be discarded); close() after it
+        does nothing."""
+        if not self.closed:
+            io.RawIOBase.close(self)
+            self._abandon()
+
     def __exit__(
         self,
         kind: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if exc is not None and not self.closed:
-            io.RawIOBase.close(self)
-            self._abandon()
+        if exc is not None:
+            self.abandon()
             return
         self.close()
 
@@ -121,9 +127,9 @@ class HashingZstdWriter(SnapshotWriter):
         self.size = 0
         compressor = zstandard.ZstdCompressor(level=level, threads=-1)
         self._zout = compressor.stream_writer(out, closefd=False)
-        self._worker = _Worker("snapshot-compress", self._compress)
+        self._worker = Worker("snapshot-compress", self._compress)
 
-    def _compress(self, worker: _Worker) -> None:
+    def _compress(self, worker: Worker) -> None:
         while (chunk := worker.get()) is not None:
             if not chunk:  # _END: the writer closed
                 self._zout.close()  # type: ignore[no-untyped-call]  # the frame's end; ``out`` stays open (closefd=False)
@@ -162,9 +168,9 @@ class HashingZstdReader(io.RawIOBase):
         self._stream = zstandard.ZstdDecompressor().stream_reader(source)
         self._pending = memoryview(b"")
         self._eof = False
-        self._worker = _Worker("snapshot-decompress", self._decompress)
+        self._worker = Worker("snapshot-decompress", self._decompress)
 
-    def _decompress(self, worker: _Worker) -> None:
+    def _decompress(self, worker: Worker) -> None:
         while True:
             chunk = self._stream.read(CHUNK)
             self.sha256.update(chunk)

@@ -31,6 +31,7 @@ bytes before the finding, plus one.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import fnmatch
 import functools
@@ -43,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentbox.errors import InvalidRequest
-from agentbox.storage import secretwindows
+from agentbox.storage import secrethits, secretwindows, treewalk
 
 if TYPE_CHECKING:
     from agentbox.policy.redaction import Redactor
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
 MAX_SCAN_BYTES = 64 * 1024**3
 _CHUNK = 1 << 20
 _OVERLAP = 4 * secretwindows.WINDOW  # > a window's reach ahead of its hit (2 lines)
-_MAX_DEPTH = 200  # one open descriptor per level; deeper trees are reported, not walked
 _MIN_VALUE = 8  # a shorter capture group is a token's prefix (ghp_, glpat-), not its value
 _PRIVATE_KEY = "private-key"
 _AWS = "AWS Access Key"
@@ -62,7 +62,6 @@ _AWS_CREDENTIALS_LINE = re.compile(
     re.IGNORECASE,
 )
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _ALLOW_SYNTAX = (
     "an entry is a path glob (a whole file, e.g. tests/fixtures/*), path-glob:LINE, "
     "or kind=<secret type> (e.g. kind=AWS Access Key)"
@@ -140,15 +139,60 @@ def _lowered(text: str) -> str | None:
 
 
 @functools.cache
-def _gates() -> dict[str, re.Pattern[str]]:
-    return {k: re.compile(v) for k, v in secretwindows.GATES.items()}
+def _gates() -> tuple[dict[str, re.Pattern[str]], dict[str, re.Pattern[str]], re.Pattern[str]]:
+    """Gates by detector pattern: secretwindows' shapes; the keyword detectors' values;
+    and one class holding every value's characters, as long as the shortest value, which
+    a window must hold before any value gate is looked for (one search, not four)."""
+    gates = {k: re.compile(v) for k, v in secretwindows.GATES.items()}
+    values: dict[str, re.Pattern[str]] = {}
+    for detector in _engine()[0].detectors:
+        if detector.words and detector.pattern.pattern not in gates:
+            gate = _value_gate(detector.pattern)
+            if gate is not None and gate.flags == re.IGNORECASE | re.UNICODE:
+                values[detector.pattern.pattern] = gate
+    runs = [_VALUE_RUN.fullmatch(g.pattern) for g in values.values()]
+    insides = [m.group(1) for m in runs if m is not None]
+    # Classes joined into one: only those that cannot run into their neighbour (an
+    # unescaped "-" at either end, a leading "^"), else no joint gate (it passes all).
+    plain = len(insides) == len(runs) and all(
+        i and i[0] not in "-^" and (not i.endswith("-") or i.endswith("\\-")) for i in insides
+    )
+    shortest = min((int(m.group(2)) for m in runs if m is not None), default=0)
+    joint = f"[{''.join(insides)}]{{{shortest}}}" if plain and insides else ""
+    any_value = re.compile(joint, re.IGNORECASE)
+    return gates, values, any_value
+
+
+_VALUE = re.compile(r"\((\[[^\]]*\]\{\d+\})")
+_VALUE_RUN = re.compile(r"\[([^\]]*)\]\{(\d+)\}")  # a class's inside, its count
+
+
+def _value_gate(pattern: re.Pattern[str]) -> re.Pattern[str] | None:
+    """A keyword detector's value as a gate: its first group, a run of one class (40
+    token characters, 64 hex digits) that every match holds, and that the lines around
+    a keyword in random bytes almost never do; its lookbehinds and alternations are then
+    run on a few windows, not on every one. None unless that group is plainly there,
+    not optional (at the top of the pattern)."""
+    from re import _parser  # type: ignore[attr-defined]  # as policy.redaction does
+
+    m = _VALUE.search(pattern.pattern)
+    if m is None or "(" in pattern.pattern[: m.start()].replace("(?", ""):
+        return None  # not the first group
+    try:
+        tree = _parser.parse(pattern.pattern, pattern.flags)
+    except Exception:  # a private module: if it changes, there is simply no gate
+        return None
+    if not any(op is _parser.SUBPATTERN and arg[0] == 1 for op, arg in tree):
+        return None  # group 1 inside an alternation or a repeat: it may not be there
+    return re.compile(m.group(1), pattern.flags)
 
 
 def _matches(text: str) -> list[_Match]:
     redactor, names = _engine()
-    gates = _gates()
+    gates, values, any_value = _gates()
     lowered = _lowered(text)
     found: list[_Match] = []
+    has_value: bool | None = None  # any keyword detector's value in text: asked once
     for detector in redactor.detectors:
         if len(text) < detector.min_length:
             break  # sorted by min_length: no later detector can match either
@@ -156,7 +200,12 @@ def _matches(text: str) -> list[_Match]:
         # holds), so that most detectors cost one substring search.
         if not detector.may_match(text, lowered):
             continue
-        gate = gates.get(detector.pattern.pattern)
+        gate = gates.get(detector.pattern.pattern) or values.get(detector.pattern.pattern)
+        if gate is not None and detector.pattern.pattern in values:
+            if has_value is None:
+                has_value = any_value.search(text) is not None
+            if not has_value:
+                continue
         if gate is not None and not gate.search(text):
             continue
         kind = names.get(detector.kind, detector.kind)
@@ -263,65 +312,6 @@ class AllowList:
         )
 
 
-def _walk(root: Path, unreadable: list[str]) -> Iterator[tuple[int, str, str]]:
-    """(directory fd, name, relative path) of every non-directory entry under ``root``.
-
-    Each directory is opened relative to its parent's descriptor with O_NOFOLLOW, so
-    neither a symlink nor a directory replaced by one mid-walk leads out of the tree.
-    Depth first, iteratively (no recursion limit), one descriptor per level.
-    """
-    try:
-        top = os.open(root, _DIR_FLAGS)
-    except OSError as e:
-        raise InvalidRequest(f"cannot scan {root}: {e.strerror}", path=str(root)) from e
-    stack: list[tuple[int, str, list[str]]] = []  # (fd, relative path, subdirectories left)
-    try:
-        pending: tuple[int, str] | None = (top, "")
-        while pending or stack:
-            if pending:
-                fd, rel = pending
-                pending = None
-                subdirs: list[str] = []
-                stack.append((fd, rel, subdirs))
-                try:
-                    with os.scandir(fd) as it:
-                        entries = sorted(it, key=lambda e: e.name)
-                except OSError:
-                    unreadable.append(rel or ".")
-                    entries = []
-                for entry in entries:
-                    path = f"{rel}{entry.name}"
-                    try:
-                        is_dir = entry.is_dir(follow_symlinks=False)
-                    except OSError:
-                        continue  # gone meanwhile
-                    if is_dir:
-                        subdirs.append(entry.name)
-                    else:
-                        yield fd, entry.name, path
-                subdirs.reverse()  # popped from the end: alphabetical order
-                continue
-            fd, rel, subdirs = stack[-1]
-            if not subdirs:
-                os.close(stack.pop()[0])
-                continue
-            name = subdirs.pop()
-            if len(stack) >= _MAX_DEPTH:
-                unreadable.append(f"{rel}{name}/")
-                continue
-            try:
-                pending = (os.open(name, _DIR_FLAGS, dir_fd=fd), f"{rel}{name}/")
-            except FileNotFoundError:
-                pass  # removed meanwhile
-            except OSError:  # e.g. ELOOP: swapped for a symlink since it was listed
-                unreadable.append(f"{rel}{name}/")
-    finally:
-        for fd, _, _ in stack:
-            os.close(fd)
-        if pending:
-            os.close(pending[0])
-
-
 def _extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
     """[start, end) of the file's data: a hole reads as zeros, which hold no secret, so a
     sparse 10 GiB file costs what it stores, not what it claims."""
@@ -341,8 +331,8 @@ def _extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
         pos = end
 
 
-class _Budget:
-    """Bytes the whole scan may still read; what is past it is reported, not skipped."""
+class Budget:
+    """Bytes a whole scan may still read; what is past it is reported, not skipped."""
 
     def __init__(self, limit: int | None) -> None:
         self.left = limit
@@ -358,68 +348,162 @@ class _Budget:
 
 def _scan_views(path: str, buf: bytes, lo: int, hi: int, line0: int) -> set[Finding]:
     """Findings whose candidate starts in buf[lo:hi); ``line0``: lines before buf[0]."""
-    found = _scan_view(path, buf, lo, hi, line0)
-    if b"\0" in buf:
-        # UTF-16 (and NUL-interleaved text in binaries): ASCII characters sit at even
-        # offsets (little endian) or odd ones (big endian); each view is then plain text.
-        # buf starts at an even file offset, so the views are the same in every chunk.
-        for view in (buf[0::2], buf[1::2]):
-            found |= _scan_view(path, view, lo // 2, hi // 2, line0)
+    # UTF-16 (and NUL-interleaved text in binaries): ASCII characters sit at even
+    # offsets (little endian) or odd ones (big endian); each view is then plain text.
+    # buf starts at an even file offset, so the views are the same in every chunk. The
+    # C pass looks at all three in one loop; of a view, only the bytes around its hits
+    # are ever copied out.
+    plain, even, odd = secretwindows.view_hits(buf, lo, hi, b"\0" in buf)
+    found: set[Finding] = set()
+    for parity, hits in ((-1, plain), (0, even), (1, odd)):
+        if hits:
+            found |= _scan_view(path, buf, parity, hits, line0)
     return found
 
 
-def _scan_view(path: str, data: bytes, lo: int, hi: int, line0: int) -> set[Finding]:
+def _scan_view(path: str, buf: bytes, parity: int, hits: list[int], line0: int) -> set[Finding]:
+    """Findings around ``hits`` of buf (``parity`` -1) or of its even (0) or odd (1)
+    bytes, read in pieces around the hits: a piece reaches as far as a window can."""
     found: set[Finding] = set()
-    line, counted = line0, 0
-    for start, end in secretwindows.windows(data, secretwindows.hits(data, lo, hi)):
-        line += data.count(b"\n", counted, start)
-        counted = start
-        text = data[start:end].decode("utf-8", "surrogateescape")
-        starts = _line_starts(text)
-        found.update(
-            Finding(path, line + _line_of(starts, m.start), m.kind) for m in _matches(text)
-        )
+    stride, first = (1, 0) if parity < 0 else (2, parity)
+    size = len(buf) if parity < 0 else (len(buf) - parity + 1) // 2
+    line, counted = line0, 0  # newlines in the view before ``counted``
+    for start, end, group in _pieces(hits, size):
+        piece = buf[first + stride * start : first + stride * end : stride]
+        for w_start, w_end in secretwindows.windows(piece, [h - start for h in group]):
+            at = start + w_start
+            line += secrethits.newlines(buf, first + stride * counted, first + stride * at, stride)
+            counted = at
+            text = piece[w_start:w_end].decode("utf-8", "surrogateescape")
+            starts = _line_starts(text)
+            found.update(
+                Finding(path, line + _line_of(starts, m.start), m.kind) for m in _matches(text)
+            )
     return found
 
 
-def _scan_fd(path: str, fd: int, budget: _Budget) -> tuple[set[Finding], int]:
-    """Findings in an open regular file, and how many of its data bytes were left unread
-    (over the budget). Read in chunks that overlap, so a secret across a chunk boundary is
-    whole in one of them; memory stays at one chunk whatever the file's size."""
-    found: set[Finding] = set()
-    size = os.fstat(fd).st_size
-    line0 = 0  # newlines before buf[0] (holes hold none)
-    left_out = 0
-    for start, end in _extents(fd, size):
-        pos = start - start % 2  # even: see _scan_views
-        buf, lo = b"", 0
-        while pos < end:
-            want = budget.take(min(_CHUNK, end - pos))
-            if want == 0:
-                left_out += end - pos
-                break
-            data = os.pread(fd, want, pos)
-            if not data:
-                break
-            pos += len(data)
-            buf += data
-            last = pos >= end or budget.left == 0 or len(data) < want
-            hi = len(buf) if last else len(buf) - _OVERLAP
-            found |= _scan_views(path, buf, lo, hi, line0)
-            keep = max(0, hi - _OVERLAP)  # back context for the next hits
-            keep -= keep % 2
-            line0 += buf.count(b"\n", 0, keep)
-            buf, lo = buf[keep:], hi - keep
-        else:
+def _pieces(hits: list[int], size: int) -> Iterator[tuple[int, int, list[int]]]:
+    """[start, end) spans of a view of ``size`` bytes holding every window of the hits
+    (sorted) in them, hits whose windows could touch in the same span."""
+    reach = 2 * secretwindows.WINDOW + 2  # a window's end: its line's and the next one's
+    group: list[int] = []
+    start = end = 0
+    for h in hits:
+        lo, hi = max(0, h - secretwindows.WINDOW), min(size, h + reach)
+        if group and lo <= end:
+            group.append(h)
+            end = hi
             continue
-        if budget.left == 0:
-            # The rest of the file (later extents included) was not read.
-            left_out += sum(e - s for s, e in _extents(fd, size) if s >= end)
-            break
-    return found, left_out
+        if group:
+            yield start, end, group
+        group, start, end = [h], lo, hi
+    if group:
+        yield start, end, group
 
 
-def _open_regular(dir_fd: int, name: str) -> int | None:
+class FileScan:
+    """The scan of one file, fed its data in order as it is read (by a snapshot's archive
+    as it writes it: the bytes scanned are the bytes stored). Runs of data (``extent``)
+    are fed in chunks that overlap, so a secret across a chunk boundary is whole in one of
+    them; memory stays at one chunk whatever the file's size."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.found: set[Finding] = set()
+        self.left_out = 0  # data bytes not scanned (over the budget)
+        self._buf = b""
+        self._lo = 0  # where in _buf the next candidates may start
+        self._lines = 0  # newline bytes in the file before _buf[_lo] (holes hold none)
+
+    def extent(self, start: int) -> None:
+        """The next data starts at file offset ``start`` (the first, or after a hole)."""
+        # Views need an even start: the byte before an odd one is in a hole, a zero.
+        self._buf, self._lo = (b"\0" if start % 2 else b""), 0
+
+    def feed(self, data: bytes, last: bool) -> None:
+        """The next bytes; ``last``: the end of this extent (or of what will be read)."""
+        buf = self._buf + data if self._buf else data
+        hi = len(buf) if last else len(buf) - _OVERLAP
+        if hi <= self._lo:
+            self._buf = buf
+            return
+        line0 = self._lines - secrethits.newlines(buf, 0, self._lo)  # before buf[0]
+        self.found |= _scan_views(self.path, buf, self._lo, hi, line0)
+        self._lines += secrethits.newlines(buf, self._lo, hi)
+        keep = 0 if last else max(0, hi - _OVERLAP)  # back context for the next hits
+        keep -= keep % 2
+        self._buf, self._lo = (b"", 0) if last else (buf[keep:], hi - keep)
+
+
+_ZEROS = bytes(_CHUNK)
+_AHEAD = 8 * _CHUNK  # how far ahead of the chunk being read the kernel is asked to read
+
+
+def read_file(
+    fd: int, size: int, scan: FileScan, budget: Budget, *, archive: bool
+) -> Iterator[bytes]:
+    """With ``archive``: the file's bytes [0, size) in order (holes as zeros, never read),
+    each data chunk fed to ``scan`` right after it is yielded, while ``budget`` lasts;
+    a file that ends early raises ``InvalidRequest``. Without: its data chunks, until
+    ``budget`` runs out. Either way ``scan.left_out`` counts the data bytes not scanned."""
+    done = 0
+    extents = list(_extents(fd, size))
+    for index, (start, end) in enumerate(extents):
+        if archive:
+            yield from _zeros(start - done)
+        scan.extent(start)
+        pos = start
+        _read_ahead(fd, start, min(end, start + _AHEAD))
+        while pos < end:
+            want = min(_CHUNK, end - pos)
+            _read_ahead(fd, pos + _AHEAD, min(end, pos + _AHEAD + want))
+            if not archive and budget.left is not None:
+                if budget.left == 0:  # the rest is not read at all
+                    scan.left_out += end - pos + sum(e - s for s, e in extents[index + 1 :])
+                    return
+                want = min(want, budget.left)
+            data = os.pread(fd, want, pos)
+            if len(data) < want and archive:
+                raise _changed()
+            granted = budget.take(len(data))
+            yield data  # first: the archive's writer works on it while it is scanned
+            pos += len(data)
+            last = pos >= end or budget.left == 0 or len(data) < want
+            if granted:
+                scan.feed(data if granted == len(data) else data[:granted], last)
+            scan.left_out += len(data) - granted
+            if len(data) < want:
+                break
+        done = end
+    if archive:
+        yield from _zeros(size - done)
+        if os.fstat(fd).st_size != size:  # cut short: its end was taken for a hole
+            raise _changed()
+
+
+def _read_ahead(fd: int, start: int, end: int) -> None:
+    """Have the kernel read [start, end) now, while earlier chunks are scanned: a
+    snapshot reads a fresh clone of the disk (nothing cached), whose device reads ahead
+    only 128 KiB, so each 1 MiB read used to wait for the disk."""
+    if end > start:
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+
+
+def _changed() -> InvalidRequest:
+    return InvalidRequest(
+        "a file changed while the snapshot read it (its frozen copy cannot change: the "
+        "host's disk is failing?); take the snapshot again"
+    )
+
+
+def _zeros(count: int) -> Iterator[bytes]:
+    while count > 0:
+        yield _ZEROS if count >= _CHUNK else _ZEROS[:count]
+        count -= _CHUNK
+
+
+def open_regular(dir_fd: int, name: str) -> int | None:
     """A descriptor of the entry if it is a regular file, else None. Never opens a FIFO or
     device: lstat first, and O_NONBLOCK|O_NOFOLLOW in case the entry was swapped since."""
     st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -439,29 +523,32 @@ def scan_tree(
     Every data byte of every regular file is read, up to ``max_scan_bytes`` in all (None:
     no limit); files not wholly read are listed in ``over_budget``."""
     allow = allowlist or AllowList()
-    budget = _Budget(max_scan_bytes)
+    budget = Budget(max_scan_bytes)
     findings: list[Finding] = []
     over: list[str] = []
     unreadable: list[str] = []
-    for dir_fd, name, path in _walk(Path(root), unreadable):
-        if allow.allows_file(path):
+    for entry in treewalk.walk(Path(root), unreadable):
+        if allow.allows_file(entry.path):
             continue
+        scan = FileScan(entry.path)
         try:
-            fd = _open_regular(dir_fd, name)
+            fd = open_regular(entry.dir_fd, entry.name)
             if fd is None:
                 continue
             try:
-                found, left_out = _scan_fd(path, fd, budget)
+                size = os.fstat(fd).st_size
+                for _ in read_file(fd, size, scan, budget, archive=False):
+                    pass
             finally:
                 os.close(fd)
         except FileNotFoundError:
             continue  # removed meanwhile
         except OSError:
-            unreadable.append(path)
+            unreadable.append(entry.path)
             continue
-        if left_out:
-            over.append(path)
-        findings.extend(f for f in found if not allow.allows(f))
+        if scan.left_out:
+            over.append(entry.path)
+        findings.extend(f for f in scan.found if not allow.allows(f))
     result = ScanResult(findings, over, unreadable)
     result.scanned_bytes = budget.taken
     return result
@@ -528,9 +615,13 @@ def format_report(findings: Iterable[Finding]) -> str:
 __all__ = [
     "MAX_SCAN_BYTES",
     "AllowList",
+    "Budget",
+    "FileScan",
     "Finding",
     "ScanResult",
     "format_report",
+    "open_regular",
+    "read_file",
     "redact_file",
     "scan_text",
     "scan_tree",

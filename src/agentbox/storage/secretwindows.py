@@ -11,13 +11,16 @@ and the next, each cut ``WINDOW`` bytes from the hit) go to the detectors.
 
 It is exact by construction, not a heuristic: a detector this module cannot pre-filter
 (detect-secrets added one) makes every byte a candidate (slow, never blind), and a test
-holds the list complete. Non-ASCII letters that IGNORECASE folds to ASCII (the long s, the
-Kelvin sign) also make their line a candidate, so ``\\u212aey = …`` is not a way round.
+holds the list complete. A letter s, k or i of a case-insensitive needle may also be
+spelled by the non-ASCII letter that IGNORECASE folds to it (the long s, the Kelvin sign,
+the dotted and the dotless i), so ``\\u212aey = …`` is a candidate too: not a way round.
+
+The pass (``secrethits.c``) looks at the bytes and, in the same loop, at their even and
+their odd bytes (UTF-16 as plain text), each view read in place.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 from dataclasses import dataclass
@@ -76,6 +79,11 @@ GATES = {
 # Letters outside ASCII that IGNORECASE matches to ASCII ones (long s, Kelvin sign, the
 # dotted and the dotless i).
 _FOLD_TRAPS = tuple(c.encode() for c in "\u017f\u212a\u0130\u0131")
+_TRAP_LETTERS = {  # the letter each stands for, in a folded needle's byte set
+    ord("s"): ("\u017f".encode(),),
+    ord("k"): ("\u212a".encode(),),
+    ord("i"): ("\u0130".encode(), "\u0131".encode()),
+}
 _PLAIN = re.compile(rb"[A-Za-z0-9_\-]*")
 
 
@@ -165,15 +173,59 @@ def _needle(shape: bytes, fold: bool) -> list[tuple[frozenset[int], int]]:
 
 
 @functools.cache
-def _program(pf: Prefilter) -> tuple[bytes, int]:
-    """The C pass's program for ``pf``, and the index of its first fold trap needle."""
-    needles = [_needle(re.escape(x), False) for x in pf.literals]
-    needles += [_needle(re.escape(x), True) for x in pf.folded]
-    needles += [_needle(x.pattern, False) for x in pf.shapes]
-    needles += [_needle(x.pattern, True) for x in pf.folded_shapes]
-    traps = len(needles)
-    needles += [_needle(re.escape(x), False) for x in _FOLD_TRAPS]
-    return secrethits.program(needles), traps
+def _needles(pf: Prefilter) -> list[tuple[bool, list[tuple[frozenset[int], int]]]]:
+    """Every needle of ``pf`` as (folded, elements), in the order the hits name them."""
+    needles = [(False, _needle(re.escape(x), False)) for x in pf.literals]
+    needles += [(True, _needle(re.escape(x), True)) for x in pf.folded]
+    needles += [(False, _needle(x.pattern, False)) for x in pf.shapes]
+    needles += [(True, _needle(x.pattern, True)) for x in pf.folded_shapes]
+    return needles
+
+
+@functools.cache
+def _program(pf: Prefilter) -> bytes | None:
+    """The C pass's program for ``pf``; None: the C pass cannot run it (or is missing)."""
+    if not secrethits.available():
+        return None
+    try:
+        prog = secrethits.program(_needles(pf))
+        secrethits.hits(b"", 0, 0, prog)  # compiles it: Unsupported here, not mid-scan
+    except secrethits.Unsupported:
+        return None
+    return prog
+
+
+def hits(data: bytes, lo: int, hi: int, pf: Prefilter | None = None) -> list[int]:
+    """Offsets in [lo, hi) where a candidate starts, sorted."""
+    return view_hits(data, lo, hi, False, pf)[0]
+
+
+def view_hits(
+    data: bytes, lo: int, hi: int, views: bool, pf: Prefilter | None = None
+) -> tuple[list[int], list[int], list[int]]:
+    """Candidates in [lo, hi) of ``data``, and (with ``views``) in [lo//2, hi//2) of its
+    even bytes ``data[0::2]`` and its odd bytes ``data[1::2]`` (offsets in each view),
+    sorted: one pass in C, the views never copied out."""
+    pf = pf or default()
+    if pf.everything:
+        every = list(range(lo, hi, WINDOW)) if hi > lo else []
+        half = list(range(lo // 2, hi // 2, WINDOW)) if views and hi // 2 > lo // 2 else []
+        return every, half, list(half)
+    prog = _program(pf)
+    if prog is None:
+        if not views:
+            return _python_hits(data, lo, hi, pf), [], []
+        return (
+            _python_hits(data, lo, hi, pf),
+            _python_hits(data[0::2], lo // 2, hi // 2, pf),
+            _python_hits(data[1::2], lo // 2, hi // 2, pf),
+        )
+    out: tuple[list[int], list[int], list[int]] = ([], [], [])
+    for at, _, view in secrethits.hits(data, lo, hi, prog, views):
+        found = out[view]
+        if not found or found[-1] != at:  # several needles at one place: one candidate
+            found.append(at)
+    return out
 
 
 def _hits(data: bytes, needle: bytes, lo: int, hi: int, out: list[int]) -> None:
@@ -183,36 +235,6 @@ def _hits(data: bytes, needle: bytes, lo: int, hi: int, out: list[int]) -> None:
         at = data.find(needle, at + 1, hi + len(needle) - 1)
 
 
-_TRAP_LEADS = frozenset(t[0] for t in _FOLD_TRAPS)
-_LETTERS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
-
-
-def _in_word(data: bytes, at: int) -> bool:
-    """Whether the fold trap at ``at`` touches a letter or another trap: in every keyword
-    it could spell (a long-s "secret", a Kelvin-sign "token") it does; in binary noise it
-    mostly does not."""
-    before = data[at - 1] if at else -1
-    width = 3 if data[at] == 0xE2 else 2
-    after = data[at + width] if at + width < len(data) else -1
-    after_trap = (
-        data[max(0, at - 2) : at] in _FOLD_TRAPS or data[max(0, at - 3) : at] in _FOLD_TRAPS
-    )
-    return before in _LETTERS or after in _LETTERS or after in _TRAP_LEADS or after_trap
-
-
-def hits(data: bytes, lo: int, hi: int, pf: Prefilter | None = None) -> list[int]:
-    """Offsets in [lo, hi) where a candidate starts, sorted."""
-    pf = pf or default()
-    if pf.everything:
-        return list(range(lo, hi, WINDOW)) if hi > lo else []
-    if secrethits.available():
-        prog, traps = _program(pf)
-        with contextlib.suppress(secrethits.Unsupported):  # then the Python pass
-            found = secrethits.hits(data, lo, hi, prog)
-            return sorted({h for h, k in found if k < traps or _in_word(data, h)})
-    return _python_hits(data, lo, hi, pf)
-
-
 def _python_hits(data: bytes, lo: int, hi: int, pf: Prefilter) -> list[int]:
     out: list[int] = []
     for needle in pf.literals:
@@ -220,16 +242,34 @@ def _python_hits(data: bytes, lo: int, hi: int, pf: Prefilter) -> list[int]:
     lowered = data.lower()  # bytes.lower() folds ASCII only: offsets are kept
     for needle in pf.folded:
         _hits(lowered, needle, lo, hi, out)
-    traps: list[int] = []
-    for needle in _FOLD_TRAPS:
-        _hits(data, needle, lo, hi, traps)
-    out.extend(h for h in traps if _in_word(data, h))
     reach = min(len(data), hi + 256)  # a shape that starts before hi may end past it
     for shape in pf.shapes:
         out.extend(m.start() for m in shape.finditer(data, lo, reach))
     for shape in pf.folded_shapes:
         out.extend(m.start() for m in shape.finditer(lowered, lo, reach))
+    if any(t in data for t in _FOLD_TRAPS):
+        for spelled in _trap_spellings(pf):
+            out.extend(m.start() for m in spelled.finditer(data, lo, reach))
     return sorted({h for h in out if lo <= h < hi})
+
+
+@functools.cache
+def _trap_spellings(pf: Prefilter) -> list[re.Pattern[bytes]]:
+    """The folded needles as regexes in which a letter s, k or i may also be a fold trap
+    (the C pass's rule): every place, overlapping ones included (a lookahead)."""
+    patterns = []
+    for folded, needle in _needles(pf):
+        if not folded:
+            continue
+        parts = []
+        for byte_set, count in needle:
+            alternatives = [b"[" + b"".join(re.escape(bytes([b])) for b in sorted(byte_set)) + b"]"]
+            for letter, traps in _TRAP_LETTERS.items():
+                if letter in byte_set:
+                    alternatives += [re.escape(t) for t in traps]
+            parts.append(b"(?:" + b"|".join(alternatives) + b"){%d}" % count)
+        patterns.append(re.compile(b"(?=" + b"".join(parts) + b")"))
+    return patterns
 
 
 def windows(data: bytes, offsets: list[int]) -> list[tuple[int, int]]:

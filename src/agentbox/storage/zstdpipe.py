@@ -1,13 +1,13 @@
 """The snapshot stream through the ``zstd`` program: compression (or decompression) in a
 process of its own, the SHA-256 in this one.
 
-``hashedzstd`` does both on a worker thread of this process; on two busy cores its chunk
-hand-offs between threads (each waiting for the GIL and a wake-up) ran it at a third of
-``tar | zstd -T0``. Here the caller's thread hashes each chunk (``hashlib`` releases the
-GIL) and writes it to a pipe, and ``zstd -T0`` compresses on its own threads straight into
-the archive file, as the shell pipeline does: nothing to hand between threads, no copy of
-the compressed stream through Python. Restore reads ``zstd -d``'s output from a pipe the
-same way. The frames are standard zstd frames either way, so archives written by one are
+``hashedzstd`` does both on a worker thread of this process, compression included, and on
+two busy cores ran at a third of ``tar | zstd -T0``. Here ``zstd -T0`` compresses on its
+own threads straight into the archive file, as the shell pipeline does (no copy of the
+compressed stream through Python), and a thread of this process hashes each 1 MiB chunk
+and writes it to zstd's pipe, both without the GIL, while the caller reads and
+secret-scans the next one. Restore reads ``zstd -d``'s output from a pipe and hashes it on
+the reading thread. The frames are standard zstd frames either way, so archives written by one are
 read by the other.
 
 ``writer`` / ``reader`` pick this when the ``zstd`` program is installed and the file has
@@ -30,6 +30,7 @@ from agentbox.storage import hashedzstd
 
 CHUNK = hashedzstd.CHUNK
 _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named from Python 3.10 on some builds only
+_DIRECT = 256 * 1024  # a write this big goes to the hashing thread without a copy
 
 
 def _fileno(f: IO[bytes]) -> int | None:
@@ -73,9 +74,12 @@ def _failed(proc: subprocess.Popen[bytes], what: str) -> str:
 
 
 class PipeWriter(hashedzstd.SnapshotWriter):
-    """Write the uncompressed stream: hashed here, compressed into ``out`` by ``zstd -T0``.
-    ``close()`` waits for zstd and raises if it failed; leaving a ``with`` block by an
-    exception kills it (the caller discards the partial file)."""
+    """Write the uncompressed stream: hashed and piped to ``zstd -T0`` (which compresses
+    into ``out``) on a thread of its own, so the caller's next chunk is read and scanned
+    meanwhile (``hashlib`` and ``os.write`` release the GIL on chunks this size). Small
+    writes (tar headers, small files) are gathered into 1 MiB chunks first. ``close()``
+    waits for both and raises if zstd failed; leaving a ``with`` block by an exception
+    kills it (the caller discards the partial file)."""
 
     def __init__(self, program: str, out: IO[bytes], out_fd: int, level: int) -> None:
         self.sha256 = hashlib.sha256()
@@ -90,28 +94,59 @@ class PipeWriter(hashedzstd.SnapshotWriter):
         assert self._proc.stdin is not None
         self._pipe = self._proc.stdin.fileno()
         _bigger_pipe(self._pipe)
+        self._pending = bytearray()
+        self._worker = hashedzstd.Worker("snapshot-hash", self._drain)
+
+    def _drain(self, worker: hashedzstd.Worker) -> None:
+        while (chunk := worker.get()) is not None:
+            if not chunk:  # the writer closed
+                return
+            self.sha256.update(chunk)
+            view = memoryview(chunk)
+            try:
+                while view:
+                    view = view[os.write(self._pipe, view) :]
+            except BrokenPipeError:
+                self._proc.wait()
+                raise OSError(_failed(self._proc, "compression")) from None
 
     def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        n = len(view)
-        self.sha256.update(view)
-        try:
-            while view:
-                view = view[os.write(self._pipe, view) :]
-        except BrokenPipeError:
-            self._proc.wait()
-            raise OSError(_failed(self._proc, "compression")) from None
+        n = memoryview(data).nbytes
+        if n >= _DIRECT:  # handed over as it is: no copy
+            self._flush()
+            self._send(data if type(data) is bytes else bytes(data))
+        else:
+            self._pending += data
+            if len(self._pending) >= CHUNK:
+                self._flush()
         self.size += n
         return n
+
+    def _send(self, chunk: bytes) -> None:
+        if not self._worker.put(chunk):
+            self._worker.raise_error()
+            raise ValueError("write to a finished snapshot stream")
+
+    def _flush(self) -> None:
+        if self._pending:
+            self._send(bytes(self._pending))
+            self._pending.clear()
 
     def close(self) -> None:
         if self.closed:
             return
         super().close()
-        assert self._proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):
-            self._proc.stdin.close()
-        if self._proc.wait() != 0:
+        try:
+            self._flush()
+        finally:
+            self._worker.put(b"")  # the end (ignored by a worker that failed)
+            self._worker.join()
+            assert self._proc.stdin is not None
+            with contextlib.suppress(BrokenPipeError):
+                self._proc.stdin.close()
+            self._proc.wait()
+        self._worker.raise_error()
+        if self._proc.returncode != 0:
             raise OSError(_failed(self._proc, "compression"))
         self._close_stderr()
 
@@ -120,7 +155,8 @@ class PipeWriter(hashedzstd.SnapshotWriter):
             self._proc.stderr.close()
 
     def _abandon(self) -> None:
-        self._proc.kill()
+        self._proc.kill()  # first: a write blocked on the pipe fails now
+        self._worker.stop()
         assert self._proc.stdin is not None
         with contextlib.suppress(BrokenPipeError):
             self._proc.stdin.close()
