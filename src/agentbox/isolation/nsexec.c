@@ -13,14 +13,19 @@
  *     killed from inside the sandbox, so the agent cannot take its own sandbox down
  *     half-way; only the host (cgroup.kill) ends it, or its LIFETIME_S (0 = none).
  *
- *   spawn  --cgroup DIR... [--view PATH...] --uid U --gid G -- ARGV
+ *   spawn  --cgroup DIR... [--view PATH...] [--wait-fd N] --uid U --gid G -- ARGV
  *     Join the cgroups, detach (fork, parent exits 0), drop to the unprivileged host
- *     uid/gid, exec ARGV (bubblewrap). With --view, first move into a mount namespace of
- *     its own whose root is a small tmpfs showing only what bubblewrap needs: the host's
- *     /usr, /etc, /proc, /dev (and the /bin, /lib... beside them) and each PATH (a
- *     sandbox's directory, the init tmpfs), bound at the same path. bubblewrap's start
- *     costs O(mounts it can see) (it copies the namespace and parses mountinfo for each
- *     bind); this way it sees a dozen, not every other sandbox's disk and root.
+ *     uid/gid, exec ARGV (bubblewrap). With --wait-fd, the detached child first waits for
+ *     one byte 'g' on fd N (and exits 125 on anything else, EOF included): the host
+ *     starts the launcher (its process and cgroup joins, whose RCU grace period is the
+ *     slow part) before the sandbox's disk and root are mounted, and says go once they
+ *     are; nothing of the sandbox's directory is looked at before. With --view, first
+ *     move into a mount namespace of its own whose root is a small tmpfs showing only
+ *     what bubblewrap needs: the host's /usr, /etc, /proc, /dev (and the /bin, /lib...
+ *     beside them) and each PATH (a sandbox's directory, the init tmpfs), bound at the
+ *     same path. bubblewrap's start costs O(mounts it can see) (it copies the namespace
+ *     and parses mountinfo for each bind); this way it sees a dozen, not every other
+ *     sandbox's disk and root.
  *
  *   enter  --leaf DIR [--cgroup DIR...] --ns-pid PID --uid U --gid G --seccomp FILE [--cwd DIR]
  *          [--exit-file FILE] [--hold-stdin FIFO] [--detach] [--setsid] [--ctty]
@@ -773,7 +778,7 @@ int main(int argc, char **argv) {
 
   const char *cgroups[MAX_CGROUPS];
   int ncgroups = 0, ns_pid = -1, uid = -1, gid = -1, want_setsid = 0, want_ctty = 0;
-  int want_detach = 0, keep_fds = 0;
+  int want_detach = 0, keep_fds = 0, wait_fd = -1;
   const char *cwd = NULL, *seccomp = NULL, *exit_file = NULL, *leaf = NULL, *hold = NULL;
   const char *socket_path = NULL;
   const char *views[MAX_VIEWS];
@@ -803,6 +808,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--ctty") == 0) want_ctty = 1;
     else if (strcmp(a, "--detach") == 0) want_detach = 1;
     else if (strcmp(a, "--keep-fds") == 0) keep_fds = parse_int(argv[++i], "--keep-fds");
+    else if (strcmp(a, "--wait-fd") == 0) wait_fd = parse_int(argv[++i], "--wait-fd");
     else { dprintf(2, "agentbox-nsexec: unknown option %s\n", a); _exit(LAUNCH_FAIL); }
   }
   if (i >= argc && !resident) die_msg("no program given after --");
@@ -818,6 +824,7 @@ int main(int argc, char **argv) {
   if (oom < 0 || write(oom, "1000", 4) != 4) die("oom_score_adj");
   close(oom);
 
+  if ((enter || resident) && wait_fd >= 0) die_msg("--wait-fd is for spawn only");
   if (resident) {
     if (!socket_path || !leaf || !seccomp || ns_pid <= 0)
       die_msg("resident needs --socket, --leaf, --seccomp and --ns-pid");
@@ -833,6 +840,13 @@ int main(int argc, char **argv) {
     if (pid < 0) die("fork");
     if (pid > 0) _exit(0);
     if (setsid() < 0) die("setsid");
+    if (wait_fd >= 0) {
+      char go = 0;
+      ssize_t n;
+      do n = read(wait_fd, &go, 1); while (n < 0 && errno == EINTR);
+      if (n != 1 || go != 'g') die_msg("the host gave up on this launch before its go");
+      close(wait_fd);
+    }
     if (nviews) private_view(views, nviews);
     if (setresgid(gid, gid, gid) < 0) die("setresgid");
     if (setresuid(uid, uid, uid) < 0) die("setresuid");

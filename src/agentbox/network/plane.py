@@ -36,14 +36,17 @@ name and loaded *before* any veth exists:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import ipaddress
 import json
 import os
+import select
 import socket
 import subprocess
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -422,13 +425,74 @@ def attach(link: Link, netns: int | Path) -> None:
         raise SandboxError(f"network setup failed for {link.host_ifname}: {e.strerror or e}") from e
 
 
-def detach(link: Link) -> None:
-    """Remove the host end of the veth if it outlived the sandbox's netns (deleting the
-    netns, when its last process exits, normally takes the pair with it)."""
-    if Path(f"/sys/class/net/{link.host_ifname}").exists():
-        from agentbox.network import rtnetlink
+DETACH_TIMEOUT_S = 10.0
 
-        # Over rtnetlink, not `ip link del` (a process: most of a kill's wall time). Best
-        # effort as before: gone meanwhile (ENODEV) or not, the netns's end goes with it.
-        with contextlib.suppress(OSError), rtnetlink.Route.here() as route:
-            route.delete_link(link.host_ifname)
+
+def detach(link: Link) -> None:
+    """Remove a sandbox's veth pair (its two ends go together) unless it is gone already;
+    returns once the host end is gone, raises SandboxError if it could not be removed."""
+    detaching(link)()
+
+
+def detaching(link: Link) -> Callable[[], None]:
+    """Start removing a sandbox's veth pair now; the returned call waits (at most
+    DETACH_TIMEOUT_S) until the host end is gone and raises SandboxError if the kernel
+    refused. A destroy starts it before it kills the sandbox and waits after unmounting
+    its disk, so the removal runs meanwhile.
+
+    The deleting request runs on a thread of its own and is not waited for: it returns
+    only after an RCU barrier (the device's memory is freed once every reader is done:
+    10-20 ms on a busy host, most of what a networked destroy took). The link's name,
+    addresses and routes are gone, and its slot free for a new sandbox, the moment the
+    kernel announces the removal (``rtnetlink.LinkWatch``), well before. Over rtnetlink,
+    not `ip link del` (a process)."""
+    from agentbox.network import rtnetlink
+
+    device = NET_DEVICES / link.host_ifname
+    watch = rtnetlink.LinkWatch()  # before the look: a removal in between is announced
+    try:
+        index = int((device / "ifindex").read_text())
+    except (OSError, ValueError):  # gone already (with its netns, or an earlier destroy)
+        watch.close()
+        return lambda: None
+    done_r, done_w = os.pipe()  # closed by the deleting thread when its call returns
+    refused: list[OSError] = []
+
+    def delete() -> None:
+        try:
+            with rtnetlink.Route.here() as route:
+                route.delete_link(link.host_ifname)
+        except OSError as e:
+            if e.errno != errno.ENODEV:  # ENODEV: gone meanwhile (its netns went first)
+                refused.append(e)
+        finally:
+            os.close(done_w)
+
+    threading.Thread(target=delete, name="veth-detach", daemon=True).start()
+
+    def wait() -> None:
+        deadline = time.monotonic() + DETACH_TIMEOUT_S
+        try:
+            while True:
+                seen = watch.deleted(index)
+                if seen or (seen is None and not device.exists()):
+                    return
+                remaining = deadline - time.monotonic()
+                ready, _, _ = select.select([watch.sock, done_r], [], [], max(remaining, 0))
+                if done_r in ready:  # the call returned: the link is gone, or it was refused
+                    if refused and device.exists():
+                        raise SandboxError(
+                            f"could not remove the sandbox's network link {link.host_ifname}: "
+                            f"{refused[0].strerror or refused[0]}"
+                        )
+                    return
+                if not ready:
+                    raise SandboxError(
+                        f"the sandbox's network link {link.host_ifname} was not removed "
+                        f"within {DETACH_TIMEOUT_S:g} s"
+                    )
+        finally:
+            watch.close()
+            os.close(done_r)
+
+    return wait

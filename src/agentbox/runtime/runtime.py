@@ -282,7 +282,13 @@ class Runtime:
         paths: LaunchPaths,
         slot: int | None = None,
     ) -> SandboxRecord:
-        cgroupwarm.start()  # the launcher's cgroup joins wait less (see the module)
+        gvisor = spec.isolation == GVISOR
+        # The namespaces tier mounts the disk while its launcher starts and joins the
+        # cgroups (SandboxHost.launch); volumes need the root first (their mount points),
+        # the gvisor tier its directory (the netns pin). Those warm the joins instead.
+        overlap = not gvisor and not spec.volumes
+        if not overlap:
+            cgroupwarm.start()  # the launcher's cgroup joins wait less (see the module)
         expires_at = time.time() + spec.lifetime
         if pool is not None:
             expires_at = time.time() + POOL_MAX_AGE  # then replaced by a fresh one
@@ -301,7 +307,6 @@ class Runtime:
         host = host_for(self.home, sandbox_id, record.slot, spec.isolation)
         cgroup = self.layout.sandbox(sandbox_id)
         networked = spec.network.mode != "none"
-        gvisor = spec.isolation == GVISOR
         try:
             trust = None
             if networked:
@@ -310,7 +315,8 @@ class Runtime:
                 egress_start.ensure_running(self.home)  # also loads the nft rules: before any link
                 if spec.network.credentials:
                     trust = self._egress_trust()
-            host.prepare_filesystem(
+            prepare = functools.partial(
+                host.prepare_filesystem,
                 template.rootfs,
                 spec.disk,
                 disks / "formatted",
@@ -318,6 +324,8 @@ class Runtime:
                 clone_of=clone_of,
                 populate=None if populate is None else lambda disk: populate(host, disk),
             )
+            if not overlap:
+                prepare()
             if spec.volumes:
                 host.volume_binds = self._bind_volumes(record, host, spec.volumes)
             limits = host_limits(spec.isolation, Limits(spec.memory, spec.pids, spec.cpus))
@@ -327,6 +335,7 @@ class Runtime:
             launch = Launch(
                 paths, cgroup, template.host_usr, spec.memory, spec.lifetime, limits,
                 wire_netns=self._wiring(record.slot) if networked and not gvisor else None,
+                prepare=prepare if overlap else None,
             )  # fmt: skip
             pid, start = host.launch(launch)
             host.activity_marker.touch()
@@ -460,7 +469,12 @@ class Runtime:
         if networked:
             net = plane.registered_home_net(self.home)  # none: no link was ever made
             if net is not None:
-                steps.insert(1, lambda: plane.detach(net.link(host.slot)))
+                # Removed while the processes die and the disk goes; gone before the
+                # record (and with it the slot) is (see plane.detaching).
+                try:
+                    steps.append(plane.detaching(net.link(host.slot)))
+                except OSError as e:
+                    errors.append(f"network link: {e}")
         for step in steps:
             try:
                 step()
