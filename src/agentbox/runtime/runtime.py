@@ -283,29 +283,38 @@ class Runtime:
         slot: int | None = None,
     ) -> SandboxRecord:
         gvisor = spec.isolation == GVISOR
+        # The cgroups first, then a no-op migration that starts the RCU grace period the
+        # launcher's cgroup joins wait for (isolation/cgroupwarm.py): it holds the kernel's
+        # cgroup mutex meanwhile, which a mkdir of a cgroup would wait for.
+        limits = host_limits(spec.isolation, Limits(spec.memory, spec.pids, spec.cpus))
+        cgroup = self.layout.sandbox(sandbox_id)
+        cgroup.create(limits)
+        cgroupwarm.start()
         # The namespaces tier mounts the disk while its launcher starts and joins the
         # cgroups (SandboxHost.launch); volumes need the root first (their mount points),
-        # the gvisor tier its directory (the netns pin). Those warm the joins instead.
+        # the gvisor tier its directory (the netns pin).
         overlap = not gvisor and not spec.volumes
-        if not overlap:
-            cgroupwarm.start()  # the launcher's cgroup joins wait less (see the module)
         expires_at = time.time() + spec.lifetime
         if pool is not None:
             expires_at = time.time() + POOL_MAX_AGE  # then replaced by a fresh one
-        with self.templates.reserving(template):  # from here on the record keeps the tree
-            record = self.store.reserve(
-                sandbox_id,
-                template.name,
-                template.digest,
-                spec,
-                expires_at,
-                MAX_SANDBOXES,
-                self.admission,
-                pool,
-                slot,
-            )
+        try:
+            with self.templates.reserving(template):  # from here on the record keeps the tree
+                record = self.store.reserve(
+                    sandbox_id,
+                    template.name,
+                    template.digest,
+                    spec,
+                    expires_at,
+                    MAX_SANDBOXES,
+                    self.admission,
+                    pool,
+                    slot,
+                )
+        except BaseException:
+            with contextlib.suppress(AgentboxError, OSError):
+                cgroup.remove()
+            raise
         host = host_for(self.home, sandbox_id, record.slot, spec.isolation)
-        cgroup = self.layout.sandbox(sandbox_id)
         networked = spec.network.mode != "none"
         try:
             trust = None
@@ -328,8 +337,6 @@ class Runtime:
                 prepare()
             if spec.volumes:
                 host.volume_binds = self._bind_volumes(record, host, spec.volumes)
-            limits = host_limits(spec.isolation, Limits(spec.memory, spec.pids, spec.cpus))
-            cgroup.create(limits)
             if networked and gvisor:  # runsc copies the namespace's setup as it starts
                 plane.attach(self.net.link(record.slot), host.make_netns())  # type: ignore[attr-defined]
             launch = Launch(
