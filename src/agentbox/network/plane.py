@@ -426,6 +426,7 @@ def attach(link: Link, netns: int | Path) -> None:
 
 
 DETACH_TIMEOUT_S = 10.0
+NETNS_GRACE_S = 0.2  # how long a destroy lets the kernel remove the pair with the netns
 
 
 def detach(link: Link) -> None:
@@ -434,18 +435,20 @@ def detach(link: Link) -> None:
     detaching(link)()
 
 
-def detaching(link: Link) -> Callable[[], None]:
-    """Start removing a sandbox's veth pair now; the returned call waits (at most
-    DETACH_TIMEOUT_S) until the host end is gone and raises SandboxError if the kernel
-    refused. A destroy starts it before it kills the sandbox and waits after unmounting
-    its disk, so the removal runs meanwhile.
+def detaching(link: Link, *, netns_ending: bool = False) -> Callable[[], None]:
+    """Watch a sandbox's veth pair from now on; the returned call waits (at most
+    DETACH_TIMEOUT_S) until its host end is gone and raises SandboxError if the kernel
+    refused to remove it.
 
-    The deleting request runs on a thread of its own and is not waited for: it returns
-    only after an RCU barrier (the device's memory is freed once every reader is done:
-    10-20 ms on a busy host, most of what a networked destroy took). The link's name,
-    addresses and routes are gone, and its slot free for a new sandbox, the moment the
-    kernel announces the removal (``rtnetlink.LinkWatch``), well before. Over rtnetlink,
-    not `ip link del` (a process)."""
+    ``netns_ending``: the caller is about to end the sandbox's last process (a destroy
+    calls this before the kill and waits after unmounting the disk). The kernel then
+    removes the pair itself with the network namespace, ~1 ms after the last process
+    ends, and the wait sees it announced (``rtnetlink.LinkWatch``). Deleting it instead
+    cost a destroy 13-18 ms: the deleting request returns only after an RCU barrier.
+    If it is still there after NETNS_GRACE_S (something else holds the namespace, such
+    as a socket the host opened in it), or at once without ``netns_ending``, it is
+    deleted on a thread, and the wait still ends with the announcement (name, addresses
+    and routes gone: the slot is free), not with the barrier. Over rtnetlink, not `ip`."""
     from agentbox.network import rtnetlink
 
     device = NET_DEVICES / link.host_ifname
@@ -455,13 +458,59 @@ def detaching(link: Link) -> Callable[[], None]:
     except (OSError, ValueError):  # gone already (with its netns, or an earlier destroy)
         watch.close()
         return lambda: None
-    done_r, done_w = os.pipe()  # closed by the deleting thread when its call returns
+
+    def gone(until: float, done: int | None = None) -> bool:
+        """Whether the removal was announced by ``until`` (monotonic), or by the time the
+        deleting call (``done`` readable: it returned) failed or succeeded."""
+        while True:
+            seen = watch.deleted(index)
+            if seen or (seen is None and not device.exists()):
+                return True
+            fds: list[socket.socket | int] = [watch.sock] if done is None else [watch.sock, done]
+            ready, _, _ = select.select(fds, [], [], max(until - time.monotonic(), 0))
+            if not ready or (done is not None and done in ready):
+                return not device.exists()
+
+    def wait() -> None:
+        deadline = time.monotonic() + DETACH_TIMEOUT_S
+        done: int | None = None
+        try:
+            if gone(time.monotonic() + (NETNS_GRACE_S if netns_ending else 0.0)):
+                return
+            done, refused = _delete_in_background(link.host_ifname)
+            if gone(deadline, done):
+                return
+            error = refused()
+            why = (
+                (error.strerror or str(error))
+                if error
+                else f"still there after {DETACH_TIMEOUT_S:g} s"
+            )
+            raise SandboxError(
+                f"could not remove the sandbox's network link {link.host_ifname}: {why}"
+            )
+        finally:
+            watch.close()
+            if done is not None:
+                os.close(done)
+
+    return wait
+
+
+def _delete_in_background(name: str) -> tuple[int, Callable[[], OSError | None]]:
+    """Send the request deleting link ``name`` from a thread of its own (it returns only
+    after an RCU barrier, long after the link is gone). Returns a pipe's read end that
+    polls readable once the request returned (the caller closes it), and what the kernel
+    refused with (None: nothing yet, deleted, or gone meanwhile)."""
+    from agentbox.network import rtnetlink
+
     refused: list[OSError] = []
+    done_r, done_w = os.pipe()
 
     def delete() -> None:
         try:
             with rtnetlink.Route.here() as route:
-                route.delete_link(link.host_ifname)
+                route.delete_link(name)
         except OSError as e:
             if e.errno != errno.ENODEV:  # ENODEV: gone meanwhile (its netns went first)
                 refused.append(e)
@@ -469,30 +518,4 @@ def detaching(link: Link) -> Callable[[], None]:
             os.close(done_w)
 
     threading.Thread(target=delete, name="veth-detach", daemon=True).start()
-
-    def wait() -> None:
-        deadline = time.monotonic() + DETACH_TIMEOUT_S
-        try:
-            while True:
-                seen = watch.deleted(index)
-                if seen or (seen is None and not device.exists()):
-                    return
-                remaining = deadline - time.monotonic()
-                ready, _, _ = select.select([watch.sock, done_r], [], [], max(remaining, 0))
-                if done_r in ready:  # the call returned: the link is gone, or it was refused
-                    if refused and device.exists():
-                        raise SandboxError(
-                            f"could not remove the sandbox's network link {link.host_ifname}: "
-                            f"{refused[0].strerror or refused[0]}"
-                        )
-                    return
-                if not ready:
-                    raise SandboxError(
-                        f"the sandbox's network link {link.host_ifname} was not removed "
-                        f"within {DETACH_TIMEOUT_S:g} s"
-                    )
-        finally:
-            watch.close()
-            os.close(done_r)
-
-    return wait
+    return done_r, lambda: refused[0] if refused else None

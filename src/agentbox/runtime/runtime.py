@@ -476,10 +476,10 @@ class Runtime:
         if networked:
             net = plane.registered_home_net(self.home)  # none: no link was ever made
             if net is not None:
-                # Removed while the processes die and the disk goes; gone before the
-                # record (and with it the slot) is (see plane.detaching).
+                # Watched from before the kill: the pair goes with the netns as the
+                # processes die; gone before the record (and the slot) is (plane.detaching).
                 try:
-                    steps.append(plane.detaching(net.link(host.slot)))
+                    steps.append(plane.detaching(net.link(host.slot), netns_ending=True))
                 except OSError as e:
                     errors.append(f"network link: {e}")
         for step in steps:
@@ -574,14 +574,18 @@ class Runtime:
         self._live.forget(sandbox_id)
         host = self.host(record)
         cgroup = self.layout.sandbox(sandbox_id)
+        net = plane.registered_home_net(self.home) if record.network_mode != "none" else None
         with self._lock:
+            # A gvisor sandbox's netns is pinned (kept for its next start): it does not end.
+            ending = record.isolation != GVISOR
+            unlinked = (
+                None if net is None else plane.detaching(net.link(record.slot), netns_ending=ending)
+            )
             cgroup.thaw()  # a frozen tree dies only once thawed on some kernels
             cgroup.remove_processes()
             host.processes_ended()
-            if record.network_mode != "none":
-                net = plane.registered_home_net(self.home)
-                if net is not None:
-                    plane.detach(net.link(record.slot))
+            if unlinked is not None:
+                unlinked()
             host.paused_marker.unlink(missing_ok=True)
             self.store.set_state(sandbox_id, "stopped")
         self.event(sandbox_id, "stopped", reason, actor)
