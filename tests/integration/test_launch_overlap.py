@@ -1,8 +1,8 @@
 """A create starts its launcher before the sandbox's disk and root are mounted
-(``nsexec spawn --wait-fd``): the launcher's process start and cgroup joins run while the
-host mounts them, and it goes on only when the host says go. A host that gives up (its
-preparation failed, or it died) never sends go: the launcher exits, nothing starts on a
-half-made root, and the failed create leaves nothing behind."""
+(``nsexec spawn --wait-fd``): the launcher's process starts while the host mounts them,
+and it joins the cgroups and goes on only when the host says go. A host that gives up
+(its preparation failed, or it died) never sends go: the launcher exits, nothing starts
+on a half-made root, and the failed create leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -38,36 +38,36 @@ def _read_to_eof(fd: int, timeout: float = 20.0) -> str:
     raise AssertionError(f"the launcher's output never ended: {data!r}")
 
 
-def _spawn_waiting(nsexec: Path, marker: Path) -> tuple[int, int]:
-    """``spawn --wait-fd`` of a program that writes ``marker``; returns the go pipe's
-    write end and the read end of the launcher's (and program's) output."""
+def _spawn_waiting(nsexec: Path, marker: Path) -> tuple[subprocess.Popen[bytes], int, int]:
+    """``spawn --wait-fd`` of a program that writes ``marker``; returns the launcher, the
+    go pipe's write end and the read end of the launcher's (and program's) output."""
     go_r, go_w = os.pipe()
     out_r, out_w = os.pipe()
     try:
-        parent = subprocess.run(
+        launcher = subprocess.Popen(
             [str(nsexec), "spawn", "--wait-fd", str(go_r), "--uid", "0", "--gid", "0",
              "--", "/bin/sh", "-c", f"echo ran > {marker}"],
             stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w, pass_fds=(go_r,),
-            start_new_session=True, timeout=30, check=False,
+            start_new_session=True,
         )  # fmt: skip
     finally:
         os.close(go_r)
         os.close(out_w)
-    # The parent half detaches at once; the child waits for its go.
-    assert parent.returncode == 0
-    return go_w, out_r
+    return launcher, go_w, out_r
 
 
 def test_the_launcher_goes_on_only_when_told(agentbox_home: Path, tmp_path: Path) -> None:
     nsexec = nsexec_path(agentbox_home / "lib")
     marker = tmp_path / "ran"
-    go_w, out_r = _spawn_waiting(nsexec, marker)
+    launcher, go_w, out_r = _spawn_waiting(nsexec, marker)
     try:
         os.write(go_w, b"g")
         os.close(go_w)
         output = _read_to_eof(out_r)
     finally:
         os.close(out_r)
+        code = launcher.wait(30)
+    assert code == 0  # its parent half detached the program and exited
     assert marker.read_text() == "ran\n", output
 
 
@@ -77,7 +77,7 @@ def test_a_launcher_never_told_to_go_starts_nothing(
 ) -> None:
     nsexec = nsexec_path(agentbox_home / "lib")
     marker = tmp_path / "ran"
-    go_w, out_r = _spawn_waiting(nsexec, marker)
+    launcher, go_w, out_r = _spawn_waiting(nsexec, marker)
     try:
         if sent:
             os.write(go_w, sent)
@@ -85,13 +85,14 @@ def test_a_launcher_never_told_to_go_starts_nothing(
         output = _read_to_eof(out_r)
     finally:
         os.close(out_r)
-    assert "gave up on this launch" in output
+        code = launcher.wait(30)
+    assert code == 125 and "gave up on this launch" in output, (code, output)
     assert not marker.exists()
 
 
 def test_a_failed_preparation_leaves_nothing_behind(runtime: Runtime, agentbox_home: Path) -> None:
-    """The launcher is already in the sandbox's cgroups when the disk is being filled; a
-    failure there ends it and removes every trace (the restore path's ``populate``)."""
+    """The launcher already runs while the disk is being filled; a failure there ends it
+    and removes every trace (the restore path's ``populate``)."""
     seen: list[SandboxHost] = []
 
     def populate(host: SandboxHost, disk: Path) -> None:

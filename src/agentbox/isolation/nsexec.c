@@ -15,11 +15,12 @@
  *
  *   spawn  --cgroup DIR... [--view PATH...] [--wait-fd N] --uid U --gid G -- ARGV
  *     Join the cgroups, detach (fork, parent exits 0), drop to the unprivileged host
- *     uid/gid, exec ARGV (bubblewrap). With --wait-fd, the detached child first waits for
- *     one byte 'g' on fd N (and exits 125 on anything else, EOF included): the host
- *     starts the launcher (its process and cgroup joins, whose RCU grace period is the
- *     slow part) before the sandbox's disk and root are mounted, and says go once they
- *     are; nothing of the sandbox's directory is looked at before. With --view, first
+ *     uid/gid, exec ARGV (bubblewrap). With --wait-fd, it first waits for one byte 'g'
+ *     on fd N (and exits 125 on anything else, EOF included): the host starts it while
+ *     the sandbox's disk and root are being mounted and says go once they are; nothing
+ *     is joined or looked at before. (The joins come after the go, not during the wait:
+ *     the first command's own cgroup moves then come soon enough after them to skip the
+ *     RCU grace period a move after a quiet spell waits for.) With --view, first
  *     move into a mount namespace of its own whose root is a small tmpfs showing only
  *     what bubblewrap needs: the host's /usr, /etc, /proc, /dev (and the /bin, /lib...
  *     beside them) and each PATH (a sandbox's directory, the init tmpfs), bound at the
@@ -833,13 +834,6 @@ int main(int argc, char **argv) {
   if (!enter && keep_fds) die_msg("--keep-fds is for enter only");
   if (enter && nviews) die_msg("--view is for spawn only");
   if (!enter) {
-    for (int c = 0; c < ncgroups; c++) join_cgroup(cgroups[c]);
-    /* Detach: the sandbox must outlive whoever created it, and that process must not
-     * inherit a zombie to reap; the host's init adopts the sandbox's monitor. */
-    pid_t pid = fork();
-    if (pid < 0) die("fork");
-    if (pid > 0) _exit(0);
-    if (setsid() < 0) die("setsid");
     if (wait_fd >= 0) {
       char go = 0;
       ssize_t n;
@@ -847,6 +841,13 @@ int main(int argc, char **argv) {
       if (n != 1 || go != 'g') die_msg("the host gave up on this launch before its go");
       close(wait_fd);
     }
+    for (int c = 0; c < ncgroups; c++) join_cgroup(cgroups[c]);
+    /* Detach: the sandbox must outlive whoever created it, and that process must not
+     * inherit a zombie to reap; the host's init adopts the sandbox's monitor. */
+    pid_t pid = fork();
+    if (pid < 0) die("fork");
+    if (pid > 0) _exit(0);
+    if (setsid() < 0) die("setsid");
     if (nviews) private_view(views, nviews);
     if (setresgid(gid, gid, gid) < 0) die("setresgid");
     if (setresuid(uid, uid, uid) < 0) die("setresuid");

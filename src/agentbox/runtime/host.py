@@ -292,9 +292,10 @@ class SandboxHost:
         (``limits``: what ``cgroup`` already enforces; other tiers pass them on.)
 
         With ``prepare`` (a first start), the launcher is started first and waits on a
-        pipe: its process start and cgroup joins (an RCU grace period after a quiet
-        spell, 5-20 ms here) run while ``prepare`` mounts the disk and root, and it goes
-        on (its view of the sandbox's directory, bubblewrap) only once they are there.
+        pipe: its process starts while ``prepare`` mounts the disk and root, and it goes
+        on (the cgroup joins, its view of the sandbox's directory, bubblewrap) only once
+        they are there. The joins wait for what is left of the RCU grace period the
+        create started beforehand (isolation/cgroupwarm.py).
         ``wire_netns(pid)`` runs as soon as the first process exists (its network
         namespace does), while bubblewrap goes on setting up its mounts: the veth is made
         meanwhile instead of after the sandbox is ready."""
