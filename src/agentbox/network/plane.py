@@ -430,12 +430,12 @@ NETNS_GRACE_S = 0.2  # how long a destroy lets the kernel remove the pair with t
 
 
 def detach(link: Link) -> None:
-    """Remove a sandbox's veth pair (its two ends go together) unless it is gone already;
-    returns once the host end is gone, raises SandboxError if it could not be removed."""
-    detaching(link)()
+    """Remove a sandbox's veth pair unless it is gone already; returns once both ends are
+    gone (the deleting call returned), raises SandboxError if it could not be removed."""
+    detaching(link, whole=True)()
 
 
-def detaching(link: Link, *, netns_ending: bool = False) -> Callable[[], None]:
+def detaching(link: Link, *, netns_ending: bool = False, whole: bool = False) -> Callable[[], None]:
     """Watch a sandbox's veth pair from now on; the returned call waits (at most
     DETACH_TIMEOUT_S) until its host end is gone and raises SandboxError if the kernel
     refused to remove it.
@@ -448,7 +448,8 @@ def detaching(link: Link, *, netns_ending: bool = False) -> Callable[[], None]:
     If it is still there after NETNS_GRACE_S (something else holds the namespace, such
     as a socket the host opened in it), or at once without ``netns_ending``, it is
     deleted on a thread, and the wait still ends with the announcement (name, addresses
-    and routes gone: the slot is free), not with the barrier. Over rtnetlink, not `ip`."""
+    and routes gone: the slot is free), not with the barrier (``whole``: with it, and
+    the peer gone too). Over rtnetlink, not `ip`."""
     from agentbox.network import rtnetlink
 
     device = NET_DEVICES / link.host_ifname
@@ -479,6 +480,8 @@ def detaching(link: Link, *, netns_ending: bool = False) -> Callable[[], None]:
                 return
             done, refused = _delete_in_background(link.host_ifname)
             if gone(deadline, done):
+                if whole:  # until the deleting call returned: the peer is gone as well
+                    select.select([done], [], [], max(deadline - time.monotonic(), 0))
                 return
             error = refused()
             why = (
