@@ -26,7 +26,7 @@ SETUP_PHASES: list[tuple[str, Any, str]] = [
     ("  cgroups create", cgroups.SandboxCgroup, "create"),
     ("  launch (nsexec spawn; disk mounted meanwhile; bwrap + ready)", host.SandboxHost, "launch"),
     (
-        "    prepare_filesystem (while the launcher joins the cgroups)",
+        "    prepare_filesystem (while the launcher starts)",
         host.SandboxHost,
         "prepare_filesystem",
     ),
@@ -59,7 +59,7 @@ NETWORK_PHASES: list[tuple[str, Any, str]] = [
     ("  cgroups create", cgroups.SandboxCgroup, "create"),
     ("  launch (nsexec spawn; disk mounted meanwhile; bwrap + ready)", host.SandboxHost, "launch"),
     (
-        "    prepare_filesystem (while the launcher joins the cgroups)",
+        "    prepare_filesystem (while the launcher starts)",
         host.SandboxHost,
         "prepare_filesystem",
     ),
@@ -71,7 +71,10 @@ NETWORK_PHASES: list[tuple[str, Any, str]] = [
     ("      netlink socket in the sandbox netns (setns x2)", ports, "socket_in_netns"),
     ("first command: CommandRunner.run", commands.CommandRunner, "run"),
     ("Runtime.destroy (total)", runtime.Runtime, "destroy"),
-    ("  plane.detach (host end gone with the netns?)", plane, "detach"),
+    ("  cgroup kill + wait + rmdir", cgroups.SandboxCgroup, "remove"),
+    ("  teardown (umount x2 + rm -r dir)", host.SandboxHost, "teardown"),
+    ("  plane.detaching (link watch, set up before the kill)", plane, "detaching"),
+    ("  plane._delete_in_background (a link left after 0.2 s)", plane, "_delete_in_background"),
 ]
 
 EXEC_PHASES: list[tuple[str, Any, str]] = [
