@@ -102,16 +102,20 @@ _NEW_NETNS_AND_SYSFS = [
 ]
 
 
-def test_detach_removes_the_veth_left_on_the_host() -> None:
+def _run_in_new_netns(script: str) -> None:
     done = subprocess.run(
         # Its own mount namespace too: /sys/class/net shows the netns sysfs was mounted in.
-        [*_NEW_NETNS_AND_SYSFS, sys.executable, _DETACH],
+        [*_NEW_NETNS_AND_SYSFS, sys.executable, script],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_detach_removes_the_veth_left_on_the_host() -> None:
+    _run_in_new_netns(_DETACH)
 
 
 # A sandbox's pair, its peer in a namespace a live process holds (the sandbox's, before
@@ -171,11 +175,4 @@ print("ok")
 
 @pytest.mark.parametrize("script", [_DETACH_LIVE, _DETACH_REFUSED], ids=["live-peer", "refused"])
 def test_detach_waits_for_the_link_and_reports_a_refusal(script: str) -> None:
-    done = subprocess.run(
-        [*_NEW_NETNS_AND_SYSFS, sys.executable, script],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+    _run_in_new_netns(script)
