@@ -290,9 +290,9 @@ class Runtime:
         cgroup = self.layout.sandbox(sandbox_id)
         cgroup.create(limits)
         cgroupwarm.start()
-        # The namespaces tier mounts the disk while its launcher starts and joins the
-        # cgroups (SandboxHost.launch); volumes need the root first (their mount points),
-        # the gvisor tier its directory (the netns pin).
+        # The namespaces tier mounts the disk while its launcher starts (it joins the
+        # cgroups after: SandboxHost.launch); volumes need the root first (their mount
+        # points), the gvisor tier its directory (the netns pin).
         overlap = not gvisor and not spec.volumes
         expires_at = time.time() + spec.lifetime
         if pool is not None:
