@@ -354,7 +354,11 @@ class SandboxHost:
                 if go_w >= 0:  # unsent, the launcher exits: nothing starts half-made
                     parent_fds.remove(go_w)
                     os.close(go_w)
-                returncode = started.wait()
+                try:
+                    returncode = started.wait(READY_TIMEOUT_S)
+                except subprocess.TimeoutExpired:  # a fork of ours may hold the go pipe
+                    started.kill()
+                    returncode = started.wait()
             if returncode != 0:
                 raise SandboxError(f"could not launch the sandbox: {self._log_tail()}")
             info = self._read_info(info_r)
