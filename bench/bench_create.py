@@ -39,29 +39,33 @@ def _create_and_run(home: Path) -> tuple[int, int, int, int]:
     return t1 - t0, t2 - t1, t2 - t0, t4 - t3
 
 
-def _create_networked_and_run(home: Path) -> int:
-    """Create->first result ns of one sandbox with the default network."""
+def _create_networked_and_run(home: Path) -> tuple[int, int]:
+    """(create->first result ns, destroy ns) of one sandbox with the default network."""
     t0 = now_ns()
     sb = Sandbox.create(home=home)
     try:
         result = sb.commands.run(["true"])
         elapsed = now_ns() - t0
     finally:
+        t1 = now_ns()
         sb.kill()
+        destroyed = now_ns() - t1
     if result.exit_code != 0:
         raise RuntimeError(f"`true` exited {result.exit_code} in a fresh networked sandbox")
-    return elapsed
+    return elapsed, destroyed
 
 
 def _network_rows(home: Path, plain: PlainBwrap, n: int, warmup: int) -> list[Row]:
     progress(f"1 create->first result, default network: {warmup} warm-up + {n} iterations")
     ours: list[int] = []
+    kills: list[int] = []
     base: list[int] = []
     for i in range(warmup + n):
-        o = _create_networked_and_run(home)
+        o, k = _create_networked_and_run(home)
         b = plain.run_true_with_veth(BASELINE_IFNAME)
         if i >= warmup:
             ours.append(o)
+            kills.append(k)
             base.append(b)
     st_ours, st_base = Stats.of_ns(ours), Stats.of_ns(base)
     return [
@@ -74,6 +78,7 @@ def _network_rows(home: Path, plain: PlainBwrap, n: int, warmup: int) -> list[Ro
             target=f"p50 <= {TARGET_NET_MS:g} ms and <= {TARGET_RATIO:g}x plain bwrap + veth",
             met=st_ours.p50 <= TARGET_NET_MS and st_ours.p50 <= TARGET_RATIO * st_base.p50,
         ),
+        Row("1", "agentbox: sb.kill() with the default network (timed apart)", Stats.of_ns(kills)),
         Row(
             "1",
             "baseline: plain bwrap in its own netns with a veth pair (ip + nsenter ip), "

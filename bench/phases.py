@@ -23,11 +23,17 @@ SETUP_PHASES: list[tuple[str, Any, str]] = [
     ("  sweep_expired (reads every record)", runtime.Runtime, "sweep_expired"),
     ("  TemplateStore.get", templates.TemplateStore, "get"),
     ("  Store.reserve (sqlite tx)", store.Store, "reserve"),
-    ("  prepare_filesystem", host.SandboxHost, "prepare_filesystem"),
-    ("    make_filesystem (cached image copy)", disk, "make_filesystem"),
-    ("    loop attach + mount ext4", disk, "mount_disk"),
     ("  cgroups create", cgroups.SandboxCgroup, "create"),
-    ("  launch (nsexec spawn + bwrap + ready)", host.SandboxHost, "launch"),
+    ("  launch (nsexec spawn; disk mounted meanwhile; bwrap + ready)", host.SandboxHost, "launch"),
+    (
+        "    prepare_filesystem (while the launcher starts)",
+        host.SandboxHost,
+        "prepare_filesystem",
+    ),
+    ("      make_filesystem (cached image copy)", disk, "make_filesystem"),
+    ("      loop attach + mount ext4", disk, "mount_disk"),
+    ("    then until bwrap reports the first pid", host.SandboxHost, "_read_info"),
+    ("    then until init says ready", host.SandboxHost, "_wait_ready"),
     ("  Store.mark_running (sqlite tx)", store.Store, "mark_running"),
 ]
 
@@ -50,9 +56,13 @@ NETWORK_PHASES: list[tuple[str, Any, str]] = [
         "ensure_running",
     ),
     ("    plane.ensure_host_setup (cached per process)", plane, "ensure_host_setup"),
-    ("  prepare_filesystem", host.SandboxHost, "prepare_filesystem"),
     ("  cgroups create", cgroups.SandboxCgroup, "create"),
-    ("  launch (nsexec spawn + bwrap + ready)", host.SandboxHost, "launch"),
+    ("  launch (nsexec spawn; disk mounted meanwhile; bwrap + ready)", host.SandboxHost, "launch"),
+    (
+        "    prepare_filesystem (while the launcher starts)",
+        host.SandboxHost,
+        "prepare_filesystem",
+    ),
     ("    plane.attach (veth, addresses, route; while bwrap sets up)", plane, "attach"),
     ("      rtnetlink add_veth (host end + peer into the netns)", rtnetlink.Route, "add_veth"),
     ("      rtnetlink add_address (x2)", rtnetlink.Route, "add_address"),
@@ -61,7 +71,10 @@ NETWORK_PHASES: list[tuple[str, Any, str]] = [
     ("      netlink socket in the sandbox netns (setns x2)", ports, "socket_in_netns"),
     ("first command: CommandRunner.run", commands.CommandRunner, "run"),
     ("Runtime.destroy (total)", runtime.Runtime, "destroy"),
-    ("  plane.detach (host end gone with the netns?)", plane, "detach"),
+    ("  cgroup kill + wait + rmdir", cgroups.SandboxCgroup, "remove"),
+    ("  teardown (umount x2 + rm -r dir)", host.SandboxHost, "teardown"),
+    ("  plane.detaching (link watch, set up before the kill)", plane, "detaching"),
+    ("  plane._delete_in_background (a link left after 0.2 s)", plane, "_delete_in_background"),
 ]
 
 EXEC_PHASES: list[tuple[str, Any, str]] = [

@@ -60,6 +60,7 @@ TIER_INDEPENDENT = {
     "test_host_checks.py": "the doctor's host checks",
     "test_host_plumbing.py": "the host side of a sandbox's network link (nft check, link removal)",
     "test_launcher_view.py": "the namespaces tier's launcher (bubblewrap) only",
+    "test_launch_overlap.py": "the namespaces tier's launcher waiting for its disk; gvisor mounts first",
     "test_loop_direct_io.py": "a snapshot view's loop device on the host",
     "test_mcp_auth.py": "the gateway's HTTP authorization",
     "test_metrics.py": "the gateway's /metrics",

@@ -102,13 +102,77 @@ _NEW_NETNS_AND_SYSFS = [
 ]
 
 
-def test_detach_removes_the_veth_left_on_the_host() -> None:
+def _run_in_new_netns(script: str) -> None:
     done = subprocess.run(
         # Its own mount namespace too: /sys/class/net shows the netns sysfs was mounted in.
-        [*_NEW_NETNS_AND_SYSFS, sys.executable, _DETACH],
+        [*_NEW_NETNS_AND_SYSFS, sys.executable, script],
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_detach_removes_the_veth_left_on_the_host() -> None:
+    _run_in_new_netns(_DETACH)
+
+
+# A sandbox's pair, its peer in a namespace a live process holds (the sandbox's, before
+# its kill): removing it takes both ends, and its name (the slot's) is free for the next
+# sandbox at once, while the deleting call still waits for the kernel's RCU barrier.
+_DETACH_LIVE = """
+import os, subprocess, time
+from pathlib import Path
+from agentbox.network import plane, rtnetlink
+
+def devices(pid):  # the interfaces of that process's network namespace
+    return [line.split(":")[0].strip() for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]]
+
+link = plane.HomeNet(31).link(7)
+holder = subprocess.Popen(["unshare", "-n", "sleep", "600"])
+try:
+    deadline = time.monotonic() + 30
+    while os.readlink(f"/proc/{holder.pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+        assert time.monotonic() < deadline, "unshare never made its namespace"
+        time.sleep(0.001)  # until it runs in its own namespace
+    for _ in range(3):
+        with rtnetlink.Route.here() as route:
+            route.add_veth(link.host_ifname, "eth0", holder.pid)
+        assert Path(f"/sys/class/net/{link.host_ifname}").exists()
+        assert "eth0" in devices(holder.pid)
+        plane.detaching(link)()
+        assert not Path(f"/sys/class/net/{link.host_ifname}").exists()  # the name is free
+        deadline = time.monotonic() + 30  # the peer goes in the same kernel call
+        while devices(holder.pid) != ["lo"]:
+            assert time.monotonic() < deadline, devices(holder.pid)
+            time.sleep(0.001)
+    plane.detaching(link)()  # gone already: nothing to do
+finally:
+    holder.kill()
+    holder.wait()
+print("ok")
+"""
+
+# A link of a sandbox's name that the kernel will not delete (here a loopback renamed, in
+# this test's own namespace): detach says so instead of leaving it behind in silence.
+_DETACH_REFUSED = """
+import subprocess
+from agentbox.errors import SandboxError
+from agentbox.network import plane
+
+link = plane.HomeNet(31).link(7)
+subprocess.run(["ip", "link", "set", "lo", "name", link.host_ifname], check=True)
+try:
+    plane.detach(link)
+except SandboxError as e:
+    assert link.host_ifname in str(e), e
+else:
+    raise AssertionError("detach left an undeletable link behind without a word")
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("script", [_DETACH_LIVE, _DETACH_REFUSED], ids=["live-peer", "refused"])
+def test_detach_waits_for_the_link_and_reports_a_refusal(script: str) -> None:
+    _run_in_new_netns(script)

@@ -13,14 +13,20 @@
  *     killed from inside the sandbox, so the agent cannot take its own sandbox down
  *     half-way; only the host (cgroup.kill) ends it, or its LIFETIME_S (0 = none).
  *
- *   spawn  --cgroup DIR... [--view PATH...] --uid U --gid G -- ARGV
+ *   spawn  --cgroup DIR... [--view PATH...] [--wait-fd N] --uid U --gid G -- ARGV
  *     Join the cgroups, detach (fork, parent exits 0), drop to the unprivileged host
- *     uid/gid, exec ARGV (bubblewrap). With --view, first move into a mount namespace of
- *     its own whose root is a small tmpfs showing only what bubblewrap needs: the host's
- *     /usr, /etc, /proc, /dev (and the /bin, /lib... beside them) and each PATH (a
- *     sandbox's directory, the init tmpfs), bound at the same path. bubblewrap's start
- *     costs O(mounts it can see) (it copies the namespace and parses mountinfo for each
- *     bind); this way it sees a dozen, not every other sandbox's disk and root.
+ *     uid/gid, exec ARGV (bubblewrap). With --wait-fd, it first waits for one byte 'g'
+ *     on fd N (and exits 125 on anything else, EOF included): the host starts it while
+ *     the sandbox's disk and root are being mounted and says go once they are; nothing
+ *     is joined or looked at before. (The joins come after the go, not during the wait:
+ *     the first command's own cgroup moves then come soon enough after them to skip the
+ *     RCU grace period a move after a quiet spell waits for.) With --view, first
+ *     move into a mount namespace of its own whose root is a small tmpfs showing only
+ *     what bubblewrap needs: the host's /usr, /etc, /proc, /dev (and the /bin, /lib...
+ *     beside them) and each PATH (a sandbox's directory, the init tmpfs), bound at the
+ *     same path. bubblewrap's start costs O(mounts it can see) (it copies the namespace
+ *     and parses mountinfo for each bind); this way it sees a dozen, not every other
+ *     sandbox's disk and root.
  *
  *   enter  --leaf DIR [--cgroup DIR...] --ns-pid PID --uid U --gid G --seccomp FILE [--cwd DIR]
  *          [--exit-file FILE] [--hold-stdin FIFO] [--detach] [--setsid] [--ctty]
@@ -773,7 +779,7 @@ int main(int argc, char **argv) {
 
   const char *cgroups[MAX_CGROUPS];
   int ncgroups = 0, ns_pid = -1, uid = -1, gid = -1, want_setsid = 0, want_ctty = 0;
-  int want_detach = 0, keep_fds = 0;
+  int want_detach = 0, keep_fds = 0, wait_fd = -1;
   const char *cwd = NULL, *seccomp = NULL, *exit_file = NULL, *leaf = NULL, *hold = NULL;
   const char *socket_path = NULL;
   const char *views[MAX_VIEWS];
@@ -803,6 +809,7 @@ int main(int argc, char **argv) {
     else if (strcmp(a, "--ctty") == 0) want_ctty = 1;
     else if (strcmp(a, "--detach") == 0) want_detach = 1;
     else if (strcmp(a, "--keep-fds") == 0) keep_fds = parse_int(argv[++i], "--keep-fds");
+    else if (strcmp(a, "--wait-fd") == 0) wait_fd = parse_int(argv[++i], "--wait-fd");
     else { dprintf(2, "agentbox-nsexec: unknown option %s\n", a); _exit(LAUNCH_FAIL); }
   }
   if (i >= argc && !resident) die_msg("no program given after --");
@@ -818,6 +825,7 @@ int main(int argc, char **argv) {
   if (oom < 0 || write(oom, "1000", 4) != 4) die("oom_score_adj");
   close(oom);
 
+  if ((enter || resident) && wait_fd >= 0) die_msg("--wait-fd is for spawn only");
   if (resident) {
     if (!socket_path || !leaf || !seccomp || ns_pid <= 0)
       die_msg("resident needs --socket, --leaf, --seccomp and --ns-pid");
@@ -826,6 +834,13 @@ int main(int argc, char **argv) {
   if (!enter && keep_fds) die_msg("--keep-fds is for enter only");
   if (enter && nviews) die_msg("--view is for spawn only");
   if (!enter) {
+    if (wait_fd >= 0) {
+      char go = 0;
+      ssize_t n;
+      do n = read(wait_fd, &go, 1); while (n < 0 && errno == EINTR);
+      if (n != 1 || go != 'g') die_msg("the host gave up on this launch before its go");
+      close(wait_fd);
+    }
     for (int c = 0; c < ncgroups; c++) join_cgroup(cgroups[c]);
     /* Detach: the sandbox must outlive whoever created it, and that process must not
      * inherit a zombie to reap; the host's init adopts the sandbox's monitor. */

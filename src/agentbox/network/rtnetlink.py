@@ -12,6 +12,7 @@ kernel's errno.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import itertools
 import os
@@ -29,6 +30,7 @@ IFA_ADDRESS, IFA_LOCAL = 1, 2
 RTA_GATEWAY, RTA_OIF = 5, 4
 RT_TABLE_MAIN, RTPROT_BOOT, RT_SCOPE_UNIVERSE, RTN_UNICAST = 254, 3, 0, 1
 IFF_UP = 0x1
+RTMGRP_LINK = 0x1  # multicast group of link changes (RTM_NEWLINK / RTM_DELLINK)
 
 _HEADER = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
 _IFINFO = struct.Struct("=BxHiII")  # ifinfomsg: family, type, index, flags, change
@@ -133,3 +135,45 @@ class Route:
         )
         body += attr(RTA_GATEWAY, _ipv4(gateway)) + attr(RTA_OIF, struct.pack("=I", index))
         self.request(RTM_NEWROUTE, NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL, body)
+
+
+class LinkWatch:
+    """A NETLINK_ROUTE socket subscribed to this namespace's link changes: a link's
+    removal is seen the moment the kernel announces it (name, addresses and routes gone),
+    which is before a ``delete_link`` returns (the deleting call then waits an RCU barrier
+    for the device's memory, 10-20 ms on a busy host)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_NONBLOCK,
+                                  socket.NETLINK_ROUTE)  # fmt: skip
+        try:
+            self.sock.bind((0, RTMGRP_LINK))
+        except OSError:
+            self.sock.close()
+            raise
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def deleted(self, index: int) -> bool | None:
+        """Read what is queued: True once the removal of link ``index`` is announced,
+        False if not yet, None if announcements were lost (the queue overflowed: the
+        caller looks for itself)."""
+        while True:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                return False
+            except OSError as e:
+                if e.errno == errno.ENOBUFS:
+                    return None
+                raise
+            offset = 0
+            while offset + _HEADER.size + _IFINFO.size <= len(data):
+                length, rtype, _, _, _ = _HEADER.unpack_from(data, offset)
+                if length < _HEADER.size:
+                    break
+                announced = _IFINFO.unpack_from(data, offset + _HEADER.size)[2]
+                if rtype == RTM_DELLINK and announced == index:
+                    return True
+                offset += (length + 3) & ~3

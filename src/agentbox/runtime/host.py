@@ -99,6 +99,9 @@ class Launch:
     limits: Limits | None = None
     # Called with the first process's pid as soon as it exists (the namespaces tier).
     wire_netns: Callable[[int], None] | None = None
+    # Mounts the sandbox's disk and root (a first start): the namespaces tier runs it
+    # while the launcher it started already joins the cgroups (see ``SandboxHost.launch``).
+    prepare: Callable[[], None] | None = None
 
 
 class SandboxHost:
@@ -125,8 +128,15 @@ class SandboxHost:
         # Named volumes to bind at the next launch (agentbox.volumes.service.Bind); the
         # runtime sets them from the volume records before it launches.
         self.volume_binds: list[Any] = []
+        self._dir_made = False  # by make_dir, through this object
 
     # build ----------------------------------------------------------------------------
+    def make_dir(self) -> None:
+        """The sandbox's host directory, new (a leftover of the same id is refused)."""
+        self.dir.mkdir(parents=True, exist_ok=False)
+        self.dir.chmod(0o711)  # bwrap runs as the sandbox uid: it may traverse, not list
+        self._dir_made = True
+
     def prepare_filesystem(
         self,
         template_root: Path,
@@ -141,8 +151,8 @@ class SandboxHost:
         ``trust``: files for the sandbox's ``/etc/agentbox/`` (the egress CA certificate
         and bundle of a sandbox with credentials), written into the fresh upper layer
         before the overlay exists, so nothing in the template can redirect them."""
-        self.dir.mkdir(parents=True, exist_ok=False)
-        self.dir.chmod(0o711)  # bwrap runs as the sandbox uid: it may traverse, not list
+        if not self._dir_made:
+            self.make_dir()
         if clone_of is None:
             disk.make_filesystem(self.image, disk_bytes, disk_cache, lay_out_disk, LAYOUT_KEY)
         else:
@@ -284,19 +294,28 @@ class SandboxHost:
     def launch(self, launch: Launch) -> tuple[int, int]:
         """Start the sandbox's first process; return its host pid and start time.
         (``limits``: what ``cgroup`` already enforces; other tiers pass them on.)
+
+        With ``prepare`` (a first start), the launcher is started first and waits on a
+        pipe: its process starts while ``prepare`` mounts the disk and root, and it goes
+        on (the cgroup joins, its view of the sandbox's directory, bubblewrap) only once
+        they are there. The joins wait for what is left of the RCU grace period the
+        create started beforehand (isolation/cgroupwarm.py).
         ``wire_netns(pid)`` runs as soon as the first process exists (its network
         namespace does), while bubblewrap goes on setting up its mounts: the veth is made
         meanwhile instead of after the sandbox is ready."""
         paths, cgroup, host_usr = launch.paths, launch.cgroup, launch.host_usr
         memory_bytes, lifetime_s = launch.memory_bytes, launch.lifetime_s
-        wire_netns = launch.wire_netns
         init = initfs.ensure(self.home, paths.nsexec)  # a stat, once it is there
+        if launch.prepare is not None and not self._dir_made:
+            self.make_dir()  # for the log, before the launcher writes to it
         seccomp_fd = os.open(paths.seccomp, os.O_RDONLY)
         boot_id_fd = os.memfd_create("boot_id", os.MFD_CLOEXEC)
         os.write(boot_id_fd, f"{_random_uuid()}\n".encode())
         os.lseek(boot_id_fd, 0, os.SEEK_SET)
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
+        go_r, go_w = os.pipe() if launch.prepare is not None else (-1, -1)
+        child_fds = [seccomp_fd, info_w, ready_w, boot_id_fd] + ([go_r] if go_r >= 0 else [])
         shm = max(memory_bytes // 2, 1 << 20)
         # On the init tmpfs beside the init: the launcher's view shows it already.
         locale_dir = locales.ensure(self.home, init.parent) if host_usr else None
@@ -307,6 +326,7 @@ class SandboxHost:
             "spawn",
             *[arg for d in cgroup.dirs_for("init") for arg in ("--cgroup", d)],
             *[arg for view in self.launch_views(init) for arg in ("--view", str(view))],
+            *(["--wait-fd", str(go_r)] if go_r >= 0 else []),
             "--uid",
             str(self.host_uid),
             "--gid",
@@ -314,33 +334,46 @@ class SandboxHost:
             "--",
             *argv,
         ]
+        parent_fds = [info_r, ready_r] + ([go_w] if go_w >= 0 else [])
         try:
-            with self.log.open("wb") as log:
-                # The launcher detaches (its parent half exits at once), so the sandbox
-                # outlives this process and leaves no zombie for it to reap.
-                launched = subprocess.run(
-                    launcher,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    pass_fds=(seccomp_fd, info_w, ready_w, boot_id_fd),
-                    start_new_session=True,
-                    env={"PATH": BASE_PATH},
-                    check=False,
-                )
-        finally:
-            for fd in (seccomp_fd, info_w, ready_w, boot_id_fd):
-                os.close(fd)
-        try:
-            if launched.returncode != 0:
+            try:
+                with self.log.open("wb") as log:
+                    # The launcher detaches (its parent half exits at once), so the
+                    # sandbox outlives this process and leaves no zombie for it to reap.
+                    started = subprocess.Popen(
+                        launcher,
+                        stdin=subprocess.DEVNULL,
+                        stdout=log,
+                        stderr=log,
+                        pass_fds=child_fds,
+                        start_new_session=True,
+                        env={"PATH": BASE_PATH},
+                    )
+            finally:
+                for fd in child_fds:
+                    os.close(fd)
+            try:
+                if launch.prepare is not None:
+                    launch.prepare()
+                    os.write(go_w, b"g")
+            finally:
+                if go_w >= 0:  # unsent, the launcher exits: nothing starts half-made
+                    parent_fds.remove(go_w)
+                    os.close(go_w)
+                try:
+                    returncode = started.wait(READY_TIMEOUT_S)
+                except subprocess.TimeoutExpired:  # a fork of ours may hold the go pipe
+                    started.kill()
+                    returncode = started.wait()
+            if returncode != 0:
                 raise SandboxError(f"could not launch the sandbox: {self._log_tail()}")
             info = self._read_info(info_r)
-            if wire_netns is not None:
-                wire_netns(int(info["child-pid"]))
+            if launch.wire_netns is not None:
+                launch.wire_netns(int(info["child-pid"]))
             self._wait_ready(ready_r)
         finally:
-            os.close(info_r)
-            os.close(ready_r)
+            for fd in parent_fds:
+                os.close(fd)
         pid = int(info["child-pid"])
         start = process_start_time(pid)
         if start is None:

@@ -282,26 +282,40 @@ class Runtime:
         paths: LaunchPaths,
         slot: int | None = None,
     ) -> SandboxRecord:
-        cgroupwarm.start()  # the launcher's cgroup joins wait less (see the module)
+        gvisor = spec.isolation == GVISOR
+        # The cgroups first, then a no-op migration that starts the RCU grace period the
+        # launcher's cgroup joins wait for (isolation/cgroupwarm.py): it holds the kernel's
+        # cgroup mutex meanwhile, which a mkdir of a cgroup would wait for.
+        limits = host_limits(spec.isolation, Limits(spec.memory, spec.pids, spec.cpus))
+        cgroup = self.layout.sandbox(sandbox_id)
+        cgroup.create(limits)
+        cgroupwarm.start()
+        # The namespaces tier mounts the disk while its launcher starts (it joins the
+        # cgroups after: SandboxHost.launch); volumes need the root first (their mount
+        # points), the gvisor tier its directory (the netns pin).
+        overlap = not gvisor and not spec.volumes
         expires_at = time.time() + spec.lifetime
         if pool is not None:
             expires_at = time.time() + POOL_MAX_AGE  # then replaced by a fresh one
-        with self.templates.reserving(template):  # from here on the record keeps the tree
-            record = self.store.reserve(
-                sandbox_id,
-                template.name,
-                template.digest,
-                spec,
-                expires_at,
-                MAX_SANDBOXES,
-                self.admission,
-                pool,
-                slot,
-            )
+        try:
+            with self.templates.reserving(template):  # from here on the record keeps the tree
+                record = self.store.reserve(
+                    sandbox_id,
+                    template.name,
+                    template.digest,
+                    spec,
+                    expires_at,
+                    MAX_SANDBOXES,
+                    self.admission,
+                    pool,
+                    slot,
+                )
+        except BaseException:
+            with contextlib.suppress(AgentboxError, OSError):
+                cgroup.remove()
+            raise
         host = host_for(self.home, sandbox_id, record.slot, spec.isolation)
-        cgroup = self.layout.sandbox(sandbox_id)
         networked = spec.network.mode != "none"
-        gvisor = spec.isolation == GVISOR
         try:
             trust = None
             if networked:
@@ -310,7 +324,8 @@ class Runtime:
                 egress_start.ensure_running(self.home)  # also loads the nft rules: before any link
                 if spec.network.credentials:
                     trust = self._egress_trust()
-            host.prepare_filesystem(
+            prepare = functools.partial(
+                host.prepare_filesystem,
                 template.rootfs,
                 spec.disk,
                 disks / "formatted",
@@ -318,15 +333,16 @@ class Runtime:
                 clone_of=clone_of,
                 populate=None if populate is None else lambda disk: populate(host, disk),
             )
+            if not overlap:
+                prepare()
             if spec.volumes:
                 host.volume_binds = self._bind_volumes(record, host, spec.volumes)
-            limits = host_limits(spec.isolation, Limits(spec.memory, spec.pids, spec.cpus))
-            cgroup.create(limits)
             if networked and gvisor:  # runsc copies the namespace's setup as it starts
                 plane.attach(self.net.link(record.slot), host.make_netns())  # type: ignore[attr-defined]
             launch = Launch(
                 paths, cgroup, template.host_usr, spec.memory, spec.lifetime, limits,
                 wire_netns=self._wiring(record.slot) if networked and not gvisor else None,
+                prepare=prepare if overlap else None,
             )  # fmt: skip
             pid, start = host.launch(launch)
             host.activity_marker.touch()
@@ -460,7 +476,12 @@ class Runtime:
         if networked:
             net = plane.registered_home_net(self.home)  # none: no link was ever made
             if net is not None:
-                steps.insert(1, lambda: plane.detach(net.link(host.slot)))
+                # Watched from before the kill: the pair goes with the netns as the
+                # processes die; gone before the record (and the slot) is (plane.detaching).
+                try:
+                    steps.append(plane.detaching(net.link(host.slot), netns_ending=True))
+                except OSError as e:
+                    errors.append(f"network link: {e}")
         for step in steps:
             try:
                 step()
@@ -553,14 +574,18 @@ class Runtime:
         self._live.forget(sandbox_id)
         host = self.host(record)
         cgroup = self.layout.sandbox(sandbox_id)
+        net = plane.registered_home_net(self.home) if record.network_mode != "none" else None
         with self._lock:
+            # A gvisor sandbox's netns is pinned (kept for its next start): it does not end.
+            ending = record.isolation != GVISOR
+            unlinked = (
+                None if net is None else plane.detaching(net.link(record.slot), netns_ending=ending)
+            )
             cgroup.thaw()  # a frozen tree dies only once thawed on some kernels
             cgroup.remove_processes()
             host.processes_ended()
-            if record.network_mode != "none":
-                net = plane.registered_home_net(self.home)
-                if net is not None:
-                    plane.detach(net.link(record.slot))
+            if unlinked is not None:
+                unlinked()
             host.paused_marker.unlink(missing_ok=True)
             self.store.set_state(sandbox_id, "stopped")
         self.event(sandbox_id, "stopped", reason, actor)
