@@ -40,6 +40,20 @@ STDLIB_HEAVY = ("logging", "platform", "tarfile", "uuid")
 # importlib.metadata): package data is read beside its module (isolation/), names and ids
 # come from agentbox.digest (hashlib loads OpenSSL; secrets, hmac and with it OpenSSL).
 SDK_NEVER = ("importlib.resources", "hashlib", "_hashlib", "secrets", "hmac")
+# Loaded by no create, command or kill of a one-shot script (Sandbox.create(), run, kill):
+# shutil (with bz2 and lzma) and tempfile for what a create never does (building a template,
+# compiling the seccomp filter or the launcher, spooling a kept stream, a fork's scratch);
+# shlex for a CLI hint; the desktop client and the Debian template builder until used.
+ONESHOT_NEVER = (
+    "shutil",
+    "tempfile",
+    "bz2",
+    "lzma",
+    "shlex",
+    "base64",
+    "agentbox.client.desktop",
+    "agentbox.runtime.templates.debian",
+)
 # Also absent until a call needs them: asyncio (AsyncSandbox only: sync users and the CLI
 # never run a loop), pydantic (validating a spec: create, not exec) and pyseccomp
 # (compiling the seccomp filter, cached on disk after the first time).
@@ -151,6 +165,7 @@ def test_sdk_create_loads_pydantic_but_nothing_heavy(tmp_path: Path, sandbox: Sa
     modules = loaded_modules(tmp_path, code)
     assert heavy_in({m.split(".")[0] for m in modules}) == []
     assert sorted(m for m in SDK_NEVER if m in modules) == []
+    assert sorted(m for m in ONESHOT_NEVER if m in modules) == []
 
 
 def test_the_installed_command_runs_the_light_exec_without_site(
