@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import itertools
 import os
 import resource
 import subprocess
@@ -74,6 +75,29 @@ ONESHOT = (
 # The same with settings no create in this home has seen (a memory size new each run):
 # validated with pydantic, not read back from the home's cache (runtime/spec_cache.py).
 ONESHOT_NEW_SETTINGS = ONESHOT.replace("Sandbox.create()", "Sandbox.create(memory='{mib}MiB')")
+# The same script printing the wall clock (time.time(), which the bench reads too) at its
+# first line and after each step: where a one-shot script's time goes. Its own row, so the
+# plain one stays unmarked.
+ONESHOT_MARKED = (
+    "import time\n"
+    "print(time.time())\n"
+    "from agentbox import Sandbox\n"
+    "print(time.time())\n"
+    "sb = Sandbox.create()\n"
+    "print(time.time())\n"
+    "assert sb.commands.run('true').exit_code == 0\n"
+    "print(time.time())\n"
+    "sb.kill()\n"
+    "print(time.time())\n"
+)
+PHASES = (
+    "interpreter start (spawn to the script's first line)",
+    "from agentbox import Sandbox",
+    "Sandbox.create()",
+    "sb.commands.run(['true'])",
+    "sb.kill()",
+    "interpreter exit (after kill() to reaped)",
+)
 
 
 class Measured:
@@ -135,7 +159,8 @@ def main() -> None:
         try:
             if podman is not None:
                 podman.start()  # the container `podman exec` enters
-            rows, rounds = _plan(env, plain, target, created, podman, agentbox_cmd)
+            phases: list[list[float]] = [[] for _ in PHASES]
+            rows, rounds = _plan(env, plain, target, created, podman, agentbox_cmd, phases)
             progress(f"cli: {n} rounds of {len(rows)} rows, load {load()}")
             load_before = load()
             for i in range(n + 2):  # the first two rounds warm caches up, not counted
@@ -144,6 +169,9 @@ def main() -> None:
                     if i >= 2:
                         measured.wall_ns.append(wall)
                         measured.cpu_ms.append(cpu)
+                if i == 1:  # nor are the warm-up rounds' phases
+                    for samples in phases:
+                        samples.clear()
             load_after = load()
         finally:
             target.close()
@@ -155,7 +183,12 @@ def main() -> None:
         ["measurement", "CPU p50 (user + system)"],
         [[m.what, f"{m.cpu_p50:.1f} ms"] for m in rows.values()],
     )
-    text = "\n".join([*table, "", *cpu_table, "", *met])
+    phase_table = md_table(
+        ["one-shot SDK script, phase (marked row)", "p50", "p95"],
+        [[what, f"{percentile(ms, 50):.1f} ms", f"{percentile(ms, 95):.1f} ms"]
+         for what, ms in zip(PHASES, phases, strict=True)],
+    )  # fmt: skip
+    text = "\n".join([*table, "", *cpu_table, "", *phase_table, "", *met])
     print(text)
     if args.write:
         write_doc_section(
@@ -192,6 +225,7 @@ def _plan(
     sandbox_id: str,
     podman: Podman | None,
     agentbox_cmd: str,
+    phases: list[list[float]],
 ) -> tuple[dict[str, Measured], list[tuple[Measured, Callable[[], tuple[int, float]]]]]:
     def process(argv: list[str], with_env: dict[str, str] = env) -> Callable[[], tuple[int, float]]:
         return lambda: run_process(argv, with_env)[:2]
@@ -211,6 +245,15 @@ def _plan(
     def oneshot_new_settings() -> tuple[int, float]:
         code = ONESHOT_NEW_SETTINGS.format(mib=next(fresh))
         return run_process([sys.executable, "-c", code], env)[:2]
+
+    def oneshot_marked() -> tuple[int, float]:
+        spawned = time.time()
+        wall, cpu, out = run_process([sys.executable, "-c", ONESHOT_MARKED], env)
+        reaped = time.time()
+        marks = [spawned, *(float(line) for line in out.split()), reaped]
+        for samples, (a, b) in zip(phases, itertools.pairwise(marks), strict=True):
+            samples.append((b - a) * 1e3)
+        return wall, cpu
 
     def help_first_call() -> tuple[int, float]:
         # No saved help text (cli/help_cache.py): click renders it, as on a first call.
@@ -250,6 +293,8 @@ def _plan(
          process([PIP_SCRIPT, "sandbox", "exec", sandbox_id, "--", "true"])),
         ("oneshot", "SDK script: import, Sandbox.create(), run('true'), kill()",
          process([sys.executable, "-c", ONESHOT])),
+        ("oneshot_marked", "SDK script as above, printing the time after each step",
+         oneshot_marked),
         ("oneshot_new", "SDK script as above, settings new to this home (memory=N MiB)",
          oneshot_new_settings),
         ("create", "agentbox sandbox create", create),
