@@ -35,6 +35,9 @@ _CPU_PERIOD_US = 100_000
 
 @dataclass(frozen=True)
 class Limits:
+    """What a sandbox's cgroups enforce: memory in bytes, tasks, CPUs (a fraction of one
+    or more)."""
+
     memory_bytes: int
     pids: int
     cpus: float

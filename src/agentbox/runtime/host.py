@@ -80,6 +80,8 @@ def release_home_mounts(home: Path) -> None:
 
 @dataclass(frozen=True)
 class LaunchPaths:
+    """The launcher binary (isolation/launcher.py) and the compiled seccomp filter."""
+
     nsexec: Path
     seccomp: Path
 

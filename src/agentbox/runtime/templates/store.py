@@ -106,6 +106,8 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 @dataclass(frozen=True)
 class Template:
+    """A named template: its content address and the tree sandboxes overlay."""
+
     name: str
     digest: str  # "sha256:<hex>" content address
     rootfs: Path  # read-only lower directory for the overlay
