@@ -222,9 +222,9 @@ def main() -> None:
             "socket, ipaddress, dataclasses; and 21 dataclasses built), the create (disk "
             "clone and mounts, cgroups, the launcher's cgroup joins, bubblewrap, the veth), "
             "the command (one clone by the sandbox's resident launcher, started by the "
-            "create), the kill (the veth's removal, about half of it, then the cgroup "
-            "kill, two unmounts) and the interpreter's exit (tearing down what the import "
-            "built: about 10 ms, against 3 for `python -c pass`).",
+            "create), the kill (the veth's removal, the cgroup kill, two unmounts) and the "
+            "interpreter's exit (tearing down what the import built: about 10 ms, against "
+            "3 for `python -c pass`).",
             text,
         )  # fmt: skip
 
