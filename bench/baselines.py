@@ -11,7 +11,8 @@
 * ``NsenterTarget``: a long-lived plain bwrap sandbox, entered with ``nsenter`` (all
   namespaces, root, cwd, uid/gid) to run one command: the exec-path floor without the
   cgroup leaf and seccomp that agentbox's launcher adds.
-* ``podman_path``: podman, when installed.
+* ``Podman``: ``podman run --rm`` and ``podman exec`` on a template's rootfs tree, when
+  podman is installed (``scripts/install.sh --bench``).
 """
 
 from __future__ import annotations
@@ -48,26 +49,81 @@ def bare_true() -> int:
 
 
 def podman_path() -> str | None:
+    """podman, when installed (``scripts/install.sh --bench`` installs it)."""
     return shutil.which("podman")
 
 
-def podman_true(podman: str, rootfs: Path) -> int:
-    """Nanoseconds for ``podman run --rm`` of ``true`` on the baseline rootfs (no image pull)."""
-    argv = [
-        podman,
-        "run",
-        "--rm",
-        "--network=none",
-        "--volume=/usr:/usr:ro",
-        "--rootfs",
-        str(rootfs),
-        "true",
-    ]
+def template_rootfs(home: Path, name: str = "default") -> Path:
+    """The rootfs tree of template ``name`` in ``home``: what its sandboxes' overlay has
+    below, and what the podman rows run on."""
+    from agentbox.runtime.runtime import Runtime
+
+    return Runtime(home).templates.get(name).rootfs
+
+
+class Podman:
+    """``podman run --rm`` and ``podman exec`` on a rootfs tree, network none, as a
+    container runtime does agentbox's job.
+
+    The tree is used as agentbox uses a template: an overlay on top (``--rootfs DIR:O``,
+    so nothing is written into it) and, when the template binds the host's ``/usr``, the
+    same bind read-only. Two settings of this host, not of the comparison: Debian 12's crun
+    (1.8) refuses hybrid cgroups ("drop all controllers from cgroupv2"), so runc runs the
+    containers when it is installed (``scripts/install.sh --bench`` installs both); and
+    root here lacks CAP_SYS_RESOURCE, so podman's default rlimits (above this process's
+    hard limits) are refused: lower ones are passed.
+    """
+
+    def __init__(self, podman: str, rootfs: Path, host_usr: bool = True) -> None:
+        self.podman = podman
+        self.base = [podman, *(["--runtime", "runc"] if shutil.which("runc") else [])]
+        self.options = [
+            "--network=none",
+            "--ulimit=nofile=1024:1024",
+            "--ulimit=nproc=32768:32768",
+            *(["--volume=/usr:/usr:ro"] if host_usr else []),
+            "--rootfs",
+            f"{rootfs}:O",
+        ]
+        self.container: str | None = None
+
+    def run_argv(self, *command: str) -> list[str]:
+        return [*self.base, "run", "--rm", *self.options, *command]
+
+    def run_true(self) -> int:
+        """Nanoseconds for ``podman run --rm ... true`` from spawn to exit."""
+        return _timed(self.run_argv("true"), "podman run")
+
+    def start(self) -> str:
+        """A long-lived container (``sleep infinity``) for ``exec_argv``; its id."""
+        done = subprocess.run(
+            [*self.base, "run", "-d", *self.options, "sleep", "infinity"],
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"podman run -d exited {done.returncode}: {done.stderr[-300:]!r}")
+        self.container = done.stdout.decode().strip()
+        return self.container
+
+    def exec_argv(self, *command: str) -> list[str]:
+        assert self.container is not None, "start() first"
+        return [*self.base, "exec", self.container, *command]
+
+    def close(self) -> None:
+        """Remove the container ``start`` made (at once: no stop timeout)."""
+        if self.container is not None:
+            subprocess.run([*self.base, "rm", "-f", "-t", "0", self.container],
+                           capture_output=True, check=False)  # fmt: skip
+            self.container = None
+
+
+def _timed(argv: list[str], what: str) -> int:
     t0 = now_ns()
     done = subprocess.run(argv, capture_output=True, check=False)
     elapsed = now_ns() - t0
     if done.returncode != 0:
-        raise RuntimeError(f"podman exited {done.returncode}: {done.stderr[-300:]!r}")
+        raise RuntimeError(f"{what} exited {done.returncode}: {done.stderr[-300:]!r}")
     return elapsed
 
 

@@ -2,8 +2,9 @@
 
 Each iteration runs, back to back: agentbox (``Sandbox.create()`` then
 ``commands.run(["true"])``, then ``kill()`` timed apart), plain bwrap with agentbox's
-mount set running ``true``, and ``subprocess.run(["true"])``. Interleaving puts the same
-host noise on every column. A second, shorter pass wraps agentbox's internals to say where
+mount set running ``true``, ``subprocess.run(["true"])`` and, when podman is installed
+(``scripts/install.sh --bench``), ``podman run --rm`` of ``true`` on the default
+template's rootfs tree. Interleaving puts the same host noise on every column. A second, shorter pass wraps agentbox's internals to say where
 the time goes.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentbox import Sandbox
-from baselines import PlainBwrap, bare_true, podman_path, podman_true
+from baselines import PlainBwrap, Podman, bare_true, podman_path, template_rootfs
 from common import BenchResult, Row, Stats, bench_home, now_ns, progress, ratio
 from phases import CREATE_PHASES, NETWORK_PHASES, PhaseTimer
 
@@ -89,18 +90,21 @@ def _network_rows(home: Path, plain: PlainBwrap, n: int, warmup: int) -> list[Ro
     ]
 
 
-def _podman_row(plain: PlainBwrap, n: int) -> Row:
-    what = "baseline: podman run --rm --network=none --rootfs (same rootfs) true"
-    podman = podman_path()
-    if podman is None:
-        return Row("1", what, None, target="baseline", ratio="podman is not installed here")
-    progress(f"1 create->first result: podman baseline, {n} runs")
+PODMAN_WHAT = "baseline: podman run --rm --network=none --rootfs (default template's tree) true"
+
+
+def _podman(home: Path) -> tuple[Podman | None, str]:
+    """podman on the default template's tree (made by the first create), after one
+    warm-up run; or None and why not."""
+    path = podman_path()
+    if path is None:
+        return None, "podman is not installed here (scripts/install.sh --bench)"
+    podman = Podman(path, template_rootfs(home))
     try:
-        podman_true(podman, plain.rootfs)  # warm-up
-        samples = [podman_true(podman, plain.rootfs) for _ in range(n)]
+        podman.run_true()
     except (OSError, RuntimeError) as e:
-        return Row("1", what, None, target="baseline", ratio=f"podman failed: {e}"[:120])
-    return Row("1", what, Stats.of_ns(samples), target="baseline", note="not interleaved")
+        return None, f"podman failed: {e}"[:120]
+    return podman, ""
 
 
 def run(quick: bool) -> BenchResult:
@@ -111,20 +115,26 @@ def run(quick: bool) -> BenchResult:
     destroy: list[int] = []
     bwrap: list[int] = []
     bare: list[int] = []
+    pods: list[int] = []
     with bench_home("create") as home:
         plain = PlainBwrap(home / "baseline", home / "lib")
         progress(f"1 create->first result: {warmup} warm-up + {n} measured iterations")
+        podman: Podman | None = None
+        why_not = ""
         for i in range(warmup + n):
             c, f, t, d = _create_and_run(home)
+            if i == 0:  # the default template's tree exists now
+                podman, why_not = _podman(home)
             b = plain.run_true()
             s = bare_true()
+            pod = podman.run_true() if podman is not None else 0
             if i >= warmup:
                 for samples, v in ((create, c), (first, f), (total, t), (destroy, d)):
                     samples.append(v)
                 bwrap.append(b)
                 bare.append(s)
+                pods.append(pod)
         network_rows = _network_rows(home, plain, n // 2, warmup)
-        podman_row = _podman_row(plain, 10 if quick else 30)
         progress(f"1 create->first result: phase breakdown over {n_phases} iterations")
         timer = PhaseTimer(CREATE_PHASES)
         with timer.active():
@@ -141,7 +151,9 @@ def run(quick: bool) -> BenchResult:
             "agentbox: Sandbox.create(network=\"none\") -> commands.run(['true']) result",
             st_total,
             ratio=f"{ratio(st_total.p50, st_bwrap.p50)} plain bwrap, "
-            f"{ratio(st_total.p50, st_bare.p50)} bare (p50)",
+            f"{ratio(st_total.p50, st_bare.p50)} bare"
+            + (f", {ratio(st_total.p50, Stats.of_ns(pods).p50)} podman run" if podman else "")
+            + " (p50)",
             target=f"p50 <= {TARGET_MS:g} ms and <= {TARGET_RATIO:g}x plain bwrap",
             met=met,
         ),
@@ -155,7 +167,9 @@ def run(quick: bool) -> BenchResult:
             target="baseline",
         ),
         Row("1", "baseline: bare subprocess.run(['true'])", st_bare, target="baseline"),
-        podman_row,
+        Row("1", PODMAN_WHAT, Stats.of_ns(pods), target="baseline")
+        if podman is not None
+        else Row("1", PODMAN_WHAT, None, target="baseline", ratio=why_not),
         *network_rows,
     ]
     result = BenchResult(rows=rows)

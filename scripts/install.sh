@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install agentbox on a Debian 12 host, as root: Debian packages, then a virtualenv at
 # .venv in this checkout with the package (and, with --dev, the test tools: Python ones and
-# tests/js's node packages) installed; /usr/local/bin/agentbox links to it.
+# tests/js's node packages) installed; /usr/local/bin/agentbox links to it. --bench adds
+# what bench/ compares against (podman); CI never passes it.
 # Idempotent: packages already present are not fetched again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,14 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 DEV=0
-[ "${1:-}" = "--dev" ] && DEV=1
+BENCH=0
+for arg in "$@"; do
+  case "$arg" in
+    --dev) DEV=1 ;;
+    --bench) BENCH=1 ;;
+    *) echo "usage: scripts/install.sh [--dev] [--bench]" >&2; exit 2 ;;
+  esac
+done
 
 # bubblewrap: the sandbox; libseccomp2: compiles the seccomp profile; e2fsprogs: per-sandbox
 # disks; xfsprogs: the disk pool they live in (reflinks: O(1) fork and create); gcc/libc6-dev: builds the 4 KB namespace launcher once; mmdebstrap: template
@@ -40,6 +48,11 @@ PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs xfsp
 # pgbouncer: transaction pooling in front of PostgreSQL for 1,000 nodes' connections
 # (tests/pgbouncerkit.py starts its own on loopback, like pgkit; docs/cluster.md "Connections").
 [ "$DEV" = 1 ] && PACKAGES+=(postgresql systemd pgbouncer)
+# --bench: the baselines issue 20 names, measured in the same run as agentbox
+# (bench/baselines.py Podman: `podman run --rm` and `podman exec` on the default template's
+# tree). runc beside podman's crun: Debian 12's crun refuses hybrid cgroup hosts. Not in the
+# default or --dev installs: nothing in agentbox or its tests uses them.
+[ "$BENCH" = 1 ] && PACKAGES+=(podman runc)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

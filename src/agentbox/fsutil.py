@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Literal
@@ -35,6 +34,8 @@ def fsync_dir(path: Path) -> None:
 def atomic_file(target: Path, mode: int = 0o600, suffix: str = "") -> Iterator[IO[bytes]]:
     """A temp file beside ``target`` that replaces it on success, fsynced first so that a
     crash leaves the old content or the new, never a part; removed on failure."""
+    import tempfile  # here: tempfile (with shutil, random) is no create's, command's or kill's
+
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=suffix)
     try:
         os.fchmod(fd, mode)

@@ -17,7 +17,6 @@ module imports nothing of agentbox: :mod:`agentbox.errors` builds on it.
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -122,10 +121,18 @@ ACTIONS: dict[str, Action] = {
 }
 
 
+def _shell_quote(value: str) -> str:
+    """``shlex.quote``, imported when a CLI hint is rendered: every SDK and CLI process
+    loads this module, few render a hint for a shell."""
+    import shlex
+
+    return shlex.quote(value)
+
+
 _QUOTES: dict[Surface, Callable[[Any], str]] = {
     "mcp": str,
     "rest": str,
-    "cli": lambda v: shlex.quote(str(v)),
+    "cli": lambda v: _shell_quote(str(v)),
     "sdk": repr,
 }
 

@@ -75,6 +75,9 @@ def test_a_launch_failure_reads_as_on_the_full_path(sandbox: Sandbox) -> None:
     missing_cwd = ["--cwd", "/no/such/dir"]
     prepared = quick_exec.prepare(sandbox.id, ["true"], "cquick4")
     assert prepared is not None
+    # The launcher's argv, not the resident launcher (running since the create): a socket
+    # nothing listens on sends the command the old way.
+    prepared.socket = os.path.join(os.path.dirname(prepared.socket), "nobody.sock")
     i = prepared.argv.index("--cwd")
     prepared.argv[i : i + 2] = missing_cwd
     status, err_head = quick_exec.run(prepared, None, lambda fd, chunk: None)

@@ -133,6 +133,16 @@ def test_a_command_by_the_launcher_is_confined_like_one_by_enter(
     assert new["leaf"] == f"/agentbox/{sb.id}/c"
 
 
+def test_a_new_sandboxs_first_command_goes_through_its_launcher(
+    runtime: Runtime, sandbox: Sandbox, launches: list[bool]
+) -> None:
+    """The create starts the launcher (right after the init joined the cgroups): the first
+    command is one clone by it, not an ``enter`` whose cgroup moves wait for the kernel."""
+    assert len(_launcher_pids(runtime, sandbox)) == 1, "no launcher before the first command"
+    assert sandbox.commands.run("echo first").stdout == "first\n"
+    assert launches == [True]
+
+
 def test_the_sandbox_cannot_see_reach_or_signal_the_launcher(
     runtime: Runtime, shared_sandbox: Sandbox
 ) -> None:

@@ -40,6 +40,27 @@ STDLIB_HEAVY = ("logging", "platform", "tarfile", "uuid")
 # importlib.metadata): package data is read beside its module (isolation/), names and ids
 # come from agentbox.digest (hashlib loads OpenSSL; secrets, hmac and with it OpenSSL).
 SDK_NEVER = ("importlib.resources", "hashlib", "_hashlib", "secrets", "hmac")
+# Loaded by no create, command or kill of a one-shot script (Sandbox.create(), run, kill):
+# shutil (with bz2 and lzma) and tempfile for what a create never does (building a template,
+# compiling the seccomp filter or the launcher, spooling a kept stream, a fork's scratch);
+# shlex for a CLI hint; the desktop client and the Debian template builder until used;
+# inspect (with ast, dis and tokenize), which dataclasses loads to give a class without a
+# docstring one (agentbox._import_dataclasses): a dataclass without a docstring on this
+# path brings it back.
+ONESHOT_NEVER = (
+    "inspect",
+    "ast",
+    "dis",
+    "tokenize",
+    "shutil",
+    "tempfile",
+    "bz2",
+    "lzma",
+    "shlex",
+    "base64",
+    "agentbox.client.desktop",
+    "agentbox.runtime.templates.debian",
+)
 # Also absent until a call needs them: asyncio (AsyncSandbox only: sync users and the CLI
 # never run a loop), pydantic (validating a spec: create, not exec) and pyseccomp
 # (compiling the seccomp filter, cached on disk after the first time).
@@ -110,6 +131,32 @@ def test_importing_the_package_and_the_sdk_loads_nothing_heavy(tmp_path: Path) -
     assert heavy_in(loaded(tmp_path, "from agentbox import Sandbox, AsyncSandbox")) == []
 
 
+def test_dataclasses_without_inspect_still_give_a_class_its_signature() -> None:
+    """The stand-in dataclasses sees for inspect imports the real one when a class without
+    a docstring needs its signature; every later user gets the real module."""
+    code = (
+        "import sys\n"
+        "from agentbox import Sandbox\n"
+        "import dataclasses\n"
+        "assert 'inspect' not in sys.modules\n"
+        "@dataclasses.dataclass\n"
+        "class P:\n"
+        "    x: int\n"
+        "assert P.__doc__ == 'P(x: int)', P.__doc__\n"
+        "import inspect\n"
+        "assert type(inspect) is type(sys) and inspect.signature(P) is not None\n"
+        "assert str(inspect.signature(P)) == '(x: int) -> None'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        env={**os.environ, "AGENTBOX_URL": ""},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+
+
 def test_cli_help_loads_no_command_module(tmp_path: Path) -> None:
     modules = loaded(tmp_path, "cli", "--help")
     assert heavy_in(modules) == []
@@ -151,6 +198,7 @@ def test_sdk_create_loads_pydantic_but_nothing_heavy(tmp_path: Path, sandbox: Sa
     modules = loaded_modules(tmp_path, code)
     assert heavy_in({m.split(".")[0] for m in modules}) == []
     assert sorted(m for m in SDK_NEVER if m in modules) == []
+    assert sorted(m for m in ONESHOT_NEVER if m in modules) == []
 
 
 def test_the_installed_command_runs_the_light_exec_without_site(

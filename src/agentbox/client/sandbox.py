@@ -25,7 +25,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 
-from agentbox.client.desktop import Desktop
 from agentbox.client.interfaces import Backend, ProcessesAPI
 from agentbox.runtime.requests import (
     DownloadRequest,
@@ -40,6 +39,7 @@ from agentbox.runtime.runtime import Runtime
 
 # Imported where used, so the SDK loads light (tests/unit/test_import_weight.py).
 if TYPE_CHECKING:
+    from agentbox.client.desktop import Desktop
     from agentbox.config.specs import NetworkSpec
     from agentbox.runtime.files import FileInfo
     from agentbox.runtime.output import CommandResult
@@ -297,7 +297,14 @@ class Sandbox:
         self.record = record
         self.commands = Commands(runtime, record.id)
         self.files = Files(runtime, record.id)
-        self.desktop = Desktop(runtime, record.id)
+
+    @functools.cached_property
+    def desktop(self) -> Desktop:
+        """``sb.desktop``: the sandbox's graphical desktop (imported on first use: a
+        one-shot script never loads it)."""
+        from agentbox.client.desktop import Desktop
+
+        return Desktop(self._rt, self.id)
 
     @classmethod
     def create(
@@ -532,7 +539,6 @@ class AsyncSandbox:
         self.record = sandbox.record
         self.commands = AsyncCommands(sandbox.commands)
         self.files = AsyncFiles(sandbox.files)
-        self.desktop = AsyncDesktop(sandbox.desktop)
         self.info = _threaded(sandbox.info)
         self.is_running = _threaded(sandbox.is_running)
         self.shell = _threaded_as(sandbox.shell, AsyncShell)
@@ -542,6 +548,10 @@ class AsyncSandbox:
         self.fork = _threaded_as(sandbox.fork, AsyncSandbox)
         self.snapshot = _threaded(sandbox.snapshot)
         self.kill = _threaded(sandbox.kill)
+
+    @functools.cached_property
+    def desktop(self) -> AsyncDesktop:
+        return AsyncDesktop(self._sync.desktop)
 
     create = staticmethod(_threaded_as(Sandbox.create, lambda sb: AsyncSandbox(sb)))
     connect = staticmethod(_threaded_as(Sandbox.connect, lambda sb: AsyncSandbox(sb)))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 from pathlib import Path
 
 from agentbox.errors import SandboxError
@@ -62,6 +61,8 @@ def ensure(home: Path, binary: Path) -> Path:
 def _install(binary: Path, target: Path) -> None:
     staging = target.with_name(f".{target.name}.{os.getpid()}")
     try:
+        import shutil  # here: once per home, not on every create
+
         shutil.copyfile(binary, staging)
         staging.chmod(0o755)
         staging.replace(target)

@@ -8,9 +8,7 @@ versions never mix.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 from agentbox.digest import sha256_hex
@@ -43,6 +41,9 @@ def static_binary(lib_dir: Path, source_name: str, stem: str) -> Path:
     binary = lib_dir / f"{stem}-{digest}"
     if binary.exists():
         return binary
+    import shutil  # here, as tempfile: only a build (once per host and version) needs them
+    import tempfile
+
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise HostUnsupported(

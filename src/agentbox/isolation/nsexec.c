@@ -51,8 +51,8 @@
  *
  *   resident --socket PATH --leaf DIR [--cgroup DIR...] --ns-pid PID --uid U --gid G
  *            --seccomp FILE
- *     The middle process of enter, made resident (one per sandbox, started on its first
- *     command): it listens on the host unix socket PATH (bound before it joins anything,
+ *     The middle process of enter, made resident (one per sandbox, started with it, or
+ *     by a command that finds none): it listens on the host unix socket PATH (bound before it joins anything,
  *     mode 0600 in the sandbox's host directory, which no sandbox mount shows), forks
  *     into cgroup leaf DIR, joins the v1 cgroups and the ipc/uts/net/pid/mnt namespaces
  *     once, and then, per connection from host root (SO_PEERCRED uid 0), clones one

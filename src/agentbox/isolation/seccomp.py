@@ -14,7 +14,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +100,8 @@ def compile_profile(profile: dict[str, Any]) -> bytes:
                 continue
             for args in _conditions(rule):
                 filt.add_rule(action, name, *args)
+    import tempfile  # here: compiling is once per host and profile; creates read the cache
+
     with tempfile.TemporaryFile() as out:
         filt.export_bpf(out)
         out.seek(0)
@@ -119,6 +120,8 @@ def compiled_filter_path(cache_dir: Path) -> Path:
     if not path.exists():
         program = compile_profile(load_profile())
         cache_dir.mkdir(parents=True, exist_ok=True)
+        import tempfile
+
         fd, tmp = tempfile.mkstemp(dir=cache_dir)
         with os.fdopen(fd, "wb") as f:
             f.write(program)

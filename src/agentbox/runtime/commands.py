@@ -4,9 +4,10 @@ Every command goes through ``agentbox-nsexec enter``: it joins a fresh per-comma
 cgroup of the sandbox, every namespace of the sandbox's init, and applies the same uid,
 capability, no_new_privs and seccomp settings before exec. The launcher is our child,
 so the exit status we report comes from ``waitpid`` on the host. Or, when the sandbox's
-resident launcher answers (``runtime.resident``; started by the first command without
-one), that launcher clones the command into the same leaf with the same confinement and
-reports the status it got from ``waitpid`` (host code, out of the sandbox's reach).
+resident launcher answers (``runtime.resident``; started with the sandbox, or by a
+command that finds none), that launcher clones the command into the same leaf with the
+same confinement and reports the status it got from ``waitpid`` (host code, out of the
+sandbox's reach).
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import select
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Mapping
@@ -81,6 +80,8 @@ def release_home_mounts(home: Path) -> None:
 
 @dataclass(frozen=True)
 class LaunchPaths:
+    """The launcher binary (isolation/launcher.py) and the compiled seccomp filter."""
+
     nsexec: Path
     seccomp: Path
 
@@ -210,7 +211,7 @@ class SandboxHost:
         for scratch in (self.disk / "procs", self.disk / "work"):
             if scratch.is_symlink() or not scratch.is_dir():
                 raise SandboxError(f"the source sandbox's {scratch.name}/ is not a directory")
-            shutil.rmtree(scratch)
+            _remove_tree(scratch)
         for root, dirs, files in os.walk(self.disk):
             for name in (*dirs, *files):
                 path = os.path.join(root, name)
@@ -431,7 +432,30 @@ class SandboxHost:
         disk.unmount(self.disk)  # AUTOCLEAR frees the loop device
         self.image.unlink(missing_ok=True)
         if self.dir.exists():
-            shutil.rmtree(self.dir, ignore_errors=False, onerror=_ignore_missing)
+            _remove_tree(self.dir)
+
+
+def _remove_tree(path: Path) -> None:
+    """``rm -rf path``. A torn-down sandbox's directory holds a few files and two empty
+    mount points: removed here with no import; anything deeper takes shutil.rmtree
+    (imported then: shutil brings bz2 and lzma, a share of a one-shot script's start)."""
+    try:
+        with os.scandir(path) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        os.rmdir(entry.path)
+                    else:
+                        os.unlink(entry.path)
+                except FileNotFoundError:
+                    pass  # removed meanwhile (a concurrent destroy): what we wanted
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:  # a directory with something in it: the general case
+        import shutil
+
+        shutil.rmtree(path, onerror=_ignore_missing)
 
 
 def _ignore_missing(func: object, path: str, exc_info: object) -> None:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import os
 import selectors
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+
+TYPE_CHECKING = False  # typing is loaded already, but this module never needs it
+if TYPE_CHECKING:
+    import tempfile
 
 OutputCallback = Callable[[str, bytes], None]
 # (stream name, its chunks) -> the sandbox path the full stream was written to.
@@ -74,6 +77,8 @@ class BoundedCapture:
         self.keep = max(keep, 0)
         self._spool: tempfile.SpooledTemporaryFile[bytes] | None = None
         if self.keep:  # closed by close()
+            import tempfile  # here: only a kept stream spools (no one-shot command)
+
             self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY)  # noqa: SIM115
         self._spooled = 0
 

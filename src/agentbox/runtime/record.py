@@ -37,6 +37,8 @@ PUBLIC_SPEC = ("memory", "cpus", "pids", "disk", "network", "project", "idle_tim
 
 @dataclass(frozen=True)
 class SandboxRecord:
+    """A sandbox as the store holds it: identity, state, template and its init process."""
+
     id: str
     slot: int
     state: SandboxState

@@ -345,6 +345,8 @@ class Runtime:
                 prepare=prepare if overlap else None,
             )  # fmt: skip
             pid, start = host.launch(launch)
+            if not gvisor:
+                self._start_resident(host, cgroup, pid)
             host.activity_marker.touch()
             state: SandboxState = "running" if pool is None else "pooled"
             self.store.mark_running(sandbox_id, pid, start, state)
@@ -352,6 +354,14 @@ class Runtime:
             self._release(sandbox_id, host, cgroup, networked, template.digest)
             raise
         return dataclasses.replace(record, state=state, init_pid=pid, init_start_time=start)
+
+    def _start_resident(self, host: SandboxHost, cgroup: SandboxCgroup, init_pid: int) -> None:
+        """Start the sandbox's resident launcher (runtime/resident.py) as it starts, not
+        at its first command: its cgroup joins then follow the init's within the kernel's
+        grace period (cgroupwarm), and the first command is one clone by the launcher
+        instead of an ``enter`` whose own cgroup moves waited 5-20 ms for one. Best effort:
+        without it, a command takes the old path and starts one."""
+        CommandRunner(self.paths, host, cgroup, init_pid, {}).start_resident()
 
     def _bind_volumes(
         self, record: SandboxRecord, host: SandboxHost, volumes: tuple[VolumeMount, ...]
@@ -614,6 +624,8 @@ class Runtime:
             wire_netns=self._wiring(record.slot) if networked and not gvisor else None,
         )  # fmt: skip
         pid, start = host.launch(launch)
+        if not gvisor:
+            self._start_resident(host, cgroup, pid)
         self.store.mark_running(record.id, pid, start)
 
     # snapshots (runtime.snapshots) ------------------------------------------------------

@@ -25,6 +25,8 @@ _SERIAL = "PRIMARY KEY AUTOINCREMENT"
 
 @dataclass(frozen=True)
 class Table:
+    """One table of the shared schema, rendered for SQLite or PostgreSQL."""
+
     name: str
     columns: tuple[str, ...]  # "name TYPE constraints"
     key: tuple[str, ...] = ()  # a primary key over several columns

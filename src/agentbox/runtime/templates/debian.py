@@ -9,7 +9,6 @@ import contextlib
 import os
 import re
 import shlex
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -184,6 +183,8 @@ def _host_apt_options() -> list[str]:
         "VALID_UNTIL": "Acquire::Check-Valid-Until",
         "CHECK_DATE": "Acquire::Check-Date",
     }
+    import shutil  # here: a build's, never a create's (shutil brings bz2 and lzma)
+
     exe = shutil.which("apt-config")
     if exe is None:
         return []

@@ -26,6 +26,8 @@ def _sha256_json(doc: object) -> str:
 
 @dataclass(frozen=True)
 class _Entry:
+    """One directory, file or symlink of the synthesised tree."""
+
     path: str
     kind: Literal["dir", "file", "symlink"]
     mode: int = 0o755

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
-import shutil
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -85,6 +84,8 @@ class _Tree(InRoot):
         try:
             st = os.stat(base, dir_fd=parent, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
+                import shutil  # here: shutil (bz2, lzma) is no create's, command's or kill's
+
                 shutil.rmtree(base, dir_fd=parent)
         except FileNotFoundError:
             pass

@@ -64,9 +64,7 @@ import fcntl
 import json
 import os
 import re
-import shutil
 import sqlite3
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -85,18 +83,6 @@ from agentbox.errors import (
 from agentbox.fsutil import atomic_file
 from agentbox.isolation import syscalls
 from agentbox.runtime.store import Store
-from agentbox.runtime.templates import debian
-from agentbox.runtime.templates.debian import (
-    _MIRROR_RE,
-    _RECIPE_FORMAT,
-    _SUITE_RE,
-    _VARIANT,
-    DEFAULT_SUITE,
-    _check_packages,
-    _host_apt_options,
-    _run_streaming,
-    host_debian_sources,
-)
 from agentbox.runtime.templates.default import (
     _default_inputs_key,
     _default_synthesis,
@@ -105,8 +91,9 @@ from agentbox.runtime.templates.default import (
 )
 from agentbox.runtime.templates.harden import Progress, _finish_rootfs
 
-# Not imported here: oci (image import: tar readers), logging (one rare warning). A create
-# loads this module and needs neither; each import is paid where it is used.
+# Not imported here: debian (mmdebstrap builds), oci (image import: tar readers), logging
+# (one rare warning). A create loads this module and needs none; each import is paid where
+# it is used.
 _CHUNK = 1 << 20
 _HEX64_RE = re.compile(r"^[0-9a-f]{64}$")  # a sha256 digest's hex part
 
@@ -119,6 +106,8 @@ _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 
 @dataclass(frozen=True)
 class Template:
+    """A named template: its content address and the tree sandboxes overlay."""
+
     name: str
     digest: str  # "sha256:<hex>" content address
     rootfs: Path  # read-only lower directory for the overlay
@@ -198,11 +187,25 @@ class TemplateStore:
         name: str,
         packages: builtins.list[str],
         *,
-        suite: str = DEFAULT_SUITE,
+        suite: str | None = None,
         mirror: str | None = None,
         progress: Progress | None = None,
     ) -> Template:
-        """Build a Debian template with mmdebstrap; same recipe, same digest, no rebuild."""
+        """Build a Debian template with mmdebstrap; same recipe, same digest, no rebuild.
+        ``suite``: the Debian suite (default ``debian.DEFAULT_SUITE``)."""
+        from agentbox.runtime.templates import debian
+        from agentbox.runtime.templates.debian import (
+            _MIRROR_RE,
+            _RECIPE_FORMAT,
+            _SUITE_RE,
+            _VARIANT,
+            _check_packages,
+            _host_apt_options,
+            _run_streaming,
+            host_debian_sources,
+        )
+
+        suite = debian.DEFAULT_SUITE if suite is None else suite
         say = progress or _quiet
         _check_new_name(name)
         pkgs = _check_packages(packages)
@@ -233,6 +236,8 @@ class TemplateStore:
                 "building a template needs root (mmdebstrap --mode=root creates root-owned "
                 "files and chroots); run `agentbox template build` as root"
             )
+        import shutil  # here, as tempfile below: builds and collections, never a create
+
         exe = shutil.which(debian.MMDEBSTRAP)  # looked up when called: tests set it
         if exe is None:
             raise HostUnsupported(
@@ -562,6 +567,8 @@ class TemplateStore:
         self.root.mkdir(mode=0o755, parents=True, exist_ok=True)
         self._staging.mkdir(mode=0o711, exist_ok=True)
         self._sweep_staging()
+        import tempfile
+
         path = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=self._staging))
         # Traversable so apt can drop to its _apt user for downloads (its own sandbox).
         path.chmod(0o711)
@@ -682,6 +689,8 @@ def _remove_tree(path: Path) -> None:
             syscalls.umount(point)
     if any(p.startswith(prefix) for p in _mount_points()):
         raise SandboxError(f"refusing to delete {path}: something is still mounted inside it")
+    import shutil
+
     try:
         shutil.rmtree(path)
     except FileNotFoundError:
