@@ -18,17 +18,13 @@ Where the host has an archive already, or nothing to archive, nothing is bound.
 
 from __future__ import annotations
 
-import logging
 import os
-import shutil
 import subprocess
 import threading
 from pathlib import Path
 
 from agentbox.digest import sha256_hex
 from agentbox.fsutil import locked
-
-log = logging.getLogger(__name__)
 
 HOST_LOCALES = Path("/usr/lib/locale")
 ARCHIVE = "locale-archive"
@@ -57,7 +53,12 @@ def ensure(home: Path, initfs_root: Path) -> Path | None:
             _build(staging)
             staging.rename(target)
         except (OSError, subprocess.SubprocessError) as e:  # e.g. the tmpfs is full
-            log.warning("no locale archive for sandboxes (%s): each process loads files", e)
+            import logging  # here: a rare path, and the SDK's import stays light
+            import shutil
+
+            logging.getLogger(__name__).warning(
+                "no locale archive for sandboxes (%s): each process loads files", e
+            )
             shutil.rmtree(staging, ignore_errors=True)
             _failed.add(key)
             return None
@@ -103,6 +104,8 @@ def _stats(directories: list[str]) -> list[tuple[int, int]] | None:
 
 def _build(staging: Path) -> None:
     """The host's locale directories and their archive, in ``staging`` (made here)."""
+    import shutil  # once per home and host locale set
+
     staging.mkdir(mode=0o755)
     locales = sorted(
         p for p in HOST_LOCALES.iterdir()
