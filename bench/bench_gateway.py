@@ -397,7 +397,7 @@ def _verdicts(
         f"(median of {len(rounds)} alternating pairs: "
         f"{', '.join(f'{r:.2f}' for r in ratios)}; the table's pair {single:.2f}x, "
         f"{share:.2f}x as a share of the floor); CPU per call with 50 / with 10: "
-        f"{statistics.median(cpu):.2f}x; {'met' if ratio >= 0.95 else '**NOT met**'}"
+        f"{statistics.median(cpu):.2f}x; {'met (within 5 %)' if ratio >= 0.95 else '**NOT met**'}"
     )
     return out
 
