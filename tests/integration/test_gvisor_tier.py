@@ -315,6 +315,10 @@ def test_background_processes(box: Sandbox, runtime: Runtime) -> None:
     assert table.write_stdin(q.id, "hello\n") == 6
     wait_for(lambda: table.read_output(q.id).data == b"hello\n", 15, "cat to echo")
     assert table.signal(q.id, "SIGKILL")
+    # As on the namespaces tier, a SIGKILL returns once the command has ended: at once
+    # not running, and a second kill finds nothing (E2B's pty.kill said True twice).
+    assert not table.get(q.id).running
+    assert not table.signal(q.id, "SIGKILL")
     assert table.wait(q.id, timeout=30).exit_code == 137
     seen = _processes(box)
     assert "sleep 919" not in seen, seen

@@ -55,6 +55,7 @@ _HOLDING_WAITER = (
 )
 _EXIT_RESERVE = 4096  # one block for the status
 _STARTED_S = 10.0
+_KILL_SETTLE_S = 5.0  # a SIGKILLed tree's end reaches its status file in milliseconds
 
 
 class GvisorProcessTable(ProcessTable):
@@ -156,6 +157,13 @@ class GvisorProcessTable(ProcessTable):
         leaf = str(meta["leaf"])
         if signum == signals.SIGKILL:
             self.runner.kill_tree(leaf)
+            # Its end is recorded by the waiter (or a terminal's relay) a moment later; wait
+            # for it (bounded) so the caller, as on the namespaces tier, sees it gone.
+            deadline = time.monotonic() + _KILL_SETTLE_S
+            while _read_exit(pdir / "exit") is None and time.monotonic() < deadline:
+                if meta.get("terminal") and not _alive(meta.get("relay_pid")):
+                    break  # no relay left to record it: get() reports it ended
+                time.sleep(0.005)
             return True
         try:
             wrapper = int(Path(self.runner.pid_file(leaf)).read_text().strip())
