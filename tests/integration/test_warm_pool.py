@@ -4,12 +4,16 @@ against admission, and the keeper tops the pool up and replaces stale ones."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import agentbox
 from agentbox.config.host import Admission
 from agentbox.errors import CapacityExceeded, SandboxNotRunning
 from agentbox.runtime import template_tiers
@@ -118,6 +122,38 @@ def test_the_keeper_thread_runs_until_stopped(runtime: Runtime) -> None:
         assert ready(besides=first.id), "the keeper did not refill its pool"
     finally:
         keeper.stop()
+
+
+def test_a_claim_in_another_process_wakes_the_keeper(runtime: Runtime, agentbox_home: Path) -> None:
+    """An SDK script on the gateway's home claims a warm sandbox: the keeper hears of it
+    on its socket and refills at once, not at its interval (an hour here)."""
+    spec = spec_from(BASE)
+    keeper = PoolKeeper(runtime, [Pool(spec, 1)], interval=3600)
+
+    def ready() -> list[str]:
+        return [r.id for r in runtime.store.pooled(pool_key(spec)) if r.state == "pooled"]
+
+    while keeper.refill_once(keeper.pools[0]):
+        pass
+    (warm,) = ready()
+    keeper.start()  # full: it sleeps until woken
+    try:
+        assert keeper.listener.listening
+        script = (
+            "import sys; from pathlib import Path; from agentbox.runtime.runtime import Runtime;"
+            f" print(Runtime(Path(sys.argv[1])).create({BASE!r}).id)"
+        )
+        env = {**os.environ, "PYTHONPATH": str(Path(agentbox.__file__).parents[1])}
+        out = subprocess.run([sys.executable, "-c", script, str(agentbox_home)], env=env,
+                             capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+        assert out.stdout.strip() == warm  # the other process claimed the warm one
+        deadline = time.monotonic() + 120
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready() and ready() != [warm], "the keeper was not woken by the claim"
+    finally:
+        keeper.stop()
+    assert not Path(keeper.listener.path).exists()  # its socket goes with it
 
 
 def test_a_gateway_keeps_its_pool_and_serves_creates_from_it(

@@ -36,7 +36,7 @@ from agentbox.isolation import cgroupwarm, diskpool, seccomp
 from agentbox.isolation.cgroups import CgroupLayout, Limits, SandboxCgroup
 from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
-from agentbox.runtime import template_tiers
+from agentbox.runtime import pool_wake, template_tiers
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.host import Launch, LaunchPaths, SandboxHost, process_start_time
 from agentbox.runtime.live import LiveSandboxes, Running
@@ -176,6 +176,7 @@ class Runtime:
             self.admission,
         )  # fmt: skip
         if claimed is not None:  # a warm one: ready in a transaction's time
+            pool_wake.notify(self.home)  # its keeper may be another process's
             self.touch(claimed.id, force=True)
             self.event(claimed.id, "created", "operator", actor, template=claimed.template,
                        from_pool=True)  # fmt: skip

@@ -3,7 +3,9 @@ database transaction instead of a launch.
 
 A pool is a spec (what a plain create on the gateway would get) and a size. The keeper
 (a thread of the gateway) tops each pool up one sandbox at a time, replaces pooled
-sandboxes whose template changed, and wakes up at once after a claim. Pooled sandboxes
+sandboxes whose template changed, and wakes up at once after a claim: one made in its own
+process, or one made by another process on the same home (the in-process SDK, the CLI),
+which says so on the keeper's socket (runtime/pool_wake.py). Pooled sandboxes
 are real, running sandboxes in state ``pooled``: admission counts them, calls cannot reach
 them, and ``Runtime.create`` claims the oldest one whose fixed settings (template, limits,
 disk, network: ``runtime.pool_key``) match the request; the request's environment,
@@ -12,12 +14,19 @@ lifetime, idle settings and project are applied at the claim.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
+import os
+import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from agentbox.config.specs import SandboxSpec
 from agentbox.errors import LimitExceeded
+from agentbox.runtime import pool_wake
 from agentbox.runtime.runtime import Runtime, pool_key
 
 log = logging.getLogger(__name__)
@@ -37,14 +46,20 @@ class PoolKeeper:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._run, name="warm-pool", daemon=True)
+        self.listener = WakeListener(runtime.home, self.wake)
 
     def start(self) -> None:
         if self.pools:
+            try:
+                self.listener.start()
+            except OSError as e:  # claims elsewhere then wait for the interval
+                log.warning("warm pool: cannot listen on %s: %s", self.listener.path, e)
             self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self.listener.stop()
         if self._thread.is_alive():
             self._thread.join(60)
 
@@ -78,3 +93,95 @@ class PoolKeeper:
             self.runtime.fill_pool(spec)
             return True
         return False
+
+
+class WakeListener:
+    """The keeper's end of runtime/pool_wake.py: calls ``on_wake`` for each datagram on
+    the home's socket, on a thread of its own.
+
+    One keeper per home listens: another one finds the socket answered and listens to
+    nothing (its interval still refills its pools); a socket file left by a keeper that
+    died is replaced. The socket is root's alone (0600); a datagram can only make the
+    keeper look at its pools once more."""
+
+    def __init__(self, home: Path, on_wake: Callable[[], None]) -> None:
+        self.path = pool_wake.socket_path(home)
+        self._on_wake = on_wake
+        self._sock: socket.socket | None = None
+        self._inode: tuple[int, int] | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def listening(self) -> bool:
+        return self._sock is not None
+
+    def start(self) -> bool:
+        """Bind and listen; False when another live keeper holds the socket."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        try:
+            if not self._bind(sock):
+                sock.close()
+                return False
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        self._thread = threading.Thread(target=self._serve, args=(sock,), name="pool-wake",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+        return True
+
+    def _bind(self, sock: socket.socket) -> bool:
+        try:
+            sock.bind(self.path)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+            if _answered(self.path):
+                log.info("another warm-pool keeper listens on %s: this one refills on its "
+                         "interval", self.path)  # fmt: skip
+                return False
+            os.unlink(self.path)  # left by a keeper that died
+            sock.bind(self.path)
+        os.chmod(self.path, 0o600)
+        st = os.stat(self.path)
+        self._inode = (st.st_dev, st.st_ino)
+        return True
+
+    def _serve(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                sock.recv(16)
+            except OSError:
+                return
+            if self._sock is not sock:  # stop() shut it down (the recv returned b"")
+                return
+            try:
+                self._on_wake()
+            except Exception:  # a wake must never end the listener
+                log.exception("warm pool: wake failed")
+
+    def stop(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        with contextlib.suppress(OSError):
+            st = os.stat(self.path)
+            if (st.st_dev, st.st_ino) == self._inode:  # ours, not a later keeper's
+                os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)  # wakes the recv
+        if self._thread is not None:
+            self._thread.join(5)
+        sock.close()
+
+
+def _answered(path: str) -> bool:
+    """Whether a live socket is bound at ``path`` (connecting a datagram socket fails
+    only when nothing is bound there)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
