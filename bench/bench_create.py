@@ -88,25 +88,32 @@ def _network_rows(home: Path, plain: PlainBwrap, n: int, warmup: int) -> list[Ro
             ours.append(o)
             kills.append(k)
             base.append(b)
+    return _net_rows(
+        "agentbox: Sandbox.create() (default network: allowlist via the egress proxy), "
+        "cold (no warm pool) -> commands.run(['true']) result",
+        (ours, kills, base),
+        "agentbox: sb.kill() with the default network (timed apart)",
+        "baseline: plain bwrap in its own netns with a veth pair (ip + nsenter ip), runs `true`",
+    )
+
+
+def _net_rows(
+    what: str, samples: tuple[list[int], list[int], list[int]], kill_what: str, base_what: str
+) -> list[Row]:
+    """A default-network create row judged on target 20.2, its kills and its baseline."""
+    ours, kills, base = samples
     st_ours, st_base = Stats.of_ns(ours), Stats.of_ns(base)
     return [
         Row(
             "1",
-            "agentbox: Sandbox.create() (default network: allowlist via the egress proxy), "
-            "cold (no warm pool) -> commands.run(['true']) result",
+            what,
             st_ours,
             ratio=f"{ratio(st_ours.p50, st_base.p50)} plain bwrap + veth (p50)",
             target=f"p50 <= {TARGET_NET_MS:g} ms and <= {TARGET_RATIO:g}x plain bwrap + veth",
             met=st_ours.p50 <= TARGET_NET_MS and st_ours.p50 <= TARGET_RATIO * st_base.p50,
         ),
-        Row("1", "agentbox: sb.kill() with the default network (timed apart)", Stats.of_ns(kills)),
-        Row(
-            "1",
-            "baseline: plain bwrap in its own netns with a veth pair (ip + nsenter ip), "
-            "runs `true`",
-            st_base,
-            target="baseline",
-        ),
+        Row("1", kill_what, Stats.of_ns(kills)),
+        Row("1", base_what, st_base, target="baseline"),
     ]
 
 
@@ -190,27 +197,15 @@ def _pooled_rows(home: Path, plain: PlainBwrap, n: int, warmup: int) -> list[Row
                 base.append(b)
                 warm += pooled
             time.sleep(max(0.0, POOL_PACE_S - (time.monotonic() - started)))
-    st_ours, st_base = Stats.of_ns(ours), Stats.of_ns(base)
-    return [
-        Row(
-            "1",
-            f"agentbox: Sandbox.create() (default network) from a warm pool of {POOL_SIZE} "
-            f"kept by `agentbox serve` -> commands.run(['true']) result; "
-            f"{warm} of {n} served warm (one that found the pool empty counts as it ran)",
-            st_ours,
-            ratio=f"{ratio(st_ours.p50, st_base.p50)} plain bwrap + veth (p50)",
-            target=f"p50 <= {TARGET_NET_MS:g} ms and <= {TARGET_RATIO:g}x plain bwrap + veth",
-            met=st_ours.p50 <= TARGET_NET_MS and st_ours.p50 <= TARGET_RATIO * st_base.p50,
-        ),
-        Row("1", "agentbox: sb.kill() of a claimed sandbox (timed apart)", Stats.of_ns(kills)),
-        Row(
-            "1",
-            "baseline: plain bwrap in its own netns with a veth pair, runs `true` "
-            "(same paced iterations)",
-            st_base,
-            target="baseline",
-        ),
-    ]
+    return _net_rows(
+        f"agentbox: Sandbox.create() (default network) from a warm pool of {POOL_SIZE} "
+        f"kept by `agentbox serve` -> commands.run(['true']) result; "
+        f"{warm} of {n} served warm (one that found the pool empty counts as it ran)",
+        (ours, kills, base),
+        "agentbox: sb.kill() of a claimed sandbox (timed apart)",
+        "baseline: plain bwrap in its own netns with a veth pair, runs `true` "
+        "(same paced iterations)",
+    )
 
 
 PODMAN_WHAT = "baseline: podman run --rm --network=none --rootfs (default template's tree) true"
