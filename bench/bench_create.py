@@ -60,14 +60,17 @@ def _create_and_run(home: Path) -> tuple[int, int, int, int]:
     return t1 - t0, t2 - t1, t2 - t0, t4 - t3
 
 
-def _create_networked_and_run(home: Path) -> tuple[int, int]:
-    """(create->first result ns, destroy ns) of one sandbox with the default network."""
+def _create_networked_and_run(home: Path, pooled: list[bool] | None = None) -> tuple[int, int]:
+    """(create->first result ns, destroy ns) of one sandbox with the default network;
+    whether a warm pool served it goes to ``pooled`` (read outside the timings)."""
     t0 = now_ns()
     sb = Sandbox.create(home=home)
     try:
         result = sb.commands.run(["true"])
         elapsed = now_ns() - t0
     finally:
+        if pooled is not None:
+            pooled.append(sb.info().from_pool)
         t1 = now_ns()
         sb.kill()
         destroyed = now_ns() - t1
@@ -170,33 +173,21 @@ def _pooled_rows(home: Path, plain: PlainBwrap, n: int, warmup: int) -> list[Row
         f"1 create->first result from a warm pool of {POOL_SIZE} (a gateway keeps it), "
         f"one create per {POOL_PACE_S * 1000:g} ms: {warmup} warm-up + {n} iterations"
     )
-    store = Runtime(home).store
     ours: list[int] = []
     kills: list[int] = []
     base: list[int] = []
-    warm = 0
+    pooled: list[bool] = []
     with pool_gateway(home, POOL_SIZE):
         for i in range(warmup + n):
             started = time.monotonic()
-            t0 = now_ns()
-            sb = Sandbox.create(home=home)
-            try:
-                result = sb.commands.run(["true"])
-                elapsed = now_ns() - t0
-            finally:
-                pooled = (record := store.get(sb.id)) is not None and record.from_pool
-                t1 = now_ns()
-                sb.kill()
-                destroyed = now_ns() - t1
-            if result.exit_code != 0:
-                raise RuntimeError(f"`true` exited {result.exit_code} in a claimed sandbox")
+            elapsed, destroyed = _create_networked_and_run(home, pooled)
             b = plain.run_true_with_veth(BASELINE_IFNAME)
             if i >= warmup:
                 ours.append(elapsed)
                 kills.append(destroyed)
                 base.append(b)
-                warm += pooled
             time.sleep(max(0.0, POOL_PACE_S - (time.monotonic() - started)))
+    warm = sum(pooled[warmup:])
     return _net_rows(
         f"agentbox: Sandbox.create() (default network) from a warm pool of {POOL_SIZE} "
         f"kept by `agentbox serve` -> commands.run(['true']) result; "
