@@ -40,7 +40,7 @@ TARGET_RATIO = 2.0
 TARGET_NET_MS = 12.0  # issue 20.2: the default network (allowlist through the egress proxy)
 BASELINE_IFNAME = "abbench0"  # not abh*: outside agentbox's rules and its sandboxes' names
 POOL_SIZE = 2
-POOL_PACE_S = 0.15  # one pooled create per 150 ms: the keeper's refill (a cold create) fits
+POOL_PACE_S = 0.5  # one pooled create per 500 ms: the keeper refills once calls pause
 
 
 def _create_and_run(home: Path) -> tuple[int, int, int, int]:

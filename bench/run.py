@@ -182,7 +182,7 @@ def render(
         "the claim wakes the gateway's keeper through a datagram on its socket in the home "
         "(`runtime/pool_wake.py`), which makes the next one. Before that wake, a claim by "
         "another process was seen only at the keeper's 5 s interval and creates in a row "
-        "drained the pool. The pooled row is paced (one create per 150 ms); a create that "
+        "drained the pool. The pooled row is paced (one create per 500 ms); a create that "
         "finds the pool empty is cold and counts as such.",
         "- **What a create waits for is the cgroup grace period, not the disk.** A create "
         "makes the sandbox's cgroups first, starts the grace period with a no-op migration "
