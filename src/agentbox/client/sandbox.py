@@ -35,7 +35,6 @@ from agentbox.runtime.requests import (
     WriteMode,
     WriteRequest,
 )
-from agentbox.runtime.runtime import Runtime
 
 # Imported where used, so the SDK loads light (tests/unit/test_import_weight.py).
 if TYPE_CHECKING:
@@ -57,16 +56,20 @@ _backends: dict[Path | str | None, Backend] = {}
 
 def _runtime(home: Path | None) -> Backend:
     """The backend for this process: a gateway when ``AGENTBOX_URL`` is set (and no home
-    is given), else the runtime in-process. One per home (it caches host facts)."""
+    is given), else the runtime in-process. One per home (it caches host facts).
+    ``AGENTBOX_URL=unix:///HOME/gateway.sock``: the home's gateway over its socket, which
+    loads neither the runtime nor an HTTP library (client/unixhttp.py)."""
     url = os.environ.get("AGENTBOX_URL")
     if home is None and url:
         key: Path | str | None = url
         if key not in _backends:
-            from agentbox.client.remote import GatewayClient, RemoteRuntime
+            from agentbox.client.remote import RemoteRuntime, connect
 
-            _backends[key] = RemoteRuntime(GatewayClient.from_env())
+            _backends[key] = RemoteRuntime(connect(url, os.environ.get("AGENTBOX_TOKEN")))
         return _backends[key]
     if home not in _backends:
+        from agentbox.runtime.runtime import Runtime  # in-process: the whole runtime
+
         _backends[home] = Runtime(home)
     return _backends[home]
 
