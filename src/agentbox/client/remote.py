@@ -8,36 +8,31 @@ when ``AGENTBOX_URL`` is set.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import IO, TYPE_CHECKING, Any, TypeAlias, Unpack
 
 from agentbox.client.unixhttp import UnixGatewayClient, raise_error, socket_path
-from agentbox.errors import AgentboxError, GatewayUnreachable, InvalidRequest, Unauthenticated
-from agentbox.runtime.requests import (
-    DownloadRequest,
-    RunRequest,
-    SessionRunRequest,
-    SnapshotOptions,
-    StartRequest,
-    WriteRequest,
-    coerce,
-)
+from agentbox.runtime.requests import RunRequest, StartRequest, WriteRequest, coerce
 
-# The result types are imported where a call builds one: a one-shot script over the home's
-# socket (client/unixhttp.py) loads neither httpx2 nor the runtime's modules
+# The result types, the errors and typing are imported where a call needs them: a one-shot
+# script over the home's socket (client/unixhttp.py) loads neither httpx2, nor the
+# runtime's modules, nor the error tree unless a call fails
 # (tests/unit/test_import_weight.py).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import builtins
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
+    from typing import IO, Any, TypeAlias, Unpack
+
     import httpx2
 
     from agentbox.runtime.files import FileInfo
     from agentbox.runtime.output import CommandResult, OutputCallback
     from agentbox.runtime.processes import ProcessInfo, ProcessOutput
     from agentbox.runtime.record import SandboxRecord
+    from agentbox.runtime.requests import DownloadRequest, SessionRunRequest, SnapshotOptions
     from agentbox.runtime.snapshots import SnapshotInfo
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -57,6 +52,8 @@ class GatewayClient:
         shown: str | None = None,
     ) -> None:
         if not token:
+            from agentbox.errors import Unauthenticated
+
             raise Unauthenticated(
                 "AGENTBOX_URL is set but AGENTBOX_TOKEN is not: export the operator or session "
                 "token the gateway gave you"
@@ -127,7 +124,8 @@ class GatewayClient:
             yield from _parse_sse(response.iter_lines())
 
 
-Client: TypeAlias = "GatewayClient | UnixGatewayClient"
+if TYPE_CHECKING:
+    Client: TypeAlias = GatewayClient | UnixGatewayClient
 
 
 def connect(url: str, token: str | None = None) -> GatewayClient | UnixGatewayClient:
@@ -145,6 +143,8 @@ def gateway_errors(url: str, *, lost: bool = False) -> Iterator[None]:
     connection that cannot be made or breaks is ``GatewayUnreachable``; ``lost``: it
     broke during a call (whatever the call did may have happened)."""
     import httpx2  # loaded already: only GatewayClient's calls come here
+
+    from agentbox.errors import GatewayUnreachable
 
     try:
         yield
@@ -246,6 +246,8 @@ def _text(data: bytes | str, what: str) -> str:
     try:
         return data.decode()
     except UnicodeDecodeError:
+        from agentbox.errors import InvalidRequest
+
         raise InvalidRequest(
             f"{what} must be UTF-8 text through a gateway; write binary input to a file "
             "with files.write and redirect it"
@@ -257,6 +259,8 @@ def _timeout_ms(timeout: float | None) -> int | None:
     if timeout is None:
         return None
     if timeout <= 0:
+        from agentbox.errors import InvalidRequest
+
         raise InvalidRequest("timeout must be positive (seconds)")
     return max(1, int(timeout * 1000))
 
@@ -277,6 +281,8 @@ class RemoteCommands:
         says so). ``pty`` has no REST route: refused, never ignored."""
         r = coerce(RunRequest, request, fields)
         if r.pty:
+            from agentbox.errors import InvalidRequest
+
             raise InvalidRequest(
                 "pty=True is not available through a gateway yet: run without a pty, or "
                 "in-process (unset AGENTBOX_URL)",
@@ -300,7 +306,9 @@ class RemoteCommands:
             elif event == "result":
                 return _result(data)
             elif event == "error":
-                raise AgentboxError.from_dict(data)
+                raise_error(500, json.dumps({"error": data}).encode())
+        from agentbox.errors import AgentboxError
+
         raise AgentboxError("the gateway closed the output stream without a result")
 
 
@@ -458,6 +466,8 @@ class RemoteFiles:
 
     def exists(self, path: str) -> bool:
         try:
+            from agentbox.errors import AgentboxError
+
             self.stat(path)
         except AgentboxError as e:
             if e.code == "file_not_found":

@@ -21,9 +21,11 @@ root only: the in-process SDK needs root as well).
 
 from __future__ import annotations
 
+# The C module under ``socket``: socket.py adds enums of every constant and selectors
+# (for sendfile), a tenth of the whole script; a connect, sendall and recv need neither.
+import _socket
 import json
 import os
-import socket
 
 TYPE_CHECKING = False  # not typing's: the SDK's light path does without it
 if TYPE_CHECKING:
@@ -106,8 +108,8 @@ class UnixGatewayClient:
         if self._full is not None:
             self._full.close()
 
-    def _connect(self) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    def _connect(self) -> _socket.socket:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
         sock.settimeout(self.timeout)
         try:
             sock.connect(self.path)
@@ -145,11 +147,7 @@ class UnixGatewayClient:
         try:
             try:
                 sock.sendall(head.encode("latin-1") + (body or b""))
-                reader = sock.makefile("rb")
-                try:
-                    return _read_response(reader, method)
-                finally:
-                    reader.close()
+                return _read_response(_Reader(sock), method)
             except OSError as e:  # timeouts included: whatever the call did may have happened
                 from agentbox.errors import GatewayUnreachable
 
@@ -223,7 +221,40 @@ def _unreachable(path: str, error: OSError) -> Exception:
     return GatewayUnreachable(why)
 
 
-def _read_response(reader: Any, method: str) -> Response:
+class _Reader:
+    """Lines and sized reads over a connected socket (what ``makefile`` gives)."""
+
+    def __init__(self, sock: _socket.socket) -> None:
+        self._sock = sock
+        self._buf = bytearray()
+
+    def _fill(self) -> bool:
+        data = self._sock.recv(65536)
+        self._buf += data
+        return bool(data)
+
+    def readline(self, limit: int) -> bytes:
+        """Up to and with the next newline, at most ``limit`` bytes (less at the end)."""
+        while True:
+            end = self._buf.find(b"\n", 0, limit)
+            if end >= 0 or len(self._buf) >= limit:
+                return self._take(end + 1 if end >= 0 else limit)
+            if not self._fill():
+                return self._take(len(self._buf))
+
+    def read(self, size: int = -1) -> bytes:
+        """``size`` bytes (fewer at the end); -1: to the end."""
+        while (size < 0 or len(self._buf) < size) and self._fill():
+            pass
+        return self._take(len(self._buf) if size < 0 else min(size, len(self._buf)))
+
+    def _take(self, size: int) -> bytes:
+        data = bytes(self._buf[:size])
+        del self._buf[:size]
+        return data
+
+
+def _read_response(reader: _Reader, method: str) -> Response:
     status_line = reader.readline(_MAX_HEAD)
     if not status_line:
         raise ConnectionResetError("the gateway closed the connection without an answer")
@@ -263,11 +294,11 @@ def _read_response(reader: Any, method: str) -> Response:
     return Response(status, headers, reader.read())  # Connection: close ends it
 
 
-def _read_exactly(reader: Any, length: int) -> bytes:
+def _read_exactly(reader: _Reader, length: int) -> bytes:
     data = reader.read(length)
     if len(data) != length:
         raise ConnectionResetError(f"the answer ended after {len(data)} of {length} bytes")
-    return bytes(data)
+    return data
 
 
 def raise_error(status: int, body: bytes) -> None:

@@ -16,17 +16,20 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, Literal, TypedDict, TypeVar, cast
 
-from agentbox.errors import InvalidRequest
-
 WriteMode = Literal["overwrite", "append", "create"]
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_OUTPUT = 1 << 20
 
 
 def _check_run_limits(timeout: float | None, max_output_bytes: int) -> None:
+    # errors (with hints) only when refusing: a call over the home's socket never loads it
     if timeout is not None and timeout <= 0:
+        from agentbox.errors import InvalidRequest
+
         raise InvalidRequest("timeout must be positive (seconds)")
     if max_output_bytes < 0:
+        from agentbox.errors import InvalidRequest
+
         raise InvalidRequest("max_output_bytes must be >= 0")
 
 
