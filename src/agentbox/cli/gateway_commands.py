@@ -124,40 +124,41 @@ def serve(
     # Before the app: a second gateway on this home stops here, having touched nothing.
     # A replica has no sandbox of its own (and replicas may share a home): TCP only.
     sock = None if no_socket or settings.cluster is not None else home_socket.bind(home)
-    app: Any
-    if settings.cluster is not None:  # a replica: no sandbox here (docs/cluster.md)
-        from agentbox.cluster.gateway_app import create_cluster_app
+    try:  # the socket file goes whatever stops the start (a schema to migrate, a port in use)
+        app: Any
+        if settings.cluster is not None:  # a replica: no sandbox here (docs/cluster.md)
+            from agentbox.cluster.gateway_app import create_cluster_app
 
-        app = create_cluster_app(settings, operator_token=token, home=home)
-    else:
-        app = create_app(settings, operator_token=token, home=home)
-    scheme = "https" if tls else "http"
-    click.echo(f"agentbox: gateway on {scheme}://{settings.gateway.listen} (MCP at /mcp)", err=True)
-    if sock is not None:
-        click.echo(
-            f"agentbox: and on {sock.path} (0600); SDK scripts on this host: "
-            f"export AGENTBOX_URL={sock.url}",
-            err=True,
+            app = create_cluster_app(settings, operator_token=token, home=home)
+        else:
+            app = create_app(settings, operator_token=token, home=home)
+        scheme = "https" if tls else "http"
+        served = f"{scheme}://{settings.gateway.listen}"
+        click.echo(f"agentbox: gateway on {served} (MCP at /mcp)", err=True)
+        if sock is not None:
+            click.echo(
+                f"agentbox: and on {sock.path} (0600); SDK scripts on this host: "
+                f"export AGENTBOX_URL={sock.url}",
+                err=True,
+            )
+        # What is alive now lives as long as the process (modules, the app, its routes and
+        # schemas: ~140k objects). Frozen out of the collector's view, the occasional full
+        # collection no longer walks them all: 100-500 ms each on a loaded 2-core host, one
+        # stalled event loop for every call in flight; after the freeze, under a millisecond.
+        gc.collect()
+        gc.freeze()
+        config = uvicorn.Config(
+            app,
+            host=host.strip("[]"),
+            port=int(port),
+            log_level="warning",
+            # Its INFO lines never showed at "warning", yet each request built one (the client
+            # address, the quoted path): the audit trail is the record of every call.
+            access_log=False,
+            proxy_headers=False,  # nothing sits in front; X-Forwarded-For must not be trusted
+            ssl_certfile=str(tls.cert_file) if tls else None,
+            ssl_keyfile=str(tls.key_file) if tls else None,
         )
-    # What is alive now lives as long as the process (modules, the app, its routes and
-    # schemas: ~140k objects). Frozen out of the collector's view, the occasional full
-    # collection no longer walks them all: 100-500 ms each on a loaded 2-core host, one
-    # stalled event loop for every call in flight; after the freeze, under a millisecond.
-    gc.collect()
-    gc.freeze()
-    config = uvicorn.Config(
-        app,
-        host=host.strip("[]"),
-        port=int(port),
-        log_level="warning",
-        # Its INFO lines never showed at "warning", yet each request built one (the client
-        # address, the quoted path): the audit trail is the record of every call.
-        access_log=False,
-        proxy_headers=False,  # nothing sits in front; X-Forwarded-For must not be trusted
-        ssl_certfile=str(tls.cert_file) if tls else None,
-        ssl_keyfile=str(tls.key_file) if tls else None,
-    )
-    try:
         home_socket.serve(config, sock)
     finally:
         if sock is not None:

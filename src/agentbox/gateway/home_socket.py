@@ -41,12 +41,15 @@ class HomeSocket:
         return f"unix://{self.path}"
 
     def close(self) -> None:
-        """Remove the socket file (if it is still ours) and release the lock."""
+        """Remove the socket file (if it is still ours) and release the lock (once)."""
+        if self._lock_fd < 0:
+            return
         with contextlib.suppress(OSError):
             if os.stat(self.path).st_ino == self._ino:
                 self.path.unlink()
         self.socket.close()
         os.close(self._lock_fd)
+        self._lock_fd = -1
 
 
 def bind(home: Path, backlog: int = 2048) -> HomeSocket:
@@ -128,6 +131,13 @@ def serve(config: Any, home_socket: HomeSocket | None) -> None:
 
             server = await loop.create_server(protocol, sock=home_socket.socket)
             self.servers.append(server)  # closed with the others on shutdown
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().shutdown(sockets)
+            # Here, not after run(): uvicorn raises the signal that stopped it again once
+            # it returns, and the default action ends the process on the spot.
+            if home_socket is not None:
+                home_socket.close()
 
     server = Server(config)
     with contextlib.suppress(KeyboardInterrupt):  # as uvicorn.run
