@@ -83,7 +83,10 @@ class UnixGatewayClient:
     """:class:`agentbox.client.remote.GatewayClient`'s calls over the home's socket."""
 
     def __init__(self, path: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.path = path
+        self.timeout = timeout
         if not token:
+            self._connect().close()  # no gateway there at all: that is what to fix first
             from agentbox.errors import Unauthenticated
 
             raise Unauthenticated(
@@ -91,9 +94,7 @@ class UnixGatewayClient:
                 f"export AGENTBOX_TOKEN, or run as root with the gateway's "
                 f"{os.path.join(os.path.dirname(path), TOKEN_FILE)} readable"
             )
-        self.path = path
         self.url = f"unix://{path}"
-        self.timeout = timeout
         self._token = token
         self._head = f"Host: localhost\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n"
         self._full: GatewayClient | None = None
