@@ -13,7 +13,7 @@ import json
 import os
 import time
 
-from agentbox.client.unixhttp import UnixGatewayClient, raise_error, socket_path
+from agentbox.client.unixhttp import UnixGatewayClient, raise_error, socket_path, token_for
 from agentbox.runtime.requests import RunRequest, StartRequest, WriteRequest, coerce
 
 # The result types, the errors and typing are imported where a call needs them: a one-shot
@@ -69,7 +69,7 @@ class GatewayClient:
         )
 
     @classmethod
-    def from_env(cls) -> GatewayClient | UnixGatewayClient:
+    def from_env(cls) -> GatewayClient | SocketGatewayClient:
         """The client ``AGENTBOX_URL`` names: a ``unix:`` URL, the home's socket."""
         return connect(os.environ["AGENTBOX_URL"], os.environ.get("AGENTBOX_TOKEN"))
 
@@ -124,16 +124,48 @@ class GatewayClient:
             yield from _parse_sse(response.iter_lines())
 
 
+class SocketGatewayClient(UnixGatewayClient):
+    """The home's socket (client/unixhttp.py); the streaming routes (a command's output
+    as server-sent events, a tar download) through ``GatewayClient`` over the same socket,
+    httpx2 imported on their first use."""
+
+    _full: GatewayClient | None = None
+
+    def full(self) -> GatewayClient:
+        if self._full is None:
+            self._full = GatewayClient(
+                "http://localhost", self._token, self.timeout, uds=self.path, shown=self.url
+            )
+        return self._full
+
+    def close(self) -> None:
+        if self._full is not None:
+            self._full.close()
+
+    def download(
+        self,
+        path: str,
+        params: dict[str, Any],
+        fileobj: IO[bytes],
+        withheld: builtins.list[tuple[str, str]] | None = None,
+    ) -> int:
+        return self.full().download(path, params, fileobj, withheld)
+
+    def events(self, method: str, path: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        self._connect().close()  # a missing gateway says so before the stream starts
+        return self.full().events(method, path, **kwargs)
+
+
 if TYPE_CHECKING:
-    Client: TypeAlias = GatewayClient | UnixGatewayClient
+    Client: TypeAlias = GatewayClient | SocketGatewayClient
 
 
-def connect(url: str, token: str | None = None) -> GatewayClient | UnixGatewayClient:
+def connect(url: str, token: str | None = None) -> GatewayClient | SocketGatewayClient:
     """A client for ``url``: ``unix:///path`` (or ``unix:/path``) the gateway's socket, with
     ``token`` or else the operator token beside it; otherwise HTTP(S)."""
-    if socket_path(url) is not None:
-        client = UnixGatewayClient.from_url(url)
-        return client if not token else UnixGatewayClient(client.path, token)
+    path = socket_path(url)
+    if path is not None:
+        return SocketGatewayClient(path, token or token_for(path))
     return GatewayClient(url, token)
 
 

@@ -12,7 +12,8 @@ connection, ``Connection: close``, a response with a ``Content-Length``, chunked
 the end) and it is written here: the libraries that frame HTTP cost more to import than the
 whole call (h11 loads typing, dataclasses and inspect: ~25 ms of a ~50 ms script; httpx2
 ~100 ms). The streaming routes (a command's output as server-sent events, a tar download)
-go through the full client (``GatewayClient`` with ``uds``), imported on their first use.
+go through the full client over the same socket (``client.remote.SocketGatewayClient``),
+httpx2 imported on their first use.
 
 Authentication is the gateway's, unchanged: the bearer token in ``AGENTBOX_TOKEN``, else
 the operator token the gateway keeps beside its socket (``operator.token``, readable by
@@ -29,9 +30,7 @@ import os
 
 TYPE_CHECKING = False  # not typing's: the SDK's light path does without it
 if TYPE_CHECKING:
-    from typing import IO, Any
-
-    from agentbox.client.remote import GatewayClient
+    from typing import Any
 
 SOCKET_NAME = "gateway.sock"
 # agentbox.gateway.auth.OPERATOR_TOKEN_FILE, which imports this one (no second spelling)
@@ -97,17 +96,9 @@ class UnixGatewayClient:
         self.url = f"unix://{path}"
         self._token = token
         self._head = f"Host: localhost\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n"
-        self._full: GatewayClient | None = None
-
-    @classmethod
-    def from_url(cls, url: str) -> UnixGatewayClient:
-        path = socket_path(url)
-        assert path is not None, url
-        return cls(path, token_for(path))
 
     def close(self) -> None:
-        if self._full is not None:
-            self._full.close()
+        """Nothing stays open between calls (one connection a request)."""
 
     def _connect(self) -> _socket.socket:
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
@@ -165,29 +156,6 @@ class UnixGatewayClient:
         if response.headers.get("content-type", "").startswith("application/json"):
             return json.loads(response.body)
         return response.body
-
-    def full(self) -> GatewayClient:
-        """The full client (httpx2) over the same socket, for the streaming routes."""
-        if self._full is None:
-            from agentbox.client.remote import GatewayClient
-
-            self._full = GatewayClient(
-                "http://localhost", self._token, self.timeout, uds=self.path, shown=self.url
-            )
-        return self._full
-
-    def download(
-        self,
-        path: str,
-        params: dict[str, Any],
-        fileobj: IO[bytes],
-        withheld: list[tuple[str, str]] | None = None,
-    ) -> int:
-        return self.full().download(path, params, fileobj, withheld)
-
-    def events(self, method: str, path: str, **kwargs: Any) -> Any:
-        self._connect().close()  # a missing gateway says so before the stream starts
-        return self.full().events(method, path, **kwargs)
 
 
 def _dumps(value: Any) -> bytes:
