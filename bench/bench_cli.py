@@ -239,17 +239,27 @@ def main() -> None:
             "sandbox's resident launcher, which runs `exec`'s command, is not in it). "
             "The earlier `before:` rows are gone: in the bench's fresh home the base "
             "code took other paths than it does in a used home. "
-            + "The phase table is the marked row's: the script prints time.time() at its "
+            + "The phase table is the marked rows': the script prints time.time() at its "
             "first line and after each step; the bench takes the same clock at spawn and "
-            "at reap. Where a one-shot script goes, in that table: the interpreter's start "
-            "(as `python -c pass`), importing the runtime (about 170 modules, half of them "
-            "the standard library's: typing, pathlib, subprocess, sqlite3, json, ctypes, "
-            "socket, ipaddress, dataclasses; and 21 dataclasses built), the create (disk "
-            "clone and mounts, cgroups, the launcher's cgroup joins, bubblewrap, the veth), "
-            "the command (one clone by the sandbox's resident launcher, started by the "
-            "create), the kill (the veth's removal, the cgroup kill, two unmounts) and the "
-            "interpreter's exit (tearing down what the import built: about 10 ms, against "
-            "3 for `python -c pass`).",
+            "at reap. `from agentbox import Sandbox` loads the SDK module only; the first "
+            "call loads what it uses. In-process, the create imports the runtime (about 170 "
+            "modules, half of them the standard library's: typing, pathlib, subprocess, "
+            "sqlite3, json, ctypes, socket, ipaddress, dataclasses; and 21 dataclasses "
+            "built) and makes the sandbox (disk clone and mounts, cgroups, the launcher's "
+            "cgroup joins, bubblewrap, the veth); the command is one clone by the sandbox's "
+            "resident launcher; the kill removes the veth, kills the cgroup and unmounts "
+            "twice; the interpreter's exit tears down what the import built. "
+            f"Through the home's gateway (`agentbox serve` started by the bench on a home "
+            f"of its own, config `sandbox.warm_pool: {POOL}`, the defaults otherwise: audit "
+            "fsync always): the script reaches it at `AGENTBOX_URL=unix://HOME/gateway.sock` "
+            "with the operator token read beside it (`client/unixhttp.py`: about 40 modules, "
+            "no runtime, no HTTP library); its create is a claim of a pooled sandbox (one "
+            "database transaction, the request's settings applied, the audit record "
+            "fsynced); its command and kill are the same work as in-process plus the "
+            "gateway's part (token check, policy, audit). The pool is refilled between runs, "
+            "untimed (the keeper starts a refill once the calls pause, "
+            "`runtime/warmpool.py`), and the rows' CPU is the script's plus the gateway "
+            "process's while the script ran.",
             text,
         )  # fmt: skip
 
@@ -313,13 +323,14 @@ class HomeGateway:
                 total += int((task / "schedstat").read_text().split()[0])
         return total / 1e6
 
-    def run(self, code: str) -> tuple[int, float, bytes]:
+    def run(self, code: str, refill: bool = True) -> tuple[int, float, bytes]:
         """One script through the gateway: wall, CPU of the script and of the gateway
-        while it ran, its stdout; then the pool refilled."""
+        while it ran, its stdout; then (``refill``) the pool refilled."""
         before = self.cpu_ms()
         wall, cpu, out = run_process([sys.executable, "-c", code], self.client_env)
         cpu += self.cpu_ms() - before
-        self.wait_full()
+        if refill:
+            self.wait_full()
         return wall, cpu, out
 
     def stop(self) -> None:
@@ -380,8 +391,9 @@ def _plan(
 
     def oneshot_socket_marked() -> tuple[int, float]:
         spawned = time.time()
-        wall, cpu, out = gateway.run(ONESHOT_SOCKET_MARKED)
+        wall, cpu, out = gateway.run(ONESHOT_SOCKET_MARKED, refill=False)
         reaped = time.time()
+        gateway.wait_full()
         *lines, from_pool = out.split()
         gateway.from_pool.append(int(from_pool))
         marks = [spawned, *(float(line) for line in lines), reaped]
