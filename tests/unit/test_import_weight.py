@@ -118,6 +118,7 @@ SOCKET_NEVER = (
     "ipaddress",
     "threading",
     "importlib",
+    "typing",  # the request and record types build theirs lazily (runtime/request_types.py)
 )
 # Importing the SDK with such a URL set loads the package and the SDK module only: the
 # transport and the call's types come with the first call.
