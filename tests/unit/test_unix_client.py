@@ -10,7 +10,13 @@ import pytest
 
 from agentbox.client.remote import RemoteRuntime, connect
 from agentbox.client.unixhttp import UnixGatewayClient, socket_path, token_for
-from agentbox.errors import AgentboxError, GatewayUnreachable, InvalidRequest, SandboxNotFound
+from agentbox.errors import (
+    AgentboxError,
+    GatewayUnreachable,
+    InvalidRequest,
+    SandboxNotFound,
+    Unauthenticated,
+)
 from fake_socket_gateway import fake_gateway
 
 
@@ -118,3 +124,17 @@ def test_a_gateway_that_hangs_up_mid_answer_is_lost(tmp_path: Path) -> None:
     finally:
         thread.join(10)
         listener.close()
+
+
+def test_nothing_reaches_the_request_line_raw(tmp_path: Path) -> None:
+    """A sandbox id or path with spaces or line breaks is quoted, as httpx does; a token
+    with them is refused: no header can be smuggled into a request."""
+    path = tmp_path / "gateway.sock"
+    with fake_gateway(path) as gateway:
+        client = UnixGatewayClient(str(path), "t")
+        with pytest.raises(SandboxNotFound):
+            client.request("GET", "/v1/sandboxes/x y\r\nX-Evil: 1")
+    line = gateway.requests[0].split(b"\r\n")[0]
+    assert line == b"GET /v1/sandboxes/x%20y%0D%0AX-Evil:%201 HTTP/1.1"
+    with pytest.raises(Unauthenticated, match="control characters"):
+        UnixGatewayClient(str(path), "tok\r\nX-Evil: 1")

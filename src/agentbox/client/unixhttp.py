@@ -94,6 +94,10 @@ class UnixGatewayClient:
                 f"{os.path.join(os.path.dirname(path), TOKEN_FILE)} readable"
             )
         self.url = f"unix://{path}"
+        if not _plain(token):
+            from agentbox.errors import Unauthenticated
+
+            raise Unauthenticated("the token holds control characters or spaces: not a token")
         self._token = token
         self._head = f"Host: localhost\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n"
 
@@ -127,12 +131,18 @@ class UnixGatewayClient:
             query = {k: _param(v) for k, v in params.items() if v is not None}
             if query:
                 path = f"{path}?{urlencode(query)}"
+        if not _plain(path) or not path.isascii():  # what httpx does: quoted, never sent raw
+            from urllib.parse import quote
+
+            path = quote(path, safe="/?=&%:@!$'()*+,;-._~")
         body = content
         head = f"{method} {path} HTTP/1.1\r\n{self._head}"
         if json is not None:
             body = _dumps(json)
             head += "Content-Type: application/json\r\n"
         for name, value in (headers or {}).items():
+            if not (_plain(name) and _plain(value.replace(" ", ""))):
+                raise ValueError(f"header {name!r}: control characters")
             head += f"{name}: {value}\r\n"
         head += f"Content-Length: {len(body or b'')}\r\n\r\n"
         sock = self._connect()
@@ -156,6 +166,11 @@ class UnixGatewayClient:
         if response.headers.get("content-type", "").startswith("application/json"):
             return json.loads(response.body)
         return response.body
+
+
+def _plain(text: str) -> bool:
+    """No control character and no space: safe on a request line or as a token."""
+    return text.isprintable() and " " not in text
 
 
 def _dumps(value: Any) -> bytes:
