@@ -56,6 +56,7 @@ TIER_INDEPENDENT = {
     "test_gateway_clients.py": "the SDK and CLI through a gateway: typed errors over the wire",
     "test_gateway_concurrency.py": "the gateway's executor threads",
     "test_gateway_fuzz.py": "the gateway's request handling",
+    "test_gateway_socket.py": "the SDK's transport to the home's gateway; the calls under it: test_sdk_contract",
     "test_gateway_lifecycle.py": "the gateway's watcher, SSE and webhooks; idle: test_idle_and_events",
     "test_host_checks.py": "the doctor's host checks",
     "test_host_plumbing.py": "the host side of a sandbox's network link (nft check, link removal)",

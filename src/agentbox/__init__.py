@@ -45,15 +45,22 @@ _PUBLIC = {
     "Volume": "agentbox.client.volumes",
 }
 
+# Modules that import no dataclass as they load (their calls run _import_dataclasses
+# first): ``from agentbox import Sandbox`` then loads next to nothing, and a script over
+# the home's socket pays for what its calls use.
+_NO_DATACLASSES = {"agentbox.client.sandbox"}
+
 
 def __getattr__(name: str) -> Any:
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'agentbox' has no attribute {name!r}")
-    _import_dataclasses()
-    import importlib  # here, not above: the CLI's light paths never need it
+    if module not in _NO_DATACLASSES:
+        _import_dataclasses()
+    import sys
 
-    value = getattr(importlib.import_module(module), name)
+    __import__(module)  # not importlib: its package is one more module to load
+    value = getattr(sys.modules[module], name)
     globals()[name] = value  # the next lookup is a plain global
     return value
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from agentbox import Sandbox
+from fake_socket_gateway import fake_gateway
 
 # Never needed to import the SDK or run the CLI's sandbox commands: the remote client,
 # the secret scanner, snapshot codecs, the gateway's web and MCP stacks, cloud SDKs.
@@ -86,6 +87,52 @@ QUICK_EXEC_NEVER = (
     "typing",
 )
 
+# A one-shot script through the home's gateway (AGENTBOX_URL=unix://HOME/gateway.sock,
+# client/unixhttp.py) sends three requests: it loads no runtime (nor its state database),
+# no HTTP library (httpx2 and what it brings; h11 too: typing, dataclasses and inspect),
+# no validation, not socket.py (its enums and selectors: the C module does), not the error
+# tree unless a call fails, and nothing else a whole call would not pay back.
+SOCKET_NEVER = (
+    "agentbox.runtime.runtime",
+    "agentbox.runtime.store",
+    "agentbox.runtime.files",
+    "agentbox.runtime.processes",
+    "agentbox.state",
+    "agentbox.config",
+    "agentbox.errors",
+    "sqlite3",
+    "_sqlite3",
+    "httpx2",
+    "httpcore",
+    "h11",
+    "anyio",
+    "certifi",
+    "idna",
+    "ssl",
+    "http.client",
+    "email",
+    "socket",
+    "selectors",
+    "pathlib",
+    "urllib.parse",
+    "ipaddress",
+    "threading",
+    "importlib",
+    "typing",  # the request and record types build theirs lazily (runtime/request_types.py)
+)
+# Importing the SDK with such a URL set loads the package and the SDK module only: the
+# transport and the call's types come with the first call.
+SOCKET_IMPORT_NEVER = (
+    "typing",
+    "dataclasses",
+    "re",
+    "json",
+    "enum",
+    "agentbox.client.remote",
+    "agentbox.client.unixhttp",
+    "agentbox.runtime.requests",
+)
+
 # Runs the code given, then writes the names of the loaded modules to a file, one a line
 # (stdout belongs to the CLI), whatever way the code exits. It imports nothing itself.
 _PROBE = """
@@ -107,12 +154,14 @@ def loaded(tmp_path: Path, code: str, *argv: str) -> set[str]:
     return {m.split(".")[0] for m in loaded_modules(tmp_path, code, *argv)}
 
 
-def loaded_modules(tmp_path: Path, code: str, *argv: str) -> set[str]:
+def loaded_modules(
+    tmp_path: Path, code: str, *argv: str, env: dict[str, str] | None = None
+) -> set[str]:
     out = tmp_path / "modules.txt"
     result = subprocess.run(
         [sys.executable, "-c", _PROBE, str(out), code, *argv],
         capture_output=True,
-        env={**os.environ, "AGENTBOX_URL": ""},
+        env={**os.environ, "AGENTBOX_URL": "", **(env or {})},
         timeout=120,
         check=False,
     )
@@ -136,7 +185,9 @@ def test_dataclasses_without_inspect_still_give_a_class_its_signature() -> None:
     a docstring needs its signature; every later user gets the real module."""
     code = (
         "import sys\n"
-        "from agentbox import Sandbox\n"
+        # A public name whose module defines dataclasses (Sandbox's module defines none
+        # and leaves it to its first call: test_a_script_through_the_homes_socket...).
+        "from agentbox import CommandResult\n"
         "import dataclasses\n"
         "assert 'inspect' not in sys.modules\n"
         "@dataclasses.dataclass\n"
@@ -227,3 +278,27 @@ def test_the_installed_command_runs_the_light_exec_without_site(
     light = imported("sandbox", "exec", sandbox.id, "--", "true")
     assert "agentbox.runtime.quick_exec" in light and "site" not in light
     assert {"site", "click"} <= imported("sandbox", "ls")
+
+
+def test_a_script_through_the_homes_socket_loads_no_runtime_and_no_http_library(
+    tmp_path: Path,
+) -> None:
+    """Against a stand-in gateway (the real one: tests/integration/test_gateway_socket.py):
+    what the client loads does not depend on who answers."""
+    path = tmp_path / "gateway.sock"
+    env = {"AGENTBOX_URL": f"unix://{path}", "AGENTBOX_TOKEN": "t"}
+    code = (
+        "from agentbox import Sandbox\n"
+        "sb = Sandbox.create()\n"
+        "assert sb.commands.run(['true']).stdout == 'hi\\n'\n"
+        "sb.kill()\n"
+    )
+    with fake_gateway(path) as gateway:
+        modules = loaded_modules(tmp_path, code, env=env)
+        imported = loaded_modules(tmp_path, "from agentbox import Sandbox", env=env)
+    assert len(gateway.requests) == 3  # create, run, kill: the script did run
+    assert "agentbox.client.unixhttp" in modules
+    assert heavy_in({m.split(".")[0] for m in modules}) == []
+    never = (*SOCKET_NEVER, *SDK_NEVER, *ONESHOT_NEVER)
+    assert sorted(m for m in never if m in modules) == []
+    assert sorted(m for m in SOCKET_IMPORT_NEVER if m in imported) == []

@@ -73,8 +73,15 @@ def _is_loopback(host: str) -> bool:
 @click.option(
     "--allow-public", is_flag=True, help="Allow a non-loopback bind (requires gateway.tls)."
 )
+@click.option(
+    "--no-socket",
+    is_flag=True,
+    help="Do not listen on $AGENTBOX_HOME/gateway.sock (TCP only).",
+)
 @reports_errors()
-def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> None:
+def serve(
+    config_path: Path | None, listen: str | None, allow_public: bool, no_socket: bool
+) -> None:
     """Run the gateway: REST API, MCP at /mcp, health checks.
 
     \b
@@ -82,12 +89,18 @@ def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> N
     $AGENTBOX_OPERATOR_TOKEN (or gateway.auth.operator_token_file); on a first local run
     without either, one is generated into $AGENTBOX_HOME/operator.token.
     \b
+    It also listens on $AGENTBOX_HOME/gateway.sock (mode 0600): SDK scripts on this host
+    reach it there with AGENTBOX_URL=unix://$AGENTBOX_HOME/gateway.sock, the token read
+    from $AGENTBOX_TOKEN or the home's operator.token. One gateway per home owns it: a
+    second one refuses to start (--no-socket: TCP only).
+    \b
     Examples:
       agentbox serve
       agentbox serve --config /etc/agentbox/gateway.yaml --listen 127.0.0.1:9000
     """
     import uvicorn
 
+    from agentbox.gateway import home_socket
     from agentbox.gateway.app import create_app
 
     settings = load_settings(config_path)
@@ -108,33 +121,48 @@ def serve(config_path: Path | None, listen: str | None, allow_public: bool) -> N
         )
     home = agentbox_home()
     token = _operator_token(settings, home)
-    app: Any
-    if settings.cluster is not None:  # a replica: no sandbox here (docs/cluster.md)
-        from agentbox.cluster.gateway_app import create_cluster_app
+    # Before the app: a second gateway on this home stops here, having touched nothing.
+    # A replica has no sandbox of its own (and replicas may share a home): TCP only.
+    sock = None if no_socket or settings.cluster is not None else home_socket.bind(home)
+    try:  # the socket file goes whatever stops the start (a schema to migrate, a port in use)
+        app: Any
+        if settings.cluster is not None:  # a replica: no sandbox here (docs/cluster.md)
+            from agentbox.cluster.gateway_app import create_cluster_app
 
-        app = create_cluster_app(settings, operator_token=token, home=home)
-    else:
-        app = create_app(settings, operator_token=token, home=home)
-    scheme = "https" if tls else "http"
-    click.echo(f"agentbox: gateway on {scheme}://{settings.gateway.listen} (MCP at /mcp)", err=True)
-    # What is alive now lives as long as the process (modules, the app, its routes and
-    # schemas: ~140k objects). Frozen out of the collector's view, the occasional full
-    # collection no longer walks them all: 100-500 ms each on a loaded 2-core host, one
-    # stalled event loop for every call in flight; after the freeze, under a millisecond.
-    gc.collect()
-    gc.freeze()
-    uvicorn.run(
-        app,
-        host=host.strip("[]"),
-        port=int(port),
-        log_level="warning",
-        # Its INFO lines never showed at "warning", yet each request built one (the client
-        # address, the quoted path): the audit trail is the record of every call.
-        access_log=False,
-        proxy_headers=False,  # nothing sits in front; X-Forwarded-For must not be trusted
-        ssl_certfile=str(tls.cert_file) if tls else None,
-        ssl_keyfile=str(tls.key_file) if tls else None,
-    )
+            app = create_cluster_app(settings, operator_token=token, home=home)
+        else:
+            app = create_app(settings, operator_token=token, home=home)
+        scheme = "https" if tls else "http"
+        served = f"{scheme}://{settings.gateway.listen}"
+        click.echo(f"agentbox: gateway on {served} (MCP at /mcp)", err=True)
+        if sock is not None:
+            click.echo(
+                f"agentbox: and on {sock.path} (0600); SDK scripts on this host: "
+                f"export AGENTBOX_URL={sock.url}",
+                err=True,
+            )
+        # What is alive now lives as long as the process (modules, the app, its routes and
+        # schemas: ~140k objects). Frozen out of the collector's view, the occasional full
+        # collection no longer walks them all: 100-500 ms each on a loaded 2-core host, one
+        # stalled event loop for every call in flight; after the freeze, under a millisecond.
+        gc.collect()
+        gc.freeze()
+        config = uvicorn.Config(
+            app,
+            host=host.strip("[]"),
+            port=int(port),
+            log_level="warning",
+            # Its INFO lines never showed at "warning", yet each request built one (the client
+            # address, the quoted path): the audit trail is the record of every call.
+            access_log=False,
+            proxy_headers=False,  # nothing sits in front; X-Forwarded-For must not be trusted
+            ssl_certfile=str(tls.cert_file) if tls else None,
+            ssl_keyfile=str(tls.key_file) if tls else None,
+        )
+        home_socket.serve(config, sock)
+    finally:
+        if sock is not None:
+            sock.close()
 
 
 @click.command("mcp")

@@ -8,56 +8,70 @@ when ``AGENTBOX_URL`` is set.
 
 from __future__ import annotations
 
-import base64
-import builtins
 import contextlib
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import IO, Any, Unpack
-from urllib.parse import quote
 
-import httpx2
+from agentbox.client.unixhttp import UnixGatewayClient, raise_error, socket_path, token_for
+from agentbox.runtime.requests import RunRequest, StartRequest, WriteRequest, coerce
 
-from agentbox.errors import AgentboxError, GatewayUnreachable, InvalidRequest, Unauthenticated
-from agentbox.runtime.files import FileInfo
-from agentbox.runtime.output import CommandResult, OutputCallback
-from agentbox.runtime.processes import ProcessInfo, ProcessOutput
-from agentbox.runtime.requests import (
-    DownloadRequest,
-    RunRequest,
-    SessionRunRequest,
-    SnapshotOptions,
-    StartRequest,
-    WriteRequest,
-    coerce,
-)
-from agentbox.runtime.snapshots import SnapshotInfo
-from agentbox.runtime.store import SandboxRecord
+# The result types, the errors and typing are imported where a call needs them: a one-shot
+# script over the home's socket (client/unixhttp.py) loads neither httpx2, nor the
+# runtime's modules, nor the error tree unless a call fails
+# (tests/unit/test_import_weight.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import builtins
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
+    from typing import IO, Any, TypeAlias, Unpack
+
+    import httpx2
+
+    from agentbox.runtime.files import FileInfo
+    from agentbox.runtime.output import CommandResult, OutputCallback
+    from agentbox.runtime.processes import ProcessInfo, ProcessOutput
+    from agentbox.runtime.record import SandboxRecord
+    from agentbox.runtime.requests import DownloadRequest, SessionRunRequest, SnapshotOptions
+    from agentbox.runtime.snapshots import SnapshotInfo
 
 DEFAULT_TIMEOUT_S = 600.0
 
 
 class GatewayClient:
-    """A thin JSON client for the gateway's REST API."""
+    """A thin JSON client for the gateway's REST API (``uds``: over that unix socket,
+    ``shown`` in messages in place of the URL)."""
 
-    def __init__(self, url: str, token: str | None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        *,
+        uds: str | None = None,
+        shown: str | None = None,
+    ) -> None:
         if not token:
+            from agentbox.errors import Unauthenticated
+
             raise Unauthenticated(
                 "AGENTBOX_URL is set but AGENTBOX_TOKEN is not: export the operator or session "
                 "token the gateway gave you"
             )
-        self.url = url.rstrip("/")
+        import httpx2  # here: the socket client (unixhttp) streams through this one only
+
+        self.url = shown or url.rstrip("/")
         self._http = httpx2.Client(
-            base_url=self.url,
+            base_url=url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
+            transport=None if uds is None else httpx2.HTTPTransport(uds=uds),
         )
 
     @classmethod
-    def from_env(cls) -> GatewayClient:
-        return cls(os.environ["AGENTBOX_URL"], os.environ.get("AGENTBOX_TOKEN"))
+    def from_env(cls) -> GatewayClient | SocketGatewayClient:
+        """The client ``AGENTBOX_URL`` names: a ``unix:`` URL, the home's socket."""
+        return connect(os.environ["AGENTBOX_URL"], os.environ.get("AGENTBOX_TOKEN"))
 
     def close(self) -> None:
         self._http.close()
@@ -110,11 +124,60 @@ class GatewayClient:
             yield from _parse_sse(response.iter_lines())
 
 
+class SocketGatewayClient(UnixGatewayClient):
+    """The home's socket (client/unixhttp.py); the streaming routes (a command's output
+    as server-sent events, a tar download) through ``GatewayClient`` over the same socket,
+    httpx2 imported on their first use."""
+
+    _full: GatewayClient | None = None
+
+    def full(self) -> GatewayClient:
+        if self._full is None:
+            self._full = GatewayClient(
+                "http://localhost", self._token, self.timeout, uds=self.path, shown=self.url
+            )
+        return self._full
+
+    def close(self) -> None:
+        if self._full is not None:
+            self._full.close()
+
+    def download(
+        self,
+        path: str,
+        params: dict[str, Any],
+        fileobj: IO[bytes],
+        withheld: builtins.list[tuple[str, str]] | None = None,
+    ) -> int:
+        return self.full().download(path, params, fileobj, withheld)
+
+    def events(self, method: str, path: str, **kwargs: Any) -> Iterator[tuple[str, Any]]:
+        self._connect().close()  # a missing gateway says so before the stream starts
+        return self.full().events(method, path, **kwargs)
+
+
+if TYPE_CHECKING:
+    Client: TypeAlias = GatewayClient | SocketGatewayClient
+
+
+def connect(url: str, token: str | None = None) -> GatewayClient | SocketGatewayClient:
+    """A client for ``url``: ``unix:///path`` (or ``unix:/path``) the gateway's socket, with
+    ``token`` or else the operator token beside it; otherwise HTTP(S)."""
+    path = socket_path(url)
+    if path is not None:
+        return SocketGatewayClient(path, token or token_for(path))
+    return GatewayClient(url, token)
+
+
 @contextlib.contextmanager
 def gateway_errors(url: str, *, lost: bool = False) -> Iterator[None]:
     """The SDK's one mapping of transport failures (httpx's ``map_exceptions``): a
     connection that cannot be made or breaks is ``GatewayUnreachable``; ``lost``: it
     broke during a call (whatever the call did may have happened)."""
+    import httpx2  # loaded already: only GatewayClient's calls come here
+
+    from agentbox.errors import GatewayUnreachable
+
     try:
         yield
     except httpx2.TransportError as e:
@@ -127,15 +190,8 @@ def gateway_errors(url: str, *, lost: bool = False) -> Iterator[None]:
 
 def raise_for_error(response: httpx2.Response) -> None:
     """An error answer as the class the gateway raised (its ``code`` survives the wire)."""
-    if response.status_code < 400:
-        return
-    try:
-        error = response.json()["error"]
-    except (ValueError, KeyError, TypeError):
-        raise AgentboxError(
-            f"gateway answered {response.status_code}: {response.text[:200]}"
-        ) from None
-    raise AgentboxError.from_dict(error)
+    if response.status_code >= 400:
+        raise_error(response.status_code, response.content)
 
 
 def _parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
@@ -148,6 +204,8 @@ def _parse_sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
 
 
 def _record(data: dict[str, Any]) -> SandboxRecord:
+    from agentbox.runtime.record import SandboxRecord
+
     # The gateway shows the public part of the spec; the rest (env, lifetime) stays there.
     spec = {k: data[k] for k in SandboxRecord.PUBLIC_SPEC if data.get(k) is not None}
     spec["isolation"] = data.get("isolation") or "namespaces"
@@ -168,6 +226,8 @@ def _record(data: dict[str, Any]) -> SandboxRecord:
 
 
 def _result(data: dict[str, Any]) -> CommandResult:
+    from agentbox.runtime.output import CommandResult
+
     stdout, stderr = data["stdout"].encode(), data["stderr"].encode()
     return CommandResult(
         stdout_bytes=stdout,
@@ -184,6 +244,8 @@ def _result(data: dict[str, Any]) -> CommandResult:
 
 
 def _process_info(data: dict[str, Any]) -> ProcessInfo:
+    from agentbox.runtime.processes import ProcessInfo
+
     return ProcessInfo(
         data["id"], data["argv"], data["started_at"], data["running"], data["exit_code"],
         waiting_for_input=bool(data.get("waiting_for_input")), prompt=data.get("prompt"),
@@ -191,6 +253,8 @@ def _process_info(data: dict[str, Any]) -> ProcessInfo:
 
 
 def _file_info(data: dict[str, Any]) -> FileInfo:
+    from agentbox.runtime.files import FileInfo
+
     return FileInfo(
         path=data["path"],
         name=data.get("name", data["path"].rsplit("/", 1)[-1]),
@@ -214,6 +278,8 @@ def _text(data: bytes | str, what: str) -> str:
     try:
         return data.decode()
     except UnicodeDecodeError:
+        from agentbox.errors import InvalidRequest
+
         raise InvalidRequest(
             f"{what} must be UTF-8 text through a gateway; write binary input to a file "
             "with files.write and redirect it"
@@ -225,12 +291,14 @@ def _timeout_ms(timeout: float | None) -> int | None:
     if timeout is None:
         return None
     if timeout <= 0:
+        from agentbox.errors import InvalidRequest
+
         raise InvalidRequest("timeout must be positive (seconds)")
     return max(1, int(timeout * 1000))
 
 
 class RemoteCommands:
-    def __init__(self, client: GatewayClient, sandbox_id: str) -> None:
+    def __init__(self, client: Client, sandbox_id: str) -> None:
         self._c, self._id = client, sandbox_id
 
     def run(
@@ -245,6 +313,8 @@ class RemoteCommands:
         says so). ``pty`` has no REST route: refused, never ignored."""
         r = coerce(RunRequest, request, fields)
         if r.pty:
+            from agentbox.errors import InvalidRequest
+
             raise InvalidRequest(
                 "pty=True is not available through a gateway yet: run without a pty, or "
                 "in-process (unset AGENTBOX_URL)",
@@ -268,12 +338,14 @@ class RemoteCommands:
             elif event == "result":
                 return _result(data)
             elif event == "error":
-                raise AgentboxError.from_dict(data)
+                raise_error(500, json.dumps({"error": data}).encode())
+        from agentbox.errors import AgentboxError
+
         raise AgentboxError("the gateway closed the output stream without a result")
 
 
 class RemoteProcesses:
-    def __init__(self, client: GatewayClient, sandbox_id: str) -> None:
+    def __init__(self, client: Client, sandbox_id: str) -> None:
         self._c, self._base = client, f"/v1/sandboxes/{sandbox_id}/processes"
 
     def start(self, request: StartRequest | str | Sequence[str], **fields: Any) -> ProcessInfo:
@@ -289,6 +361,8 @@ class RemoteProcesses:
         process_id = self._c.request("POST", self._base, json=body)["process_id"]
         # As the in-process start: just started (running), argv as it runs (a shell
         # string as bash's argv), from the list.
+        from agentbox.runtime.processes import ProcessInfo
+
         known = next((p for p in self.list() if p.id == process_id), None)
         argv, started = (known.argv, known.started_at) if known else ([], 0.0)
         return ProcessInfo(process_id, argv, started, True, None, terminal=r.pty is not None)
@@ -300,6 +374,8 @@ class RemoteProcesses:
     def get(self, process_id: str) -> ProcessInfo:
         # The output route says whether it runs (a typed process_not_found when there is
         # no such process); the list carries what it is (argv, start time).
+        from agentbox.runtime.processes import ProcessInfo
+
         state = self._state(process_id)
         known = next((p for p in self.list() if p.id == process_id), None)
         argv, started = (known.argv, known.started_at) if known else ([], 0.0)
@@ -315,6 +391,8 @@ class RemoteProcesses:
     def read_output(
         self, process_id: str, stream: str = "stdout", offset: int = 0, limit: int = 1 << 20
     ) -> ProcessOutput:
+        from agentbox.runtime.processes import ProcessOutput
+
         params = {"stream": stream, "offset": offset, "limit": limit}
         out = self._c.request("GET", f"{self._base}/{process_id}/output", params=params)
         return ProcessOutput(out["data"].encode(), out["next_offset"])
@@ -347,7 +425,7 @@ class RemoteProcesses:
 
 
 class RemoteSessions:
-    def __init__(self, client: GatewayClient, sandbox_id: str) -> None:
+    def __init__(self, client: Client, sandbox_id: str) -> None:
         self._c, self._base = client, f"/v1/sandboxes/{sandbox_id}/sessions"
 
     def create(self, cwd: str = "/workspace", env: Mapping[str, str] | None = None) -> str:
@@ -369,7 +447,7 @@ class RemoteSessions:
 
 
 class RemoteFiles:
-    def __init__(self, client: GatewayClient, sandbox_id: str) -> None:
+    def __init__(self, client: Client, sandbox_id: str) -> None:
         self._c, self._base = client, f"/v1/sandboxes/{sandbox_id}/files"
 
     def read(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
@@ -377,6 +455,8 @@ class RemoteFiles:
         if length is not None:
             params["length"] = length
         data = self._c.request("GET", self._base, params=params)
+        import base64
+
         content = data["content"]
         return base64.b64decode(content) if data["encoding"] == "base64" else content.encode()
 
@@ -395,6 +475,8 @@ class RemoteFiles:
 
     def put(self, request: WriteRequest) -> FileInfo:
         r = request
+        import base64  # files only: a one-shot script never loads it
+
         payload = r.data if isinstance(r.data, bytes) else b"".join(r.data)
         body = {
             "path": r.path,
@@ -416,6 +498,8 @@ class RemoteFiles:
 
     def exists(self, path: str) -> bool:
         try:
+            from agentbox.errors import AgentboxError
+
             self.stat(path)
         except AgentboxError as e:
             if e.code == "file_not_found":
@@ -455,8 +539,14 @@ class RemoteFiles:
         return self._c.download(f"{self._base}/download", params, r.fileobj, r.withheld)
 
 
+def _quoted(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name, safe="")
+
+
 class RemoteVolumes:
-    def __init__(self, client: GatewayClient) -> None:
+    def __init__(self, client: Client) -> None:
         self.client = client
 
     def create(self, name: str, size: int | str) -> dict[str, Any]:
@@ -464,19 +554,19 @@ class RemoteVolumes:
         return dict(self.client.request("POST", "/v1/volumes", json=body))
 
     def get(self, name: str) -> dict[str, Any]:
-        return dict(self.client.request("GET", f"/v1/volumes/{quote(name, safe='')}"))
+        return dict(self.client.request("GET", f"/v1/volumes/{_quoted(name)}"))
 
     def list(self) -> builtins.list[dict[str, Any]]:
         return [dict(v) for v in self.client.request("GET", "/v1/volumes")]
 
     def remove(self, name: str) -> None:
-        self.client.request("DELETE", f"/v1/volumes/{quote(name, safe='')}")
+        self.client.request("DELETE", f"/v1/volumes/{_quoted(name)}")
 
 
 class RemoteRuntime:
     """Duck-types the parts of ``Runtime`` the SDK and CLI use."""
 
-    def __init__(self, client: GatewayClient) -> None:
+    def __init__(self, client: Client) -> None:
         self.client = client
 
     def create(self, spec: Mapping[str, object] | None = None) -> SandboxRecord:
@@ -510,6 +600,8 @@ class RemoteRuntime:
             "allowlist": options.get("allowlist"),
             "memory": options.get("memory", False),
         }
+        from agentbox.runtime.snapshots import SnapshotInfo
+
         data = self.client.request("POST", f"/v1/sandboxes/{sandbox_id}/snapshots", json=body)
         return SnapshotInfo(**data)
 
@@ -517,6 +609,8 @@ class RemoteRuntime:
         return _record(self.client.request("POST", f"/v1/snapshots/{snapshot_id}/restore"))
 
     def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        from agentbox.runtime.snapshots import SnapshotInfo
+
         return [SnapshotInfo(**s) for s in self.client.request("GET", "/v1/snapshots")]
 
     def delete_snapshot(self, snapshot_id: str) -> None:

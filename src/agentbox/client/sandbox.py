@@ -17,39 +17,34 @@ The SDK drives the runtime in-process (this process needs root, like the daemon)
 
 from __future__ import annotations
 
-import builtins
 import functools
 import os
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
-from types import TracebackType
-from typing import IO, TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack
 
-from agentbox.client.interfaces import Backend, ProcessesAPI
-from agentbox.runtime.requests import (
-    DownloadRequest,
-    ExportOptions,
-    RunRequest,
-    SessionRunRequest,
-    StartRequest,
-    WriteMode,
-    WriteRequest,
-)
-from agentbox.runtime.runtime import Runtime
-
-# Imported where used, so the SDK loads light (tests/unit/test_import_weight.py).
+# Not typing's TYPE_CHECKING: with AGENTBOX_URL=unix:... a one-shot script loads this
+# module, the socket client and little else (tests/unit/test_import_weight.py); typing,
+# pathlib (with urllib.parse, ipaddress and re), dataclasses and the request types cost
+# more than the call. Everything below is imported where it is used.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import builtins
+    from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+    from pathlib import Path
+    from types import TracebackType
+    from typing import IO, Any, ParamSpec, TypeVar, Unpack
+
     from agentbox.client.desktop import Desktop
+    from agentbox.client.interfaces import Backend, ProcessesAPI
     from agentbox.config.specs import NetworkSpec
     from agentbox.runtime.files import FileInfo
     from agentbox.runtime.output import CommandResult
     from agentbox.runtime.processes import ProcessInfo, ProcessOutput
+    from agentbox.runtime.requests import ExportOptions, WriteMode
     from agentbox.runtime.snapshots import SnapshotInfo
     from agentbox.runtime.store import SandboxRecord
 
-P = ParamSpec("P")
-R = TypeVar("R")
-W = TypeVar("W")
+    P = ParamSpec("P")
+    R = TypeVar("R")
+    W = TypeVar("W")
 
 
 _backends: dict[Path | str | None, Backend] = {}
@@ -57,16 +52,23 @@ _backends: dict[Path | str | None, Backend] = {}
 
 def _runtime(home: Path | None) -> Backend:
     """The backend for this process: a gateway when ``AGENTBOX_URL`` is set (and no home
-    is given), else the runtime in-process. One per home (it caches host facts)."""
+    is given), else the runtime in-process. One per home (it caches host facts).
+    ``AGENTBOX_URL=unix:///HOME/gateway.sock``: the home's gateway over its socket, which
+    loads neither the runtime nor an HTTP library (client/unixhttp.py)."""
+    from agentbox import _import_dataclasses
+
+    _import_dataclasses()  # before any module of a call defines one (agentbox/__init__.py)
     url = os.environ.get("AGENTBOX_URL")
     if home is None and url:
         key: Path | str | None = url
         if key not in _backends:
-            from agentbox.client.remote import GatewayClient, RemoteRuntime
+            from agentbox.client.remote import RemoteRuntime, connect
 
-            _backends[key] = RemoteRuntime(GatewayClient.from_env())
+            _backends[key] = RemoteRuntime(connect(url, os.environ.get("AGENTBOX_TOKEN")))
         return _backends[key]
     if home not in _backends:
+        from agentbox.runtime.runtime import Runtime  # in-process: the whole runtime
+
         _backends[home] = Runtime(home)
     return _backends[home]
 
@@ -130,6 +132,8 @@ class Commands:
         ``timed_out=True``. Output beyond ``max_output_bytes`` per stream keeps its head and
         tail (``truncated=True``).
         """
+        from agentbox.runtime.requests import RunRequest
+
         request = RunRequest(cmd, cwd, env, stdin, timeout, max_output_bytes, pty)
         return self._rt.commands(self._id).run(request)
 
@@ -147,6 +151,8 @@ class Commands:
         runs it on a terminal of that size (input typed with ``send_stdin``, one output
         stream read as ``stdout``, ``resize`` to change the size). A terminal lives as long
         as the process that holds its master end: the gateway, or in-process this one."""
+        from agentbox.runtime.requests import StartRequest
+
         info = self._rt.processes(self._id).start(StartRequest(cmd, cwd, env, stdin, pty))
         return CommandHandle(self._rt, self._id, info.id)
 
@@ -227,6 +233,8 @@ class Files:
         """``perms``: permission bits of a file this creates; ``make_parents``: create
         missing parent directories."""
         payload = data.encode() if isinstance(data, str) else data
+        from agentbox.runtime.requests import WriteRequest
+
         request = WriteRequest(path, payload, mode, perms, make_parents)
         return self._rt.files(self._id).put(request)
 
@@ -260,6 +268,8 @@ class Files:
         editor, agent and tool settings, rc files, setuid bits, symlinks that may leave
         the tree: see ``agentbox.runtime.export_safety``) is left out and listed in
         ``withheld`` unless ``include_unsafe``."""
+        from agentbox.runtime.requests import DownloadRequest
+
         request = DownloadRequest(path, fileobj, **options)
         return self._rt.files(self._id).download(request)
 
@@ -281,6 +291,8 @@ class Shell:
         max_output_bytes: int = 1 << 20,
     ) -> CommandResult:
         """Run ``cmd`` in the session; ``timeout`` in seconds."""
+        from agentbox.runtime.requests import SessionRunRequest
+
         request = SessionRunRequest(self.id, cmd, timeout, stdin, max_output_bytes)
         return self._rt.sessions(self.sandbox_id).run(request)
 

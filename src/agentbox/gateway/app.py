@@ -160,7 +160,11 @@ class HostAndSizeGuard:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         host = headers.get("host", "").lower()
-        if host not in self.hosts:
+        # The home's unix socket (server: its path, no port; gateway/home_socket.py) is no
+        # address a browser can be rebound to: any Host. Origin and size still apply.
+        server = scope.get("server")
+        over_socket = server is not None and server[1] is None
+        if host not in self.hosts and not over_socket:
             await _reject(
                 send,
                 421,

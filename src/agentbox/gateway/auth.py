@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentbox.client import unixhttp
 from agentbox.errors import (
     AgentboxError,
     HostUnsupported,
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
     from agentbox.config.settings import AuthSettings
 
 TOKEN_PREFIX = "abx_"  # noqa: S105 - a prefix, not a secret
-OPERATOR_TOKEN_FILE = "operator.token"  # noqa: S105 - a file name
+# Beside the home's socket, where the SDK's socket client reads it too (one spelling).
+OPERATOR_TOKEN_FILE = unixhttp.TOKEN_FILE
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,13 @@ caller can save it where the agent can page it when the kept part was cut.
 from __future__ import annotations
 
 import os
-import selectors
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 TYPE_CHECKING = False  # typing is loaded already, but this module never needs it
 if TYPE_CHECKING:
+    import selectors  # its callers' selector (a result over the home's socket needs none)
     import tempfile
 
 OutputCallback = Callable[[str, bytes], None]

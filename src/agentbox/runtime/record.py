@@ -15,22 +15,40 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING, Any, Literal
 
+# typing only for the type checker: a record read back over the home's socket loads none
+# (tests/unit/test_import_weight.py); SandboxState, built with it, is served lazily.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, Literal
+
     from agentbox.config.specs import SandboxSpec
     from agentbox.runtime.spec_cache import StoredSpec
 
-SandboxState = Literal[
-    "creating",  # reserved: its slot is held, its init not yet started
-    "pooled",  # warm, invisible to calls until a create claims it
-    "running",
-    "paused",
-    "stopped",  # no process; the disk is kept
-    "destroying",
-    "error",  # a create that failed; recovery removes it
-    "exited",  # never stored: a running record whose init is gone (Runtime.get)
-]
+    SandboxState = Literal[
+        "creating",  # reserved: its slot is held, its init not yet started
+        "pooled",  # warm, invisible to calls until a create claims it
+        "running",
+        "paused",
+        "stopped",  # no process; the disk is kept
+        "destroying",
+        "error",  # a create that failed; recovery removes it
+        "exited",  # never stored: a running record whose init is gone (Runtime.get)
+    ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "SandboxState":
+        from typing import Literal
+
+        state = Literal[STATES]  # type: ignore[valid-type]  # a tuple: each of its members
+        globals()[name] = state
+        return state
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# The states SandboxState names (the type checker's copy, with what each means, is above).
+STATES = ("creating", "pooled", "running", "paused", "stopped", "destroying", "error", "exited")
 
 PUBLIC_SPEC = ("memory", "cpus", "pids", "disk", "network", "project", "idle_timeout", "on_idle")
 

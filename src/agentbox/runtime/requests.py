@@ -12,21 +12,57 @@ here, when the request is built, so both backends refuse the same values the sam
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Literal, TypedDict, TypeVar, cast
 
-from agentbox.errors import InvalidRequest
+# typing only where a type is used (a call over the home's socket never loads it:
+# tests/unit/test_import_weight.py); the names built with it at run time (WriteMode,
+# ExportOptions, SnapshotOptions) live in request_types and are served from there.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping, Sequence
+    from typing import IO, Any, TypeVar
 
-WriteMode = Literal["overwrite", "append", "create"]
+    from agentbox.runtime.request_types import ExportOptions, SnapshotOptions, WriteMode
+
+    Command = TypeVar("Command", "RunRequest", "StartRequest")
+
+__all__ = [
+    "DEFAULT_MAX_OUTPUT",
+    "DEFAULT_TIMEOUT_S",
+    "DownloadRequest",
+    "ExportOptions",
+    "RunRequest",
+    "SessionRunRequest",
+    "SnapshotOptions",
+    "StartRequest",
+    "WriteMode",
+    "WriteRequest",
+    "coerce",
+]
+_TYPED = ("WriteMode", "ExportOptions", "SnapshotOptions")
+
+
+def __getattr__(name: str) -> object:
+    if name in _TYPED:
+        from agentbox.runtime import request_types
+
+        return getattr(request_types, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_OUTPUT = 1 << 20
 
 
 def _check_run_limits(timeout: float | None, max_output_bytes: int) -> None:
+    # errors (with hints) only when refusing: a call over the home's socket never loads it
     if timeout is not None and timeout <= 0:
+        from agentbox.errors import InvalidRequest
+
         raise InvalidRequest("timeout must be positive (seconds)")
     if max_output_bytes < 0:
+        from agentbox.errors import InvalidRequest
+
         raise InvalidRequest("max_output_bytes must be >= 0")
 
 
@@ -95,21 +131,6 @@ class WriteRequest:
     make_parents: bool = True
 
 
-class ExportOptions(TypedDict, total=False):
-    """``download_tar``'s keywords, in the SDK and the runtime alike."""
-
-    include_unsafe: bool  # also what the host would run or trust (default False)
-    withheld: list[tuple[str, str]] | None  # appended: (path in the tar, why left out)
-
-
-class SnapshotOptions(TypedDict, total=False):
-    """``snapshot``'s keywords, in the SDK's backends and the runtime alike."""
-
-    redact: bool  # replace found secrets instead of refusing (default False)
-    allowlist: str | None  # allow-list text (see storage.secretscan.AllowList)
-    memory: bool  # its running processes too (isolation gvisor; default False)
-
-
 @dataclass(frozen=True)
 class DownloadRequest:
     """A tar of ``path`` streamed into ``fileobj``: what the host would run or trust is
@@ -119,9 +140,6 @@ class DownloadRequest:
     fileobj: IO[bytes]
     include_unsafe: bool = False
     withheld: list[tuple[str, str]] | None = None
-
-
-Command = TypeVar("Command", RunRequest, StartRequest)
 
 
 def coerce(
@@ -137,4 +155,4 @@ def coerce(
         if fields:
             raise TypeError(f"{', '.join(sorted(fields))} given twice: in the request and apart")
         return value
-    return kind(cast("str | Sequence[str]", value), **fields)
+    return kind(value, **fields)  # type: ignore[arg-type]  # a command, not a request
