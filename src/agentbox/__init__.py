@@ -45,9 +45,9 @@ _PUBLIC = {
     "Volume": "agentbox.client.volumes",
 }
 
-# Modules that import no dataclass as they load (their calls run _import_dataclasses
-# first): ``from agentbox import Sandbox`` then loads next to nothing, and a script over
-# the home's socket pays for what its calls use.
+# Modules that import no dataclass as they load (their calls run
+# lightimport.import_dataclasses first): ``from agentbox import Sandbox`` then loads next
+# to nothing, and a script over the home's socket pays for what its calls use.
 _NO_DATACLASSES = {"agentbox.client.sandbox"}
 
 
@@ -55,9 +55,12 @@ def __getattr__(name: str) -> Any:
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'agentbox' has no attribute {name!r}")
-    if module not in _NO_DATACLASSES:
-        _import_dataclasses()
     import sys
+
+    if module not in _NO_DATACLASSES:
+        from agentbox.lightimport import import_dataclasses
+
+        import_dataclasses()
 
     __import__(module)  # not importlib: its package is one more module to load
     value = getattr(sys.modules[module], name)
@@ -67,33 +70,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_PUBLIC])
-
-
-def _import_dataclasses() -> None:
-    """Import dataclasses without inspect, which it loads (with ast, dis and tokenize: a
-    tenth of a one-shot SDK script's start, and its exit tears them down again) for one
-    use: giving a class without a docstring its signature as one. Every dataclass an SDK
-    call loads has a docstring (tests/unit/test_import_weight.py), so dataclasses sees a
-    stand-in that imports the real inspect on first use; everyone else imports the real
-    one. (A stand-in only while dataclasses loads, as runtime/quick_exec.py does for
-    _sqlite3's functools.)"""
-    import sys
-
-    if "dataclasses" in sys.modules or "inspect" in sys.modules:
-        return
-
-    class _Inspect(type(sys)):  # type: ignore[misc]
-        def __getattr__(self, name: str) -> Any:
-            if sys.modules.get("inspect") is self:  # asked while dataclasses loads
-                del sys.modules["inspect"]
-            import importlib
-
-            return getattr(importlib.import_module("inspect"), name)
-
-    stand_in = _Inspect("inspect")
-    sys.modules["inspect"] = stand_in
-    try:
-        import dataclasses  # noqa: F401
-    finally:
-        if sys.modules.get("inspect") is stand_in:
-            del sys.modules["inspect"]

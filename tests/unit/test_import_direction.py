@@ -19,7 +19,7 @@ PACKAGE = SRC / "agentbox"
 # Bottom first. A package may import only packages on a lower line; those on one line
 # are independent of each other. Top-level modules (errors.py, ...) count as packages.
 LAYERS: list[set[str]] = [
-    {"hints"},  # how an error says what to do next (errors render with it)
+    {"hints", "lightimport"},  # what an error says to do next; standard modules, lightly
     {"errors"},  # the one error tree
     {"units", "fsutil", "digest"},  # sizes and durations; durable writes, locks, access
     # kinds; SHA-256 names and random ids without hashlib

@@ -46,7 +46,7 @@ SDK_NEVER = ("importlib.resources", "hashlib", "_hashlib", "secrets", "hmac")
 # compiling the seccomp filter or the launcher, spooling a kept stream, a fork's scratch);
 # shlex for a CLI hint; the desktop client and the Debian template builder until used;
 # inspect (with ast, dis and tokenize), which dataclasses loads to give a class without a
-# docstring one (agentbox._import_dataclasses): a dataclass without a docstring on this
+# docstring one (agentbox.lightimport.import_dataclasses): a dataclass without a docstring on this
 # path brings it back.
 ONESHOT_NEVER = (
     "inspect",

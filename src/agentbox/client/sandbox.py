@@ -55,9 +55,9 @@ def _runtime(home: Path | None) -> Backend:
     is given), else the runtime in-process. One per home (it caches host facts).
     ``AGENTBOX_URL=unix:///HOME/gateway.sock``: the home's gateway over its socket, which
     loads neither the runtime nor an HTTP library (client/unixhttp.py)."""
-    from agentbox import _import_dataclasses
+    from agentbox.lightimport import import_dataclasses
 
-    _import_dataclasses()  # before any module of a call defines one (agentbox/__init__.py)
+    import_dataclasses()  # before any module of a call defines one
     url = os.environ.get("AGENTBOX_URL")
     if home is None and url:
         key: Path | str | None = url
