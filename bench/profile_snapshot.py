@@ -23,12 +23,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 from agentbox import Sandbox  # noqa: E402
-from agentbox.isolation import disk, diskpool  # noqa: E402
+from agentbox.isolation import disk  # noqa: E402
 from agentbox.runtime import snapshots  # noqa: E402
 from agentbox.runtime.host import SandboxHost  # noqa: E402
 from agentbox.runtime.runtime import Runtime  # noqa: E402
 from agentbox.runtime.templates.store import TemplateStore  # noqa: E402
-from agentbox.storage import objectstore, scanarchive, secretscan, zstdpipe  # noqa: E402
+from agentbox.storage import hashedzstd, objectstore, scanarchive, secretscan  # noqa: E402
 from common import bench_home, progress  # noqa: E402
 from phases import PhaseTimer  # noqa: E402
 
@@ -54,8 +54,8 @@ PHASES = [
     ("  scanarchive.archive (read, scan, tar; hash+zstd beside)", scanarchive, "archive"),
     ("    FileScan.feed (the secret scan)", secretscan.FileScan, "feed"),
     ("    os.pread (reading the clone)", _TimedOs, "pread"),
-    ("    PipeWriter.write (hand-over to the hashing thread)", zstdpipe.PipeWriter, "write"),
-    ("  PipeWriter.close (the rest of hash + zstd)", zstdpipe.PipeWriter, "close"),
+    ("    HashingZstdWriter.write (hand-over)", hashedzstd.HashingZstdWriter, "write"),
+    ("  HashingZstdWriter.close (the rest of hash + zstd)", hashedzstd.HashingZstdWriter, "close"),
     ("  unmount", disk, "unmount"),
     ("  FolderStore.put_file (fsync, rename)", objectstore.FolderStore, "put_file"),
     ("  templates pin", TemplateStore, "pin"),
@@ -92,7 +92,9 @@ def main() -> None:
                 for i in range(args.rounds):
                     progress(f"round {i + 1}")
                     c0, t0 = cpu(), time.perf_counter()
-                    info = sb.snapshot(allowlist="/workspace/data")  # random bytes: a chance "finding"
+                    info = sb.snapshot(
+                        allowlist="/workspace/data"
+                    )  # random bytes: a chance "finding"
                     rows["snapshot"].append((time.perf_counter() - t0, cpu() - c0))
                     c0, t0 = cpu(), time.perf_counter()
                     subprocess.run(
