@@ -76,8 +76,14 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-restore", action="store_true")
+    parser.add_argument("--settle", action="store_true", help="sync before each step")
     args = parser.parse_args()
     timer = PhaseTimer(PHASES)
+
+    def settle() -> None:
+        if args.settle:
+            os.sync()
+
     rows: dict[str, list[tuple[float, float]]] = {"snapshot": [], "tar": [], "restore": []}
     with bench_home("profile") as home, tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         runtime = Runtime(home)
@@ -91,23 +97,26 @@ def main() -> None:
             with timer.active():
                 for i in range(args.rounds):
                     progress(f"round {i + 1}")
+                    settle()
                     c0, t0 = cpu(), time.perf_counter()
                     info = sb.snapshot(
                         allowlist="/workspace/data"
                     )  # random bytes: a chance "finding"
                     rows["snapshot"].append((time.perf_counter() - t0, cpu() - c0))
+                    settle()
                     c0, t0 = cpu(), time.perf_counter()
                     subprocess.run(
                         f"tar -C {host.disk} -cf - upper workspace | zstd -q -3 -T0 -o {archive}",
                         shell=True, check=True,
                     )  # fmt: skip
                     rows["tar"].append((time.perf_counter() - t0, cpu() - c0))
-                    archive.unlink()
                     if not args.no_restore:
+                        settle()
                         c0, t0 = cpu(), time.perf_counter()
                         restored = Sandbox.restore(info.id, home=home)
                         rows["restore"].append((time.perf_counter() - t0, cpu() - c0))
                         restored.kill()
+                    archive.unlink()
                     Sandbox.delete_snapshot(info.id, home=home)
         finally:
             sb.kill()

@@ -70,11 +70,14 @@ def _failed(proc: subprocess.Popen[bytes], what: str) -> str:
 
 class PipeReader(io.RawIOBase):
     """Read the uncompressed stream of a zstd file (descriptor ``source_fd``, from its
-    current offset), decompressed by ``zstd -d`` and hashed here as it is read. At the
-    end, a damaged or truncated frame is an ``InvalidRequest``."""
+    current offset), decompressed by ``zstd -d``; each chunk read is hashed on a thread
+    of its own (``hashlib`` releases the GIL), so that the caller unpacks the next one
+    meanwhile: on the reading thread the SHA-256 was a third of a restore's time. At the
+    end, a damaged or truncated frame is an ``InvalidRequest``; ``sha256`` is the digest
+    of everything read once the end was read."""
 
     def __init__(self, program: str, source_fd: int) -> None:
-        self.sha256 = hashlib.sha256()
+        self._digest = hashlib.sha256()
         self._proc = subprocess.Popen(
             [program, "-q", "-d", "-c"],
             stdin=source_fd,
@@ -82,9 +85,35 @@ class PipeReader(io.RawIOBase):
             stderr=subprocess.PIPE,
         )
         assert self._proc.stdout is not None
-        _bigger_pipe(self._proc.stdout.fileno())
-        self._out = io.FileIO(self._proc.stdout.fileno(), "rb", closefd=False)
+        self._fd = self._proc.stdout.fileno()
+        _bigger_pipe(self._fd)
         self._eof = False
+        self._hasher = hashedzstd.Worker("restore-hash", self._hash)
+        self._hashed = False  # the hashing thread ended: ``_digest`` is final
+
+    def _hash(self, worker: hashedzstd.Worker) -> None:
+        while (chunk := worker.get()) is not None:
+            if not chunk:  # the end
+                return
+            self._digest.update(chunk)
+
+    @property
+    def sha256(self) -> Any:
+        """The digest of the stream: whole once ``read`` returned b"" (then it waits for
+        the hashing thread to finish); of a part if taken before the end."""
+        self._finish()
+        self._hasher.raise_error()
+        return self._digest
+
+    def _finish(self) -> None:
+        """End the hashing thread: after the chunks queued (at the end), or at once."""
+        if self._hashed:
+            return
+        self._hashed = True
+        if self._eof and self._hasher.put(b""):
+            self._hasher.join()
+        else:
+            self._hasher.stop()
 
     def readable(self) -> bool:
         return True
@@ -92,9 +121,16 @@ class PipeReader(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         if self._eof:
             return 0
-        n = self._out.readinto(buffer)
+        if self._hashed:
+            raise ValueError("read after the digest was taken")
+        view = memoryview(buffer).cast("B")
+        data = os.read(self._fd, len(view))  # a bytes of its own: hashed while we go on
+        n = len(data)
         if n:
-            self.sha256.update(memoryview(buffer)[:n])
+            view[:n] = data
+            if not self._hasher.put(data):
+                self._hasher.raise_error()
+                raise ValueError("the snapshot's hashing thread stopped")
             return n
         self._eof = True
         if self._proc.wait() != 0:
@@ -107,10 +143,10 @@ class PipeReader(io.RawIOBase):
         if self.closed:
             return
         super().close()
+        self._finish()
         if self._proc.poll() is None:  # closed before the end: nobody reads zstd's output
             self._proc.kill()
         self._proc.wait()
-        self._out.close()
         for stream in (self._proc.stdout, self._proc.stderr):
             if stream is not None:
                 stream.close()
