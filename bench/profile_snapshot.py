@@ -10,7 +10,9 @@ phase moved.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import resource
 import shutil
 import subprocess
@@ -77,6 +79,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-restore", action="store_true")
     parser.add_argument("--settle", action="store_true", help="sync before each step")
+    parser.add_argument("--cprofile", action="store_true", help="cProfile the last restore")
     args = parser.parse_args()
     timer = PhaseTimer(PHASES)
 
@@ -113,7 +116,12 @@ def main() -> None:
                     if not args.no_restore:
                         settle()
                         c0, t0 = cpu(), time.perf_counter()
-                        restored = Sandbox.restore(info.id, home=home)
+                        if args.cprofile and i == args.rounds - 1:
+                            profile = cProfile.Profile()
+                            restored = profile.runcall(Sandbox.restore, info.id, home=home)
+                            pstats.Stats(profile).sort_stats("tottime").print_stats(15)
+                        else:
+                            restored = Sandbox.restore(info.id, home=home)
                         rows["restore"].append((time.perf_counter() - t0, cpu() - c0))
                         restored.kill()
                     archive.unlink()
