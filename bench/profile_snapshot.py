@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-restore", action="store_true")
+    parser.add_argument("--memory", default="512MiB")
     parser.add_argument("--settle", action="store_true", help="sync before each step")
     parser.add_argument("--cprofile", action="store_true", help="cProfile the last restore")
     args = parser.parse_args()
@@ -90,7 +91,7 @@ def main() -> None:
     rows: dict[str, list[tuple[float, float]]] = {"snapshot": [], "tar": [], "restore": []}
     with bench_home("profile") as home, tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:
         runtime = Runtime(home)
-        sb = Sandbox.create(memory="512MiB", disk="2GiB", network="none", home=home)
+        sb = Sandbox.create(memory=args.memory, disk="2GiB", network="none", home=home)
         try:
             sb.commands.run(f"head -c {args.mb * MB} /dev/urandom > /workspace/data && sync",
                             timeout=600)  # fmt: skip
