@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--memory", default="512MiB")
     parser.add_argument("--settle", action="store_true", help="sync before each step")
     parser.add_argument("--cprofile", action="store_true", help="cProfile the last restore")
+    parser.add_argument("--cprofile-snapshot", action="store_true", help="... the last snapshot")
     args = parser.parse_args()
     timer = PhaseTimer(PHASES)
 
@@ -103,9 +104,12 @@ def main() -> None:
                     progress(f"round {i + 1}")
                     settle()
                     c0, t0 = cpu(), time.perf_counter()
-                    info = sb.snapshot(
-                        allowlist="/workspace/data"
-                    )  # random bytes: a chance "finding"
+                    if args.cprofile_snapshot and i == args.rounds - 1:
+                        profile = cProfile.Profile()
+                        info = profile.runcall(sb.snapshot, allowlist="/workspace/data")
+                        pstats.Stats(profile).sort_stats("cumtime").print_stats(40)
+                    else:  # random bytes: a chance "finding", allowed (still scanned)
+                        info = sb.snapshot(allowlist="/workspace/data")
                     rows["snapshot"].append((time.perf_counter() - t0, cpu() - c0))
                     settle()
                     c0, t0 = cpu(), time.perf_counter()
