@@ -110,11 +110,12 @@ def test_the_archive_goes_to_the_disk_while_it_is_written(
 
     started: list[tuple[int, int]] = []
     real = hashedzstd._sync_file_range
-    monkeypatch.setattr(
-        hashedzstd,
-        "_sync_file_range",
-        lambda fd, offset, count: (started.append((offset, count)), real(fd, offset, count)),
-    )
+
+    def recording(fd: int, offset: int, count: int) -> None:
+        started.append((offset, count))
+        real(fd, offset, count)
+
+    monkeypatch.setattr(hashedzstd, "_sync_file_range", recording)
     data = os.urandom(40 * CHUNK)  # incompressible: as much written as given
     target = tmp_path / "out.zst"
     with target.open("wb") as out, HashingZstdWriter(out, level=3) as w:

@@ -1,16 +1,15 @@
-"""A SHA-256-addressed zstd stream, written or read with the hashing and the codec on a
-thread of their own.
+"""A SHA-256-addressed zstd stream, written or read with the hashing and the codec on
+threads of their own.
 
 A snapshot is a tar whose SHA-256 is its address, stored zstd-compressed. Done in turn on
 one thread, building the tar (file reads, headers), hashing it and compressing it run at
 about a third of ``tar | zstd -T0`` on two cores. Here the tar side hands 1 MiB chunks
-through a short queue to a worker that hashes and compresses (or decompresses and
-hashes) them: ``hashlib`` and ``zstandard`` release the GIL on buffers that size, and
-zstd's own workers compress in parallel, so the three overlap as the two processes of
-the shell pipeline do.
+through short queues to two workers, one hashing and one compressing (the reader: one
+worker decompresses and hashes): ``hashlib`` and ``zstandard`` release the GIL on
+buffers that size, so reading and scanning, hashing and compressing overlap.
 
-An error on either side ends both: the worker's is raised in the caller at its next
-write/read or at close; a caller that stops early stops the worker.
+An error on either side ends both: a worker's is raised in the caller at its next
+write/read or at close; a caller that stops early stops the workers.
 """
 
 from __future__ import annotations
