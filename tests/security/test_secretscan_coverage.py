@@ -264,3 +264,33 @@ def test_the_gateway_audits_what_its_scan_budget_left_unscanned(
     created = [r for r in records if r.get("decision") == "snapshot_created"]
     assert created and created[-1]["unscanned_count"] >= 1
     assert unscanned in created[-1]["unscanned"]
+
+
+def test_pw_is_a_candidate_only_where_cloudant_s_detector_could_have_it() -> None:
+    # Two random bytes spell "pw" (either case) often: it was most of the windows noise
+    # gave the detectors. Alone it is in Cloudant's detector only, after cl, clou,
+    # cloudant, a separator or "api"; "pwd" (IBM's, SoftLayer's) after anything.
+    for noise in (b"\x93pw=", b"zpW:", b"9PW ", b"\x00pw'"):
+        assert secretwindows.hits(noise, 0, len(noise)) == [], noise
+    for prefix in ("cl", "clou", "cloudant", "CL", "Cloudant"):
+        for sep in ("", "_", "-"):
+            for api in ("", "api", "API"):
+                for after in ('"', "'", "]", " ", "=", ":"):
+                    text = f"x {prefix}{sep}{api}pw{after}".encode()
+                    assert secretwindows.hits(text, 0, len(text)), text
+    for text in (b"pwd = x", b"xPWD: y", b"ibm_pwd='z'"):
+        assert secretwindows.hits(text, 0, len(text)), text
+
+
+@pytest.mark.parametrize(
+    ("spelling", "value"),
+    [
+        ("cloudant_pw", "abcdefghijklmnopqrstuvwx"),
+        ("cl-apipw", "abcdefghijklmnopqrstuvwx"),
+        ("CLOUPW", "abcdefghijklmnopqrstuvwx"),
+        ("ibm_cloud_pwd", "A1b2" * 11),
+    ],
+)
+def test_pw_credentials_are_still_found(tmp_path: Path, spelling: str, value: str) -> None:
+    (tmp_path / "conf").write_bytes(os.urandom(5000) + f"\n{spelling} = '{value}'\n".encode())
+    assert [f.kind for f in only(tmp_path, "conf")], spelling

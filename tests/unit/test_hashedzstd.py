@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import os
 import subprocess
 import threading
@@ -81,3 +82,49 @@ def test_a_reader_closed_early_stops_its_worker() -> None:
     with HashingZstdReader(source) as r:
         assert len(r.read(100)) == 100
     assert not [t for t in threading.enumerate() if t.name == "snapshot-decompress"]
+
+
+def test_hashing_and_compressing_run_on_threads_of_their_own(tmp_path: Path) -> None:
+    names: set[str] = set()
+    with (tmp_path / "out.zst").open("wb") as out, HashingZstdWriter(out, level=3) as w:
+        w.write(os.urandom(CHUNK))
+        names = {t.name for t in threading.enumerate()}
+    assert {"snapshot-hash", "snapshot-compress"} <= names
+    assert not {"snapshot-hash", "snapshot-compress"} & {t.name for t in threading.enumerate()}
+
+
+def test_an_output_error_stops_the_hashing_thread_too() -> None:
+    with pytest.raises(OSError, match="No space left"):
+        with HashingZstdWriter(_FailingOut(), level=3) as w:  # type: ignore[arg-type]
+            for _ in range(200):
+                w.write(os.urandom(CHUNK))
+    assert not [t for t in threading.enumerate() if t.name == "snapshot-hash"]
+
+
+def test_the_archive_goes_to_the_disk_while_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The caller fsyncs the archive before it is stored: started as it is written, the
+    # disk writes are mostly done by then (a GB archive's fsync took 0.4 s at the end).
+    from agentbox.storage import hashedzstd
+
+    started: list[tuple[int, int]] = []
+    real = hashedzstd._sync_file_range
+
+    def recording(fd: int, offset: int, count: int) -> None:
+        started.append((offset, count))
+        real(fd, offset, count)
+
+    monkeypatch.setattr(hashedzstd, "_sync_file_range", recording)
+    data = os.urandom(40 * CHUNK)  # incompressible: as much written as given
+    target = tmp_path / "out.zst"
+    with target.open("wb") as out, HashingZstdWriter(out, level=3) as w:
+        for i in range(0, len(data), CHUNK):
+            w.write(data[i : i + CHUNK])
+    assert len(started) >= 3
+    assert started[0][0] == 0
+    for (offset, count), (following, _) in itertools.pairwise(started):
+        assert offset + count == following  # ranges in order, none skipped
+    assert started[-1][0] + started[-1][1] >= len(data) // 2
+    with target.open("rb") as f:
+        assert zstandard.ZstdDecompressor().stream_reader(f).read() == data

@@ -33,11 +33,15 @@ _MIN_LITERAL = 3  # a shorter required literal (``A``, ``:``) would hit everywhe
 _AFTER = rb"[\"'\] =:]"
 # The keyword detectors (``cloudant_password = …``) hold one of these words then _AFTER:
 # a regex that starts with a literal, which re looks for in C, then checks the rest.
-_WORDS = {
-    "key": rb"key" + _AFTER,
-    "pw": rb"pw[\"'\] =:d]",  # pwd
-    "pass": rb"pass[\"'\] =:w]",  # password
-    "token": rb"token" + _AFTER,
+# ``pw`` alone is in Cloudant's detector only, right after ``cl``, ``clou`` or
+# ``cloudant``, a ``_`` or ``-``, or ``api``: the letter before it is one of those
+# ends. Two random bytes spell ``pw`` (either case) too often: on noise it was most of
+# the windows the detectors ran on. ``pwd`` (IBM's, SoftLayer's) needs no letter before.
+_WORDS: dict[str, tuple[bytes, ...]] = {
+    "key": (rb"key" + _AFTER,),
+    "pw": (rb"pwd" + _AFTER, rb"[ltui_\-]pw" + _AFTER),
+    "pass": (rb"pass[\"'\] =:w]",),  # password
+    "token": (rb"token" + _AFTER,),
 }
 # Detectors whose required literal is too short: literals or literal-led regexes that
 # every one of their matches contains.
@@ -112,7 +116,8 @@ def build(detectors: list[tuple[str, str, bool, tuple[str, ...]]]) -> Prefilter:
             (folded if ignore_case else literals).add(literal.encode())
         elif words and all(w in _WORDS for w in words):
             for w in words:
-                _add(_WORDS[w], folded, folded_shapes)
+                for item in _WORDS[w]:
+                    _add(item, folded, folded_shapes)
         elif pattern in _SHAPES:
             for item in _SHAPES[pattern]:
                 _add(item, literals, shapes)
