@@ -40,8 +40,11 @@ PACKAGES=(python3 python3-venv python3-dev bubblewrap libseccomp2 e2fsprogs xfsp
           # speaks EWMH (fullscreen, focus) for Chromium and Tk; xdotool for the pointer and
           # keyboard tools; python3-pil grabs and scales screenshots inside the sandbox;
           # x11-utils' xprop tells when the window manager runs; novnc's JavaScript RFB
-          # client is the console's desktop view (served by the gateway, nothing else of it).
-          tigervnc-standalone-server openbox xdotool python3-pil x11-utils novnc)
+          # client is the console's desktop view (served by the gateway, nothing else of it);
+          # python3-tk: Python's GUI toolkit for programs on the desktop (the sandbox's
+          # python3 is the host's; the desktop tests' page is a Tk app). Named here: no
+          # package above depends on it, and a machine without it showed no page.
+          tigervnc-standalone-server openbox xdotool python3-pil python3-tk x11-utils novnc)
 # --dev: postgresql runs the state-store tests on a real server (tests/pgkit.py starts its
 # own cluster in a temp directory with /usr/lib/postgresql/15/bin; the system one is unused);
 # systemd: systemd-analyze checks the units in deploy/systemd/ (tests/unit/test_deploy_systemd.py);

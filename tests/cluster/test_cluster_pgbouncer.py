@@ -65,7 +65,9 @@ def run_clients(url: str, clients: int) -> tuple[list[BaseException], int]:
         registry = Registry(db)
         try:
             try:
-                db.conn()
+                # Connected now, not at the first statement: a client that finished and hung
+                # up before the last one connected would let the server take them all.
+                db.conn().held()
             finally:
                 connected.wait()  # every client connected (or failed) at once
             for k in range(ROUNDS):

@@ -220,13 +220,20 @@ def test_a_dead_gateways_socket_is_replaced_and_a_stopped_one_removes_it(home: P
     assert isinstance(gone, list) and "no gateway socket at" in gone[2]
 
 
-def test_a_second_gateway_on_the_home_refuses_and_leaves_the_first_alone(
+def test_a_second_gateway_on_the_home_serves_tcp_and_leaves_the_socket_alone(
     served: ServeProcess,
 ) -> None:
     before = os.stat(served.socket).st_ino
     second = ServeProcess(served.home)
-    assert second.proc.wait(90) == 1
-    said = second.log.read_text()
-    assert f"another gateway (pid {served.proc.pid}) serves {served.home}" in said, said
+    try:
+        second.wait_ready()  # it starts (as two gateways on one home did before the socket)
+        said = second.log.read_text()
+        assert f"another gateway (pid {served.proc.pid}) serves {served.home}" in said, said
+        assert "this one listens on TCP only" in said and "export AGENTBOX_URL" not in said
+        assert os.stat(served.socket).st_ino == before
+        assert sdk(f"unix://{served.socket}", ONE_CALL) == "ok"
+    finally:
+        second.stop()
+    # the second's stop leaves the first's socket, which still answers
     assert os.stat(served.socket).st_ino == before
     assert sdk(f"unix://{served.socket}", ONE_CALL) == "ok"

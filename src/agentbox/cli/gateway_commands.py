@@ -24,7 +24,7 @@ from agentbox.cli.params import DURATION, SuggestingGroup
 from agentbox.client.remote import GatewayClient
 from agentbox.config.host import agentbox_home
 from agentbox.config.settings import GatewaySection, GatewaySettings, load_settings
-from agentbox.errors import InvalidConfig, InvalidRequest
+from agentbox.errors import Conflict, InvalidConfig, InvalidRequest
 from agentbox.gateway.auth import (
     OPERATOR_TOKEN_FILE,
     injected_operator_token,
@@ -92,7 +92,7 @@ def serve(
     It also listens on $AGENTBOX_HOME/gateway.sock (mode 0600): SDK scripts on this host
     reach it there with AGENTBOX_URL=unix://$AGENTBOX_HOME/gateway.sock, the token read
     from $AGENTBOX_TOKEN or the home's operator.token. One gateway per home owns it: a
-    second one refuses to start (--no-socket: TCP only).
+    second one on the same home serves TCP only and says so (--no-socket: TCP only).
     \b
     Examples:
       agentbox serve
@@ -121,9 +121,15 @@ def serve(
         )
     home = agentbox_home()
     token = _operator_token(settings, home)
-    # Before the app: a second gateway on this home stops here, having touched nothing.
-    # A replica has no sandbox of its own (and replicas may share a home): TCP only.
-    sock = None if no_socket or settings.cluster is not None else home_socket.bind(home)
+    # A replica has no sandbox of its own (and replicas may share a home): TCP only. A
+    # second gateway on this home (a test's, a staging one) serves TCP and leaves the
+    # first one's socket alone, as it did before there was a socket.
+    sock = None
+    if not no_socket and settings.cluster is None:
+        try:
+            sock = home_socket.bind(home)
+        except Conflict as e:
+            click.echo(f"agentbox: {e.message}; this one listens on TCP only", err=True)
     try:  # the socket file goes whatever stops the start (a schema to migrate, a port in use)
         app: Any
         if settings.cluster is not None:  # a replica: no sandbox here (docs/cluster.md)

@@ -6,7 +6,7 @@ HTTP library to import. Authentication is unchanged: every request carries a bea
 
 One gateway owns a home's socket: it holds an exclusive ``flock`` on
 ``HOME/gateway.sock.lock`` for as long as it serves (the kernel drops it when the process
-dies, however it dies). A gateway that finds the lock taken refuses to start, naming the
+dies, however it dies). A gateway that finds the lock taken serves TCP only, naming the
 pid that holds it, and never touches the socket; one that takes the lock knows any socket
 file left there is a dead gateway's, and replaces it.
 """
@@ -65,9 +65,9 @@ def bind(home: Path, backlog: int = 2048) -> HomeSocket:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
         os.close(fd)
         raise Conflict(
-            f"another gateway (pid {holder}) serves {home} on {path}: it is left alone. "
-            f"Stop it first, give this one another AGENTBOX_HOME, or run it with "
-            f"--no-socket (TCP only)"
+            f"another gateway (pid {holder}) serves {home} on {path}: it is left alone "
+            f"(for this one to serve it, stop that one first or give this one another "
+            f"AGENTBOX_HOME)"
         ) from None
     try:
         os.ftruncate(fd, 0)
