@@ -224,7 +224,8 @@ def test_a_second_gateway_on_the_home_serves_tcp_and_leaves_the_socket_alone(
     served: ServeProcess,
 ) -> None:
     before = os.stat(served.socket).st_ino
-    second = ServeProcess(served.home)
+    # A trail of its own: one writer extends an audit chain (as the suite's gateways have)
+    second = ServeProcess(served.home, f"audit:\n  path: {served.home}/audit-2/audit.jsonl\n")
     try:
         second.wait_ready()  # it starts (as two gateways on one home did before the socket)
         said = second.log.read_text()
