@@ -3,7 +3,10 @@ sends, HTTP framing both ways, typed errors, and what it says when no gateway an
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,30 +66,37 @@ def test_calls_are_framed_and_answers_read_either_way(tmp_path: Path, chunked: b
     assert gateway.requests[2].decode().startswith("DELETE /v1/sandboxes/sb-fake HTTP/1.1")
 
 
-def test_an_answer_that_is_not_the_gateways_error_is_still_an_agentbox_error(
-    tmp_path: Path,
-) -> None:
-    path = tmp_path / "gateway.sock"
+@contextlib.contextmanager
+def one_answer(path: Path, answer: bytes) -> Iterator[None]:
+    """A socket at ``path`` that reads one request and sends ``answer`` (raw bytes)."""
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(path))
     listener.listen(1)
-
-    import threading
 
     def reply() -> None:
         conn, _ = listener.accept()
         with conn:
             conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 4\r\n\r\noops")
+            conn.sendall(answer)
 
     thread = threading.Thread(target=reply)
     thread.start()
     try:
-        with pytest.raises(AgentboxError, match="gateway answered 502: oops"):
-            UnixGatewayClient(str(path), "t").request("GET", "/v1/sandboxes")
+        yield
     finally:
         thread.join(10)
         listener.close()
+
+
+def test_an_answer_that_is_not_the_gateways_error_is_still_an_agentbox_error(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "gateway.sock"
+    with (
+        one_answer(path, b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 4\r\n\r\noops"),
+        pytest.raises(AgentboxError, match="gateway answered 502: oops"),
+    ):
+        UnixGatewayClient(str(path), "t").request("GET", "/v1/sandboxes")
 
 
 def test_no_gateway_and_a_dead_one_say_what_to_do(tmp_path: Path) -> None:
@@ -104,26 +114,11 @@ def test_no_gateway_and_a_dead_one_say_what_to_do(tmp_path: Path) -> None:
 
 def test_a_gateway_that_hangs_up_mid_answer_is_lost(tmp_path: Path) -> None:
     path = tmp_path / "gateway.sock"
-    listener = socket.socket(socket.AF_UNIX)
-    listener.bind(str(path))
-    listener.listen(1)
-
-    import threading
-
-    def cut() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{")
-
-    thread = threading.Thread(target=cut)
-    thread.start()
-    try:
-        with pytest.raises(GatewayUnreachable, match=r"lost the gateway .* ended after 1 of 100"):
-            UnixGatewayClient(str(path), "t").request("GET", "/v1/sandboxes")
-    finally:
-        thread.join(10)
-        listener.close()
+    with (
+        one_answer(path, b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n{"),
+        pytest.raises(GatewayUnreachable, match=r"lost the gateway .* ended after 1 of 100"),
+    ):
+        UnixGatewayClient(str(path), "t").request("GET", "/v1/sandboxes")
 
 
 def test_nothing_reaches_the_request_line_raw(tmp_path: Path) -> None:
