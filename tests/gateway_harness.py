@@ -154,6 +154,20 @@ class RunningGateway:
             op.delete(f"/v1/sandboxes/{sid}")
 
 
+def wait_removed(home: Path, *sandbox_ids: str, timeout: float = 120.0) -> None:
+    """Until a gateway's destroys of ``sandbox_ids`` have finished on the host: it answers
+    once their processes are dead and removes the rest after (runtime/teardown.py); the
+    record goes last."""
+    from agentbox.runtime.store import Store
+
+    store = Store(home / "state.db")
+    deadline = time.monotonic() + timeout
+    while any(store.get(sid) is not None for sid in sandbox_ids):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{sandbox_ids}: not removed from the host in {timeout} s")
+        time.sleep(0.02)
+
+
 def issue(gw: RunningGateway, sandbox: str, **body: Any) -> str:
     """A session token for ``sandbox`` (``body``: more fields of the token request)."""
     with gw.operator() as op:

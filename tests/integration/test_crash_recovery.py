@@ -23,7 +23,7 @@ from agentbox.isolation import diskpool
 from agentbox.network import plane
 from agentbox.runtime.runtime import Runtime
 from agentbox.runtime.template_tiers import TIERS
-from gateway_harness import GatewayProcess, throwaway_home
+from gateway_harness import GatewayProcess, throwaway_home, wait_removed
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 CONFIG = """
@@ -95,6 +95,7 @@ def test_sigkill_during_creates_then_restart(home: Path, tier: str) -> None:
         for network in ("none", {"mode": "allowlist", "allow": ["example.test"]}):
             sid = op.post("/v1/sandboxes", json={**body, "network": network}).json()["id"]
             assert op.delete(f"/v1/sandboxes/{sid}").status_code == 200
+            wait_removed(home, sid)  # its host side goes after the answer
     before = host_resources(home)
 
     created: list[str] = []

@@ -435,14 +435,16 @@ def test_append_after_close_is_refused(log_path: Path) -> None:
 
 @pytest.fixture
 def fsync_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Each fsync or fdatasync (the head, rewritten in place, needs only its data)."""
     calls: list[int] = []
-    real = os.fsync
+    for name in ("fsync", "fdatasync"):
+        real = getattr(os, name)
 
-    def counting(fd: int) -> None:
-        calls.append(fd)
-        real(fd)
+        def counting(fd: int, real: Any = real) -> None:
+            calls.append(fd)
+            real(fd)
 
-    monkeypatch.setattr(os, "fsync", counting)
+        monkeypatch.setattr(os, name, counting)
     return calls
 
 
@@ -456,6 +458,32 @@ def test_fsync_always_is_durable_before_append_returns(
             assert len(fsync_calls) - before >= 2  # the log, then the new head
             assert read_head(log_path) == audit_mod.Head(i, rec["hash"])
     assert verify(log_path).ok
+
+
+def test_the_head_is_rewritten_in_place_at_a_fixed_size(log_path: Path) -> None:
+    """Once written whole at open, the head is overwritten in place (no new file and rename
+    per append: a journal commit each), at a size a crash writes whole or not at all."""
+    head = audit_mod.head_path(log_path)
+    with AuditLog(log_path, fsync="always") as log:
+        inode = head.stat().st_ino
+        for i in range(1, 4):
+            rec = log.append(decision="allowed")
+            assert head.stat().st_ino == inode
+            assert head.stat().st_size == audit_mod.HEAD_BYTES
+            assert read_head(log_path) == audit_mod.Head(i, rec["hash"])
+    assert not head.with_name(head.name + ".tmp").exists()
+    assert verify(log_path).ok
+
+
+def test_a_head_replaced_while_the_log_is_open_is_written_anew(log_path: Path) -> None:
+    head = audit_mod.head_path(log_path)
+    with AuditLog(log_path, fsync="always") as log:
+        log.append(decision="allowed")
+        stale = head.with_name("stale")
+        stale.write_bytes(head.read_bytes())
+        stale.replace(head)  # the log's handle now points at a file no name leads to
+        rec = log.append(decision="allowed")
+        assert read_head(log_path) == audit_mod.Head(2, rec["hash"])
 
 
 def test_fsync_batch_catches_up_in_the_background_and_on_close(

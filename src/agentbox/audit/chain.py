@@ -172,10 +172,22 @@ class Head:
     hash: str
 
 
+def _stable_read(path: Path) -> bytes:
+    """The file's bytes, read until two reads agree: a live log rewrites its head in place
+    (AuditLog._write_head), and a read racing that write could see part of each."""
+    data = path.read_bytes()
+    for _ in range(8):
+        again = path.read_bytes()
+        if again == data:
+            break
+        data = again
+    return data
+
+
 def read_head(path: Path) -> Head | None:
     """The head file next to the log ``path``; None when absent. ValueError when corrupt."""
     try:
-        data = json.loads(head_path(path).read_bytes())
+        data = json.loads(_stable_read(head_path(path)))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:

@@ -105,6 +105,12 @@ __all__ = [
 FsyncPolicy = Literal["always", "batch"]
 
 _DECISION = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+# The head is one block of this size, rewritten in place: a write within one 512-byte
+# sector lands whole or not at all in a crash (what PostgreSQL's pg_control relies on),
+# and an overwrite that keeps the file's size needs no journal commit, only the data
+# block and a flush (fdatasync): ~0.2 ms, where a new file renamed over it took 0.6-1.4 ms
+# (a journal commit shared with whatever else the host was writing). Once per append.
+HEAD_BYTES = 256
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -188,6 +194,7 @@ class AuditLog:
         self._durable_seq = 0
         self._not_durable: list[Record] = []  # written, not yet fsynced (fsync=always)
         self._flusher: threading.Thread | None = None
+        self._head_fd = -1  # the head file, rewritten in place once written whole
 
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
         self._lock_fd = self._take_lock()
@@ -207,6 +214,8 @@ class AuditLog:
         except BaseException:
             if hasattr(self, "_fd"):
                 os.close(self._fd)
+            if self._head_fd >= 0:
+                os.close(self._head_fd)
             os.close(self._lock_fd)
             raise
         if fsync == "batch":
@@ -486,6 +495,8 @@ class AuditLog:
                 self._synced_seq = self._seq  # late group commits find nothing to do
             finally:
                 os.close(self._fd)
+                if self._head_fd >= 0:
+                    os.close(self._head_fd)
                 os.close(self._lock_fd)
             if self.sink is not None:
                 for record in self._not_durable:  # an appender's fsync had failed
@@ -589,20 +600,34 @@ class AuditLog:
         self._size = 0
 
     def _write_head(self, seq: int, digest: str) -> None:
-        """Replace the head atomically. Callers serialize (lock, or the single flusher)."""
+        """Make the head durable. Callers serialize (lock, or the single flusher). The
+        first write of an open log makes a new file (atomically, by rename: any earlier
+        head was another size); later ones overwrite it in place (HEAD_BYTES)."""
+        data = canonical_json({"v": FORMAT_VERSION, "seq": seq, "hash": digest})
+        data = data.ljust(HEAD_BYTES - 1) + b"\n"  # JSON allows the padding
+        if self._head_fd >= 0 and os.fstat(self._head_fd).st_nlink == 0:
+            os.close(self._head_fd)  # something renamed another file over it: write anew
+            self._head_fd = -1
+        if self._head_fd >= 0:
+            if os.pwrite(self._head_fd, data, 0) != len(data):
+                raise OSError(f"short write to the audit head of {self.path}")
+            os.fdatasync(self._head_fd)
+            self._durable_seq = seq
+            return
         head = head_path(self.path)
         tmp = head.with_name(head.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
-            _write_all(
-                fd, canonical_json({"v": FORMAT_VERSION, "seq": seq, "hash": digest}) + b"\n"
-            )
+            _write_all(fd, data)
             os.fsync(fd)
-        finally:
+            # No directory fsync: if the rename is lost in a crash the older head remains,
+            # which verify accepts (records after the head): the log's durability is what
+            # matters.
+            os.replace(tmp, head)
+        except BaseException:
             os.close(fd)
-        # No directory fsync: if the rename is lost in a crash the older head remains, which
-        # verify accepts (records after the head), so durability of the log is what matters.
-        os.replace(tmp, head)
+            raise
+        self._head_fd = fd  # the same inode, now named audit.head
         self._durable_seq = seq
 
     @property

@@ -422,6 +422,7 @@ def create_app(
     runtime: Runtime | None = None,
 ) -> GatewayApp:
     runtime = runtime or Runtime(home)
+    runtime.defer_teardowns()  # a destroy answers once the processes are dead
     home = runtime.home
     admission = settings.sandbox.admission
     runtime.admission = Admission(
@@ -537,6 +538,7 @@ def create_app(
                 await asyncio.to_thread(gateway.desktops.close_all)
                 if settings.gateway.on_shutdown != "keep":
                     await asyncio.to_thread(_end_sandboxes, runtime, settings.gateway.on_shutdown)
+                await asyncio.to_thread(runtime.finish_teardowns)
                 lifecycle_ingest.stop()  # after: the shutdown's events reach the trail
                 egress_ingest.stop()
                 gateway.telemetry.shutdown()  # buffered spans are exported

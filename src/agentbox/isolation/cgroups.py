@@ -287,6 +287,11 @@ class SandboxCgroup:
         with contextlib.suppress(FileNotFoundError):
             _write(self.unified / "cgroup.kill", "1")
 
+    def end_processes(self, timeout: float = 10.0) -> None:
+        """Kill everything and wait until the tree is empty; the groups stay."""
+        self.kill()
+        self._wait_unpopulated(time.monotonic() + timeout)
+
     def remove_processes(self, timeout: float = 10.0, keep: tuple[str, ...] = ("init",)) -> None:
         """Kill everything, wait until the tree is empty, remove the sub-groups but
         ``keep`` (the sandbox's own groups and limits stay for its next start)."""

@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from agentbox.runtime.sessions import ShellSessions
     from agentbox.runtime.snapshots import Fill, SnapshotInfo, Snapshots
     from agentbox.runtime.spec_cache import StoredSpec
+    from agentbox.runtime.teardown import Teardowns
     from agentbox.runtime.templates import Template, TemplateStore
     from agentbox.volumes.service import Volumes
     from agentbox.volumes.spec import VolumeMount
@@ -111,6 +112,7 @@ class Runtime:
         self._net: plane.HomeNet | None = None
         self._touched: dict[str, float] = {}
         self.admission = Admission()  # the gateway sets its sandbox.admission here
+        self.teardowns: Teardowns | None = None  # set by defer_teardowns()
 
     @functools.cached_property
     def volumes(self) -> Volumes:
@@ -405,7 +407,7 @@ class Runtime:
 
     def get(self, sandbox_id: str) -> SandboxRecord:
         record = self.store.get(sandbox_id)
-        if record is None:
+        if record is None or self._tearing_down(sandbox_id):
             raise SandboxNotFound(
                 f"sandbox {sandbox_id} does not exist (destroyed or never created)",
                 hint=Hint("sandbox_list", {}, "{call} to list live sandboxes"),
@@ -416,23 +418,46 @@ class Runtime:
 
     def exists(self, sandbox_id: str) -> bool:
         """Whether the sandbox has a record (running or not); cheap for running ones."""
+        if self._tearing_down(sandbox_id):
+            return False
         return self._live.get(sandbox_id) is not None or self.store.get(sandbox_id) is not None
 
     def list(self) -> list[SandboxRecord]:
         self.sweep_expired(check_alive=True)
+        gone = self.teardowns.pending_ids() if self.teardowns is not None else frozenset()
         return [
             dataclasses.replace(r, state="exited")
             if r.state == "running" and not self._alive(r)
             else r
             for r in self.store.list()
+            if r.id not in gone
         ]
 
     def destroy(self, sandbox_id: str, *, reason: str = "operator", actor: str = "local") -> None:
+        """Kill every process of the sandbox and remove it. With :meth:`defer_teardowns`
+        (a gateway) it returns once the processes are dead and the rest finishes on a
+        thread of its own (runtime/teardown.py)."""
         record = self.get(sandbox_id)
         self._live.forget(sandbox_id)
         self.store.set_state(sandbox_id, "destroying")
-        self._release_record(record)
+        self._release_record(record, defer=self.teardowns is not None)
         self.event(sandbox_id, "destroyed", reason, actor)
+
+    def defer_teardowns(self) -> None:
+        """From now on :meth:`destroy` answers once the sandbox's processes are dead; for a
+        long-lived process that calls :meth:`finish_teardowns` before it ends."""
+        from agentbox.runtime.teardown import Teardowns
+
+        if self.teardowns is None:  # idempotent: pending ones are never dropped
+            self.teardowns = Teardowns()
+
+    def finish_teardowns(self) -> None:
+        """Wait until every destroyed sandbox's host side is removed."""
+        if self.teardowns is not None:
+            self.teardowns.drain()
+
+    def _tearing_down(self, sandbox_id: str) -> bool:
+        return self.teardowns is not None and self.teardowns.pending(sandbox_id)
 
     def sweep_expired(self, check_alive: bool = False) -> builtins.list[str]:
         """Destroy sandboxes past their lifetime (and, with ``check_alive``, those whose
@@ -464,10 +489,10 @@ class Runtime:
             return "oom"
         return "error"
 
-    def _release_record(self, record: SandboxRecord) -> None:
+    def _release_record(self, record: SandboxRecord, defer: bool = False) -> None:
         sandbox = record.id
         self._release(sandbox, self.host(record), self.layout.sandbox(sandbox),
-                      record.network_mode != "none", record.template_digest)  # fmt: skip
+                      record.network_mode != "none", record.template_digest, defer)  # fmt: skip
 
     def _release(
         self,
@@ -476,13 +501,17 @@ class Runtime:
         cgroup: SandboxCgroup,
         networked: bool,
         template_digest: str,
+        defer: bool = False,
     ) -> None:
         """Kill every process, then remove mounts, cgroups, links, directories, the record,
-        and the template's tree if this sandbox was its last user."""
+        and the template's tree if this sandbox was its last user. ``defer``: everything
+        after the kill on the teardown thread, unless volumes are attached (a caller may
+        attach them elsewhere next) or the kill failed."""
         errors: list[str] = []
         steps: list[Callable[[], None]] = [cgroup.remove, host.teardown]
         stored = self.store.get(sandbox_id)
-        if stored is not None and stored.has_volumes:  # before its record goes
+        has_volumes = stored is not None and stored.has_volumes
+        if has_volumes:  # before its record goes
             steps.append(lambda: self.volumes.detach(sandbox_id))
         if networked:
             net = plane.registered_home_net(self.home)  # none: no link was ever made
@@ -493,22 +522,33 @@ class Runtime:
                     steps.append(plane.detaching(net.link(host.slot), netns_ending=True))
                 except OSError as e:
                     errors.append(f"network link: {e}")
-        for step in steps:
-            try:
-                step()
-            except (OSError, AgentboxError) as e:
-                errors.append(str(e))
-        if errors:
-            self.store.set_state(sandbox_id, "error")
-            raise SandboxError(
-                f"sandbox {sandbox_id} was only partly removed ({'; '.join(errors)})",
-                hint=Hint("sandbox_destroy", {"sandbox": sandbox_id}, "{call} again"),
-            )
-        self.store.delete(sandbox_id)
         try:
-            self.templates.release(template_digest)
-        except (OSError, AgentboxError) as e:  # the sandbox is gone; a later collection retries
-            _warn("could not collect template %s: %s", template_digest, e)
+            cgroup.end_processes()  # every process is dead when this returns
+        except (OSError, AgentboxError) as e:
+            errors.append(str(e))
+
+        def finish() -> None:
+            for step in steps:
+                try:
+                    step()
+                except (OSError, AgentboxError) as e:
+                    errors.append(str(e))
+            if errors:
+                self.store.set_state(sandbox_id, "error")
+                raise SandboxError(
+                    f"sandbox {sandbox_id} was only partly removed ({'; '.join(errors)})",
+                    hint=Hint("sandbox_destroy", {"sandbox": sandbox_id}, "{call} again"),
+                )
+            self.store.delete(sandbox_id)
+            try:
+                self.templates.release(template_digest)
+            except (OSError, AgentboxError) as e:  # the sandbox is gone; a later collection retries
+                _warn("could not collect template %s: %s", template_digest, e)
+
+        if defer and not errors and not has_volumes and self.teardowns is not None:
+            self.teardowns.submit(sandbox_id, finish)
+        else:
+            finish()
 
     def host(self, record: SandboxRecord) -> SandboxHost:
         """The host resources of a sandbox, of its isolation tier."""
