@@ -205,6 +205,14 @@ class GvisorCommandRunner(CommandRunner):
     def spec_file(self, leaf: str) -> Path:
         return self.host.exec_dir / f"{leaf}.json"
 
+    def read_pid(self, leaf: str) -> int | None:
+        """The command's Sentry pid from its pid file; None until runsc has written it
+        (the file exists, empty, a moment before it holds the pid)."""
+        try:
+            return int(Path(self.pid_file(leaf)).read_text().strip())
+        except (OSError, ValueError):
+            return None
+
     def signal_pid(self, pid: int, signal: str) -> bool:
         """Deliver ``signal`` (a name) to Sentry pid ``pid``; whether runsc did."""
         done = subprocess.run(
@@ -216,12 +224,10 @@ class GvisorCommandRunner(CommandRunner):
     def kill_tree(self, leaf: str) -> None:
         """Kill the command's wrapper inside the Sentry: its PID namespace dies."""
         deadline = time.monotonic() + _PID_WAIT_S
-        pid = None
+        pid = self.read_pid(leaf)
         while pid is None and time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError):
-                pid = int(Path(self.pid_file(leaf)).read_text().strip())
-            if pid is None:
-                time.sleep(0.01)  # runsc is starting it: a few ms
+            time.sleep(0.01)  # runsc is starting it: a few ms
+            pid = self.read_pid(leaf)
         if pid is None:
             return  # never started: nothing to kill
         self.signal_pid(pid, "KILL")

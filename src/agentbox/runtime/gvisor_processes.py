@@ -72,11 +72,10 @@ class GvisorProcessTable(ProcessTable):
         pass  # runsc's own cgroups, not a leaf of ours: nothing was made
 
     def _until_started(self, pdir: Path, leaf: str) -> None:
-        # Until runsc has started it (its pid file) or it has ended: a signal sent before
-        # would find nothing to kill.
+        # Until runsc has started it (its pid in the pid file, not only the file) or it has
+        # ended: a signal sent before would find nothing to kill.
         deadline = time.monotonic() + _STARTED_S
-        pid_file = Path(self.runner.pid_file(leaf))
-        while time.monotonic() < deadline and not pid_file.exists():
+        while time.monotonic() < deadline and self.runner.read_pid(leaf) is None:
             if _read_exit(pdir / "exit") is not None:
                 break
             time.sleep(0.005)
@@ -165,9 +164,8 @@ class GvisorProcessTable(ProcessTable):
                     break  # no relay left to record it: get() reports it ended
                 time.sleep(0.005)
             return True
-        try:
-            wrapper = int(Path(self.runner.pid_file(leaf)).read_text().strip())
-        except (OSError, ValueError):
+        wrapper = self.runner.read_pid(leaf)
+        if wrapper is None:
             return False
         return self.runner.signal_pid(wrapper, signals.Signals(signum).name)
 

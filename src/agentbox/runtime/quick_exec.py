@@ -262,13 +262,19 @@ def _feed(fd: int, data: bytes) -> None:
 
 
 def _start_time(pid: int) -> int | None:
-    """As ``host.process_start_time``."""
+    """As ``host.process_start_time``, but None for a process that ended and is not reaped
+    yet (a zombie: a stopped sandbox's init until the host's PID 1 reaps it, on these VMs
+    about once a second), which has no namespaces left to enter: the full path answers
+    then (it reads the record: "stopped, resume it")."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
-    return int(stat[stat.rfind(b")") + 2 :].split()[19])
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if fields[0] in (b"Z", b"X", b"x"):  # ended, not reaped: nothing to enter
+        return None
+    return int(fields[19])
 
 
 def _launch_paths(lib: str) -> tuple[str, str] | None:

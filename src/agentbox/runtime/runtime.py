@@ -242,6 +242,8 @@ class Runtime:
     def create_filled(self, fill: Fill, *, actor: str = "local") -> SandboxRecord:
         """Create a sandbox whose fresh disk ``fill.populate(host, disk)`` fills before
         anything runs on it (a restore); ``fill.slot``: that one (its uid) or a Conflict."""
+        if fill.slot is not None:  # a sandbox this gateway is still removing may hold it
+            self.finish_teardowns()
         record = self._build(fill.spec, fill.template, None, fill.populate, slot=fill.slot)
         self.event(record.id, "created", "operator", actor, template=record.template,
                    **fill.details)  # fmt: skip
