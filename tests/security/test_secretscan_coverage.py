@@ -294,3 +294,33 @@ def test_pw_is_a_candidate_only_where_cloudant_s_detector_could_have_it() -> Non
 def test_pw_credentials_are_still_found(tmp_path: Path, spelling: str, value: str) -> None:
     (tmp_path / "conf").write_bytes(os.urandom(5000) + f"\n{spelling} = '{value}'\n".encode())
     assert [f.kind for f in only(tmp_path, "conf")], spelling
+
+
+SLACK = "xoxb-" + "123456789012-1234567890123-" + "AbCdEfGhIjKlMnOpQrStUvWx"
+
+
+def test_xox_is_a_candidate_only_with_its_letter_and_dash() -> None:
+    # "xox" either case is ~1 place a MiB of noise; every Slack token goes on with one
+    # of a, b, p, o, s, r and "-" (a long s is an s to the detector, which ignores case).
+    for noise in (b"\x93xox\x00", b"XOX9-", b"xoxz-", b"xoxb_"):
+        assert secretwindows.hits(noise, 0, len(noise)) == [], noise
+    for text in ("xoxb-1", "XOXP-2", "xOxa-3", "xoxo-4", "xoxr-5", "xoxs-6"):
+        data = f"t {text}".encode()
+        assert secretwindows.hits(data, 0, len(data)), text
+        wide = f"t {text}".encode("utf-16-le")
+        assert any(secretwindows.view_hits(wide, 0, len(wide), True)[1:]), text
+    data = "t xox\u017f-7".encode()  # UTF-8 only: the views hold ASCII of UTF-16
+    assert secretwindows.hits(data, 0, len(data))
+
+
+@pytest.mark.parametrize(
+    ("token", "encoding"),
+    [
+        *((t, e) for t in (SLACK, SLACK.upper(), "xoxp-1-2-abc123", "XOXA-7-Z9")
+          for e in ("utf-8", "utf-16-le")),
+        ("xox\u017f-99-x1", "utf-8"),
+    ],
+)  # fmt: skip
+def test_slack_tokens_are_still_found(tmp_path: Path, token: str, encoding: str) -> None:
+    (tmp_path / "conf").write_bytes(os.urandom(5000) + f"\nslack = {token}\n".encode(encoding))
+    assert "Slack Token" in {f.kind for f in only(tmp_path, "conf")}, token
