@@ -324,3 +324,20 @@ def test_xox_is_a_candidate_only_with_its_letter_and_dash() -> None:
 def test_slack_tokens_are_still_found(tmp_path: Path, token: str, encoding: str) -> None:
     (tmp_path / "conf").write_bytes(os.urandom(5000) + f"\nslack = {token}\n".encode(encoding))
     assert "Slack Token" in {f.kind for f in only(tmp_path, "conf")}, token
+
+
+def test_the_detectors_see_the_same_in_a_window_s_bytes_as_in_its_text() -> None:
+    # A window's literals are looked for in its bytes (Latin-1, one byte a character):
+    # the same detectors must run as on its decoded text, fold traps and escapes included.
+    rng = random.Random(22)
+    samples = [
+        _planted(3)[:4000],
+        rng.randbytes(3000) + f"\naws_secret_access_key = {'A1b2' * 10}\n".encode(),
+        b"\xff\xfe" + "to\u212aen = 'x'\n\u017fecret: y\n".encode() + rng.randbytes(500),
+        "caf\u00e9 key = 'z' \u0131 pass: \xe9t\u00e9".encode() + b"\x80\xc4",
+        f"{SLACK} {GITHUB} {AWS_ID}\n".encode("utf-16-le") + SLACK.encode(),
+    ]
+    for raw in samples:
+        text = raw.decode("utf-8", "surrogateescape")
+        assert secretscan._matches(text, raw) == secretscan._matches(text), raw[:40]
+    assert secretscan._matches(samples[1].decode("utf-8", "surrogateescape"), samples[1])
