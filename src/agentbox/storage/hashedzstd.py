@@ -192,12 +192,14 @@ class HashingZstdWriter(SnapshotWriter):
         compressed fast: it stores a block raw when it saves under 1/64 of it (its
         ``ZSTD_minGain``), after trying, which on noise cost ~1 s of CPU a GB."""
         span = len(chunk) - _SAMPLE
-        raw = packed = 0
+        raw = _SAMPLES * _SAMPLE
+        packed = 0
         for i in range(_SAMPLES):
             at = span * i // (_SAMPLES - 1)
-            raw += _SAMPLE
             packed += len(self._prober.compress(chunk[at : at + _SAMPLE]))
-        return packed < raw - raw // 64
+            if packed + (_SAMPLES - 1 - i) * _WORST < raw - raw // 64:
+                return True  # whatever the samples left give (text: after the first)
+        return False
 
     def _raw(self, chunk: bytes) -> None:
         """``chunk`` as a zstd frame of its own made of raw (stored) blocks: the frame
@@ -327,6 +329,7 @@ _DIRECT = 256 * 1024  # a write this big goes to the workers without a copy
 _DURABLE_EVERY = 16 * CHUNK  # of the archive, made durable as it is written
 _PROBED = 64 * 1024  # a chunk this big is probed before it is compressed
 _SAMPLES, _SAMPLE = 8, 4096  # the probe: this many pieces this big, spread over the chunk
+_WORST = _SAMPLE + 16  # the most a sample compresses to (stored raw, with a frame's bytes)
 _RAW_BLOCK = 128 * 1024  # zstd's largest block
 _IOV_MAX = 1024  # pieces per writev(2)
 # A frame of raw blocks (RFC 8878): the magic number; a descriptor saying an 8-byte
