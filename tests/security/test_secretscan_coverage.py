@@ -294,3 +294,50 @@ def test_pw_is_a_candidate_only_where_cloudant_s_detector_could_have_it() -> Non
 def test_pw_credentials_are_still_found(tmp_path: Path, spelling: str, value: str) -> None:
     (tmp_path / "conf").write_bytes(os.urandom(5000) + f"\n{spelling} = '{value}'\n".encode())
     assert [f.kind for f in only(tmp_path, "conf")], spelling
+
+
+SLACK = "xoxb-" + "123456789012-1234567890123-" + "AbCdEfGhIjKlMnOpQrStUvWx"
+
+
+def test_xox_is_a_candidate_only_with_its_letter_and_dash() -> None:
+    # "xox" either case is ~1 place a MiB of noise; every Slack token goes on with one
+    # of a, b, p, o, s, r and "-" (a long s is an s to the detector, which ignores case).
+    for noise in (b"\x93xox\x00", b"XOX9-", b"xoxz-", b"xoxb_"):
+        assert secretwindows.hits(noise, 0, len(noise)) == [], noise
+    for text in ("xoxb-1", "XOXP-2", "xOxa-3", "xoxo-4", "xoxr-5", "xoxs-6"):
+        data = f"t {text}".encode()
+        assert secretwindows.hits(data, 0, len(data)), text
+        wide = f"t {text}".encode("utf-16-le")
+        assert any(secretwindows.view_hits(wide, 0, len(wide), True)[1:]), text
+    data = "t xox\u017f-7".encode()  # UTF-8 only: the views hold ASCII of UTF-16
+    assert secretwindows.hits(data, 0, len(data))
+
+
+@pytest.mark.parametrize(
+    ("token", "encoding"),
+    [
+        *((t, e) for t in (SLACK, SLACK.upper(), "xoxp-1-2-abc123", "XOXA-7-Z9")
+          for e in ("utf-8", "utf-16-le")),
+        ("xox\u017f-99-x1", "utf-8"),
+    ],
+)  # fmt: skip
+def test_slack_tokens_are_still_found(tmp_path: Path, token: str, encoding: str) -> None:
+    (tmp_path / "conf").write_bytes(os.urandom(5000) + f"\nslack = {token}\n".encode(encoding))
+    assert "Slack Token" in {f.kind for f in only(tmp_path, "conf")}, token
+
+
+def test_the_detectors_see_the_same_in_a_window_s_bytes_as_in_its_text() -> None:
+    # A window's literals are looked for in its bytes (Latin-1, one byte a character):
+    # the same detectors must run as on its decoded text, fold traps and escapes included.
+    rng = random.Random(22)
+    samples = [
+        _planted(3)[:4000],
+        rng.randbytes(3000) + f"\naws_secret_access_key = {'A1b2' * 10}\n".encode(),
+        b"\xff\xfe" + "to\u212aen = 'x'\n\u017fecret: y\n".encode() + rng.randbytes(500),
+        "caf\u00e9 key = 'z' \u0131 pass: \xe9t\u00e9".encode() + b"\x80\xc4",
+        f"{SLACK} {GITHUB} {AWS_ID}\n".encode("utf-16-le") + SLACK.encode(),
+    ]
+    for raw in samples:
+        text = raw.decode("utf-8", "surrogateescape")
+        assert secretscan._matches(text, raw) == secretscan._matches(text), raw[:40]
+    assert secretscan._matches(samples[1].decode("utf-8", "surrogateescape"), samples[1])

@@ -127,4 +127,91 @@ def test_the_archive_goes_to_the_disk_while_it_is_written(
         assert offset + count == following  # ranges in order, none skipped
     assert started[-1][0] + started[-1][1] >= len(data) // 2
     with target.open("rb") as f:
-        assert zstandard.ZstdDecompressor().stream_reader(f).read() == data
+        assert zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True).read() == data
+
+
+def _frames(archive: bytes) -> list[list[int]]:
+    """The block types (0 raw, 1 RLE, 2 compressed) of each frame of a zstd stream."""
+    frames, at = [], 0
+    while at < len(archive):
+        assert archive[at : at + 4] == (0xFD2FB528).to_bytes(4, "little")
+        header = zstandard.frame_header_size(archive[at:])
+        at += header
+        types: list[int] = []
+        while True:
+            block = int.from_bytes(archive[at : at + 3], "little")
+            kind, size = block >> 1 & 3, block >> 3
+            types.append(kind)
+            at += 3 + (1 if kind == 1 else size)
+            if block & 1:
+                break
+        frames.append(types)
+    return frames
+
+
+def test_what_does_not_compress_is_stored_raw_and_read_back_whole(tmp_path: Path) -> None:
+    # Noise is not given to zstd (it would try, then store it raw): its chunks go out as
+    # frames of raw blocks, between the codec's frames of what does compress.
+    text = b"agentbox " * (CHUNK // 9 + 1)
+    data = text[:CHUNK] + os.urandom(2 * CHUNK) + text[:CHUNK] + os.urandom(CHUNK)
+    target = tmp_path / "out.zst"
+    with target.open("wb") as out, HashingZstdWriter(out, level=3) as w:
+        for i in range(0, len(data), CHUNK):
+            w.write(data[i : i + CHUNK])
+    archive = target.read_bytes()
+    frames = _frames(archive)
+    raw = [f for f in frames if set(f) == {0}]
+    assert len(raw) == 3 and all(len(f) == CHUNK // (128 * 1024) for f in raw)
+    assert len(frames) == 5  # text, noise, noise, text, noise
+    assert len(archive) < 3 * CHUNK + CHUNK // 8  # the text compressed
+    cli = subprocess.run(["zstd", "-q", "-d", "-c", str(target)], capture_output=True, check=True)
+    assert cli.stdout == data
+    with target.open("rb") as f, HashingZstdReader(f) as r:
+        assert io.BufferedReader(r, CHUNK).read() == data
+        assert r.sha256.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert w.sha256.hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+def test_a_raw_chunk_bigger_than_the_iovec_limit_is_written_whole(tmp_path: Path) -> None:
+    data = os.urandom(200 * CHUNK + 5)  # one write: 1601 blocks, two writev(2) calls
+    target = tmp_path / "out.zst"
+    with target.open("wb") as out, HashingZstdWriter(out, level=3) as w:
+        w.write(data)
+    cli = subprocess.run(["zstd", "-q", "-d", "-c", str(target)], capture_output=True, check=True)
+    assert cli.stdout == data
+
+
+def test_the_archive_is_made_durable_while_it_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # sync_file_range does not flush a disk's cache: the caller's fsync at the end waited
+    # for all of it (~0.11 s a 100 MB here). A thread of its own syncs as it goes.
+    synced_by: list[str] = []
+    real = os.fdatasync
+
+    def recording(fd: int) -> None:
+        synced_by.append(threading.current_thread().name)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", recording)
+    target = tmp_path / "out.zst"
+    with target.open("wb") as out, HashingZstdWriter(out, level=3) as w:
+        for _ in range(48):
+            w.write(os.urandom(CHUNK))
+    assert synced_by and set(synced_by) == {"snapshot-sync"}
+    assert "snapshot-sync" not in {t.name for t in threading.enumerate()}
+
+
+def test_a_failed_sync_on_the_way_fails_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Linux may report a failed writeback once: to that sync, not to the caller's fsync.
+    def failing(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        with (tmp_path / "out.zst").open("wb") as out, HashingZstdWriter(out, level=3) as w:
+            for _ in range(48):
+                w.write(os.urandom(CHUNK))
+    assert "snapshot-sync" not in {t.name for t in threading.enumerate()}

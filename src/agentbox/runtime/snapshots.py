@@ -38,6 +38,7 @@ import secrets
 import shutil
 import stat
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -186,7 +187,8 @@ class Snapshots:
         sandbox_id = record.id
         source = SandboxHost(self.runtime.home, sandbox_id, record.slot)
         self.scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
-        with self._frozen_view(source) as view:
+        with self._frozen_view(source) as frozen:
+            view = frozen.path
             if memory_image is not None:  # a secret in memory cannot be redacted out
                 image_findings = self._scan_image(memory_image, allowlist)
                 if image_findings:
@@ -204,6 +206,7 @@ class Snapshots:
                 outcome, digest, raw_size = self._archive(
                     view, source, staging, redact=redact, allowlist=allowlist
                 )
+                frozen.release()  # read: its unmount runs beside the store's fsync
                 findings = outcome.findings
                 if findings and not redact:
                     raise SecretsFound(
@@ -252,9 +255,10 @@ class Snapshots:
         return info
 
     @contextlib.contextmanager
-    def _frozen_view(self, source: SandboxHost) -> Iterator[Path]:
+    def _frozen_view(self, source: SandboxHost) -> Iterator[_View]:
         """A read-only mount of a copy-on-write clone of the sandbox's disk, taken while
-        its filesystem was frozen: one consistent instant, the sandbox running on."""
+        its filesystem was frozen: one consistent instant, the sandbox running on. Gone
+        (unmounted, the clone deleted) when the block ends."""
         pool = diskpool.ensure(self.runtime.home)
         name = f".snapshot-{secrets.token_hex(8)}"
         image, mountpoint = pool / f"{name}.img", self.scratch / name
@@ -262,14 +266,15 @@ class Snapshots:
             disk.clone_file(source.image, image)
         try:
             disk.mount_disk(image, mountpoint, readonly=True, direct_io=True)  # read once
-            try:
-                yield mountpoint
-            finally:
-                disk.unmount(mountpoint)
-                with contextlib.suppress(OSError):
-                    mountpoint.rmdir()
-        finally:
+        except BaseException:
             image.unlink(missing_ok=True)
+            raise
+        view = _View(mountpoint, image)
+        try:
+            yield view
+        finally:
+            view.release()
+            view.wait()
 
     def _scan_image(
         self, image: Path, allowlist: secretscan.AllowList | None
@@ -417,6 +422,44 @@ class Snapshots:
             self.store.put_file(meta_key(info.id), staging)
         finally:
             staging.unlink(missing_ok=True)
+
+
+class _View:
+    """A mounted clone (``_frozen_view``) and its removal, which may start before the
+    block ends (``release``) and run beside what follows: at 1 GB its unmount took
+    0.1-0.17 s (the clone's cached pages are freed), as long as the archive's fsync
+    waits for the disk anyway."""
+
+    def __init__(self, path: Path, image: Path) -> None:
+        self.path = path
+        self._image = image
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def _remove(self) -> None:
+        try:
+            try:
+                disk.unmount(self.path)
+                with contextlib.suppress(OSError):
+                    self.path.rmdir()
+            finally:
+                self._image.unlink(missing_ok=True)
+        except BaseException as e:  # raised by ``wait``, in the caller
+            self._error = e
+
+    def release(self) -> None:
+        """Start removing it, on a thread of its own (no more reads of ``path``)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._remove, name="snapshot-unmount")
+            self._thread.start()
+
+    def wait(self) -> None:
+        """Wait for its removal; its error, if any, raised here."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def beyond_retention(
