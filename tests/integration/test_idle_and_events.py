@@ -4,6 +4,7 @@ against real sandboxes (the watcher's passes are driven by the test, not by a ti
 from __future__ import annotations
 
 import os
+import select
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,6 +121,33 @@ def test_on_idle_stop_keeps_files_and_resume_starts_it_again(
     assert sb.files.read("/workspace/kept.txt") == "still here"
     ps = sb.commands.run("ps -e -o comm=").stdout.split()
     assert "sleep" not in ps  # its processes were ended, not kept
+
+
+def test_a_stop_returns_once_the_init_has_exited(
+    runtime: Runtime, make: Any, default_tier: str
+) -> None:
+    """A stop empties the sandbox's cgroup, but the kernel takes a process out of its
+    cgroup before it marks it exited: in between, its namespaces are gone while a pidfd
+    still shows it running, and another process's cached view (the SDK's) tried to enter
+    them ("/proc/PID/ns/ipc: No such file or directory") instead of saying "stopped".
+    An init with many children to reap on its way out widens that window."""
+    not_on_gvisor(default_tier, "the init there is runsc, whose namespaces nothing enters "
+                  "(commands go through the exec agent's socket)")  # fmt: skip
+    sb = make(pids=512)
+    other = Runtime(runtime.home)  # the SDK's own runtime holds sb's cached view
+    for _ in range(5):
+        sb.commands.run("for i in $(seq 150); do sleep 600 & done")
+        init = runtime.get(sb.id).init_pid
+        assert init is not None
+        pidfd = os.pidfd_open(init)
+        try:
+            other.stop(sb.id)
+            assert select.select([pidfd], [], [], 0)[0], "stop returned before init exited"
+        finally:
+            os.close(pidfd)
+        with pytest.raises(SandboxNotRunning, match="resume it"):
+            sb.commands.run("true")
+        sb.resume()
 
 
 def test_on_idle_destroy(runtime: Runtime, make: Any) -> None:

@@ -53,6 +53,25 @@ def process_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def wait_exited(pid: int | None, start_time: int | None, timeout: float = 10.0) -> None:
+    """Return once the process has finished exiting (a zombie, or reaped), or at
+    ``timeout``. An emptied cgroup is not that yet: the kernel takes a task out of its
+    cgroup before it marks it exited, and in between its namespaces are gone while a
+    pidfd, and /proc's state, still show it alive (a caller that trusted them then
+    would try to enter a sandbox that has no namespaces left)."""
+    if pid is None:
+        return
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if process_start_time(pid) == start_time:  # not a later process on that pid
+            select.select([pidfd], [], [], timeout)
+    finally:
+        os.close(pidfd)
+
+
 LAYOUT_KEY = "1"  # change with lay_out_disk: formatted images are cached per layout
 
 

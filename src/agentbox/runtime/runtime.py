@@ -38,7 +38,13 @@ from agentbox.isolation.launcher import nsexec_path
 from agentbox.network import plane
 from agentbox.runtime import pool_wake, template_tiers
 from agentbox.runtime.commands import CommandRunner
-from agentbox.runtime.host import Launch, LaunchPaths, SandboxHost, process_start_time
+from agentbox.runtime.host import (
+    Launch,
+    LaunchPaths,
+    SandboxHost,
+    process_start_time,
+    wait_exited,
+)
 from agentbox.runtime.live import LiveSandboxes, Running
 from agentbox.runtime.requests import SnapshotOptions
 from agentbox.runtime.spec_input import spec_from
@@ -636,6 +642,7 @@ class Runtime:
             )
             cgroup.thaw()  # a frozen tree dies only once thawed on some kernels
             cgroup.remove_processes()
+            wait_exited(record.init_pid, record.init_start_time)
             host.processes_ended()
             if unlinked is not None:
                 unlinked()
