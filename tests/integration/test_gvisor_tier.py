@@ -616,6 +616,26 @@ def test_a_snapshot_with_memory_resumes_a_running_process_from_its_count(
                     sb.kill()
 
 
+def test_a_memory_snapshot_of_an_idle_sandbox_waits_for_the_agent_not_its_socket(
+    agentbox_home: Path, runtime: Runtime
+) -> None:
+    """The agent says it closed its listener by its name (``runsc ps``), not by a refused
+    connect: gVisor keeps the host socket listening, with no one to accept, until it
+    drops the path's cached dentry, which an idle sandbox never does (the quiesce hung on
+    a full backlog). Twice in a row, the source answering between and after: the agent
+    listens again and takes its name back."""
+    source = _create(agentbox_home)
+    try:
+        host = GvisorHost(agentbox_home, source.id, runtime.get(source.id).slot)
+        for _ in range(2):
+            info = runtime.snapshot(source.id, memory=True)
+            assert info.memory is not None and info.memory["size"] > 0
+            assert host.agent_name() == "agent"  # listening again, under its own name
+            assert source.commands.run("echo still here").stdout == "still here\n"
+    finally:
+        source.kill()
+
+
 def test_a_low_pids_limit_leaves_room_for_runsc_itself(agentbox_home: Path) -> None:
     """The host cgroup holds the Sentry's and Gofer's threads too: with exactly ``pids``
     there, a sandbox with pids=64 ended at its first pipeline (the Sentry could not

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import platform
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from agentbox import Sandbox
-from agentbox.errors import AgentboxError
+from agentbox.errors import AgentboxError, SandboxError
+from agentbox.runtime.gvisor_host import GvisorHost
 from agentbox.runtime.runtime import Runtime
 from agentbox.runtime.tiers import GVISOR_PIDS_HEADROOM
 from hostres import SandboxCgroups
@@ -138,3 +141,32 @@ def test_a_fork_bomb_is_contained(agentbox_home: Path, runtime: Runtime) -> None
     finally:
         sb.kill()
     assert runtime.store.get(sb.id) is None
+
+
+def test_a_swapped_agent_socket_is_removed_not_followed(
+    box: Sandbox, runtime: Runtime, tmp_path: Path
+) -> None:
+    """While a restore's agent makes its socket again, its directory is the sandbox
+    user's, and a process the restore brought back could swap the socket for a link to
+    a host socket (the host's connect follows links). Closing the directory checks: the
+    link is removed and the restore refused, never connected to."""
+    host = GvisorHost(runtime.home, box.id, runtime.get(box.id).slot)
+    bait = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bait.bind(str(tmp_path / "host.sock"))
+    bait.listen(1)
+    aside = host.agent_socket.with_name("aside.sock")
+    os.rename(host.agent_socket, aside)
+    try:
+        os.symlink(tmp_path / "host.sock", host.agent_socket)
+        with pytest.raises(SandboxError, match="replaced its exec agent's socket"):
+            host._close_agent_dir()
+        assert not host.agent_socket.is_symlink() and not host.agent_socket.exists()
+        bait.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            bait.accept()  # nothing reached the host socket
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            host.agent_socket.unlink()
+        os.rename(aside, host.agent_socket)
+        bait.close()
+    assert box.commands.run("echo fine").stdout == "fine\n"

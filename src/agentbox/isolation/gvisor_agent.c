@@ -383,6 +383,7 @@ _Noreturn static void run_wrapped(char **argv) {
 
 /* ---- the agent ------------------------------------------------------------------- */
 
+#define QUIET_NAME "agent-quiet" /* gvisor_host.QUIET_NAME */
 static volatile sig_atomic_t quiesce, relisten;
 static void on_quiesce(int sig) { (void)sig; quiesce = 1; }
 static void on_relisten(int sig) { (void)sig; relisten = 1; }
@@ -452,8 +453,16 @@ int main(int argc, char **argv) {
     if (quiesce && listener >= 0) {
       close(listener);
       listener = -1;
+      /* The host's acknowledgement (`runsc ps` shows PID 1's name): a connect to the
+       * socket cannot tell, gVisor keeps the host socket listening, with no one to
+       * accept, until it drops the path's cached dentry (seconds to minutes later). No
+       * command can rename us: they are in a PID namespace of their own. */
+      prctl(PR_SET_NAME, QUIET_NAME, 0, 0, 0);
     }
-    if (relisten && listener < 0) listener = listen_on(argv[3]);
+    if (relisten && listener < 0) {
+      listener = listen_on(argv[3]);
+      if (listener >= 0) prctl(PR_SET_NAME, "agent", 0, 0, 0);
+    }
     quiesce = relisten = 0;
     struct pollfd p = {listener, POLLIN, 0};
     if (ppoll(&p, 1, &wait, &unblocked) <= 0 || !(p.revents & POLLIN)) continue;

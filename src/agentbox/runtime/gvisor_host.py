@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -57,6 +58,10 @@ MS_REMOUNT = 0x20
 AGENT_DIR = ".agentbox"
 CHECKPOINT_FILE = "checkpoint.img"  # what runsc checkpoint writes in --image-path
 CHECKPOINT_TIMEOUT_S = 300.0
+# A deadline for a loaded host, not a measure: the agent answers in milliseconds.
+QUIESCE_TIMEOUT_S = 60.0
+RESTORE_TIMEOUT_S = 60.0
+QUIET_NAME = "agent-quiet"  # what the agent calls itself once its listener is closed
 
 
 class GvisorHost(SandboxHost):
@@ -279,7 +284,7 @@ class GvisorHost(SandboxHost):
                 self._wait_ready(ready_r)
             else:  # the restored agent said ready long ago: its listener shows it runs
                 self._wait_relistening(pid_file)
-            os.chown(self.agent_dir, 0, 0)
+            self._close_agent_dir()
         finally:
             os.close(ready_r)
             if ready_w >= 0:
@@ -311,11 +316,13 @@ class GvisorHost(SandboxHost):
 
     def _wait_relistening(self, pid_file: Path) -> None:
         """After a restore: ask the agent to listen again (SIGHUP, once runsc knows the
-        container) until its socket is there."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        container) until its socket is there (a socket: not a link a command made while
+        the directory was the sandbox user's, see ``relisten``)."""
+        deadline = time.monotonic() + RESTORE_TIMEOUT_S
         while time.monotonic() < deadline:
-            if self.agent_socket.exists():
-                return
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISSOCK(os.lstat(self.agent_socket).st_mode):
+                    return
             if pid_file.exists():
                 subprocess.run(self.runsc_argv("kill", self.container, "HUP"),
                                capture_output=True, timeout=30, check=False)  # fmt: skip
@@ -325,30 +332,37 @@ class GvisorHost(SandboxHost):
     # checkpoint -----------------------------------------------------------------------
     def quiesce(self) -> None:
         """Close the exec agent's listener, whose host socket gVisor cannot checkpoint
-        (the checkpoint would fail and end the sandbox), and wait until it is closed: a
-        connect to its socket is refused then. The agent cannot remove the socket's file
-        (gVisor answers EPERM on it), so the host does, for the listener to come back."""
+        (the checkpoint would fail and end the sandbox), and wait until it is closed: the
+        agent then takes the name QUIET_NAME, which ``runsc ps`` shows for PID 1. (A
+        connect to its socket cannot tell: gVisor keeps the host socket listening until
+        it drops the path's cached dentry, seconds to minutes after the close.) The agent
+        cannot remove the socket's file (gVisor answers EPERM on it), so the host does,
+        for the listener to come back."""
         done = subprocess.run(self.runsc_argv("kill", self.container, "USR2"),
                               capture_output=True, text=True, timeout=30,
                               check=False)  # fmt: skip
         if done.returncode != 0:
             raise SandboxError(f"could not reach the sandbox's exec agent: {done.stderr}")
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while self._agent_listens():
+        deadline = time.monotonic() + QUIESCE_TIMEOUT_S
+        while self.agent_name() != QUIET_NAME:
             if time.monotonic() > deadline:
-                raise SandboxError("the sandbox's exec agent did not close its socket")
+                raise SandboxError(
+                    f"the sandbox's exec agent did not close its socket in "
+                    f"{QUIESCE_TIMEOUT_S:.0f} s; the sandbox runs on, try the snapshot again"
+                )
             time.sleep(0.01)
         self.agent_socket.unlink(missing_ok=True)
 
-    def _agent_listens(self) -> bool:
-        import socket
-
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            try:
-                probe.connect(str(self.agent_socket))
-            except (ConnectionRefusedError, FileNotFoundError):
-                return False
-        return True
+    def agent_name(self) -> str | None:
+        """PID 1's name in the sandbox (the agent's), from ``runsc ps``'s table."""
+        done = subprocess.run(self.runsc_argv("ps", self.container),
+                              capture_output=True, text=True, timeout=30,
+                              check=False)  # fmt: skip
+        for line in done.stdout.splitlines()[1:]:
+            fields = line.split()
+            if len(fields) >= 8 and fields[1] == "1":
+                return fields[-1]
+        return None
 
     def relisten(self) -> None:
         """The agent's listener back after a quiesce that was not followed by a checkpoint."""
@@ -356,7 +370,21 @@ class GvisorHost(SandboxHost):
         try:
             self._wait_relistening(self.dir / "runsc.pid")
         finally:
-            os.chown(self.agent_dir, 0, 0)
+            self._close_agent_dir()
+
+    def _close_agent_dir(self) -> None:
+        """The agent's directory root's again once its socket is made, and the socket
+        checked: while the directory was the sandbox user's, a process running in it
+        (one a restore brought back) could have swapped the socket for a link to a host
+        socket, which the host's connect would follow."""
+        os.chown(self.agent_dir, 0, 0)
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISSOCK(os.lstat(self.agent_socket).st_mode):
+                self.agent_socket.unlink()
+                raise SandboxError(
+                    "a process in the sandbox replaced its exec agent's socket; "
+                    "kill the sandbox and create a new one"
+                )
 
     def checkpoint(self, image_dir: Path) -> Path:
         """``runsc checkpoint`` into ``image_dir``: the sandbox stops (``--leave-running``

@@ -8,10 +8,10 @@ How one is taken, each step for a reason (measured with the runsc on these hosts
 
 1. Refused while a one-shot command runs (``exec/c*.json``): its output and exit status
    travel over host fds that a checkpoint cuts. Background processes are kept (see 5).
-2. The exec agent closes its listener (``runsc kill ID USR2``) and removes its socket's
-   file; the host waits for that file to go. With the listener open, ``runsc checkpoint``
-   fails ("Cannot save endpoint with bound host socket") and the failed checkpoint kills
-   the sandbox.
+2. The exec agent closes its listener (``runsc kill ID USR2``) and says so by its name
+   (``runsc ps``); the host then removes its socket's file. With the listener open,
+   ``runsc checkpoint`` fails ("Cannot save endpoint with bound host socket") and the
+   failed checkpoint kills the sandbox.
 3. ``runsc checkpoint --image-path=DIR ID`` writes ``checkpoint.img`` and stops the
    sandbox (``--leave-running`` hung with this runsc). Its disk is then still, so the
    files part of the snapshot (``runtime.snapshots``, scanned for secrets) and the image
