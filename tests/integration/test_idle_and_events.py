@@ -35,6 +35,14 @@ def idle_past(watcher: IdleWatcher, seconds: float = IDLE + 0.7) -> list[str]:
     return watcher.check()
 
 
+def acted_on_when_idle(watcher: IdleWatcher, sandbox_id: str, rounds: int = 8) -> bool:
+    """Whether the watcher acts on the sandbox within ``rounds`` idle periods. The work a
+    call started goes on a moment after it returns (on gvisor a background process's
+    ``runsc exec`` takes ~0.1 s of CPU), which on a loaded host can fall after the first
+    pass: the watcher rightly counts it as activity and the idle clock starts again."""
+    return any(sandbox_id in idle_past(watcher) for _ in range(rounds))
+
+
 @pytest.fixture
 def make(agentbox_home: Path, runtime: Runtime) -> Iterator[Any]:
     made: list[Sandbox] = []
@@ -54,8 +62,7 @@ def make(agentbox_home: Path, runtime: Runtime) -> Iterator[Any]:
 def test_an_idle_sandbox_with_a_sleeping_process_is_paused(runtime: Runtime, make: Any) -> None:
     sb = make(idle_timeout=IDLE)
     sb.commands.start("sleep 600")  # a background process that does nothing
-    acted = idle_past(IdleWatcher(runtime))
-    assert sb.id in acted
+    assert acted_on_when_idle(IdleWatcher(runtime), sb.id)
     assert runtime.get(sb.id).state == "paused"
     assert ("paused", "idle") in events(runtime, sb.id)
     # a call resumes it transparently, and says why
@@ -111,7 +118,7 @@ def test_on_idle_stop_keeps_files_and_resume_starts_it_again(
     sb = make(idle_timeout=IDLE, on_idle="stop")
     sb.files.write("/workspace/kept.txt", "still here")
     sb.commands.start("sleep 600")
-    assert sb.id in idle_past(IdleWatcher(runtime))
+    assert acted_on_when_idle(IdleWatcher(runtime), sb.id)
     assert runtime.get(sb.id).state == "stopped"
     assert events(runtime, sb.id)[-1] == ("stopped", "idle")
     with pytest.raises(SandboxNotRunning, match="resume it"):
@@ -152,7 +159,7 @@ def test_a_stop_returns_once_the_init_has_exited(
 
 def test_on_idle_destroy(runtime: Runtime, make: Any) -> None:
     sb = make(idle_timeout=IDLE, on_idle="destroy")
-    assert sb.id in idle_past(IdleWatcher(runtime))
+    assert acted_on_when_idle(IdleWatcher(runtime), sb.id)
     with pytest.raises(SandboxNotFound):
         runtime.get(sb.id)
     assert events(runtime, sb.id)[-1] == ("destroyed", "idle")
