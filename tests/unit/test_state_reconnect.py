@@ -40,9 +40,12 @@ def test_a_write_after_a_restart_finds_a_live_connection(postgres: PgServer) -> 
     postgres.restart()
     db.conn().execute(WRITE, ("n1",))
     db.conn().execute("SELECT 1")
-    with psycopg.connect(url, autocommit=True) as admin:  # the server ends an idle session
+    # The server ends an idle session: waited for (the timeout argument), as the session
+    # was idle long before the next statement; a write racing the termination fails
+    # typed, by design (test_one_broken_connection_refreshes_every_threads).
+    with psycopg.connect(url, autocommit=True) as admin:
         admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            "SELECT pg_terminate_backend(pid, 30000) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
     db.conn().execute(WRITE, ("n2",))
