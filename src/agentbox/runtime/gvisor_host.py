@@ -316,13 +316,12 @@ class GvisorHost(SandboxHost):
 
     def _wait_relistening(self, pid_file: Path) -> None:
         """After a restore: ask the agent to listen again (SIGHUP, once runsc knows the
-        container) until its socket is there (a socket: not a link a command made while
-        the directory was the sandbox user's, see ``relisten``)."""
+        container) until its socket is there (a socket, not a link: see
+        ``_close_agent_dir``)."""
         deadline = time.monotonic() + RESTORE_TIMEOUT_S
         while time.monotonic() < deadline:
-            with contextlib.suppress(FileNotFoundError):
-                if stat.S_ISSOCK(os.lstat(self.agent_socket).st_mode):
-                    return
+            if self._agent_socket_kind() == "socket":
+                return
             if pid_file.exists():
                 subprocess.run(self.runsc_argv("kill", self.container, "HUP"),
                                capture_output=True, timeout=30, check=False)  # fmt: skip
@@ -378,13 +377,21 @@ class GvisorHost(SandboxHost):
         (one a restore brought back) could have swapped the socket for a link to a host
         socket, which the host's connect would follow."""
         os.chown(self.agent_dir, 0, 0)
-        with contextlib.suppress(FileNotFoundError):
-            if not stat.S_ISSOCK(os.lstat(self.agent_socket).st_mode):
-                self.agent_socket.unlink()
-                raise SandboxError(
-                    "a process in the sandbox replaced its exec agent's socket; "
-                    "kill the sandbox and create a new one"
-                )
+        if self._agent_socket_kind() == "other":
+            self.agent_socket.unlink()
+            raise SandboxError(
+                "a process in the sandbox replaced its exec agent's socket; "
+                "kill the sandbox and create a new one"
+            )
+
+    def _agent_socket_kind(self) -> str:
+        """What the agent's socket path holds, links not followed: "socket", "missing"
+        or "other"."""
+        try:
+            mode = os.lstat(self.agent_socket).st_mode
+        except FileNotFoundError:
+            return "missing"
+        return "socket" if stat.S_ISSOCK(mode) else "other"
 
     def checkpoint(self, image_dir: Path) -> Path:
         """``runsc checkpoint`` into ``image_dir``: the sandbox stops (``--leave-running``
