@@ -18,7 +18,8 @@ else
   export AGENTBOX_HOME="$(mktemp -d /var/tmp/agentbox-test.XXXXXX)"; throwaway=1
 fi
 status=0
-.venv/bin/pytest "$@" || status=$?
+# The slowest tests are listed at the end: where the suite's time goes, run by run.
+.venv/bin/pytest --durations=30 "$@" || status=$?
 if [ -n "$throwaway" ]; then
   # The disk pool (an XFS mount in the home) and the init tmpfs go first;
   # --one-file-system: never descend into a mount a leaked sandbox may have left.

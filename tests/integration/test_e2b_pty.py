@@ -58,22 +58,29 @@ def e2b_env(gw: RunningGateway, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_sync_pty_input_resize_and_sigwinch(
     e2b_env: None, gw: RunningGateway, default_tier: str
 ) -> None:
-    sb = Sandbox.create(timeout=120)
+    sb = Sandbox.create(timeout=600)
     try:
-        term = sb.pty.create(PtySize(cols=80, rows=24), envs={"ABC": "123"}, cwd="/tmp")
+        # The terminal's stream is bounded by its timeout (the SDK's 60 s by default): on
+        # a loaded host, the four steps below must not be what ends it.
+        term = sb.pty.create(
+            PtySize(cols=80, rows=24), envs={"ABC": "123"}, cwd="/tmp", timeout=300
+        )
         sb.pty.send_stdin(term.pid, b"echo $ABC-$PWD; tty; stty size\n")
         seen, stage = "", 0
-        for _, _, pty in term:  # the events as they come; each step waits for its output
-            seen += (pty or b"").decode("utf-8", "replace")
-            if stage == 0 and "24 80" in seen:
-                sb.pty.send_stdin(term.pid, WINCH_PROGRAM)
-                stage = 1
-            elif stage == 1 and "ar2med" in seen:
-                sb.pty.resize(term.pid, PtySize(cols=100, rows=30))
-                stage = 2
-            elif stage == 2 and "30 100" in seen:
-                sb.pty.send_stdin(term.pid, b"exit 0\n")
-                stage = 3
+        try:
+            for _, _, pty in term:  # the events as they come; each step waits for its output
+                seen += (pty or b"").decode("utf-8", "replace")
+                if stage == 0 and "24 80" in seen:
+                    sb.pty.send_stdin(term.pid, WINCH_PROGRAM)
+                    stage = 1
+                elif stage == 1 and "ar2med" in seen:
+                    sb.pty.resize(term.pid, PtySize(cols=100, rows=30))
+                    stage = 2
+                elif stage == 2 and "30 100" in seen:
+                    sb.pty.send_stdin(term.pid, b"exit 0\n")
+                    stage = 3
+        except Exception as error:  # which step's output never came
+            raise AssertionError(f"stuck at step {stage}; the terminal showed {seen!r}") from error
         assert term.wait().exit_code == 0
         assert stage == 3, seen
         assert "123-/tmp" in seen
