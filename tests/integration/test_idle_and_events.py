@@ -157,6 +157,36 @@ def test_a_stop_returns_once_the_init_has_exited(
         sb.resume()
 
 
+def test_a_destroy_returns_once_the_init_has_exited(
+    runtime: Runtime, make: Any, default_tier: str
+) -> None:
+    """The stop's window above, for a destroy that leaves its teardown to a thread (a
+    gateway's): it returns once the processes are dead, and the init must be marked
+    exited by then, so another process's cached view says "not found" instead of trying
+    to enter namespaces that are gone."""
+    not_on_gvisor(default_tier, "the init there is runsc, whose namespaces nothing enters "
+                  "(commands go through the exec agent's socket)")  # fmt: skip
+    other = Runtime(runtime.home)
+    other.defer_teardowns()
+    try:
+        for _ in range(5):
+            sb = make(pids=1024)
+            sb.commands.run("for i in $(seq 400); do sleep 600 & done")
+            init = runtime.get(sb.id).init_pid
+            assert init is not None
+            pidfd = os.pidfd_open(init)
+            try:
+                other.destroy(sb.id)
+                assert select.select([pidfd], [], [], 0)[0], "destroy returned before init exited"
+            finally:
+                os.close(pidfd)
+            # "destroying" while its teardown runs, "not found" after: never a launch error
+            with pytest.raises((SandboxNotRunning, SandboxNotFound)):
+                sb.commands.run("true")
+    finally:
+        other.finish_teardowns()
+
+
 def test_on_idle_destroy(runtime: Runtime, make: Any) -> None:
     sb = make(idle_timeout=IDLE, on_idle="destroy")
     assert acted_on_when_idle(IdleWatcher(runtime), sb.id)

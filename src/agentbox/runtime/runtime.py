@@ -500,7 +500,8 @@ class Runtime:
     def _release_record(self, record: SandboxRecord, defer: bool = False) -> None:
         sandbox = record.id
         self._release(sandbox, self.host(record), self.layout.sandbox(sandbox),
-                      record.network_mode != "none", record.template_digest, defer)  # fmt: skip
+                      record.network_mode != "none", record.template_digest, defer,
+                      (record.init_pid, record.init_start_time))  # fmt: skip
 
     def _release(
         self,
@@ -510,11 +511,14 @@ class Runtime:
         networked: bool,
         template_digest: str,
         defer: bool = False,
+        init: tuple[int | None, int | None] = (None, None),
     ) -> None:
         """Kill every process, then remove mounts, cgroups, links, directories, the record,
         and the template's tree if this sandbox was its last user. ``defer``: everything
         after the kill on the teardown thread, unless volumes are attached (a caller may
-        attach them elsewhere next) or the kill failed."""
+        attach them elsewhere next) or the kill failed. ``init``: the init's pid and start
+        time, waited for as in :meth:`stop` (another process's cached view of the sandbox
+        then says it is gone instead of trying to enter its namespaces)."""
         errors: list[str] = []
         steps: list[Callable[[], None]] = [cgroup.remove, host.teardown]
         stored = self.store.get(sandbox_id)
@@ -532,6 +536,7 @@ class Runtime:
                     errors.append(f"network link: {e}")
         try:
             cgroup.end_processes()  # every process is dead when this returns
+            wait_exited(*init)  # and the init marked exited, not only out of its cgroup
         except (OSError, AgentboxError) as e:
             errors.append(str(e))
 
