@@ -106,8 +106,17 @@ def test_other_sandboxes_files_are_invisible(
 ) -> None:
     a, b = pair
     name = a_state["name"]
-    r = b.commands.run(f"find / -path /proc -prune -o -name {name} -print 2>/dev/null; true")
-    assert r.stdout.strip() == ""
+    control = f"/tmp/{name}-control"  # B's own: proves the search itself works
+    b.commands.run(["touch", control])
+    # Not /usr: the host's, read-only, shared by design; walking it on the gvisor tier ran
+    # past the command's 60 s, and the search then found nothing because it was cut short.
+    r = b.commands.run(
+        f"find / \\( -path /proc -o -path /usr \\) -prune -o -name '{name}*' -print 2>/dev/null",
+        timeout=120,
+    )
+    b.commands.run(["rm", "-f", control])
+    assert not r.timed_out
+    assert r.stdout.split() == [control], f"B found A's file by name: {r.stdout}"
     a_host_workspace = agentbox_home / "sandboxes" / a.id / "disk" / "workspace"
     for path in (
         f"{a_host_workspace}/{name}",
