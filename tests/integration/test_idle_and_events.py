@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import select
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +130,20 @@ def test_on_idle_stop_keeps_files_and_resume_starts_it_again(
     assert "sleep" not in ps  # its processes were ended, not kept
 
 
+def assert_init_exited_when_it_returns(
+    runtime: Runtime, sandbox_id: str, end: Callable[[str], object]
+) -> None:
+    """``end(sandbox_id)`` (a stop or a destroy) returns only once the init has exited."""
+    init = runtime.get(sandbox_id).init_pid
+    assert init is not None
+    pidfd = os.pidfd_open(init)
+    try:
+        end(sandbox_id)
+        assert select.select([pidfd], [], [], 0)[0], f"{end.__name__} returned before init exited"
+    finally:
+        os.close(pidfd)
+
+
 def test_a_stop_returns_once_the_init_has_exited(
     runtime: Runtime, make: Any, default_tier: str
 ) -> None:
@@ -144,14 +158,7 @@ def test_a_stop_returns_once_the_init_has_exited(
     other = Runtime(runtime.home)  # the SDK's own runtime holds sb's cached view
     for _ in range(5):
         sb.commands.run("for i in $(seq 150); do sleep 600 & done")
-        init = runtime.get(sb.id).init_pid
-        assert init is not None
-        pidfd = os.pidfd_open(init)
-        try:
-            other.stop(sb.id)
-            assert select.select([pidfd], [], [], 0)[0], "stop returned before init exited"
-        finally:
-            os.close(pidfd)
+        assert_init_exited_when_it_returns(runtime, sb.id, other.stop)
         with pytest.raises(SandboxNotRunning, match="resume it"):
             sb.commands.run("true")
         sb.resume()
@@ -172,14 +179,7 @@ def test_a_destroy_returns_once_the_init_has_exited(
         for _ in range(5):
             sb = make(pids=1024)
             sb.commands.run("for i in $(seq 400); do sleep 600 & done")
-            init = runtime.get(sb.id).init_pid
-            assert init is not None
-            pidfd = os.pidfd_open(init)
-            try:
-                other.destroy(sb.id)
-                assert select.select([pidfd], [], [], 0)[0], "destroy returned before init exited"
-            finally:
-                os.close(pidfd)
+            assert_init_exited_when_it_returns(runtime, sb.id, other.destroy)
             # "destroying" while its teardown runs, "not found" after: never a launch error
             with pytest.raises((SandboxNotRunning, SandboxNotFound)):
                 sb.commands.run("true")
