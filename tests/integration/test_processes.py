@@ -300,6 +300,24 @@ def test_a_process_on_a_terminal(sandbox: Sandbox, runtime: Runtime) -> None:
 
 
 @BOTH_TIERS
+def test_a_kill_returns_once_the_end_is_recorded(sandbox: Sandbox, runtime: Runtime) -> None:
+    """After a SIGKILL the process is ended at once: not running, and a second kill finds
+    nothing (E2B's pty.kill said True twice). Its end is recorded by the waiter or the
+    terminal's relay a moment after the tree dies; on the namespaces tier the kill did not
+    wait for it (under load 13 of 40 kills here still read running)."""
+    table = runtime.processes(sandbox.id)
+    still_running = []
+    for i in range(12):
+        for argv, pty in ((["sleep", "300"], None), (["/bin/bash", "-i"], (80, 24))):
+            info = table.start(argv, pty=pty)
+            assert table.signal(info.id, "SIGKILL")
+            if table.get(info.id).running or table.signal(info.id, "SIGKILL"):
+                still_running.append((i, argv[0]))
+            assert table.wait(info.id, timeout=30).exit_code == 137
+    assert still_running == [], f"read as running right after the kill: {still_running}"
+
+
+@BOTH_TIERS
 def test_a_terminal_process_is_signalled_and_killed(sandbox: Sandbox, runtime: Runtime) -> None:
     table = runtime.processes(sandbox.id)
     info = table.start(["/bin/bash", "-i"], pty=(80, 24))

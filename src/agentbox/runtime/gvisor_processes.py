@@ -30,6 +30,7 @@ from agentbox.runtime.processes import (
     _alive,
     _read_exit,
     _signal_number,
+    await_recorded_end,
     run_detached,
 )
 
@@ -55,7 +56,6 @@ _HOLDING_WAITER = (
 )
 _EXIT_RESERVE = 4096  # one block for the status
 _STARTED_S = 10.0
-_KILL_SETTLE_S = 5.0  # a SIGKILLed tree's end reaches its status file in milliseconds
 
 
 class GvisorProcessTable(ProcessTable):
@@ -156,13 +156,7 @@ class GvisorProcessTable(ProcessTable):
         leaf = str(meta["leaf"])
         if signum == signals.SIGKILL:
             self.runner.kill_tree(leaf)
-            # Its end is recorded by the waiter (or a terminal's relay) a moment later; wait
-            # for it (bounded) so the caller, as on the namespaces tier, sees it gone.
-            deadline = time.monotonic() + _KILL_SETTLE_S
-            while _read_exit(pdir / "exit") is None and time.monotonic() < deadline:
-                if meta.get("terminal") and not _alive(meta.get("relay_pid")):
-                    break  # no relay left to record it: get() reports it ended
-                time.sleep(0.005)
+            await_recorded_end(pdir, meta)
             return True
         wrapper = self.runner.read_pid(leaf)
         if wrapper is None:

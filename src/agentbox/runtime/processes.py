@@ -31,7 +31,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -399,6 +399,7 @@ class ProcessTable:
         if signum == signals.SIGKILL:
             alive = self.runner.cgroup.populated(self.runner.cgroup.unified / meta["leaf"])
             self.runner.cgroup.remove_leaf(meta["leaf"])
+            await_recorded_end(pdir, meta)
             return alive
         # The command is the one process of its leaf whose parent is outside the sandbox's
         # pid namespace (the launcher); signal the leaf's processes that are not launchers.
@@ -428,6 +429,21 @@ class ProcessTable:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
         return self.get(process_id)
+
+
+KILL_SETTLE_S = 5.0  # a SIGKILLed tree's end reaches its status file in milliseconds
+
+
+def await_recorded_end(pdir: Path, meta: Mapping[str, object]) -> None:
+    """After a SIGKILL has ended the command's tree: wait (bounded) until its end is
+    recorded, by the waiter or a terminal's relay a moment later, so that the caller
+    sees it ended at once (``get``: not running; a second kill: not signalled). Under
+    load the record lagged the kill: E2B's ``pty.kill`` said True twice in a row."""
+    deadline = time.monotonic() + KILL_SETTLE_S
+    while _read_exit(pdir / "exit") is None and time.monotonic() < deadline:
+        if not _alive(meta.get("relay_pid")):
+            return  # no relay left to record it: get() reports it ended from its leaf
+        time.sleep(0.002)
 
 
 def _meta(pdir: Path) -> dict[str, object]:
