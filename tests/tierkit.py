@@ -26,6 +26,22 @@ def sandbox_on(
             sb.kill()
 
 
+# Every process's command line, one per line, read from /proc by the shell itself: `ps`
+# does not work on the gvisor tier (and `ls` of some directories fails there), so a check
+# built on them sees nothing and passes whatever runs.
+PROCESS_LISTING = 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done'
+
+
+def command_lines(sb: Sandbox) -> list[str]:
+    """The command lines of the sandbox's processes; proves the listing saw its own shell
+    (whose command line names /proc), so an empty answer can never pass a check."""
+    r = sb.commands.run(PROCESS_LISTING, timeout=60)
+    assert r.exit_code == 0 and not r.timed_out, (r.exit_code, r.timed_out, r.stderr)
+    lines = [line.strip() for line in r.stdout.splitlines() if line.strip()]
+    assert any("/proc/[0-9]*" in line for line in lines), f"the listing missed itself: {lines}"
+    return lines
+
+
 def not_on_gvisor(tier: str, reason: str) -> None:
     """Skip on the gvisor tier, saying why it does not hold there (a skip, never a pass;
     keep these few, each with its reason)."""

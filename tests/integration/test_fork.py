@@ -15,6 +15,7 @@ import pytest
 from agentbox import Sandbox
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import RunningGateway, running_gateway
+from tierkit import command_lines
 
 # Every test on both isolation tiers (tests/conftest.py, default_tier).
 pytestmark = pytest.mark.usefixtures("default_tier")
@@ -53,7 +54,8 @@ def test_fork_copies_files_and_isolates_both_ways(source: Sandbox, runtime: Runt
                                                   ).stdout.split() == [owner, owner]  # fmt: skip
         # its own identity; no processes copied
         assert fork.commands.run("hostname").stdout.strip() == fork.id
-        assert "sleep" not in fork.commands.run("ps -e -o comm=").stdout.split()
+        assert [line for line in command_lines(source) if "sleep 600" in line]  # the control
+        assert not [line for line in command_lines(fork) if "sleep 600" in line]
         assert fork.commands.list() == []
         # changes stay on their side, both ways
         fork.files.write("/workspace/shared.txt", "fork")

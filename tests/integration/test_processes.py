@@ -14,7 +14,8 @@ from agentbox import Sandbox
 from agentbox.errors import InvalidRequest, ProcessNotFound
 from agentbox.runtime.commands import FOREGROUND_LEAF
 from agentbox.runtime.runtime import Runtime
-from tierkit import sandbox_on
+from hostres import wait_for
+from tierkit import command_lines, sandbox_on
 
 # The tests marked BOTH_TIERS run on both isolation tiers; the others exercise what the
 # gvisor tier answers with a typed TierUnsupported (input detection and adoption:
@@ -59,11 +60,14 @@ def test_background_stdin_and_signal(sandbox: Sandbox) -> None:
 
 @BOTH_TIERS
 def test_kill_takes_the_whole_tree(sandbox: Sandbox) -> None:
-    handle = sandbox.commands.start("setsid sleep 300 & sleep 300")
+    def sleeping() -> list[str]:
+        return [line for line in command_lines(sandbox) if line.startswith("sleep 30")]
+
+    handle = sandbox.commands.start("setsid sleep 300 & sleep 301")
+    wait_for(lambda: len(sleeping()) == 2, 30, "both sleeps to run (the control)")
     handle.kill()
     assert not handle.wait(timeout=30).running
-    left = sandbox.commands.run("ps -eo comm | grep -c '^sleep$' || true")
-    assert left.stdout.strip() == "0"
+    assert sleeping() == []
 
 
 @BOTH_TIERS

@@ -24,6 +24,22 @@ def run_python(sb: Sandbox, script: str, *, timeout: float = 30.0, pty: bool = F
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def dir_entries(sb: Sandbox, path: str) -> list[str] | str:
+    """The names in directory ``path`` inside the sandbox, or the errno name that refused
+    the listing. Python's listdir, not ``ls``: ``ls`` fails on the gvisor tier (EINVAL,
+    docs/design.md), and a check that a name is absent from its empty output passes
+    without having looked."""
+    script = (
+        "import errno, json, os, sys\n"
+        "try:\n    print(json.dumps(sorted(os.listdir(sys.argv[1]))))\n"
+        "except OSError as e:\n    print(json.dumps(errno.errorcode.get(e.errno, str(e))))"
+    )
+    r = sb.commands.run(["python3", "-c", script, path], timeout=30)
+    assert r.exit_code == 0 and not r.timed_out, f"listing {path} failed: {r.stdout}{r.stderr}"
+    found: list[str] | str = json.loads(r.stdout.strip().splitlines()[-1])
+    return found
+
+
 @dataclass(frozen=True)
 class HostSecret:
     """World-readable files on the host holding a random value: only the sandbox's root,

@@ -18,6 +18,7 @@ import secrets
 import socket
 import stat
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from agentbox.network import plane
 from agentbox.runtime.runtime import Runtime
 from browserkit import chromium_pids, leaf_pids, require_browser
 from hostres import confinement, pids_with_cmdline, proc_cgroups, seccomp_filters, wait_for
+from nettopo import UPSTREAM_A, internet
 
 PAGE = "data:text/html,<title>Inside</title><h1>confined</h1>"
 
@@ -248,7 +250,7 @@ def test_chromium_runs_inside_the_sandbox_and_dies_with_it(
 
 
 def test_a_sandbox_without_network_gets_no_proxy_and_reaches_nothing(
-    runtime: Runtime, agentbox_home: Path
+    runtime: Runtime, agentbox_home: Path, tmp_path: Path
 ) -> None:
     require_browser()
     sb = Sandbox.create(memory="1GiB", disk="512MiB", network="none", home=agentbox_home)
@@ -259,8 +261,16 @@ def test_a_sandbox_without_network_gets_no_proxy_and_reaches_nothing(
         assert leaf is not None
         main = min(chromium_pids(host_uid(sb)))
         assert b"--proxy-server" not in Path(f"/proc/{main}/cmdline").read_bytes()
-        with pytest.raises(NavigationFailed):
-            manager.open(sb.id, "http://allowed.test/", opened["handle"], 20, 1000)
+        # An address the host reaches (a test namespace's web server), not a name: a
+        # name no resolver knows fails whatever the network, and proves nothing.
+        with internet(tmp_path) as world:
+            with urllib.request.urlopen(f"http://{UPSTREAM_A}/", timeout=10) as answer:
+                assert answer.status == 200  # the control: from the host it answers
+            before = world.seen()
+            with pytest.raises(NavigationFailed) as failed:
+                manager.open(sb.id, f"http://{UPSTREAM_A}/", opened["handle"], 20, 1000)
+            assert "NAME_NOT_RESOLVED" not in str(failed.value), failed.value
+            assert world.seen() == before, "the sandbox's page reached the upstream"
     finally:
         manager.close_all()
         sb.kill()

@@ -270,6 +270,8 @@ def test_a_destroyed_sandboxs_grants_approvals_and_tokens_end(gw: RunningGateway
     (granted, _), (waiting, _) = hosts.items()  # fmt: skip
     sb = _create(gw, hosts)
     token = issue(gw, sb.id)
+    with gw.client(token) as c:  # the control: the token works while the sandbox lives
+        assert c.get(f"/v1/sandboxes/{sb.id}").status_code == 200
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         held = pool.submit(_curl, sb, f"http://{granted}/")
         (first,) = _pending(gw, sb.id)

@@ -125,16 +125,23 @@ def test_a_fork_bomb_is_contained(agentbox_home: Path, runtime: Runtime) -> None
                         network="none", home=agentbox_home)  # fmt: skip
     try:
         cg = SandboxCgroups(sb.id)
-        peak, spawn_times = 0, []
+        peak, hits, spawn_times = 0, 0, []
         with ThreadPoolExecutor(max_workers=1) as pool:
             bomb = pool.submit(sb.commands.run, ":(){ :|:& };:; sleep 60", timeout=4)
             while not bomb.done():
                 peak = max(peak, cg.pids_current())
+                with contextlib.suppress(OSError):  # gone with the sandbox
+                    hits = max(hits, cg.pids_limit_hits())
                 spawn_times.append(host_spawn_seconds())
                 time.sleep(0.02)  # sampling period, not a wait for a condition
-            with contextlib.suppress(AgentboxError):  # the sandbox ended with it (above)
+            ended = False
+            try:
                 assert bomb.result().timed_out
+            except AgentboxError:  # the sandbox ended with it (above)
+                ended = True
         assert peak <= cg.pids_max() == 256 + GVISOR_PIDS_HEADROOM, peak
+        # The bomb reached the limit (or ended the sandbox there): else it proved nothing.
+        assert hits > 0 or ended, f"the bomb never reached the pids limit (peak {peak})"
         # Sampled for as long as the bomb ran (less when it ended the sandbox at once).
         assert spawn_times and max(spawn_times) < 2.0, spawn_times
         assert host_spawn_seconds() < 2.0

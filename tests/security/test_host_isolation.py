@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from secprobe import HostSecret, run_python
+from secprobe import HostSecret, dir_entries, run_python
 
 from agentbox import Sandbox
 from agentbox.isolation import initfs
@@ -52,11 +52,14 @@ def test_secret_paths_do_not_exist_inside(shared_sandbox: Sandbox, host_secret: 
             assert r.exit_code != 0 and host_secret.value not in r.stdout, (
                 f"host file {path} readable from inside as {prefix + path}"
             )
-    r = shared_sandbox.commands.run(["ls", "-la", str(host_secret.dir)])
-    assert r.exit_code != 0 and "secret.txt" not in r.stdout
+    assert dir_entries(shared_sandbox, str(host_secret.dir)) == "ENOENT"
+    assert "usr" in dir_entries(shared_sandbox, "/")  # the control: a listing lists
     for parent in ("/var/tmp", "/tmp", "/root"):
-        r = shared_sandbox.commands.run(f"ls -a {parent} 2>&1")
-        assert host_secret.name not in r.stdout, f"host {parent} is visible inside"
+        seen = dir_entries(shared_sandbox, parent)
+        # The sandbox's own directory (or none, or not its to read): never the host's.
+        assert seen in ("ENOENT", "EACCES") or host_secret.name not in seen, (
+            f"host {parent} is visible inside: {seen}"
+        )
 
 
 def test_find_by_name_finds_nothing(shared_sandbox: Sandbox, host_secret: HostSecret) -> None:
@@ -197,8 +200,12 @@ def test_no_host_environment_inside(
         assert r.exit_code == 0
         for needle in (marker, str(agentbox_home), "PYTEST", "AGENTBOX_HOME", "VIRTUAL_ENV"):
             assert needle not in r.stdout, f"{needle!r} leaked into the sandbox"
-        init_env = sb.commands.run("tr '\\0' '\\n' < /proc/1/environ").stdout.split()
-        assert set(init_env) <= {"PWD=/workspace"}, f"the init's environment: {init_env}"
+        # The init is not dumpable, so from inside its environ is refused; read it from
+        # the host (inside, an empty answer would pass without having read anything).
+        inside = sb.commands.run("cat /proc/1/environ")
+        assert inside.exit_code != 0 and "Permission denied" in inside.stderr, inside.stderr
+        init_env = Path(f"/proc/{sb.info().init_pid}/environ").read_bytes().split(b"\0")
+        assert {v.decode() for v in init_env if v} == {"PWD=/workspace"}, init_env
     finally:
         sb.kill()
 
@@ -274,21 +281,67 @@ def test_host_sysv_shared_memory_invisible(shared_sandbox: Sandbox) -> None:
         libc.shmctl(shmid, 0, None)  # IPC_RMID
 
 
+# Every block device under /dev, at any depth (find -type b, in Python: see dir_entries).
+_BLOCK_DEVICES = """
+import json, os, stat
+found = []
+for root, dirs, files in os.walk("/dev"):
+    for name in dirs + files:
+        path = os.path.join(root, name)
+        try:
+            if stat.S_ISBLK(os.lstat(path).st_mode):
+                found.append(path)
+        except OSError:
+            pass
+print(json.dumps(found))
+"""
+
+
+# A FUSE mount on /dev/fuse's fd: as the sandbox's user, then in a new user and mount
+# namespace (where Linux would let an unprivileged user mount FUSE).
+_FUSE_MOUNT = """
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open("/dev/fuse", os.O_RDWR)
+os.makedirs("/tmp/fuse-probe", exist_ok=True)
+options = f"fd={fd},rootmode=40000,user_id=0,group_id=0".encode()
+def mount():
+    r = libc.mount(b"probe", b"/tmp/fuse-probe", b"fuse", 0, options)
+    return "ok" if r == 0 else errno.errorcode[ctypes.get_errno()]
+found = {"plain": mount()}
+assert libc.unshare(0x10000000 | 0x00020000) == 0  # CLONE_NEWUSER | CLONE_NEWNS
+found["userns"] = mount()
+print(json.dumps(found))
+"""
+
+
 def test_dev_has_no_real_devices_and_sys_is_absent(shared_sandbox: Sandbox) -> None:
-    r = shared_sandbox.commands.run("find /dev -type b; ls /dev")
-    entries = set(r.stdout.split())
+    entries = dir_entries(shared_sandbox, "/dev")
+    assert isinstance(entries, list) and {"null", "zero", "urandom"} <= set(entries), entries
     allowed = {"core", "fd", "full", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin",
                "stdout", "tty", "urandom", "zero", "console"}  # fmt: skip
-    assert entries <= allowed, f"unexpected entries in /dev: {entries - allowed}"
+    gvisor = shared_sandbox.info().isolation == "gvisor"
+    if gvisor:
+        # The Sentry's own FUSE device (runsc makes it whatever its --fuse flag says): no
+        # host device behind it, and no FUSE mount is allowed, in a user namespace or not.
+        allowed.add("fuse")
+        assert run_python(shared_sandbox, _FUSE_MOUNT) == {"plain": "EPERM", "userns": "EPERM"}
+    assert set(entries) <= allowed, f"unexpected entries in /dev: {set(entries) - allowed}"
+    blocks = run_python(shared_sandbox, _BLOCK_DEVICES)
+    assert blocks == [], f"block devices in the sandbox: {blocks}"
     absent = ["/dev/mem", "/dev/kmem", "/dev/port", "/dev/kmsg", "/dev/loop-control", "/sys"]
-    if shared_sandbox.info().isolation == "gvisor":
+    if gvisor:
         # gVisor always mounts its own synthetic sysfs (read-only here): a few emulated
         # files (cpus, lo), no host device, firmware or block device.
         absent.remove("/sys")
         listed = shared_sandbox.commands.run("find /sys -mindepth 2").stdout.split()
-        assert len(listed) < 40 and not any(
-            p.startswith(("/sys/block/", "/sys/firmware/", "/sys/bus/", "/sys/module/"))
-            for p in listed
+        assert (
+            listed
+            and len(listed) < 40
+            and not any(
+                p.startswith(("/sys/block/", "/sys/firmware/", "/sys/bus/", "/sys/module/"))
+                for p in listed
+            )
         ), listed
         assert shared_sandbox.commands.run("touch /sys/x").exit_code != 0
     for path in absent:

@@ -159,9 +159,11 @@ def test_the_sandbox_cannot_see_reach_or_signal_the_launcher(
         "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -o 'nsexec[^ ]* resid[e]nt' "
         "| sed s/^/SEEN-PROC:/; "
         f"kill -0 {pids[0]} 2>/dev/null && echo SEEN-PID; "
-        "kill -9 -1; true"
+        "echo PROBED; kill -9 -1; true"
     )
     result = sb.commands.run(probe, timeout=30)
+    # The control: the probe ran to its end (not cut off before looking).
+    assert "PROBED" in result.stdout and not result.timed_out, result
     assert "SEEN" not in result.stdout, result.stdout
     # kill -9 -1 took the probe's own shell, not the launcher.
     assert _launcher_pids(runtime, sb) == pids
