@@ -327,17 +327,38 @@ _Noreturn static void serve(int sock) {
  * the command's (a signal that killed it kills us). */
 static volatile pid_t wrapped_child;
 
+/* SIGWINCH to every process of the command's PID namespace. A child of ours is born in
+ * it (the unshare below applies to our later children), so a helper forked here signals
+ * all of it (-1) and its init, the command (which -1 leaves out). */
+static void winch_namespace(void) {
+  pid_t helper = fork();
+  if (helper == 0) {
+    kill(-1, SIGWINCH);
+    kill(1, SIGWINCH);
+    _exit(0);
+  }
+  if (helper > 0) waitpid(helper, NULL, 0);
+}
+
 static void pass_on(int sig, siginfo_t *info, void *context) {
   (void)context;
   if (info->si_code == SI_KERNEL || info->si_pid == getpid()) return;
+  if (sig != SIGWINCH) {
+    kill(wrapped_child, sig);
+    return;
+  }
   /* The Sentry does not see a host terminal's resize: the host sends SIGWINCH here,
-   * for the terminal's foreground process group (a program run from the shell). Ours
-   * (no job control below): the command alone, not us again. */
-  pid_t foreground = sig == SIGWINCH ? tcgetpgrp(0) : -1;
+   * for the terminal's foreground process group (a program run from the shell). When
+   * the terminal names no group but ours (no job control below) or none at all, as
+   * gVisor can leave a shell's terminal while a job runs (under load, 1 resize in 20-40
+   * was lost), every process of the command gets it: they all share the terminal. */
+  int saved = errno;
+  pid_t foreground = tcgetpgrp(0);
   if (foreground > 0 && foreground != getpgrp())
     kill(-foreground, sig);
   else
-    kill(wrapped_child, sig);
+    winch_namespace();
+  errno = saved;
 }
 
 _Noreturn static void run_wrapped(char **argv) {
