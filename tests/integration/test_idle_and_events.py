@@ -16,7 +16,7 @@ from agentbox import Sandbox
 from agentbox.errors import SandboxNotFound, SandboxNotRunning
 from agentbox.runtime.lifecycle import IdleWatcher
 from agentbox.runtime.runtime import Runtime
-from tierkit import not_on_gvisor
+from tierkit import command_lines, not_on_gvisor
 
 # Every test on both isolation tiers (tests/conftest.py, default_tier).
 pytestmark = pytest.mark.usefixtures("default_tier")
@@ -126,8 +126,8 @@ def test_on_idle_stop_keeps_files_and_resume_starts_it_again(
     sb.resume()
     assert events(runtime, sb.id)[-1] == ("started", "operator")
     assert sb.files.read("/workspace/kept.txt") == "still here"
-    ps = sb.commands.run("ps -e -o comm=").stdout.split()
-    assert "sleep" not in ps  # its processes were ended, not kept
+    left = [line for line in command_lines(sb) if line.startswith("sleep")]
+    assert left == []  # its processes were ended, not kept
 
 
 def assert_init_exited_when_it_returns(
