@@ -258,3 +258,33 @@ def test_an_oversized_argv_is_refused_as_enter_refused_it(
     with pytest.raises(InvalidRequest, match="too large"):
         runner.run("true", env={"BIG": "x" * (256 * 1024)})
     assert len(os.listdir("/proc/self/fd")) == fds, "a refused command left fds open"
+
+
+@pytest.mark.parametrize("use_resident", [False, True], ids=["enter", "launcher"])
+def test_a_command_ignores_no_signal_its_host_side_starter_ignored(
+    runtime: Runtime, shared_sandbox: Sandbox, launches: list[bool], use_resident: bool
+) -> None:
+    """A gateway started by ``nohup ... &`` ignores SIGHUP, SIGINT and SIGQUIT; the
+    commands it starts (each way) must not: an agent's Ctrl-C or ``kill -INT`` of its own
+    would do nothing. (Commands by enter inherited them.)"""
+    sb = shared_sandbox
+    inherited = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+    before = {sig: signal.signal(sig, signal.SIG_IGN) for sig in inherited}
+    try:
+        if use_resident:  # one started now, by a process that ignores them
+            for pid in _launcher_pids(runtime, sb):
+                os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not _launcher_pids(runtime, sb), 15, "the old launcher to end")
+        runner = _runner(runtime, sb, use_resident)
+        ignoring = int(_status_field(Path("/proc/self/status").read_text(), "SigIgn"), 16)
+        assert ignoring & 0b111 == 0b111  # the control: this process ignores all three
+        r = runner.run(["grep", "SigIgn", "/proc/self/status"], timeout=60)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert launches == ([True] if use_resident else [])
+    assert r.stdout == "SigIgn:\t0000000000000000\n", r
+
+
+def _status_field(status: str, name: str) -> str:
+    return next(line.split()[1] for line in status.splitlines() if line.startswith(name + ":"))

@@ -445,9 +445,24 @@ _Noreturn static void run_init(int ready_fd, int lifetime_s) {
 }
 
 /* In the sandbox's namespaces, as the last step before the program runs. */
+/* No blocked or ignored signal, whatever the host process that started us had: a gateway
+ * started by `nohup ... &` ignores SIGHUP, SIGINT and SIGQUIT, and every command would
+ * inherit that (an agent's Ctrl-C, a `kill -INT` of its own, did nothing). The raw call:
+ * glibc refuses its own two (32, 33), which a posix_spawn'ed resident got ignored. An
+ * all-zero kernel sigaction is SIG_DFL on every layout. */
+static void default_signals(void) {
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  uint64_t dfl[8];
+  memset(dfl, 0, sizeof dfl);
+  for (int sig = 1; sig <= 64; sig++) syscall(SYS_rt_sigaction, sig, dfl, NULL, 8);
+}
+
 _Noreturn static void exec_confined(char **prog, int uid, int gid, const char *cwd,
                                     struct sock_fprog *filter, int want_setsid, int want_ctty,
                                     int ns_fds[NS_COUNT], int keep_fds) {
+  default_signals();
   join_namespaces(ns_fds, NS_CGROUP, NS_COUNT);
   /* No host fd may reach the sandbox (CVE-2024-21626): keep only stdio, plus the
    * --keep-fds pipes (checked in check_kept_fds; every fd this program opened itself is
@@ -587,15 +602,6 @@ static int parse_request(char *body, uint32_t len, struct request *r) {
 _Noreturn static void resident_child(struct request *r, int fds[REQUEST_FDS], int uid, int gid,
                                      struct sock_fprog *filter, int ns_fds[NS_COUNT]) {
   if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die("pdeathsig");
-  /* What enter's process inherited from a fresh Popen: no blocked or ignored signal. */
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, NULL);
-  /* The raw call: glibc refuses its own two (32, 33), which a posix_spawn'ed resident
-   * got ignored. An all-zero kernel sigaction is SIG_DFL on every layout. */
-  uint64_t dfl[8];
-  memset(dfl, 0, sizeof dfl);
-  for (int sig = 1; sig <= 64; sig++) syscall(SYS_rt_sigaction, sig, dfl, NULL, 8);
   /* The received fds are all above 2 (our 0-2 are /dev/null), so no dup2 clobbers one. */
   for (int i = 0; i < 3; i++)
     if (dup2(fds[i], i) < 0) die("dup2");
