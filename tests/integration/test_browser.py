@@ -39,6 +39,7 @@ from browserkit import SITE_PORT, Site, chromium_pids, leaf_pids, require_browse
 from gateway_harness import RunningGateway, free_port
 from hostres import cmdline, wait_for
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
+from tierkit import PROCESS_LISTING
 
 SETTINGS = """
 gateway:
@@ -187,6 +188,7 @@ def test_an_allowed_page_renders_and_its_text_comes_back(
     # Chromium phoned nobody: every name it asked the proxy for is one a page named (a
     # connection it opened and closed unused, e.g. a preconnect on a busy host, names none).
     named = {r["host"] for r in _egress(gw, box) if r["host"]}
+    assert "allowed.test" in named, named  # the control: the page's own name is there
     assert named <= EXPECTED_HOSTS, named - EXPECTED_HOSTS
     ok(gw, box, "browser_close", handle=opened["handle"])
 
@@ -347,9 +349,10 @@ def test_handles_belong_to_their_sandbox(gw: RunningGateway, box: str) -> None:
 def _in_sandbox_chromium(gw: RunningGateway, sandbox: str) -> list[str]:
     """Chromium's processes as the sandbox's own /proc lists them (gVisor's kernel: none
     of them is a host process there)."""
-    listing = 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done'
-    out = gw.app.state.parts.gateway.runtime.commands(sandbox).run(listing).stdout
-    return [line for line in out.splitlines() if line.startswith(CHROMIUM)]
+    r = gw.app.state.parts.gateway.runtime.commands(sandbox).run(PROCESS_LISTING)
+    # The control: the listing ran and saw itself (else "no Chromium" would mean nothing).
+    assert r.ok and "/proc/[0-9]*" in r.stdout, r
+    return [line for line in r.stdout.splitlines() if line.startswith(CHROMIUM)]
 
 
 def _browser_runs(gw: RunningGateway, sandbox: str, leaf: str) -> bool:

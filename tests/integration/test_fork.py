@@ -61,7 +61,8 @@ def test_fork_copies_files_and_isolates_both_ways(source: Sandbox, runtime: Runt
         fork.files.write("/workspace/shared.txt", "fork")
         fork.files.write("/workspace/only-fork", "f")
         source.files.write("/workspace/only-source", "s")
-        source.commands.run("rm /workspace/blob")
+        assert source.commands.run("rm /workspace/blob").ok
+        assert not source.files.exists("/workspace/blob")
         assert source.files.read("/workspace/shared.txt") == "before"
         assert not source.files.exists("/workspace/only-fork")
         assert not fork.files.exists("/workspace/only-source")

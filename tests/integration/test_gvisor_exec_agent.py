@@ -6,7 +6,10 @@ exec). The host side's handling of hostile replies: tests/unit/test_gvisor_agent
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from agentbox import Sandbox
 from agentbox.isolation import gvisor
 from agentbox.runtime import gvisor_agent_client as agent
 from agentbox.runtime.runtime import Runtime
+from tierkit import command_lines
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -39,13 +43,39 @@ def _socket(runtime: Runtime, sb: Sandbox) -> Path:
     return runtime.home / "sandboxes" / sb.id / "agent" / agent.SOCKET_NAME
 
 
-def test_commands_go_to_the_agent_not_runsc_exec(box: Sandbox, runtime: Runtime) -> None:
-    """The command's namespace init is its own; its sandbox's PID 1 is the agent, and no
-    runsc exec process spec was written for it."""
-    execs = runtime.home / "sandboxes" / box.id / "exec"
+def _runsc_execs(sandbox_id: str) -> set[int]:
+    """Host processes that are a ``runsc exec`` into the sandbox (its process file names
+    the sandbox's exec directory)."""
+    found = set()
+    for pid in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if b"runsc" in argv and f"/{sandbox_id}/exec/".encode() in argv:
+            found.add(int(pid))
+    return found
+
+
+def _runsc_execs_during_a_command(sb: Sandbox) -> set[int]:
+    """The ``runsc exec`` processes the host runs while one command of ``sb`` runs."""
+    with ThreadPoolExecutor(1) as pool:
+        running = pool.submit(sb.commands.run, "echo running; sleep 2", timeout=60)
+        seen: set[int] = set()
+        while not running.done():
+            seen |= _runsc_execs(sb.id)
+            time.sleep(0.02)  # sampling period, not a wait for a condition
+        r = running.result()
+    assert (r.exit_code, r.stdout) == (0, "running\n"), r
+    return seen
+
+
+def test_commands_go_to_the_agent_not_runsc_exec(box: Sandbox) -> None:
+    """Its sandbox's PID 1 is the agent, and no ``runsc exec`` runs on the host while a
+    command does (the fallback's does: test_without_an_agent_commands_fall_back...)."""
     r = box.commands.run("tr '\\0' ' ' < /proc/1/cmdline")
     assert r.exit_code == 0 and r.stdout.startswith("/.agentbox/agent "), r.stdout
-    assert not list(execs.glob("*.pid")) and not list(execs.glob("*.json"))
+    assert _runsc_execs_during_a_command(box) == set()
     # Each contract item through the agent: argv, env, cwd, stdin, exit code, signal.
     r = box.commands.run(["sh", "-c", 'cat; echo "$X" $(pwd) >&2; exit 9'], env={"X": "x y"},
                          cwd="/tmp", stdin=b"in\x00put")  # fmt: skip
@@ -88,12 +118,12 @@ def test_without_an_agent_commands_fall_back_to_runsc_exec(
         _socket(runtime, sb).unlink()  # what a sandbox restored from a checkpoint looks like
         r = sb.commands.run("echo via runsc; exit 4")
         assert (r.exit_code, r.stdout) == (4, "via runsc\n")
+        assert _runsc_execs_during_a_command(sb)  # the control of the agent test above
     finally:
         sb.kill()
 
 
 def test_a_timeout_through_the_agent_kills_the_tree(box: Sandbox) -> None:
-    r = box.commands.run("setsid sleep 5151 & sleep 5152", timeout=1)
-    assert r.timed_out and r.exit_code == 137
-    listing = 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done'
-    assert "sleep 515" not in box.commands.run(listing).stdout
+    r = box.commands.run("setsid sleep 5151 & echo forked; sleep 5152", timeout=5)
+    assert r.timed_out and r.exit_code == 137 and "forked" in r.stdout, r
+    assert not [line for line in command_lines(box) if "sleep 515" in line]

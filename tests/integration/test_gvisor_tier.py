@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from agentbox.runtime.requests import SessionRunRequest
 from agentbox.runtime.runtime import Runtime
 from hostres import wait_for
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
+from tierkit import command_lines
 
 AGENTBOX = str(Path(sys.executable).parent / "agentbox")
 
@@ -62,12 +64,10 @@ def box(agentbox_home: Path, runtime: Runtime) -> Iterator[Sandbox]:
         sb.kill()
 
 
-_LISTING = 'for p in /proc/[0-9]*; do tr "\\0" " " < $p/cmdline; echo; done'
-
-
 def _processes(sb: Sandbox) -> str:
-    """Every process's command line in the sandbox (gVisor's /proc)."""
-    return sb.commands.run(_LISTING).stdout
+    """Every process's command line in the sandbox (gVisor's /proc), one per line; the
+    listing proves it ran (tierkit.command_lines), so an absence it shows is real."""
+    return "\n".join(command_lines(sb))
 
 
 # the tier is chosen and shown ----------------------------------------------------------
@@ -201,9 +201,9 @@ def test_commands_argv_shell_stdin_and_exit_codes(box: Sandbox) -> None:
 
 
 def test_a_timeout_kills_the_whole_tree_setsid_included(box: Sandbox) -> None:
-    r = box.commands.run("sleep 4241 & setsid sleep 4242 & nohup sleep 4243 & sleep 4244",
-                         timeout=2)  # fmt: skip
-    assert r.timed_out and r.exit_code != 0
+    r = box.commands.run("sleep 4241 & setsid sleep 4242 & nohup sleep 4243 & echo forked; "
+                         "sleep 4244", timeout=5)  # fmt: skip
+    assert r.timed_out and r.exit_code != 0 and "forked" in r.stdout, r
     seen = _processes(box)
     assert not any(f"sleep 424{i}" in seen for i in range(1, 5)), seen
     # the sandbox itself lives on
@@ -237,8 +237,8 @@ def test_a_pty_command_has_a_terminal_and_cannot_inject_into_it(box: Sandbox) ->
     )
     r = box.commands.run(["python3", "-c", inject], pty=True)
     assert "refused" in r.stdout, r.stdout  # gVisor's tty passes no TIOCSTI on
-    r = box.commands.run("sleep 4646 & setsid sleep 4647", pty=True, timeout=2)
-    assert r.timed_out and "sleep 464" not in _processes(box)
+    r = box.commands.run("sleep 4646 & echo forked; setsid sleep 4647", pty=True, timeout=5)
+    assert r.timed_out and "forked" in r.stdout and "sleep 464" not in _processes(box), r
 
 
 def test_output_is_capped_and_marked(box: Sandbox) -> None:
@@ -311,9 +311,11 @@ def test_background_processes(box: Sandbox, runtime: Runtime) -> None:
     assert (done.running, done.exit_code) == (False, 5)
     assert table.read_output(p.id).data == b"started\ngot-term\n"
     # stdin through the FIFO, SIGKILL of the whole tree
-    q = table.start("cat; sleep 9191 & setsid sleep 9192 & wait", stdin=True)
+    q = table.start("sleep 9191 & setsid sleep 9192 & cat; wait", stdin=True)
     assert table.write_stdin(q.id, "hello\n") == 6
     wait_for(lambda: table.read_output(q.id).data == b"hello\n", 15, "cat to echo")
+    wait_for(lambda: all(f"sleep 919{i}" in _processes(box) for i in (1, 2)), 30,
+             "both sleeps to run (the tree the kill must take)")  # fmt: skip
     assert table.signal(q.id, "SIGKILL")
     # As on the namespaces tier, a SIGKILL returns once the command has ended: at once
     # not running, and a second kill finds nothing (E2B's pty.kill said True twice).
@@ -358,7 +360,9 @@ def test_stop_keeps_the_disk_and_resume_starts_it_again(
     sb = _create(agentbox_home, network={"mode": "allowlist", "allow": ["allowed.test"],
                                          "hosts": HOSTS})  # fmt: skip
     try:
-        sb.commands.run("echo kept > /workspace/kept; sleep 4545 &")
+        sb.commands.run("echo kept > /workspace/kept")
+        sb.commands.start("sleep 4545")  # a background process: it outlives its call
+        wait_for(lambda: "sleep 4545" in _processes(sb), 30, "the background process to run")
         assert runtime.stop(sb.id).state == "stopped"
         assert not runtime.alive(runtime.get(sb.id))
         assert runtime.resume(sb.id).state == "running"
@@ -416,8 +420,10 @@ def test_allowlist_egress_goes_through_the_same_proxy(
                      limit=None) if r["sandbox"] == sb.id]  # fmt: skip
         assert "egress_allowed" in decisions and "egress_denied" in decisions, decisions
         # no UDP leaves (DNS exfiltration): dropped at the sandbox's interface
-        sb.commands.run(["python3", "-c", "import socket; s=socket.socket(2, 2); "
-                             f"s.sendto(b'q', ('{UPSTREAM_B}', 53))"])  # fmt: skip
+        r = sb.commands.run(["python3", "-c", "import socket; s=socket.socket(2, 2); "
+                             f"s.sendto(b'q', ('{UPSTREAM_B}', 53)); print('sent')"])  # fmt: skip
+        assert r.ok and r.stdout == "sent\n", r  # the control: the packet left the program
+        time.sleep(0.5)  # one that leaked would be logged by now (no wait for a condition)
         assert "udp" not in net.seen()[len(before) :]
     finally:
         sb.kill()

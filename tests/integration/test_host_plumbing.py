@@ -14,10 +14,15 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("nft") is None,
-    reason="needs root, unshare and nft",
-)
+
+@pytest.fixture(autouse=True, scope="module")
+def _host_has_what_these_need() -> None:
+    """Fail (never skip, tests/conftest.py) saying what the host lacks."""
+    missing = [tool for tool in ("unshare", "nft") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        pytest.fail(f"these tests need root and {', '.join(missing) or 'nothing else'}: "
+                    "run the suite as root after scripts/install.sh --dev")  # fmt: skip
+
 
 # In a new namespace: the generation moves with each change; setup loads the table, notes
 # the generation at a check that found it, skips the listing while nothing changed (no

@@ -197,8 +197,10 @@ def test_on_idle_destroy(runtime: Runtime, make: Any) -> None:
 
 def test_idle_timeout_zero_means_never(runtime: Runtime, make: Any) -> None:
     sb = make(idle_timeout=0)
-    assert sb.id not in idle_past(IdleWatcher(runtime), 1.0)
+    control = make(idle_timeout=IDLE)  # idle as long, with a timeout: acted on
+    assert acted_on_when_idle(IdleWatcher(runtime), control.id)
     assert runtime.get(sb.id).state == "running"
+    assert ("paused", "idle") not in events(runtime, sb.id)
 
 
 def test_every_event_carries_its_reason(runtime: Runtime, make: Any) -> None:

@@ -84,8 +84,17 @@ def test_exit_file_is_beyond_the_sandbox_reach(sandbox: Sandbox) -> None:
     # sandbox's view, so the agent cannot rewrite it.
     handle = sandbox.commands.start("exit 5")
     handle.wait(timeout=30)
-    r = sandbox.commands.run(f"find / -xdev -name exit -path '*{handle.id}*' 2>/dev/null | wc -l")
-    assert r.stdout.strip() == "0"
+    # Every file system the sandbox sees (its disk's /workspace, /tmp and /var/tmp too,
+    # the disk the record is on) but the kernel's and the host's read-only /usr; a file
+    # of that name planted in /tmp is the control that the search finds one.
+    control = f"/tmp/ctl-{handle.id}/exit"
+    assert sandbox.commands.run(f"mkdir -p {control.rsplit('/', 1)[0]} && touch {control}").ok
+    r = sandbox.commands.run(
+        r"find / \( -path /proc -o -path /sys -o -path /dev -o -path /usr \) -prune -o "
+        f"-name exit -path '*{handle.id}*' -print 2>/dev/null",
+        timeout=120,
+    )
+    assert not r.timed_out and r.stdout.split() == [control], r
     assert handle.info().exit_code == 5
 
 

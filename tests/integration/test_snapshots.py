@@ -41,7 +41,7 @@ INVENTORY = (
 
 def fill(sb: Sandbox) -> str:
     """Files of every kind, in the workspace and the writable layer; their inventory."""
-    sb.commands.run(
+    made = sb.commands.run(
         "mkdir -p /workspace/src/pkg /workspace/empty ~/.config/app && "
         "echo 'print(1)' > /workspace/src/pkg/main.py && chmod 755 /workspace/src/pkg/main.py && "
         "head -c 3000000 /dev/urandom > /workspace/blob.bin && "
@@ -49,14 +49,19 @@ def fill(sb: Sandbox) -> str:
         "ln /workspace/blob.bin /workspace/hard.bin && printf 'k=v' > ~/.config/app/conf && "
         "printf '\\xff\\xfe\\x00binary' > /workspace/bin.dat && touch -d 2001-01-01 /workspace/old"
     )
-    return inventory(sb)
+    assert made.ok, made  # every kind was made: a chain cut short would compare less
+    listed = inventory(sb)
+    assert "/workspace/hard.bin f" in listed and "/workspace/old f" in listed, listed
+    return listed
 
 
 def inventory(sb: Sandbox) -> str:
     """INVENTORY with the sandbox user's ids as ``user:user``: on the gvisor tier they are
     its slot's host uid, and a restored sandbox may get another slot than its source."""
     ids = sb.commands.run("echo $(id -u):$(id -g)").stdout.strip()
-    return sb.commands.run(INVENTORY).stdout.replace(f" {ids} ", " user:user ")
+    listed = sb.commands.run(INVENTORY)
+    assert listed.ok and ids != ":", listed
+    return listed.stdout.replace(f" {ids} ", " user:user ")
 
 
 @pytest.fixture
