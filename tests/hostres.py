@@ -115,6 +115,16 @@ def cmdline(pid: int | str) -> str:
         return ""
 
 
+def runsc_execs(sandbox_id: str, leaf: str = "") -> set[int]:
+    """Host processes that are a ``runsc exec`` into a gvisor sandbox (its process file,
+    named on the command line, is in the sandbox's exec directory), of ``leaf`` if given."""
+    return {
+        int(pid)
+        for pid in os.listdir("/proc")
+        if pid.isdigit() and f"/{sandbox_id}/exec/{leaf}" in cmdline(pid)
+    }
+
+
 def proc_uid(pid: int | str) -> int | None:
     try:
         return os.stat(f"/proc/{pid}").st_uid

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import os
 import re
 import secrets
 import struct
@@ -37,7 +36,7 @@ from agentbox.gateway.mcp_server import result_content
 from agentbox.runtime.host import UID_BASE
 from browserkit import SITE_PORT, Site, chromium_pids, leaf_pids, require_browser, site
 from gateway_harness import RunningGateway, free_port
-from hostres import cmdline, wait_for
+from hostres import runsc_execs, wait_for
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet
 from tierkit import PROCESS_LISTING
 
@@ -361,16 +360,7 @@ def _browser_runs(gw: RunningGateway, sandbox: str, leaf: str) -> bool:
     and Chromium in the sandbox's /proc."""
     if gw.app.state.parts.gateway.runtime.get(sandbox).isolation == "namespaces":
         return bool(leaf_pids(sandbox, leaf))
-    return bool(_runsc_execs(sandbox, leaf)) or bool(_in_sandbox_chromium(gw, sandbox))
-
-
-def _runsc_execs(sandbox: str, leaf: str = "b") -> list[int]:
-    """Host processes that are the browser's ``runsc exec`` (its process file names it)."""
-    return [
-        int(pid)
-        for pid in os.listdir("/proc")
-        if pid.isdigit() and f"/{sandbox}/exec/{leaf}" in cmdline(pid)
-    ]
+    return bool(runsc_execs(sandbox, leaf)) or bool(_in_sandbox_chromium(gw, sandbox))
 
 
 def test_an_idle_page_is_closed_and_the_browser_with_it(gw: RunningGateway, box: str) -> None:
@@ -412,13 +402,13 @@ def test_destroying_a_gvisor_sandbox_ends_its_browser(gw: RunningGateway) -> Non
     destroyed = False
     try:
         handle = ok(gw, sandbox, "browser_open", url="data:text/html,<title>x</title>")["handle"]
-        assert _runsc_execs(sandbox) and _in_sandbox_chromium(gw, sandbox)
+        assert runsc_execs(sandbox, "b") and _in_sandbox_chromium(gw, sandbox)
         slot = gw.app.state.parts.gateway.runtime.get(sandbox).slot
         assert not chromium_pids(UID_BASE + slot)  # inside the Sentry, not on the host
         _destroy(gw, sandbox)
         destroyed = True
         assert gw.app.state.parts.gateway.browsers.handles(sandbox) == []
-        wait_for(lambda: not _runsc_execs(sandbox), 15, "the browser's runsc exec to end")
+        wait_for(lambda: not runsc_execs(sandbox, "b"), 15, "the browser's runsc exec to end")
         r = call(gw, sandbox, "browser_snapshot", handle=handle)
         assert r.status_code == 404, r.text
     finally:

@@ -6,7 +6,6 @@ exec). The host side's handling of hostile replies: tests/unit/test_gvisor_agent
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +17,7 @@ from agentbox import Sandbox
 from agentbox.isolation import gvisor
 from agentbox.runtime import gvisor_agent_client as agent
 from agentbox.runtime.runtime import Runtime
+from hostres import runsc_execs
 from tierkit import command_lines
 
 
@@ -43,27 +43,13 @@ def _socket(runtime: Runtime, sb: Sandbox) -> Path:
     return runtime.home / "sandboxes" / sb.id / "agent" / agent.SOCKET_NAME
 
 
-def _runsc_execs(sandbox_id: str) -> set[int]:
-    """Host processes that are a ``runsc exec`` into the sandbox (its process file names
-    the sandbox's exec directory)."""
-    found = set()
-    for pid in os.listdir("/proc"):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if b"runsc" in argv and f"/{sandbox_id}/exec/".encode() in argv:
-            found.add(int(pid))
-    return found
-
-
 def _runsc_execs_during_a_command(sb: Sandbox) -> set[int]:
     """The ``runsc exec`` processes the host runs while one command of ``sb`` runs."""
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(sb.commands.run, "echo running; sleep 2", timeout=60)
         seen: set[int] = set()
         while not running.done():
-            seen |= _runsc_execs(sb.id)
+            seen |= runsc_execs(sb.id)
             time.sleep(0.02)  # sampling period, not a wait for a condition
         r = running.result()
     assert (r.exit_code, r.stdout) == (0, "running\n"), r

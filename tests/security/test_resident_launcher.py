@@ -32,7 +32,14 @@ from agentbox.runtime import quick_exec, resident
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.output import CommandResult
 from agentbox.runtime.runtime import Runtime
-from hostres import confinement, pids_with_cmdline, proc_cgroups, seccomp_filters, wait_for
+from hostres import (
+    confinement,
+    pids_with_cmdline,
+    proc_cgroups,
+    proc_status,
+    seccomp_filters,
+    wait_for,
+)
 
 STATUS_EXTRA = ("SigBlk", "SigIgn", "SigCgt", "Umask")
 
@@ -276,7 +283,7 @@ def test_a_command_ignores_no_signal_its_host_side_starter_ignored(
                 os.kill(pid, signal.SIGKILL)
             wait_for(lambda: not _launcher_pids(runtime, sb), 15, "the old launcher to end")
         runner = _runner(runtime, sb, use_resident)
-        ignoring = int(_status_field(Path("/proc/self/status").read_text(), "SigIgn"), 16)
+        ignoring = int(proc_status(os.getpid())["SigIgn"], 16)
         assert ignoring & 0b111 == 0b111  # the control: this process ignores all three
         r = runner.run(["grep", "SigIgn", "/proc/self/status"], timeout=60)
     finally:
@@ -284,7 +291,3 @@ def test_a_command_ignores_no_signal_its_host_side_starter_ignored(
             signal.signal(sig, handler)
     assert launches == ([True] if use_resident else [])
     assert r.stdout == "SigIgn:\t0000000000000000\n", r
-
-
-def _status_field(status: str, name: str) -> str:
-    return next(line.split()[1] for line in status.splitlines() if line.startswith(name + ":"))

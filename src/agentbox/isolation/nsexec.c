@@ -444,7 +444,6 @@ _Noreturn static void run_init(int ready_fd, int lifetime_s) {
   }
 }
 
-/* In the sandbox's namespaces, as the last step before the program runs. */
 /* No blocked or ignored signal, whatever the host process that started us had: a gateway
  * started by `nohup ... &` ignores SIGHUP, SIGINT and SIGQUIT, and every command would
  * inherit that (an agent's Ctrl-C, a `kill -INT` of its own, did nothing). The raw call:
@@ -459,6 +458,7 @@ static void default_signals(void) {
   for (int sig = 1; sig <= 64; sig++) syscall(SYS_rt_sigaction, sig, dfl, NULL, 8);
 }
 
+/* In the sandbox's namespaces, as the last step before the program runs. */
 _Noreturn static void exec_confined(char **prog, int uid, int gid, const char *cwd,
                                     struct sock_fprog *filter, int want_setsid, int want_ctty,
                                     int ns_fds[NS_COUNT], int keep_fds) {
