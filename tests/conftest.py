@@ -13,12 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import Sandbox
+from agentbox import Sandbox, endpoint
 from agentbox.errors import HostUnsupported
 from agentbox.runtime import template_tiers
 from agentbox.runtime.host import release_home_mounts
 from agentbox.runtime.runtime import Runtime
 from tierkit import sandbox_on
+
+# The suite's SDK and CLI calls drive the runtime in-process, as written, even while a
+# test's `agentbox serve` serves the home (their processes inherit this); the tests of
+# the home's gateway being found (test_gateway_socket.py) unset it.
+os.environ["AGENTBOX_URL"] = endpoint.IN_PROCESS
 
 pytest_plugins = [
     "s3kit",

@@ -132,10 +132,13 @@ def served(home: Path) -> Iterator[ServeProcess]:
         gateway.stop()
 
 
-def sdk(url: str, code: str, **env: str) -> object:
-    """Run ``code`` as a new SDK process with ``AGENTBOX_URL=url``; its JSON output."""
-    environ = {k: v for k, v in os.environ.items() if k not in ("AGENTBOX_TOKEN",)}
-    environ.update({"AGENTBOX_URL": url, "AGENTBOX_HOME": "/nonexistent-not-used", **env})
+def sdk(url: str | None, code: str, **env: str) -> object:
+    """Run ``code`` as a new SDK process with ``AGENTBOX_URL=url`` (None: unset); its JSON
+    output."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("AGENTBOX_TOKEN", "AGENTBOX_URL")}
+    environ.update({"AGENTBOX_HOME": "/nonexistent-not-used", **env})
+    if url is not None:
+        environ["AGENTBOX_URL"] = url
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=environ, timeout=180, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -162,6 +165,46 @@ def test_the_sdk_over_the_socket_creates_runs_streams_files_and_kills(
     assert out["missing"] == ["FileNotFound", "file_not_found"]
     assert out["gone"] == ["SandboxNotFound", "sandbox_not_found"]
     assert out["from_pool"] is True  # the gateway's warm pool answered the create
+
+
+# A plain script: which backend served it (the runtime is imported only in-process), and
+# whether the sandbox it made is on the gateway's audit trail.
+PLAIN = """
+import json, sys
+from agentbox import Sandbox
+with Sandbox.create() as sb:
+    run = sb.commands.run(["echo", "hi"])
+print(json.dumps({"id": sb.id, "stdout": run.stdout,
+                  "in_process": "agentbox.runtime.runtime" in sys.modules}))
+"""
+
+
+def test_a_plain_script_and_the_cli_use_the_homes_gateway_when_one_serves_it(
+    served: ServeProcess,
+) -> None:
+    """Without AGENTBOX_URL, the SDK and the CLI find the gateway serving their home (as
+    docker's CLI finds dockerd): its policy, pool and audit apply. ``inprocess`` opts out;
+    a dead gateway's socket is passed by, not an error."""
+    home = {"AGENTBOX_HOME": str(served.home)}
+    trail = served.home / "audit" / "audit.jsonl"
+    found = sdk(None, PLAIN, **home)
+    assert isinstance(found, dict) and found["stdout"] == "hi\n"
+    assert found["in_process"] is False and found["id"] in trail.read_text()
+    env = {k: v for k, v in os.environ.items() if k != "AGENTBOX_URL"} | home
+    listed = subprocess.run([AGENTBOX, "sandbox", "create"], env=env, capture_output=True,
+                            text=True, timeout=120, check=True)  # fmt: skip
+    cli_id = listed.stdout.strip()
+    assert cli_id.startswith("sb-") and cli_id in trail.read_text()  # the CLI's create too
+    subprocess.run([AGENTBOX, "sandbox", "rm", cli_id], env=env, timeout=120, check=True)
+
+    opted_out = sdk("inprocess", PLAIN, **home)
+    assert isinstance(opted_out, dict) and opted_out["stdout"] == "hi\n"
+    assert opted_out["in_process"] is True and opted_out["id"] not in trail.read_text()
+
+    served.stop(signal.SIGKILL)  # its socket file stays, refusing connections
+    assert served.socket.exists()
+    alone = sdk(None, PLAIN, **home)
+    assert isinstance(alone, dict) and alone["stdout"] == "hi\n" and alone["in_process"] is True
 
 
 def test_errors_over_the_socket_are_typed_and_say_what_to_do(

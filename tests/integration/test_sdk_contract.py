@@ -2,7 +2,7 @@
 AND a real gateway (RemoteRuntime over REST), and the results are compared (the SWE-ReX
 pattern). An argument the remote backend dropped (env, stdin, max_output_bytes, perms,
 make_parents, parents, exist_ok) or changed (an argv sent as a shell string) shows here
-as a difference; an argument it cannot carry (pty) is refused, never ignored. Both take
+as a difference; an argument it cannot carry would be refused, never ignored. Both take
 the same request objects (``agentbox.runtime.requests``), which the SDK's methods build.
 
 Each scenario also asserts what the right answer is, so that both backends cannot agree
@@ -21,11 +21,10 @@ import pytest
 from agentbox.client.interfaces import Backend
 from agentbox.client.remote import GatewayClient, RemoteRuntime
 from agentbox.client.sandbox import Sandbox
-from agentbox.errors import AgentboxError, InvalidRequest
+from agentbox.errors import AgentboxError
 from agentbox.runtime.files import FileInfo
 from agentbox.runtime.output import CommandResult
 from agentbox.runtime.processes import ProcessInfo
-from agentbox.runtime.requests import RunRequest
 from agentbox.runtime.runtime import Runtime
 from gateway_harness import RunningGateway, running_gateway
 
@@ -164,16 +163,22 @@ def test_an_argv_is_never_run_through_a_shell(backends: dict[str, Backend], tier
     assert listed == [(["sleep", "30"], True, None)]
 
 
-def test_pty_is_refused_through_a_gateway_not_ignored(
-    backends: dict[str, Backend], gw: RunningGateway
-) -> None:
-    local, remote = both(
-        backends, lambda sb: [outcome(lambda: sb.commands.run("tty", pty=True, timeout=30))]
-    ).values()
-    assert local[0]["stdout"].startswith("/dev/pts/") and local[0]["exit_code"] == 0
-    assert remote == [("error", "InvalidRequest", "invalid_request")]
-    with pytest.raises(InvalidRequest, match="pty"):
-        backends["remote"].commands("sb-any").run(RunRequest("tty", pty=True))
+@BOTH_TIERS
+def test_run_on_a_terminal(backends: dict[str, Backend], tier: str) -> None:
+    """``pty=True`` reaches the command through a gateway too (it was refused there, and
+    the home's gateway now serves plain scripts): a terminal on both ends, stderr in
+    stdout, the exit code kept."""
+    script = "[ -t 0 ] && echo in-tty; [ -t 1 ] && echo out-tty; echo err >&2; exit 3"
+
+    def scenario(sb: Sandbox) -> list[Any]:
+        return [outcome(lambda: sb.commands.run(script, pty=True, timeout=30)),
+                outcome(lambda: sb.commands.run(script, timeout=30))]  # fmt: skip
+
+    on_terminal, on_pipes = agree(backends, scenario, tier)
+    lines = on_terminal["stdout"].replace("\r\n", "\n").split("\n")
+    assert lines[:3] == ["in-tty", "out-tty", "err"]
+    assert (on_terminal["stderr"], on_terminal["exit_code"]) == ("", 3)
+    assert (on_pipes["stdout"], on_pipes["stderr"]) == ("", "err\n")  # the control
 
 
 # processes ----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ PACKAGE = SRC / "agentbox"
 # are independent of each other. Top-level modules (errors.py, ...) count as packages.
 LAYERS: list[set[str]] = [
     {"hints", "lightimport"},  # what an error says to do next; standard modules, lightly
+    {"endpoint"},  # which backend the SDK and the CLI reach (a gateway, or in-process)
     {"errors"},  # the one error tree
     {"units", "fsutil", "digest"},  # sizes and durations; durable writes, locks, access
     # kinds; SHA-256 names and random ids without hashlib

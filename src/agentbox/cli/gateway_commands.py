@@ -18,6 +18,7 @@ from typing import Any
 
 import click
 
+from agentbox import endpoint
 from agentbox.cli.errors import reports_errors
 from agentbox.cli.output import print_listing
 from agentbox.cli.params import DURATION, SuggestingGroup
@@ -35,7 +36,7 @@ DEFAULT_URL = "http://127.0.0.1:8848"
 
 
 def _client() -> GatewayClient:
-    url = os.environ.get("AGENTBOX_URL") or DEFAULT_URL
+    url = endpoint.named_url() or DEFAULT_URL
     return GatewayClient(url, os.environ.get("AGENTBOX_TOKEN"))
 
 

@@ -287,9 +287,10 @@ def sandbox_desktop(sandbox_id: str, vnc: bool, port: int, control: bool) -> Non
     import contextlib
     import os
 
+    from agentbox import endpoint
     from agentbox.client import vnc_forward
 
-    url = os.environ.get("AGENTBOX_URL") or "http://127.0.0.1:8848"
+    url = endpoint.named_url() or "http://127.0.0.1:8848"
     token = os.environ.get("AGENTBOX_TOKEN")
     if not token:
         raise InvalidRequest("set AGENTBOX_TOKEN to the operator's or a viewer's token")
@@ -346,10 +347,12 @@ def sandbox_shell(sandbox_id: str, cwd: str) -> None:
     """Open an interactive bash in a sandbox (a terminal on stdin), or run stdin as a script."""
     from agentbox.runtime.commands import CommandRunner
 
-    runner = _runtime().commands(sandbox_id)
+    # A terminal on the host's side: in-process even when the home's gateway serves.
+    runner = _runtime(discover=False).commands(sandbox_id)
     if not isinstance(runner, CommandRunner):
         raise InvalidRequest(
-            "`sandbox shell` runs on the gateway host only (unset AGENTBOX_URL, run as root); "
+            "`sandbox shell` runs on the gateway host only (unset AGENTBOX_URL or set it to "
+            "inprocess, run as root); "
             "through a gateway use `sandbox exec` or MCP's shell_* tools"
         )
     interactive = sys.stdin is not None and sys.stdin.isatty()

@@ -15,11 +15,12 @@ if TYPE_CHECKING:  # the backend loads when a command needs one: `--help` never 
 T = TypeVar("T")
 
 
-def backend() -> Backend:
-    """Through a gateway when AGENTBOX_URL is set, else in-process (as root)."""
+def backend(*, discover: bool = True) -> Backend:
+    """The gateway AGENTBOX_URL names, else the home's gateway when one serves its socket
+    (``discover``), else the runtime in-process (as root): ``agentbox.endpoint``."""
     from agentbox.client.sandbox import _runtime as backend_for
 
-    return backend_for(None)
+    return backend_for(None, discover=discover)
 
 
 def print_json(data: object) -> None:

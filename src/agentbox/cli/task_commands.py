@@ -1,7 +1,8 @@
 """``agentbox task``: submit batch tasks and follow them.
 
-Through a gateway when ``AGENTBOX_URL`` is set; otherwise straight to the home's task
-queue (a gateway running on the same home picks the task up).
+Through the gateway ``AGENTBOX_URL`` names, else the home's gateway when one serves its
+socket (``agentbox.endpoint``); otherwise straight to the home's task queue (a gateway
+started on the home later picks the task up).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 
 import click
 
+from agentbox import endpoint
 from agentbox.cli.errors import reports_errors
 from agentbox.cli.output import print_json, print_listing
 from agentbox.cli.params import SuggestingGroup
@@ -24,10 +26,11 @@ class _Tasks:
     def __init__(self) -> None:
         self.client: Any = None
         self.store: TaskStore | None = None
-        if os.environ.get("AGENTBOX_URL"):
-            from agentbox.client.remote import GatewayClient
+        url = endpoint.gateway_url()
+        if url:
+            from agentbox.client.remote import connect
 
-            self.client = GatewayClient.from_env()
+            self.client = connect(url, os.environ.get("AGENTBOX_TOKEN"))
         else:
             self.store = TaskStore(agentbox_home() / "tasks.db")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 
 from agentbox.client.unixhttp import UnixGatewayClient, raise_error, socket_path, token_for
@@ -67,11 +66,6 @@ class GatewayClient:
             timeout=timeout,
             transport=None if uds is None else httpx2.HTTPTransport(uds=uds),
         )
-
-    @classmethod
-    def from_env(cls) -> GatewayClient | SocketGatewayClient:
-        """The client ``AGENTBOX_URL`` names: a ``unix:`` URL, the home's socket."""
-        return connect(os.environ["AGENTBOX_URL"], os.environ.get("AGENTBOX_TOKEN"))
 
     def close(self) -> None:
         self._http.close()
@@ -282,7 +276,7 @@ def _text(data: bytes | str, what: str) -> str:
 
         raise InvalidRequest(
             f"{what} must be UTF-8 text through a gateway; write binary input to a file "
-            "with files.write and redirect it"
+            "with files.write and redirect it (or run in-process: AGENTBOX_URL=inprocess)"
         ) from None
 
 
@@ -310,16 +304,8 @@ class RemoteCommands:
     ) -> CommandResult:
         """As the in-process run (the same short form: a command and the request's
         ``fields``); ``max_output_bytes`` is cut to the gateway's maximum (``limits_applied``
-        says so). ``pty`` has no REST route: refused, never ignored."""
+        says so)."""
         r = coerce(RunRequest, request, fields)
-        if r.pty:
-            from agentbox.errors import InvalidRequest
-
-            raise InvalidRequest(
-                "pty=True is not available through a gateway yet: run without a pty, or "
-                "in-process (unset AGENTBOX_URL)",
-                field="pty",
-            )
         body: dict[str, Any] = {
             "command": _command(r.command),
             "cwd": r.cwd,
@@ -327,6 +313,8 @@ class RemoteCommands:
             "max_output_bytes": r.max_output_bytes,
             "timeout_ms": _timeout_ms(r.timeout),
         }
+        if r.pty:
+            body["pty"] = True
         if r.stdin is not None:
             body["stdin"] = _text(r.stdin, "stdin")
         path = f"/v1/sandboxes/{self._id}/commands"

@@ -11,7 +11,9 @@ Units: ``timeout`` on ``create`` is the sandbox's max lifetime in **seconds**; o
 ``commands.run`` the command's wall-clock limit in **seconds**. Sizes take ints (bytes) or
 strings like ``"512MiB"``.
 
-The SDK drives the runtime in-process (this process needs root, like the daemon).
+The SDK talks to the home's gateway when one serves it (``agentbox serve``), as docker's
+CLI talks to dockerd, else drives the runtime in-process (this process needs root, like
+the daemon); ``AGENTBOX_URL`` names a gateway, or ``inprocess`` (``agentbox.endpoint``).
 ``AsyncSandbox`` runs the same calls in worker threads, so the two never drift apart.
 """
 
@@ -50,16 +52,20 @@ if TYPE_CHECKING:
 _backends: dict[Path | str | None, Backend] = {}
 
 
-def _runtime(home: Path | None) -> Backend:
-    """The backend for this process: a gateway when ``AGENTBOX_URL`` is set (and no home
-    is given), else the runtime in-process. One per home (it caches host facts).
-    ``AGENTBOX_URL=unix:///HOME/gateway.sock``: the home's gateway over its socket, which
-    loads neither the runtime nor an HTTP library (client/unixhttp.py)."""
+def _runtime(home: Path | None, *, discover: bool = True) -> Backend:
+    """The backend for this process (``agentbox.endpoint``): with no home given, the
+    gateway ``AGENTBOX_URL`` names, else the home's gateway when one serves its socket
+    (``discover``), else the runtime in-process. One per home or URL (the runtime caches
+    host facts). Through the home's socket (``unix://HOME/gateway.sock``) a script loads
+    neither the runtime nor an HTTP library (client/unixhttp.py)."""
+    from agentbox import endpoint
     from agentbox.lightimport import import_dataclasses
 
     import_dataclasses()  # before any module of a call defines one
-    url = os.environ.get("AGENTBOX_URL")
-    if home is None and url:
+    url = None
+    if home is None:
+        url = endpoint.gateway_url() if discover else endpoint.named_url()
+    if url:
         key: Path | str | None = url
         if key not in _backends:
             from agentbox.client.remote import RemoteRuntime, connect

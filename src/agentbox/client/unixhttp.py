@@ -32,7 +32,6 @@ TYPE_CHECKING = False  # not typing's: the SDK's light path does without it
 if TYPE_CHECKING:
     from typing import Any
 
-SOCKET_NAME = "gateway.sock"
 # agentbox.gateway.auth.OPERATOR_TOKEN_FILE, which imports this one (no second spelling)
 TOKEN_FILE = "operator.token"  # noqa: S105 (a file name)
 DEFAULT_TIMEOUT_S = 600.0
@@ -190,13 +189,14 @@ def _unreachable(path: str, error: OSError) -> Exception:
     if isinstance(error, FileNotFoundError):
         why = (
             f"no gateway socket at {path}: start the home's gateway "
-            f"(AGENTBOX_HOME={home} agentbox serve), or unset AGENTBOX_URL to run in-process"
+            f"(AGENTBOX_HOME={home} agentbox serve), or set AGENTBOX_URL=inprocess to run "
+            "in-process"
         )
     elif isinstance(error, ConnectionRefusedError):
         why = (
             f"the gateway socket {path} refuses connections: the gateway that made it is "
-            f"gone; start it again (AGENTBOX_HOME={home} agentbox serve), or unset "
-            "AGENTBOX_URL to run in-process"
+            f"gone; start it again (AGENTBOX_HOME={home} agentbox serve), or set "
+            "AGENTBOX_URL=inprocess to run in-process"
         )
     elif isinstance(error, PermissionError):
         why = f"the gateway socket {path} is root's (mode 0600): run as root"

@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from agentbox.client.unixhttp import SOCKET_NAME
+from agentbox.endpoint import SOCKET_NAME
 from agentbox.errors import Conflict, InvalidConfig
 
 LOCK_SUFFIX = ".lock"

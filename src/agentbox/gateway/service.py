@@ -338,7 +338,9 @@ class Gateway:
             return None  # pointer and keyboard actions: the sandbox is the boundary
         if spec.policy in ("command", "desktop"):
             command = args["command"]
-            if args.get("pty") is not None:
+            # process_start's terminal (a size) is typed into later. terminal_run's flag is
+            # not: all its input comes with the call (stdin), as on pipes.
+            if isinstance(args.get("pty"), dict):
                 command = self._terminal_command(spec, command)
             decision = self.commands.check(
                 command,

@@ -110,6 +110,11 @@ class TerminalRun(ToolArgs):
     max_output_bytes: OutputBytes = CONFIGURED
     stdin: str | None = optional(f"{STDIN} (absent: an empty stdin, watched for prompts)")
     env: Env = {}
+    pty: bool = flag(
+        False,
+        "true: run it on a terminal (programs that check for one behave as for a person); "
+        "its output, stderr included, is in stdout",
+    )
 
 
 class ProcessStart(ToolArgs):

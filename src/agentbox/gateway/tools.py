@@ -296,6 +296,7 @@ def terminal_run(call: ToolCall) -> dict[str, Any]:
         stdin=call.args.get("stdin"),
         timeout=call.timeout_s,
         max_output_bytes=call.output.cap,
+        pty=call.args["pty"],
     )
     result = call.runtime.commands(call.sandbox_id).run(
         request,

@@ -19,6 +19,7 @@ import os
 import select
 import sys
 
+from agentbox import endpoint
 from agentbox.network import sandbox_env
 from agentbox.runtime import enter_argv, resident
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from types import ModuleType
 
-_DEFAULT_HOME = "/var/lib/agentbox"  # config.DEFAULT_HOME (not imported: pathlib)
 _REGISTRY = "/run/agentbox/net-homes.json"  # network.plane.REGISTRY
 _DRAIN_AFTER_EXIT_S = 0.05  # commands._DRAIN_AFTER_EXIT_S
 _V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")  # cgroups._V1_CONTROLLERS
@@ -94,16 +94,14 @@ class Prepared:
         self.resident_argv = resident_argv
 
 
-def home() -> str:
-    return os.path.abspath(os.environ.get("AGENTBOX_HOME") or _DEFAULT_HOME)
-
-
 def prepare(sandbox_id: str, argv: Sequence[str], leaf: str) -> Prepared | None:
     """The launch of ``argv`` as foreground leaf ``leaf``, or None when this sandbox needs
-    the full runtime (another tier or store, not running, paused, anything unexpected)."""
-    if os.environ.get("AGENTBOX_URL") or not argv or not argv[0]:
+    the full runtime (another tier or store, not running, paused, anything unexpected).
+    A gateway named by ``AGENTBOX_URL`` is asked instead; the home's own gateway is not:
+    like ``sandbox shell``, this runs on the host as root, beside it."""
+    if endpoint.named_url() or not argv or not argv[0]:
         return None
-    where = home()
+    where = endpoint.home()
     db_path = os.path.join(where, "state.db")
     if not os.path.exists(db_path):
         return None  # no store here (first use) or another kind of store
