@@ -95,10 +95,11 @@ ONESHOT_MARKED = (
     "sb.kill()\n"
     "print(time.time())\n"
 )
-# Through the home's gateway: the same script with AGENTBOX_URL=unix://HOME/gateway.sock
-# (client/unixhttp.py), the gateway started by the bench on a home of its own with a warm
-# pool of POOL sandboxes of the default spec. Its own home: a pooled sandbox is claimed by
-# any create in the home, so on the in-process rows' home the pool would serve them too.
+# With the home's gateway serving: the same script, no AGENTBOX_URL, on the home of a gateway
+# the bench started with a warm pool of POOL sandboxes of the default spec; the SDK finds it
+# at $AGENTBOX_HOME/gateway.sock (agentbox/endpoint.py) and talks to it over the socket
+# (client/unixhttp.py). Its own home: the in-process rows' home has no gateway (a pooled
+# sandbox is claimed by any create in the home, so there the pool would serve them too).
 POOL = 2
 ONESHOT_SOCKET_MARKED = ONESHOT_MARKED + "print(int(sb.record.from_pool))\n"
 PHASES = (
@@ -249,25 +250,29 @@ def main() -> None:
             "cgroup joins, bubblewrap, the veth); the command is one clone by the sandbox's "
             "resident launcher; the kill removes the veth, kills the cgroup and unmounts "
             "twice; the interpreter's exit tears down what the import built. "
-            f"Through the home's gateway (`agentbox serve` started by the bench on a home "
+            "The in-process rows run on a home no gateway serves (the SDK's look for one is "
+            "a failed connect to the home's socket). "
+            f"With the home's gateway serving (`agentbox serve` started by the bench on a home "
             f"of its own, config `sandbox.warm_pool: {POOL}`, the defaults otherwise: audit "
-            "fsync always): the script reaches it at `AGENTBOX_URL=unix://HOME/gateway.sock` "
-            "with the operator token read beside it (`client/unixhttp.py`: about 40 modules, "
+            "fsync always): the script, no `AGENTBOX_URL` set, finds it at "
+            "`$AGENTBOX_HOME/gateway.sock` (`agentbox/endpoint.py`) and reaches it there with "
+            "the operator token read beside it (`client/unixhttp.py`: about 40 modules, "
             "no runtime, no HTTP library); its create is a claim of a pooled sandbox (one "
             "database transaction, the request's settings applied, the audit record "
             "fsynced); its command and kill are the same work as in-process plus the "
             "gateway's part (token check, policy, audit). The pool is refilled between runs, "
             "untimed (the keeper starts a refill once the calls pause, "
             "`runtime/warmpool.py`), and the rows' CPU is the script's plus the gateway "
-            "process's while the script ran.",
+            "process's while the script ran. The CLI's create and rm on that home go "
+            "through the gateway as well (its create a claim too).",
             text,
         )  # fmt: skip
 
 
 class HomeGateway:
     """``agentbox serve`` on a bench home of its own, with a warm pool of ``pool`` default
-    sandboxes; ``client_env`` points an SDK script at its socket (the operator token is
-    read beside it, as a root script on the host does)."""
+    sandboxes; ``client_env`` is a script's on that home, which finds the gateway at its
+    socket (the operator token is read beside it, as a root script on the host does)."""
 
     def __init__(self, agentbox_cmd: str, env: dict[str, str], pool: int) -> None:
         self._homes = bench_home("cli-gateway")
@@ -279,8 +284,8 @@ class HomeGateway:
         self.env = {**env, "AGENTBOX_HOME": str(self.home)}
         self.argv = [agentbox_cmd, "serve", "--config", str(config),
                      "--listen", f"127.0.0.1:{_free_port()}"]  # fmt: skip
-        self.client_env = {**env, "AGENTBOX_URL": f"unix://{self.socket}"}
-        self.client_env.pop("AGENTBOX_HOME", None)  # not needed: nothing runs in-process
+        # No AGENTBOX_URL: the SDK and the CLI find the gateway serving their home.
+        self.client_env = dict(self.env)
         self.from_pool: list[int] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self._store: Store | None = None
@@ -331,6 +336,15 @@ class HomeGateway:
         cpu += self.cpu_ms() - before
         if refill:
             self.wait_full()
+        return wall, cpu, out
+
+    def run_cli(self, args: list[str]) -> tuple[int, float, bytes]:
+        """One ``agentbox`` command on this home (through the gateway), timed as ``run``;
+        the pool refilled after it, untimed."""
+        before = self.cpu_ms()
+        wall, cpu, out = run_process([self.argv[0], *args], self.client_env)
+        cpu += self.cpu_ms() - before
+        self.wait_full()
         return wall, cpu, out
 
     def stop(self) -> None:
@@ -414,6 +428,16 @@ def _plan(
     def remove() -> tuple[int, float]:
         return run_process([agentbox_cmd, "sandbox", "rm", pending.pop()], env)[:2]
 
+    served: list[str] = []
+
+    def create_served() -> tuple[int, float]:
+        wall, cpu, out = gateway.run_cli(["sandbox", "create"])
+        served.append(out.decode().strip())
+        return wall, cpu
+
+    def remove_served() -> tuple[int, float]:
+        return gateway.run_cli(["sandbox", "rm", served.pop()])[:2]
+
     plan: list[tuple[str, str, Callable[[], tuple[int, float]]]] = [
         ("true", "baseline: bare `true`", process(["true"])),
         ("python", "baseline: `python -c pass`", process([sys.executable, "-c", "pass"])),
@@ -437,19 +461,22 @@ def _plan(
          process([agentbox_cmd, "sandbox", "exec", sandbox_id, "--", "true"])),
         ("exec_pip", "agentbox sandbox exec ID -- true, pip's console script (with site)",
          process([PIP_SCRIPT, "sandbox", "exec", sandbox_id, "--", "true"])),
-        ("oneshot", "SDK script: import, Sandbox.create(), run('true'), kill()",
+        ("oneshot", "SDK script: import, Sandbox.create(), run('true'), kill(); no gateway "
+         "on the home (in-process)",
          process([sys.executable, "-c", ONESHOT])),
         ("oneshot_marked", "SDK script as above, printing the time after each step",
          oneshot_marked),
         ("oneshot_new", "SDK script as above, settings new to this home (memory=N MiB)",
          oneshot_new_settings),
         ("oneshot_socket",
-         f"SDK script through the home's gateway (AGENTBOX_URL=unix:…; warm pool of {POOL})",
-         lambda: gateway.run(ONESHOT)[:2]),
-        ("oneshot_socket_marked", "SDK script through the home's gateway, printing the time "
+         f"SDK script as above, the home's gateway serving (found at its socket; warm pool "
+         f"of {POOL})", lambda: gateway.run(ONESHOT)[:2]),
+        ("oneshot_socket_marked", "SDK script, the home's gateway serving, printing the time "
          "after each step", oneshot_socket_marked),
-        ("create", "agentbox sandbox create", create),
-        ("rm", "agentbox sandbox rm ID", remove),
+        ("create", "agentbox sandbox create, no gateway on the home (in-process)", create),
+        ("rm", "agentbox sandbox rm ID, no gateway on the home (in-process)", remove),
+        ("create_gw", "agentbox sandbox create, the home's gateway serving", create_served),
+        ("rm_gw", "agentbox sandbox rm ID, the home's gateway serving", remove_served),
     ]  # fmt: skip
     rows = {key: Measured(what) for key, what, _ in plan}
     return rows, [(rows[key], once) for key, _, once in plan]
@@ -494,7 +521,8 @@ def _table(rows: dict[str, Measured], podman: Podman | None) -> tuple[list[str],
                 f" and <= 1/{ONESHOT_PODMAN_SPEEDUP:g} of podman run" if podman else ""
             )
             row.met = socket_ok and (socket_podman_ok or podman is None)
-        elif key in ("create", "rm", "help_first", "oneshot_new", "exec_pip"):
+        elif key in ("create", "rm", "create_gw", "rm_gw", "help_first", "oneshot_new",
+                     "exec_pip"):  # fmt: skip
             row.ratio = f"{ratio(p50[key], p50['python'])} of python"
         out.append(row.cells())
     met = [
@@ -514,9 +542,10 @@ def _table(rows: dict[str, Measured], podman: Podman | None) -> tuple[list[str],
         + ("met" if help_ok else "NOT met"),
     ]
     for key, which, ok, podman_ok in (
-        ("oneshot", "in-process (`SDK script: import, ...` row)", oneshot_ok, oneshot_podman_ok),
-        ("oneshot_socket", "through the home's gateway (`SDK script through the home's "
-         "gateway` row)", socket_ok, socket_podman_ok),
+        ("oneshot", "no gateway on the home, in-process (`SDK script: import, ...` row)",
+         oneshot_ok, oneshot_podman_ok),
+        ("oneshot_socket", "the home's gateway serving (`SDK script as above, the home's "
+         "gateway serving` row)", socket_ok, socket_podman_ok),
     ):  # fmt: skip
         met += [
             f"- target one-shot SDK script p50 <= {ONESHOT_TARGET_MS:.0f} ms, {which}: "

@@ -90,10 +90,11 @@ def serve(
     $AGENTBOX_OPERATOR_TOKEN (or gateway.auth.operator_token_file); on a first local run
     without either, one is generated into $AGENTBOX_HOME/operator.token.
     \b
-    It also listens on $AGENTBOX_HOME/gateway.sock (mode 0600): SDK scripts on this host
-    reach it there with AGENTBOX_URL=unix://$AGENTBOX_HOME/gateway.sock, the token read
-    from $AGENTBOX_TOKEN or the home's operator.token. One gateway per home owns it: a
-    second one on the same home serves TCP only and says so (--no-socket: TCP only).
+    It also listens on $AGENTBOX_HOME/gateway.sock (mode 0600): SDK scripts and CLI calls
+    on this host with that home and no AGENTBOX_URL find it there and go through it (the
+    token read from $AGENTBOX_TOKEN or the home's operator.token; AGENTBOX_URL=inprocess:
+    the runtime in-process instead). One gateway per home owns it: a second one on the
+    same home serves TCP only and says so (--no-socket: TCP only).
     \b
     Examples:
       agentbox serve
@@ -144,8 +145,9 @@ def serve(
         click.echo(f"agentbox: gateway on {served} (MCP at /mcp)", err=True)
         if sock is not None:
             click.echo(
-                f"agentbox: and on {sock.path} (0600); SDK scripts on this host: "
-                f"export AGENTBOX_URL={sock.url}",
+                f"agentbox: and on {sock.path} (0600): SDK scripts and CLI calls on this "
+                f"host with AGENTBOX_HOME={home} use it (with another home: "
+                f"export AGENTBOX_URL={sock.url})",
                 err=True,
             )
         # What is alive now lives as long as the process (modules, the app, its routes and
