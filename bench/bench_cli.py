@@ -221,9 +221,10 @@ def main() -> None:
             "cli", "CLI and one-shot SDK scripts: whole processes", "bench_cli.py",
             f"-n {n}" if args.n else "--quick" if args.quick else "",
             f"{n} interleaved rounds (two warm-up rounds first), every row one whole process "
-            f"from spawn to exit, wall clock; 2 cores, shared with about 8 engineers' test "
-            f"runs this session: load average {load_before} before, {load_after} after (a "
-            "loaded host stretches every row; compare rows of the same run). "
+            f"from spawn to exit, wall clock; 2 cores, not reserved for the run: load "
+            f"average {load_before} before, {load_after} after (a loaded host, or a slower "
+            "one, stretches every row, the `python -c pass` baseline too: compare rows of "
+            "the same run). "
             + (PODMAN_NOTE if podman else "podman is not installed on this host "
                "(`scripts/install.sh --bench` installs it), so its rows are absent: plain "
                "bwrap and nsenter into plain bwrap stand in for `podman run` and `podman "
