@@ -179,6 +179,14 @@ print(json.dumps({"id": sb.id, "stdout": run.stdout,
 """
 
 
+def created_through(trail: Path, sandbox_id: str) -> bool:
+    """The gateway audited a create request that made ``sandbox_id`` (a claim from its
+    pool by an in-process create shows only the keeper's and lifecycle records)."""
+    records = (json.loads(line) for line in trail.read_text().splitlines())
+    return any(r.get("decision") == "sandbox_created" and r.get("sandbox") == sandbox_id
+               for r in records)  # fmt: skip
+
+
 def test_a_plain_script_and_the_cli_use_the_homes_gateway_when_one_serves_it(
     served: ServeProcess,
 ) -> None:
@@ -189,17 +197,20 @@ def test_a_plain_script_and_the_cli_use_the_homes_gateway_when_one_serves_it(
     trail = served.home / "audit" / "audit.jsonl"
     found = sdk(None, PLAIN, **home)
     assert isinstance(found, dict) and found["stdout"] == "hi\n"
-    assert found["in_process"] is False and found["id"] in trail.read_text()
+    assert found["in_process"] is False and created_through(trail, found["id"])
     env = {k: v for k, v in os.environ.items() if k != "AGENTBOX_URL"} | home
     listed = subprocess.run([AGENTBOX, "sandbox", "create"], env=env, capture_output=True,
                             text=True, timeout=120, check=True)  # fmt: skip
     cli_id = listed.stdout.strip()
-    assert cli_id.startswith("sb-") and cli_id in trail.read_text()  # the CLI's create too
+    assert cli_id.startswith("sb-") and created_through(trail, cli_id)  # the CLI's create too
     subprocess.run([AGENTBOX, "sandbox", "rm", cli_id], env=env, timeout=120, check=True)
+    tokens = subprocess.run([AGENTBOX, "token", "ls", "--json"], env=env, capture_output=True,
+                            text=True, timeout=120, check=False)  # fmt: skip
+    assert tokens.returncode == 0 and json.loads(tokens.stdout) == [], tokens.stderr
 
     opted_out = sdk("inprocess", PLAIN, **home)
     assert isinstance(opted_out, dict) and opted_out["stdout"] == "hi\n"
-    assert opted_out["in_process"] is True and opted_out["id"] not in trail.read_text()
+    assert opted_out["in_process"] is True and not created_through(trail, opted_out["id"])
 
     served.stop(signal.SIGKILL)  # its socket file stays, refusing connections
     assert served.socket.exists()

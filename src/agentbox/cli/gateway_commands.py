@@ -1,7 +1,8 @@
 """CLI for the gateway: ``serve``, ``mcp`` (stdio), ``token`` and ``approvals``.
 
-``token`` and ``approvals`` talk to a running gateway: ``AGENTBOX_URL`` (default
-http://127.0.0.1:8848) with the operator token in ``AGENTBOX_TOKEN``.
+``token`` and ``approvals`` talk to a running gateway: ``AGENTBOX_URL`` with the operator
+token in ``AGENTBOX_TOKEN``, else the home's gateway when one serves its socket (the token
+read beside it), else http://127.0.0.1:8848.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from agentbox import endpoint
 from agentbox.cli.errors import reports_errors
 from agentbox.cli.output import print_listing
 from agentbox.cli.params import DURATION, SuggestingGroup
-from agentbox.client.remote import GatewayClient
+from agentbox.client.remote import GatewayClient, SocketGatewayClient, connect
 from agentbox.config.host import agentbox_home
 from agentbox.config.settings import GatewaySection, GatewaySettings, load_settings
 from agentbox.errors import Conflict, InvalidConfig, InvalidRequest
@@ -35,9 +36,9 @@ from agentbox.gateway.auth import (
 DEFAULT_URL = "http://127.0.0.1:8848"
 
 
-def _client() -> GatewayClient:
-    url = endpoint.named_url() or DEFAULT_URL
-    return GatewayClient(url, os.environ.get("AGENTBOX_TOKEN"))
+def _client() -> GatewayClient | SocketGatewayClient:
+    url = endpoint.gateway_url() or DEFAULT_URL
+    return connect(url, os.environ.get("AGENTBOX_TOKEN"))
 
 
 def _operator_token(settings: GatewaySettings, home: Path) -> str:
