@@ -19,7 +19,7 @@ import _socket
 import os
 
 IN_PROCESS = "inprocess"  # AGENTBOX_URL's value for "the runtime in this process"
-DEFAULT_HOME = "/var/lib/agentbox"  # config.host.DEFAULT_HOME (not imported: pathlib)
+DEFAULT_HOME = "/var/lib/agentbox"  # where state lives (config.host.agentbox_home too)
 SOCKET_NAME = "gateway.sock"  # gateway.home_socket binds it
 
 

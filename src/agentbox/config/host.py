@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_HOME = "/var/lib/agentbox"
+from agentbox.endpoint import DEFAULT_HOME
 
 
 def agentbox_home() -> Path:
