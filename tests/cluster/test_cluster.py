@@ -195,6 +195,10 @@ def test_node_killed_then_back(cluster: Cluster) -> None:
     victim = "node-3"
     on_victim = {w.sandbox for w in done if nodes[w.sandbox] == victim}
     assert on_victim  # placement spread them; three nodes, nine sandboxes
+    # The control for the status read after its return: it lists what the node runs.
+    with httpx2.Client(verify=cluster.node_context("gw-1"), timeout=30) as c:
+        before = c.get(cluster.node_urls[victim] + "/node/v1/status").json()
+    assert on_victim <= set(before["sandboxes"]), before
     killed = time.monotonic()
     cluster.nodes[victim].kill9()
 
