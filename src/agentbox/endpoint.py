@@ -36,9 +36,8 @@ def named_url() -> str | None:
 
 def gateway_url() -> str | None:
     """The gateway this process talks to, or None: the runtime in this process."""
-    url = os.environ.get("AGENTBOX_URL")
-    if url:
-        return None if url == IN_PROCESS else url
+    if os.environ.get("AGENTBOX_URL"):
+        return named_url()
     path = os.path.join(home(), SOCKET_NAME)
     return f"unix://{path}" if serving(path) else None
 
