@@ -32,7 +32,7 @@ from agentbox.isolation import gvisor
 from agentbox.network import plane
 from agentbox.runtime.gvisor_host import GvisorHost
 from agentbox.runtime.output import CommandResult
-from agentbox.runtime.requests import SessionRunRequest
+from agentbox.runtime.requests_extra import SessionRunRequest
 from agentbox.runtime.runtime import Runtime
 from hostres import wait_for
 from nettopo import UPSTREAM_A, UPSTREAM_B, Internet, internet

@@ -396,7 +396,7 @@ def files_write(sandbox_id: str, path: str, append: bool) -> None:
         while chunk := sys.stdin.buffer.read(1 << 20):
             yield chunk
 
-    from agentbox.runtime.requests import WriteRequest
+    from agentbox.runtime.requests_extra import WriteRequest
 
     request = WriteRequest(path, chunks(), mode="append" if append else "overwrite")
     info = _runtime().files(sandbox_id).put(request)

@@ -29,9 +29,9 @@ if TYPE_CHECKING:  # the SDK loads light: these are imported where they are used
     from agentbox.runtime.files import FileInfo
     from agentbox.runtime.output import CommandResult, OutputCallback
     from agentbox.runtime.processes import ProcessInfo, ProcessOutput
-    from agentbox.runtime.requests import (
+    from agentbox.runtime.requests import RunRequest
+    from agentbox.runtime.requests_extra import (
         DownloadRequest,
-        RunRequest,
         SessionRunRequest,
         StartRequest,
         WriteRequest,

@@ -8,12 +8,11 @@ when ``AGENTBOX_URL`` is set.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 
 from agentbox.client.unixhttp import UnixGatewayClient, raise_error, socket_path, token_for
-from agentbox.runtime.requests import RunRequest, StartRequest, WriteRequest, coerce
+from agentbox.runtime.requests import RunRequest, coerce
 
 # The result types, the errors and typing are imported where a call needs them: a one-shot
 # script over the home's socket (client/unixhttp.py) loads neither httpx2, nor the
@@ -31,7 +30,13 @@ if TYPE_CHECKING:
     from agentbox.runtime.output import CommandResult, OutputCallback
     from agentbox.runtime.processes import ProcessInfo, ProcessOutput
     from agentbox.runtime.record import SandboxRecord
-    from agentbox.runtime.requests import DownloadRequest, SessionRunRequest, SnapshotOptions
+    from agentbox.runtime.requests import SnapshotOptions
+    from agentbox.runtime.requests_extra import (
+        DownloadRequest,
+        SessionRunRequest,
+        StartRequest,
+        WriteRequest,
+    )
     from agentbox.runtime.snapshots import SnapshotInfo
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -163,22 +168,35 @@ def connect(url: str, token: str | None = None) -> GatewayClient | SocketGateway
     return GatewayClient(url, token)
 
 
-@contextlib.contextmanager
-def gateway_errors(url: str, *, lost: bool = False) -> Iterator[None]:
-    """The SDK's one mapping of transport failures (httpx's ``map_exceptions``): a
-    connection that cannot be made or breaks is ``GatewayUnreachable``; ``lost``: it
-    broke during a call (whatever the call did may have happened)."""
-    import httpx2  # loaded already: only GatewayClient's calls come here
+def gateway_errors(url: str, *, lost: bool = False) -> _GatewayErrors:
+    """The SDK's one mapping of transport failures (httpx's ``map_exceptions``), as a
+    context manager: a connection that cannot be made or breaks is ``GatewayUnreachable``;
+    ``lost``: it broke during a call (whatever the call did may have happened)."""
+    return _GatewayErrors(url, lost)
 
-    from agentbox.errors import GatewayUnreachable
 
-    try:
-        yield
-    except httpx2.TransportError as e:
-        if lost:
-            raise GatewayUnreachable(f"lost the gateway at {url}: {e}") from None
+class _GatewayErrors:
+    # A class, not contextlib's decorator: a script over the home's socket, which never
+    # comes here, then does not load contextlib (tests/unit/test_import_weight.py).
+    def __init__(self, url: str, lost: bool) -> None:
+        self.url = url
+        self.lost = lost
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 tb: object) -> None:  # fmt: skip
+        import httpx2  # loaded already: only GatewayClient's calls come here
+
+        if error is None or not isinstance(error, httpx2.TransportError):
+            return
+        from agentbox.errors import GatewayUnreachable
+
+        if self.lost:
+            raise GatewayUnreachable(f"lost the gateway at {self.url}: {error}") from None
         raise GatewayUnreachable(
-            f"cannot reach the gateway at {url}: {e}; is `agentbox serve` running?"
+            f"cannot reach the gateway at {self.url}: {error}; is `agentbox serve` running?"
         ) from None
 
 
@@ -337,6 +355,8 @@ class RemoteProcesses:
         self._c, self._base = client, f"/v1/sandboxes/{sandbox_id}/processes"
 
     def start(self, request: StartRequest | str | Sequence[str], **fields: Any) -> ProcessInfo:
+        from agentbox.runtime.requests_extra import StartRequest
+
         r = coerce(StartRequest, request, fields)
         body: dict[str, object] = {
             "command": _command(r.command),
@@ -459,6 +479,8 @@ class RemoteFiles:
 
     def write(self, path: str, data: bytes | Iterable[bytes], **options: Any) -> FileInfo:
         """As the in-process ``write``: ``put`` with a ``WriteRequest`` of these."""
+        from agentbox.runtime.requests_extra import WriteRequest
+
         return self.put(WriteRequest(path, data, **options))
 
     def put(self, request: WriteRequest) -> FileInfo:

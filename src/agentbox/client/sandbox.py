@@ -157,7 +157,7 @@ class Commands:
         runs it on a terminal of that size (input typed with ``send_stdin``, one output
         stream read as ``stdout``, ``resize`` to change the size). A terminal lives as long
         as the process that holds its master end: the gateway, or in-process this one."""
-        from agentbox.runtime.requests import StartRequest
+        from agentbox.runtime.requests_extra import StartRequest
 
         info = self._rt.processes(self._id).start(StartRequest(cmd, cwd, env, stdin, pty))
         return CommandHandle(self._rt, self._id, info.id)
@@ -239,7 +239,7 @@ class Files:
         """``perms``: permission bits of a file this creates; ``make_parents``: create
         missing parent directories."""
         payload = data.encode() if isinstance(data, str) else data
-        from agentbox.runtime.requests import WriteRequest
+        from agentbox.runtime.requests_extra import WriteRequest
 
         request = WriteRequest(path, payload, mode, perms, make_parents)
         return self._rt.files(self._id).put(request)
@@ -274,7 +274,7 @@ class Files:
         editor, agent and tool settings, rc files, setuid bits, symlinks that may leave
         the tree: see ``agentbox.runtime.export_safety``) is left out and listed in
         ``withheld`` unless ``include_unsafe``."""
-        from agentbox.runtime.requests import DownloadRequest
+        from agentbox.runtime.requests_extra import DownloadRequest
 
         request = DownloadRequest(path, fileobj, **options)
         return self._rt.files(self._id).download(request)
@@ -297,7 +297,7 @@ class Shell:
         max_output_bytes: int = 1 << 20,
     ) -> CommandResult:
         """Run ``cmd`` in the session; ``timeout`` in seconds."""
-        from agentbox.runtime.requests import SessionRunRequest
+        from agentbox.runtime.requests_extra import SessionRunRequest
 
         request = SessionRunRequest(self.id, cmd, timeout, stdin, max_output_bytes)
         return self._rt.sessions(self.sandbox_id).run(request)

@@ -27,7 +27,8 @@ from agentbox.gateway import tool_args
 from agentbox.runtime.commands import Cancellation
 from agentbox.runtime.files import Guard, SandboxFiles
 from agentbox.runtime.output import CommandResult, OutputCallback, OutputSaver
-from agentbox.runtime.requests import RunRequest, SessionRunRequest, StartRequest
+from agentbox.runtime.requests import RunRequest
+from agentbox.runtime.requests_extra import SessionRunRequest, StartRequest
 from agentbox.runtime.runtime import Runtime
 from agentbox.units import human_size
 

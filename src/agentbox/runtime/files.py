@@ -79,7 +79,8 @@ from agentbox.fsutil import Access, required_text
 from agentbox.hints import Hint
 from agentbox.isolation import syscalls
 from agentbox.runtime import archive, export_safety
-from agentbox.runtime.requests import DownloadRequest, ExportOptions, WriteMode, WriteRequest
+from agentbox.runtime.requests import ExportOptions, WriteMode
+from agentbox.runtime.requests_extra import DownloadRequest, WriteRequest
 from agentbox.storage.inroot import open_in_root
 
 FileType = Literal["file", "dir", "symlink", "other"]

@@ -51,7 +51,8 @@ from agentbox.runtime.commands import (
 )
 from agentbox.runtime.files import sandbox_credentials
 from agentbox.runtime.prompts import StreamId, prompt_text, stream_id, waiting_for_input
-from agentbox.runtime.requests import StartRequest, coerce
+from agentbox.runtime.requests import coerce
+from agentbox.runtime.requests_extra import StartRequest
 
 _SIGNALS = {s.name: s for s in signals.Signals}
 

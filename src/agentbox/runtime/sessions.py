@@ -19,7 +19,8 @@ from agentbox.fsutil import exec_text
 from agentbox.hints import Hint
 from agentbox.runtime.commands import CommandRunner
 from agentbox.runtime.output import CommandResult, OutputSaver
-from agentbox.runtime.requests import RunRequest, SessionRunRequest
+from agentbox.runtime.requests import RunRequest
+from agentbox.runtime.requests_extra import SessionRunRequest
 
 STATE_DIR = "/tmp/.agentbox-sessions"
 _ID = re.compile(r"^s-[0-9a-f]{12}$")
